@@ -1,0 +1,3 @@
+from p2pkit.cli.main import main
+
+main()

@@ -1,0 +1,96 @@
+"""The artifact store: one JSON document per stage, written atomically, chained by digest.
+
+A stage deletes its own artifact before it acts and writes it last, so a crash never leaves a
+stale "passed". Each artifact carries the sha256 of the previous stage's artifact file: a
+changed or re-run earlier stage breaks the chain and makes the later ones stale.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from p2pkit.errors import P2pkitError, UsageError
+
+SCHEMA = 1
+
+
+class CorruptArtifact(P2pkitError):
+    pass
+
+
+def atomic_write(final: Path, data: bytes) -> Path:
+    """temp file in the same directory, fsync, rename, fsync the directory: all or nothing."""
+    final = Path(final)
+    fd, tmp = tempfile.mkstemp(prefix=f".{final.stem}.", suffix=".tmp", dir=final.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dfd = os.open(final.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+    return final
+
+
+class Store:
+    def __init__(self, state_dir: Path):
+        self.dir = Path(state_dir)
+
+    def ensure(self) -> None:
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"cannot create the state directory {self.dir}: {e.strerror}",
+                             hint="run as root, or pass --state-dir to a directory you can write") from e
+
+    def path(self, stage: str) -> Path:
+        return self.dir / f"{stage}.json"
+
+    def exists(self, stage: str) -> bool:
+        return self.path(stage).is_file()
+
+    def digest(self, stage: str) -> str | None:
+        try:
+            return hashlib.sha256(self.path(stage).read_bytes()).hexdigest()
+        except FileNotFoundError:
+            return None
+
+    def read(self, stage: str) -> dict[str, Any] | None:
+        p = self.path(stage)
+        try:
+            doc = json.loads(p.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            raise CorruptArtifact(f"artifact {p} cannot be read: {e}",
+                                  hint=f"run `p2pkit up --from {stage} --force` to redo that stage") from e
+        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or doc.get("stage") != stage:
+            raise CorruptArtifact(f"artifact {p} is not a p2pkit schema {SCHEMA} artifact for {stage}",
+                                  hint=f"run `p2pkit up --from {stage} --force` to redo that stage")
+        return doc
+
+    def delete(self, stage: str) -> None:
+        try:
+            self.path(stage).unlink()
+        except FileNotFoundError:
+            pass
+
+    def write(self, stage: str, doc: dict[str, Any]) -> Path:
+        self.ensure()
+        return atomic_write(self.path(stage), (json.dumps(doc, indent=2, default=str) + "\n").encode())
+
+    def leftovers(self) -> list[Path]:
+        """Temp files a killed run left behind (never read as artifacts)."""
+        return sorted(self.dir.glob(".*.tmp")) if self.dir.is_dir() else []

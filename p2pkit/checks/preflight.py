@@ -1,0 +1,147 @@
+"""Preflight: is this the host the profile describes, before anything changes it."""
+
+from __future__ import annotations
+
+from p2pkit.checks import FAIL, PASS, WARN, Check, failed, judge, unknown
+from p2pkit.config import Profile
+from p2pkit.parse.system import kernel_tuple
+
+GIB = 1 << 30
+SIM_HINT = ("to try p2pkit without GPUs: `p2pkit sim init /tmp/p2pkit-sim` then "
+            "`p2pkit --root /tmp/p2pkit-sim up`")
+
+
+def check(f: dict, p: Profile) -> list[Check]:
+    return [
+        _os(f, p), _kernel(f, p), _root(f, p), _disk(f, p), _secure_boot(f),
+        _gpu_count(f, p), _gpu_model(f, p), _iommu(f, p), _dpkg(f), _cgroup(f),
+    ]
+
+
+def _os(f, p) -> Check:
+    os_ = f.get("os")
+    want = f"{p.host.os_id} {p.host.os_version}"
+    if failed(os_):
+        return unknown("preflight.os", "operating system", os_, want)
+    got = f"{os_.get('ID', '?')} {os_.get('VERSION_ID', '?')}"
+    ok = got == want
+    if not ok and p.host.allow_other_os:
+        return Check("preflight.os", "operating system", WARN, got, want,
+                     "host.allow_other_os is set: p2pkit goes on, but only Ubuntu 24.04 is tested")
+    return judge("preflight.os", "operating system", ok, got, want,
+                 f"p2pkit's playbooks and the driver pin are made for {want} (kernel headers, apt holds, "
+                 f"GRUB drop-ins); install {want}, or set host.allow_other_os = true in the profile")
+
+
+def _kernel(f, p) -> Check:
+    k = f.get("kernel")
+    want = f">= {p.host.min_kernel}"
+    if failed(k):
+        return unknown("preflight.kernel", "kernel release", k, want)
+    try:
+        ok = kernel_tuple(k) >= kernel_tuple(p.host.min_kernel)
+    except ValueError:
+        return Check("preflight.kernel", "kernel release", FAIL, k, want, "the kernel release is unreadable")
+    return judge("preflight.kernel", "kernel release", ok, k, want,
+                 f"boot a kernel {want} (Ubuntu 24.04's GA kernel is 6.8)")
+
+
+def _root(f, p) -> Check:
+    r = f.get("is_root")
+    if failed(r):
+        return unknown("preflight.root", "running as root", r, True)
+    if not p.host.require_root:
+        return Check("preflight.root", "running as root", PASS if r else WARN, r, "root (not required)")
+    return judge("preflight.root", "running as root", bool(r), r, True,
+                 "p2pkit installs a driver and kernel modules: run it as root (sudo p2pkit up)")
+
+
+def _disk(f, p) -> Check:
+    d = f.get("disk")
+    want_b = p.host.min_free_disk_gib * GIB
+    want = f">= {p.host.min_free_disk_gib} GiB free"
+    if failed(d):
+        return unknown("preflight.disk", "free disk for the engine and model", d, want)
+    got = d["free_bytes"]
+    return judge("preflight.disk", "free disk for the engine and model", got >= want_b,
+                 f"{got / GIB:.1f} GiB free under {d['path']}", want,
+                 f"free at least {(want_b - got) / GIB:.1f} GiB more under {d['path']}, or lower "
+                 "host.min_free_disk_gib if your model is smaller")
+
+
+def _secure_boot(f) -> Check:
+    sb = f.get("secure_boot")
+    if failed(sb):
+        return unknown("preflight.secure_boot", "Secure Boot", sb, "off", needed=False)
+    return judge("preflight.secure_boot", "Secure Boot", sb in ("off", "legacy-bios"), sb, "off",
+                 "Secure Boot refuses the unsigned P2P-patched modules: turn it off in the firmware setup, "
+                 "or set p2p_module.signing_key to a MOK you enrolled", severity=FAIL)
+
+
+def _gpu_count(f, p) -> Check:
+    gpus = f.get("pci_gpus")
+    want = p.gpus.count
+    if failed(gpus):
+        return unknown("preflight.gpu_count", "NVIDIA GPUs in sysfs", gpus, want)
+    if not gpus:
+        return Check("preflight.gpu_count", "NVIDIA GPUs in sysfs", FAIL, 0, want,
+                     "no NVIDIA GPU was found under /sys/bus/pci/devices; this host cannot run the "
+                     f"profile's stages. Check the cards are seated and enabled in the firmware; {SIM_HINT}")
+    return judge("preflight.gpu_count", "NVIDIA GPUs in sysfs", len(gpus) == want,
+                 f"{len(gpus)} ({', '.join(g['bdf'] for g in gpus)})", want,
+                 f"the profile expects {want} GPU(s) and P2P needs two: seat the missing card, check "
+                 "it in `lspci -d 10de:`, or use a profile that matches this host")
+
+
+def _gpu_model(f, p) -> Check:
+    gpus = f.get("pci_gpus")
+    want = f"{p.gpus.model} ({', '.join(p.gpus.pci_device_ids) or 'any id'})"
+    if failed(gpus) or not gpus:
+        return Check("preflight.gpu_model", "GPU model", "skip", "no GPU to judge", want)
+    ids = sorted({g.get("device_id") or "?" for g in gpus})
+    ok = not p.gpus.pci_device_ids or all(i in p.gpus.pci_device_ids for i in ids)
+    names = sorted({g.get("name") for g in gpus})
+    return judge("preflight.gpu_model", "GPU model", ok, f"{', '.join(names)} ({', '.join(ids)})", want,
+                 "this profile is for other GPUs: pick a profile for this host (`p2pkit profile list`)")
+
+
+def _iommu(f, p) -> Check:
+    io = f.get("iommu")
+    want = p.p2p_module.iommu
+    if failed(io):
+        return unknown("preflight.iommu", "IOMMU mode", io, want, needed=False)
+    gpus = f.get("pci_gpus") if not failed(f.get("pci_gpus")) else []
+    effective = sorted({g.get("iommu_group", "unknown") for g in gpus or []})
+    measured = f"command line: {io['intent']} ({io['detail']}); GPUs: {', '.join(effective) or 'n/a'}"
+    translating = io["intent"] == "translating" or "translating" in effective
+    return Check("preflight.iommu", "IOMMU mode", WARN if translating else PASS, measured,
+                 f"{want} (the p2p-module stage sets it)",
+                 "a translating IOMMU gives IO_PAGE_FAULT and zero-filled P2P tensors; the p2p-module "
+                 "stage adds iommu=pt to the kernel command line and asks for a reboot" if translating else "")
+
+
+def _dpkg(f) -> Check:
+    d = f.get("dpkg_nvidia")
+    if failed(d):
+        return unknown("preflight.nvidia_packages", "no NVIDIA package half-installed", d, "none", needed=False)
+    if d is None:
+        return Check("preflight.nvidia_packages", "no NVIDIA package half-installed", "skip", "no dpkg database",
+                     "none")
+    return judge("preflight.nvidia_packages", "no NVIDIA package half-installed", not d,
+                 ", ".join(f"{x['package']} ({x['status']})" for x in d) or "none", "none",
+                 "finish or remove them first: `sudo dpkg --configure -a`, then `sudo apt-get purge` the "
+                 "listed nvidia packages")
+
+
+def _cgroup(f) -> Check:
+    cg = f.get("cgroup")
+    if failed(cg):
+        return unknown("preflight.cgroup", "p2pkit not in a memory-capped cgroup", cg, "no memory cap",
+                       needed=False, pitfall="P12")
+    caps = cg["memory_caps"]
+    measured = ", ".join(f"{c['file']} = {c['limit_bytes'] / GIB:.1f} GiB" for c in caps) or "no memory cap"
+    return Check("preflight.cgroup", "p2pkit not in a memory-capped cgroup", WARN if caps else PASS, measured,
+                 "no memory cap",
+                 "p2pkit runs inside a memory-capped cgroup (a tool's background terminal?). That is fine "
+                 "for p2pkit; the engine runs as a system service in its own slice and does not inherit "
+                 "this cap" if caps else "", "P12")

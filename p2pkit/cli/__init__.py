@@ -1,0 +1,1 @@
+"""typer apps, one module per command group."""

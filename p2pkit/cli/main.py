@@ -1,0 +1,74 @@
+"""`p2pkit`: the command-line entry point."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from p2pkit import __version__
+from p2pkit.cli import common, profile_cmd, sim_cmd, stages_cmd
+from p2pkit.errors import Exit, P2pkitError
+
+app = typer.Typer(
+    name="p2pkit",
+    help="Bring a dual-GPU PCIe P2P host up, stage by stage, with a proof at every stage.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"p2pkit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    profile: Annotated[str | None, typer.Option("--profile", "-p", help="built-in profile name or a TOML file",
+                                                envvar="P2PKIT_PROFILE")] = None,
+    root: Annotated[Path, typer.Option("--root", help="host root: / or a simulated host directory",
+                                       envvar="P2PKIT_ROOT")] = Path("/"),
+    state_dir: Annotated[Path | None, typer.Option("--state-dir", help="artifacts directory "
+                                                   "(default <root>/var/lib/p2pkit)")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print only a JSON document on stdout")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask; act")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="log every command; show tracebacks")] = False,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True)] = False,
+) -> None:
+    common.OPTS.profile = profile
+    common.OPTS.root = root
+    common.OPTS.state_dir = state_dir
+    common.OPTS.json = json_out
+    common.OPTS.yes = yes
+    common.OPTS.debug = debug
+    common.setup_logging(debug)
+
+
+stages_cmd.register(app)
+app.add_typer(profile_cmd.app, name="profile")
+app.add_typer(sim_cmd.app, name="sim")
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=True)
+    except P2pkitError as e:
+        if common.OPTS.debug:
+            traceback.print_exc()
+        common.output().error(e.message, e.hint)
+        sys.exit(int(e.code))
+    except KeyboardInterrupt:
+        common.output().error("interrupted", "run the same command again: p2pkit resumes where it stopped")
+        sys.exit(130)
+    except Exception as e:  # a bug: one paragraph, traceback only with --debug
+        if common.OPTS.debug:
+            traceback.print_exc()
+        common.output().error(f"internal error: {type(e).__name__}: {e}",
+                              "rerun with --debug for the traceback and report it")
+        sys.exit(int(Exit.INTERNAL))

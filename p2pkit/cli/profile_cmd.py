@@ -1,0 +1,60 @@
+"""`p2pkit profile list|show|validate`."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from p2pkit import config
+from p2pkit.cli import common
+from p2pkit.errors import Exit, ProfileError
+
+app = typer.Typer(help="Built-in profiles, and checking your own.", no_args_is_help=True)
+
+
+@app.command("list")
+def list_() -> None:
+    """The built-in profiles."""
+    out = common.output()
+    rows = []
+    for n in config.builtin_names():
+        p = config.load(n)
+        rows.append([n + (" (default)" if n == config.DEFAULT_PROFILE else ""), p.profile.description])
+    if common.OPTS.json:
+        out.document({"profiles": [{"name": r[0].split()[0], "description": r[1]} for r in rows]})
+    else:
+        out.table("profiles", ["name", "description"], rows)
+
+
+@app.command()
+def show(name: Annotated[str | None, typer.Argument(help="profile name or TOML file")] = None) -> None:
+    """A profile with every default filled in."""
+    p = config.load(name or common.OPTS.profile)
+    out = common.output()
+    if common.OPTS.json:
+        out.document({"source": p.source, "profile": p.as_dict()})
+    else:
+        print(json.dumps(p.as_dict(), indent=2))
+
+
+@app.command()
+def validate(path: Annotated[str, typer.Argument(help="profile TOML file (or built-in name)")]) -> None:
+    """Check a profile; every problem with its key path. Exit 2 when it is not valid."""
+    out = common.output()
+    try:
+        p = config.load(path)
+    except ProfileError as e:
+        if common.OPTS.json:
+            out.document({"valid": False, "source": e.source,
+                          "problems": [{"key": k, "message": m} for k, m in e.problems]})
+        else:
+            for k, m in e.problems:
+                out.err.print(f"{e.source}: {k}: {m}", style="red", markup=False)
+            out.error(f"{len(e.problems)} problem(s) in {e.source}", e.hint)
+        raise typer.Exit(int(Exit.USAGE)) from None
+    if common.OPTS.json:
+        out.document({"valid": True, "source": p.source, "name": p.name})
+    else:
+        out.line(f"{p.source}: valid ({p.name})")

@@ -1,0 +1,58 @@
+"""`p2pkit sim init|list|reboot`: the simulated host."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from p2pkit.cli import common
+from p2pkit.errors import UsageError
+from p2pkit.host import SIM_MARKER
+from p2pkit.sim import scenarios
+
+app = typer.Typer(help="A simulated dual-5090 host in a directory, for trying and testing p2pkit.",
+                  no_args_is_help=True)
+
+
+@app.command("list")
+def list_() -> None:
+    """The scenarios."""
+    out = common.output()
+    rows = [[n, d] for n, (d, _) in scenarios.SCENARIOS.items()]
+    if common.OPTS.json:
+        out.document({"scenarios": [{"name": n, "description": d} for n, d in rows]})
+    else:
+        out.table("simulated host scenarios", ["scenario", "what it simulates"], rows)
+
+
+@app.command()
+def init(
+    directory: Annotated[Path, typer.Argument(help="directory to lay the simulated host out in")],
+    scenario: Annotated[str, typer.Option("--scenario", "-s", help="see `p2pkit sim list`")] = "healthy",
+    force: Annotated[bool, typer.Option("--force", help="replace an existing simulated host there")] = False,
+) -> None:
+    """Lay out a simulated host (sysfs, /proc, /etc, stand-in commands) in DIRECTORY."""
+    from p2pkit.sim.render import render
+
+    d = directory.resolve()
+    if d.exists() and any(d.iterdir()):
+        if not (d / SIM_MARKER).is_file():
+            raise UsageError(f"{d} is not empty and is not a simulated host; p2pkit will not write into it",
+                             hint="name a new or empty directory")
+        if not force:
+            raise UsageError(f"{d} already holds a simulated host",
+                             hint=f"use it as it is (`p2pkit --root {d} up`), or pass --force to lay it out anew")
+        import shutil
+
+        shutil.rmtree(d)
+    state = scenarios.build(scenario)
+    d.mkdir(parents=True, exist_ok=True)
+    render(d, state)
+    out = common.output()
+    out.simulated = True
+    out.log(f"simulated host ({scenario}: {scenarios.SCENARIOS[scenario][0]}) laid out in {d}")
+    out.log(f"next: p2pkit --root {d} up")
+    if common.OPTS.json:
+        out.document({"root": str(d), "scenario": scenario})

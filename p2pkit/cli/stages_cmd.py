@@ -1,0 +1,139 @@
+"""`up`, `plan`, `status`, `verify`, `doctor`, `facts record`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from p2pkit import doctor as doctor_mod
+from p2pkit import facts, pipeline
+from p2pkit.artifacts import atomic_write
+from p2pkit.cli import common
+from p2pkit.errors import Exit, UsageError
+from p2pkit.stages import get, names
+
+facts_app = typer.Typer(help="Record what p2pkit reads from a host.", no_args_is_help=True)
+
+
+def _states_rows(states):
+    return [[s.stage, s.state, s.reason, (s.artifact or {}).get("finished", "")] for s in states]
+
+
+def up(
+    start: Annotated[str | None, typer.Option("--from", help="first stage to run")] = None,
+    stop: Annotated[str | None, typer.Option("--to", help="last stage to run")] = None,
+    force: Annotated[bool, typer.Option("--force", help="run the selected stages even when done")] = False,
+) -> None:
+    """Run every stage that is not done, in order; each proves its result and writes an artifact."""
+    ctx = common.context()
+    if ctx.host.simulated:
+        ctx.out.log(f"host root {ctx.host.root} is a simulated host (scenario "
+                    f"{ctx.host.sim.get('scenario')}): nothing real is changed or measured")
+    ctx.out.log(f"profile {ctx.profile.name}; state in {ctx.store.dir}")
+    res = pipeline.up(ctx, start, stop, force)
+    doc = {"result": "ok" if res.code == Exit.OK else "stopped", "exit_code": int(res.code),
+           "message": res.message, "ran": res.ran, "stages": [s.as_dict() for s in res.states]}
+    if common.OPTS.json:
+        ctx.out.document(doc)
+    else:
+        ctx.out.table("stages", ["stage", "state", "why", "finished"], _states_rows(res.states), status_col=1)
+        (ctx.out.line if res.code == Exit.OK else ctx.out.error)(res.message)
+    raise typer.Exit(int(res.code))
+
+
+def plan() -> None:
+    """Every stage with its gate state and what `up` would do. Changes nothing."""
+    ctx = common.context()
+    states = pipeline.evaluate(ctx)
+    rows, docs, first_todo = [], [], None
+    for s in states:
+        if s.state == pipeline.DONE:
+            action = "skip (done)"
+        elif first_todo is None:
+            first_todo = s.stage
+            action = "wait for reboot" if s.state == pipeline.REBOOT else "run"
+        else:
+            action = f"run after {first_todo}"
+        rows.append([s.stage, s.state, s.reason, action])
+        docs.append({**s.as_dict(), "action": action})
+    if common.OPTS.json:
+        ctx.out.document({"profile": ctx.profile.name, "stages": docs})
+    else:
+        ctx.out.table(f"plan ({ctx.profile.name})", ["stage", "state", "why", "up would"], rows, status_col=1)
+
+
+def status() -> None:
+    """Re-run the quick read-only checks of every stage over its artifact; a table, or --json."""
+    ctx = common.context()
+    states = pipeline.evaluate(ctx, recheck=True)
+    code = Exit.OK if all(s.state == pipeline.DONE for s in states) else Exit.CHECK_FAILED
+    if common.OPTS.json:
+        ctx.out.document({"profile": ctx.profile.name, "all_done": code == Exit.OK,
+                          "stages": [s.as_dict() for s in states]})
+    else:
+        ctx.out.table(f"status ({ctx.profile.name})", ["stage", "state", "why", "finished"], _states_rows(states),
+                      status_col=1)
+    raise typer.Exit(int(code))
+
+
+def verify(
+    stage: Annotated[str | None, typer.Argument(help="one stage; default: every stage")] = None,
+) -> None:
+    """Prove the host again: run the stages' read-only checks now. Writes no artifact."""
+    ctx = common.context()
+    selected = [get(stage).name] if stage else names()
+    results, code = pipeline.verify(ctx, selected)
+    if common.OPTS.json:
+        ctx.out.document({"profile": ctx.profile.name, "stages": results, "exit_code": int(code)})
+    else:
+        for r in results:
+            pipeline.report_checks(ctx.out, r["stage"], r["checks"])
+        ctx.out.table("verify", ["stage", "result"], [[r["stage"], r["status"]] for r in results], status_col=1)
+    raise typer.Exit(int(code))
+
+
+def doctor(
+    facts_file: Annotated[Path | None, typer.Option("--facts", help="judge a recorded facts file")] = None,
+) -> None:
+    """Every read-only check p2pkit has, grouped by stage, with PITFALLS ids and fixes."""
+    if facts_file is not None:
+        recorded = facts.load_recorded(facts_file)
+        report = doctor_mod.judge(recorded["facts"], common.profile(), simulated=recorded["simulated"])
+        report["source"] = str(facts_file)
+    else:
+        ctx = common.context()
+        report = doctor_mod.run(ctx)
+    out = common.output()
+    out.simulated = report["simulated"]
+    if common.OPTS.json:
+        out.document(report)
+    else:
+        doctor_mod.render(out, report)
+    raise typer.Exit(int(Exit.CHECK_FAILED if report["failed"] else Exit.OK))
+
+
+@facts_app.command("record")
+def facts_record(file: Annotated[Path, typer.Argument(help="JSON file to write")]) -> None:
+    """Write every fact p2pkit reads from this host to FILE."""
+    h = common.host()
+    doc = facts.record(h)
+    target = file.resolve()
+    if not target.parent.is_dir():
+        raise UsageError(f"cannot write {file}: {target.parent} is not a directory",
+                         hint="create the directory first, or name a file in an existing one")
+    atomic_write(target, (json.dumps(doc, indent=2, default=str) + "\n").encode())
+    out = common.output()
+    out.simulated = h.simulated
+    out.log(f"facts of {h.root} written to {file}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(up)
+    app.command()(plan)
+    app.command()(status)
+    app.command()(verify)
+    app.command()(doctor)
+    app.add_typer(facts_app, name="facts")

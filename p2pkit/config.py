@@ -1,0 +1,304 @@
+"""The typed profile: load TOML, validate every key with its path, digest what each stage needs.
+
+A profile names everything a stage needs. Each section is a frozen dataclass; field metadata
+says what a value must look like, so `validate` can report `driver.version: expected X.Y.Z,
+got "615"` for every problem at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import tomllib
+import typing
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from p2pkit.errors import ProfileError, UsageError
+
+VERSION3 = r"^\d+\.\d+\.\d+$"
+SHA256 = r"^([0-9a-f]{64})?$"
+COMMIT = r"^([0-9a-f]{7,40})?$"
+PCI_ID = r"^0x[0-9a-f]{4}$"
+DEFAULT_PROFILE = "dual-5090-ninfer"
+
+
+def spec(expect: str = "", pattern: str | None = None, choices: tuple | None = None,
+         lo: float | None = None, hi: float | None = None, **kw) -> dict:
+    return {"expect": expect, "pattern": pattern, "choices": choices, "lo": lo, "hi": hi, **kw}
+
+
+def f(default=MISSING, *, factory=MISSING, **meta):
+    if factory is not MISSING:
+        return field(default_factory=factory, metadata=spec(**meta))
+    return field(default=default, metadata=spec(**meta))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Meta:
+    name: str = f(expect="a profile name", pattern=r"^[a-z0-9][a-z0-9-]*$")
+    description: str = f("")
+    nodes: int = f(1, lo=1, hi=64, expect="the number of hosts (1, or 2 for the Spark pair)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Host:
+    os_id: str = f("ubuntu")
+    os_version: str = f("24.04", pattern=r"^\d+\.\d+$", expect="a release like 24.04")
+    allow_other_os: bool = f(False)
+    min_kernel: str = f("6.8", pattern=r"^\d+\.\d+$", expect="a kernel like 6.8")
+    min_free_disk_gib: int = f(150, lo=0, hi=100_000)
+    state_disk_path: str = f("/var/lib/p2pkit", pattern=r"^/", expect="an absolute path")
+    require_root: bool = f(True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gpus:
+    count: int = f(lo=1, hi=16, expect="how many GPUs this host must have")
+    model: str = f(expect="the model name NVML reports")
+    pci_device_ids: list[str] = f(factory=list, item_pattern=PCI_ID, expect="PCI device ids like 0x2b85")
+    vram_gib: int = f(lo=1, hi=1024)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Driver:
+    version: str = f(pattern=VERSION3, expect="X.Y.Z")
+    installer_url: str = f(pattern=r"^(https://|file://|/)", expect="an https:// URL or a local path")
+    installer_sha256: str = f("", pattern=SHA256, expect="64 lowercase hex digits (or empty until pinned)")
+    allow_other_version: bool = f(False)
+    cache_dir: str = f("/var/cache/p2pkit", pattern=r"^/", expect="an absolute path")
+
+
+@dataclass(frozen=True, kw_only=True)
+class P2pModule:
+    repo: str = f(expect="the fork's git URL")
+    branch: str = f(pattern=r"^\d+\.\d+(\.\d+)?-p2p$", expect="the driver version plus -p2p")
+    commit: str = f("", pattern=COMMIT, expect="a git commit id (7-40 hex digits)")
+    iommu: str = f("passthrough", choices=("passthrough", "off"))
+    signing_key: str = f("")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pcie:
+    min_gen: int = f(lo=1, hi=6)
+    min_width: int = f(lo=1, hi=16)
+    bar1_min_gib: int = f(0, lo=0, hi=4096, expect="GiB; 0 means at least the GPU's VRAM")
+    allow_switch: bool = f(False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Link:
+    load_seconds: float = f(15.0, lo=1, hi=600)
+    train_within_s: float = f(10.0, lo=0.1, hi=600)
+    poll_ms: int = f(50, lo=10, hi=1000)
+    sample_mib: int = f(256, lo=1, hi=8192)
+    samples: int = f(5, lo=1, hi=100)
+    p2p_min_ratio: float = f(0.80, lo=0.0, hi=1.0)
+    h2d_min_ratio: float = f(0.80, lo=0.0, hi=1.0)
+    p2p_max_latency_us: float = f(5.0, lo=0.0, hi=1000.0)
+    max_replay_increase: int = f(0, lo=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Engine:
+    recipe: str = f(choices=("ninfer", "llamacpp", "vllm"))
+    repo: str = f("")
+    commit: str = f("", pattern=COMMIT, expect="a git commit id")
+    cuda_min: str = f("13.1", pattern=r"^\d+\.\d+$")
+    cuda_architectures: str = f("120a")
+    pkg_config_path: str = f("")
+    nccl_root: str = f("")
+    build_dir: str = f("/opt/p2pkit/engine", pattern=r"^/", expect="an absolute path")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Model:
+    source: str = f("")
+    output: str = f("")
+    components: list[str] = f(factory=list)
+    format: str = f("ninfer", choices=("ninfer", "gguf", "hf"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Serve:
+    host: str = f("127.0.0.1")
+    port: int = f(12435, lo=1, hi=65535)
+    allow_public: bool = f(False)
+    flags: dict = f(factory=dict, expect="a table of engine flags")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Profile:
+    profile: Meta
+    host: Host
+    gpus: Gpus
+    driver: Driver
+    p2p_module: P2pModule
+    pcie: Pcie
+    link: Link
+    engine: Engine
+    model: Model
+    serve: Serve
+    source: str = "builtin"
+
+    def section(self, name: str) -> Any:
+        return getattr(self, name)
+
+    def digest(self, sections: tuple[str, ...]) -> str:
+        """sha256 over the named sections: a stage's inputs."""
+        doc = {s: asdict(getattr(self, s)) for s in sorted(sections)}
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("source")
+        return d
+
+    @property
+    def name(self) -> str:
+        return self.profile.name
+
+
+SECTIONS: dict[str, type] = {
+    f_.name: typing.get_type_hints(Profile)[f_.name] for f_ in fields(Profile) if f_.name != "source"
+}
+
+
+def _type_name(tp) -> str:
+    origin = typing.get_origin(tp)
+    if origin is list:
+        return "a list of strings"
+    return {str: "a string", int: "an integer", float: "a number", bool: "true or false", dict: "a table"}.get(
+        tp if origin is None else origin, str(tp)
+    )
+
+
+def _check_value(path: str, tp, value, meta: dict) -> str | None:
+    expect = meta.get("expect") or _type_name(tp)
+    origin = typing.get_origin(tp)
+    if tp is bool:
+        if not isinstance(value, bool):
+            return f"expected true or false, got {value!r}"
+        return None
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"expected an integer, got {json.dumps(value)}"
+    elif tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return f"expected a number, got {json.dumps(value)}"
+    elif tp is str:
+        if not isinstance(value, str):
+            return f"expected {expect}, got {json.dumps(value, default=str)}"
+    elif origin is list:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            return f"expected a list of strings, got {json.dumps(value, default=str)}"
+        pat = meta.get("item_pattern")
+        bad = [v for v in value if pat and not re.match(pat, v)]
+        if bad:
+            return f"expected {expect}, got {json.dumps(bad[0])}"
+        return None
+    elif tp is dict:
+        if not isinstance(value, dict):
+            return f"expected a table, got {json.dumps(value, default=str)}"
+        return None
+    if meta.get("lo") is not None and value < meta["lo"]:
+        return f"expected at least {meta['lo']}, got {value}"
+    if meta.get("hi") is not None and value > meta["hi"]:
+        return f"expected at most {meta['hi']}, got {value}"
+    if meta.get("choices") and value not in meta["choices"]:
+        return f"expected one of {', '.join(meta['choices'])}, got {json.dumps(value)}"
+    if meta.get("pattern") and isinstance(value, str) and not re.match(meta["pattern"], value):
+        return f"expected {expect}, got {json.dumps(value)}"
+    return None
+
+
+def from_dict(data: dict, source: str) -> Profile:
+    """Validate a parsed profile; raise ProfileError naming every problem by key path."""
+    problems: list[tuple[str, str]] = []
+    built: dict[str, Any] = {}
+    if not isinstance(data, dict):
+        raise ProfileError(source, [("(top)", "expected a TOML document of tables")])
+    for key in data:
+        if key not in SECTIONS:
+            problems.append((key, f"unknown section; expected one of {', '.join(SECTIONS)}"))
+    for sec, cls in SECTIONS.items():
+        raw = data.get(sec)
+        if raw is None:
+            required = [x.name for x in fields(cls) if x.default is MISSING and x.default_factory is MISSING]
+            if required:
+                problems.append((sec, f"missing section; it needs {', '.join(required)}"))
+                continue
+            raw = {}
+        if not isinstance(raw, dict):
+            problems.append((sec, f"expected a table, got {json.dumps(raw, default=str)}"))
+            continue
+        hints = typing.get_type_hints(cls)
+        known = {x.name for x in fields(cls)}
+        for key in raw:
+            if key not in known:
+                problems.append((f"{sec}.{key}", f"unknown key; expected one of {', '.join(sorted(known))}"))
+        values = {}
+        for fl in fields(cls):
+            path = f"{sec}.{fl.name}"
+            if fl.name not in raw:
+                if fl.default is MISSING and fl.default_factory is MISSING:
+                    problems.append((path, f"missing; expected {fl.metadata.get('expect') or _type_name(hints[fl.name])}"))
+                continue
+            tp = hints[fl.name]
+            msg = _check_value(path, tp, raw[fl.name], dict(fl.metadata))
+            if msg:
+                problems.append((path, msg))
+            else:
+                v = raw[fl.name]
+                values[fl.name] = float(v) if tp is float else v
+        built[sec] = values
+    if problems:
+        raise ProfileError(source, problems)
+    profile = Profile(**{sec: cls(**built[sec]) for sec, cls in SECTIONS.items()}, source=source)
+    cross = _cross_checks(profile)
+    if cross:
+        raise ProfileError(source, cross)
+    return profile
+
+
+def _cross_checks(p: Profile) -> list[tuple[str, str]]:
+    out = []
+    if not p.p2p_module.branch.startswith(p.driver.version + "-"):
+        out.append(("p2p_module.branch", f"expected {p.driver.version}-p2p to match driver.version, "
+                                         f"got {json.dumps(p.p2p_module.branch)}"))
+    if p.serve.host == "0.0.0.0" and not p.serve.allow_public:
+        out.append(("serve.host", "0.0.0.0 exposes the API to the network; set serve.allow_public = true "
+                                  "to mean it, or use 127.0.0.1"))
+    return out
+
+
+def builtin_names() -> list[str]:
+    return sorted(p.name.removesuffix(".toml") for p in resources.files("p2pkit.profiles").iterdir()
+                  if p.name.endswith(".toml"))
+
+
+def load(name_or_path: str | None) -> Profile:
+    """A built-in profile by name, or a TOML file by path."""
+    name_or_path = name_or_path or DEFAULT_PROFILE
+    path = Path(name_or_path)
+    if name_or_path in builtin_names():
+        text = (resources.files("p2pkit.profiles") / f"{name_or_path}.toml").read_text()
+        source = name_or_path
+    elif path.suffix == ".toml" or path.exists():
+        try:
+            text = path.read_text()
+        except OSError as e:
+            raise UsageError(f"cannot read profile {path}: {e.strerror}",
+                             hint="give a readable TOML file or one of: " + ", ".join(builtin_names())) from e
+        source = str(path)
+    else:
+        raise UsageError(f"no profile named {name_or_path!r}",
+                         hint="use one of: " + ", ".join(builtin_names()) + ", or a path to a .toml file")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ProfileError(source, [("(toml)", f"not valid TOML: {e}")]) from e
+    return from_dict(data, source)

@@ -1,0 +1,51 @@
+"""`p2pkit doctor`: every read-only check, grouped by stage, over facts read once."""
+
+from __future__ import annotations
+
+from p2pkit import facts as facts_mod
+from p2pkit.checks import FAIL, SKIP
+from p2pkit.config import Profile
+from p2pkit.output import Output
+from p2pkit.pitfalls import PITFALLS
+from p2pkit.stages import registry
+
+
+def run(ctx) -> dict:
+    needed = sorted({n for st in registry() for n in st.facts})
+    found = facts_mod.collect(ctx.host, needed)
+    return judge(found, ctx.profile, simulated=ctx.host.simulated)
+
+
+def judge(found: dict, profile: Profile, simulated: bool) -> dict:
+    groups = []
+    for st in registry():
+        if not st.implemented or st.check is None:
+            groups.append({"stage": st.name, "checks": [], "note": "not implemented yet: nothing to check"})
+            continue
+        checks = [c.as_dict() for c in st.check(found, profile)]
+        for c in checks:
+            if c["pitfall"]:
+                c["pitfall_text"] = PITFALLS.get(c["pitfall"], "")
+        groups.append({"stage": st.name, "checks": checks})
+    failed = [c["id"] for g in groups for c in g["checks"] if c["status"] == FAIL]
+    not_checked = [{"id": c["id"], "why": c["measured"]} for g in groups for c in g["checks"]
+                   if c["status"] == SKIP or str(c["measured"]).startswith("could not determine")]
+    return {"kind": "p2pkit-doctor", "profile": profile.name, "simulated": simulated, "groups": groups,
+            "failed": failed, "not_checked": not_checked}
+
+
+def render(out: Output, report: dict) -> None:
+    for g in report["groups"]:
+        if not g["checks"]:
+            out.line(f"{g['stage']}: {g.get('note', '')}", style="dim")
+            continue
+        rows = []
+        for c in g["checks"]:
+            fix = c["hint"] if c["status"] in ("fail", "warn") else ""
+            rows.append([c["status"], c["id"], c["pitfall"], c["measured"], c["expected"], fix])
+        out.table(g["stage"], ["", "check", "pitfall", "measured", "expected", "fix"], rows, status_col=0)
+    if report["not_checked"]:
+        out.line("could not check: " + "; ".join(f"{n['id']} ({n['why']})" for n in report["not_checked"]),
+                 style="yellow")
+    out.line(f"{len(report['failed'])} check(s) failed" + (": " + ", ".join(report["failed"]) if report["failed"]
+                                                           else ""))

@@ -1,0 +1,84 @@
+"""Error types and the exit codes of every p2pkit command, in one place."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class Exit(IntEnum):
+    OK = 0
+    CHECK_FAILED = 1  # a stage ran and a check failed (or the stage is not implemented yet)
+    USAGE = 2  # bad command line, broken profile, unusable input file
+    GATE = 3  # the stage before has not passed: run the earlier stage first
+    REBOOT = 4  # a stage changed what only a reboot applies
+    LOCKED = 5  # another p2pkit run holds the state lock
+    MISSING = 6  # a tool or optional extra p2pkit needs is not installed
+    INTERNAL = 70  # a bug in p2pkit: rerun with --debug and report it
+
+
+class P2pkitError(Exception):
+    """A known failure: one paragraph that says what happened, a hint that names the fix."""
+
+    code: Exit = Exit.CHECK_FAILED
+
+    def __init__(self, message: str, hint: str = "", code: Exit | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        if code is not None:
+            self.code = code
+
+
+class UsageError(P2pkitError):
+    code = Exit.USAGE
+
+
+class ProfileError(P2pkitError):
+    """A profile that does not validate; `problems` are (key path, message) pairs."""
+
+    code = Exit.USAGE
+
+    def __init__(self, source: str, problems: list[tuple[str, str]]):
+        lines = "; ".join(f"{path}: {msg}" for path, msg in problems)
+        super().__init__(
+            f"profile {source} is not valid ({len(problems)} problem(s)): {lines}",
+            hint=f"fix the keys named above in {source}, then check it with `p2pkit profile validate {source}`",
+        )
+        self.source = source
+        self.problems = problems
+
+
+class GateError(P2pkitError):
+    code = Exit.GATE
+
+
+class LockedError(P2pkitError):
+    code = Exit.LOCKED
+
+
+class MissingError(P2pkitError):
+    code = Exit.MISSING
+
+
+class CommandError(P2pkitError):
+    """A command run through the runner exited non-zero."""
+
+    def __init__(self, argv: list[str], returncode: int, stdout: str, stderr: str):
+        tail = (stderr or stdout).strip().splitlines()[-12:]
+        super().__init__(
+            f"`{' '.join(argv)}` exited with status {returncode}" + (":\n  " + "\n  ".join(tail) if tail else ""),
+            hint="read the output above; rerun with --debug to see every command p2pkit runs",
+        )
+        self.argv = argv
+        self.returncode = returncode
+        self.stdout = stdout
+        self.stderr = stderr
+
+
+class ProbeError(P2pkitError):
+    """A fact that could not be read: 'could not determine X: Y'."""
+
+    def __init__(self, what: str, why: str):
+        super().__init__(f"could not determine {what}: {why}")
+        self.what = what
+        self.why = why

@@ -1,0 +1,102 @@
+"""Every fact p2pkit reads, by name. A stage names the facts it needs; `p2pkit facts record`
+takes them all; `p2pkit doctor --facts FILE` judges a recorded host anywhere.
+
+Each collector is a probe wrapped so that a failure becomes {"error": "could not determine ..."}:
+the checks decide whether the stage needed that fact.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from p2pkit import __version__
+from p2pkit.errors import P2pkitError, UsageError
+from p2pkit.host import Host, kmod, nvml, pci, smi, system
+from p2pkit.parse import system as ps
+
+
+def _os(h: Host):
+    return system.os_release(h)
+
+
+def _iommu(h: Host):
+    intent = ps.iommu_intent(system.cmdline(h), system.cpu_vendor(h))
+    return {"intent": intent.mode, "detail": intent.detail, "cmdline_tokens": list(intent.tokens),
+            "cpu_vendor": system.cpu_vendor(h)}
+
+
+def _disk(h: Host):
+    path = h.sim_fact("disk_path", "/var/lib") if h.simulated else "/var/lib"
+    return {"path": path, "free_bytes": system.free_bytes(h, path)}
+
+
+def _dpkg(h: Host):
+    text = system.dpkg_status(h)
+    return None if text is None else [{"package": p, "status": s} for p, s in ps.dpkg_nvidia_problems(text)]
+
+
+def _cgroup(h: Host):
+    cg = system.self_cgroup(h)
+    caps = system.memory_caps(h, cg)
+    return {"v2_path": cg.v2_path, "v1_memory_path": cg.v1.get("memory"),
+            "memory_caps": [{"file": f, "limit_bytes": n} for f, n in caps]}
+
+
+COLLECTORS: dict[str, Callable[[Host], object]] = {
+    "identity": system.identity,
+    "os": _os,
+    "kernel": system.kernel_release,
+    "is_root": system.is_root,
+    "secure_boot": system.secure_boot,
+    "iommu": _iommu,
+    "disk": _disk,
+    "dpkg_nvidia": _dpkg,
+    "cgroup": _cgroup,
+    "pci_gpus": pci.gpus,
+    "nvidia_version": kmod.proc_version,
+    "module": kmod.module,
+    "userspace_driver": kmod.userspace_driver,
+    "nvml": nvml.facts,
+    "smi_p2p_read": lambda h: smi.topo_p2p(h, "r"),
+    "smi_p2p_write": lambda h: smi.topo_p2p(h, "w"),
+    "smi_q": smi.query,
+}
+
+
+def collect(host: Host, names: tuple[str, ...] | list[str] | None = None) -> dict:
+    out: dict = {}
+    for name in names or COLLECTORS:
+        try:
+            out[name] = COLLECTORS[name](host)
+        except P2pkitError as e:
+            out[name] = {"error": e.message}
+        except (OSError, ValueError) as e:
+            out[name] = {"error": f"could not determine {name}: {e}"}
+    return out
+
+
+def record(host: Host) -> dict:
+    return {
+        "kind": "p2pkit-facts",
+        "schema": 1,
+        "p2pkit_version": __version__,
+        "simulated": host.simulated,
+        "recorded_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "root": str(host.root),
+        "facts": collect(host),
+    }
+
+
+def load_recorded(path: Path) -> dict:
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise UsageError(f"cannot read facts file {path}: {e}",
+                         hint="record one with `p2pkit facts record FILE` on the host to judge") from e
+    if not isinstance(doc, dict) or doc.get("kind") != "p2pkit-facts" or "facts" not in doc:
+        raise UsageError(f"{path} is not a p2pkit facts file",
+                         hint="record one with `p2pkit facts record FILE` on the host to judge")
+    return doc

@@ -1,0 +1,73 @@
+"""Probes: the only code that reads the host. Every path goes through a host root (default /)
+and every command through one runner, so a test can point p2pkit at a directory laid out like
+a real host (the simulated host) and at recorded NVML facts."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from p2pkit.errors import ProbeError
+from p2pkit.runner import Runner
+
+SIM_MARKER = ".p2pkit-sim/state.json"
+
+
+@dataclass
+class Host:
+    root: Path = Path("/")
+    runner: Runner = field(default_factory=Runner)
+    sim: dict | None = None  # the simulated host's state, when root is one
+
+    @classmethod
+    def at(cls, root: Path | str = "/") -> Host:
+        root = Path(root).resolve()
+        sim = None
+        marker = root / SIM_MARKER
+        if root != Path("/") and marker.is_file():
+            sim = json.loads(marker.read_text())
+        return cls(root=root, runner=Runner(root=root), sim=sim)
+
+    @property
+    def simulated(self) -> bool:
+        return self.sim is not None
+
+    def path(self, p: str) -> Path:
+        return self.root / p.lstrip("/")
+
+    def read(self, p: str, what: str | None = None) -> str:
+        try:
+            return self.path(p).read_text(errors="replace")
+        except FileNotFoundError:
+            raise ProbeError(what or p, f"{p} does not exist") from None
+        except PermissionError:
+            raise ProbeError(what or p, f"{p} is not readable (permission denied; run as root)") from None
+        except OSError as e:
+            raise ProbeError(what or p, f"{p}: {e.strerror}") from None
+
+    def read_bytes(self, p: str, what: str | None = None) -> bytes:
+        try:
+            return self.path(p).read_bytes()
+        except OSError as e:
+            raise ProbeError(what or p, f"{p}: {e.strerror}") from None
+
+    def exists(self, p: str) -> bool:
+        return self.path(p).exists()
+
+    def listdir(self, p: str) -> list[str]:
+        try:
+            return sorted(os.listdir(self.path(p)))
+        except OSError:
+            return []
+
+    def realpath(self, p: str) -> str:
+        """The resolved path, as the host would see it (root prefix removed)."""
+        real = os.path.realpath(self.path(p))
+        if self.root != Path("/") and real.startswith(str(self.root)):
+            real = real[len(str(self.root)):] or "/"
+        return real
+
+    def sim_fact(self, key: str, default=None):
+        return (self.sim or {}).get("facts", {}).get(key, default)

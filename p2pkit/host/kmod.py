@@ -1,0 +1,54 @@
+"""The NVIDIA kernel module and userspace driver: what is loaded, what modprobe would load,
+and which userspace driver version and GSP firmware are installed."""
+
+from __future__ import annotations
+
+import re
+
+from p2pkit.errors import P2pkitError, ProbeError
+from p2pkit.host import Host
+from p2pkit.parse import system as ps
+
+
+def proc_version(host: Host) -> dict:
+    if not host.exists("/proc/driver/nvidia/version"):
+        return {"loaded": False}
+    v = ps.nvidia_version(host.read("/proc/driver/nvidia/version", "the loaded NVIDIA driver"))
+    return {"loaded": True, "version": v.version, "open_module": v.open_module, "builder": v.builder,
+            "line": v.raw}
+
+
+def module(host: Host) -> dict:
+    out: dict = {}
+    if host.exists("/sys/module/nvidia/srcversion"):
+        out["loaded_srcversion"] = host.read("/sys/module/nvidia/srcversion").strip()
+    else:
+        out["loaded_srcversion"] = None
+    kernel = host.read("/proc/sys/kernel/osrelease", "the kernel release").strip()
+    try:
+        r = host.runner.run(["modinfo", "-k", kernel, "-F", "filename", "nvidia"], check=False)
+        out["modinfo_filename"] = r.stdout.strip() if r.returncode == 0 else None
+        if r.returncode == 0:
+            s = host.runner.run(["modinfo", "-k", kernel, "-F", "srcversion", "nvidia"], check=False)
+            out["modinfo_srcversion"] = s.stdout.strip() or None
+        else:
+            out["modinfo_error"] = (r.stderr or r.stdout).strip()
+    except P2pkitError as e:
+        out["modinfo_error"] = e.message
+    return out
+
+
+def userspace_driver(host: Host) -> dict:
+    """The installed userspace version from libnvidia-ml.so.<version>, and its GSP firmware files."""
+    versions = set()
+    for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/lib/aarch64-linux-gnu"):
+        for name in host.listdir(d):
+            m = re.fullmatch(r"libnvidia-ml\.so\.(\d+\.\d+(?:\.\d+)?)", name)
+            if m:
+                versions.add(m.group(1))
+    if not versions:
+        raise ProbeError("the userspace driver version", "no libnvidia-ml.so.<version> is installed")
+    out = {"versions": sorted(versions)}
+    out["gsp_firmware"] = {v: [f for f in host.listdir(f"/lib/firmware/nvidia/{v}") if f.startswith("gsp")]
+                           for v in sorted(versions)}
+    return out

@@ -1,0 +1,105 @@
+"""NVML through nvidia-ml-py (import pynvml), imported only when asked for.
+
+On a simulated host the facts come from the recorded NVML document the simulation keeps.
+Every failure becomes {"error": "..."} at the level it happened; nothing raises.
+"""
+
+from __future__ import annotations
+
+from p2pkit.host import Host
+
+P2P_STATUS = {0: "OK", 1: "CNS", 2: "GNS", 3: "TNS", 4: "DR", 5: "NS", 6: "U"}
+ANCESTOR = {0: "INTERNAL", 10: "SINGLE", 20: "MULTIPLE", 30: "HOSTBRIDGE", 40: "NODE", 50: "SYSTEM"}
+P2P_READ, P2P_WRITE = 0, 1  # pass plain ints: the binding's NVML_P2P_CAPS_INDEX_READ is a tuple
+
+
+def _call(fn, *args):
+    try:
+        v = fn(*args)
+        return v.decode() if isinstance(v, bytes) else v
+    except Exception as e:  # NVMLError and its many subclasses; a missing symbol too
+        return {"error": str(e) or type(e).__name__}
+
+
+def facts(host: Host) -> dict:
+    if host.simulated:
+        return dict(host.sim.get("nvml", {"error": "the simulated host has no NVML document"}))
+    try:
+        import pynvml
+    except ImportError:
+        return {"error": "nvidia-ml-py is not installed (pip install nvidia-ml-py)"}
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as e:
+        msg = str(e)
+        if "mismatch" in msg.lower():
+            msg += ": the loaded kernel module and the userspace driver differ; reboot or reload the module"
+        return {"error": f"NVML did not initialise: {msg}"}
+    try:
+        return _gather(pynvml)
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError:
+            pass
+
+
+def _gather(nv) -> dict:
+    out: dict = {
+        "driver_version": _call(nv.nvmlSystemGetDriverVersion),
+        "cuda_driver_version": _call(nv.nvmlSystemGetCudaDriverVersion),
+        "gpus": [],
+        "p2p": [],
+    }
+    count = _call(nv.nvmlDeviceGetCount)
+    if isinstance(count, dict):
+        out["error"] = count["error"]
+        return out
+    handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+    for i, h in enumerate(handles):
+        mem = _call(nv.nvmlDeviceGetMemoryInfo, h)
+        bar1 = _call(nv.nvmlDeviceGetBAR1MemoryInfo, h)
+        pci = _call(nv.nvmlDeviceGetPciInfo, h)
+        out["gpus"].append({
+            "index": i,
+            "name": _call(nv.nvmlDeviceGetName, h),
+            "uuid": _call(nv.nvmlDeviceGetUUID, h),
+            "bus_id": (pci.busId.decode() if isinstance(pci.busId, bytes) else pci.busId)
+            if not isinstance(pci, dict) else pci,
+            "memory_total": mem.total if not isinstance(mem, dict) else mem,
+            "bar1_total": bar1.bar1Total if not isinstance(bar1, dict) else bar1,
+            "link": {
+                "current_gen": _call(nv.nvmlDeviceGetCurrPcieLinkGeneration, h),
+                "current_width": _call(nv.nvmlDeviceGetCurrPcieLinkWidth, h),
+                "max_gen": _call(nv.nvmlDeviceGetMaxPcieLinkGeneration, h),
+                "gpu_max_gen": _call(nv.nvmlDeviceGetGpuMaxPcieLinkGeneration, h),
+                "max_width": _call(nv.nvmlDeviceGetMaxPcieLinkWidth, h),
+                "speed_mbps": _call(nv.nvmlDeviceGetPcieSpeed, h),
+            },
+            "replay_counter": _call(nv.nvmlDeviceGetPcieReplayCounter, h),
+            "clock_event_reasons": _call(nv.nvmlDeviceGetCurrentClocksEventReasons, h),
+            "locked_clocks": _locked(nv, h),
+        })
+    for i, a in enumerate(handles):
+        for j, b in enumerate(handles):
+            if i == j:
+                continue
+            r = _call(nv.nvmlDeviceGetP2PStatus, a, b, P2P_READ)
+            w = _call(nv.nvmlDeviceGetP2PStatus, a, b, P2P_WRITE)
+            anc = _call(nv.nvmlDeviceGetTopologyCommonAncestor, a, b)
+            out["p2p"].append({
+                "from": i, "to": j,
+                "read": P2P_STATUS.get(r, r) if not isinstance(r, dict) else r,
+                "write": P2P_STATUS.get(w, w) if not isinstance(w, dict) else w,
+                "common_ancestor": ANCESTOR.get(anc, anc) if not isinstance(anc, dict) else anc,
+            })
+    return out
+
+
+def _locked(nv, h) -> dict | None:
+    """Clocks locked by someone (nvidia-smi -lgc / -ac): the applications clock reason is active."""
+    reasons = _call(nv.nvmlDeviceGetCurrentClocksEventReasons, h)
+    if isinstance(reasons, dict):
+        return reasons
+    app_setting = getattr(nv, "nvmlClocksEventReasonApplicationsClocksSetting", 0x2)
+    return {"applications_clocks_setting": bool(reasons & app_setting)}

@@ -1,0 +1,45 @@
+"""nvidia-smi, run through the runner and parsed; failures become {"error": ...}."""
+
+from __future__ import annotations
+
+from p2pkit.errors import P2pkitError
+from p2pkit.host import Host
+from p2pkit.parse import smi as psmi
+
+
+def _run(host: Host, args: list[str]) -> str | dict:
+    try:
+        return host.runner.run(["nvidia-smi", *args], timeout=60).stdout
+    except P2pkitError as e:
+        return {"error": e.message.splitlines()[0]}
+
+
+def topo_p2p(host: Host, mode: str) -> dict:
+    """mode: r (read) or w (write)."""
+    text = _run(host, ["topo", "-p2p", mode])
+    if isinstance(text, dict):
+        return text
+    try:
+        return {"matrix": psmi.topo_matrix(text)}
+    except ValueError as e:
+        return {"error": f"unexpected `nvidia-smi topo -p2p {mode}` output: {e}"}
+
+
+def topo_m(host: Host) -> dict:
+    text = _run(host, ["topo", "-m"])
+    if isinstance(text, dict):
+        return text
+    try:
+        return {"matrix": psmi.topo_matrix(text)}
+    except ValueError as e:
+        return {"error": f"unexpected `nvidia-smi topo -m` output: {e}"}
+
+
+def query(host: Host) -> dict:
+    text = _run(host, ["-q"])
+    if isinstance(text, dict):
+        return text
+    gpus = psmi.smi_q_gpus(text)
+    if not gpus:
+        return {"error": "`nvidia-smi -q` listed no GPU"}
+    return {"gpus": gpus}

@@ -1,0 +1,32 @@
+"""One run at a time: an flock on the state directory's lock file."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+from p2pkit.errors import LockedError
+
+
+@contextmanager
+def state_lock(state_dir: Path):
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = state_dir / ".lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            raise LockedError(
+                f"another p2pkit run (pid {holder}) holds the lock on {state_dir}",
+                hint="wait for it to finish (`p2pkit status` shows progress); if no p2pkit process is "
+                     "running, the lock is released automatically: run again",
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)

@@ -1,0 +1,94 @@
+"""Results to stdout (a table, or JSON with --json); logs, progress, warnings and hints to stderr.
+
+A simulated run says SIMULATED on every line it prints.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+STATUS_STYLE = {
+    "pass": "green",
+    "passed": "green",
+    "done": "green",
+    "ok": "green",
+    "warn": "yellow",
+    "skip": "dim",
+    "not run": "dim",
+    "fail": "red",
+    "failed": "red",
+    "stale": "yellow",
+    "blocked": "magenta",
+    "reboot-needed": "cyan",
+    "unknown": "yellow",
+}
+
+
+@dataclass
+class Output:
+    json_mode: bool = False
+    simulated: bool = False
+    err: Console = field(default_factory=lambda: Console(stderr=True, highlight=False, soft_wrap=True))
+    out: Console = field(default_factory=lambda: Console(highlight=False, soft_wrap=True))
+
+    @property
+    def tag(self) -> str:
+        return "SIMULATED " if self.simulated else ""
+
+    def log(self, msg: str, style: str | None = None) -> None:
+        self.err.print(f"{self.tag}{escape(msg)}", style=style)
+
+    def step(self, stage: str, msg: str) -> None:
+        self.log(f"[{stage}] {msg}")
+
+    def warn(self, msg: str) -> None:
+        self.err.print(f"{self.tag}warning: {escape(msg)}", style="yellow")
+
+    def error(self, msg: str, hint: str = "") -> None:
+        text = f"{self.tag}error: {escape(msg)}"
+        if hint:
+            text += f"\n{self.tag}fix: {escape(hint)}"
+        self.err.print(text, style="red")
+
+    @contextmanager
+    def working(self, what: str):
+        """A spinner on a terminal, one plain line otherwise."""
+        if self.err.is_terminal and not self.json_mode:
+            with self.err.status(f"{self.tag}{escape(what)}"):
+                yield
+        else:
+            self.log(what)
+            yield
+
+    def document(self, doc: dict[str, Any]) -> None:
+        """The machine-readable result: only this goes to stdout under --json."""
+        if self.simulated:
+            doc = {"simulated": True, **doc}
+        sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
+        sys.stdout.flush()
+
+    def table(self, title: str, columns: list[str], rows: list[list[Any]], status_col: int | None = None) -> None:
+        t = Table(title=f"{self.tag}{title}".strip(), title_justify="left", show_lines=False)
+        for c in columns:
+            t.add_column(c, overflow="fold")
+        for row in rows:
+            cells = []
+            for i, v in enumerate(row):
+                s = escape("" if v is None else str(v))
+                if i == status_col:
+                    style = STATUS_STYLE.get(str(v).split(" ")[0], "")
+                    s = f"[{style}]{s}[/]" if style else s
+                cells.append(s)
+            t.add_row(*cells)
+        self.out.print(t)
+
+    def line(self, msg: str, style: str | None = None) -> None:
+        self.out.print(f"{self.tag}{escape(msg)}", style=style)

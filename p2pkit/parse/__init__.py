@@ -1,0 +1,1 @@
+"""Pure parsers of host files and tool output: text in, plain data out, no I/O."""

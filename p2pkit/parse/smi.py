@@ -1,0 +1,123 @@
+"""nvidia-smi text: `topo -m`, `topo -p2p r|w`, `-q`, and `--query-gpu ... --format=csv`."""
+
+from __future__ import annotations
+
+import re
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+P2P_CODES = {"X", "OK", "CNS", "GNS", "TNS", "NS", "DR", "U"}
+TOPO_CODES = re.compile(r"^(X|SYS|NODE|PHB|PXB|PIX|NV\d+)$")
+
+
+def strip_ansi(text: str) -> str:
+    return ANSI.sub("", text)
+
+
+def topo_matrix(text: str) -> dict[str, dict[str, str]]:
+    """A GPU-by-GPU matrix from `topo -m` or `topo -p2p X`: {'GPU0': {'GPU1': 'OK', ...}}.
+
+    The header carries ANSI underline codes even when piped; rows start with a space; columns are
+    tab-separated. Columns after the GPUs (CPU Affinity ...) are dropped.
+    """
+    lines = [strip_ansi(line).rstrip("\n") for line in text.splitlines()]
+    header_i = next((i for i, line in enumerate(lines) if re.search(r"\tGPU\d+", line)), None)
+    if header_i is None:
+        raise ValueError("no GPU header row in nvidia-smi topo output")
+    header = [c.strip() for c in lines[header_i].split("\t")]
+    gpu_cols = [(i, c) for i, c in enumerate(header) if re.fullmatch(r"GPU\d+", c)]
+    matrix: dict[str, dict[str, str]] = {}
+    for line in lines[header_i + 1:]:
+        if not line.strip() or line.strip().startswith("Legend"):
+            break
+        cells = [c.strip() for c in line.split("\t")]
+        # rows start with a space in the p2p form (" GPU0\tX\t") but not always in -m ("GPU0\t X \t")
+        while cells and cells[0] == "":
+            cells.pop(0)
+        if not cells or not re.fullmatch(r"GPU\d+", cells[0]):
+            continue
+        row = cells[0]
+        offset = 1 - gpu_cols[0][0]
+        matrix[row] = {}
+        for i, col in gpu_cols:
+            j = i + offset
+            value = cells[j] if j < len(cells) else ""
+            if not value:
+                raise ValueError(f"row {row} has no value for {col}")
+            matrix[row][col] = value
+    if not matrix:
+        raise ValueError("no GPU rows in nvidia-smi topo output")
+    return matrix
+
+
+def smi_q(text: str) -> dict:
+    """`nvidia-smi -q` as nested dicts by indentation; GPUs under 'GPU <busid>' keys."""
+    root: dict = {}
+    stack: list[tuple[int, dict]] = [(-1, root)]
+    for raw in text.splitlines():
+        if not raw.strip() or raw.strip().startswith("="):
+            continue
+        indent = len(raw) - len(raw.lstrip(" "))
+        key, sep, value = raw.strip().partition(":")
+        key = key.strip()
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        parent = stack[-1][1]
+        if sep and value.strip():
+            parent[key] = value.strip()
+        else:
+            child: dict = {}
+            parent[key] = child
+            stack.append((indent, child))
+    return root
+
+
+def smi_q_gpus(text: str) -> list[dict]:
+    """The few -q facts p2pkit judges, per GPU."""
+    doc = smi_q(text)
+    out = []
+    for key, gpu in doc.items():
+        if not key.startswith("GPU ") or not isinstance(gpu, dict):
+            continue
+        pci = gpu.get("PCI", {})
+        link = pci.get("GPU Link Info", {})
+        gen = link.get("PCIe Generation", {})
+        width = link.get("Link Width", {})
+        bar1 = gpu.get("BAR1 Memory Usage", {})
+        fb = gpu.get("FB Memory Usage", {})
+        out.append({
+            "bus_id": key[4:],
+            "name": gpu.get("Product Name"),
+            "bar1_total_mib": _mib(bar1.get("Total")),
+            "fb_total_mib": _mib(fb.get("Total")),
+            "gen_max": _int(gen.get("Max")),
+            "gen_current": _int(gen.get("Current")),
+            "width_max": _int(width.get("Max", "").rstrip("x")),
+            "width_current": _int(width.get("Current", "").rstrip("x")),
+            "replays": _int(pci.get("Replays Since Reset")),
+        })
+    return out
+
+
+def _mib(v: str | None) -> int | None:
+    m = re.match(r"^(\d+)\s*MiB$", v or "")
+    return int(m.group(1)) if m else None
+
+
+def _int(v: str | None) -> int | None:
+    v = (v or "").strip()
+    return int(v) if v.isdigit() else None
+
+
+def query_csv(text: str) -> list[dict[str, str | None]]:
+    """--query-gpu=... --format=csv: header row names the fields; '[N/A]' becomes None."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        raise ValueError("empty nvidia-smi CSV output")
+    header = [h.strip() for h in lines[0].split(",")]
+    rows = []
+    for line in lines[1:]:
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) != len(header):
+            raise ValueError(f"CSV row has {len(cells)} fields, header has {len(header)}: {line!r}")
+        rows.append({h: (None if c in ("[N/A]", "N/A", "[Not Supported]") else c) for h, c in zip(header, cells)})
+    return rows

@@ -1,0 +1,132 @@
+"""/etc/os-release, /proc/cmdline, /proc/driver/nvidia/version, dpkg status, /proc/self/cgroup."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+
+
+def os_release(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        key, _, value = line.partition("=")
+        try:
+            parts = shlex.split(value)
+            out[key] = parts[0] if parts else ""
+        except ValueError:
+            out[key] = value.strip("\"'")
+    return out
+
+
+def kernel_tuple(release: str) -> tuple[int, int]:
+    m = re.match(r"(\d+)\.(\d+)", release)
+    if not m:
+        raise ValueError(f"not a kernel release: {release!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+@dataclass(frozen=True)
+class IommuIntent:
+    mode: str  # "passthrough" | "off" | "translating" | "default"
+    detail: str
+    tokens: tuple[str, ...]
+
+
+def iommu_intent(cmdline: str, cpu_vendor: str) -> IommuIntent:
+    """What the kernel command line asks for. `default` means the kernel's build default decides
+    (Ubuntu 24.04: translated DMA domains when the firmware enables the IOMMU)."""
+    tokens = tuple(t for t in cmdline.split() if "iommu" in t)
+    kv = {}
+    for t in tokens:
+        k, _, v = t.partition("=")
+        kv[k] = v
+    vendor_key = "amd_iommu" if "AMD" in cpu_vendor.upper() else "intel_iommu"
+    if kv.get("iommu") == "off" or kv.get(vendor_key) == "off":
+        return IommuIntent("off", f"{'iommu' if kv.get('iommu') == 'off' else vendor_key}=off", tokens)
+    if kv.get("iommu") == "pt" or kv.get("iommu.passthrough") in ("1", "y", "on"):
+        return IommuIntent("passthrough", "iommu=pt" if kv.get("iommu") == "pt" else "iommu.passthrough=1", tokens)
+    if kv.get("iommu.passthrough") in ("0", "n", "off") or kv.get(vendor_key) in ("on", "force", "strict"):
+        return IommuIntent("translating", " ".join(tokens), tokens)
+    return IommuIntent("default", "no IOMMU option on the kernel command line", tokens)
+
+
+def iommu_group_type(text: str) -> str:
+    """/sys/kernel/iommu_groups/N/type: identity (passthrough), DMA / DMA-FQ (translating), blocked."""
+    t = text.strip()
+    if t == "identity":
+        return "passthrough"
+    if t.startswith("DMA"):
+        return "translating"
+    return t or "unknown"
+
+
+@dataclass(frozen=True)
+class NvidiaVersion:
+    version: str
+    open_module: bool
+    builder: str
+    raw: str
+
+
+def nvidia_version(text: str) -> NvidiaVersion:
+    """/proc/driver/nvidia/version: 'NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04
+    Release Build  (nixbld@)  <date>'."""
+    first = text.splitlines()[0] if text.strip() else ""
+    m = re.search(r"NVRM version:\s*(.*?)\s+(\d+\.\d+(?:\.\d+)?)\s", first + " ")
+    if not m:
+        raise ValueError(f"unexpected /proc/driver/nvidia/version: {first!r}")
+    b = re.search(r"\(([^)]*@[^)]*)\)", first)
+    return NvidiaVersion(m.group(2), "Open Kernel Module" in m.group(1), b.group(1) if b else "", first.strip())
+
+
+def dpkg_nvidia_problems(status_text: str) -> list[tuple[str, str]]:
+    """Packages named nvidia*/libnvidia* whose dpkg Status is neither installed nor purged-with-config."""
+    problems = []
+    for block in status_text.split("\n\n"):
+        fields = {}
+        for line in block.splitlines():
+            if line and not line[0].isspace() and ":" in line:
+                k, _, v = line.partition(":")
+                fields[k] = v.strip()
+        name = fields.get("Package", "")
+        if not re.match(r"^(lib)?nvidia", name):
+            continue
+        status = fields.get("Status", "")
+        if status not in ("install ok installed", "deinstall ok config-files", "purge ok not-installed"):
+            problems.append((name, status))
+    return problems
+
+
+@dataclass(frozen=True)
+class ProcCgroup:
+    v2_path: str | None
+    v1: dict[str, str]
+
+
+def proc_cgroup(text: str) -> ProcCgroup:
+    v2 = None
+    v1 = {}
+    for line in text.splitlines():
+        parts = line.strip().split(":", 2)
+        if len(parts) != 3:
+            continue
+        hid, ctrls, path = parts
+        if hid == "0" and ctrls == "":
+            v2 = path
+        for c in ctrls.split(","):
+            if c:
+                v1[c] = path
+    return ProcCgroup(v2, v1)
+
+
+def memory_limit(text: str) -> int | None:
+    """memory.max ('max' = none) or memory.limit_in_bytes (a huge page-aligned number = none)."""
+    t = text.strip()
+    if t == "max":
+        return None
+    n = int(t)
+    return None if n >= 2**62 else n

@@ -1,0 +1,260 @@
+"""Gates, plan, up, verify: the stage sequence run over artifacts.
+
+Gate rule: stage N runs only when stage N-1's artifact passed and its chain is intact. A stage is
+done when its artifact passed, its inputs digest matches the profile, the chain to the previous
+artifact holds, every earlier stage is done, and its quick re-check still holds.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from p2pkit import __version__, facts
+from p2pkit.artifacts import SCHEMA, CorruptArtifact, Store
+from p2pkit.checks import FAIL, SKIP, Check, worst
+from p2pkit.config import Profile
+from p2pkit.errors import Exit, GateError, P2pkitError
+from p2pkit.host import Host
+from p2pkit.host.system import identity
+from p2pkit.lock import state_lock
+from p2pkit.output import Output
+from p2pkit.stages import Stage, registry
+
+DONE, STALE, FAILED, REBOOT, NOT_RUN = "done", "stale", "failed", "reboot-needed", "not run"
+
+
+@dataclass
+class Ctx:
+    profile: Profile
+    host: Host
+    store: Store
+    out: Output
+    debug: bool = False
+    yes: bool = False
+    reboot: bool = False
+    options: dict = field(default_factory=dict)
+
+
+@dataclass
+class StageState:
+    stage: str
+    state: str
+    reason: str = ""
+    artifact: dict | None = None
+
+    def as_dict(self) -> dict:
+        doc = self.artifact or {}
+        return {"stage": self.stage, "state": self.state, "reason": self.reason,
+                "finished": doc.get("finished"), "status": doc.get("status")}
+
+
+def now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
+
+
+def section_digests(profile: Profile, stage: Stage) -> dict[str, str]:
+    return {s: profile.digest((s,)) for s in stage.inputs}
+
+
+# ---------------------------------------------------------------------------------------- evaluate
+
+def evaluate(ctx: Ctx, recheck: bool = True) -> list[StageState]:
+    states: list[StageState] = []
+    prev: StageState | None = None
+    ident = identity(ctx.host)
+    for st in registry():
+        states.append(_state_of(ctx, st, prev, ident, recheck))
+        prev = states[-1]
+    return states
+
+
+def _state_of(ctx: Ctx, st: Stage, prev: StageState | None, ident: dict, recheck: bool) -> StageState:
+    try:
+        doc = ctx.store.read(st.name)
+    except CorruptArtifact as e:
+        return StageState(st.name, STALE, e.message)
+    if doc is None:
+        return StageState(st.name, NOT_RUN, f"blocked by {prev.stage}" if prev and prev.state != DONE else "")
+    if doc.get("simulated") != ctx.host.simulated or doc.get("host", {}).get("machine_id") != ident["machine_id"]:
+        return StageState(st.name, STALE, "artifact was written on another host (or a simulated one)", doc)
+    if doc["status"] == REBOOT:
+        if doc.get("reboot", {}).get("boot_id") == ident["boot_id"]:
+            return StageState(st.name, REBOOT, doc["reboot"].get("why", "a reboot is needed"), doc)
+        return StageState(st.name, STALE, "rebooted since: run the stage again to prove the result", doc)
+    if doc["status"] != "passed":
+        first = next((c for c in doc.get("checks", []) if c.get("status") == FAIL), None)
+        return StageState(st.name, FAILED, f"{first['id']}: {first['measured']}" if first else "failed", doc)
+    if prev is not None and prev.state != DONE:
+        return StageState(st.name, STALE, f"earlier stage {prev.stage} is {prev.state}", doc)
+    changed = [s for s, d in section_digests(ctx.profile, st).items() if doc.get("inputs", {}).get(s) != d]
+    if changed:
+        return StageState(st.name, STALE, f"profile changed: {', '.join(changed)}", doc)
+    if prev is not None and doc.get("previous", {}).get("digest") != ctx.store.digest(prev.stage):
+        return StageState(st.name, STALE, f"chain broken: {prev.stage}'s artifact changed since", doc)
+    if recheck and st.check is not None and st.measure is None:
+        f = facts.collect(ctx.host, st.facts)
+        bad = [c for c in st.check(f, ctx.profile) if c.status == FAIL]
+        if bad:
+            return StageState(st.name, STALE, f"re-check failed: {bad[0].id}: {bad[0].measured}", doc)
+    return StageState(st.name, DONE, "", doc)
+
+
+# ---------------------------------------------------------------------------------------- run
+
+def not_implemented(st: Stage) -> Check:
+    return Check(f"{st.name}.implemented", f"{st.title}", FAIL, "not implemented yet", "implemented",
+                 f"the {st.name} stage is not built in p2pkit {__version__} yet; nothing was done and nothing "
+                 "after it can run. Do this step by hand (see docs/) and follow the p2pkit issues")
+
+
+def run_stage(ctx: Ctx, st: Stage, prev_name: str | None) -> dict:
+    """Delete the artifact, act, prove, write the artifact. Returns the artifact."""
+    ctx.store.ensure()
+    ctx.store.delete(st.name)
+    started = now()
+    t0 = time.monotonic()
+    acted: dict = {}
+    reboot_why = None
+    if not st.implemented:
+        found: dict = {}
+        checks = [not_implemented(st)]
+    else:
+        if st.act is not None:
+            acted = st.act(ctx)
+        found = facts.collect(ctx.host, st.facts)
+        if st.measure is not None:
+            found.update(st.measure(ctx))
+        checks = st.check(found, ctx.profile) if st.check else []
+        if st.reboot is not None and worst(checks) != FAIL:
+            reboot_why = st.reboot(found, ctx)
+    ident = identity(ctx.host)
+    status = "failed" if worst(checks) == FAIL else (REBOOT if reboot_why else "passed")
+    doc = {
+        "schema": SCHEMA,
+        "stage": st.name,
+        "status": status,
+        "simulated": ctx.host.simulated,
+        "p2pkit_version": __version__,
+        "profile": ctx.profile.name,
+        "started": started,
+        "finished": now(),
+        "seconds": round(time.monotonic() - t0, 3),
+        "host": ident,
+        "inputs": section_digests(ctx.profile, st),
+        "previous": {"stage": prev_name, "digest": ctx.store.digest(prev_name)} if prev_name else None,
+        "acted": acted,
+        "facts": found,
+        "checks": [c.as_dict() for c in checks],
+    }
+    if reboot_why:
+        doc["reboot"] = {"boot_id": ident["boot_id"], "why": reboot_why}
+    ctx.store.write(st.name, doc)
+    return doc
+
+
+def select(start: str | None, stop: str | None) -> list[Stage]:
+    stages = registry()
+    names = [s.name for s in stages]
+    for n in (start, stop):
+        if n is not None and n not in names:
+            raise P2pkitError(f"no stage named {n!r}", hint="stages are: " + ", ".join(names), code=Exit.USAGE)
+    i = names.index(start) if start else 0
+    j = names.index(stop) if stop else len(names) - 1
+    if i > j:
+        raise P2pkitError(f"--from {start} comes after --to {stop}", hint="stages run in order: " + ", ".join(names),
+                          code=Exit.USAGE)
+    return stages[i:j + 1]
+
+
+@dataclass
+class UpResult:
+    code: Exit
+    ran: list[str]
+    states: list[StageState]
+    message: str
+
+
+def up(ctx: Ctx, start: str | None = None, stop: str | None = None, force: bool = False) -> UpResult:
+    selected = select(start, stop)
+    order = [s.name for s in registry()]
+    with state_lock(ctx.store.dir):
+        states = {s.stage: s for s in evaluate(ctx)}
+        ran: list[str] = []
+        for st in selected:
+            state = states[st.name]
+            if state.state == DONE and not force:
+                ctx.out.step(st.name, "done: nothing to do")
+                continue
+            i = order.index(st.name)
+            prev_name = order[i - 1] if i else None
+            if prev_name and states[prev_name].state != DONE:
+                p = states[prev_name]
+                raise GateError(
+                    f"{st.name} needs {prev_name} to have passed; {prev_name} is {p.state}"
+                    + (f" ({p.reason})" if p.reason else ""),
+                    hint=f"run `p2pkit up --from {prev_name}` (or plain `p2pkit up`)")
+            if state.state == REBOOT:
+                return UpResult(Exit.REBOOT, ran, list(states.values()),
+                                f"{st.name}: {state.reason}; reboot, then run p2pkit up again")
+            ctx.out.step(st.name, f"running: {st.title}" + (f" (was {state.state}: {state.reason})"
+                                                            if state.state != NOT_RUN and state.reason else ""))
+            doc = run_stage(ctx, st, prev_name)
+            ran.append(st.name)
+            report_checks(ctx.out, st.name, doc["checks"])
+            states = {s.stage: s for s in evaluate(ctx, recheck=False)}
+            if doc["status"] == "failed":
+                first = next(c for c in doc["checks"] if c["status"] == FAIL)
+                return UpResult(Exit.CHECK_FAILED, ran, list(states.values()),
+                                f"{st.name} failed: {first['id']}: {first['measured']} (expected {first['expected']})."
+                                f" Fix: {first['hint']}")
+            if doc["status"] == REBOOT:
+                return UpResult(Exit.REBOOT, ran, list(states.values()),
+                                f"{st.name}: {doc['reboot']['why']}; reboot, then run p2pkit up again")
+        final = list(states.values())
+        if not ran:
+            msg = f"all {len(selected)} selected stage(s) are done: no stage work to do"
+        else:
+            msg = f"ran {', '.join(ran)}; all selected stages passed"
+        return UpResult(Exit.OK, ran, final, msg)
+
+
+def report_checks(out: Output, stage: str, checks: list[dict]) -> None:
+    for c in checks:
+        if c["status"] == SKIP and not out.err.is_terminal:
+            continue
+        line = f"[{stage}]   {c['status'].upper():4} {c['id']}: {c['measured']}"
+        if c["status"] != "pass":
+            line += f" (expected {c['expected']})"
+        style = {"pass": None, "warn": "yellow", "fail": "red"}.get(c["status"])
+        out.log(line, style=style)
+        if c["status"] in ("fail", "warn") and c.get("hint"):
+            out.log(f"[{stage}]        fix: {c['hint']}", style=style)
+
+
+def verify(ctx: Ctx, names: list[str]) -> tuple[list[dict], Exit]:
+    """Re-run the named stages' read-only proofs; writes nothing."""
+    from p2pkit.stages import get
+
+    results = []
+    code = Exit.OK
+    for name in names:
+        st = get(name)
+        if not st.implemented:
+            checks = [not_implemented(st)]
+        else:
+            f = facts.collect(ctx.host, st.facts)
+            if st.measure is not None:
+                f.update(st.measure(ctx))
+            checks = st.check(f, ctx.profile) if st.check else []
+        status = worst(checks)
+        if status == FAIL:
+            code = Exit.CHECK_FAILED
+        results.append({"stage": name, "status": status, "checks": [c.as_dict() for c in checks]})
+    return results, code
+
+
+def state_dir_default(root: Path) -> Path:
+    return root / "var/lib/p2pkit"

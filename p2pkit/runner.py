@@ -1,0 +1,89 @@
+"""The one way p2pkit runs a command.
+
+List arguments only, LANG=C.UTF-8, stdin from /dev/null, the command logged under --debug.
+Against a host root other than /, that root's usr/bin and usr/sbin come first on PATH, so the
+simulated host's stand-in commands answer in place of the real ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from p2pkit.errors import CommandError, MissingError
+
+log = logging.getLogger("p2pkit.runner")
+
+
+@dataclass(frozen=True)
+class Result:
+    argv: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@dataclass
+class Runner:
+    root: Path = Path("/")
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def path_env(self) -> str:
+        base = os.environ.get("PATH", "/usr/bin:/bin")
+        if self.root == Path("/"):
+            return base
+        prefix = [str(self.root / d) for d in ("usr/local/bin", "usr/bin", "usr/sbin", "sbin", "bin")]
+        return ":".join([*prefix, base])
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({"LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PATH": self.path_env()})
+        env.update(self.extra_env)
+        return env
+
+    def which(self, name: str) -> str | None:
+        return shutil.which(name, path=self.path_env())
+
+    def run(
+        self,
+        argv: list[str],
+        *,
+        check: bool = True,
+        timeout: float | None = None,
+        cwd: Path | None = None,
+        env: dict[str, str] | None = None,
+        capture: bool = True,
+    ) -> Result:
+        exe = self.which(argv[0]) if "/" not in argv[0] else argv[0]
+        if exe is None:
+            raise MissingError(
+                f"the command `{argv[0]}` is not installed (looked in {self.path_env()})",
+                hint=f"install the package that provides {argv[0]}, or check PATH",
+            )
+        full_env = self.env()
+        if env:
+            full_env.update(env)
+        log.debug("run: %s", " ".join(argv))
+        try:
+            proc = subprocess.run(
+                [exe, *argv[1:]],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE if capture else None,
+                stderr=subprocess.PIPE if capture else None,
+                text=True,
+                errors="replace",
+                env=full_env,
+                cwd=cwd,
+                timeout=timeout,
+            )
+        except subprocess.TimeoutExpired as e:
+            raise CommandError(argv, -1, str(e.stdout or ""), f"timed out after {timeout} s") from e
+        result = Result(argv, proc.returncode, proc.stdout or "", proc.stderr or "")
+        log.debug("exit %s: %s", proc.returncode, " ".join(argv))
+        if check and proc.returncode != 0:
+            raise CommandError(argv, proc.returncode, result.stdout, result.stderr)
+        return result

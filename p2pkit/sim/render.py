@@ -1,0 +1,155 @@
+"""Lay out the simulated host's files from its state."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from p2pkit.host import SIM_MARKER
+from p2pkit.sim import model
+from p2pkit.sim.scenarios import GIB
+
+STANDINS = ["nvidia-smi", "modinfo"]
+AMD, NV = "0x1022", "0x10de"
+
+
+def write(root: Path, rel: str, text: str | bytes, mode: int | None = None) -> Path:
+    p = root / rel.lstrip("/")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(text, bytes):
+        p.write_bytes(text)
+    else:
+        p.write_text(text)
+    if mode is not None:
+        p.chmod(mode)
+    return p
+
+
+def config_space(port_type: int) -> bytes:
+    """256 bytes with a capability list holding one PCIe capability of the given port type."""
+    cfg = bytearray(256)
+    cfg[0x06] = 0x10
+    cfg[0x34] = 0x40
+    cfg[0x40] = 0x10
+    cfg[0x41] = 0x00
+    cfg[0x42] = (port_type << 4) | 0x2
+    return bytes(cfg)
+
+
+def _link(root: Path, bdf: str, target: Path) -> None:
+    link = root / "sys/bus/pci/devices" / bdf
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if link.is_symlink():
+        link.unlink()
+    link.symlink_to(os.path.relpath(target, link.parent))
+
+
+def _pci_dev(root: Path, path: Path, bdf: str, vendor: str, device: str, cls: str, port_type: int,
+             max_gen: int, max_width: int, cur_gen: int, cur_width: int, resource: str = "") -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    files = {"vendor": vendor, "device": device, "class": cls,
+             "max_link_speed": model.speed_text(max_gen), "max_link_width": str(max_width),
+             "current_link_speed": model.speed_text(cur_gen), "current_link_width": str(cur_width)}
+    for k, v in files.items():
+        (path / k).write_text(v + "\n")
+    (path / "config").write_bytes(config_space(port_type))
+    (path / "resource").write_text(resource or ("0x0000000000000000 0x0000000000000000 0x0000000000000000\n" * 13))
+    _link(root, bdf, path)
+
+
+def _resource_table(g: dict, i: int) -> str:
+    z = "0x0000000000000000 0x0000000000000000 0x0000000000000000"
+    bar0 = 0xF0000000 + i * 0x4000000
+    bar1 = 0x18_0000_0000 * (i + 1)
+    lines = [
+        f"0x{bar0:016x} 0x{bar0 + (64 << 20) - 1:016x} 0x0000000000040200",  # BAR0: 32-bit MEM
+        f"0x{bar1:016x} 0x{bar1 + g['bar1_bytes'] - 1:016x} 0x000000000014220c",  # BAR1: 64-bit prefetch
+        z,
+        f"0x{bar1 + (64 * GIB):016x} 0x{bar1 + (64 * GIB) + (32 << 20) - 1:016x} 0x000000000014220c",
+        z,
+        f"0x000000000000{0xe000 + i * 0x1000:04x} 0x000000000000{0xe07f + i * 0x1000:04x} 0x0000000000040101",
+    ]
+    return "\n".join(lines + [z] * 7) + "\n"
+
+
+def render(root: Path, state: dict) -> None:
+    root = Path(root)
+    sysdev = root / "sys/devices"
+    shutil.rmtree(root / "sys", ignore_errors=True)
+    shutil.rmtree(root / "proc", ignore_errors=True)
+    eff = model.iommu_effective(state)
+    group_type = {"passthrough": "identity", "translating": "DMA-FQ"}.get(eff)
+    for i, g in enumerate(state["gpus"]):
+        dom = f"pci0000:{g['root_port'][5:7]}"
+        rp = sysdev / dom / g["root_port"]
+        gen, width = model.link_max(g)
+        _pci_dev(root, rp, g["root_port"], AMD, "0x14db", "0x060400", 4, g["slot_gen"], g["slot_width"], 1, width)
+        parent = rp
+        if g["switch"]:
+            bus = int(g["bdf"][5:7], 16)
+            up, down = f"0000:{bus:02x}:00.0", f"0000:{bus + 1:02x}:00.0"
+            parent = rp / up
+            _pci_dev(root, parent, up, "0x10b5", "0x8747", "0x060400", 5, 3, 16, 3, 16)
+            parent = parent / down
+            _pci_dev(root, parent, down, "0x10b5", "0x8747", "0x060400", 6, 3, 16, 3, 16)
+        gdir = parent / g["bdf"]
+        _pci_dev(root, gdir, g["bdf"], NV, g["device"], "0x030000", 0, g["gpu_max_gen"], g["gpu_max_width"],
+                 1, width, _resource_table(g, i))
+        if g["bar1_bytes"] >= 32 * GIB:
+            (gdir / "resource1_resize").write_text("0000000000007fc0\n")  # 64 MiB .. 32 GiB
+        else:
+            (gdir / "resource1_resize").write_text("0000000000003fc0\n")
+        if group_type:
+            grp = root / f"sys/kernel/iommu_groups/{12 + i}"
+            grp.mkdir(parents=True, exist_ok=True)
+            (grp / "type").write_text(group_type + "\n")
+            (gdir / "iommu_group").symlink_to(os.path.relpath(grp, gdir))
+    if True:  # an EFI system; the variable says whether Secure Boot is on
+        efivar = "sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
+        write(root, efivar, bytes([6, 0, 0, 0, 1 if state["secure_boot"] else 0]))
+    mod = model.loaded(state)
+    if mod is not None:
+        write(root, "sys/module/nvidia/srcversion", mod["srcversion"] + "\n")
+        kind = "Open Kernel Module" if mod.get("open", True) else "Kernel Module"
+        write(root, "proc/driver/nvidia/version",
+              f"NVRM version: NVIDIA UNIX {kind} for x86_64  {mod['version']}  Release Build  "
+              f"({mod.get('builder', 'dvs-builder@U22-I3-AM02-24-3')})  Tue Nov  3 10:00:00 UTC 2026\n"
+              "GCC version:  gcc version 13.3.0 (Ubuntu 13.3.0-6ubuntu2~24.04)\n")
+    write(root, "proc/cmdline", state["cmdline"] + "\n")
+    write(root, "proc/cpuinfo", "processor\t: 0\nvendor_id\t: " + state["cpu_vendor"] +
+          "\nmodel name\t: AMD Ryzen 9 9950X3D 16-Core Processor\n")
+    write(root, "proc/sys/kernel/osrelease", state["kernel"] + "\n")
+    write(root, "proc/sys/kernel/hostname", "sim-dual5090\n")
+    write(root, "proc/sys/kernel/random/boot_id", state["boot_id"] + "\n")
+    cap = state.get("cgroup_memory_cap")
+    cg = "/user.slice/user-1000.slice/session-3.scope" if cap else "/system.slice/p2pkit.service"
+    write(root, "proc/self/cgroup", f"0::{cg}\n")
+    write(root, "sys/fs/cgroup/cgroup.controllers", "cpuset cpu io memory pids\n")
+    write(root, f"sys/fs/cgroup{cg}/memory.max", f"{cap}\n" if cap else "max\n")
+    write(root, "etc/machine-id", state["machine_id"] + "\n")
+    os_ = state["os"]
+    write(root, "etc/os-release", "".join(f'{k}="{v}"\n' for k, v in os_.items()) + "ID_LIKE=debian\n")
+    write(root, "var/lib/dpkg/status", "Package: bash\nStatus: install ok installed\nVersion: 5.2.21\n\n")
+    write(root, ".p2pkit-sim/README", "SIMULATED host laid out by `p2pkit sim init`. Nothing here is real.\n")
+    nvml = model.nvml_doc(state)
+    state_doc = dict(state)
+    state_doc["nvml"] = nvml
+    write(root, SIM_MARKER, json.dumps(state_doc, indent=2) + "\n")
+    for name in STANDINS:
+        write(root, f"usr/bin/{name}",
+              f"#!{sys.executable}\n# SIMULATED stand-in for {name}: p2pkit's simulated host\n"
+              f"import sys\nfrom p2pkit.sim.standins import main\nsys.exit(main({name!r}, sys.argv[1:]))\n",
+              0o755)
+
+
+def load_state(root: Path) -> dict:
+    doc = json.loads((Path(root) / SIM_MARKER).read_text())
+    doc.pop("nvml", None)
+    return doc
+
+
+def save(root: Path, state: dict) -> None:
+    render(root, state)

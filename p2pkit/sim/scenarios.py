@@ -1,0 +1,85 @@
+"""Scenarios: a healthy dual-5090 box, and each way a real one goes wrong."""
+
+from __future__ import annotations
+
+import copy
+import uuid
+
+GIB = 1 << 30
+
+HEALTHY: dict = {
+    "profile": "dual-5090-ninfer",
+    "facts": {"euid": 0, "disk_free_bytes": 900 * GIB, "disk_path": "/var/lib"},
+    "os": {"ID": "ubuntu", "VERSION_ID": "24.04", "PRETTY_NAME": "Ubuntu 24.04.3 LTS",
+           "VERSION_CODENAME": "noble"},
+    "kernel": "6.8.0-88-generic",
+    "cpu_vendor": "AuthenticAMD",
+    "cmdline": "BOOT_IMAGE=/boot/vmlinuz-6.8.0-88-generic root=UUID=5d0c7a51 ro quiet splash",
+    "grub_dropins": {},
+    # Ubuntu 24.04 with the IOMMU on in firmware: translated DMA domains unless the command line says pt
+    "iommu_firmware": True,
+    "secure_boot": False,
+    "gpus": [
+        {"bdf": "0000:01:00.0", "root_port": "0000:00:01.1", "device": "0x2b85", "vram_gib": 32,
+         "bar1_bytes": 32 * GIB, "gpu_max_gen": 5, "gpu_max_width": 16, "slot_gen": 5, "slot_width": 8,
+         "switch": False, "monitor": False},
+        {"bdf": "0000:41:00.0", "root_port": "0000:40:01.1", "device": "0x2b85", "vram_gib": 32,
+         "bar1_bytes": 32 * GIB, "gpu_max_gen": 5, "gpu_max_width": 16, "slot_gen": 5, "slot_width": 8,
+         "switch": False, "monitor": False},
+    ],
+    "chipset_p2p": True,
+    "driver": {"userspace": None},
+    "module": {"installed": None, "loaded": None},
+    "cgroup_memory_cap": None,
+}
+
+
+def _set(path: str, value):
+    def apply(s: dict) -> None:
+        *keys, last = path.split(".")
+        d = s
+        for k in keys:
+            d = d[int(k)] if isinstance(d, list) else d[k]
+        d[last] = value
+    return apply
+
+
+def _gpus(**kw):
+    def apply(s: dict) -> None:
+        for g in s["gpus"]:
+            g.update(kw)
+    return apply
+
+
+SCENARIOS: dict[str, tuple[str, list]] = {
+    "healthy": ("a bare dual-5090 Ubuntu 24.04 box, each GPU on its own Gen5 x8 root port, 32 GiB BAR1", []),
+    "no-gpu": ("a box with no NVIDIA GPU (like a CI runner)", [_set("gpus", [])]),
+    "one-gpu": ("only one RTX 5090 seated", [lambda s: s["gpus"].pop()]),
+    "wrong-os": ("Ubuntu 22.04 instead of 24.04",
+                 [_set("os", {"ID": "ubuntu", "VERSION_ID": "22.04", "PRETTY_NAME": "Ubuntu 22.04.5 LTS",
+                              "VERSION_CODENAME": "jammy"}), _set("kernel", "5.15.0-126-generic")]),
+    "secure-boot-on": ("Secure Boot enabled in firmware", [_set("secure_boot", True)]),
+    "small-bar": ("Resizable BAR off in BIOS: BAR1 is 256 MiB", [_gpus(bar1_bytes=256 << 20)]),
+    "behind-switch": ("both GPUs behind a PLX switch", [_gpus(switch=True)]),
+    "gen4-slot": ("the second GPU in a Gen4 x8 slot", [_set("gpus.1.slot_gen", 4)]),
+    "iommu-translating": ("the kernel forces a translating IOMMU (amd_iommu=on iommu.passthrough=0)",
+                          [_set("cmdline", "BOOT_IMAGE=/boot/vmlinuz-6.8.0-88-generic root=UUID=5d0c7a51 ro "
+                                           "amd_iommu=on iommu.passthrough=0 quiet splash")]),
+    "p2p-chipset-not-supported": ("a chipset on which the driver refuses P2P (CNS)", [_set("chipset_p2p", False)]),
+    "capped-cgroup": ("p2pkit itself runs in a memory-capped cgroup (P12)", [_set("cgroup_memory_cap", 8 * GIB)]),
+}
+
+
+def build(name: str) -> dict:
+    if name not in SCENARIOS:
+        from p2pkit.errors import UsageError
+
+        raise UsageError(f"no simulated scenario named {name!r}", hint="scenarios: " + ", ".join(SCENARIOS))
+    state = copy.deepcopy(HEALTHY)
+    for change in SCENARIOS[name][1]:
+        change(state)
+    state["scenario"] = name
+    state["machine_id"] = uuid.uuid4().hex
+    state["boot_id"] = str(uuid.uuid4())
+    state["boots"] = 1
+    return state

@@ -1,0 +1,41 @@
+"""The fixed stage sequence. Each stage names the profile sections it depends on, the facts it
+reads, its pure checks, and, for the stages that change the host, what it does (a playbook)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from p2pkit.checks import Check
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    title: str
+    inputs: tuple[str, ...]
+    facts: tuple[str, ...] = ()
+    check: Callable[[dict, object], list[Check]] | None = None
+    act: Callable[[object], dict] | None = None  # ctx -> what was done
+    measure: Callable[[object], dict] | None = None  # ctx -> extra facts from a real load (link)
+    reboot: Callable[[dict, object], str | None] | None = None  # facts, ctx -> why a reboot is needed
+    implemented: bool = True
+
+
+def registry() -> list[Stage]:
+    from p2pkit.stages import definitions
+
+    return definitions.STAGES
+
+
+def names() -> list[str]:
+    return [s.name for s in registry()]
+
+
+def get(name: str) -> Stage:
+    for s in registry():
+        if s.name == name:
+            return s
+    from p2pkit.errors import UsageError
+
+    raise UsageError(f"no stage named {name!r}", hint="stages are: " + ", ".join(names()))
