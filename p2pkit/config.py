@@ -245,7 +245,8 @@ def from_dict(data: dict, source: str) -> Profile:
             path = f"{sec}.{fl.name}"
             if fl.name not in raw:
                 if fl.default is MISSING and fl.default_factory is MISSING:
-                    problems.append((path, f"missing; expected {fl.metadata.get('expect') or _type_name(hints[fl.name])}"))
+                    expect = fl.metadata.get("expect") or _type_name(hints[fl.name])
+                    problems.append((path, f"missing; expected {expect}"))
                 continue
             tp = hints[fl.name]
             msg = _check_value(path, tp, raw[fl.name], dict(fl.metadata))

@@ -85,7 +85,7 @@ def render(root: Path, state: dict) -> None:
     for i, g in enumerate(state["gpus"]):
         dom = f"pci0000:{g['root_port'][5:7]}"
         rp = sysdev / dom / g["root_port"]
-        gen, width = model.link_max(g)
+        _gen, width = model.link_max(g)
         _pci_dev(root, rp, g["root_port"], AMD, "0x14db", "0x060400", 4, g["slot_gen"], g["slot_width"], 1, width)
         parent = rp
         if g["switch"]:

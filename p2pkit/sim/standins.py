@@ -51,7 +51,7 @@ def nvidia_smi(root: Path, state: dict, args: list[str]) -> int:
         st = model.p2p_status(state)
         n = len(gpus)
         head = " \t\x1b[4m" + "\t".join(f"GPU{i}" for i in range(n)) + "\t\x1b[0m\n"
-        rows = "".join(" GPU%d\t" % i + "\t".join("X" if i == j else st for j in range(n)) + "\t\n"
+        rows = "".join(f" GPU{i}\t" + "\t".join("X" if i == j else st for j in range(n)) + "\t\n"
                        for i in range(n))
         sys.stdout.write(head + rows + LEGEND_P2P)
         return 0
