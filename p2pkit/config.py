@@ -281,6 +281,10 @@ def builtin_names() -> list[str]:
                   if p.name.endswith(".toml"))
 
 
+def builtin_path(name: str):
+    return resources.files("p2pkit.profiles") / f"{name}.toml"
+
+
 def load(name_or_path: str | None) -> Profile:
     """A built-in profile by name, or a TOML file by path."""
     name_or_path = name_or_path or DEFAULT_PROFILE

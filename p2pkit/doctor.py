@@ -12,7 +12,7 @@ from p2pkit.stages import registry
 
 def run(ctx) -> dict:
     needed = sorted({n for st in registry() for n in st.facts})
-    found = facts_mod.collect(ctx.host, needed)
+    found = facts_mod.collect(ctx.host, needed, ctx.profile)
     return judge(found, ctx.profile, simulated=ctx.host.simulated)
 
 

@@ -45,7 +45,32 @@ def _cgroup(h: Host):
             "memory_caps": [{"file": f, "limit_bytes": n} for f, n in caps]}
 
 
+def _guards(h: Host):
+    def has(path: str, needle: str) -> bool:
+        return h.exists(path) and needle in h.read(path)
+    return {
+        "nouveau_blacklisted": has("/etc/modprobe.d/p2pkit-blacklist-nouveau.conf", "blacklist nouveau"),
+        "apt_pin": has("/etc/apt/preferences.d/p2pkit-nvidia", "Pin-Priority: -1"),
+        "unattended_upgrades_blacklist": has("/etc/apt/apt.conf.d/51p2pkit-unattended-upgrades", "Package-Blacklist"),
+    }
+
+
+def _built_module(h: Host, profile):
+    from p2pkit.stages.acting import p2p_src_dir
+
+    ko = f"{p2p_src_dir(profile)}/kernel-open/nvidia.ko"
+    if not h.exists(ko):
+        return {"path": ko, "srcversion": None, "error": f"{ko} has not been built"}
+    r = h.runner.run(["modinfo", "-F", "srcversion", str(h.path(ko))], check=False)
+    return {"path": ko, "srcversion": r.stdout.strip() or None}
+
+
+PROFILE_COLLECTORS: dict[str, Callable[[Host, object], object]] = {
+    "built_module": _built_module,
+}
+
 COLLECTORS: dict[str, Callable[[Host], object]] = {
+    "driver_guards": _guards,
     "identity": system.identity,
     "os": _os,
     "kernel": system.kernel_release,
@@ -66,11 +91,14 @@ COLLECTORS: dict[str, Callable[[Host], object]] = {
 }
 
 
-def collect(host: Host, names: tuple[str, ...] | list[str] | None = None) -> dict:
+def collect(host: Host, names: tuple[str, ...] | list[str] | None = None, profile=None) -> dict:
     out: dict = {}
-    for name in names or COLLECTORS:
+    for name in names or [*COLLECTORS, *(PROFILE_COLLECTORS if profile else ())]:
         try:
-            out[name] = COLLECTORS[name](host)
+            if name in PROFILE_COLLECTORS:
+                out[name] = PROFILE_COLLECTORS[name](host, profile)
+            else:
+                out[name] = COLLECTORS[name](host)
         except P2pkitError as e:
             out[name] = {"error": e.message}
         except (OSError, ValueError) as e:
@@ -78,7 +106,7 @@ def collect(host: Host, names: tuple[str, ...] | list[str] | None = None) -> dic
     return out
 
 
-def record(host: Host) -> dict:
+def record(host: Host, profile=None) -> dict:
     return {
         "kind": "p2pkit-facts",
         "schema": 1,
@@ -86,7 +114,7 @@ def record(host: Host) -> dict:
         "simulated": host.simulated,
         "recorded_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "root": str(host.root),
-        "facts": collect(host),
+        "facts": collect(host, profile=profile),
     }
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from p2pkit import __version__, facts
 from p2pkit.artifacts import SCHEMA, CorruptArtifact, Store
-from p2pkit.checks import FAIL, SKIP, Check, worst
+from p2pkit.checks import FAIL, PENDING, SKIP, Check, worst
 from p2pkit.config import Profile
 from p2pkit.errors import Exit, GateError, P2pkitError
 from p2pkit.host import Host
@@ -95,7 +95,7 @@ def _state_of(ctx: Ctx, st: Stage, prev: StageState | None, ident: dict, recheck
     if prev is not None and doc.get("previous", {}).get("digest") != ctx.store.digest(prev.stage):
         return StageState(st.name, STALE, f"chain broken: {prev.stage}'s artifact changed since", doc)
     if recheck and st.check is not None and st.measure is None:
-        f = facts.collect(ctx.host, st.facts)
+        f = facts.collect(ctx.host, st.facts, ctx.profile)
         bad = [c for c in st.check(f, ctx.profile) if c.status == FAIL]
         if bad:
             return StageState(st.name, STALE, f"re-check failed: {bad[0].id}: {bad[0].measured}", doc)
@@ -121,17 +121,29 @@ def run_stage(ctx: Ctx, st: Stage, prev_name: str | None) -> dict:
     if not st.implemented:
         found: dict = {}
         checks = [not_implemented(st)]
+    elif st.precheck is not None and worst(refusals := st.precheck(ctx.profile)) == FAIL:
+        found, checks = {}, refusals  # refused before acting: nothing was done
     else:
         if st.act is not None:
-            acted = st.act(ctx)
-        found = facts.collect(ctx.host, st.facts)
-        if st.measure is not None:
-            found.update(st.measure(ctx))
-        checks = st.check(found, ctx.profile) if st.check else []
-        if st.reboot is not None and worst(checks) != FAIL:
-            reboot_why = st.reboot(found, ctx)
+            try:
+                acted = st.act(ctx)
+            except P2pkitError as e:
+                acted = {"error": e.message, "hint": e.hint}
+        if "error" in acted:
+            found = {}
+            checks = [Check(f"{st.name}.act", f"{st.title}: act", FAIL, acted["error"], "the playbook to succeed",
+                            acted.get("hint", ""))]
+        else:
+            found = facts.collect(ctx.host, st.facts, ctx.profile)
+            if st.measure is not None:
+                found.update(st.measure(ctx))
+            checks = st.check(found, ctx.profile) if st.check else []
+            pending = st.reboot(found, ctx) if st.reboot is not None else None
+            if pending:
+                reboot_why, ids = pending
+                checks = [replace(c, status=PENDING) if c.id in ids else c for c in checks]
     ident = identity(ctx.host)
-    status = "failed" if worst(checks) == FAIL else (REBOOT if reboot_why else "passed")
+    status = REBOOT if reboot_why else ("failed" if worst(checks) == FAIL else "passed")
     doc = {
         "schema": SCHEMA,
         "stage": st.name,
@@ -225,12 +237,12 @@ def report_checks(out: Output, stage: str, checks: list[dict]) -> None:
     for c in checks:
         if c["status"] == SKIP and not out.err.is_terminal:
             continue
-        line = f"[{stage}]   {c['status'].upper():4} {c['id']}: {c['measured']}"
+        line = f"[{stage}]   {c['status'].upper():7} {c['id']}: {c['measured']}"
         if c["status"] != "pass":
             line += f" (expected {c['expected']})"
-        style = {"pass": None, "warn": "yellow", "fail": "red"}.get(c["status"])
+        style = {"pass": None, "warn": "yellow", "fail": "red", "pending": "cyan"}.get(c["status"])
         out.log(line, style=style)
-        if c["status"] in ("fail", "warn") and c.get("hint"):
+        if c["status"] in ("fail", "warn", "pending") and c.get("hint"):
             out.log(f"[{stage}]        fix: {c['hint']}", style=style)
 
 
@@ -245,7 +257,7 @@ def verify(ctx: Ctx, names: list[str]) -> tuple[list[dict], Exit]:
         if not st.implemented:
             checks = [not_implemented(st)]
         else:
-            f = facts.collect(ctx.host, st.facts)
+            f = facts.collect(ctx.host, st.facts, ctx.profile)
             if st.measure is not None:
                 f.update(st.measure(ctx))
             checks = st.check(f, ctx.profile) if st.check else []

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 PASS, FAIL, WARN, SKIP = "pass", "fail", "warn", "skip"
+PENDING = "pending"  # fails now, and a reboot is what makes it pass
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ def host() -> Host:
 
 
 def profile(h: Host | None = None) -> config.Profile:
-    return config.load(OPTS.profile or (h.sim_fact("profile") if h is not None and h.simulated else None))
+    return config.load(OPTS.profile or (h.sim.get("profile") if h is not None and h.simulated else None))
 
 
 def context(h: Host | None = None) -> Ctx:

@@ -34,7 +34,7 @@ def init(
     force: Annotated[bool, typer.Option("--force", help="replace an existing simulated host there")] = False,
 ) -> None:
     """Lay out a simulated host (sysfs, /proc, /etc, stand-in commands) in DIRECTORY."""
-    from p2pkit.sim.render import render
+    from p2pkit.sim import lifecycle
 
     d = directory.resolve()
     if d.exists() and any(d.iterdir()):
@@ -49,10 +49,28 @@ def init(
         shutil.rmtree(d)
     state = scenarios.build(scenario)
     d.mkdir(parents=True, exist_ok=True)
-    render(d, state)
+    lifecycle.init(d, state)
     out = common.output()
     out.simulated = True
     out.log(f"simulated host ({scenario}: {scenarios.SCENARIOS[scenario][0]}) laid out in {d}")
     out.log(f"next: p2pkit --root {d} up")
     if common.OPTS.json:
         out.document({"root": str(d), "scenario": scenario})
+
+
+@app.command()
+def reboot(directory: Annotated[Path, typer.Argument(help="the simulated host's directory")]) -> None:
+    """Reboot the simulated host: new boot id, the pending command line and kernel, the module modprobe picks."""
+    from p2pkit.sim import lifecycle
+
+    d = directory.resolve()
+    if not (d / SIM_MARKER).is_file():
+        raise UsageError(f"{d} is not a simulated host", hint="lay one out with `p2pkit sim init DIR`")
+    state = lifecycle.reboot(d)
+    out = common.output()
+    out.simulated = True
+    mod = state["module"]
+    loaded = mod["loaded"]
+    out.log(f"rebooted {d}: boot {state['boots']}, kernel {state['kernel']}, cmdline: {state['cmdline']}")
+    out.log(f"nvidia module: {loaded['version'] + ' ' + loaded['path'] if loaded else 'not loaded'}"
+            + (f" ({mod['load_error']})" if mod.get("load_error") else ""))

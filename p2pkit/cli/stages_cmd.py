@@ -19,7 +19,8 @@ facts_app = typer.Typer(help="Record what p2pkit reads from a host.", no_args_is
 
 
 def _states_rows(states):
-    return [[s.stage, s.state, s.reason, (s.artifact or {}).get("finished", "")] for s in states]
+    return [[s.stage, s.state, s.reason, ((s.artifact or {}).get("finished") or "")[:19].replace("T", " ")]
+            for s in states]
 
 
 def up(
@@ -40,7 +41,14 @@ def up(
         ctx.out.document(doc)
     else:
         ctx.out.table("stages", ["stage", "state", "why", "finished"], _states_rows(res.states), status_col=1)
-        (ctx.out.line if res.code == Exit.OK else ctx.out.error)(res.message)
+        if res.code == Exit.OK:
+            ctx.out.line(res.message)
+        else:
+            hint = ""
+            if res.code == Exit.REBOOT and ctx.host.simulated:
+                r = ctx.host.root
+                hint = f"on this simulated host: `p2pkit sim reboot {r}`, then `p2pkit --root {r} up`"
+            ctx.out.error(res.message, hint)
     raise typer.Exit(int(res.code))
 
 

@@ -19,20 +19,20 @@ SIM_MARKER = ".p2pkit-sim/state.json"
 class Host:
     root: Path = Path("/")
     runner: Runner = field(default_factory=Runner)
-    sim: dict | None = None  # the simulated host's state, when root is one
+    simulated: bool = False
 
     @classmethod
     def at(cls, root: Path | str = "/") -> Host:
         root = Path(root).resolve()
-        sim = None
-        marker = root / SIM_MARKER
-        if root != Path("/") and marker.is_file():
-            sim = json.loads(marker.read_text())
-        return cls(root=root, runner=Runner(root=root), sim=sim)
+        simulated = root != Path("/") and (root / SIM_MARKER).is_file()
+        return cls(root=root, runner=Runner(root=root), simulated=simulated)
 
     @property
-    def simulated(self) -> bool:
-        return self.sim is not None
+    def sim(self) -> dict | None:
+        """The simulated host's state, read anew each time: stand-ins change it under us."""
+        if not self.simulated:
+            return None
+        return json.loads((self.root / SIM_MARKER).read_text())
 
     def path(self, p: str) -> Path:
         return self.root / p.lstrip("/")

@@ -88,6 +88,12 @@ def gpu(host: Host, bdf: str) -> dict:
     chain = pp.upstream_chain(real)
     fact["sysfs_path"] = real
     fact["upstream"] = [{"bdf": b, "port_type": port_type(host, b)} for b in chain[:-1]]
+    if fact["upstream"]:
+        parent = fact["upstream"][-1]["bdf"]
+        pe: list[str] = []
+        ps_, pw = _get(host, parent, "max_link_speed", pe), _get(host, parent, "max_link_width", pe)
+        fact["parent_link"] = {"bdf": parent, "max_gen": pp.link_gen(ps_) if ps_ else None,
+                               "max_width": pp.link_width(pw) if pw else None}
     group = f"{DEVICES}/{bdf}/iommu_group"
     if host.exists(group):
         gtype = host.path(group) / "type"

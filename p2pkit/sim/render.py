@@ -12,7 +12,7 @@ from p2pkit.host import SIM_MARKER
 from p2pkit.sim import model
 from p2pkit.sim.scenarios import GIB
 
-STANDINS = ["nvidia-smi", "modinfo"]
+STANDINS = ["nvidia-smi", "modinfo", "dpkg-query", "apt-mark", "update-initramfs", "depmod", "update-grub"]
 AMD, NV = "0x1022", "0x10de"
 
 

@@ -31,6 +31,9 @@ HEALTHY: dict = {
     "driver": {"userspace": None},
     "module": {"installed": None, "loaded": None},
     "cgroup_memory_cap": None,
+    "packages": {"linux-image-6.8.0-88-generic": "ii", "linux-firmware": "ii", "nvidia-firmware-580-580.95.05": "ii",
+                 "libnvidia-cfg1-580": "rc"},
+    "holds": [],
 }
 
 
@@ -66,6 +69,8 @@ SCENARIOS: dict[str, tuple[str, list]] = {
                           [_set("cmdline", "BOOT_IMAGE=/boot/vmlinuz-6.8.0-88-generic root=UUID=5d0c7a51 ro "
                                            "amd_iommu=on iommu.passthrough=0 quiet splash")]),
     "p2p-chipset-not-supported": ("a chipset on which the driver refuses P2P (CNS)", [_set("chipset_p2p", False)]),
+    "driver-595": ("the profile pinned to driver 595.71.05 (P01)", [_set("driver_pin", "595.71.05")]),
+    "gsp-firmware-missing": ("an installer that leaves out the GSP firmware", [_set("installer_gsp", False)]),
     "capped-cgroup": ("p2pkit itself runs in a memory-capped cgroup (P12)", [_set("cgroup_memory_cap", 8 * GIB)]),
 }
 

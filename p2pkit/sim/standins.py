@@ -1,13 +1,15 @@
 """Stand-in commands of the simulated host. Each prints what the real tool prints, in the real
-format, from the simulated state, and fails the way the real one fails."""
+format, from the simulated state, changes the simulated host the way the real one changes a
+real host, and fails the way the real one fails."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
 from p2pkit.sim import model
-from p2pkit.sim.render import load_state
+from p2pkit.sim.render import load_state, save
 
 LEGEND_P2P = """
 Legend:
@@ -23,26 +25,174 @@ Legend:
 
 
 def sim_root() -> Path:
-    # <root>/usr/bin/<name>
-    return Path(sys.argv[0]).resolve().parents[2]
+    """The simulated host this stand-in belongs to: the nearest parent holding the state file."""
+    here = Path(sys.argv[0]).resolve()
+    for d in here.parents:
+        if (d / ".p2pkit-sim/state.json").is_file():
+            return d
+    raise SystemExit(f"SIMULATED stand-in {here} is not inside a simulated host")
 
 
 def main(name: str, args: list[str]) -> int:
     root = sim_root()
     state = load_state(root)
-    fn = {"nvidia-smi": nvidia_smi, "modinfo": modinfo}[name]
+    fn = {"nvidia-smi": nvidia_smi, "modinfo": modinfo, "dpkg-query": dpkg_query, "apt-mark": apt_mark,
+          "update-initramfs": update_initramfs, "depmod": depmod, "update-grub": update_grub}[name]
     return fn(root, state, args)
 
 
+# ---------------------------------------------------------------------------------------- modules
+
+def read_ko(path: Path) -> dict | None:
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not text.startswith("P2PKIT-SIM-KO"):
+        return None
+    return dict(line.split("=", 1) for line in text.splitlines()[1:] if "=" in line)
+
+
+def resolve_module(root: Path, kver: str, name: str = "nvidia") -> tuple[str, dict] | None:
+    """What modprobe would load: depmod prefers updates/ (DKMS) over kernel/."""
+    base = root / "lib/modules" / kver
+    found = [p for p in base.rglob(f"{name}.ko") if read_ko(p)] if base.is_dir() else []
+    if not found:
+        return None
+    best = sorted(found, key=lambda p: (0 if "/updates/" in str(p) else 1, str(p)))[0]
+    return "/" + str(best.relative_to(root)), read_ko(best)
+
+
+def modinfo(root: Path, state: dict, args: list[str]) -> int:
+    """modinfo [-k KVER] [-F FIELD] nvidia|/path/to/nvidia.ko"""
+    kver, field, names = state["kernel"], None, []
+    it = iter(args)
+    for a in it:
+        if a == "-k":
+            kver = next(it)
+        elif a == "-F":
+            field = next(it)
+        else:
+            names.append(a)
+    if len(names) != 1:
+        print("modinfo: ERROR: missing module or filename.", file=sys.stderr)
+        return 1
+    if "/" in names[0]:
+        info = read_ko(Path(names[0]))
+        filename = names[0]
+    else:
+        hit = resolve_module(root, kver, names[0])
+        filename, info = hit if hit else (None, None)
+    if info is None:
+        print(f"modinfo: ERROR: Module {names[0]} not found.", file=sys.stderr)
+        return 1
+    info = {**info, "filename": filename}
+    if field is None:
+        for k in ("filename", "version", "srcversion", "vermagic"):
+            print(f"{k + ':':<16}{info.get(k, '')}")
+    else:
+        print(info.get(field, ""))
+    return 0
+
+
+def depmod(root: Path, state: dict, args: list[str]) -> int:
+    state.setdefault("log", []).append("depmod " + " ".join(args))
+    save(root, state)
+    return 0
+
+
+def update_initramfs(root: Path, state: dict, args: list[str]) -> int:
+    state["initramfs_updates"] = state.get("initramfs_updates", 0) + 1
+    save(root, state)
+    print("update-initramfs: Generating /boot/initrd.img-" + state["kernel"] + " (SIMULATED)")
+    return 0
+
+
+def update_grub(root: Path, state: dict, args: list[str]) -> int:
+    """Compose the next boot's command line from /etc/default/grub and /etc/default/grub.d/*.cfg."""
+    value = ""
+    files = [root / "etc/default/grub", *sorted((root / "etc/default/grub.d").glob("*.cfg"))]
+    for f in files:
+        if not f.is_file():
+            continue
+        for line in f.read_text().splitlines():
+            m = re.match(r'^\s*GRUB_CMDLINE_LINUX_DEFAULT="(.*)"\s*$', line)
+            if m:
+                value = m.group(1).replace("$GRUB_CMDLINE_LINUX_DEFAULT", value).strip()
+    kernel = state.get("next_kernel") or state["kernel"]
+    state["next_cmdline"] = f"BOOT_IMAGE=/boot/vmlinuz-{kernel} root=UUID=5d0c7a51 ro {value}".strip()
+    save(root, state)
+    print(f"Generating grub configuration file ...\nFound linux image: /boot/vmlinuz-{kernel}\ndone (SIMULATED)",
+          file=sys.stderr)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------- packages
+
+def dpkg_query(root: Path, state: dict, args: list[str]) -> int:
+    for name, status in sorted(state.get("packages", {}).items()):
+        print(f"{status} \t{name}")
+    return 0
+
+
+def apt_mark(root: Path, state: dict, args: list[str]) -> int:
+    holds = state.setdefault("holds", [])
+    if args == ["showhold"]:
+        print("\n".join(sorted(holds)))
+        return 0
+    if args and args[0] == "hold":
+        for name in args[1:]:
+            if name not in state.get("packages", {}):
+                print(f"E: Unable to locate package {name}", file=sys.stderr)
+                return 100
+            if name in holds:
+                print(f"{name} was already set on hold.")
+            else:
+                holds.append(name)
+                print(f"{name} set on hold.")
+        save(root, state)
+        return 0
+    print(f"SIMULATED apt-mark: arguments not simulated: {' '.join(args)}", file=sys.stderr)
+    return 100
+
+
+# ---------------------------------------------------------------------------------------- driver
+
+def installer(version: str, gsp: bool, args: list[str]) -> int:
+    """The NVIDIA .run installer: only the userspace part (--no-kernel-modules) is simulated."""
+    root = sim_root()
+    state = load_state(root)
+    if "--no-kernel-modules" not in args:
+        print("SIMULATED installer: only `--silent --no-kernel-modules` is simulated", file=sys.stderr)
+        return 1
+    lib = root / "usr/lib/x86_64-linux-gnu"
+    lib.mkdir(parents=True, exist_ok=True)
+    for old in lib.glob("libnvidia-ml.so.*"):
+        old.unlink()
+    (lib / f"libnvidia-ml.so.{version}").write_text(f"SIMULATED libnvidia-ml {version}\n")
+    if gsp:
+        fw = root / "lib/firmware/nvidia" / version
+        fw.mkdir(parents=True, exist_ok=True)
+        for name in ("gsp_ga10x.bin", "gsp_tu10x.bin"):
+            (fw / name).write_text(f"SIMULATED GSP firmware {version}\n")
+    state["driver"]["userspace"] = version
+    save(root, state)
+    print(f"Installation of the NVIDIA Accelerated Graphics Driver for Linux-x86_64 (version: {version}) is now "
+          "complete. (SIMULATED)")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------- nvidia-smi
+
 def nvidia_smi(root: Path, state: dict, args: list[str]) -> int:
+    if state["driver"].get("userspace") is None:
+        print("nvidia-smi: command not found", file=sys.stderr)
+        return 127
     err = model.nvml_error(state)
+    if err == "Driver/library version mismatch":
+        print("Failed to initialize NVML: Driver/library version mismatch")
+        return 18
     if err:
-        if err == "Driver/library version mismatch":
-            print("Failed to initialize NVML: Driver/library version mismatch")
-            return 18
-        if state["driver"].get("userspace") is None:
-            print("nvidia-smi: command not found", file=sys.stderr)
-            return 127
         print("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
               "Make sure that the latest NVIDIA driver is installed and running.")
         return 9
@@ -75,34 +225,5 @@ def nvidia_smi(root: Path, state: dict, args: list[str]) -> int:
                     "    BAR1 Memory Usage", f"        Total{' ' * 38}: {g['bar1_bytes'] >> 20} MiB"]
         print("\n".join(out))
         return 0
-    if args and args[0] == "--version":
-        print(f"NVIDIA-SMI version  : {state['driver']['userspace']}")
-        return 0
     print(f"SIMULATED nvidia-smi: arguments not simulated: {' '.join(args)}", file=sys.stderr)
     return 2
-
-
-def modinfo(root: Path, state: dict, args: list[str]) -> int:
-    """modinfo [-k KVER] -F filename|srcversion|version nvidia: the module modprobe would load."""
-    kver, field, names = state["kernel"], None, []
-    it = iter(args)
-    for a in it:
-        if a == "-k":
-            kver = next(it)
-        elif a == "-F":
-            field = next(it)
-        else:
-            names.append(a)
-    mods = state["module"].get("installed_by_kernel", {}).get(kver)
-    if not mods or names != ["nvidia"]:
-        print(f"modinfo: ERROR: Module {' '.join(names)} not found.", file=sys.stderr)
-        return 1
-    # depmod prefers updates/dkms over kernel/drivers/video
-    best = sorted(mods, key=lambda m: 0 if "/updates/" in m["filename"] else 1)[0]
-    if field is None:
-        print(f"filename:       {best['filename']}\nversion:        {best['version']}\n"
-              f"srcversion:     {best['srcversion']}")
-    else:
-        print(best.get(field, ""))
-    return 0
-

@@ -16,9 +16,11 @@ class Stage:
     inputs: tuple[str, ...]
     facts: tuple[str, ...] = ()
     check: Callable[[dict, object], list[Check]] | None = None
+    precheck: Callable[[object], list[Check]] | None = None  # profile -> refusals before acting
     act: Callable[[object], dict] | None = None  # ctx -> what was done
     measure: Callable[[object], dict] | None = None  # ctx -> extra facts from a real load (link)
-    reboot: Callable[[dict, object], str | None] | None = None  # facts, ctx -> why a reboot is needed
+    # facts, ctx -> (why a reboot is needed, ids of the checks only a reboot can pass)
+    reboot: Callable[[dict, object], tuple[str, list[str]] | None] | None = None
     implemented: bool = True
 
 

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
-from p2pkit.checks import preflight
-from p2pkit.stages import Stage
+from p2pkit.checks import driver, p2p_module, preflight, rebar, topology
+from p2pkit.stages import Stage, acting
+
+PREFLIGHT_FACTS = ("os", "kernel", "is_root", "disk", "secure_boot", "pci_gpus", "iommu", "dpkg_nvidia", "cgroup")
+P2P_FACTS = ("kernel", "nvidia_version", "module", "built_module", "nvml", "secure_boot", "iommu")
 
 STAGES: list[Stage] = [
     Stage("preflight", "host matches the profile", inputs=("host", "gpus", "p2p_module"),
-          facts=("os", "kernel", "is_root", "disk", "secure_boot", "pci_gpus", "iommu", "dpkg_nvidia", "cgroup"),
-          check=preflight.check),
-    Stage("driver", "pinned userspace driver", inputs=("driver",), implemented=False),
-    Stage("p2p-module", "P2P-patched open kernel modules", inputs=("driver", "p2p_module"), implemented=False),
-    Stage("rebar", "BAR1 covers VRAM", inputs=("gpus", "pcie"), implemented=False),
-    Stage("topology", "root ports, link capability, P2P status", inputs=("gpus", "pcie"), implemented=False),
+          facts=PREFLIGHT_FACTS, check=preflight.check),
+    Stage("driver", "pinned userspace driver", inputs=("driver",),
+          facts=("userspace_driver", "driver_guards"), check=driver.check, precheck=driver.precheck,
+          act=acting.driver),
+    Stage("p2p-module", "P2P-patched open kernel modules", inputs=("driver", "p2p_module"),
+          facts=P2P_FACTS, check=p2p_module.check, precheck=p2p_module.precheck, act=acting.p2p_module,
+          reboot=lambda f, ctx: p2p_module.reboot_reason(f, ctx.profile)),
+    Stage("rebar", "BAR1 covers VRAM", inputs=("gpus", "pcie"), facts=("pci_gpus", "nvml"), check=rebar.check),
+    Stage("topology", "root ports, link capability, P2P status", inputs=("gpus", "pcie"),
+          facts=("pci_gpus", "nvml", "smi_p2p_read", "smi_p2p_write"), check=topology.check),
     Stage("link", "link training and P2P bandwidth under load", inputs=("gpus", "pcie", "link"),
           implemented=False),
     Stage("engine", "inference engine built from pinned source", inputs=("engine",), implemented=False),

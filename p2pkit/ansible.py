@@ -1,0 +1,104 @@
+"""Run a stage's playbook with ansible-playbook against the host root (local connection).
+
+Facts gathering is off: the playbooks act on the host root p2pkit was pointed at, and every path
+in them is prefixed with p2pkit_root. The full log goes to <state>/logs/<stage>.log.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+from p2pkit.errors import MissingError, P2pkitError
+
+RECAP = re.compile(r"ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+skipped=(\d+)")
+
+
+def share_dir() -> Path:
+    """playbooks/, templates/, systemd/: inside the wheel, or at the top of a source checkout."""
+    installed = Path(__file__).parent / "_share"
+    return installed if (installed / "playbooks").is_dir() else Path(__file__).resolve().parent.parent
+
+
+def playbook_binary() -> str:
+    local = Path(sys.executable).parent / "ansible-playbook"
+    found = str(local) if local.exists() else shutil.which("ansible-playbook")
+    if not found:
+        raise MissingError("ansible-playbook is not installed",
+                           hint="install p2pkit with its dependencies (`pip install p2pkit` brings ansible-core)")
+    return found
+
+
+def base_vars(ctx) -> dict:
+    root = "" if ctx.host.root == Path("/") else str(ctx.host.root)
+    return {
+        "p2pkit_root": root,
+        "p2pkit_simulated": ctx.host.simulated,
+        "p2pkit_path": ctx.host.runner.path_env(),
+        "p2pkit_state_dir": str(ctx.store.dir),
+        "p2pkit_templates": str(share_dir() / "templates"),
+        "ansible_python_interpreter": sys.executable,
+    }
+
+
+def run_playbook(ctx, stage: str, extra: dict, check_mode: bool = False) -> dict:
+    book = share_dir() / "playbooks" / f"{stage}.yml"
+    logs = ctx.store.dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    vars_file = logs / f"{stage}.vars.json"
+    vars_file.write_text(json.dumps({**base_vars(ctx), **extra}, indent=2))
+    argv = [playbook_binary(), "-i", "localhost,", "-c", "local", "-e", f"@{vars_file}", str(book)]
+    if check_mode:
+        argv += ["--check", "--diff"]
+    env = {
+        "ANSIBLE_HOME": str(ctx.store.dir / ".ansible"),
+        "ANSIBLE_LOCAL_TEMP": str(ctx.store.dir / ".ansible/tmp"),
+        "ANSIBLE_REMOTE_TEMP": str(ctx.store.dir / ".ansible/tmp"),
+        "ANSIBLE_RETRY_FILES_ENABLED": "false",
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_FORCE_COLOR": "0",
+        "ANSIBLE_CONFIG": str(share_dir() / "playbooks" / "ansible.cfg"),
+    }
+    with ctx.out.working(f"[{stage}] ansible-playbook {book.name}"):
+        res = ctx.host.runner.run(argv, check=False, env=env, timeout=3600)
+    log = logs / f"{stage}.log"
+    log.write_text(res.stdout + res.stderr)
+    m = RECAP.search(res.stdout)
+    summary = {"playbook": book.name, "log": str(log), "returncode": res.returncode, "check_mode": check_mode}
+    if m:
+        summary.update(dict(zip(("ok", "changed", "unreachable", "failed", "skipped"), map(int, m.groups()))))
+    if res.returncode != 0:
+        raise P2pkitError(f"the {stage} playbook failed: {failed_task(res.stdout + res.stderr)}",
+                          hint=f"nothing after the failed task ran; the full log is {log}")
+    return summary
+
+
+def failed_task(text: str) -> str:
+    """The task name and message of the first failure in an ansible-playbook log."""
+    task = ""
+    for line in text.splitlines():
+        if line.startswith("TASK ["):
+            task = line[6:].split("]")[0]
+        if line.startswith(("fatal:", "failed:")):
+            return f"task '{task}': {_failure_detail(line)}"
+    tail = [ln for ln in text.splitlines() if ln.strip()][-3:]
+    return " / ".join(tail) or "no output"
+
+
+def _failure_detail(line: str) -> str:
+    """msg, and the last lines of stderr/stdout, from 'fatal: [host]: FAILED! => {json}'."""
+    _, _, blob = line.partition("=> ")
+    try:
+        res = json.loads(blob)
+    except ValueError:
+        return line
+    parts = [str(res.get("msg", "failed"))]
+    for key in ("stderr", "stdout"):
+        tail = [ln for ln in str(res.get(key) or "").splitlines() if ln.strip()][-4:]
+        if tail and res.get("rc"):
+            parts.append(f"{key}: " + " | ".join(tail))
+            break
+    return "; ".join(parts)

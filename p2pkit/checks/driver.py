@@ -1,0 +1,58 @@
+"""driver: the pinned userspace driver is installed, with its GSP firmware, and guarded (P01, P02)."""
+
+from __future__ import annotations
+
+from p2pkit.checks import FAIL, PASS, Check, failed, judge, unknown
+from p2pkit.config import Profile
+
+PINNED = "615.71.09"
+P01 = ("driver 595's GSP firmware cannot build the BAR1 P2P mailbox, and the P2P patch is tested on "
+       f"{PINNED}: set driver.version = \"{PINNED}\" (and p2p_module.branch = \"{PINNED}-p2p\"), or set "
+       "driver.allow_other_version = true if you have proven another version")
+
+
+def precheck(p: Profile) -> list[Check]:
+    """Refusals before anything is downloaded or run."""
+    v = p.driver.version
+    pin_ok = v == PINNED or p.driver.allow_other_version
+    out = [judge("driver.pin", "driver version is the proven pin", pin_ok, v, PINNED, P01, pitfall="P01")]
+    if v.startswith("595.") and p.driver.allow_other_version:
+        out[0] = Check("driver.pin", "driver version is the proven pin", "warn", v, PINNED,
+                       "allowed by driver.allow_other_version, but " + P01, "P01")
+    out.append(judge("driver.installer_sha256", "installer checksum pinned", len(p.driver.installer_sha256) == 64,
+                     p.driver.installer_sha256 or "(empty)", "64 hex digits",
+                     f"set driver.installer_sha256 to the sha256 of {p.driver.installer_url.rsplit('/', 1)[-1]} "
+                     "(from NVIDIA's download page, or `sha256sum` of a file you trust); p2pkit never runs an "
+                     "unpinned installer"))
+    return out
+
+
+def check(f: dict, p: Profile) -> list[Check]:
+    out = precheck(p)
+    u = f.get("userspace_driver")
+    want = p.driver.version
+    if failed(u):
+        out.append(unknown("driver.userspace_version", "installed userspace driver", u, want))
+        return out
+    versions = u["versions"]
+    out.append(judge("driver.userspace_version", "installed userspace driver", versions == [want],
+                     ", ".join(versions), want,
+                     "another userspace driver is installed beside or instead of the pin: uninstall it "
+                     "(`nvidia-uninstall`, or `apt-get purge` the nvidia packages) and run `p2pkit up --from driver`",
+                     pitfall="P02"))
+    gsp = u.get("gsp_firmware", {}).get(want, [])
+    out.append(judge("driver.gsp_firmware", f"GSP firmware for {want}", bool(gsp),
+                     ", ".join(gsp) or f"none in /lib/firmware/nvidia/{want}/",
+                     f"gsp_*.bin in /lib/firmware/nvidia/{want}/",
+                     "the open modules fail to load (error -2) without the GSP firmware of exactly this version: "
+                     "rerun the installer (`p2pkit up --from driver --force`); check it was not run with "
+                     "--no-kernel-modules in a version that skips firmware"))
+    g = f.get("driver_guards", {})
+    if failed(g):
+        out.append(unknown("driver.guards", "apt and unattended-upgrades guards", g, "all in place", pitfall="P02"))
+    else:
+        missing = [k for k, v in g.items() if not v]
+        out.append(Check("driver.guards", "apt and unattended-upgrades guards", FAIL if missing else PASS,
+                         ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in g.items()), "all in place",
+                         "rerun `p2pkit up --from driver --force` to put the guards back" if missing else "", "P02"))
+    return out

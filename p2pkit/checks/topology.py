@@ -1,0 +1,107 @@
+"""topology: each GPU straight on a CPU root port, link capability, IOMMU, P2P status both ways."""
+
+from __future__ import annotations
+
+from p2pkit.checks import FAIL, WARN, Check, failed, judge, unknown
+from p2pkit.config import Profile
+
+P2P_CAUSES = {
+    "CNS": "chipset not supported: the stock driver refuses GeForce P2P; the P2P-patched module is not the one "
+           "loaded (run the p2p-module stage, reboot), or this chipset cannot route peer traffic",
+    "GNS": "GPU not supported: this GPU/driver pair has no P2P; check the module is the patched 615.71.09 one",
+    "TNS": "topology not supported: a PCIe switch or a translating IOMMU sits between the GPUs; put each GPU on "
+           "a CPU root port and set iommu=pt",
+    "NS": "not supported: BAR1 smaller than VRAM (see rebar: Resizable BAR and Above 4G in BIOS) or the stock "
+          "module is loaded",
+    "DR": "disabled by regkey: remove NVreg_RegistryDwords P2P overrides from /etc/modprobe.d and reload",
+    "U": "unknown: the driver did not answer (is the module loaded? see p2p-module)",
+}
+TWO_GPUS = "P2P needs two GPUs; this host has {n}. Seat a second GPU, or judge a two-GPU host"
+
+
+def check(f: dict, p: Profile) -> list[Check]:
+    gpus = f.get("pci_gpus")
+    if failed(gpus):
+        return [unknown("topology.gpus", "GPUs in sysfs", gpus, p.gpus.count)]
+    out = [judge("topology.gpu_pair", "two GPUs for P2P", len(gpus) >= 2, len(gpus), ">= 2",
+                 TWO_GPUS.format(n=len(gpus)))]
+    for g in gpus:
+        out += [_root_port(g, p), _capability(g, p), _iommu(g)]
+    if len(gpus) >= 2:
+        out += [_smi(f, "read", "smi_p2p_read"), _smi(f, "write", "smi_p2p_write"), _nvml_p2p(f)]
+    return out
+
+
+def _root_port(g: dict, p: Profile) -> Check:
+    bdf = g["bdf"]
+    up = g.get("upstream", [])
+    title = f"{bdf} directly on a CPU root port"
+    if not up:
+        return Check(f"topology.root_port.{bdf}", title, WARN, "on the root bus with no bridge above it "
+                     "(a virtual machine's passthrough?)", "root port",
+                     "a VM hides the real topology: judge P2P on the host itself")
+    types = [u.get("port_type") for u in up]
+    switch = [u["bdf"] for u in up if u.get("port_type") in ("switch upstream", "switch downstream")]
+    chain = " > ".join(f"{u['bdf']} ({u.get('port_type') or 'type unknown'})" for u in up)
+    if switch:
+        return Check(f"topology.root_port.{bdf}", title, WARN if p.pcie.allow_switch else FAIL, chain, "root port",
+                     "a PCIe switch (PLX) sits between this GPU and the CPU: it breaks ReBAR and P2P bandwidth; "
+                     "move the GPU to a slot wired to the CPU (see the board manual)")
+    if types[-1] is None:
+        return Check(f"topology.root_port.{bdf}", title, WARN, chain, "root port",
+                     "could not read the port type from config space (run as root)")
+    return judge(f"topology.root_port.{bdf}", title, types[-1] == "root port" and len(up) == 1, chain, "root port",
+                 "the GPU is not directly on a root port: use a CPU-attached slot")
+
+
+def _capability(g: dict, p: Profile) -> Check:
+    bdf = g["bdf"]
+    link = g.get("link", {})
+    parent = g.get("parent_link") or {}
+    gens = [x for x in (link.get("max_gen"), parent.get("max_gen")) if x]
+    widths = [x for x in (link.get("max_width"), parent.get("max_width")) if x]
+    want = f">= Gen{p.pcie.min_gen} x{p.pcie.min_width}"
+    title = f"link capability of {bdf} (GPU and slot)"
+    if not gens or not widths:
+        return Check(f"topology.capability.{bdf}", title, FAIL, "could not determine: no link files in sysfs", want,
+                     "; ".join(g.get("errors", [])) or "check /sys/bus/pci/devices/<bdf>/max_link_*")
+    gen, width = min(gens), min(widths)
+    return judge(f"topology.capability.{bdf}", title, gen >= p.pcie.min_gen and width >= p.pcie.min_width,
+                 f"Gen{gen} x{width}", want,
+                 f"this slot trains at most Gen{gen} x{width}: move the GPU to a Gen{p.pcie.min_gen} "
+                 f"x{p.pcie.min_width} CPU slot, or check the BIOS PCIe speed setting (Auto / Gen{p.pcie.min_gen})")
+
+
+def _iommu(g: dict) -> Check:
+    bdf = g["bdf"]
+    mode = g.get("iommu_group", "unknown")
+    return judge(f"topology.iommu.{bdf}", f"IOMMU does not translate for {bdf}", mode in ("passthrough", "none"),
+                 mode, "passthrough or off",
+                 "a translating IOMMU gives IO_PAGE_FAULT and zero-filled P2P tensors: the p2p-module stage "
+                 "adds iommu=pt to the kernel command line; reboot after it")
+
+
+def _smi(f: dict, mode: str, key: str) -> Check:
+    fact = f.get(key)
+    title = f"nvidia-smi topo -p2p {mode[0]}: OK both ways"
+    if failed(fact):
+        return unknown(f"topology.p2p_{mode}", title, fact, "OK")
+    bad = {(r, c): v for r, row in fact["matrix"].items() for c, v in row.items() if r != c and v != "OK"}
+    pairs = ", ".join(f"{r}->{c} {v}" for (r, c), v in sorted(bad.items())) or "all OK"
+    hint = "; ".join(f"{v}: {P2P_CAUSES.get(v, 'unknown code')}" for v in sorted(set(bad.values())))
+    return judge(f"topology.p2p_{mode}", title, not bad, pairs, "OK", hint, pitfall="P17")
+
+
+def _nvml_p2p(f: dict) -> Check:
+    nv = f.get("nvml")
+    title = "NVML P2P status read/write OK both ways"
+    if failed(nv):
+        return unknown("topology.nvml_p2p", title, nv, "OK")
+    bad = [f"{x['from']}->{x['to']} read {x['read']} write {x['write']}" for x in nv.get("p2p", [])
+           if x.get("read") != "OK" or x.get("write") != "OK"]
+    codes = sorted({x[k] for x in nv.get("p2p", []) for k in ("read", "write") if isinstance(x.get(k), str)
+                    and x[k] != "OK"})
+    return judge("topology.nvml_p2p", title, not bad and bool(nv.get("p2p")), "; ".join(bad) or "all OK", "OK",
+                 "; ".join(f"{c}: {P2P_CAUSES.get(c, '')}" for c in codes), pitfall="P17")
+
+

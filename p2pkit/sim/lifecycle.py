@@ -1,0 +1,55 @@
+"""Simulated host life: lay it out, and boot it again."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+from p2pkit.sim import provision
+from p2pkit.sim.render import load_state, render
+from p2pkit.sim.standins import resolve_module
+
+
+def init(root: Path, state: dict) -> None:
+    driver_version = state.get("driver_pin", "615.71.09")
+    installer, sha = provision.make_installer(root, driver_version, gsp=state.get("installer_gsp", True))
+    fork, commit = provision.make_fork(root, driver_version)
+    provision.make_headers(root, state["kernel"])
+    state["profile"] = str(provision.write_profile(root, state["profile"], installer, sha, fork, commit,
+                                                   driver_version))
+    for d in ("etc/modprobe.d", "etc/apt/apt.conf.d", "etc/apt/preferences.d", "etc/default/grub.d",
+              "etc/kernel/postinst.d", "etc/systemd/system", "var/cache", "lib/firmware"):
+        (root / d).mkdir(parents=True, exist_ok=True)  # present on every Ubuntu 24.04 install
+    etc_grub = root / "etc/default/grub"
+    etc_grub.parent.mkdir(parents=True, exist_ok=True)
+    etc_grub.write_text('GRUB_DEFAULT=0\nGRUB_CMDLINE_LINUX_DEFAULT="quiet splash"\nGRUB_CMDLINE_LINUX=""\n')
+    render(root, state)
+
+
+def reboot(root: Path) -> dict:
+    """New boot id; the next kernel and command line; load whatever modprobe resolves, if it can load."""
+    state = load_state(root)
+    state["boot_id"] = str(uuid.uuid4())
+    state["boots"] = state.get("boots", 1) + 1
+    if state.get("next_kernel"):
+        state["kernel"] = state.pop("next_kernel")
+    if state.get("next_cmdline"):
+        state["cmdline"] = state.pop("next_cmdline")
+    state["module"]["loaded"] = None
+    state["module"]["load_error"] = None
+    hit = resolve_module(root, state["kernel"])
+    if hit is not None:
+        path, info = hit
+        fw = root / "lib/firmware/nvidia" / info["version"]
+        if state["secure_boot"] and info.get("signed") != "1":
+            state["module"]["load_error"] = "Key was rejected by service (Secure Boot: module not signed)"
+        elif not any(fw.glob("gsp_*.bin")):
+            state["module"]["load_error"] = f"RmFetchGspRmImages: No firmware image found (error -2) in {fw}"
+        else:
+            state["module"]["loaded"] = {"version": info["version"], "srcversion": info["srcversion"],
+                                         "patched": info.get("patched") == "1", "builder": info.get("builder"),
+                                         "path": path}
+    render(root, state)
+    return state
+
+

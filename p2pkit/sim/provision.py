@@ -1,0 +1,109 @@
+"""What a simulated host needs besides its files: the NVIDIA installer to download, the fork to
+clone (a real git repository), kernel headers, and a profile that pins both."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+from p2pkit import config
+
+INSTALLER = '''#!{python}
+# SIMULATED NVIDIA-Linux-x86_64-{version}.run: installs the userspace driver into the simulated host.
+import sys
+from p2pkit.sim.standins import installer
+sys.exit(installer({version!r}, {gsp!r}, sys.argv[1:]))
+'''
+
+MAKEFILE = """# SIMULATED open-gpu-kernel-modules build ({branch})
+SYSSRC ?= /lib/modules/$(shell uname -r)/build
+PYTHON := {python}
+modules modules_install clean:
+\t$(PYTHON) -m p2pkit.sim.kbuild $@ SYSSRC=$(SYSSRC) \\
+\t  INSTALL_MOD_PATH=$(INSTALL_MOD_PATH) INSTALL_MOD_DIR=$(INSTALL_MOD_DIR)
+.PHONY: modules modules_install clean
+"""
+
+
+def _git(cwd: Path, *args: str) -> str:
+    env = {"GIT_AUTHOR_NAME": "p2pkit sim", "GIT_AUTHOR_EMAIL": "sim@p2pkit.invalid",
+           "GIT_COMMITTER_NAME": "p2pkit sim", "GIT_COMMITTER_EMAIL": "sim@p2pkit.invalid",
+           "GIT_AUTHOR_DATE": "2026-11-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-11-01T00:00:00Z",
+           "PATH": "/usr/bin:/bin", "HOME": str(cwd)}
+    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def make_installer(root: Path, version: str, gsp: bool) -> tuple[Path, str]:
+    d = root / ".p2pkit-sim/downloads"
+    d.mkdir(parents=True, exist_ok=True)
+    p = d / f"NVIDIA-Linux-x86_64-{version}.run"
+    p.write_text(INSTALLER.format(python=sys.executable, version=version, gsp=gsp))
+    p.chmod(0o755)
+    return p, hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def make_fork(root: Path, version: str, max_kernel: tuple[int, int] = (6, 17)) -> tuple[Path, str]:
+    """A real git repository with the branch <version>-p2p and a Makefile driving sim.kbuild."""
+    work = root / ".p2pkit-sim/git/work"
+    bare = root / ".p2pkit-sim/git/open-gpu-kernel-modules.git"
+    work.mkdir(parents=True, exist_ok=True)
+    branch = f"{version}-p2p"
+    (work / "Makefile").write_text(MAKEFILE.format(branch=branch, python=sys.executable))
+    (work / "VERSION").write_text(f"VERSION={version}\nPATCHED=1\nMAX_KERNEL_MAJOR={max_kernel[0]}\n"
+                                  f"MAX_KERNEL_MINOR={max_kernel[1]}\n")
+    (work / "kernel-open").mkdir(exist_ok=True)
+    (work / "kernel-open/nv-pci.c").write_text("/* SIMULATED: BAR1 P2P mailbox (aikitoria patch) */\n")
+    (work / ".gitignore").write_text("*.ko\n.p2pkit-built-*\n")
+    _git(work, "init", "-q", "-b", branch)
+    _git(work, "add", "-A")
+    _git(work, "commit", "-q", "-m", f"SIMULATED {branch}: P2P over BAR1")
+    commit = _git(work, "rev-parse", "HEAD")
+    _git(root / ".p2pkit-sim/git", "clone", "-q", "--bare", str(work), str(bare))
+    return bare, commit
+
+
+def make_headers(root: Path, kernel: str) -> None:
+    build = root / "lib/modules" / kernel / "build"
+    build.mkdir(parents=True, exist_ok=True)
+    (build / "Makefile").write_text(f"# SIMULATED linux-headers-{kernel}\n")
+
+
+def write_profile(root: Path, base: str, installer: Path, sha: str, fork: Path, commit: str,
+                  driver_version: str) -> Path:
+    text = (config.builtin_path(base)).read_text()
+    data = tomllib.loads(text)
+    data["driver"].update(version=driver_version, installer_url=f"file://{installer}", installer_sha256=sha)
+    if driver_version != "615.71.09":
+        data["driver"]["allow_other_version"] = False
+    data["p2p_module"].update(repo=f"file://{fork}", branch=f"{driver_version}-p2p", commit=commit)
+    data["profile"]["description"] = "SIMULATED host: " + data["profile"]["description"]
+    out = root / ".p2pkit-sim/profile.toml"
+    out.write_text("# SIMULATED: the default profile, pinned to the simulated installer and fork\n" + dump_toml(data))
+    return out
+
+
+def dump_toml(data: dict) -> str:
+    """Enough TOML for a profile: tables of scalars, lists of strings, one level of sub-tables."""
+    import json
+
+    def val(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, int | float):
+            return repr(v)
+        return json.dumps(v)
+
+    lines: list[str] = []
+    for sec, body in data.items():
+        subs = {k: v for k, v in body.items() if isinstance(v, dict)}
+        lines.append(f"[{sec}]")
+        lines += [f"{k} = {val(v)}" for k, v in body.items() if not isinstance(v, dict)]
+        lines.append("")
+        for k, v in subs.items():
+            lines.append(f"[{sec}.{k}]")
+            lines += [f"{kk} = {val(vv)}" for kk, vv in v.items()]
+            lines.append("")
+    return "\n".join(lines)
