@@ -41,7 +41,8 @@ def module(host: Host) -> dict:
 def userspace_driver(host: Host) -> dict:
     """The installed userspace version from libnvidia-ml.so.<version>, and its GSP firmware files."""
     versions = set()
-    for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/lib/aarch64-linux-gnu"):
+    for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/lib/aarch64-linux-gnu",
+              "/usr/local/nvidia/lib64", "/usr/local/nvidia/lib"):
         for name in host.listdir(d):
             m = re.fullmatch(r"libnvidia-ml\.so\.(\d+\.\d+(?:\.\d+)?)", name)
             if m:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from p2pkit.errors import ProbeError
 from p2pkit.host import Host
 from p2pkit.parse import pci as pp
@@ -27,10 +29,22 @@ def _get(host: Host, bdf: str, name: str, errors: list[str]) -> str | None:
         return None
 
 
+def _udev_bdfs() -> list[str] | None:
+    """On the real root, udev's view of the PCI bus (None where pyudev or libudev is missing)."""
+    try:
+        import pyudev
+
+        ctx = pyudev.Context()
+        return sorted(d.sys_name for d in ctx.list_devices(subsystem="pci"))
+    except Exception:  # ImportError, or libudev not loadable
+        return None
+
+
 def gpu_bdfs(host: Host) -> list[str]:
     """Display-class (0x03xxxx) functions with NVIDIA's vendor id, in bus order."""
     out = []
-    for bdf in host.listdir(DEVICES):
+    names = _udev_bdfs() if host.root == Path("/") else None
+    for bdf in names if names is not None else host.listdir(DEVICES):
         try:
             vendor = host.read(f"{DEVICES}/{bdf}/vendor").strip()
             cls = host.read(f"{DEVICES}/{bdf}/class").strip()

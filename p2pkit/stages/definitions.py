@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from p2pkit.checks import driver, p2p_module, preflight, rebar, topology
+from p2pkit.checks import driver, link, p2p_module, preflight, rebar, topology
 from p2pkit.stages import Stage, acting
+from p2pkit.stages import link as link_stage
 
 PREFLIGHT_FACTS = ("os", "kernel", "is_root", "disk", "secure_boot", "pci_gpus", "iommu", "dpkg_nvidia", "cgroup")
 P2P_FACTS = ("kernel", "nvidia_version", "module", "built_module", "nvml", "secure_boot", "iommu")
@@ -21,7 +22,7 @@ STAGES: list[Stage] = [
     Stage("topology", "root ports, link capability, P2P status", inputs=("gpus", "pcie"),
           facts=("pci_gpus", "nvml", "smi_p2p_read", "smi_p2p_write"), check=topology.check),
     Stage("link", "link training and P2P bandwidth under load", inputs=("gpus", "pcie", "link"),
-          implemented=False),
+          check=link.check, measure=link_stage.measure),
     Stage("engine", "inference engine built from pinned source", inputs=("engine",), implemented=False),
     Stage("model", "model converted and verified", inputs=("engine", "model"), implemented=False),
     Stage("service", "systemd service healthy, no memory cap", inputs=("serve", "engine", "model"),

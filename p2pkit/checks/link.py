@@ -1,0 +1,92 @@
+"""link: trained to the profile's gen/width under real load; bandwidth as ratios to the link's
+ceiling; P2P access, latency, integrity; replays not rising; clocks not locked (P03, P04, P17)."""
+
+from __future__ import annotations
+
+from p2pkit.checks import FAIL, SKIP, Check, failed, judge, unknown
+from p2pkit.checks.topology import TWO_GPUS
+from p2pkit.config import Profile
+from p2pkit.parse.pci import GEN_TO_GTS
+
+
+def ceiling_gbps(gen: int, width: int) -> float:
+    """Raw one-way PCIe bandwidth in GB/s (1e9): GT/s x encoding x lanes / 8. Gen5 x8 = 31.5."""
+    enc = 0.8 if gen <= 2 else 128 / 130
+    return GEN_TO_GTS[gen] * enc * width / 8
+
+
+def check(f: dict, p: Profile) -> list[Check]:
+    if "link_load" not in f:
+        return [Check("link.load", "real load on every GPU", SKIP, "not measured here: doctor puts no load on "
+                      "the GPUs", "a run of `p2pkit verify link`", "run `p2pkit verify link` to measure", "P03")]
+    r = f.get("link_load")
+    if failed(r) or r is None:
+        return [unknown("link.load", "real load on every GPU", r or {"error": "no result"}, "a completed run")]
+    lk = p.link
+    out: list[Check] = []
+    tgt = (p.pcie.min_gen, p.pcie.min_width)
+    for g in r["gpus"]:
+        i = g["index"]
+        idle = f"idle Gen{g['idle']['gen']} x{g['idle']['width']}"
+        best = g["max_seen"]
+        t = g.get("trained_after_s")
+        ok = t is not None and t <= lk.train_within_s
+        measured = (f"Gen{best['gen']} x{best['width']} after {t:.2f} s ({idle})" if t is not None
+                    else f"best Gen{best['gen']} x{best['width']} in {r['load_seconds']:.1f} s of load ({idle})")
+        out.append(judge(f"link.trained.gpu{i}", f"GPU{i} link trains under load", ok, measured,
+                         f">= Gen{tgt[0]} x{tgt[1]} within {lk.train_within_s:g} s",
+                         "the link never reached the profile's speed under real load (idle Gen1 is normal ASPM and "
+                         "never judged): reseat the card, check the slot's wiring and the BIOS PCIe speed "
+                         "(Auto/Gen5), and riser cables", pitfall="P03"))
+        rise = g["replay_after"] - g["replay_before"]
+        out.append(judge(f"link.replays.gpu{i}", f"GPU{i} PCIe replay counter steady", rise <= lk.max_replay_increase,
+                         f"+{rise} ({g['replay_before']} -> {g['replay_after']})", f"<= +{lk.max_replay_increase}",
+                         "replays under load mean a marginal link: reseat, drop a riser, or force one Gen lower "
+                         "in BIOS and compare"))
+        out.append(judge(f"link.clocks.gpu{i}", f"GPU{i} clocks not locked", not g["app_clocks_reason_under_load"],
+                         "applications/locked clocks limit active" if g["app_clocks_reason_under_load"] else "free",
+                         "free", "someone locked clocks (nvidia-smi -lgc / -ac): it does not fill the link and skews "
+                         "benchmarks; reset with `nvidia-smi -rgc` and `nvidia-smi -rac`", pitfall="P04",
+                         severity="warn"))
+        gen, width = best["gen"], best["width"]
+        if gen:
+            ceil = ceiling_gbps(gen, width)
+            for key, name in (("h2d_gbps", "host-to-device"), ("d2h_gbps", "device-to-host")):
+                v = g["host"][key]
+                out.append(judge(f"link.{key[:3]}.gpu{i}", f"GPU{i} pinned {name} bandwidth",
+                                 v / ceil >= lk.h2d_min_ratio,
+                                 f"{v:.1f} GB/s = {v / ceil:.2f} of Gen{gen} x{width} {ceil:.1f} GB/s",
+                                 f">= {lk.h2d_min_ratio:.2f} of ceiling",
+                                 "the link trains but does not carry: check for a switch, a riser, or a slot shared "
+                                 "with another device (see topology)"))
+    n = r["device_count"]
+    out.append(judge("link.p2p_pair", "two GPUs for P2P", n >= 2, n, ">= 2", TWO_GPUS.format(n=n), pitfall="P17"))
+    ceil_by = {g["index"]: ceiling_gbps(g["max_seen"]["gen"], g["max_seen"]["width"]) for g in r["gpus"]
+               if g["max_seen"]["gen"]}
+    for x in r["pairs"]:
+        a, b = x["from"], x["to"]
+        tag = f"gpu{a}-gpu{b}"
+        out.append(judge(f"link.p2p_access.{tag}", f"peer access GPU{a} -> GPU{b}", x["peer_access"],
+                         x["peer_access"], True, "torch cannot enable peer access: see topology (P2P status) and "
+                         "p2p-module (the patched module must be loaded)", pitfall="P17"))
+        ceil = min(ceil_by.get(a, 0), ceil_by.get(b, 0)) or ceiling_gbps(p.pcie.min_gen, p.pcie.min_width)
+        bw = x["unidir_gbps"]
+        out.append(judge(f"link.p2p_bw.{tag}", f"P2P bandwidth GPU{a} -> GPU{b}", bw / ceil >= lk.p2p_min_ratio,
+                         f"{bw:.1f} GB/s = {bw / ceil:.2f} of {ceil:.1f} GB/s (host-staged {x['staged_gbps']:.1f}, "
+                         f"x{bw / max(x['staged_gbps'], 1e-9):.1f}; both ways {x['bidir_gbps']:.1f})",
+                         f">= {lk.p2p_min_ratio:.2f} of ceiling",
+                         "P2P is slow: a translating IOMMU, a switch, or copies falling back to host staging; "
+                         "compare with NCCL_P2P_DISABLE=1 to isolate P2P's effect", pitfall="P17"))
+        out.append(judge(f"link.p2p_latency.{tag}", f"P2P small-copy latency GPU{a} -> GPU{b}",
+                         x["latency_us"] <= lk.p2p_max_latency_us, f"{x['latency_us']:.2f} us",
+                         f"<= {lk.p2p_max_latency_us:g} us",
+                         "latency is the clearest sign of P2P: ~0.4 us with the patch against ~14 us without; "
+                         "check the patched module is loaded"))
+        it = x["integrity"]
+        out.append(Check(f"link.p2p_integrity.{tag}", f"P2P copy integrity GPU{a} -> GPU{b}",
+                         "pass" if it["equal"] else FAIL,
+                         f"{it['mismatches']} of {it['elements']} int32 differ ({it['zeros']} zero)",
+                         "0 differ",
+                         "" if it["equal"] else "a broken P2P path: zero-filled data is the IOMMU translating "
+                         "(IO_PAGE_FAULT in dmesg): set iommu=pt (p2p-module stage) and reboot", "P17"))
+    return out
