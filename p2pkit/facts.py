@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from p2pkit import __version__
@@ -91,19 +92,23 @@ COLLECTORS: dict[str, Callable[[Host], object]] = {
 }
 
 
+def _one(host: Host, name: str, profile) -> object:
+    try:
+        if name in PROFILE_COLLECTORS:
+            return PROFILE_COLLECTORS[name](host, profile)
+        return COLLECTORS[name](host)
+    except P2pkitError as e:
+        return {"error": e.message}
+    except (OSError, ValueError) as e:
+        return {"error": f"could not determine {name}: {e}"}
+
+
 def collect(host: Host, names: tuple[str, ...] | list[str] | None = None, profile=None) -> dict:
-    out: dict = {}
-    for name in names or [*COLLECTORS, *(PROFILE_COLLECTORS if profile else ())]:
-        try:
-            if name in PROFILE_COLLECTORS:
-                out[name] = PROFILE_COLLECTORS[name](host, profile)
-            else:
-                out[name] = COLLECTORS[name](host)
-        except P2pkitError as e:
-            out[name] = {"error": e.message}
-        except (OSError, ValueError) as e:
-            out[name] = {"error": f"could not determine {name}: {e}"}
-    return out
+    """The named facts, read concurrently (nvidia-smi and NVML each take a while; none waits for another)."""
+    names = list(names or [*COLLECTORS, *(PROFILE_COLLECTORS if profile else ())])
+    with ThreadPoolExecutor(max_workers=min(8, len(names) or 1)) as pool:
+        futures = {n: pool.submit(_one, host, n, profile) for n in names}
+        return {n: futures[n].result() for n in names}
 
 
 def record(host: Host, profile=None) -> dict:

@@ -55,9 +55,35 @@ app.add_typer(profile_cmd.app, name="profile")
 app.add_typer(sim_cmd.app, name="sim")
 
 
+GLOBAL_FLAGS = {"--json", "--yes", "-y", "--debug"}
+GLOBAL_VALUES = {"--profile", "-p", "--root", "--state-dir"}
+
+
+def hoist_global_options(argv: list[str]) -> list[str]:
+    """Let global options stand after the command too (`p2pkit doctor --json`): move them first."""
+    front, rest, i = [], [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--":
+            rest += argv[i:]
+            break
+        name = a.split("=", 1)[0]
+        if a in GLOBAL_FLAGS:
+            front.append(a)
+        elif name in GLOBAL_VALUES and "=" in a:
+            front.append(a)
+        elif a in GLOBAL_VALUES and i + 1 < len(argv):
+            front += [a, argv[i + 1]]
+            i += 1
+        else:
+            rest.append(a)
+        i += 1
+    return front + rest
+
+
 def main() -> None:
     try:
-        app(standalone_mode=True)
+        app(args=hoist_global_options(sys.argv[1:]), prog_name="p2pkit", standalone_mode=True)
     except P2pkitError as e:
         if common.OPTS.debug:
             traceback.print_exc()
