@@ -68,9 +68,7 @@ def hoist_global_options(argv: list[str]) -> list[str]:
             rest += argv[i:]
             break
         name = a.split("=", 1)[0]
-        if a in GLOBAL_FLAGS:
-            front.append(a)
-        elif name in GLOBAL_VALUES and "=" in a:
+        if a in GLOBAL_FLAGS or (name in GLOBAL_VALUES and "=" in a):
             front.append(a)
         elif a in GLOBAL_VALUES and i + 1 < len(argv):
             front += [a, argv[i + 1]]
