@@ -32,6 +32,7 @@ def atomic_write(final: Path, data: bytes) -> Path:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
         os.replace(tmp, final)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

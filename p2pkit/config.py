@@ -148,8 +148,11 @@ class Profile:
         return getattr(self, name)
 
     def digest(self, sections: tuple[str, ...]) -> str:
-        """sha256 over the named sections: a stage's inputs."""
-        doc = {s: asdict(getattr(self, s)) for s in sorted(sections)}
+        """sha256 over the named sections (or single keys, "section.key"): a stage's inputs."""
+        doc = {}
+        for name in sorted(sections):
+            sec, _, key = name.partition(".")
+            doc[name] = getattr(getattr(self, sec), key) if key else asdict(getattr(self, sec))
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
     def as_dict(self) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
+GPU_SECTION = re.compile(r"^GPU [0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]\s*$")
 P2P_CODES = {"X", "OK", "CNS", "GNS", "TNS", "NS", "DR", "U"}
 TOPO_CODES = re.compile(r"^(X|SYS|NODE|PHB|PXB|PIX|NV\d+)$")
 
@@ -57,8 +58,11 @@ def smi_q(text: str) -> dict:
         if not raw.strip() or raw.strip().startswith("="):
             continue
         indent = len(raw) - len(raw.lstrip(" "))
-        key, sep, value = raw.strip().partition(":")
-        key = key.strip()
+        if GPU_SECTION.match(raw):  # "GPU 00000000:00:06.0": a section whose name holds colons
+            key, sep, value = raw.strip(), "", ""
+        else:
+            key, sep, value = raw.strip().partition(":")
+            key = key.strip()
         while stack and stack[-1][0] >= indent:
             stack.pop()
         parent = stack[-1][1]
@@ -76,7 +80,7 @@ def smi_q_gpus(text: str) -> list[dict]:
     doc = smi_q(text)
     out = []
     for key, gpu in doc.items():
-        if not key.startswith("GPU ") or not isinstance(gpu, dict):
+        if not GPU_SECTION.match(key) or not isinstance(gpu, dict):
             continue
         pci = gpu.get("PCI", {})
         link = pci.get("GPU Link Info", {})

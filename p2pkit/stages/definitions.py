@@ -10,7 +10,7 @@ PREFLIGHT_FACTS = ("os", "kernel", "is_root", "disk", "secure_boot", "pci_gpus",
 P2P_FACTS = ("kernel", "nvidia_version", "module", "built_module", "nvml", "secure_boot", "iommu")
 
 STAGES: list[Stage] = [
-    Stage("preflight", "host matches the profile", inputs=("host", "gpus", "p2p_module"),
+    Stage("preflight", "host matches the profile", inputs=("host", "gpus", "p2p_module.iommu"),
           facts=PREFLIGHT_FACTS, check=preflight.check),
     Stage("driver", "pinned userspace driver", inputs=("driver",),
           facts=("userspace_driver", "driver_guards"), check=driver.check, precheck=driver.precheck,

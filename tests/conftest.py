@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from p2pkit.cli.main import main
+from p2pkit.sim import lifecycle, scenarios
+
+FIXTURES = Path(__file__).parent / "fixtures"
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> dict:
+        return json.loads(self.out)
+
+
+@pytest.fixture
+def cli(capsys, monkeypatch):
+    """Run the real entry point in-process: exit code, stdout, stderr."""
+    def run(*args: str) -> CliResult:
+        monkeypatch.setattr(sys, "argv", ["p2pkit", *args])
+        capsys.readouterr()
+        code = 0
+        try:
+            main()
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        cap = capsys.readouterr()
+        return CliResult(code, cap.out, cap.err)
+    return run
+
+
+def make_sim(root: Path, scenario: str = "healthy") -> Path:
+    state = scenarios.build(scenario)
+    root.mkdir(parents=True, exist_ok=True)
+    lifecycle.init(root, state)
+    return root
+
+
+@pytest.fixture
+def sim(tmp_path):
+    """A factory: sim('small-bar') lays out a simulated host and returns its root."""
+    def build(scenario: str = "healthy", name: str | None = None) -> Path:
+        return make_sim(tmp_path / (name or scenario), scenario)
+    return build
+
+
+def p2pkit_proc(*args: str, **kw) -> subprocess.CompletedProcess:
+    """The installed console script in a real process."""
+    exe = Path(sys.executable).parent / "p2pkit"
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"},
+                          **kw)

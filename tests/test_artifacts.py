@@ -1,0 +1,68 @@
+"""The artifact store: atomic writes, corrupt artifacts refused, the lock."""
+
+import json
+import multiprocessing as mp
+
+import pytest
+
+from p2pkit.artifacts import CorruptArtifact, Store, atomic_write
+from p2pkit.errors import LockedError
+from p2pkit.lock import state_lock
+
+
+def test_write_read_digest(tmp_path):
+    s = Store(tmp_path / "state")
+    s.write("preflight", {"schema": 1, "stage": "preflight", "status": "passed"})
+    assert s.read("preflight")["status"] == "passed"
+    d1 = s.digest("preflight")
+    s.write("preflight", {"schema": 1, "stage": "preflight", "status": "failed"})
+    assert s.digest("preflight") != d1
+    assert s.leftovers() == []
+
+
+def test_atomic_write_leaves_old_file_on_failure(tmp_path, monkeypatch):
+    target = tmp_path / "a.json"
+    target.write_text("old")
+    import os
+
+    def boom(*a):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError):
+        atomic_write(target, b"new")
+    assert target.read_text() == "old"
+    assert list(tmp_path.glob(".*.tmp")) == []
+
+
+@pytest.mark.parametrize("body", ["{not json", json.dumps({"schema": 99, "stage": "preflight"}),
+                                  json.dumps({"schema": 1, "stage": "driver"})])
+def test_corrupt_artifact_is_refused_with_a_fix(tmp_path, body):
+    s = Store(tmp_path)
+    s.path("preflight").write_text(body)
+    with pytest.raises(CorruptArtifact) as e:
+        s.read("preflight")
+    assert "--from preflight --force" in e.value.hint
+
+
+def _hold(path, ready, release):
+    with state_lock(path):
+        ready.set()
+        release.wait(10)
+
+
+def test_lock_refuses_a_second_holder(tmp_path):
+    ctx = mp.get_context("fork")
+    ready, release = ctx.Event(), ctx.Event()
+    p = ctx.Process(target=_hold, args=(tmp_path, ready, release))
+    p.start()
+    try:
+        assert ready.wait(10)
+        with pytest.raises(LockedError) as e, state_lock(tmp_path):
+            pass
+        assert f"pid {p.pid}" in e.value.message
+    finally:
+        release.set()
+        p.join()
+    with state_lock(tmp_path):  # released with its holder
+        pass

@@ -1,0 +1,112 @@
+"""sysfs, /proc and dpkg parsers."""
+
+import pytest
+
+from p2pkit.parse import pci, system
+from tests.conftest import FIXTURES
+
+
+@pytest.mark.parametrize("text,gen", [("32.0 GT/s PCIe", 5), ("2.5 GT/s PCIe", 1), ("16.0 GT/s", 4),
+                                      ("8 GT/s", 3), ("64.0 GT/s PCIe", 6), ("Unknown", None), ("", None)])
+def test_link_gen(text, gen):
+    assert pci.link_gen(text) == gen
+
+
+def h200_resource_table() -> str:
+    lines = (FIXTURES / "h200-vm/sysfs_pci.txt").read_text().split("-- resource\n")[1].splitlines()
+    return "\n".join(line for line in lines if line.startswith("0x"))
+
+
+def test_vram_aperture_is_found_by_size_and_flags_not_index():
+    res = pci.resources(h200_resource_table())
+    ap = pci.vram_aperture(res)
+    assert ap.index == 2 and ap.size == 256 << 30
+    assert res[0].is_prefetchable_mem64  # BAR0 is 64-bit on the H200 VM: index alone would mislead
+
+
+def test_vram_aperture_geforce_layout():
+    table = ("0x00000000f0000000 0x00000000f3ffffff 0x0000000000040200\n"
+             "0x0000001800000000 0x0000001fffffffff 0x000000000014220c\n"
+             "0x0000000000000000 0x0000000000000000 0x0000000000000000\n")
+    ap = pci.vram_aperture(pci.resources(table))
+    assert ap.index == 1 and ap.size == 32 << 30
+
+
+def test_resources_rejects_malformed_line():
+    with pytest.raises(ValueError):
+        pci.resources("0x0 0x1\n")
+
+
+def test_resize_bitmap():
+    assert pci.resize_sizes("0000000000008000") == [32 << 30]
+    assert max(pci.resize_sizes("0000000000007fc0")) == 16 << 30
+
+
+def test_pcie_port_type_from_config_space():
+    from p2pkit.sim.render import config_space
+
+    assert pci.pcie_port_type(config_space(4)) == 4
+    assert pci.pcie_port_type(config_space(6)) == 6
+    assert pci.pcie_port_type(b"\0" * 64) is None  # no capability list
+    assert pci.pcie_port_type(b"\0" * 10) is None  # truncated (non-root reads 64 bytes at most)
+
+
+def test_upstream_chain():
+    chain = pci.upstream_chain("/sys/devices/pci0000:00/0000:00:01.1/0000:01:00.0/0000:02:00.0/0000:03:00.0")
+    assert chain == ["0000:00:01.1", "0000:01:00.0", "0000:02:00.0", "0000:03:00.0"]
+
+
+@pytest.mark.parametrize("cmdline,vendor,mode", [
+    ("ro quiet", "AuthenticAMD", "default"),
+    ("ro amd_iommu=on iommu=pt", "AuthenticAMD", "passthrough"),
+    ("ro intel_iommu=on iommu=pt", "GenuineIntel", "passthrough"),
+    ("ro iommu.passthrough=1", "GenuineIntel", "passthrough"),
+    ("ro intel_iommu=off", "GenuineIntel", "off"),
+    ("ro amd_iommu=off", "AuthenticAMD", "off"),
+    ("ro iommu=off", "AuthenticAMD", "off"),
+    ("ro amd_iommu=on iommu.passthrough=0", "AuthenticAMD", "translating"),
+    ("ro intel_iommu=on", "GenuineIntel", "translating"),
+])
+def test_iommu_intent(cmdline, vendor, mode):
+    assert system.iommu_intent(cmdline, vendor).mode == mode
+
+
+def test_iommu_group_type():
+    assert system.iommu_group_type("identity\n") == "passthrough"
+    assert system.iommu_group_type("DMA-FQ\n") == "translating"
+
+
+def test_nvidia_version_real_line():
+    text = (FIXTURES / "h200-vm/host.txt").read_text().split("== driver version\n")[1]
+    v = system.nvidia_version(text)
+    assert (v.version, v.open_module, v.builder) == ("580.159.04", True, "nixbld@")
+
+
+def test_nvidia_version_rejects_garbage():
+    with pytest.raises(ValueError):
+        system.nvidia_version("something else entirely\n")
+
+
+def test_os_release_real_capture():
+    text = (FIXTURES / "h200-vm/host.txt").read_text().split("== os-release\n")[1].split("==")[0]
+    d = system.os_release(text)
+    assert d["ID"] == "ubuntu" and d["VERSION_ID"] == "24.04"
+
+
+def test_dpkg_half_installed_nvidia_packages():
+    status = ("Package: nvidia-driver-580\nStatus: install ok half-configured\n\n"
+              "Package: libnvidia-compute-580\nStatus: install ok installed\n\n"
+              "Package: nvidia-dkms-580\nStatus: install reinstreq half-installed\n\n"
+              "Package: bash\nStatus: install ok half-configured\n")
+    assert system.dpkg_nvidia_problems(status) == [("nvidia-driver-580", "install ok half-configured"),
+                                                   ("nvidia-dkms-580", "install reinstreq half-installed")]
+
+
+def test_proc_cgroup_v1_and_v2():
+    cg = system.proc_cgroup("4:memory:/process_api/abc\n1:cpu:/\n0::/user.slice\n")
+    assert cg.v2_path == "/user.slice" and cg.v1["memory"] == "/process_api/abc"
+
+
+@pytest.mark.parametrize("text,limit", [("max\n", None), ("9223372036854771712\n", None), ("8589934592", 8 << 30)])
+def test_memory_limit(text, limit):
+    assert system.memory_limit(text) == limit
