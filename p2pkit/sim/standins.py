@@ -131,7 +131,7 @@ def update_grub(root: Path, state: dict, args: list[str]) -> int:
 
 def dpkg_query(root: Path, state: dict, args: list[str]) -> int:
     for name, status in sorted(state.get("packages", {}).items()):
-        print(f"{status} \t{name}")
+        print(f"{status:<3} {name}")  # ${db:Status-Abbrev} is three characters
     return 0
 
 

@@ -29,10 +29,10 @@ def driver(ctx) -> dict:
 def p2p_module(ctx, kernel: str | None = None) -> dict:
     m = ctx.profile.p2p_module
     return run_playbook(ctx, "p2p-module", {
-        "p2pkit_p2p_repo": m.repo,
-        "p2pkit_p2p_branch": m.branch,
-        "p2pkit_p2p_commit": m.commit,
-        "p2pkit_p2p_src_dir": p2p_src_dir(ctx.profile),
-        "p2pkit_p2p_kernel": kernel or system.kernel_release(ctx.host),
-        "p2pkit_p2p_cmdline": iommu_cmdline(m.iommu, system.cpu_vendor(ctx.host)),
+        "p2pkit_p2p_module_repo": m.repo,
+        "p2pkit_p2p_module_branch": m.branch,
+        "p2pkit_p2p_module_commit": m.commit,
+        "p2pkit_p2p_module_src_dir": p2p_src_dir(ctx.profile),
+        "p2pkit_p2p_module_kernel": kernel or system.kernel_release(ctx.host),
+        "p2pkit_p2p_module_cmdline": iommu_cmdline(m.iommu, system.cpu_vendor(ctx.host)),
     })

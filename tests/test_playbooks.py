@@ -1,0 +1,118 @@
+"""The real ansible-playbook against simulated hosts: idempotence, check mode, bad checksums, lint."""
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from p2pkit import ansible, config
+from p2pkit.artifacts import Store
+from p2pkit.errors import P2pkitError
+from p2pkit.host import Host
+from p2pkit.output import Output
+from p2pkit.pipeline import Ctx
+from p2pkit.stages import acting
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+
+def ctx_for(root: Path, profile=None) -> Ctx:
+    host = Host.at(root)
+    prof = profile or config.load(host.sim["profile"])
+    return Ctx(profile=prof, host=host, store=Store(root / "var/lib/p2pkit"), out=Output())
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    skip = (".p2pkit-sim", "var/lib/p2pkit", "proc", "sys")
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = str(p.relative_to(root))
+        if p.is_file() and not p.is_symlink() and not rel.startswith(skip):
+            out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def test_driver_and_p2p_playbooks_are_idempotent_and_check_mode_is_clean(sim):
+    root = sim("healthy")
+    ctx = ctx_for(root)
+    first = acting.driver(ctx)
+    assert first["changed"] > 0 and first["failed"] == 0
+    second = acting.driver(ctx)
+    assert second["changed"] == 0, second
+    p1 = acting.p2p_module(ctx)
+    assert p1["changed"] > 0
+    p2 = acting.p2p_module(ctx)
+    assert p2["changed"] == 0, p2
+    before = tree_digest(root)
+    for stage in ("driver", "p2p-module"):
+        extra = json.loads((ctx.store.dir / "logs" / f"{stage}.vars.json").read_text())
+        res = ansible.run_playbook(ctx, stage, extra, check_mode=True)
+        assert res["changed"] == 0 and res["check_mode"], res
+    assert tree_digest(root) == before
+
+
+def test_what_the_playbooks_leave_on_the_host(sim):
+    root = sim("healthy")
+    ctx = ctx_for(root)
+    acting.driver(ctx)
+    acting.p2p_module(ctx)
+    state = json.loads((root / ".p2pkit-sim/state.json").read_text())
+    assert state["driver"]["userspace"] == "615.71.09"
+    assert "nvidia-firmware-580-580.95.05" in state["holds"]  # installed nvidia packages are held
+    assert "libnvidia-cfg1-580" not in state["holds"]  # removed (rc), nothing to hold
+    assert "Package-Blacklist" in (root / "etc/apt/apt.conf.d/51p2pkit-unattended-upgrades").read_text()
+    assert "blacklist nouveau" in (root / "etc/modprobe.d/p2pkit-blacklist-nouveau.conf").read_text()
+    assert state["initramfs_updates"] == 1
+    ko = root / "lib/modules/6.8.0-88-generic/kernel/drivers/video/nvidia.ko"
+    assert "version=615.71.09" in ko.read_text() and "patched=1" in ko.read_text()
+    assert "iommu=pt" in state["next_cmdline"]
+
+
+def test_wrong_checksum_stops_before_anything_runs_and_keeps_the_file(sim):
+    root = sim("healthy")
+    good = config.load(Host.at(root).sim["profile"])
+    from dataclasses import replace
+
+    bad = replace(good, driver=replace(good.driver, installer_sha256="0" * 64))
+    ctx = ctx_for(root, bad)
+    with pytest.raises(P2pkitError) as e:
+        acting.driver(ctx)
+    assert "not the pinned 000000" in e.value.message
+    name = good.driver.installer_url.rsplit("/", 1)[-1]
+    assert (root / "var/cache/p2pkit" / f"{name}.rejected").is_file()
+    assert not (root / "var/cache/p2pkit" / name).exists()
+    assert not list((root / "usr/lib/x86_64-linux-gnu").glob("libnvidia-ml.so.*")) \
+        if (root / "usr/lib/x86_64-linux-gnu").exists() else True
+
+
+def test_missing_kernel_headers_named(sim):
+    root = sim("healthy")
+    ctx = ctx_for(root)
+    acting.driver(ctx)
+    shutil.rmtree(root / "lib/modules/6.8.0-88-generic/build")
+    with pytest.raises(P2pkitError) as e:
+        acting.p2p_module(ctx)
+    assert "kernel headers for 6.8.0-88-generic are missing" in e.value.message
+    assert "install linux-headers-6.8.0-88-generic" in e.value.message
+
+
+def test_syntax_check():
+    for book in ("site.yml", "driver.yml", "p2p-module.yml"):
+        argv = [ansible.playbook_binary(), "--syntax-check", "-i", "localhost,", str(REPO / "playbooks" / book)]
+        env = {"ANSIBLE_CONFIG": str(REPO / "playbooks/ansible.cfg"), "PATH": "/usr/bin:/bin", "HOME": "/tmp"}
+        r = subprocess.run(argv, capture_output=True, text=True, env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_ansible_lint_production_profile():
+    lint = Path(sys.executable).parent / "ansible-lint"
+    if not lint.exists():
+        pytest.skip("ansible-lint not installed (pip install 'p2pkit[test]')")
+    r = subprocess.run([str(lint), "--offline", "--profile", "production", "playbooks/"], cwd=REPO,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

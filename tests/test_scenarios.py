@@ -1,0 +1,102 @@
+"""Each simulated scenario makes the right stage fail with the right check and hint."""
+
+import pytest
+
+from p2pkit.artifacts import Store
+from p2pkit.sim import lifecycle
+
+pytestmark = pytest.mark.slow
+
+
+def up_through_reboot(cli, root):
+    r = cli("--root", str(root), "up")
+    if r.code == 4:
+        lifecycle.reboot(root)
+        r = cli("--root", str(root), "up")
+    return r
+
+
+def failing(root, stage):
+    doc = Store(root / "var/lib/p2pkit").read(stage)
+    assert doc is not None and doc["status"] == "failed", doc and doc["status"]
+    return {c["id"]: c for c in doc["checks"] if c["status"] == "fail"}
+
+
+@pytest.mark.parametrize("scenario,stage,check,hint", [
+    ("no-gpu", "preflight", "preflight.gpu_count", "p2pkit sim init"),
+    ("one-gpu", "preflight", "preflight.gpu_count", "P2P needs two"),
+    ("wrong-os", "preflight", "preflight.os", "host.allow_other_os"),
+    ("secure-boot-on", "preflight", "preflight.secure_boot", "turn it off in the firmware setup"),
+    ("driver-595", "driver", "driver.pin", "595's GSP firmware cannot build the BAR1 P2P mailbox"),
+    ("gsp-firmware-missing", "driver", "driver.gsp_firmware", "error -2"),
+    ("small-bar", "rebar", "rebar.bar1.0000:01:00.0", "Resizable BAR and Above 4G Decoding"),
+    ("behind-switch", "topology", "topology.root_port.0000:01:00.0", "PCIe switch (PLX)"),
+    ("gen4-slot", "topology", "topology.capability.0000:41:00.0", "Gen5 x8 CPU slot"),
+    ("p2p-chipset-not-supported", "topology", "topology.p2p_read", "CNS: chipset not supported"),
+])
+def test_scenario_fails_at_the_right_stage(cli, sim, scenario, stage, check, hint):
+    root = sim(scenario)
+    r = up_through_reboot(cli, root)
+    assert r.code == 1, r.err
+    assert f"{stage} failed: {check}" in r.err
+    bad = failing(root, stage)
+    assert check in bad, list(bad)
+    assert hint in bad[check]["hint"]
+    assert bad[check]["measured"] is not None and bad[check]["expected"] is not None
+
+
+def test_no_gpu_real_message(cli, sim):
+    r = cli("--root", str(sim("no-gpu")), "up")
+    assert "no NVIDIA GPU was found under /sys/bus/pci/devices" in r.err
+    assert "Traceback" not in r.err
+
+
+def test_driver_595_refused_before_anything_runs(cli, sim):
+    root = sim("driver-595")
+    cli("--root", str(root), "up")
+    assert not (root / "var/lib/p2pkit/logs/driver.log").exists()  # no playbook started
+    assert not list((root / "usr/lib/x86_64-linux-gnu").glob("libnvidia-ml.so.*")) if \
+        (root / "usr/lib/x86_64-linux-gnu").exists() else True
+    assert failing(root, "driver")["driver.pin"]["pitfall"] == "P01"
+
+
+def test_iommu_translating_is_fixed_by_the_p2p_module_stage(cli, sim):
+    root = sim("iommu-translating")
+    r = cli("--root", str(root), "up")
+    assert r.code == 4
+    doc = Store(root / "var/lib/p2pkit").read("p2p-module")
+    pending = {c["id"] for c in doc["checks"] if c["status"] == "pending"}
+    assert "p2p.iommu" in pending
+    grub = (root / "etc/default/grub.d/60-p2pkit-iommu.cfg").read_text()
+    assert "amd_iommu=on iommu=pt" in grub
+    lifecycle.reboot(root)
+    r = cli("--root", str(root), "up", "--to", "link")
+    assert r.code == 0, r.err
+    topo = Store(root / "var/lib/p2pkit").read("topology")
+    assert all(c["status"] == "pass" for c in topo["checks"] if c["id"].startswith("topology.iommu"))
+
+
+def test_translating_iommu_left_in_place_fails_link_integrity(cli, sim):
+    """What a real box does with P2P over a translating IOMMU: status OK, data zero-filled."""
+    from p2pkit import config
+    from p2pkit.checks import link
+    from p2pkit.sim import model
+    from p2pkit.sim.render import load_state
+
+    state = load_state(sim("iommu-translating"))
+    state["driver"]["userspace"] = "615.71.09"
+    state["module"]["loaded"] = {"version": "615.71.09", "srcversion": "X", "patched": True}
+    res = model.link_results(state, config.load(None))
+    checks = {c.id: c for c in link.check({"link_load": res}, config.load(None))}
+    assert checks["link.p2p_integrity.gpu0-gpu1"].status == "fail"
+    assert "iommu=pt" in checks["link.p2p_integrity.gpu0-gpu1"].hint
+
+
+def test_capped_cgroup_is_a_warning_not_a_failure(cli, sim):
+    root = sim("capped-cgroup")
+    r = cli("--root", str(root), "up", "--to", "preflight")
+    assert r.code == 0, r.err
+    doc = Store(root / "var/lib/p2pkit").read("preflight")
+    cg = {c["id"]: c for c in doc["checks"]}["preflight.cgroup"]
+    assert cg["status"] == "warn" and cg["pitfall"] == "P12" and "8.0 GiB" in cg["measured"]
+    assert "does not inherit" in cg["hint"]
