@@ -27,6 +27,8 @@ def up(
     start: Annotated[str | None, typer.Option("--from", help="first stage to run")] = None,
     stop: Annotated[str | None, typer.Option("--to", help="last stage to run")] = None,
     force: Annotated[bool, typer.Option("--force", help="run the selected stages even when done")] = False,
+    reboot: Annotated[bool, typer.Option("--reboot", help="when a stage needs a reboot, reboot and resume "
+                                         "(a oneshot unit runs `p2pkit up` after boot)")] = False,
 ) -> None:
     """Run every stage that is not done, in order; each proves its result and writes an artifact."""
     ctx = common.context()
@@ -35,6 +37,17 @@ def up(
                     f"{ctx.host.sim.get('scenario')}): nothing real is changed or measured")
     ctx.out.log(f"profile {ctx.profile.name}; state in {ctx.store.dir}")
     res = pipeline.up(ctx, start, stop, force)
+    reboots = 0
+    while res.code == Exit.REBOOT and reboot and reboots < 3:
+        if not ctx.host.simulated and not common.OPTS.yes:
+            raise UsageError("a reboot is needed and --reboot asks p2pkit to do it, but this is a real host",
+                             hint="add --yes to let p2pkit reboot this machine, or reboot yourself and run "
+                                  "`p2pkit up` again")
+        from p2pkit.reboot import reboot_host
+
+        reboot_host(ctx)
+        reboots += 1
+        res = pipeline.up(ctx, start, stop, force=False)
     doc = {"result": "ok" if res.code == Exit.OK else "stopped", "exit_code": int(res.code),
            "message": res.message, "ran": res.ran, "stages": [s.as_dict() for s in res.states]}
     if common.OPTS.json:

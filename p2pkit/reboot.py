@@ -1,0 +1,36 @@
+"""`p2pkit up --reboot`: reboot and resume. A simulated host reboots in place and `up` goes on; a
+real host gets a oneshot unit that runs `p2pkit up` once after boot, then reboots."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+from p2pkit.ansible import share_dir
+from p2pkit.artifacts import atomic_write
+
+UNIT = "p2pkit-resume.service"
+
+
+def render_resume_unit(profile_source: str, state_dir: Path) -> str:
+    env = Environment(loader=FileSystemLoader(share_dir() / "templates"), undefined=StrictUndefined,
+                      keep_trailing_newline=True)
+    exe = Path(sys.executable).parent / "p2pkit"
+    return env.get_template(f"{UNIT}.j2").render(p2pkit=exe, profile=profile_source, state_dir=state_dir)
+
+
+def reboot_host(ctx) -> None:
+    if ctx.host.simulated:
+        from p2pkit.sim import lifecycle
+
+        lifecycle.reboot(ctx.host.root)
+        ctx.out.log(f"rebooted the simulated host {ctx.host.root}; resuming")
+        return
+    unit = Path("/etc/systemd/system") / UNIT
+    atomic_write(unit, render_resume_unit(ctx.profile.source, ctx.store.dir).encode())
+    ctx.host.runner.run(["systemctl", "daemon-reload"])
+    ctx.host.runner.run(["systemctl", "enable", UNIT])
+    ctx.out.log(f"installed {unit}; rebooting now: p2pkit up resumes after boot (journalctl -u {UNIT})")
+    ctx.host.runner.run(["systemctl", "reboot"])
