@@ -40,6 +40,7 @@ def base_vars(ctx) -> dict:
         "p2pkit_path": ctx.host.runner.path_env(),
         "p2pkit_state_dir": str(ctx.store.dir),
         "p2pkit_templates": str(share_dir() / "templates"),
+        "p2pkit_systemd": str(share_dir() / "systemd"),
         "ansible_python_interpreter": sys.executable,
     }
 

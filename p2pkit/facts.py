@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,6 +19,8 @@ from p2pkit import __version__
 from p2pkit.errors import P2pkitError, UsageError
 from p2pkit.host import Host, kmod, nvml, pci, smi, system
 from p2pkit.parse import system as ps
+
+log = logging.getLogger("p2pkit.facts")
 
 
 def _os(h: Host):
@@ -93,14 +97,19 @@ COLLECTORS: dict[str, Callable[[Host], object]] = {
 
 
 def _one(host: Host, name: str, profile) -> object:
+    t0 = time.monotonic()
     try:
         if name in PROFILE_COLLECTORS:
+            if profile is None:
+                return {"error": f"could not determine {name}: it needs a profile"}
             return PROFILE_COLLECTORS[name](host, profile)
         return COLLECTORS[name](host)
     except P2pkitError as e:
         return {"error": e.message}
-    except (OSError, ValueError) as e:
-        return {"error": f"could not determine {name}: {e}"}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return {"error": f"could not determine {name}: {type(e).__name__}: {e}"}
+    finally:
+        log.debug("fact %s: %.3f s", name, time.monotonic() - t0)
 
 
 def collect(host: Host, names: tuple[str, ...] | list[str] | None = None, profile=None) -> dict:

@@ -80,6 +80,9 @@ def _state_of(ctx: Ctx, st: Stage, prev: StageState | None, ident: dict, recheck
         return StageState(st.name, NOT_RUN, f"blocked by {prev.stage}" if prev and prev.state != DONE else "")
     if doc.get("simulated") != ctx.host.simulated or doc.get("host", {}).get("machine_id") != ident["machine_id"]:
         return StageState(st.name, STALE, "artifact was written on another host (or a simulated one)", doc)
+    if doc.get("host", {}).get("kernel") != ident["kernel"] and doc["status"] != REBOOT:
+        return StageState(st.name, STALE, f"kernel changed since ({doc.get('host', {}).get('kernel')} -> "
+                                          f"{ident['kernel']}): prove it again", doc)
     if doc["status"] == REBOOT:
         if doc.get("reboot", {}).get("boot_id") == ident["boot_id"]:
             return StageState(st.name, REBOOT, doc["reboot"].get("why", "a reboot is needed"), doc)

@@ -74,3 +74,28 @@ def reboot(directory: Annotated[Path, typer.Argument(help="the simulated host's 
     out.log(f"rebooted {d}: boot {state['boots']}, kernel {state['kernel']}, cmdline: {state['cmdline']}")
     out.log(f"nvidia module: {loaded['version'] + ' ' + loaded['path'] if loaded else 'not loaded'}"
             + (f" ({mod['load_error']})" if mod.get("load_error") else ""))
+
+
+@app.command()
+def upgrade(
+    directory: Annotated[Path, typer.Argument(help="the simulated host's directory")],
+    kernel: Annotated[str, typer.Option("--kernel", help="the new kernel release")] = "6.8.0-90-generic",
+    stock_module: Annotated[bool, typer.Option("--stock-module/--no-stock-module",
+                                               help="the upgrade also brings a stock DKMS nvidia module")] = True,
+    run_hooks: Annotated[bool, typer.Option("--run-hooks/--no-run-hooks",
+                                            help="run /etc/kernel/postinst.d hooks as the kernel package does")] = True,
+) -> None:
+    """Simulate an unattended upgrade: a new kernel (and a stock DKMS module), booted at the next reboot."""
+    from p2pkit.sim import lifecycle
+
+    d = directory.resolve()
+    if not (d / SIM_MARKER).is_file():
+        raise UsageError(f"{d} is not a simulated host", hint="lay one out with `p2pkit sim init DIR`")
+    printed = lifecycle.upgrade(d, kernel, stock_module, run_hooks)
+    out = common.output()
+    out.simulated = True
+    out.log(f"upgraded {d}: kernel {kernel}" + (" with a stock DKMS nvidia module" if stock_module else "")
+            + f"; {len(printed)} kernel hook(s) ran; it boots at the next `p2pkit sim reboot {d}`")
+    for text in printed:
+        for line in text.strip().splitlines():
+            out.log(f"  {line}")

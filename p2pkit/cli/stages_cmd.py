@@ -136,11 +136,31 @@ def doctor(
     raise typer.Exit(int(Exit.CHECK_FAILED if report["failed"] else Exit.OK))
 
 
+def restore(
+    kernel: Annotated[str | None, typer.Option("--kernel", help="build for this kernel release "
+                                               "(a kernel postinst hook passes the new one)")] = None,
+) -> None:
+    """Re-check the driver and p2p-module gates; on drift after an upgrade, rebuild and prove again."""
+    from p2pkit.restore import restore as do_restore
+
+    ctx = common.context()
+    code, record = do_restore(ctx, kernel)
+    if common.OPTS.json:
+        ctx.out.document({**record, "after": None})
+    elif code == Exit.REBOOT:
+        ctx.out.error(f"restored for kernel {record['target_kernel']}: {record['reboot']}; reboot",
+                      f"`p2pkit sim reboot {ctx.host.root}`" if ctx.host.simulated else "reboot, then `p2pkit status`")
+    elif code == Exit.OK:
+        ctx.out.line(f"driver and P2P module hold for kernel {record['target_kernel']}"
+                     + (f" ({len(record['actions'])} action(s) taken)" if record["actions"] else ""))
+    raise typer.Exit(int(code))
+
+
 @facts_app.command("record")
 def facts_record(file: Annotated[Path, typer.Argument(help="JSON file to write")]) -> None:
     """Write every fact p2pkit reads from this host to FILE."""
     h = common.host()
-    doc = facts.record(h)
+    doc = facts.record(h, common.profile(h))
     target = file.resolve()
     if not target.parent.is_dir():
         raise UsageError(f"cannot write {file}: {target.parent} is not a directory",
@@ -157,4 +177,5 @@ def register(app: typer.Typer) -> None:
     app.command()(status)
     app.command()(verify)
     app.command()(doctor)
+    app.command()(restore)
     app.add_typer(facts_app, name="facts")

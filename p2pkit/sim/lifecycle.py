@@ -53,3 +53,35 @@ def reboot(root: Path) -> dict:
     return state
 
 
+
+
+STOCK_KO = ("P2PKIT-SIM-KO\nname=nvidia\nversion=580.95.05\nsrcversion=5A1B2C3D4E5F60718293A4B5\npatched=0\n"
+            "vermagic={kernel}\nsigned=1\nbuilder=buildd@lcy02-amd64-048\n")
+
+
+def upgrade(root: Path, kernel: str, stock_module: bool, run_hooks: bool) -> list[str]:
+    """An unattended upgrade: a new kernel (with headers), maybe a stock DKMS nvidia for it, the
+    kernel's postinst hooks run with the new version (as the kernel package does). Boots into the
+    new kernel at the next reboot. Returns what the hooks printed."""
+    import subprocess
+
+    state = load_state(root)
+    provision.make_headers(root, kernel)
+    state.setdefault("packages", {})[f"linux-image-{kernel}"] = "ii"
+    if stock_module:
+        dkms = root / "lib/modules" / kernel / "updates/dkms"
+        dkms.mkdir(parents=True, exist_ok=True)
+        (dkms / "nvidia.ko").write_text(STOCK_KO.format(kernel=kernel))
+        state["packages"]["nvidia-dkms-580"] = "ii"
+    state["next_kernel"] = kernel
+    cmd = state.get("next_cmdline") or state["cmdline"]
+    state["next_cmdline"] = cmd.replace(f"vmlinuz-{state['kernel']}", f"vmlinuz-{kernel}")
+    render(root, state)
+    out = []
+    if run_hooks:
+        hooks = sorted((root / "etc/kernel/postinst.d").glob("*"))
+        for hook in hooks:
+            if hook.is_file() and hook.stat().st_mode & 0o111:
+                r = subprocess.run([str(hook), kernel, f"/boot/vmlinuz-{kernel}"], capture_output=True, text=True)
+                out.append(f"{hook.name}: exit {r.returncode}\n{r.stdout}{r.stderr}")
+    return out

@@ -3,6 +3,9 @@ profile and the host give them."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 from p2pkit.ansible import run_playbook
 from p2pkit.host import system
 
@@ -35,4 +38,6 @@ def p2p_module(ctx, kernel: str | None = None) -> dict:
         "p2pkit_p2p_module_src_dir": p2p_src_dir(ctx.profile),
         "p2pkit_p2p_module_kernel": kernel or system.kernel_release(ctx.host),
         "p2pkit_p2p_module_cmdline": iommu_cmdline(m.iommu, system.cpu_vendor(ctx.host)),
+        "p2pkit_p2p_module_p2pkit": str(Path(sys.executable).parent / "p2pkit"),
+        "p2pkit_p2p_module_profile": ctx.profile.source,
     })

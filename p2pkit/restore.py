@@ -1,0 +1,98 @@
+"""`p2pkit restore`: after an upgrade, put the pinned driver and the patched module back.
+
+Re-checks the driver and p2p-module gates. On drift (the userspace driver replaced, a new kernel
+without the patched module, a stock module winning) it re-runs what those stages do, for the
+target kernel, from the cached installer and source, proves the result again, and records what it
+did under <state>/restore/. It never touches the engine build or the model.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+from p2pkit import facts, pipeline
+from p2pkit.artifacts import atomic_write
+from p2pkit.checks import FAIL, Check, judge, worst
+from p2pkit.errors import Exit
+from p2pkit.host import system
+from p2pkit.lock import state_lock
+from p2pkit.stages import acting, get
+
+
+def module_for_kernel(ctx, kernel: str) -> list[Check]:
+    """Install checks for a kernel that is not running: modprobe would pick the patched build."""
+    built = facts.collect(ctx.host, ["built_module"], ctx.profile)["built_module"]
+    want = f"/lib/modules/{kernel}/kernel/drivers/video/nvidia.ko"
+    r = ctx.host.runner.run(["modinfo", "-k", kernel, "-F", "filename", "nvidia"], check=False)
+    s = ctx.host.runner.run(["modinfo", "-k", kernel, "-F", "srcversion", "nvidia"], check=False)
+    got = r.stdout.strip() or (r.stderr.strip() or "no nvidia module")
+    return [
+        judge("restore.modinfo_file", f"modprobe picks the patched module for {kernel}", got == want, got, want,
+              "a stock DKMS copy wins or the patched module is missing for this kernel", pitfall="P02"),
+        judge("restore.srcversion", f"module for {kernel} is the one built", s.stdout.strip() ==
+              (built.get("srcversion") or "?"), s.stdout.strip() or "none", built.get("srcversion"),
+              "rebuild: `p2pkit restore --kernel " + kernel + "`"),
+    ]
+
+
+def gate_checks(ctx, kernel: str, running: str) -> dict[str, list[Check]]:
+    out = {}
+    for name in ("driver", "p2p-module"):
+        st = get(name)
+        if name == "p2p-module" and kernel != running:
+            out[name] = module_for_kernel(ctx, kernel)
+            continue
+        f = facts.collect(ctx.host, st.facts, ctx.profile)
+        out[name] = st.check(f, ctx.profile)
+    return out
+
+
+def restore(ctx, kernel: str | None = None) -> tuple[Exit, dict]:
+    running = system.kernel_release(ctx.host)
+    target = kernel or running
+    record: dict = {"kind": "p2pkit-restore", "simulated": ctx.host.simulated, "running_kernel": running,
+                    "target_kernel": target, "started": pipeline.now(), "actions": []}
+    code = Exit.OK
+    with state_lock(ctx.store.dir):
+        before = gate_checks(ctx, target, running)
+        record["drift"] = {n: [c.as_dict() for c in cs if c.status == FAIL] for n, cs in before.items()}
+        drifted = [n for n, cs in before.items() if worst(cs) == FAIL]
+        if "driver" in drifted:
+            drifted = ["driver", "p2p-module"]  # a new userspace driver needs its module rebuilt too
+        if not drifted:
+            ctx.out.step("restore", f"no drift: the pinned driver and the patched module hold for kernel {target}")
+        if target == running:
+            # act and prove the way the stages do; their artifacts stay true (later stages go stale)
+            for name in drifted:
+                ctx.out.step("restore", f"{name} drifted: running the {name} stage again for kernel {target}")
+                doc = pipeline.run_stage(ctx, get(name), "preflight" if name == "driver" else "driver")
+                record["actions"].append({name: doc["acted"]})
+                pipeline.report_checks(ctx.out, name, doc["checks"])
+                if doc["status"] == pipeline.REBOOT:
+                    code = Exit.REBOOT
+                    record["reboot"] = doc["reboot"]["why"]
+                elif doc["status"] == "failed":
+                    code = Exit.CHECK_FAILED
+                    break
+            after = gate_checks(ctx, target, running)
+        else:
+            if "driver" in drifted:
+                ctx.out.step("restore", "the userspace driver drifted: installing the pinned one again")
+                record["actions"].append({"driver": acting.driver(ctx)})
+            if "p2p-module" in drifted:
+                ctx.out.step("restore", f"building the P2P-patched module for kernel {target} (not running yet)")
+                record["actions"].append({"p2p-module": acting.p2p_module(ctx, kernel=target)})
+            after = gate_checks(ctx, target, running)
+            for name, cs in after.items():
+                pipeline.report_checks(ctx.out, name, [c.as_dict() for c in cs])
+            if any(worst(cs) == FAIL for cs in after.values()):
+                code = Exit.CHECK_FAILED
+        record["after"] = {n: [c.as_dict() for c in cs] for n, cs in after.items()}
+        record["finished"] = pipeline.now()
+        record["exit_code"] = int(code)
+        d = ctx.store.dir / "restore"
+        d.mkdir(parents=True, exist_ok=True)
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
+        atomic_write(d / f"{stamp}.json", (json.dumps(record, indent=2, default=str) + "\n").encode())
+    return code, record
