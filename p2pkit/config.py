@@ -79,6 +79,7 @@ class P2pModule:
     commit: str = f("", pattern=COMMIT, expect="a git commit id (7-40 hex digits)")
     iommu: str = f("passthrough", choices=("passthrough", "off"))
     signing_key: str = f("")
+    live_reload: bool = f(True, expect="true to swap the module without a reboot when nothing holds the GPUs")
 
 
 @dataclass(frozen=True, kw_only=True)

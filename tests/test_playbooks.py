@@ -101,6 +101,19 @@ def test_missing_kernel_headers_named(sim):
     assert "install linux-headers-6.8.0-88-generic" in e.value.message
 
 
+def test_kernel_too_new_for_the_branch_named(sim):
+    root = sim("healthy")
+    ctx = ctx_for(root)
+    acting.driver(ctx)
+    from p2pkit.sim import provision
+
+    provision.make_headers(root, "7.2.0-3-generic")
+    with pytest.raises(P2pkitError) as e:
+        acting.p2p_module(ctx, kernel="7.2.0-3-generic")
+    assert "newer than this branch supports" in e.value.message  # the build log's tail
+    assert "likely cause: the kernel is newer than the fork's branch supports" in e.value.hint
+
+
 def test_syntax_check():
     for book in ("site.yml", "driver.yml", "p2p-module.yml"):
         argv = [ansible.playbook_binary(), "--syntax-check", "-i", "localhost,", str(REPO / "playbooks" / book)]

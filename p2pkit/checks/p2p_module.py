@@ -83,3 +83,12 @@ def reboot_reason(f: dict, p: Profile) -> tuple[str, list[str]] | None:
     if not pending:
         return None
     return "the patched module is installed; " + ", ".join(pending) + " take effect at the next boot", pending
+
+
+def reboot_with_note(f: dict, ctx) -> tuple[str, list[str]] | None:
+    """The stage's reboot hook: the reason, plus why a live reload did not spare the reboot."""
+    pending = reboot_reason(f, ctx.profile)
+    note = (ctx.options.get("acted") or {}).get("live_reload", {}).get("why")
+    if pending and note:
+        return f"{pending[0]} (no live reload: {note})", pending[1]
+    return pending

@@ -156,6 +156,38 @@ def restore(
     raise typer.Exit(int(code))
 
 
+def rollback(
+    stage: Annotated[str, typer.Argument(help="p2p-module (first), then driver")],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="act on the plan")] = False,
+) -> None:
+    """Back to the stock driver: put back what the stage replaced, from its backup. Plan first."""
+    from p2pkit import rollback as rb
+
+    if stage not in ("p2p-module", "driver"):
+        raise UsageError(f"p2pkit can roll back p2p-module and driver, not {stage!r}",
+                         hint="`p2pkit rollback p2p-module --yes`, then `p2pkit rollback driver --yes`")
+    ctx = common.context()
+    steps = rb.plan(ctx, stage)
+    if not (yes or common.OPTS.yes):
+        if common.OPTS.json:
+            ctx.out.document({"stage": stage, "plan": steps, "acted": False})
+        else:
+            ctx.out.line(f"rollback {stage} would:")
+            for s in steps:
+                ctx.out.line(f"  - {s}")
+            ctx.out.line("nothing was changed; add --yes to act")
+        raise typer.Exit(int(Exit.OK))
+    record = rb.apply(ctx, stage)
+    if common.OPTS.json:
+        ctx.out.document(record)
+    else:
+        for f in record["files"]:
+            ctx.out.log(f"[rollback] {f['action']} {f['path']}")
+        hint = f"`p2pkit sim reboot {ctx.host.root}`" if ctx.host.simulated else "reboot to load the stock driver"
+        ctx.out.error(f"{stage} rolled back; stages {', '.join(record['invalidated'])} are invalidated", hint)
+    raise typer.Exit(int(Exit.REBOOT))
+
+
 @facts_app.command("record")
 def facts_record(file: Annotated[Path, typer.Argument(help="JSON file to write")]) -> None:
     """Write every fact p2pkit reads from this host to FILE."""
@@ -178,4 +210,5 @@ def register(app: typer.Typer) -> None:
     app.command()(verify)
     app.command()(doctor)
     app.command()(restore)
+    app.command()(rollback)
     app.add_typer(facts_app, name="facts")

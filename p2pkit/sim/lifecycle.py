@@ -20,6 +20,20 @@ def init(root: Path, state: dict) -> None:
     for d in ("etc/modprobe.d", "etc/apt/apt.conf.d", "etc/apt/preferences.d", "etc/default/grub.d",
               "etc/kernel/postinst.d", "etc/systemd/system", "var/cache", "lib/firmware"):
         (root / d).mkdir(parents=True, exist_ok=True)  # present on every Ubuntu 24.04 install
+    stock = state.get("stock_driver")
+    if stock:  # a stock DKMS driver installed from Ubuntu's packages, loaded at boot
+        dkms = root / "lib/modules" / state["kernel"] / "updates/dkms"
+        dkms.mkdir(parents=True, exist_ok=True)
+        (dkms / "nvidia.ko").write_text(STOCK_KO.format(kernel=state["kernel"]).replace("580.95.05", stock))
+        fw = root / "lib/firmware/nvidia" / stock
+        fw.mkdir(parents=True, exist_ok=True)
+        (fw / "gsp_ga10x.bin").write_text(f"stock GSP firmware {stock}\n")
+        lib = root / "usr/lib/x86_64-linux-gnu"
+        lib.mkdir(parents=True, exist_ok=True)
+        (lib / f"libnvidia-ml.so.{stock}").write_text(f"stock libnvidia-ml {stock}\n")
+        state["driver"]["userspace"] = stock
+        state["packages"]["nvidia-dkms-580"] = "ii"
+        load_module(root, state)
     etc_grub = root / "etc/default/grub"
     etc_grub.parent.mkdir(parents=True, exist_ok=True)
     etc_grub.write_text('GRUB_DEFAULT=0\nGRUB_CMDLINE_LINUX_DEFAULT="quiet splash"\nGRUB_CMDLINE_LINUX=""\n')
@@ -36,21 +50,29 @@ def reboot(root: Path) -> dict:
     if state.get("next_cmdline"):
         state["cmdline"] = state.pop("next_cmdline")
     state["module"]["loaded"] = None
-    state["module"]["load_error"] = None
-    hit = resolve_module(root, state["kernel"])
-    if hit is not None:
-        path, info = hit
-        fw = root / "lib/firmware/nvidia" / info["version"]
-        if state["secure_boot"] and info.get("signed") != "1":
-            state["module"]["load_error"] = "Key was rejected by service (Secure Boot: module not signed)"
-        elif not any(fw.glob("gsp_*.bin")):
-            state["module"]["load_error"] = f"RmFetchGspRmImages: No firmware image found (error -2) in {fw}"
-        else:
-            state["module"]["loaded"] = {"version": info["version"], "srcversion": info["srcversion"],
-                                         "patched": info.get("patched") == "1", "builder": info.get("builder"),
-                                         "path": path}
+    load_module(root, state)
     render(root, state)
     return state
+
+
+def load_module(root: Path, state: dict) -> str | None:
+    """What `modprobe nvidia` does: load the module depmod resolves, or fail the way the kernel does."""
+    state["module"]["load_error"] = None
+    hit = resolve_module(root, state["kernel"])
+    if hit is None:
+        state["module"]["load_error"] = "Module nvidia not found in directory /lib/modules/" + state["kernel"]
+        return state["module"]["load_error"]
+    path, info = hit
+    fw = root / "lib/firmware/nvidia" / info["version"]
+    if state["secure_boot"] and info.get("signed") != "1":
+        state["module"]["load_error"] = "Key was rejected by service (Secure Boot: module not signed)"
+    elif not any(fw.glob("gsp_*.bin")):
+        state["module"]["load_error"] = f"RmFetchGspRmImages: No firmware image found (error -2) in {fw}"
+    else:
+        state["module"]["loaded"] = {"version": info["version"], "srcversion": info["srcversion"],
+                                     "patched": info.get("patched") == "1", "builder": info.get("builder"),
+                                     "path": path}
+    return state["module"]["load_error"]
 
 
 

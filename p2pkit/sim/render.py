@@ -12,7 +12,8 @@ from p2pkit.host import SIM_MARKER
 from p2pkit.sim import model
 from p2pkit.sim.scenarios import GIB
 
-STANDINS = ["nvidia-smi", "modinfo", "dpkg-query", "apt-mark", "update-initramfs", "depmod", "update-grub"]
+STANDINS = ["nvidia-smi", "modinfo", "dpkg-query", "apt-mark", "update-initramfs", "depmod", "update-grub",
+            "fuser", "modprobe"]
 AMD, NV = "0x1022", "0x10de"
 
 
@@ -80,6 +81,7 @@ def render(root: Path, state: dict) -> None:
     sysdev = root / "sys/devices"
     shutil.rmtree(root / "sys", ignore_errors=True)
     shutil.rmtree(root / "proc", ignore_errors=True)
+    shutil.rmtree(root / "dev", ignore_errors=True)
     eff = model.iommu_effective(state)
     group_type = {"passthrough": "identity", "translating": "DMA-FQ"}.get(eff)
     for i, g in enumerate(state["gpus"]):
@@ -113,6 +115,10 @@ def render(root: Path, state: dict) -> None:
     mod = model.loaded(state)
     if mod is not None:
         write(root, "sys/module/nvidia/srcversion", mod["srcversion"] + "\n")
+        for extra in ("nvidia_uvm", "nvidia_modeset", "nvidia_drm"):
+            write(root, f"sys/module/{extra}/refcnt", "0\n")
+        for dev in ("nvidiactl", "nvidia-uvm", *(f"nvidia{i}" for i in range(len(state["gpus"])))):
+            write(root, f"dev/{dev}", "")
         kind = "Open Kernel Module" if mod.get("open", True) else "Kernel Module"
         write(root, "proc/driver/nvidia/version",
               f"NVRM version: NVIDIA UNIX {kind} for x86_64  {mod['version']}  Release Build  "

@@ -54,6 +54,8 @@ def _gpus(**kw):
     return apply
 
 
+READY = "BOOT_IMAGE=/boot/vmlinuz-6.8.0-88-generic root=UUID=5d0c7a51 ro quiet splash amd_iommu=on iommu=pt"
+
 SCENARIOS: dict[str, tuple[str, list]] = {
     "healthy": ("a bare dual-5090 Ubuntu 24.04 box, each GPU on its own Gen5 x8 root port, 32 GiB BAR1", []),
     "no-gpu": ("a box with no NVIDIA GPU (like a CI runner)", [_set("gpus", [])]),
@@ -71,6 +73,13 @@ SCENARIOS: dict[str, tuple[str, list]] = {
     "p2p-chipset-not-supported": ("a chipset on which the driver refuses P2P (CNS)", [_set("chipset_p2p", False)]),
     "driver-595": ("the profile pinned to driver 595.71.05 (P01)", [_set("driver_pin", "595.71.05")]),
     "gsp-firmware-missing": ("an installer that leaves out the GSP firmware", [_set("installer_gsp", False)]),
+    "iommu-ready": ("the kernel command line already has amd_iommu=on iommu=pt: the module can be swapped live",
+                    [_set("cmdline", READY)]),
+    "stock-driver": ("iommu=pt already, Ubuntu's stock 580 DKMS driver installed and loaded",
+                     [_set("cmdline", READY), _set("stock_driver", "580.95.05")]),
+    "stock-driver-display": ("as stock-driver, and a display server (Xorg) holds the GPUs",
+                             [_set("cmdline", READY), _set("stock_driver", "580.95.05"),
+                              _set("gpu_holders", [{"pid": 2301, "command": "Xorg"}])]),
     "capped-cgroup": ("p2pkit itself runs in a memory-capped cgroup (P12)", [_set("cgroup_memory_cap", 8 * GIB)]),
 }
 

@@ -37,7 +37,8 @@ def main(name: str, args: list[str]) -> int:
     root = sim_root()
     state = load_state(root)
     fn = {"nvidia-smi": nvidia_smi, "modinfo": modinfo, "dpkg-query": dpkg_query, "apt-mark": apt_mark,
-          "update-initramfs": update_initramfs, "depmod": depmod, "update-grub": update_grub}[name]
+          "update-initramfs": update_initramfs, "depmod": depmod, "update-grub": update_grub,
+          "fuser": fuser, "modprobe": modprobe}[name]
     return fn(root, state, args)
 
 
@@ -95,6 +96,43 @@ def modinfo(root: Path, state: dict, args: list[str]) -> int:
     return 0
 
 
+def fuser(root: Path, state: dict, args: list[str]) -> int:
+    """fuser -v FILE...: the processes holding the GPU device nodes (to stderr, as the real one)."""
+    holders = state.get("gpu_holders", []) if model.loaded(state) else []
+    if not holders:
+        return 1
+    print(f"{'USER':>25} {'PID':>9} ACCESS COMMAND", file=sys.stderr)
+    for h in holders:
+        print(f"/dev/nvidia0:{'root':>13} {h['pid']:>9} F...m {h['command']}", file=sys.stderr)
+    return 0
+
+
+def modprobe(root: Path, state: dict, args: list[str]) -> int:
+    """modprobe -r MODULES... (fails while something holds the GPU) and modprobe nvidia."""
+    from p2pkit.sim.lifecycle import load_module
+
+    if args and args[0] == "-r":
+        if model.loaded(state) is None:
+            return 0
+        if state.get("gpu_holders"):
+            print("modprobe: FATAL: Module nvidia is in use.", file=sys.stderr)
+            return 1
+        state["module"]["loaded"] = None
+        save(root, state)
+        return 0
+    if args == ["nvidia"]:
+        if model.loaded(state) is not None:
+            return 0
+        err = load_module(root, state)
+        save(root, state)
+        if err:
+            print(f"modprobe: ERROR: could not insert 'nvidia': {err}", file=sys.stderr)
+            return 1
+        return 0
+    print(f"SIMULATED modprobe: arguments not simulated: {' '.join(args)}", file=sys.stderr)
+    return 1
+
+
 def depmod(root: Path, state: dict, args: list[str]) -> int:
     state.setdefault("log", []).append("depmod " + " ".join(args))
     save(root, state)
@@ -140,6 +178,13 @@ def apt_mark(root: Path, state: dict, args: list[str]) -> int:
     if args == ["showhold"]:
         print("\n".join(sorted(holds)))
         return 0
+    if args and args[0] == "unhold":
+        for name in args[1:]:
+            if name in holds:
+                holds.remove(name)
+                print(f"Canceled hold on {name}.")
+        save(root, state)
+        return 0
     if args and args[0] == "hold":
         for name in args[1:]:
             if name not in state.get("packages", {}):
@@ -162,6 +207,19 @@ def installer(version: str, gsp: bool, args: list[str]) -> int:
     """The NVIDIA .run installer: only the userspace part (--no-kernel-modules) is simulated."""
     root = sim_root()
     state = load_state(root)
+    if "--uninstall" in args:
+        for lib in (root / "usr/lib/x86_64-linux-gnu").glob(f"libnvidia-ml.so.{version}"):
+            lib.unlink()
+        fw = root / "lib/firmware/nvidia" / version
+        if fw.is_dir():
+            for f in fw.iterdir():
+                f.unlink()
+            fw.rmdir()
+        state["driver"]["userspace"] = None
+        save(root, state)
+        print(f"Uninstallation of existing driver: NVIDIA Accelerated Graphics Driver for Linux-x86_64 ({version}) "
+              "is complete. (SIMULATED)")
+        return 0
     if "--no-kernel-modules" not in args:
         print("SIMULATED installer: only `--silent --no-kernel-modules` is simulated", file=sys.stderr)
         return 1

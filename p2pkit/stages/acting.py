@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 from p2pkit.ansible import run_playbook
+from p2pkit.backup import DRIVER_PATHS, P2P_PATHS, Backup, module_paths
+from p2pkit.errors import P2pkitError
 from p2pkit.host import system
 
 
@@ -21,6 +23,11 @@ def iommu_cmdline(mode: str, cpu_vendor: str) -> str:
 
 def driver(ctx) -> dict:
     d = ctx.profile.driver
+    held = ctx.host.runner.run(["apt-mark", "showhold"], check=False)
+    Backup(ctx.store.dir, "driver", ctx.host).snapshot(
+        DRIVER_PATHS, system.kernel_release(ctx.host), d.version,
+        extra={"held_before": held.stdout.split() if held.returncode == 0 else [],
+               "installer": f"{d.cache_dir}/{d.installer_url.rsplit('/', 1)[-1]}"})
     return run_playbook(ctx, "driver", {
         "p2pkit_driver_version": d.version,
         "p2pkit_driver_installer_url": d.installer_url,
@@ -29,14 +36,44 @@ def driver(ctx) -> dict:
     })
 
 
+BUILD_CAUSES = (
+    ("kernel headers for", "install the headers for that kernel (linux-headers-<release>), then run again"),
+    ("implicit declaration", "the kernel is newer than the fork's branch supports: boot the previous kernel "
+                             "(hold linux-image-generic) or pin a newer p2p branch and commit"),
+    ("No rule to make target", "the fork checkout is not a kernel-module tree: check p2p_module.repo and commit"),
+)
+
+
 def p2p_module(ctx, kernel: str | None = None) -> dict:
+    try:
+        done = _p2p_module(ctx, kernel)
+        if kernel is None or kernel == system.kernel_release(ctx.host):
+            from p2pkit.stages.live_reload import try_live_reload
+
+            done["live_reload"] = try_live_reload(ctx)
+            ctx.out.step("p2p-module", ("live reload: " if done["live_reload"]["done"] else "no live reload: ")
+                         + done["live_reload"]["why"])
+        return done
+    except P2pkitError as e:
+        for needle, cause in BUILD_CAUSES:
+            if needle in e.message:
+                e.hint = f"likely cause: {cause}. {e.hint}"
+                break
+        raise
+
+
+def _p2p_module(ctx, kernel: str | None = None) -> dict:
     m = ctx.profile.p2p_module
+    kernel = kernel or system.kernel_release(ctx.host)
+    wants = "/etc/systemd/system/timers.target.wants/p2pkit-restore.timer"
+    Backup(ctx.store.dir, "p2p-module", ctx.host).snapshot(
+        [*P2P_PATHS, wants, *module_paths(ctx.host, kernel)], kernel, ctx.profile.driver.version)
     return run_playbook(ctx, "p2p-module", {
         "p2pkit_p2p_module_repo": m.repo,
         "p2pkit_p2p_module_branch": m.branch,
         "p2pkit_p2p_module_commit": m.commit,
         "p2pkit_p2p_module_src_dir": p2p_src_dir(ctx.profile),
-        "p2pkit_p2p_module_kernel": kernel or system.kernel_release(ctx.host),
+        "p2pkit_p2p_module_kernel": kernel,
         "p2pkit_p2p_module_cmdline": iommu_cmdline(m.iommu, system.cpu_vendor(ctx.host)),
         "p2pkit_p2p_module_p2pkit": str(Path(sys.executable).parent / "p2pkit"),
         "p2pkit_p2p_module_profile": ctx.profile.source,

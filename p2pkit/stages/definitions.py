@@ -17,7 +17,7 @@ STAGES: list[Stage] = [
           act=acting.driver),
     Stage("p2p-module", "P2P-patched open kernel modules", inputs=("driver", "p2p_module"),
           facts=P2P_FACTS, check=p2p_module.check, precheck=p2p_module.precheck, act=acting.p2p_module,
-          reboot=lambda f, ctx: p2p_module.reboot_reason(f, ctx.profile)),
+          reboot=p2p_module.reboot_with_note),
     Stage("rebar", "BAR1 covers VRAM", inputs=("gpus", "pcie"), facts=("pci_gpus", "nvml"), check=rebar.check),
     Stage("topology", "root ports, link capability, P2P status", inputs=("gpus", "pcie"),
           facts=("pci_gpus", "nvml", "smi_p2p_read", "smi_p2p_write"), check=topology.check),

@@ -1,0 +1,101 @@
+"""Undo and live reload (issue 9): rollback to the stock state, refusal on a changed backup,
+live module swap with and without a process holding the GPUs."""
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from p2pkit.artifacts import Store
+from p2pkit.sim import lifecycle
+from p2pkit.sim.lifecycle import STOCK_KO
+
+pytestmark = pytest.mark.slow
+KERNEL = "6.8.0-88-generic"
+SKIP = (".p2pkit-sim", "var/lib/p2pkit", "var/cache/p2pkit", "proc", "sys", "dev")
+
+
+def tree(root: Path) -> dict[str, str]:
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = str(p.relative_to(root))
+        if rel.startswith(SKIP) or p.is_dir():
+            continue
+        out[rel] = "link:" + str(p.readlink()) if p.is_symlink() else hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def test_install_rollback_install_again(cli, sim):
+    root = sim("healthy")
+    leftover = root / f"lib/modules/{KERNEL}/updates/dkms/nvidia.ko"  # a stock DKMS copy from before
+    leftover.parent.mkdir(parents=True)
+    leftover.write_text(STOCK_KO.format(kernel=KERNEL))
+    before = tree(root)
+    assert cli("--root", str(root), "up", "--reboot", "--to", "link").code == 0
+    assert not leftover.exists() and tree(root) != before
+    r = cli("--root", str(root), "rollback", "driver", "--yes")
+    assert r.code == 3 and "roll it back first: `p2pkit rollback p2p-module --yes`" in r.err
+    plan = cli("--root", str(root), "--json", "rollback", "p2p-module").json()
+    assert plan["acted"] is False and f"restore /lib/modules/{KERNEL}/updates/dkms/nvidia.ko" in plan["plan"]
+    assert "remove /etc/default/grub.d/60-p2pkit-iommu.cfg" in plan["plan"]
+    assert tree(root) != before  # the plan changed nothing
+    r = cli("--root", str(root), "rollback", "p2p-module", "--yes")
+    assert r.code == 4, r.err
+    assert leftover.read_text() == STOCK_KO.format(kernel=KERNEL)
+    store = Store(root / "var/lib/p2pkit")
+    assert store.exists("driver") and not store.exists("p2p-module") and not store.exists("link")
+    r = cli("--root", str(root), "rollback", "driver", "--yes")
+    assert r.code == 4, r.err
+    assert tree(root) == before
+    assert (root / "var/lib/p2pkit/logs/driver.log").exists()  # history kept
+    assert len(list((root / "var/lib/p2pkit/rollback").glob("*.json"))) == 2
+    lifecycle.reboot(root)
+    r = cli("--root", str(root), "up", "--reboot", "--to", "link")
+    assert r.code == 0, r.err
+
+
+def test_rollback_refuses_when_a_backed_up_file_changed(cli, sim):
+    root = sim("healthy")
+    leftover = root / f"lib/modules/{KERNEL}/updates/dkms/nvidia.ko"
+    leftover.parent.mkdir(parents=True)
+    leftover.write_text(STOCK_KO.format(kernel=KERNEL))
+    assert cli("--root", str(root), "up", "--reboot", "--to", "link").code == 0
+    copy = root / f"var/lib/p2pkit/backup/p2p-module/files/lib/modules/{KERNEL}/updates/dkms/nvidia.ko"
+    copy.write_text("tampered\n")
+    grub = root / "etc/default/grub.d/60-p2pkit-iommu.cfg"
+    r = cli("--root", str(root), "rollback", "p2p-module", "--yes")
+    assert r.code == 1
+    assert str(copy) in r.err and "sha256 differs" in r.err
+    assert grub.exists() and not leftover.exists()  # nothing was changed
+    assert Store(root / "var/lib/p2pkit").exists("p2p-module")
+
+
+def test_live_reload_swaps_the_loaded_stock_module_without_a_reboot(cli, sim):
+    root = sim("stock-driver")
+    r = cli("--root", str(root), "up", "--to", "link")
+    assert r.code == 0, r.err
+    assert "live reload: swapped live: nvidia_drm nvidia_modeset nvidia_uvm nvidia" in r.err
+    doc = Store(root / "var/lib/p2pkit").read("p2p-module")
+    assert doc["status"] == "passed" and doc["acted"]["live_reload"]["done"] is True
+
+
+def test_live_reload_falls_back_to_reboot_when_the_gpu_is_held(cli, sim):
+    root = sim("stock-driver-display")
+    r = cli("--root", str(root), "up", "--to", "link")
+    assert r.code == 4
+    assert "Xorg (pid 2301) hold(s) /dev/nvidia*" in r.err
+    doc = Store(root / "var/lib/p2pkit").read("p2p-module")
+    assert doc["acted"]["live_reload"]["holders"] == [{"pid": 2301, "command": "Xorg"}]
+    lifecycle.reboot(root)
+    assert cli("--root", str(root), "up", "--to", "link").code == 0
+
+
+def test_live_reload_can_be_turned_off(cli, sim, tmp_path):
+    import json
+
+    root = sim("stock-driver")
+    prof = Path(json.loads((root / ".p2pkit-sim/state.json").read_text())["profile"])
+    off = tmp_path / "off.toml"
+    off.write_text(prof.read_text().replace('iommu = "passthrough"', 'iommu = "passthrough"\nlive_reload = false'))
+    r = cli("--root", str(root), "--profile", str(off), "up", "--to", "link")
+    assert r.code == 4 and "p2p_module.live_reload is off" in r.err
