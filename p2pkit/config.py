@@ -128,6 +128,8 @@ class Serve:
     host: str = f("127.0.0.1")
     port: int = f(12435, lo=1, hi=65535)
     allow_public: bool = f(False)
+    health_timeout_s: float = f(900.0, lo=1, hi=7200, expect="seconds to wait for /health while the model loads")
+    security_max_exposure: float = f(5.0, lo=0, hi=10, expect="the highest `systemd-analyze security` exposure")
     flags: dict = f(factory=dict, expect="a table of engine flags")
 
 

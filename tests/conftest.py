@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from p2pkit.cli.main import main
+from p2pkit.parse.system import proc_cgroup
 from p2pkit.sim import lifecycle, scenarios
 
+GIB = 1 << 30
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).resolve().parent.parent
 
@@ -62,3 +64,32 @@ def p2pkit_proc(*args: str, **kw) -> subprocess.CompletedProcess:
     exe = Path(sys.executable).parent / "p2pkit"
     return subprocess.run([str(exe), *args], capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"},
                           **kw)
+
+
+def own_memory_cgroup() -> tuple[Path, str] | None:
+    cg = proc_cgroup(Path("/proc/self/cgroup").read_text())
+    v1 = Path("/sys/fs/cgroup/memory")
+    if "memory" in cg.v1 and v1.is_dir():
+        return v1 / cg.v1["memory"].lstrip("/"), "memory.limit_in_bytes"
+    v2 = Path("/sys/fs/cgroup")
+    if cg.v2_path is not None and (v2 / "cgroup.controllers").exists():
+        return v2 / cg.v2_path.lstrip("/"), "memory.max"
+    return None
+
+
+@pytest.fixture
+def capped_cgroup():
+    if os.geteuid() != 0:
+        pytest.skip("making a memory cgroup needs root")
+    found = own_memory_cgroup()
+    if found is None:
+        pytest.skip("no memory cgroup controller here")
+    parent, limit_file = found
+    d = parent / f"p2pkit-test-{os.getpid()}"
+    try:
+        d.mkdir()
+        (d / limit_file).write_text(str(GIB))
+    except OSError as e:
+        pytest.skip(f"cannot make a capped memory cgroup here: {e}")
+    yield d
+    d.rmdir()

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from p2pkit import __version__
-from p2pkit.cli import common, profile_cmd, sim_cmd, stages_cmd
+from p2pkit.cli import common, profile_cmd, serve_cmd, sim_cmd, stages_cmd
 from p2pkit.errors import Exit, P2pkitError
 
 app = typer.Typer(
@@ -53,6 +53,7 @@ def main_options(
 stages_cmd.register(app)
 app.add_typer(profile_cmd.app, name="profile")
 app.add_typer(sim_cmd.app, name="sim")
+app.add_typer(serve_cmd.app, name="serve")
 
 
 GLOBAL_FLAGS = {"--json", "--yes", "-y", "--debug"}

@@ -37,6 +37,11 @@ class Host:
     def path(self, p: str) -> Path:
         return self.root / p.lstrip("/")
 
+    def host_path(self, real: Path) -> str:
+        """A path on this machine as the host sees it (the root prefix removed)."""
+        real = Path(real).resolve()
+        return "/" + str(real.relative_to(self.root)) if real.is_relative_to(self.root) else str(real)
+
     def read(self, p: str, what: str | None = None) -> str:
         try:
             return self.path(p).read_text(errors="replace")

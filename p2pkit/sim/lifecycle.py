@@ -107,3 +107,22 @@ def upgrade(root: Path, kernel: str, stock_module: bool, run_hooks: bool) -> lis
                 r = subprocess.run([str(hook), kernel, f"/boot/vmlinuz-{kernel}"], capture_output=True, text=True)
                 out.append(f"{hook.name}: exit {r.returncode}\n{r.stdout}{r.stderr}")
     return out
+
+
+def place_engine(root: Path, profile) -> None:
+    """Stand in for the engine and model stages (not built yet): a SIMULATED engine binary where the
+    engine stage would build it, and a small NInfer v3 container where the model stage would write it."""
+    import json
+    import struct
+    import sys
+
+    from p2pkit.engine_cmd import binary
+
+    exe = root / binary(profile).lstrip("/")
+    exe.parent.mkdir(parents=True, exist_ok=True)
+    exe.write_text(f"#!{sys.executable}\n# SIMULATED engine\nfrom p2pkit.sim.engine import main\nmain()\n")
+    exe.chmod(0o755)
+    model = root / profile.model.output.lstrip("/")
+    model.parent.mkdir(parents=True, exist_ok=True)
+    header = json.dumps({"simulated": True, "components": profile.model.components}).encode()
+    model.write_bytes(b"NINFER\0\x03" + struct.pack("<Q", len(header)) + header + bytes(16))

@@ -13,7 +13,7 @@ from p2pkit.sim import model
 from p2pkit.sim.scenarios import GIB
 
 STANDINS = ["nvidia-smi", "modinfo", "dpkg-query", "apt-mark", "update-initramfs", "depmod", "update-grub",
-            "fuser", "modprobe"]
+            "fuser", "modprobe", "systemctl", "journalctl"]
 AMD, NV = "0x1022", "0x10de"
 
 
@@ -135,6 +135,13 @@ def render(root: Path, state: dict) -> None:
     write(root, "proc/self/cgroup", f"0::{cg}\n")
     write(root, "sys/fs/cgroup/cgroup.controllers", "cpuset cpu io memory pids\n")
     write(root, f"sys/fs/cgroup{cg}/memory.max", f"{cap}\n" if cap else "max\n")
+    for unit, svc in state.get("services", {}).items():  # what systemd does for a running unit
+        if svc.get("started") and svc.get("pid"):
+            cgpath = f"/{svc.get('slice') or 'system.slice'}/{unit}"
+            write(root, f"proc/{svc['pid']}/cgroup", f"0::{cgpath}\n")
+            write(root, f"sys/fs/cgroup/{svc.get('slice') or 'system.slice'}/memory.max", "max\n")
+            mm = svc.get("memory_max", "max")
+            write(root, f"sys/fs/cgroup{cgpath}/memory.max", ("max" if mm in ("infinity", "max") else mm) + "\n")
     write(root, "etc/machine-id", state["machine_id"] + "\n")
     os_ = state["os"]
     write(root, "etc/os-release", "".join(f'{k}="{v}"\n' for k, v in os_.items()) + "ID_LIKE=debian\n")

@@ -38,7 +38,7 @@ def main(name: str, args: list[str]) -> int:
     state = load_state(root)
     fn = {"nvidia-smi": nvidia_smi, "modinfo": modinfo, "dpkg-query": dpkg_query, "apt-mark": apt_mark,
           "update-initramfs": update_initramfs, "depmod": depmod, "update-grub": update_grub,
-          "fuser": fuser, "modprobe": modprobe}[name]
+          "fuser": fuser, "modprobe": modprobe, "systemctl": systemctl, "journalctl": journalctl}[name]
     return fn(root, state, args)
 
 
@@ -285,3 +285,140 @@ def nvidia_smi(root: Path, state: dict, args: list[str]) -> int:
         return 0
     print(f"SIMULATED nvidia-smi: arguments not simulated: {' '.join(args)}", file=sys.stderr)
     return 2
+
+
+# ---------------------------------------------------------------------------------------- systemd
+
+def _unit(root: Path, unit: str) -> dict:
+    """ExecStart and EnvironmentFile of a unit under the simulated /etc/systemd/system."""
+    path = root / "etc/systemd/system" / unit
+    out: dict = {"path": path, "exists": path.is_file(), "env": {}}
+    if not path.is_file():
+        return out
+    for line in path.read_text().splitlines():
+        k, _, v = line.partition("=")
+        if k == "ExecStart":
+            out["exec"] = v
+        elif k == "EnvironmentFile":
+            envf = root / v.lstrip("-/")
+            if envf.is_file():
+                for ln in envf.read_text().splitlines():
+                    if "=" in ln and not ln.lstrip().startswith("#"):
+                        a, _, b = ln.partition("=")
+                        out["env"][a.strip()] = b.strip()
+        elif k == "MemoryMax":
+            out["memory_max"] = v
+        elif k == "Slice":
+            out["slice"] = v
+    return out
+
+
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        import psutil
+
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except Exception:
+        return False
+
+
+def service_state(state: dict, unit: str) -> tuple[str, int]:
+    svc = state.get("services", {}).get(unit)
+    if not svc:
+        return "inactive", 0
+    if svc.get("started") and _alive(svc.get("pid")):
+        return "active", svc["pid"]
+    return ("failed" if svc.get("started") else "inactive"), 0
+
+
+def _start(root: Path, state: dict, unit: str) -> int:
+    import shlex
+    import subprocess
+
+    u = _unit(root, unit)
+    if not u.get("exec"):
+        print(f"Failed to start {unit}: Unit {unit} not found.", file=sys.stderr)
+        return 5
+    argv = [str(root / a.lstrip("/")) if a.startswith("/") and (root / a.lstrip("/")).exists() else a
+            for a in shlex.split(u["exec"])]
+    log = root / "var/log/p2pkit" / f"{unit}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {"PATH": "/usr/bin:/bin", **u["env"], **state.get("engine_env", {})}
+    with open(log, "ab") as fh:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)
+    state.setdefault("services", {})[unit] = {"pid": proc.pid, "started": True, "slice": u.get("slice"),
+                                              "memory_max": u.get("memory_max", "max")}
+    save(root, state)
+    return 0
+
+
+def _stop(root: Path, state: dict, unit: str) -> None:
+    import os
+    import signal
+
+    svc = state.get("services", {}).get(unit)
+    if svc and _alive(svc.get("pid")):
+        os.kill(svc["pid"], signal.SIGTERM)
+    if svc:
+        svc["started"] = False
+    save(root, state)
+
+
+def systemctl(root: Path, state: dict, args: list[str]) -> int:
+    """Offline verbs (--root, enable, is-enabled, disable) go to the real systemctl against the
+    simulated root; runtime verbs (start, stop, show, ...) are simulated with real processes."""
+    import subprocess
+
+    args = [a.strip("'") for a in args if a not in ("--no-block", "--no-pager", "-l", "--system")]
+    if any(a.startswith("--root") for a in args) or (args and args[0] in ("enable", "disable", "is-enabled")):
+        real = ["/usr/bin/systemctl", *([] if any(a.startswith("--root") for a in args) else [f"--root={root}"]),
+                *args]
+        return subprocess.run(real).returncode
+    verb, units = (args[0], args[1:]) if args else ("", [])
+    if verb in ("daemon-reload", "daemon-reexec"):
+        state["daemon_reloads"] = state.get("daemon_reloads", 0) + 1
+        save(root, state)
+        return 0
+    positional = [a for i, a in enumerate(units) if not a.startswith("-") and (i == 0 or units[i - 1] != "-p")]
+    unit = positional[0] if positional else ""
+    if verb == "start":
+        return 0 if service_state(state, unit)[0] == "active" else _start(root, state, unit)
+    if verb == "stop":
+        _stop(root, state, unit)
+        return 0
+    if verb == "restart":
+        _stop(root, state, unit)
+        return _start(root, load_state(root), unit)
+    active, pid = service_state(state, unit)
+    if verb == "is-active":
+        print(active)
+        return 0 if active == "active" else 3
+    if verb == "show":
+        u = _unit(root, unit)
+        props = {"Id": unit, "LoadState": "loaded" if u["exists"] else "not-found", "ActiveState": active,
+                 "SubState": {"active": "running", "failed": "failed"}.get(active, "dead"), "MainPID": pid,
+                 "UnitFileState": "enabled" if (root / "etc/systemd/system/multi-user.target.wants" / unit).exists()
+                 else "disabled"}
+        want = [units[i + 1] for i, a in enumerate(units) if a == "-p" and i + 1 < len(units)]
+        for k, v in props.items():
+            if not want or k in want:
+                print(v if "--value" in units else f"{k}={v}")
+        return 0
+    if verb == "status":
+        print(f"● {unit} (SIMULATED)\n     Active: {active}" + (f"\n   Main PID: {pid}" if pid else ""))
+        return 0 if active == "active" else 3
+    print(f"SIMULATED systemctl: arguments not simulated: {' '.join(args)}", file=sys.stderr)
+    return 1
+
+
+def journalctl(root: Path, state: dict, args: list[str]) -> int:
+    """journalctl -u UNIT [-n N]: the simulated unit's output."""
+    unit = args[args.index("-u") + 1] if "-u" in args else ""
+    n = int(args[args.index("-n") + 1]) if "-n" in args else 50
+    log = root / "var/log/p2pkit" / f"{unit}.log"
+    lines = log.read_text(errors="replace").splitlines()[-n:] if log.is_file() else []
+    print("\n".join(lines) if lines else "-- No entries --")
+    return 0

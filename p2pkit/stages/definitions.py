@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from p2pkit.checks import driver, link, p2p_module, preflight, rebar, topology
+from p2pkit.checks import driver, link, p2p_module, preflight, rebar, service, topology
 from p2pkit.stages import Stage, acting
 from p2pkit.stages import link as link_stage
+from p2pkit.stages import service as service_stage
 
 PREFLIGHT_FACTS = ("os", "kernel", "is_root", "disk", "secure_boot", "pci_gpus", "iommu", "dpkg_nvidia", "cgroup")
 P2P_FACTS = ("kernel", "nvidia_version", "module", "built_module", "nvml", "secure_boot", "iommu")
@@ -26,5 +27,6 @@ STAGES: list[Stage] = [
     Stage("engine", "inference engine built from pinned source", inputs=("engine",), implemented=False),
     Stage("model", "model converted and verified", inputs=("engine", "model"), implemented=False),
     Stage("service", "systemd service healthy, no memory cap", inputs=("serve", "engine", "model"),
-          implemented=False),
+          facts=("cgroup",), check=service.check, precheck=service.precheck, act=service_stage.act,
+          measure=service_stage.measure),
 ]

@@ -1,0 +1,75 @@
+"""service: the engine's flags (before start) and the proofs that it runs right (after)."""
+
+from __future__ import annotations
+
+from p2pkit import engine_cmd
+from p2pkit.checks import FAIL, PASS, WARN, Check, failed, judge, unknown
+from p2pkit.config import Profile
+
+GIB = 1 << 30
+
+
+def precheck(p: Profile) -> list[Check]:
+    return engine_cmd.validate(p)
+
+
+def check(f: dict, p: Profile) -> list[Check]:
+    out = precheck(p)
+    s = f.get("service")
+    if s is None:
+        return [*out, Check("service.running", "engine service proven", "skip", "not measured here: doctor does "
+                            "not wait on the service", "a run of `p2pkit verify service`")]
+    if failed(s):
+        return [*out, unknown("service.running", "engine service proven", s, "a running service")]
+    a = s["analyze"]
+    out.append(judge("service.unit_verify", "systemd-analyze verify is clean", a["verify_rc"] == 0 and
+                     not a["verify_issues"], "; ".join(a["verify_issues"]) or f"exit {a['verify_rc']}", "clean",
+                     "fix the unit (templates/p2pkit-engine.service.j2) or the profile values it was rendered from"))
+    exp = a["exposure"]
+    out.append(judge("service.exposure", "systemd-analyze security exposure", exp is not None and
+                     exp <= p.serve.security_max_exposure, f"{exp} {a['exposure_label'] or ''}".strip(),
+                     f"<= {p.serve.security_max_exposure:g}", "the unit's hardening was weakened: restore it, or "
+                     "raise serve.security_max_exposure knowingly"))
+    h = s["health"]
+    cause = s.get("likely_cause")
+    tail = " | ".join(s.get("log_tail", [])[-5:])
+    if h["ok"]:
+        out.append(Check("service.health", "/health answers 200", PASS, f"200 after {h['seconds']} s "
+                         f"(codes seen: {h['codes']})", 200))
+    else:
+        why = "the engine exited at start" if h.get("exited") else f"no 200 within {h['seconds']} s"
+        out.append(Check("service.health", "/health answers 200", FAIL, f"{why}; last log lines: {tail}", 200,
+                         f"likely cause: {cause}" if cause else "read `p2pkit serve logs`", "P11" if cause and
+                         "fit" in cause else ""))
+    pc = s.get("pid_cgroup", {})
+    if failed(pc):
+        out.append(unknown("service.memory_cap", "service's cgroup has no memory cap", pc, "no cap", pitfall="P12"))
+    else:
+        caps = pc["memory_caps"]
+        out.append(judge("service.memory_cap", "service's cgroup has no memory cap", not caps,
+                         ", ".join(f"{c['file']} = {c['limit_bytes'] / GIB:.1f} GiB" for c in caps) or
+                         f"none up from {pc['v2_path'] or pc['v1_memory_path']}", "no cap",
+                         "a memory cap will OOM-kill the engine under load: the unit must run in p2pkit.slice "
+                         "(MemoryMax=infinity), not in a user session", pitfall="P12"))
+        own = f.get("cgroup", {})
+        if not failed(own) and own.get("memory_caps") and not caps:
+            out.append(Check("service.not_inherited", "p2pkit's own memory cap is not the service's", WARN,
+                             f"p2pkit runs capped ({own['memory_caps'][0]['file']}); the service does not",
+                             "service uncapped", "fine: the service runs in p2pkit.slice and does not inherit "
+                             "the cap of the terminal p2pkit was started from", "P12"))
+    ln = s["listen"]
+    want = f"{p.serve.host}:{p.serve.port}"
+    addrs = ln.get("addresses", [])
+    ok = ln["connect"] and (not addrs or want in addrs or (p.serve.host == "::" and f":::{p.serve.port}" in addrs))
+    out.append(judge("service.listen_where", "listening where the profile says", ok,
+                     ", ".join(addrs) or ("connected" if ln["connect"] else ln.get("connect_error", "no answer")),
+                     want, "the engine listens elsewhere: check serve.host and serve.port"))
+    spec = p.serve.flags.get("spec") or p.serve.flags.get("spec-type")
+    if spec:
+        text = "\n".join(s.get("log_tail", [])).lower()
+        seen = f"spec {str(spec).lower()}" in text or "spec_decode" in text or "draft acceptance" in text
+        out.append(judge("service.spec_running", "speculative decoding is really running", seen,
+                         "a start-up line shows it" if seen else "no start-up line or counter shows it",
+                         f"spec {spec} running", "the engine ignored the speculative method: check its log and "
+                         "that the artifact carries the draft components", pitfall="P19"))
+    return out

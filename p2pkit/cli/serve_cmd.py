@@ -1,0 +1,55 @@
+"""`p2pkit serve status|logs|restart`: the engine service."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from p2pkit.cli import common
+from p2pkit.errors import Exit
+
+app = typer.Typer(help="The inference engine's system service.", no_args_is_help=True)
+
+
+@app.command()
+def status() -> None:
+    """systemctl status of the engine, and whether /health answers."""
+    from p2pkit.stages import service
+
+    ctx = common.context()
+    r = ctx.host.runner.run(["systemctl", "status", "--no-pager", service.UNIT], check=False)
+    ctx.out.line(r.stdout.strip() or r.stderr.strip())
+    p = ctx.profile
+    host = "127.0.0.1" if p.serve.host in ("0.0.0.0", "::") else p.serve.host
+    ln = service.listening(p.serve.host, p.serve.port, service.main_pid(ctx.host))
+    ctx.out.line(f"{host}:{p.serve.port}: {'answers' if ln['connect'] else 'no answer'}")
+    raise typer.Exit(int(Exit.OK if r.returncode == 0 else Exit.CHECK_FAILED))
+
+
+@app.command()
+def logs(lines: Annotated[int, typer.Option("--lines", "-n")] = 50) -> None:
+    """The engine's last log lines (journalctl)."""
+    from p2pkit.stages import service
+
+    ctx = common.context()
+    for line in service.logs(ctx.host, lines):
+        ctx.out.line(line)
+
+
+@app.command()
+def restart() -> None:
+    """Restart the engine and wait until /health answers 200."""
+    from p2pkit.stages import service
+
+    ctx = common.context()
+    ctx.host.runner.run(["systemctl", "restart", service.UNIT])
+    p = ctx.profile
+    host = "127.0.0.1" if p.serve.host in ("0.0.0.0", "::") else p.serve.host
+    h = service.wait_health(ctx, f"http://{host}:{p.serve.port}/health", p.serve.health_timeout_s)
+    if h["ok"]:
+        ctx.out.line(f"{service.UNIT} restarted; /health 200 after {h['seconds']} s")
+        raise typer.Exit(int(Exit.OK))
+    tail = " | ".join(service.logs(ctx.host, 5))
+    ctx.out.error(f"{service.UNIT} did not become healthy: {tail}", "read `p2pkit serve logs`")
+    raise typer.Exit(int(Exit.CHECK_FAILED))

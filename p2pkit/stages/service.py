@@ -1,0 +1,167 @@
+"""service: install the engine as a system service (Ansible), then prove it: the unit verifies,
+its exposure is low, /health answers, the main PID's cgroup has no memory cap anywhere up the
+tree (P12), it listens where the profile says, speculative decoding is really running (P19)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import socket
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from p2pkit import engine_cmd
+from p2pkit.ansible import run_playbook
+from p2pkit.errors import P2pkitError
+from p2pkit.host import Host, system
+from p2pkit.parse.system import proc_cgroup
+
+UNIT = "p2pkit-engine.service"
+CAUSES = (
+    ("does not fit", "the KV cache does not fit the free VRAM: lower max-context or the KV dtype, keep "
+                     "--kv-capacity auto, leave headroom for draft layers (P11, P18)"),
+    ("p2p off", "the engine fell back to host-staged copies: P2P is not working; see the topology and link stages"),
+    ("requires the optimized proposal head", "DFlash2 at TP2 needs --lm-head-draft (P10)"),
+    ("unknown option", "a flag the engine does not know: check serve.flags"),
+    ("cannot open artifact", "the model artifact is missing: see the model stage"),
+)
+
+
+def exec_start(profile) -> str:
+    """The command line for ExecStart: one list, quoted; % and $ escaped for systemd."""
+    return " ".join(shlex.quote(a).replace("%", "%%").replace("$", "$$") for a in engine_cmd.argv(profile))
+
+
+def act(ctx) -> dict:
+    p = ctx.profile
+    public = p.serve.host in ("0.0.0.0", "::")
+    return run_playbook(ctx, "service", {
+        "p2pkit_service_recipe": p.engine.recipe,
+        "p2pkit_service_profile": p.source,
+        "p2pkit_service_exec_start": exec_start(p),
+        "p2pkit_service_work_dir": f"{ctx.host.host_path(ctx.store.dir)}/engine",
+        "p2pkit_service_nccl_root": p.engine.nccl_root,
+        "p2pkit_service_ip_deny": "" if public else "any",
+        "p2pkit_service_ip_allow": "" if public else "localhost",
+    })
+
+
+def _systemctl(host: Host, *args: str):
+    return host.runner.run(["systemctl", *args], check=False)
+
+
+def _unit_copy(host: Host) -> Path:
+    """The installed unit; on a simulated host a copy whose paths point into the simulated root, so
+    that systemd-analyze (which resolves ExecStart on this machine) checks what would run."""
+    unit = host.path(f"/etc/systemd/system/{UNIT}")
+    if not host.simulated:
+        return unit
+    text = unit.read_text()
+    parts = shlex.split(re.search(r"^ExecStart=(.*)$", text, re.M).group(1))
+    parts[0] = str(host.path(parts[0]))
+    text = re.sub(r"^ExecStart=.*$", "ExecStart=" + shlex.join(parts), text, flags=re.M)
+    d = Path(tempfile.mkdtemp(prefix="p2pkit-unit-"))
+    (d / UNIT).write_text(text)
+    return d / UNIT
+
+
+def analyze(host: Host) -> dict:
+    unit = _unit_copy(host)
+    v = host.runner.run(["systemd-analyze", "verify", str(unit)], check=False)
+    issues = [ln for ln in (v.stderr + v.stdout).splitlines() if UNIT in ln or "p2pkit" in ln]
+    s = host.runner.run(["systemd-analyze", "security", "--offline=true", str(unit)], check=False)
+    m = re.search(r"Overall exposure level for \S+:\s*([\d.]+)\s*(\S+)", s.stdout + s.stderr)
+    return {"verify_rc": v.returncode, "verify_issues": issues,
+            "exposure": float(m.group(1)) if m else None, "exposure_label": m.group(2) if m else None}
+
+
+def unit_alive(host: Host) -> bool:
+    return _systemctl(host, "is-active", UNIT).stdout.strip() in ("active", "activating")
+
+
+def wait_health(ctx, url: str, timeout: float, alive=None) -> dict:
+    """Poll /health until 200, the server dies, or the timeout; progress every 5 s while loading."""
+    alive = alive or (lambda: unit_alive(ctx.host))
+    t0 = time.monotonic()
+    last_note = t0
+    codes: list[int] = []
+    while True:
+        elapsed = time.monotonic() - t0
+        code = None
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                code = r.status
+        except urllib.error.HTTPError as e:
+            code = e.code
+        except (OSError, ValueError):
+            code = None
+        if code is not None and (not codes or codes[-1] != code):
+            codes.append(code)
+        if code == 200:
+            return {"ok": True, "seconds": round(elapsed, 2), "codes": codes}
+        if not alive():
+            return {"ok": False, "seconds": round(elapsed, 2), "codes": codes, "exited": True}
+        if elapsed > timeout:
+            return {"ok": False, "seconds": round(elapsed, 2), "codes": codes, "exited": False}
+        if time.monotonic() - last_note >= 5:
+            ctx.out.step("service", f"waiting for {url}: {code or 'no answer'} after {elapsed:.0f} s (model loading)")
+            last_note = time.monotonic()
+        time.sleep(0.25)
+
+
+def main_pid(host: Host) -> int | None:
+    r = _systemctl(host, "show", "-p", "MainPID", "--value", UNIT)
+    v = r.stdout.strip()
+    return int(v) if v.isdigit() and int(v) > 0 else None
+
+
+def pid_caps(host: Host, pid: int) -> dict:
+    try:
+        cg = proc_cgroup(host.read(f"/proc/{pid}/cgroup", f"the cgroup of pid {pid}"))
+    except P2pkitError as e:
+        return {"error": e.message}
+    return {"v2_path": cg.v2_path, "v1_memory_path": cg.v1.get("memory"),
+            "memory_caps": [{"file": f, "limit_bytes": n} for f, n in system.memory_caps(host, cg)]}
+
+
+def listening(host_addr: str, port: int, pid: int | None) -> dict:
+    target = "127.0.0.1" if host_addr in ("0.0.0.0", "::") else host_addr
+    out: dict = {"connect": False, "addresses": []}
+    try:
+        with socket.create_connection((target, port), timeout=2):
+            out["connect"] = True
+    except OSError as e:
+        out["connect_error"] = str(e)
+    if pid:
+        try:
+            import psutil
+
+            procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+            out["addresses"] = sorted({f"{c.laddr.ip}:{c.laddr.port}" for pr in procs
+                                       for c in pr.net_connections(kind="tcp") if c.status == "LISTEN"})
+        except Exception as e:  # psutil.Error, or no such process
+            out["addresses_error"] = str(e)
+    return out
+
+
+def logs(host: Host, n: int = 30) -> list[str]:
+    r = host.runner.run(["journalctl", "-u", UNIT, "-n", str(n), "--no-pager"], check=False)
+    return r.stdout.splitlines()
+
+
+def measure(ctx) -> dict:
+    p = ctx.profile
+    host = ctx.host
+    url = f"http://{'127.0.0.1' if p.serve.host in ('0.0.0.0', '::') else p.serve.host}:{p.serve.port}/health"
+    with ctx.out.working(f"[service] waiting for {url}"):
+        health = wait_health(ctx, url, p.serve.health_timeout_s)
+    pid = main_pid(host)
+    res = {"unit": UNIT, "analyze": analyze(host), "health": health, "main_pid": pid,
+           "pid_cgroup": pid_caps(host, pid) if pid else {"error": "the service has no main PID (not running)"},
+           "listen": listening(p.serve.host, p.serve.port, pid), "log_tail": logs(host)}
+    text = "\n".join(res["log_tail"])
+    res["likely_cause"] = next((c for needle, c in CAUSES if needle in text), None)
+    return {"service": res}

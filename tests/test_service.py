@@ -1,0 +1,205 @@
+"""The service stage: flags refused before a start, the unit checked by the real systemd-analyze,
+/health waited on, the main PID's cgroup, and the engine's own failures explained."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from p2pkit import config, engine_cmd, pipeline
+from p2pkit.artifacts import Store
+from p2pkit.host import Host
+from p2pkit.output import Output
+from p2pkit.sim import lifecycle
+from p2pkit.stages import get
+from p2pkit.stages import service as svc
+
+BASE = config.load(None)
+
+
+def flags(**changes) -> config.Profile:
+    f = dict(BASE.serve.flags)
+    for k, v in changes.items():
+        k = k.replace("_", "-")
+        if v is None:
+            f.pop(k, None)
+        else:
+            f[k] = v
+    return replace(BASE, serve=replace(BASE.serve, flags=f))
+
+
+@pytest.mark.parametrize("changes,check,fragment", [
+    ({"tp": 3}, "service.tp", "1 or 2"),
+    ({"devices": "0"}, "service.devices", "2 distinct GPU ids"),
+    ({"devices": "0,2"}, "service.devices", "among 0,1"),
+    ({"devices": "1,1"}, "service.devices", "distinct"),
+    ({"vision_device": 3}, "service.vision_device", "one of the --devices"),
+    ({"lm_head_draft": None}, "service.lm_head_draft", "requires the optimized proposal head"),
+    ({"spec": "medusa"}, "service.spec", "mtp, dflash or dflash2"),
+    ({"kv_dtype": "q4_0"}, "service.kv_dtype", "accepted KV dtypes"),
+    ({"bogus_flag": 1}, "service.flags_known", "ninfer knows: default-max-tokens"),
+    ({"port=1": 1}, "service.flags_form", "rejects --flag=value"),
+])
+def test_each_refusal(changes, check, fragment):
+    found = {c.id: c for c in engine_cmd.validate(flags(**changes))}
+    assert found[check].status == "fail", found[check]
+    assert fragment in found[check].hint
+
+
+@pytest.mark.parametrize("changes,check,pitfall", [
+    ({"kv_capacity": 60000}, "service.kv_capacity", "P11"),
+    ({"max_concurrency": 4}, "service.spec_slots", "P20"),
+])
+def test_warnings(changes, check, pitfall):
+    c = {c.id: c for c in engine_cmd.validate(flags(**changes))}[check]
+    assert c.status == "warn" and c.pitfall == pitfall
+
+
+def test_default_profile_passes_validation_and_builds_the_command_as_a_list():
+    assert not [c for c in engine_cmd.validate(BASE) if c.status == "fail"]
+    argv = engine_cmd.argv(BASE)
+    assert argv[:2] == [engine_cmd.binary(BASE), BASE.model.output]  # the artifact first
+    assert "--lm-head-draft" in argv and not any("=" in a for a in argv)
+    assert argv[argv.index("--host") + 1] == "127.0.0.1"
+
+
+def test_public_host_is_a_warning():
+    p = replace(BASE, serve=replace(BASE.serve, host="0.0.0.0", allow_public=True))
+    c = {c.id: c for c in engine_cmd.validate(p)}["service.listen"]
+    assert c.status == "warn" and "no authentication" in c.hint
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def service_host(sim):
+    roots = []
+
+    def make(env: dict | None = None):
+        root = sim("healthy")
+        h = Host.at(root)
+        prof = config.load(h.sim["profile"])
+        prof = replace(prof, serve=replace(prof.serve, port=free_port(), health_timeout_s=30.0))
+        lifecycle.place_engine(root, prof)
+        if env:
+            from p2pkit.sim.render import load_state, render
+
+            st = load_state(root)
+            st["engine_env"] = env
+            render(root, st)
+        roots.append(root)
+        return pipeline.Ctx(profile=prof, host=h, store=Store(root / "var/lib/p2pkit"), out=Output())
+
+    yield make
+    for root in roots:  # never leave an engine running
+        subprocess.run([str(root / "usr/bin/systemctl"), "stop", svc.UNIT], check=False)
+
+
+@pytest.mark.slow
+def test_service_stage_on_the_simulated_host(service_host):
+    ctx = service_host()
+    doc = pipeline.run_stage(ctx, get("service"), "model")
+    checks = {c["id"]: c for c in doc["checks"]}
+    assert doc["status"] == "passed", [c for c in doc["checks"] if c["status"] == "fail"]
+    assert checks["service.unit_verify"]["status"] == "pass"  # the real systemd-analyze verify
+    exposure = float(checks["service.exposure"]["measured"].split()[0])
+    assert exposure <= 5.0  # the real systemd-analyze security --offline
+    assert checks["service.health"]["measured"].startswith("200 after")
+    assert "503" in checks["service.health"]["measured"]  # it waited through the model load
+    assert checks["service.memory_cap"]["measured"] == "none up from /p2pkit.slice/p2pkit-engine.service"
+    assert checks["service.listen_where"]["measured"] == f"127.0.0.1:{ctx.profile.serve.port}"
+    assert checks["service.spec_running"]["status"] == "pass"
+    unit = (ctx.host.root / "etc/systemd/system/p2pkit-engine.service").read_text()
+    assert "Slice=p2pkit.slice" in unit and "MemoryMax=infinity" in unit and "LimitMEMLOCK=infinity" in unit
+    assert f"ExecStart={engine_cmd.binary(ctx.profile)} {ctx.profile.model.output} --tp 2" in unit
+    assert "MemoryMax=infinity" in (ctx.host.root / "etc/systemd/system/p2pkit.slice").read_text()
+
+
+@pytest.mark.slow
+def test_engine_that_exits_at_start_shows_its_log_and_the_likely_cause(service_host):
+    ctx = service_host(env={"P2PKIT_SIM_ENGINE_FAIL": "kv"})
+    doc = pipeline.run_stage(ctx, get("service"), "model")
+    h = {c["id"]: c for c in doc["checks"]}["service.health"]
+    assert doc["status"] == "failed" and h["status"] == "fail"
+    assert "the engine exited at start" in h["measured"] and "short by 2.1 GiB" in h["measured"]
+    assert "KV cache does not fit" in h["hint"] and h["pitfall"] == "P11"
+
+
+@pytest.mark.slow
+def test_flags_refused_before_anything_is_installed(service_host):
+    ctx = service_host()
+    ctx.profile = flags(lm_head_draft=None)
+    doc = pipeline.run_stage(ctx, get("service"), "model")
+    assert doc["status"] == "failed" and doc["acted"] == {}
+    assert not (ctx.host.root / "etc/systemd/system/p2pkit-engine.service").exists()
+
+
+@pytest.mark.slow
+def test_serve_commands(service_host, cli):
+    ctx = service_host()
+    pipeline.run_stage(ctx, get("service"), "model")
+    prof = ctx.host.root / "prof.toml"
+    src = Path(ctx.host.sim["profile"]).read_text()
+    prof.write_text(src.replace("port = 12435", f"port = {ctx.profile.serve.port}"))
+    r = cli("--root", str(ctx.host.root), "--profile", str(prof), "serve", "status")
+    assert r.code == 0 and "Active: active" in r.out and "answers" in r.out
+    r = cli("--root", str(ctx.host.root), "--profile", str(prof), "serve", "logs")
+    assert "spec dflash2" in r.out
+    r = cli("--root", str(ctx.host.root), "--profile", str(prof), "serve", "restart")
+    assert r.code == 0 and "/health 200" in r.out
+
+
+class Flaky(BaseHTTPRequestHandler):
+    answers: ClassVar[list[int]] = []
+
+    def do_GET(self):
+        code = self.answers.pop(0) if self.answers else 200
+        self.send_response(code)
+        self.end_headers()
+
+    def log_message(self, *a):
+        pass
+
+
+def test_health_wait_against_a_real_server_503_then_200_then_dies(sim):
+    ctx = pipeline.Ctx(profile=BASE, host=Host.at(sim("healthy")), store=Store(Path("/nonexistent")), out=Output())
+    Flaky.answers = [503, 503, 503]
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Flaky)
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/health"
+    res = svc.wait_health(ctx, url, timeout=10, alive=lambda: True)
+    assert res["ok"] and res["codes"] == [503, 200]
+    server.shutdown()
+    server.server_close()
+    t0 = time.monotonic()
+    res = svc.wait_health(ctx, url, timeout=1, alive=lambda: True)  # it died: no answer at all
+    assert not res["ok"] and not res["exited"] and time.monotonic() - t0 < 5
+    res = svc.wait_health(ctx, url, timeout=30, alive=lambda: False)  # the unit is gone: stop waiting
+    assert not res["ok"] and res["exited"]
+
+
+def test_pid_cgroup_of_a_real_process_in_a_capped_cgroup(capped_cgroup):
+    def enter():
+        (capped_cgroup / "cgroup.procs").write_text(str(os.getpid()))
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], preexec_fn=enter)
+    try:
+        caps = svc.pid_caps(Host.at("/"), proc.pid)["memory_caps"]
+        assert any(c["limit_bytes"] == 1 << 30 for c in caps), json.dumps(caps)
+    finally:
+        proc.kill()
+        proc.wait()
