@@ -113,6 +113,7 @@ class Engine:
     pkg_config_path: str = f("")
     nccl_root: str = f("")
     build_dir: str = f("/opt/p2pkit/engine", pattern=r"^/", expect="an absolute path")
+    python: str = f("python3", expect="the Python that runs the engine's tools (convert)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,6 +122,8 @@ class Model:
     output: str = f("")
     components: list[str] = f(factory=list)
     format: str = f("ninfer", choices=("ninfer", "gguf", "hf"))
+    convert_recipe: str = f("", expect="the engine's convert recipe (NInfer: qwen3_8_27b_nvfp4)")
+    draft_source: str = f("", expect="a directory with the DFlash2 drafter weights, or empty")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,8 +15,11 @@ def init(root: Path, state: dict) -> None:
     installer, sha = provision.make_installer(root, driver_version, gsp=state.get("installer_gsp", True))
     fork, commit = provision.make_fork(root, driver_version)
     provision.make_headers(root, state["kernel"])
+    engine = provision.make_ninfer(root, dflash2_tp2=state.get("engine_dflash2_tp2", True))
+    provision.make_ffmpeg(root, state.get("ffmpeg_modules", ("libavformat", "libavcodec", "libavutil",
+                                                            "libswscale", "libcurl")))
     state["profile"] = str(provision.write_profile(root, state["profile"], installer, sha, fork, commit,
-                                                   driver_version))
+                                                   driver_version, engine))
     for d in ("etc/modprobe.d", "etc/apt/apt.conf.d", "etc/apt/preferences.d", "etc/default/grub.d",
               "etc/kernel/postinst.d", "etc/systemd/system", "var/cache", "lib/firmware"):
         (root / d).mkdir(parents=True, exist_ok=True)  # present on every Ubuntu 24.04 install

@@ -72,7 +72,7 @@ def make_headers(root: Path, kernel: str) -> None:
 
 
 def write_profile(root: Path, base: str, installer: Path, sha: str, fork: Path, commit: str,
-                  driver_version: str) -> Path:
+                  driver_version: str, engine: tuple[Path, str] | None = None) -> Path:
     text = (config.builtin_path(base)).read_text()
     data = tomllib.loads(text)
     data["driver"].update(version=driver_version, installer_url=f"file://{installer}", installer_sha256=sha)
@@ -80,6 +80,8 @@ def write_profile(root: Path, base: str, installer: Path, sha: str, fork: Path, 
         data["driver"]["allow_other_version"] = False
     data["p2p_module"].update(repo=f"file://{fork}", branch=f"{driver_version}-p2p", commit=commit)
     data["profile"]["description"] = "SIMULATED host: " + data["profile"]["description"]
+    if engine is not None:
+        data["engine"].update(repo=f"file://{engine[0]}", commit=engine[1], python=sys.executable)
     out = root / ".p2pkit-sim/profile.toml"
     out.write_text("# SIMULATED: the default profile, pinned to the simulated installer and fork\n" + dump_toml(data))
     return out
@@ -107,3 +109,40 @@ def dump_toml(data: dict) -> str:
             lines += [f"{kk} = {val(vv)}" for kk, vv in v.items()]
             lines.append("")
     return "\n".join(lines)
+
+
+def make_ninfer(root: Path, dflash2_tp2: bool = True) -> tuple[Path, str]:
+    """A real git repository holding the simulated NInfer tree (see sim/ninfer_tree.py)."""
+    from p2pkit.sim import ninfer_tree as t
+
+    work = root / ".p2pkit-sim/git/ninfer-work"
+    (work / "apps").mkdir(parents=True, exist_ok=True)
+    (work / "src").mkdir(exist_ok=True)
+    (work / "tools").mkdir(exist_ok=True)
+    (work / "CMakeLists.txt").write_text(t.CMAKELISTS.replace('"${SIM_PYTHON}"', f'"{sys.executable}"'))
+    (work / "apps/main.cpp").write_text(t.MAIN_CPP)
+    mapping = t.SHARD_MAPPING if dflash2_tp2 else t.SHARD_MAPPING.replace(', "dflash2"', "")
+    (work / "src/shard_mapping.cpp").write_text(mapping)
+    (work / "tools/__init__.py").write_text("")
+    (work / "tools/container.py").write_text(t.CONTAINER_PY)
+    (work / "tools/convert.py").write_text(t.CONVERT_PY)
+    (work / ".gitignore").write_text("build/\n__pycache__/\n")
+    _git(work, "init", "-q", "-b", "main")
+    _git(work, "add", "-A")
+    _git(work, "commit", "-q", "-m", "SIMULATED NInfer with TP2 DFlash2" if dflash2_tp2 else "SIMULATED old NInfer")
+    commit = _git(work, "rev-parse", "HEAD")
+    bare = root / ".p2pkit-sim/git/ninfer.git"
+    _git(root / ".p2pkit-sim/git", "clone", "-q", "--bare", str(work), str(bare))
+    return bare, commit
+
+
+def make_ffmpeg(root: Path, modules=("libavformat", "libavcodec", "libavutil", "libswscale", "libcurl")) -> None:
+    from p2pkit.sim import ninfer_tree as t
+
+    prefix = root / "opt/ffmpeg"
+    pc = prefix / "lib/pkgconfig"
+    pc.mkdir(parents=True, exist_ok=True)
+    versions = {"libavformat": "60.16.100", "libavcodec": "60.31.102", "libavutil": "58.29.100",
+                "libswscale": "7.5.100", "libcurl": "8.5.0"}
+    for m in modules:
+        (pc / f"{m}.pc").write_text(t.PC.format(prefix=prefix, name=m, version=versions[m], lib=m[3:]))

@@ -13,7 +13,7 @@ from p2pkit.sim import model
 from p2pkit.sim.scenarios import GIB
 
 STANDINS = ["nvidia-smi", "modinfo", "dpkg-query", "apt-mark", "update-initramfs", "depmod", "update-grub",
-            "fuser", "modprobe", "systemctl", "journalctl"]
+            "fuser", "modprobe", "systemctl", "journalctl", "nvcc"]
 AMD, NV = "0x1022", "0x10de"
 
 

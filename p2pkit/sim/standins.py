@@ -38,7 +38,8 @@ def main(name: str, args: list[str]) -> int:
     state = load_state(root)
     fn = {"nvidia-smi": nvidia_smi, "modinfo": modinfo, "dpkg-query": dpkg_query, "apt-mark": apt_mark,
           "update-initramfs": update_initramfs, "depmod": depmod, "update-grub": update_grub,
-          "fuser": fuser, "modprobe": modprobe, "systemctl": systemctl, "journalctl": journalctl}[name]
+          "fuser": fuser, "modprobe": modprobe, "systemctl": systemctl, "journalctl": journalctl,
+          "nvcc": nvcc}[name]
     return fn(root, state, args)
 
 
@@ -421,4 +422,15 @@ def journalctl(root: Path, state: dict, args: list[str]) -> int:
     log = root / "var/log/p2pkit" / f"{unit}.log"
     lines = log.read_text(errors="replace").splitlines()[-n:] if log.is_file() else []
     print("\n".join(lines) if lines else "-- No entries --")
+    return 0
+
+
+def nvcc(root: Path, state: dict, args: list[str]) -> int:
+    """nvcc --version: the simulated CUDA toolkit (13.1 unless the scenario says otherwise)."""
+    v = state.get("cuda_version", "13.1")
+    if args != ["--version"]:
+        print("SIMULATED nvcc compiles nothing", file=sys.stderr)
+        return 1
+    print(f"nvcc: NVIDIA (R) Cuda compiler driver\nCopyright (c) 2005-2026 NVIDIA Corporation\n"
+          f"Cuda compilation tools, release {v}, V{v}.80\nBuild cuda_{v}.r{v}/compiler.0_0 (SIMULATED)")
     return 0

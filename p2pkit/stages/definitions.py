@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from p2pkit.checks import driver, link, p2p_module, preflight, rebar, service, topology
+from p2pkit.checks import driver, engine, link, p2p_module, preflight, rebar, service, topology
 from p2pkit.stages import Stage, acting
+from p2pkit.stages import engine as engine_stage
 from p2pkit.stages import link as link_stage
 from p2pkit.stages import service as service_stage
 
@@ -24,7 +25,8 @@ STAGES: list[Stage] = [
           facts=("pci_gpus", "nvml", "smi_p2p_read", "smi_p2p_write"), check=topology.check),
     Stage("link", "link training and P2P bandwidth under load", inputs=("gpus", "pcie", "link"),
           check=link.check, measure=link_stage.measure),
-    Stage("engine", "inference engine built from pinned source", inputs=("engine",), implemented=False),
+    Stage("engine", "inference engine built from pinned source", inputs=("engine",),
+          check=engine.check, precheck=engine.precheck, act=engine_stage.act, measure=engine_stage.measure),
     Stage("model", "model converted and verified", inputs=("engine", "model"), implemented=False),
     Stage("service", "systemd service healthy, no memory cap", inputs=("serve", "engine", "model"),
           facts=("cgroup",), check=service.check, precheck=service.precheck, act=service_stage.act,

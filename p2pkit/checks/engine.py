@@ -1,0 +1,97 @@
+"""engine: the engine built from its pinned source, proven by its build log and its binary."""
+
+from __future__ import annotations
+
+from p2pkit.checks import FAIL, Check, failed, judge, unknown
+from p2pkit.config import Profile
+from p2pkit.parse.build import version_tuple
+
+CMAKE_FIXES = (
+    ("CMAKE_CUDA_ARCHITECTURES", "P05", "NInfer builds only for 120a (RTX 5090, Blackwell): set "
+                                        "engine.cuda_architectures = \"120a\""),
+    ("libavformat", "P06", "pkg-config does not reach the FFmpeg libraries: set engine.pkg_config_path to the "
+                           "directory holding libavformat.pc (and libavcodec, libavutil, libswscale)"),
+    ("requires CUDA", "P05", "install CUDA 13.1 or newer and put its nvcc first on PATH"),
+    ("Could not find", "", "a build dependency is missing: install it (see the line above)"),
+)
+PKG_MODULES = {"ninfer": ("libavformat", "libavcodec", "libavutil", "libswscale", "libcurl"), "llamacpp": ()}
+
+
+def precheck(p: Profile) -> list[Check]:
+    out = [judge("engine.recipe", "a build recipe for this engine", p.engine.recipe in PKG_MODULES, p.engine.recipe,
+                 "ninfer or llamacpp", "the vllm recipe (Spark profile) is not built yet")]
+    out.append(judge("engine.commit", "engine source pinned", len(p.engine.commit) >= 7 and bool(p.engine.repo),
+                     p.engine.commit or "(empty)", "a repository and a commit",
+                     "set engine.repo and engine.commit to the source you reviewed; p2pkit never builds an unpinned "
+                     "engine (a DFlash2 artifact needs a commit with TP2 DFlash2 support, P09)", pitfall="P09"))
+    if p.engine.recipe == "ninfer":
+        out.append(judge("engine.cuda_arch", "CMAKE_CUDA_ARCHITECTURES is 120a", p.engine.cuda_architectures == "120a",
+                         p.engine.cuda_architectures, "120a", "NInfer supports only CMAKE_CUDA_ARCHITECTURES=120a",
+                         pitfall="P05"))
+    if p.engine.recipe == "llamacpp":
+        out.append(judge("engine.nccl_root", "a pinned NCCL for llama.cpp", bool(p.engine.nccl_root),
+                         p.engine.nccl_root or "(empty)", "a directory", "set engine.nccl_root: the system libnccl "
+                         "2.18.3 hangs at init on SM120", pitfall="P16"))
+    return out
+
+
+def check(f: dict, p: Profile) -> list[Check]:
+    out = precheck(p)
+    b = f.get("engine_build")
+    if b is None:
+        return [*out, Check("engine.build", "engine built", "skip", "not built here: doctor builds nothing",
+                            "a run of `p2pkit up`")]
+    if failed(b):
+        return [*out, unknown("engine.build", "engine built", b, "a build")]
+    src = b["source"]
+    out.append(judge("engine.source", "source checked out at the pinned commit", src.get("head") == p.engine.commit
+                     or (src.get("head") or "").startswith(p.engine.commit), src.get("head") or src.get("error"),
+                     p.engine.commit, "the checkout is not the pinned commit: check engine.repo and engine.commit"))
+    cuda = b.get("cuda", {})
+    if cuda.get("version") is None:
+        out.append(Check("engine.cuda", "CUDA toolkit version", FAIL, cuda.get("error", "nvcc not found"),
+                         f">= {p.engine.cuda_min}", "install the CUDA toolkit and put nvcc on PATH", "P05"))
+    else:
+        out.append(judge("engine.cuda", "CUDA toolkit version", version_tuple(cuda["version"]) >=
+                         version_tuple(p.engine.cuda_min), cuda["version"], f">= {p.engine.cuda_min}",
+                         f"NInfer requires CUDA {p.engine.cuda_min} or newer: install it and put its nvcc first on "
+                         "PATH", pitfall="P05"))
+    for mod, r in b.get("pkg_config", {}).items():
+        out.append(judge(f"engine.pkg_config.{mod}", f"pkg-config finds {mod}", r["ok"], r.get("version") or
+                         r.get("error"), "found", f"PKG_CONFIG_PATH ({p.engine.pkg_config_path or 'unset'}) does not "
+                         f"reach {mod}.pc: point engine.pkg_config_path at it", pitfall="P06"))
+    if not b.get("configured_run"):
+        return out  # refused before configuring: the checks above say why
+    err = b.get("first_error")
+    fix = next(((pit, h) for needle, pit, h in CMAKE_FIXES if err and needle in err), ("", "read the build log: "
+                                                                                       + b["log"]))
+    out.append(judge("engine.configure", "cmake configure", b["configure_rc"] == 0, err or "ok", "ok",
+                     f"{fix[1]} (log: {b['log']})", pitfall=fix[0]))
+    if b["configure_rc"] != 0:
+        return out
+    out.append(judge("engine.build", "cmake --build", b["build_rc"] == 0, b.get("build_tail") or "ok", "ok",
+                     f"read the build log: {b['log']}"))
+    crit = b.get("criteria", {})
+    missing = [k for k, v in crit.items() if not v]
+    if crit:
+        out.append(judge("engine.build_log", "build log shows success", not missing, ", ".join(missing) or
+                         "all criteria met", ", ".join(crit), f"the build log {b['log']} lacks: {', '.join(missing)}",
+                         pitfall="P07"))
+    binr = b.get("binary", {})
+    out.append(judge("engine.binary", "engine binary exists and runs", binr.get("runs", False),
+                     binr.get("version") or binr.get("error") or "missing", "runs (--version)",
+                     "the build did not produce a working binary: see the build log"))
+    libs = b.get("libraries", [])
+    unresolved = [x["name"] for x in libs if x["path"] is None]
+    out.append(judge("engine.libraries", "every linked library resolves", not unresolved and bool(libs),
+                     ", ".join(unresolved) or f"{len(libs)} resolved", "all resolved",
+                     "install the missing libraries or fix RUNPATH (readelf -d)"))
+    if p.engine.recipe == "llamacpp":
+        for target, lst in b.get("nccl_links", {}).items():
+            nccl = [x["path"] for x in lst if x["name"].startswith("libnccl")]
+            ok = bool(nccl) and all(n and n.startswith(p.engine.nccl_root) for n in nccl)
+            out.append(judge(f"engine.nccl.{target}", f"{target} links the profile's NCCL", ok,
+                             ", ".join(n or "not found" for n in nccl) or "no libnccl", f"under {p.engine.nccl_root}",
+                             "the system libnccl (2.18.3) hangs at init on SM120: rebuild with NCCL_ROOT and RUNPATH "
+                             "set to the profile's NCCL", pitfall="P16"))
+    return out
