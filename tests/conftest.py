@@ -53,10 +53,16 @@ def make_sim(root: Path, scenario: str = "healthy") -> Path:
 
 @pytest.fixture
 def sim(tmp_path):
-    """A factory: sim('small-bar') lays out a simulated host and returns its root."""
+    """A factory: sim('small-bar') lays out a simulated host and returns its root. Services the
+    simulated host started (its engine listens on loopback) are stopped afterwards."""
+    roots = []
+
     def build(scenario: str = "healthy", name: str | None = None) -> Path:
-        return make_sim(tmp_path / (name or scenario), scenario)
-    return build
+        roots.append(make_sim(tmp_path / (name or scenario), scenario))
+        return roots[-1]
+    yield build
+    for root in roots:
+        lifecycle.stop_services(root)
 
 
 def p2pkit_proc(*args: str, **kw) -> subprocess.CompletedProcess:

@@ -46,6 +46,9 @@ def init(
                              hint=f"use it as it is (`p2pkit --root {d} up`), or pass --force to lay it out anew")
         import shutil
 
+        from p2pkit.sim import lifecycle
+
+        lifecycle.stop_services(d)
         shutil.rmtree(d)
     state = scenarios.build(scenario)
     d.mkdir(parents=True, exist_ok=True)
@@ -99,3 +102,17 @@ def upgrade(
     for text in printed:
         for line in text.strip().splitlines():
             out.log(f"  {line}")
+
+
+@app.command()
+def stop(directory: Annotated[Path, typer.Argument(help="the simulated host's directory")]) -> None:
+    """Stop the simulated host's running services (its engine listens on loopback for real)."""
+    from p2pkit.sim import lifecycle
+
+    d = directory.resolve()
+    if not (d / SIM_MARKER).is_file():
+        raise UsageError(f"{d} is not a simulated host", hint="lay one out with `p2pkit sim init DIR`")
+    stopped = lifecycle.stop_services(d)
+    out = common.output()
+    out.simulated = True
+    out.log(f"stopped {', '.join(stopped)}" if stopped else "no simulated service was running")

@@ -20,7 +20,10 @@ def first_cmake_error(log: str) -> str | None:
     lines = log.splitlines()
     for i, line in enumerate(lines):
         if line.startswith("CMake Error"):
-            block = [line.strip()]
+            # pkg_check_modules says which package and why on the '--' lines just before its error
+            why = [ln.strip(" -") for ln in lines[max(0, i - 8):i]
+                   if re.search(r"(?i)package\b.*'|requested '|checking for module", ln)]
+            block = [*why, line.strip()]
             for nxt in lines[i + 1:i + 12]:
                 if not nxt.strip():
                     if len(block) > 1:

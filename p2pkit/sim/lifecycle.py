@@ -20,6 +20,13 @@ def init(root: Path, state: dict) -> None:
                                                             "libswscale", "libcurl")))
     state["profile"] = str(provision.write_profile(root, state["profile"], installer, sha, fork, commit,
                                                    driver_version, engine))
+    from p2pkit import config
+
+    prof = config.load(state["profile"])
+    if prof.model.source:
+        provision.make_hf_model(root, prof.model.source)
+    if prof.model.draft_source:
+        provision.make_hf_model(root, prof.model.draft_source, layers=2, shards=1)
     for d in ("etc/modprobe.d", "etc/apt/apt.conf.d", "etc/apt/preferences.d", "etc/default/grub.d",
               "etc/kernel/postinst.d", "etc/systemd/system", "var/cache", "lib/firmware"):
         (root / d).mkdir(parents=True, exist_ok=True)  # present on every Ubuntu 24.04 install
@@ -129,3 +136,16 @@ def place_engine(root: Path, profile) -> None:
     model.parent.mkdir(parents=True, exist_ok=True)
     header = json.dumps({"simulated": True, "components": profile.model.components}).encode()
     model.write_bytes(b"NINFER\0\x03" + struct.pack("<Q", len(header)) + header + bytes(16))
+
+
+def stop_services(root: Path) -> list[str]:
+    """Stop every simulated service that runs (the simulated engine really listens on loopback)."""
+    import subprocess
+
+    state = load_state(root)
+    stopped = []
+    for unit, svc in state.get("services", {}).items():
+        if svc.get("started"):
+            subprocess.run([str(root / "usr/bin/systemctl"), "stop", unit], check=False, capture_output=True)
+            stopped.append(unit)
+    return stopped

@@ -55,6 +55,10 @@ SHARD_MAPPING = """// SIMULATED NInfer shard mapping: which tensors each TP rank
 const char* shard_branches[] = {"text", "vision", "mtp", "dflash2"};  // dflash2: TP2 split wiring (P09)
 """
 
+SHARD_MAPPING_OLD = """// SIMULATED NInfer shard mapping, from before the TP2 split of the draft head.
+const char* shard_branches[] = {"text", "vision", "mtp"};
+"""
+
 CONTAINER_PY = '''"""SIMULATED NInfer container writer: magic, u64 LE JSON length, JSON header, 16-byte artifact id."""
 import json
 import os

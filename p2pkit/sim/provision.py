@@ -4,6 +4,7 @@ clone (a real git repository), kernel headers, and a profile that pins both."""
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 import sys
 import tomllib
@@ -82,6 +83,7 @@ def write_profile(root: Path, base: str, installer: Path, sha: str, fork: Path, 
     data["profile"]["description"] = "SIMULATED host: " + data["profile"]["description"]
     if engine is not None:
         data["engine"].update(repo=f"file://{engine[0]}", commit=engine[1], python=sys.executable)
+    data["serve"]["port"] = free_port()  # the simulated engine really listens: never collide
     out = root / ".p2pkit-sim/profile.toml"
     out.write_text("# SIMULATED: the default profile, pinned to the simulated installer and fork\n" + dump_toml(data))
     return out
@@ -121,7 +123,7 @@ def make_ninfer(root: Path, dflash2_tp2: bool = True) -> tuple[Path, str]:
     (work / "tools").mkdir(exist_ok=True)
     (work / "CMakeLists.txt").write_text(t.CMAKELISTS.replace('"${SIM_PYTHON}"', f'"{sys.executable}"'))
     (work / "apps/main.cpp").write_text(t.MAIN_CPP)
-    mapping = t.SHARD_MAPPING if dflash2_tp2 else t.SHARD_MAPPING.replace(', "dflash2"', "")
+    mapping = t.SHARD_MAPPING if dflash2_tp2 else t.SHARD_MAPPING_OLD
     (work / "src/shard_mapping.cpp").write_text(mapping)
     (work / "tools/__init__.py").write_text("")
     (work / "tools/container.py").write_text(t.CONTAINER_PY)
@@ -146,3 +148,43 @@ def make_ffmpeg(root: Path, modules=("libavformat", "libavcodec", "libavutil", "
                 "libswscale": "7.5.100", "libcurl": "8.5.0"}
     for m in modules:
         (pc / f"{m}.pc").write_text(t.PC.format(prefix=prefix, name=m, version=versions[m], lib=m[3:]))
+
+
+def write_safetensors(path: Path, tensors: dict[str, int]) -> None:
+    """A safetensors file laid out by its documented format: u64 LE header length, JSON header
+    (dtype, shape, data_offsets), then the data. Tensors are F16 vectors of the given lengths."""
+    import struct
+
+    header, offset = {}, 0
+    for name, n in tensors.items():
+        header[name] = {"dtype": "F16", "shape": [n], "data_offsets": [offset, offset + 2 * n]}
+        offset += 2 * n
+    blob = json.dumps(header).encode()
+    blob += b" " * (-len(blob) % 8)
+    path.write_bytes(struct.pack("<Q", len(blob)) + blob + bytes(offset))
+
+
+def make_hf_model(root: Path, path: str, layers: int = 4, shards: int = 2) -> None:
+    """A small HF-format model directory: config.json, index, safetensors shards."""
+    d = root / path.lstrip("/")
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": layers,
+                                               "simulated": True}))
+    weight_map = {}
+    per = max(1, layers // shards)
+    for s in range(shards):
+        name = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        tensors = {f"model.layers.{i}.mlp.up_proj.weight": 4096 for i in range(s * per, min(layers, (s + 1) * per))}
+        if s == shards - 1:
+            tensors["lm_head.weight"] = 8192
+        write_safetensors(d / name, tensors)
+        weight_map.update({t: name for t in tensors})
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -80,6 +80,8 @@ SCENARIOS: dict[str, tuple[str, list]] = {
     "stock-driver-display": ("as stock-driver, and a display server (Xorg) holds the GPUs",
                              [_set("cmdline", READY), _set("stock_driver", "580.95.05"),
                               _set("gpu_holders", [{"pid": 2301, "command": "Xorg"}])]),
+    "old-engine": ("the pinned engine source predates TP2 DFlash2 (P09)", [_set("engine_dflash2_tp2", False)]),
+    "cuda-13.0": ("CUDA 13.0 installed: NInfer needs 13.1 (P05)", [_set("cuda_version", "13.0")]),
     "capped-cgroup": ("p2pkit itself runs in a memory-capped cgroup (P12)", [_set("cgroup_memory_cap", 8 * GIB)]),
 }
 

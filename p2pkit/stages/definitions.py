@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from p2pkit.checks import driver, engine, link, p2p_module, preflight, rebar, service, topology
+from p2pkit.checks import driver, engine, link, model, p2p_module, preflight, rebar, service, topology
 from p2pkit.stages import Stage, acting
 from p2pkit.stages import engine as engine_stage
 from p2pkit.stages import link as link_stage
+from p2pkit.stages import model as model_stage
 from p2pkit.stages import service as service_stage
 
 PREFLIGHT_FACTS = ("os", "kernel", "is_root", "disk", "secure_boot", "pci_gpus", "iommu", "dpkg_nvidia", "cgroup")
@@ -27,7 +28,8 @@ STAGES: list[Stage] = [
           check=link.check, measure=link_stage.measure),
     Stage("engine", "inference engine built from pinned source", inputs=("engine",),
           check=engine.check, precheck=engine.precheck, act=engine_stage.act, measure=engine_stage.measure),
-    Stage("model", "model converted and verified", inputs=("engine", "model"), implemented=False),
+    Stage("model", "model converted and verified", inputs=("engine", "model"),
+          check=model.check, precheck=model.precheck, measure=model_stage.measure),
     Stage("service", "systemd service healthy, no memory cap", inputs=("serve", "engine", "model"),
           facts=("cgroup",), check=service.check, precheck=service.precheck, act=service_stage.act,
           measure=service_stage.measure),

@@ -1,0 +1,107 @@
+"""model: the source is complete, the output was converted (never overwritten), verified, and the
+engine that was built can read it (P08, P09)."""
+
+from __future__ import annotations
+
+from p2pkit.checks import FAIL, PASS, Check, failed, judge, unknown
+from p2pkit.config import Profile
+
+GIB = 1 << 30
+
+
+def precheck(p: Profile) -> list[Check]:
+    out = [judge("model.paths", "model source and output set", bool(p.model.source and p.model.output),
+                 f"{p.model.source or '(no source)'} -> {p.model.output or '(no output)'}", "both set",
+                 "set model.source (an HF-format directory) and model.output")]
+    if p.engine.recipe == "ninfer":
+        out.append(judge("model.convert_recipe", "NInfer convert recipe set", bool(p.model.convert_recipe),
+                         p.model.convert_recipe or "(empty)", "a recipe", "set model.convert_recipe"))
+    return out
+
+
+def check(f: dict, p: Profile) -> list[Check]:
+    out = precheck(p)
+    b = f.get("model_build")
+    if b is None:
+        return [*out, Check("model.build", "model converted", "skip", "not converted here: doctor converts nothing",
+                            "a run of `p2pkit up`")]
+    if failed(b):
+        return [*out, unknown("model.build", "model converted", b, "a converted model")]
+    if b.get("refused"):
+        return [*out, Check("model.output_free", "the output is p2pkit's to write", FAIL, b["refused"],
+                            "no file there, or the one p2pkit recorded",
+                            "move the existing file away, or set model.output to a new path")]
+    if not b.get("kept"):
+        out.append(_source(b["source"]))
+        if out[-1].status == FAIL:
+            return out
+        d = b.get("disk")
+        if d:
+            out.append(judge("model.disk", "free disk for the conversion", d["free_bytes"] >= d["need_bytes"],
+                             f"{d['free_bytes'] / GIB:.1f} GiB free", f">= {d['need_bytes'] / GIB:.1f} GiB",
+                             "free disk space under the output directory, or point model.output elsewhere"))
+            if out[-1].status == FAIL:
+                return out
+        tail = " | ".join(b.get("convert_tail", [])) or f"exit {b.get('convert_rc')}"
+        out.append(judge("model.convert", "convert tool (run as a module from the engine source)",
+                         b.get("convert_rc") == 0, tail,
+                         "exit 0", "the convert tool failed: read its last lines above; it must run as "
+                         "`python3 -m tools.convert` from the engine's source root", pitfall="P08"))
+        if out[-1].status == FAIL:
+            return out
+    v = b.get("verify", {})
+    if "error" in v:
+        out.append(Check("model.verify", "output is a valid model file", FAIL, v["error"], p.model.format,
+                         "the converted file is not what the engine reads: nothing was renamed into place; check "
+                         "the engine commit and the convert recipe"))
+        return out
+    if p.model.format == "ninfer":
+        reads = b.get("engine", {}).get("reads", [])
+        out.append(judge("model.container", "container version the built engine reads",
+                         v["container_version"] in reads, f"v{v['container_version']}",
+                         f"one of {', '.join(f'v{r}' for r in reads) or '(engine not built)'}",
+                         "convert with the engine commit you built (an engine reading the wrong version says "
+                         "'artifact magic is not NInfer v2')"))
+        missing = sorted(set(p.model.components) - set(v["components"]))
+        out.append(judge("model.components", "components the profile asks for", not missing,
+                         ", ".join(v["components"]), ", ".join(p.model.components),
+                         f"missing {', '.join(missing)}: convert again with them"))
+        out.append(judge("model.formats", "nvfp4 tensors present", "nvfp4" in v["formats"],
+                         ", ".join(v["formats"]) or "none", "nvfp4", "use the nvfp4 convert recipe"))
+        if "dflash2" in p.model.components and p.serve.flags.get("tp") == 2:
+            eng = b.get("engine", {})
+            out.append(judge("model.dflash2_tp2", "the engine splits DFlash2 at TP2", eng.get("dflash2_tp2", False),
+                             "dflash2 branch in shard mapping" if eng.get("dflash2_tp2") else
+                             f"no dflash2 branch in {', '.join(eng.get('shard_mapping_files', [])) or 'the source'}",
+                             "a dflash2 branch", "an engine without TP2 DFlash2 crashes on this artifact at --tp 2: "
+                             "pin an engine commit that has it", pitfall="P09"))
+    else:
+        out.append(judge("model.tensors", "GGUF tensors present", v.get("tensor_count", 0) > 0,
+                         v.get("tensor_count"), "> 0", "the GGUF file holds no tensors"))
+        if "mtp" in p.model.components:
+            out.append(judge("model.mtp", "MTP/nextn layers present", v.get("mtp_tensors", 0) > 0,
+                             v.get("mtp_tensors"), "> 0", "convert with the MTP layers (nextn) included", "P19"))
+    out.append(Check("model.sha256", "artifact sha256 recorded", PASS if b.get("sha256") else FAIL,
+                     b.get("sha256"), "a digest", "" if b.get("sha256") else "the digest was not recorded"))
+    return out
+
+
+def _source(s: dict) -> Check:
+    problems = []
+    if not s.get("config"):
+        problems.append("config.json missing")
+    if "index_error" in s:
+        problems.append(s["index_error"])
+    for name, sh in sorted(s.get("shards", {}).items()):
+        if not sh.get("present"):
+            problems.append(f"{name} missing (listed in the index)")
+        elif sh.get("error"):
+            problems.append(f"{name}: {sh['error']}")
+        elif sh.get("truncated"):
+            problems.append(f"{name} truncated")
+        elif sh.get("missing_keys"):
+            problems.append(f"{name} lacks {', '.join(sh['missing_keys'])}")
+    return judge("model.source", "source model complete (HF layout)", not problems,
+                 "; ".join(problems) or f"{len(s.get('shards', {}))} shard(s), "
+                 f"{s.get('total_bytes', 0) / GIB:.2f} GiB", "config.json, index, every shard whole",
+                 f"download the source again into {s.get('path')}: {problems[0] if problems else ''}")

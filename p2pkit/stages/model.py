@@ -1,0 +1,145 @@
+"""model: check the source, convert it with the engine's own tool run as a module from the
+engine's source root (P08), write to a temporary name and rename at the end, verify what came
+out, record its sha256. An existing output p2pkit did not write is never overwritten."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+from p2pkit.artifacts import atomic_write
+from p2pkit.engine_cmd import binary
+from p2pkit.host import model as hm
+from p2pkit.host import system
+from p2pkit.parse import artifact as pa
+
+HEADROOM = 1.10
+
+
+def source_ok(src: dict) -> bool:
+    return src.get("config") and "index_error" not in src and all(
+        s.get("present") and not s.get("truncated") and not s.get("missing_keys") and not s.get("error")
+        for s in src["shards"].values())
+
+
+def convert_argv(ctx, src: str, tmp: str) -> list[str]:
+    p, host = ctx.profile, ctx.host
+    m = p.model
+    if p.engine.recipe == "ninfer":
+        argv = [p.engine.python, "-m", "tools.convert", "--recipe", m.convert_recipe, "--source",
+                f"quantized={src}"]
+        if "dflash2" in m.components and m.draft_source:
+            argv += ["--source", f"dflash2={host.path(m.draft_source)}"]
+        return [*argv, "--components", ",".join(m.components), "--proposal", "--out", tmp]
+    return [p.engine.python, "convert_hf_to_gguf.py", src, "--outfile", tmp, "--outtype", "bf16"]
+
+
+def verify_file(ctx, path: Path) -> dict:
+    p = ctx.profile
+    if p.model.format == "ninfer":
+        try:
+            c = pa.ninfer_container(hm.read_head(path))
+        except (ValueError, OSError) as e:
+            return {"error": str(e)}
+        h = c["header"]
+        return {"container_version": c["version"], "components": h.get("components", []),
+                "tensor_count": len(h.get("tensors", [])),
+                "formats": sorted({t.get("format") for t in h.get("tensors", []) if t.get("format")})}
+    try:
+        from gguf import GGUFReader
+    except ImportError:
+        return {"error": "reading GGUF needs the gguf package: pip install gguf"}
+    try:
+        r = GGUFReader(str(path))
+    except Exception as e:  # the reader raises plain ValueErrors and struct errors on bad files
+        return {"error": f"not a readable GGUF file: {e}"}
+    names = [t.name for t in r.tensors]
+    return {"tensor_count": len(names), "formats": sorted({t.tensor_type.name for t in r.tensors}),
+            "mtp_tensors": sum(1 for n in names if "nextn" in n or ".mtp" in n)}
+
+
+def engine_support(ctx) -> dict:
+    p, host = ctx.profile, ctx.host
+    out: dict = {}
+    exe = host.path(binary(p))
+    if exe.is_file():
+        r = host.runner.run([str(exe), "--version"], check=False, timeout=60)
+        out["reads"] = sorted({int(v) for v in re.findall(r"\bv(\d+)\b", r.stdout)})
+    src = host.path(p.engine.build_dir) / "src"
+    mapping = [f for f in src.rglob("*shard*") if f.is_file()] if src.is_dir() else []
+    out["dflash2_tp2"] = any("dflash2" in f.read_text(errors="replace") for f in mapping)
+    out["shard_mapping_files"] = [str(f.relative_to(host.path(p.engine.build_dir))) for f in mapping]
+    return out
+
+
+def measure(ctx) -> dict:
+    p, host = ctx.profile, ctx.host
+    m = p.model
+    res: dict = {"source": hm.hf_source(host, m.source), "output": m.output}
+    out = host.path(m.output)
+    record_file = ctx.store.dir / "model-output.json"
+    cache = ctx.store.dir / "sha256-cache.json"
+    res["engine"] = engine_support(ctx)
+    if out.exists():
+        rec = json.loads(record_file.read_text()) if record_file.is_file() else {}
+        digest = hm.sha256_cached(host, out, cache)
+        if rec.get("path") == m.output and rec.get("sha256") == digest:
+            res.update(kept=True, sha256=digest, size=out.stat().st_size, verify=verify_file(ctx, out))
+        else:
+            res["refused"] = (f"{m.output} exists and is not the artifact p2pkit wrote (or it changed since); "
+                              "p2pkit never overwrites a model")
+        return {"model_build": res}
+    if not source_ok(res["source"]):
+        return {"model_build": res}
+    need = int(res["source"]["total_bytes"] * HEADROOM)
+    free = system.free_bytes(host, m.output if host.simulated else str(Path(m.output).parent))
+    res["disk"] = {"free_bytes": free, "need_bytes": need}
+    if free < need:
+        return {"model_build": res}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.partial")
+    for stale in (tmp, Path(f"{tmp}.conversion.json")):
+        stale.unlink(missing_ok=True)
+    argv = convert_argv(ctx, str(host.path(m.source)), str(tmp))
+    res["convert_argv"] = argv
+    with ctx.out.working(f"[model] converting {m.source} -> {m.output}"):
+        r = host.runner.run(argv, check=False, cwd=host.path(p.engine.build_dir), timeout=24 * 3600)
+    res["convert_rc"] = r.returncode
+    res["convert_tail"] = (r.stderr or r.stdout).strip().splitlines()[-4:]
+    if r.returncode != 0 or not tmp.is_file():
+        tmp.unlink(missing_ok=True)
+        return {"model_build": res}
+    res["verify"] = verify_file(ctx, tmp)
+    if "error" in res["verify"]:
+        tmp.unlink(missing_ok=True)  # a broken conversion never takes the model's name
+        return {"model_build": res}
+    os.replace(tmp, out)
+    side = Path(f"{tmp}.conversion.json")
+    if side.is_file():
+        os.replace(side, Path(f"{out}.conversion.json"))
+    res["sha256"] = hm.sha256_cached(host, out, cache, progress=_progress(ctx))
+    res["size"] = out.stat().st_size
+    atomic_write(record_file, (json.dumps({"path": m.output, "sha256": res["sha256"], "size": res["size"]},
+                                          indent=2) + "\n").encode())
+    return {"model_build": res}
+
+
+def _progress(ctx):
+    if not ctx.out.err.is_terminal or ctx.out.json_mode:
+        return None
+    from rich.progress import Progress
+
+    bar = Progress(transient=True, console=ctx.out.err)
+    task = None
+
+    def update(done: int, total: int) -> None:
+        nonlocal task
+        if task is None:
+            bar.start()
+            task = bar.add_task("sha256", total=total)
+        bar.update(task, completed=done)
+        if done >= total:
+            bar.stop()
+    return update

@@ -1,0 +1,243 @@
+"""Engine and model stages on the simulated host: real git, pkg-config, CMake and Ninja over the
+simulated NInfer tree; real safetensors and GGUF files written by their packages."""
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from p2pkit import config, pipeline
+from p2pkit.artifacts import Store
+from p2pkit.host import Host
+from p2pkit.output import Output
+from p2pkit.parse import artifact as pa
+from p2pkit.sim.render import load_state, render
+from p2pkit.stages import get
+from p2pkit.stages import model as model_stage
+
+pytestmark = pytest.mark.slow
+
+
+def ctx_for(root, profile=None):
+    h = Host.at(root)
+    return pipeline.Ctx(profile=profile or config.load(h.sim["profile"]), host=h,
+                        store=Store(root / "var/lib/p2pkit"), out=Output())
+
+
+def run(ctx, stage):
+    doc = pipeline.run_stage(ctx, get(stage), "link" if stage == "engine" else "engine")
+    return doc, {c["id"]: c for c in doc["checks"]}
+
+
+def set_state(root, **kw):
+    st = load_state(root)
+    st.update(kw)
+    render(root, st)
+
+
+def test_engine_builds_and_proves_it(sim):
+    ctx = ctx_for(sim("healthy"))
+    doc, c = run(ctx, "engine")
+    assert doc["status"] == "passed", [x for x in c.values() if x["status"] == "fail"]
+    b = doc["facts"]["engine_build"]
+    assert b["criteria"] == {"found CUDAToolkit 13.1 or newer": True, "found libavformat": True,
+                             "no CMake Error": True, "linked apps/ninfer-serve": True}
+    assert "-DCMAKE_CUDA_ARCHITECTURES=120a" in b["cmake_options"] and b["cuda"]["version"] == "13.1"
+    assert len(b["binary"]["sha256"]) == 64 and b["libraries"]
+    assert b["source"]["head"] == ctx.profile.engine.commit
+    assert "Linking CXX executable apps/ninfer-serve" in (ctx.store.dir / "logs/engine-build.log").read_text()
+
+
+def test_old_cuda_refused_before_configure(sim):
+    _doc, c = run(ctx_for(sim("cuda-13.0")), "engine")
+    assert c["engine.cuda"]["status"] == "fail" and c["engine.cuda"]["pitfall"] == "P05"
+    assert "engine.configure" not in c  # CMake never ran
+
+
+def test_ffmpeg_not_reached_by_pkg_config_refused_before_configure(sim):
+    root = sim("healthy")
+    (root / "opt/ffmpeg/lib/pkgconfig/libavformat.pc").unlink()
+    _doc, c = run(ctx_for(root), "engine")
+    bad = c["engine.pkg_config.libavformat"]
+    assert bad["status"] == "fail" and bad["pitfall"] == "P06" and "PKG_CONFIG_PATH" in bad["hint"]
+    assert "engine.configure" not in c
+
+
+def test_wrong_architecture_refused_by_precheck(sim):
+    root = sim("healthy")
+    ctx = ctx_for(root)
+    ctx.profile = replace(ctx.profile, engine=replace(ctx.profile.engine, cuda_architectures="90"))
+    doc, c = run(ctx, "engine")
+    assert c["engine.cuda_arch"]["status"] == "fail" and doc["acted"] == {}
+
+
+@pytest.mark.parametrize("setup,needle,pitfall", [
+    ("arch", "NInfer supports only CMAKE_CUDA_ARCHITECTURES=120a", "P05"),
+    ("cuda", "NInfer requires CUDA 13.1 or newer", "P05"),
+    ("avformat", "libavformat", "P06"),
+])
+def test_real_cmake_failures_are_named(sim, setup, needle, pitfall):
+    """The same failures CMake itself reports, when p2pkit's own pre-checks are out of the way."""
+    root = sim("healthy")
+    ctx = ctx_for(root)
+    e = ctx.profile.engine
+    if setup == "arch":
+        ctx.profile = replace(ctx.profile, engine=replace(e, cuda_architectures="90"))
+    elif setup == "cuda":
+        set_state(root, cuda_version="13.0")
+        ctx.profile = replace(ctx.profile, engine=replace(e, cuda_min="12.0"))
+    else:
+        pc = root / "opt/ffmpeg/lib/pkgconfig/libavformat.pc"
+        pc.write_text(pc.read_text().replace("Version: 60.16.100", "Version: 59.27.100"))
+    from p2pkit.checks import engine as ec
+    from p2pkit.stages import engine as es
+
+    b = es.measure(ctx)["engine_build"]
+    assert b["configure_rc"] != 0 and needle in b["first_error"]
+    c = {x.id: x for x in ec.check({"engine_build": b}, ctx.profile)}
+    assert c["engine.configure"].status == "fail" and c["engine.configure"].pitfall == pitfall
+
+
+@pytest.fixture
+def built(sim):
+    def make(scenario="healthy", **state):
+        root = sim(scenario)
+        if state:
+            set_state(root, **state)
+        ctx = ctx_for(root)
+        doc, _ = run(ctx, "engine")
+        assert doc["status"] == "passed"
+        return ctx
+    return make
+
+
+def test_model_converts_verifies_and_records(built):
+    ctx = built()
+    doc, c = run(ctx, "model")
+    assert doc["status"] == "passed", [x for x in c.values() if x["status"] == "fail"]
+    out = ctx.host.path(ctx.profile.model.output)
+    assert pa.ninfer_container(out.read_bytes())["version"] == 3
+    assert (out.parent / f"{out.name}.conversion.json").is_file()
+    assert not list(out.parent.glob(".*.partial*"))
+    rec = json.loads((ctx.store.dir / "model-output.json").read_text())
+    import hashlib
+
+    assert rec["sha256"] == hashlib.sha256(out.read_bytes()).hexdigest()
+    doc2, _c2 = run(ctx, "model")  # a second run keeps the recorded artifact
+    assert doc2["status"] == "passed" and doc2["facts"]["model_build"]["kept"] is True
+
+
+def test_existing_output_is_never_overwritten(built):
+    ctx = built()
+    out = ctx.host.path(ctx.profile.model.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(b"the user's own model")
+    _doc, c = run(ctx, "model")
+    assert c["model.output_free"]["status"] == "fail" and "never overwrites" in c["model.output_free"]["measured"]
+    assert out.read_bytes() == b"the user's own model"
+
+
+@pytest.mark.parametrize("breakage,fragment", [
+    ("truncate", "truncated"),
+    ("missing", "missing (listed in the index)"),
+    ("noconfig", "config.json missing"),
+])
+def test_broken_sources(built, breakage, fragment):
+    ctx = built()
+    src = ctx.host.path(ctx.profile.model.source)
+    shard = sorted(src.glob("*.safetensors"))[0]
+    if breakage == "truncate":
+        shard.write_bytes(shard.read_bytes()[:-100])
+    elif breakage == "missing":
+        shard.unlink()
+    else:
+        (src / "config.json").unlink()
+    _doc, c = run(ctx, "model")
+    assert c["model.source"]["status"] == "fail" and fragment in c["model.source"]["measured"]
+    assert not ctx.host.path(ctx.profile.model.output).exists()
+
+
+def test_disk_too_small(built):
+    ctx = built()
+    st = load_state(ctx.host.root)
+    st["facts"]["disk_free_bytes"] = 1000
+    render(ctx.host.root, st)
+    _doc, c = run(ctx, "model")
+    assert c["model.disk"]["status"] == "fail" and not ctx.host.path(ctx.profile.model.output).exists()
+
+
+def test_convert_tool_failing_leaves_nothing(built):
+    ctx = built()
+    ctx.profile = replace(ctx.profile, model=replace(ctx.profile.model, draft_source=""))  # dflash2 without its source
+    _doc, c = run(ctx, "model")
+    assert c["model.convert"]["status"] == "fail" and "needs --source dflash2" in c["model.convert"]["measured"]
+    out = ctx.host.path(ctx.profile.model.output)
+    assert not out.exists() and not list(out.parent.glob(".*.partial*"))
+
+
+def test_convert_run_as_a_script_fails_which_is_why_p2pkit_runs_a_module(built):
+    ctx = built()
+    src = ctx.host.path(ctx.profile.engine.build_dir)
+    r = subprocess.run([sys.executable, "tools/convert.py", "--help"], cwd=src, capture_output=True, text=True)
+    assert r.returncode != 0 and "ModuleNotFoundError: No module named 'tools'" in r.stderr
+    argv = model_stage.convert_argv(ctx, "/src", "/out")
+    assert argv[1:3] == ["-m", "tools.convert"]
+
+
+def test_engine_without_tp2_dflash2_refuses_the_artifact(built):
+    ctx = built("old-engine")
+    _doc, c = run(ctx, "model")
+    assert c["model.dflash2_tp2"]["status"] == "fail" and c["model.dflash2_tp2"]["pitfall"] == "P09"
+    assert "no dflash2 branch in src/shard_mapping.cpp" in c["model.dflash2_tp2"]["measured"]
+
+
+@pytest.mark.parametrize("blob,fragment", [
+    (b"GGUF\x03\x00\x00\x00" + bytes(16), "not a NInfer container"),
+    (b"NINFER\x00\x09" + bytes(16), "unknown NInfer container version 9"),
+    (b"NINFER\x00\x03" + (100).to_bytes(8, "little") + b"{}", "truncated"),
+])
+def test_container_parser_refuses(blob, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        pa.ninfer_container(blob)
+
+
+def test_hf_source_over_files_written_by_the_safetensors_package(tmp_path):
+    from safetensors.numpy import save_file
+
+    from p2pkit.host.model import hf_source
+
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text("{}")
+    save_file({"a": np.zeros(16, np.float16), "b": np.ones(8, np.float32)}, str(d / "s1.safetensors"))
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "s1.safetensors",
+                                                                               "b": "s1.safetensors"}}))
+    s = hf_source(Host.at(tmp_path), "/m")
+    assert model_stage.source_ok(s)
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "s1.safetensors",
+                                                                               "c": "s1.safetensors"}}))
+    s = hf_source(Host.at(tmp_path), "/m")
+    assert not model_stage.source_ok(s) and s["shards"]["s1.safetensors"]["missing_keys"] == ["c"]
+
+
+def test_gguf_written_by_the_gguf_package_is_verified(tmp_path):
+    import gguf
+
+    path = tmp_path / "m.gguf"
+    w = gguf.GGUFWriter(str(path), "qwen3")
+    w.add_tensor("blk.0.attn_q.weight", np.zeros((4, 4), np.float32))
+    w.add_tensor("blk.64.nextn.eh_proj.weight", np.zeros((4, 4), np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    p = config.load("dual-5090-llamacpp")
+    ctx = pipeline.Ctx(profile=p, host=Host.at("/"), store=Store(tmp_path / "s"), out=Output())
+    v = model_stage.verify_file(ctx, path)
+    assert v["tensor_count"] == 2 and v["mtp_tensors"] == 1 and "F16" in v["formats"]
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"NOTGGUF" + bytes(64))
+    assert "not a readable GGUF" in model_stage.verify_file(ctx, bad)["error"]
