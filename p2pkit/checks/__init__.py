@@ -40,6 +40,16 @@ def unknown(id: str, title: str, fact: Any, expected: Any, needed: bool = True, 
                  "fix the cause named above, or rerun with --debug" if needed else "", pitfall)
 
 
+def not_measured(f: dict, key: str, id: str, title: str, why: str, expected: Any) -> Check | None:
+    """The finding when a stage's measured fact is absent (doctor measures nothing) or failed."""
+    b = f.get(key)
+    if b is None:
+        return Check(id, title, SKIP, f"not measured here: {why}", expected)
+    if failed(b):
+        return unknown(id, title, b, expected)
+    return None
+
+
 def failed(fact: Any) -> bool:
     return isinstance(fact, dict) and "error" in fact and len(fact) == 1
 

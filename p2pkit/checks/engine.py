@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from p2pkit.checks import FAIL, Check, failed, judge, unknown
+from p2pkit.checks import FAIL, Check, judge, not_measured
 from p2pkit.config import Profile
 from p2pkit.parse.build import version_tuple
 
@@ -37,12 +37,11 @@ def precheck(p: Profile) -> list[Check]:
 
 def check(f: dict, p: Profile) -> list[Check]:
     out = precheck(p)
-    b = f.get("engine_build")
-    if b is None:
-        return [*out, Check("engine.build", "engine built", "skip", "not built here: doctor builds nothing",
-                            "a run of `p2pkit up`")]
-    if failed(b):
-        return [*out, unknown("engine.build", "engine built", b, "a build")]
+    missing = not_measured(f, "engine_build", "engine.build", "engine built", "doctor builds nothing",
+                           "a run of `p2pkit up`")
+    if missing:
+        return [*out, missing]
+    b = f["engine_build"]
     src = b["source"]
     out.append(judge("engine.source", "source checked out at the pinned commit", src.get("head") == p.engine.commit
                      or (src.get("head") or "").startswith(p.engine.commit), src.get("head") or src.get("error"),

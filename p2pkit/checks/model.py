@@ -3,7 +3,7 @@ engine that was built can read it (P08, P09)."""
 
 from __future__ import annotations
 
-from p2pkit.checks import FAIL, PASS, Check, failed, judge, unknown
+from p2pkit.checks import FAIL, PASS, Check, judge, not_measured
 from p2pkit.config import Profile
 
 GIB = 1 << 30
@@ -21,12 +21,11 @@ def precheck(p: Profile) -> list[Check]:
 
 def check(f: dict, p: Profile) -> list[Check]:
     out = precheck(p)
-    b = f.get("model_build")
-    if b is None:
-        return [*out, Check("model.build", "model converted", "skip", "not converted here: doctor converts nothing",
-                            "a run of `p2pkit up`")]
-    if failed(b):
-        return [*out, unknown("model.build", "model converted", b, "a converted model")]
+    missing = not_measured(f, "model_build", "model.build", "model converted", "doctor converts nothing",
+                           "a run of `p2pkit up`")
+    if missing:
+        return [*out, missing]
+    b = f["model_build"]
     if b.get("refused"):
         return [*out, Check("model.output_free", "the output is p2pkit's to write", FAIL, b["refused"],
                             "no file there, or the one p2pkit recorded",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from p2pkit import engine_cmd
-from p2pkit.checks import FAIL, PASS, WARN, Check, failed, judge, unknown
+from p2pkit.checks import FAIL, PASS, WARN, Check, failed, judge, not_measured, unknown
 from p2pkit.config import Profile
 
 GIB = 1 << 30
@@ -15,12 +15,11 @@ def precheck(p: Profile) -> list[Check]:
 
 def check(f: dict, p: Profile) -> list[Check]:
     out = precheck(p)
-    s = f.get("service")
-    if s is None:
-        return [*out, Check("service.running", "engine service proven", "skip", "not measured here: doctor does "
-                            "not wait on the service", "a run of `p2pkit verify service`")]
-    if failed(s):
-        return [*out, unknown("service.running", "engine service proven", s, "a running service")]
+    missing = not_measured(f, "service", "service.running", "engine service proven",
+                           "doctor does not wait on the service", "a run of `p2pkit verify service`")
+    if missing:
+        return [*out, missing]
+    s = f["service"]
     a = s["analyze"]
     out.append(judge("service.unit_verify", "systemd-analyze verify is clean", a["verify_rc"] == 0 and
                      not a["verify_issues"], "; ".join(a["verify_issues"]) or f"exit {a['verify_rc']}", "clean",

@@ -16,6 +16,13 @@ app = typer.Typer(help="A simulated dual-5090 host in a directory, for trying an
                   no_args_is_help=True)
 
 
+def sim_dir(directory: Path) -> Path:
+    d = directory.resolve()
+    if not (d / SIM_MARKER).is_file():
+        raise UsageError(f"{d} is not a simulated host", hint="lay one out with `p2pkit sim init DIR`")
+    return d
+
+
 @app.command("list")
 def list_() -> None:
     """The scenarios."""
@@ -66,9 +73,7 @@ def reboot(directory: Annotated[Path, typer.Argument(help="the simulated host's 
     """Reboot the simulated host: new boot id, the pending command line and kernel, the module modprobe picks."""
     from p2pkit.sim import lifecycle
 
-    d = directory.resolve()
-    if not (d / SIM_MARKER).is_file():
-        raise UsageError(f"{d} is not a simulated host", hint="lay one out with `p2pkit sim init DIR`")
+    d = sim_dir(directory)
     state = lifecycle.reboot(d)
     out = common.output()
     out.simulated = True
@@ -91,9 +96,7 @@ def upgrade(
     """Simulate an unattended upgrade: a new kernel (and a stock DKMS module), booted at the next reboot."""
     from p2pkit.sim import lifecycle
 
-    d = directory.resolve()
-    if not (d / SIM_MARKER).is_file():
-        raise UsageError(f"{d} is not a simulated host", hint="lay one out with `p2pkit sim init DIR`")
+    d = sim_dir(directory)
     printed = lifecycle.upgrade(d, kernel, stock_module, run_hooks)
     out = common.output()
     out.simulated = True
@@ -109,9 +112,7 @@ def stop(directory: Annotated[Path, typer.Argument(help="the simulated host's di
     """Stop the simulated host's running services (its engine listens on loopback for real)."""
     from p2pkit.sim import lifecycle
 
-    d = directory.resolve()
-    if not (d / SIM_MARKER).is_file():
-        raise UsageError(f"{d} is not a simulated host", hint="lay one out with `p2pkit sim init DIR`")
+    d = sim_dir(directory)
     stopped = lifecycle.stop_services(d)
     out = common.output()
     out.simulated = True
