@@ -250,12 +250,13 @@ def report_checks(out: Output, stage: str, checks: list[dict]) -> None:
             out.log(f"[{stage}]        fix: {c['hint']}", style=style)
 
 
-def verify(ctx: Ctx, names: list[str]) -> tuple[list[dict], Exit]:
-    """Re-run the named stages' read-only proofs; writes nothing."""
+def verify(ctx: Ctx, names: list[str], collected: dict | None = None) -> tuple[list[dict], Exit]:
+    """Re-run the named stages' read-only proofs; writes nothing. `collected` gathers the facts."""
     from p2pkit.stages import get
 
     results = []
     code = Exit.OK
+    collected = {} if collected is None else collected
     for name in names:
         st = get(name)
         if not st.implemented:
@@ -264,6 +265,7 @@ def verify(ctx: Ctx, names: list[str]) -> tuple[list[dict], Exit]:
             f = facts.collect(ctx.host, st.facts, ctx.profile)
             if st.measure is not None:
                 f.update(st.measure(ctx))
+            collected.update(f)
             checks = st.check(f, ctx.profile) if st.check else []
         status = worst(checks)
         if status == FAIL:

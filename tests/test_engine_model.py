@@ -95,7 +95,7 @@ def test_real_cmake_failures_are_named(sim, setup, needle, pitfall):
     from p2pkit.checks import engine as ec
     from p2pkit.stages import engine as es
 
-    b = es.measure(ctx)["engine_build"]
+    b = es.build(ctx)
     assert b["configure_rc"] != 0 and needle in b["first_error"]
     c = {x.id: x for x in ec.check({"engine_build": b}, ctx.profile)}
     assert c["engine.configure"].status == "fail" and c["engine.configure"].pitfall == pitfall

@@ -3,7 +3,6 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -78,12 +77,6 @@ def test_public_host_is_a_warning():
     assert c.status == "warn" and "no authentication" in c.hint
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def service_host(sim):
     roots = []
@@ -92,7 +85,7 @@ def service_host(sim):
         root = sim("healthy")
         h = Host.at(root)
         prof = config.load(h.sim["profile"])
-        prof = replace(prof, serve=replace(prof.serve, port=free_port(), health_timeout_s=30.0))
+        prof = replace(prof, serve=replace(prof.serve, health_timeout_s=30.0))  # sim init picked a free port
         lifecycle.place_engine(root, prof)
         if env:
             from p2pkit.sim.render import load_state, render
@@ -151,9 +144,7 @@ def test_flags_refused_before_anything_is_installed(service_host):
 def test_serve_commands(service_host, cli):
     ctx = service_host()
     pipeline.run_stage(ctx, get("service"), "model")
-    prof = ctx.host.root / "prof.toml"
-    src = Path(ctx.host.sim["profile"]).read_text()
-    prof.write_text(src.replace("port = 12435", f"port = {ctx.profile.serve.port}"))
+    prof = ctx.host.sim["profile"]
     r = cli("--root", str(ctx.host.root), "--profile", str(prof), "serve", "status")
     assert r.code == 0 and "Active: active" in r.out and "answers" in r.out
     r = cli("--root", str(ctx.host.root), "--profile", str(prof), "serve", "logs")

@@ -59,17 +59,30 @@ def check(f: dict, p: Profile) -> list[Check]:
         out.append(judge(f"engine.pkg_config.{mod}", f"pkg-config finds {mod}", r["ok"], r.get("version") or
                          r.get("error"), "found", f"PKG_CONFIG_PATH ({p.engine.pkg_config_path or 'unset'}) does not "
                          f"reach {mod}.pc: point engine.pkg_config_path at it", pitfall="P06"))
-    if not b.get("configured_run"):
+    if "binary" not in b and "configure_rc" not in b:
         return out  # refused before configuring: the checks above say why
+    if "configure_rc" in b:
+        out += _configure(b)
+        if b["configure_rc"] != 0:
+            return out
+    return out + _result(b, p)
+
+
+def _configure(b: dict) -> list[Check]:
+    out = []
     err = b.get("first_error")
     fix = next(((pit, h) for needle, pit, h in CMAKE_FIXES if err and needle in err), ("", "read the build log: "
-                                                                                       + b["log"]))
+                                                                                       + str(b.get("log"))))
     out.append(judge("engine.configure", "cmake configure", b["configure_rc"] == 0, err or "ok", "ok",
-                     f"{fix[1]} (log: {b['log']})", pitfall=fix[0]))
-    if b["configure_rc"] != 0:
-        return out
-    out.append(judge("engine.build", "cmake --build", b["build_rc"] == 0, b.get("build_tail") or "ok", "ok",
-                     f"read the build log: {b['log']}"))
+                     f"{fix[1]} (log: {b.get('log')})", pitfall=fix[0]))
+    if b["configure_rc"] == 0:
+        out.append(judge("engine.build", "cmake --build", b["build_rc"] == 0, b.get("build_tail") or "ok", "ok",
+                         f"read the build log: {b.get('log')}"))
+    return out
+
+
+def _result(b: dict, p: Profile) -> list[Check]:
+    out = []
     crit = b.get("criteria", {})
     missing = [k for k, v in crit.items() if not v]
     if crit:

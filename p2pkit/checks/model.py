@@ -26,6 +26,9 @@ def check(f: dict, p: Profile) -> list[Check]:
     if missing:
         return [*out, missing]
     b = f["model_build"]
+    if b.get("missing"):
+        return [*out, Check("model.output", "the converted model is there", FAIL, b["missing"], p.model.output,
+                            "run `p2pkit up --from model`")]
     if b.get("refused"):
         return [*out, Check("model.output_free", "the output is p2pkit's to write", FAIL, b["refused"],
                             "no file there, or the one p2pkit recorded",

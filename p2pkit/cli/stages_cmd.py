@@ -102,11 +102,25 @@ def status() -> None:
 
 def verify(
     stage: Annotated[str | None, typer.Argument(help="one stage; default: every stage")] = None,
+    junit: Annotated[Path | None, typer.Option("--junit", help="also write JUnit XML here")] = None,
+    prometheus: Annotated[Path | None, typer.Option("--prometheus", help="also write node_exporter textfile "
+                                                    "metrics here")] = None,
 ) -> None:
     """Prove the host again: run the stages' read-only checks now. Writes no artifact."""
+    from p2pkit import reports
+
     ctx = common.context()
     selected = [get(stage).name] if stage else names()
-    results, code = pipeline.verify(ctx, selected)
+    collected: dict = {}
+    results, code = pipeline.verify(ctx, selected, collected)
+    if junit:
+        reports.write(junit, reports.junit(results, ctx.host.simulated))
+    if prometheus:
+        if "nvml" not in collected:
+            from p2pkit import facts as facts_mod
+
+            collected.update(facts_mod.collect(ctx.host, ["nvml"]))
+        reports.write(prometheus, reports.prometheus(results, collected, ctx.host.simulated, ctx.profile.name))
     if common.OPTS.json:
         ctx.out.document({"profile": ctx.profile.name, "stages": results, "exit_code": int(code)})
     else:

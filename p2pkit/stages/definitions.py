@@ -29,7 +29,7 @@ STAGES: list[Stage] = [
     Stage("engine", "inference engine built from pinned source", inputs=("engine",),
           check=engine.check, precheck=engine.precheck, act=engine_stage.act, measure=engine_stage.measure),
     Stage("model", "model converted and verified", inputs=("engine", "model"),
-          check=model.check, precheck=model.precheck, measure=model_stage.measure),
+          check=model.check, precheck=model.precheck, act=model_stage.act, measure=model_stage.measure),
     Stage("service", "systemd service healthy, no memory cap", inputs=("serve", "engine", "model"),
           facts=("cgroup",), check=service.check, precheck=service.precheck, act=service_stage.act,
           measure=service_stage.measure),

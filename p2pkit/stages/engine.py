@@ -16,11 +16,6 @@ from p2pkit.errors import P2pkitError
 from p2pkit.parse import build as pb
 
 
-def act(ctx) -> dict:
-    e = ctx.profile.engine
-    return run_playbook(ctx, "engine", {"p2pkit_engine_recipe": e.recipe, "p2pkit_engine_build_dir": e.build_dir})
-
-
 def _run(ctx, argv, log, cwd=None, env=None):
     r = ctx.host.runner.run(argv, check=False, cwd=cwd, env=env, timeout=7200)
     with open(log, "a") as fh:
@@ -54,57 +49,93 @@ def pkg_config(ctx, env: dict) -> dict:
     return out
 
 
-def measure(ctx) -> dict:
-    p, host = ctx.profile, ctx.host
-    e = p.engine
+def _env(ctx) -> dict:
+    e = ctx.profile.engine
+    paths = [str(ctx.host.path(x)) for x in e.pkg_config_path.split(":") if x]
+    return {"PKG_CONFIG_PATH": ":".join(paths)} if paths else {}
+
+
+def _log(ctx) -> Path:
     logs = ctx.store.dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    log = logs / "engine-build.log"
+    return logs / "engine-build.log"
+
+
+def build(ctx) -> dict:
+    """Check out, check the toolchain, configure and build. What the stage does (not read-only)."""
+    p, host = ctx.profile, ctx.host
+    e = p.engine
+    log = _log(ctx)
     log.write_text(f"# p2pkit engine build: {e.recipe} at {e.commit}{' (SIMULATED host)' if host.simulated else ''}\n")
     src = host.path(e.build_dir)
-    res: dict = {"log": str(log), "configured_run": False}
-    res["source"] = checkout(ctx, src, log)
-    env = {"PKG_CONFIG_PATH": ":".join(str(host.path(x)) for x in e.pkg_config_path.split(":") if x)} \
-        if e.pkg_config_path else {}
-    try:
-        nv = ctx.host.runner.run(["nvcc", "--version"], check=False)
-        res["cuda"] = {"version": pb.nvcc_release(nv.stdout), "raw": nv.stdout.strip().splitlines()[-1:]}
-    except P2pkitError as err:
-        res["cuda"] = {"version": None, "error": err.message}
-    res["pkg_config"] = pkg_config(ctx, env)
+    res: dict = {"source": checkout(ctx, src, log), **toolchain(ctx)}
     cuda_ok = res["cuda"]["version"] is not None and pb.version_tuple(res["cuda"]["version"]) >= \
         pb.version_tuple(e.cuda_min)
     if "error" in res["source"] or not cuda_ok or not all(m["ok"] for m in res["pkg_config"].values()):
-        return {"engine_build": res}
+        return res  # refused before configuring: the checks say why
     opts = ["-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_CUDA_ARCHITECTURES={e.cuda_architectures}"]
     if e.recipe == "llamacpp":
-        opts += ["-DGGML_CUDA=ON", "-DGGML_CUDA_NCCL=ON", f"-DNCCL_ROOT={host.path(e.nccl_root)}",
-                 f"-DCMAKE_BUILD_RPATH={host.path(e.nccl_root)}/lib",
-                 f"-DCMAKE_INSTALL_RPATH={host.path(e.nccl_root)}/lib"]
+        nccl = host.path(e.nccl_root)
+        opts += ["-DGGML_CUDA=ON", "-DGGML_CUDA_NCCL=ON", f"-DNCCL_ROOT={nccl}", f"-DCMAKE_BUILD_RPATH={nccl}/lib",
+                 f"-DCMAKE_INSTALL_RPATH={nccl}/lib"]
     res["cmake_options"] = opts
-    res["configured_run"] = True
-    build = src / "build"
-    c = _run(ctx, ["cmake", "-S", str(src), "-B", str(build), *opts], log, env=env)
+    c = _run(ctx, ["cmake", "-S", str(src), "-B", str(src / "build"), *opts], log, env=_env(ctx))
     res["configure_rc"] = c.returncode
     if c.returncode == 0:
-        b = _run(ctx, ["cmake", "--build", str(build)], log, env=env)
+        b = _run(ctx, ["cmake", "--build", str(src / "build")], log, env=_env(ctx))
         res["build_rc"] = b.returncode
         res["build_tail"] = " | ".join((b.stdout + b.stderr).strip().splitlines()[-3:]) if b.returncode else None
-    text = log.read_text(errors="replace")
-    res["first_error"] = pb.first_cmake_error(text)
-    if e.recipe == "ninfer":
-        res["criteria"] = pb.ninfer_criteria(text)
+    res["first_error"] = pb.first_cmake_error(log.read_text(errors="replace"))
+    return res
+
+
+def toolchain(ctx) -> dict:
+    try:
+        nv = ctx.host.runner.run(["nvcc", "--version"], check=False)
+        cuda = {"version": pb.nvcc_release(nv.stdout), "raw": nv.stdout.strip().splitlines()[-1:]}
+    except P2pkitError as err:
+        cuda = {"version": None, "error": err.message}
+    return {"cuda": cuda, "pkg_config": pkg_config(ctx, _env(ctx))}
+
+
+def installed(ctx) -> dict:
+    """Read-only: what is built now (source head, the kept log, the binary, its libraries)."""
+    p, host = ctx.profile, ctx.host
+    src = host.path(p.engine.build_dir)
+    head = host.runner.run(["git", "-C", str(src), "rev-parse", "HEAD"], check=False).stdout.strip() \
+        if (src / ".git").is_dir() else None
+    log = _log(ctx)
+    res: dict = {"log": str(log), "source": {"path": str(src), "head": head or None}}
+    if log.is_file() and p.engine.recipe == "ninfer":
+        res["criteria"] = pb.ninfer_criteria(log.read_text(errors="replace"))
     exe = host.path(binary(p))
     res["binary"] = _binary(ctx, exe)
     if exe.is_file():
-        res["libraries"] = pb.ldd(ctx.host.runner.run(["ldd", str(exe)], check=False).stdout)
-        if e.recipe == "llamacpp":
-            ggml = next(iter(sorted(build.rglob("libggml-cuda.so*"))), None)
+        res["libraries"] = pb.ldd(host.runner.run(["ldd", str(exe)], check=False).stdout)
+        if p.engine.recipe == "llamacpp":
+            ggml = next(iter(sorted((src / "build").rglob("libggml-cuda.so*"))), None)
             res["nccl_links"] = {"llama-server": res["libraries"]}
             if ggml:
-                res["nccl_links"]["libggml-cuda.so"] = pb.ldd(ctx.host.runner.run(["ldd", str(ggml)],
-                                                                                 check=False).stdout)
-    return {"engine_build": res}
+                res["nccl_links"]["libggml-cuda.so"] = pb.ldd(host.runner.run(["ldd", str(ggml)],
+                                                                              check=False).stdout)
+    return res
+
+
+def act(ctx) -> dict:
+    e = ctx.profile.engine
+    deps = run_playbook(ctx, "engine", {"p2pkit_engine_recipe": e.recipe, "p2pkit_engine_build_dir": e.build_dir})
+    ctx.options["engine_build"] = build(ctx)
+    return {"dependencies": deps, "log": str(_log(ctx))}
+
+
+def measure(ctx) -> dict:
+    """The build's own record when the stage just built it, and always what is there now."""
+    built = ctx.options.pop("engine_build", None)
+    now = installed(ctx)
+    if built is None:
+        now.update(toolchain(ctx))
+        return {"engine_build": now}
+    return {"engine_build": {**built, **{k: v for k, v in now.items() if k != "source"}}}
 
 
 def _binary(ctx, exe: Path) -> dict:

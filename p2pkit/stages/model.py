@@ -74,30 +74,56 @@ def engine_support(ctx) -> dict:
     return out
 
 
+def existing(ctx, res: dict) -> dict:
+    """Read-only: the output on disk is the one p2pkit recorded (sha256), and what it holds."""
+    m, host = ctx.profile.model, ctx.host
+    out = host.path(m.output)
+    record_file = ctx.store.dir / "model-output.json"
+    rec = json.loads(record_file.read_text()) if record_file.is_file() else {}
+    digest = hm.sha256_cached(host, out, ctx.store.dir / "sha256-cache.json")
+    if rec.get("path") == m.output and rec.get("sha256") == digest:
+        res.update(kept=True, sha256=digest, size=out.stat().st_size, verify=verify_file(ctx, out))
+    else:
+        res["refused"] = (f"{m.output} exists and is not the artifact p2pkit wrote (or it changed since); "
+                          "p2pkit never overwrites a model")
+    return res
+
+
+def act(ctx) -> dict:
+    ctx.options["model_build"] = convert(ctx)
+    return {"convert": ctx.options["model_build"].get("convert_argv"), "output": ctx.profile.model.output}
+
+
 def measure(ctx) -> dict:
+    """What the stage just converted, or (verify, doctor) what is on disk now."""
+    built = ctx.options.pop("model_build", None)
+    if built is not None:
+        return {"model_build": built}
+    p, host = ctx.profile, ctx.host
+    res: dict = {"source": hm.hf_source(host, p.model.source), "output": p.model.output,
+                 "engine": engine_support(ctx)}
+    if host.path(p.model.output).exists():
+        return {"model_build": existing(ctx, res)}
+    res["missing"] = f"{p.model.output} has not been converted"
+    return {"model_build": res}
+
+
+def convert(ctx) -> dict:
     p, host = ctx.profile, ctx.host
     m = p.model
-    res: dict = {"source": hm.hf_source(host, m.source), "output": m.output}
+    res: dict = {"source": hm.hf_source(host, m.source), "output": m.output, "engine": engine_support(ctx)}
     out = host.path(m.output)
     record_file = ctx.store.dir / "model-output.json"
     cache = ctx.store.dir / "sha256-cache.json"
-    res["engine"] = engine_support(ctx)
     if out.exists():
-        rec = json.loads(record_file.read_text()) if record_file.is_file() else {}
-        digest = hm.sha256_cached(host, out, cache)
-        if rec.get("path") == m.output and rec.get("sha256") == digest:
-            res.update(kept=True, sha256=digest, size=out.stat().st_size, verify=verify_file(ctx, out))
-        else:
-            res["refused"] = (f"{m.output} exists and is not the artifact p2pkit wrote (or it changed since); "
-                              "p2pkit never overwrites a model")
-        return {"model_build": res}
+        return existing(ctx, res)
     if not source_ok(res["source"]):
-        return {"model_build": res}
+        return res
     need = int(res["source"]["total_bytes"] * HEADROOM)
     free = system.free_bytes(host, m.output if host.simulated else str(Path(m.output).parent))
     res["disk"] = {"free_bytes": free, "need_bytes": need}
     if free < need:
-        return {"model_build": res}
+        return res
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.partial")
     for stale in (tmp, Path(f"{tmp}.conversion.json")):
@@ -110,11 +136,11 @@ def measure(ctx) -> dict:
     res["convert_tail"] = (r.stderr or r.stdout).strip().splitlines()[-4:]
     if r.returncode != 0 or not tmp.is_file():
         tmp.unlink(missing_ok=True)
-        return {"model_build": res}
+        return res
     res["verify"] = verify_file(ctx, tmp)
     if "error" in res["verify"]:
         tmp.unlink(missing_ok=True)  # a broken conversion never takes the model's name
-        return {"model_build": res}
+        return res
     os.replace(tmp, out)
     side = Path(f"{tmp}.conversion.json")
     if side.is_file():
@@ -123,7 +149,7 @@ def measure(ctx) -> dict:
     res["size"] = out.stat().st_size
     atomic_write(record_file, (json.dumps({"path": m.output, "sha256": res["sha256"], "size": res["size"]},
                                           indent=2) + "\n").encode())
-    return {"model_build": res}
+    return res
 
 
 def _progress(ctx):

@@ -155,6 +155,8 @@ def logs(host: Host, n: int = 30) -> list[str]:
 def measure(ctx) -> dict:
     p = ctx.profile
     host = ctx.host
+    if not host.path(f"/etc/systemd/system/{UNIT}").is_file():
+        return {"service": {"error": f"{UNIT} is not installed: run `p2pkit up` (the service stage)"}}
     url = f"http://{'127.0.0.1' if p.serve.host in ('0.0.0.0', '::') else p.serve.host}:{p.serve.port}/health"
     with ctx.out.working(f"[service] waiting for {url}"):
         health = wait_health(ctx, url, p.serve.health_timeout_s)
