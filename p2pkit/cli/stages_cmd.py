@@ -29,8 +29,16 @@ def up(
     force: Annotated[bool, typer.Option("--force", help="run the selected stages even when done")] = False,
     reboot: Annotated[bool, typer.Option("--reboot", help="when a stage needs a reboot, reboot and resume "
                                          "(a oneshot unit runs `p2pkit up` after boot)")] = False,
+    inventory: Annotated[Path | None, typer.Option("--inventory", "-i", help="an Ansible inventory: run on "
+                                                   "every host in parallel")] = None,
 ) -> None:
     """Run every stage that is not done, in order; each proves its result and writes an artifact."""
+    if inventory is not None:
+        cmd = ["up", *(["--from", start] if start else []), *(["--to", stop] if stop else []),
+               *(["--force"] if force else []), *(["--reboot"] if reboot else [])]
+        if reboot:
+            cmd = ["--yes", *cmd]
+        _inventory(inventory, "up", cmd)
     ctx = common.context()
     if ctx.host.simulated:
         ctx.out.log(f"host root {ctx.host.root} is a simulated host (scenario "
@@ -65,6 +73,19 @@ def up(
     raise typer.Exit(int(res.code))
 
 
+def _inventory(inventory: Path, action: str, command: list[str]) -> None:
+    from p2pkit import inventory as inv
+
+    out = common.output()
+    code, report = inv.run(inventory, action, command, out)
+    if common.OPTS.json:
+        out.document(report)
+    else:
+        cols, rows = inv.table_rows(report)
+        out.table(f"{action} on {len(rows)} host(s)", cols, rows)
+    raise typer.Exit(int(code))
+
+
 def plan() -> None:
     """Every stage with its gate state and what `up` would do. Changes nothing."""
     ctx = common.context()
@@ -86,8 +107,13 @@ def plan() -> None:
         ctx.out.table(f"plan ({ctx.profile.name})", ["stage", "state", "why", "up would"], rows, status_col=1)
 
 
-def status() -> None:
+def status(
+    inventory: Annotated[Path | None, typer.Option("--inventory", "-i", help="an Ansible inventory: gather "
+                                                   "every host's state")] = None,
+) -> None:
     """Re-run the quick read-only checks of every stage over its artifact; a table, or --json."""
+    if inventory is not None:
+        _inventory(inventory, "status", ["status"])
     ctx = common.context()
     states = pipeline.evaluate(ctx, recheck=True)
     code = Exit.OK if all(s.state == pipeline.DONE for s in states) else Exit.CHECK_FAILED

@@ -1,0 +1,82 @@
+"""More than one machine: the same stages on every host of an Ansible inventory, in parallel.
+
+Ansible is the engine: `playbooks/inventory.yml` runs `p2pkit up` (or `status`) on each host,
+which applies its own gates and keeps its own artifacts; p2pkit gathers the JSON results into one
+table of hosts by stages."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from p2pkit import __version__
+from p2pkit.ansible import playbook_binary, share_dir
+from p2pkit.errors import Exit, MissingError, UsageError
+from p2pkit.stages import names
+
+
+def host_names(inventory: Path) -> list[str]:
+    exe = Path(playbook_binary()).with_name("ansible-inventory")
+    if not exe.exists():
+        raise MissingError("ansible-inventory is not installed", hint="install ansible-core")
+    r = subprocess.run([str(exe), "-i", str(inventory), "--list"], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise UsageError(f"cannot read the inventory {inventory}: {r.stderr.strip()[-300:]}",
+                         hint="check it with `ansible-inventory -i FILE --list`")
+    hosts = sorted(json.loads(r.stdout).get("_meta", {}).get("hostvars", {}))
+    if not hosts:
+        raise UsageError(f"the inventory {inventory} names no host", hint="add hosts to it")
+    return hosts
+
+
+def run(inventory: Path, action: str, command: list[str], out) -> tuple[Exit, dict]:
+    hosts = host_names(inventory)
+    work = Path(tempfile.mkdtemp(prefix="p2pkit-inventory-"))
+    results = work / "results"
+    results.mkdir()
+    extra = {"p2pkit_action": action, "p2pkit_command": command, "p2pkit_results_dir": str(results),
+             "p2pkit_bin": str(Path(sys.executable).parent / "p2pkit"), "p2pkit_version": __version__,
+             "ansible_python_interpreter": sys.executable}
+    vars_file = work / "vars.json"
+    vars_file.write_text(json.dumps(extra))
+    argv = [playbook_binary(), "-i", str(inventory), "-f", str(max(5, len(hosts))), "-e", f"@{vars_file}",
+            str(share_dir() / "playbooks" / "inventory.yml")]
+    env = {"ANSIBLE_CONFIG": str(share_dir() / "playbooks" / "ansible.cfg"), "ANSIBLE_HOME": str(work / ".ansible"),
+           "ANSIBLE_LOCAL_TEMP": str(work / ".ansible/tmp"), "ANSIBLE_NOCOLOR": "1", "PATH": "/usr/bin:/bin"}
+    with out.working(f"{action} on {len(hosts)} host(s) of {inventory} (ansible-playbook, in parallel)"):
+        r = subprocess.run(argv, capture_output=True, text=True, env=env)
+    (work / "ansible.log").write_text(r.stdout + r.stderr)
+    report = {"inventory": str(inventory), "action": action, "hosts": {}, "log": str(work / "ansible.log")}
+    for h in hosts:
+        f = results / f"{h}.json"
+        if not f.is_file():
+            report["hosts"][h] = {"exit_code": None, "error": "no result came back (unreachable?)", "stages": {}}
+            continue
+        res = json.loads(f.read_text())
+        try:
+            doc = json.loads(res["stdout"])
+        except ValueError:
+            tail = res["stderr"].strip().splitlines()[-1:] or ["no output"]
+            report["hosts"][h] = {"exit_code": res["rc"], "error": tail[0], "stages": {}}
+            continue
+        report["hosts"][h] = {"exit_code": res["rc"], "message": doc.get("message", ""),
+                              "simulated": doc.get("simulated", False),
+                              "stages": {s["stage"]: s["state"] for s in doc.get("stages", [])}}
+    codes = [v["exit_code"] for v in report["hosts"].values()]
+    code = Exit.OK if all(c == 0 for c in codes) else (
+        Exit.REBOOT if all(c in (0, 4) for c in codes) else Exit.CHECK_FAILED)
+    report["exit_code"] = int(code)
+    return code, report
+
+
+def table_rows(report: dict) -> tuple[list[str], list[list[str]]]:
+    cols = ["host", *names(), "result"]
+    rows = []
+    for h, v in sorted(report["hosts"].items()):
+        msg = v.get("error") or v.get("message") or f"exit {v['exit_code']}"
+        result = "ok" if v["exit_code"] == 0 else ": ".join(msg.split(": ")[:2])  # "topology failed: <check>"
+        rows.append([h, *[v["stages"].get(s, "-") for s in names()], result])
+    return cols, rows
