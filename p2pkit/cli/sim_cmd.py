@@ -16,6 +16,13 @@ app = typer.Typer(help="A simulated dual-5090 host in a directory, for trying an
                   no_args_is_help=True)
 
 
+def sim_output():
+    """Everything the sim commands print is about a simulated host: it says so."""
+    out = common.output()
+    out.simulated = True
+    return out
+
+
 def sim_dir(directory: Path) -> Path:
     d = directory.resolve()
     if not (d / SIM_MARKER).is_file():
@@ -60,8 +67,7 @@ def init(
     state = scenarios.build(scenario)
     d.mkdir(parents=True, exist_ok=True)
     lifecycle.init(d, state)
-    out = common.output()
-    out.simulated = True
+    out = sim_output()
     out.log(f"simulated host ({scenario}: {scenarios.SCENARIOS[scenario][0]}) laid out in {d}")
     out.log(f"next: p2pkit --root {d} up")
     if common.OPTS.json:
@@ -75,8 +81,7 @@ def reboot(directory: Annotated[Path, typer.Argument(help="the simulated host's 
 
     d = sim_dir(directory)
     state = lifecycle.reboot(d)
-    out = common.output()
-    out.simulated = True
+    out = sim_output()
     mod = state["module"]
     loaded = mod["loaded"]
     out.log(f"rebooted {d}: boot {state['boots']}, kernel {state['kernel']}, cmdline: {state['cmdline']}")
@@ -98,8 +103,7 @@ def upgrade(
 
     d = sim_dir(directory)
     printed = lifecycle.upgrade(d, kernel, stock_module, run_hooks)
-    out = common.output()
-    out.simulated = True
+    out = sim_output()
     out.log(f"upgraded {d}: kernel {kernel}" + (" with a stock DKMS nvidia module" if stock_module else "")
             + f"; {len(printed)} kernel hook(s) ran; it boots at the next `p2pkit sim reboot {d}`")
     for text in printed:
@@ -114,6 +118,5 @@ def stop(directory: Annotated[Path, typer.Argument(help="the simulated host's di
 
     d = sim_dir(directory)
     stopped = lifecycle.stop_services(d)
-    out = common.output()
-    out.simulated = True
+    out = sim_output()
     out.log(f"stopped {', '.join(stopped)}" if stopped else "no simulated service was running")
