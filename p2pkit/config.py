@@ -51,7 +51,6 @@ class Host:
     allow_other_os: bool = f(False)
     min_kernel: str = f("6.8", pattern=r"^\d+\.\d+$", expect="a kernel like 6.8")
     min_free_disk_gib: int = f(150, lo=0, hi=100_000)
-    state_disk_path: str = f("/var/lib/p2pkit", pattern=r"^/", expect="an absolute path")
     require_root: bool = f(True)
 
 

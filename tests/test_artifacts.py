@@ -66,3 +66,16 @@ def test_lock_refuses_a_second_holder(tmp_path):
         p.join()
     with state_lock(tmp_path):  # released with its holder
         pass
+
+
+def test_a_stage_not_built_fails_and_never_passes(tmp_path, sim):
+    from p2pkit import config, pipeline
+    from p2pkit.host import Host
+    from p2pkit.output import Output
+    from p2pkit.stages import Stage
+
+    ctx = pipeline.Ctx(profile=config.load(None), host=Host.at(sim("healthy")), store=Store(tmp_path / "s"),
+                       out=Output())
+    doc = pipeline.run_stage(ctx, Stage("future", "a stage not built yet", inputs=(), implemented=False), None)
+    assert doc["status"] == "failed"
+    assert doc["checks"][0]["measured"] == "not implemented yet" and doc["acted"] == {}

@@ -23,10 +23,6 @@ class Check:
     def as_dict(self) -> dict:
         return asdict(self)
 
-    @classmethod
-    def from_dict(cls, d: dict) -> Check:
-        return cls(**{k: d.get(k) for k in ("id", "title", "status", "measured", "expected", "hint", "pitfall")})
-
 
 def judge(id: str, title: str, ok: bool, measured: Any, expected: Any, hint: str = "",
           pitfall: str = "", severity: str = FAIL) -> Check:
