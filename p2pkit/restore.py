@@ -62,6 +62,9 @@ def restore(ctx, kernel: str | None = None) -> tuple[Exit, dict]:
             drifted = ["driver", "p2p-module"]  # a new userspace driver needs its module rebuilt too
         if not drifted:
             ctx.out.step("restore", f"no drift: the pinned driver and the patched module hold for kernel {target}")
+        engine_was_running = bool(drifted) and target == running and _engine(ctx, "stop")
+        if engine_was_running:
+            record["actions"].append({"engine_service": "stopped for the rebuild"})
         if target == running:
             # act and prove the way the stages do; their artifacts stay true (later stages go stale)
             for name in drifted:
@@ -76,6 +79,9 @@ def restore(ctx, kernel: str | None = None) -> tuple[Exit, dict]:
                     code = Exit.CHECK_FAILED
                     break
             after = gate_checks(ctx, target, running)
+            if engine_was_running and code == Exit.OK:
+                _engine(ctx, "start")
+                record["actions"].append({"engine_service": "started again"})
         else:
             if "driver" in drifted:
                 ctx.out.step("restore", "the userspace driver drifted: installing the pinned one again")
@@ -96,3 +102,17 @@ def restore(ctx, kernel: str | None = None) -> tuple[Exit, dict]:
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
         atomic_write(d / f"{stamp}.json", (json.dumps(record, indent=2, default=str) + "\n").encode())
     return code, record
+
+
+def _engine(ctx, action: str) -> bool:
+    """Stop the engine service around a rebuild (it holds the GPUs), start it after. Never touches
+    the engine build or the model. Returns whether it acted."""
+    from p2pkit.stages.service import UNIT, unit_alive
+
+    if not ctx.host.path(f"/etc/systemd/system/{UNIT}").is_file():
+        return False
+    if action == "stop" and not unit_alive(ctx.host):
+        return False
+    ctx.out.step("restore", f"{action} {UNIT}")
+    ctx.host.runner.run(["systemctl", action, UNIT])
+    return True

@@ -241,3 +241,24 @@ def test_gguf_written_by_the_gguf_package_is_verified(tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"NOTGGUF" + bytes(64))
     assert "not a readable GGUF" in model_stage.verify_file(ctx, bad)["error"]
+
+
+@pytest.mark.parametrize("nccl_path,status", [("/opt/nccl/lib/libnccl.so.2", "pass"),
+                                              ("/usr/lib/x86_64-linux-gnu/libnccl.so.2", "fail")])
+def test_llamacpp_must_link_the_profiles_nccl(nccl_path, status):
+    """P16 over ldd output: llama-server and libggml-cuda.so must resolve libnccl in engine.nccl_root."""
+    from p2pkit.checks import engine as ec
+    from p2pkit.parse.build import ldd
+
+    p = config.load("dual-5090-llamacpp")
+    out = (f"\tlinux-vdso.so.1 (0x00007ffd)\n\tlibnccl.so.2 => {nccl_path} (0x00007f01)\n"
+           "\tlibcudart.so.13 => /usr/local/cuda/lib64/libcudart.so.13 (0x00007f02)\n")
+    libs = ldd(out)
+    b = {"source": {"head": p.engine.commit or "x"}, "cuda": {"version": "13.1"}, "pkg_config": {},
+         "binary": {"runs": True, "version": "llama-server"}, "libraries": libs,
+         "nccl_links": {"llama-server": libs, "libggml-cuda.so": libs}}
+    c = {x.id: x for x in ec.check({"engine_build": b}, p)}
+    assert c["engine.nccl.llama-server"].status == status
+    assert c["engine.nccl.libggml-cuda.so"].status == status
+    if status == "fail":
+        assert c["engine.nccl.libggml-cuda.so"].pitfall == "P16" and "2.18.3" in c["engine.nccl.libggml-cuda.so"].hint

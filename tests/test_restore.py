@@ -96,3 +96,25 @@ def test_units_and_hooks_are_installed_and_verify(cli, sim, tmp_path):
         r = subprocess.run(["systemd-analyze", "verify", str(d / unit)], capture_output=True, text=True)
         relevant = [ln for ln in r.stderr.splitlines() if unit in ln or "p2pkit" in ln]
         assert r.returncode == 0 and not relevant, r.stderr
+
+
+def test_restore_stops_the_engine_around_the_rebuild_and_starts_it_after(cli, sim):
+    root = sim("healthy")
+    assert cli("--root", str(root), "up", "--reboot").code == 0  # the whole sequence: the engine serves
+    model = root / "srv/models/qwen38-27b-nvfp4-dflash2.ninfer"
+    before = model.read_bytes()
+    engine_bin = root / "opt/p2pkit/ninfer/build/apps/ninfer-serve"
+    engine_sha = engine_bin.read_bytes()
+    lifecycle.upgrade(root, NEW, stock_module=True, run_hooks=False)
+    lifecycle.reboot(root)  # after the reboot the engine is not running (a reboot ends every process)
+    from p2pkit.sim.render import load_state
+    from p2pkit.sim.standins import systemctl
+
+    assert systemctl(root, load_state(root), ["start", "p2pkit-engine.service"]) == 0  # systemd starts it at boot
+    r = cli("--root", str(root), "restore")
+    assert r.code == 0, r.err
+    assert "stop p2pkit-engine.service" in r.err and "start p2pkit-engine.service" in r.err
+    rec = json.loads(sorted((root / "var/lib/p2pkit/restore").glob("*.json"))[-1].read_text())
+    assert {"engine_service": "stopped for the rebuild"} in rec["actions"]
+    assert {"engine_service": "started again"} in rec["actions"]
+    assert model.read_bytes() == before and engine_bin.read_bytes() == engine_sha  # never touched

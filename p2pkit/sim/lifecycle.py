@@ -51,7 +51,9 @@ def init(root: Path, state: dict) -> None:
 
 
 def reboot(root: Path) -> dict:
-    """New boot id; the next kernel and command line; load whatever modprobe resolves, if it can load."""
+    """New boot id; the next kernel and command line; load whatever modprobe resolves, if it can load;
+    every process of the old boot is gone, and systemd starts the enabled services again."""
+    stop_services(root)
     state = load_state(root)
     state["boot_id"] = str(uuid.uuid4())
     state["boots"] = state.get("boots", 1) + 1
@@ -61,8 +63,15 @@ def reboot(root: Path) -> dict:
         state["cmdline"] = state.pop("next_cmdline")
     state["module"]["loaded"] = None
     load_module(root, state)
+    for svc in state.get("services", {}).values():
+        svc["started"] = False
     render(root, state)
-    return state
+    wants = root / "etc/systemd/system/multi-user.target.wants"
+    for unit in sorted(p.name for p in wants.iterdir()) if wants.is_dir() else []:
+        from p2pkit.sim.standins import systemctl
+
+        systemctl(root, load_state(root), ["start", unit])
+    return load_state(root)
 
 
 def load_module(root: Path, state: dict) -> str | None:
