@@ -54,6 +54,8 @@ def up(
         from p2pkit.reboot import reboot_host
 
         reboot_host(ctx)
+        if not ctx.host.simulated:  # the machine is going down: the resume unit carries on after boot
+            raise typer.Exit(int(Exit.REBOOT))
         reboots += 1
         res = pipeline.up(ctx, start, stop, force=False)
     doc = {"result": "ok" if res.code == Exit.OK else "stopped", "exit_code": int(res.code),
