@@ -57,7 +57,11 @@ def up(
         if not ctx.host.simulated:  # the machine is going down: the resume unit carries on after boot
             raise typer.Exit(int(Exit.REBOOT))
         reboots += 1
+        before = res.ran
         res = pipeline.up(ctx, start, stop, force=False)
+        res.ran = list(dict.fromkeys([*before, *res.ran]))  # each stage once, in order
+        if res.code == Exit.OK and res.ran:
+            res.message = f"ran {', '.join(res.ran)}; all selected stages passed"
     doc = {"result": "ok" if res.code == Exit.OK else "stopped", "exit_code": int(res.code),
            "message": res.message, "ran": res.ran, "stages": [s.as_dict() for s in res.states]}
     if common.OPTS.json:
