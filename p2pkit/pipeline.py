@@ -132,7 +132,7 @@ def run_stage(ctx: Ctx, st: Stage, prev_name: str | None) -> dict:
                 acted = st.act(ctx)
             except P2pkitError as e:
                 acted = {"error": e.message, "hint": e.hint}
-            ctx.options["acted"] = acted
+        ctx.options["acted"] = acted  # this stage's, never an earlier stage's
         if "error" in acted:
             found = {}
             checks = [Check(f"{st.name}.act", f"{st.title}: act", FAIL, acted["error"], "the playbook to succeed",
