@@ -47,8 +47,10 @@ def test_scenario_fails_at_the_right_stage(cli, sim, scenario, stage, check, hin
 
 def test_no_gpu_real_message(cli, sim):
     r = cli("--root", str(sim("no-gpu")), "up")
-    assert "no NVIDIA GPU was found under /sys/bus/pci/devices" in r.err
-    assert "Traceback" not in r.err
+    assert r.code == 1 and "Traceback" not in r.err
+    headline = r.err.strip().splitlines()[-1]
+    assert "preflight failed: preflight.gpu_count: 0" in headline
+    assert "no NVIDIA GPU was found under /sys/bus/pci/devices" in headline and "p2pkit sim init" in headline
 
 
 def test_driver_595_refused_before_anything_runs(cli, sim):

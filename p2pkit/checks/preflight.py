@@ -12,9 +12,10 @@ SIM_HINT = ("to try p2pkit without GPUs: `p2pkit sim init /tmp/p2pkit-sim` then 
 
 
 def check(f: dict, p: Profile) -> list[Check]:
+    # GPUs first: on a machine without them nothing else matters, and the first failure is the headline
     return [
-        _os(f, p), _kernel(f, p), _root(f, p), _disk(f, p), _secure_boot(f),
-        _gpu_count(f, p), _gpu_model(f, p), _iommu(f, p), _dpkg(f), _cgroup(f),
+        _gpu_count(f, p), _gpu_model(f, p), _os(f, p), _kernel(f, p), _root(f, p), _disk(f, p),
+        _secure_boot(f), _iommu(f, p), _dpkg(f), _cgroup(f),
     ]
 
 
