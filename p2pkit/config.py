@@ -126,6 +126,12 @@ class Model:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Network:
+    require_roce: bool = f(False, expect="true when NCCL runs across hosts over RoCE (the Spark pair)")
+    fabric_netdevs: list[str] = f(factory=list, expect="the netdevs of the RoCE fabric, like enp1s0f0np0")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Serve:
     host: str = f("127.0.0.1")
     port: int = f(12435, lo=1, hi=65535)
@@ -147,6 +153,7 @@ class Profile:
     engine: Engine
     model: Model
     serve: Serve
+    network: Network
     source: str = "builtin"
 
     def section(self, name: str) -> Any:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from p2pkit import __version__
 from p2pkit.errors import P2pkitError, UsageError
-from p2pkit.host import Host, kmod, nvml, pci, smi, system
+from p2pkit.host import Host, kmod, nvml, pci, roce, smi, system
 from p2pkit.parse import system as ps
 
 log = logging.getLogger("p2pkit.facts")
@@ -93,6 +93,7 @@ COLLECTORS: dict[str, Callable[[Host], object]] = {
     "smi_p2p_read": lambda h: smi.topo_p2p(h, "r"),
     "smi_p2p_write": lambda h: smi.topo_p2p(h, "w"),
     "smi_q": smi.query,
+    "roce": roce.ports,
 }
 
 

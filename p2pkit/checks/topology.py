@@ -29,7 +29,25 @@ def check(f: dict, p: Profile) -> list[Check]:
         out += [_root_port(g, p), _capability(g, p), _iommu(g)]
     if len(gpus) >= 2:
         out += [_smi(f, "read", "smi_p2p_read"), _smi(f, "write", "smi_p2p_write"), _nvml_p2p(f)]
+    if p.network.require_roce:
+        out.append(_roce(f, p))
     return out
+
+
+def _roce(f: dict, p: Profile) -> Check:
+    from p2pkit.host.roce import resolve
+
+    found = f.get("roce")
+    want = f"an ACTIVE Ethernet port on {', '.join(p.network.fabric_netdevs) or 'any netdev'}"
+    if failed(found):
+        return unknown("topology.roce", "RoCE port for NCCL", found, want, pitfall="P24")
+    hcas = resolve(found, p.network.fabric_netdevs)
+    seen = ", ".join(f"{x['device']}:{x['port']} {x['state']} {x['link_layer']} ({','.join(x['netdevs']) or '-'})"
+                     for x in found) or "no RDMA device in /sys/class/infiniband"
+    return judge("topology.roce", "RoCE port for NCCL", bool(hcas), f"NCCL_IB_HCA={','.join(hcas)}" if hcas
+                 else seen, want, "bring the fabric port up (cable, switch, `ip link set <netdev> up`) and check "
+                 "network.fabric_netdevs; device names change across reboots, so p2pkit resolves them each "
+                 "time (`p2pkit net hca`) instead of hard-coding NCCL_IB_HCA", pitfall="P24")
 
 
 def _root_port(g: dict, p: Profile) -> Check:

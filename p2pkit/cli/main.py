@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from p2pkit import __version__
-from p2pkit.cli import common, profile_cmd, serve_cmd, sim_cmd, stages_cmd
+from p2pkit.cli import common, net_cmd, profile_cmd, serve_cmd, sim_cmd, stages_cmd
 from p2pkit.errors import Exit, P2pkitError
 
 app = typer.Typer(
@@ -54,6 +54,7 @@ stages_cmd.register(app)
 app.add_typer(profile_cmd.app, name="profile")
 app.add_typer(sim_cmd.app, name="sim")
 app.add_typer(serve_cmd.app, name="serve")
+app.add_typer(net_cmd.app, name="net")
 
 
 GLOBAL_FLAGS = {"--json", "--yes", "-y", "--debug"}
