@@ -34,6 +34,15 @@ def flags_of(p: Profile) -> dict:
     return {**p.serve.flags, "host": p.serve.host, "port": p.serve.port}
 
 
+def client_host(p: Profile) -> str:
+    """Where a client on this host reaches the engine: loopback when it listens on every address."""
+    return "127.0.0.1" if p.serve.host in ("0.0.0.0", "::") else p.serve.host
+
+
+def health_url(p: Profile) -> str:
+    return f"http://{client_host(p)}:{p.serve.port}/health"
+
+
 def argv(p: Profile) -> list[str]:
     out = [binary(p)]
     if p.engine.recipe == "ninfer":

@@ -113,6 +113,14 @@ def not_implemented(st: Stage) -> Check:
                  "after it can run. Do this step by hand (see docs/) and follow the p2pkit issues")
 
 
+def prove(ctx: Ctx, st: Stage) -> tuple[dict, list[Check]]:
+    """Read the stage's facts, take its measurements, judge them: the stage's proof."""
+    found = facts.collect(ctx.host, st.facts, ctx.profile)
+    if st.measure is not None:
+        found.update(st.measure(ctx))
+    return found, st.check(found, ctx.profile) if st.check else []
+
+
 def run_stage(ctx: Ctx, st: Stage, prev_name: str | None) -> dict:
     """Delete the artifact, act, prove, write the artifact. Returns the artifact."""
     ctx.store.ensure()
@@ -138,10 +146,7 @@ def run_stage(ctx: Ctx, st: Stage, prev_name: str | None) -> dict:
             checks = [Check(f"{st.name}.act", f"{st.title}: act", FAIL, acted["error"], "the playbook to succeed",
                             acted.get("hint", ""))]
         else:
-            found = facts.collect(ctx.host, st.facts, ctx.profile)
-            if st.measure is not None:
-                found.update(st.measure(ctx))
-            checks = st.check(found, ctx.profile) if st.check else []
+            found, checks = prove(ctx, st)
             pending = st.reboot(found, ctx) if st.reboot is not None else None
             if pending:
                 reboot_why, ids = pending
@@ -262,11 +267,8 @@ def verify(ctx: Ctx, names: list[str], collected: dict | None = None) -> tuple[l
         if not st.implemented:
             checks = [not_implemented(st)]
         else:
-            f = facts.collect(ctx.host, st.facts, ctx.profile)
-            if st.measure is not None:
-                f.update(st.measure(ctx))
+            f, checks = prove(ctx, st)
             collected.update(f)
-            checks = st.check(f, ctx.profile) if st.check else []
         status = worst(checks)
         if status == FAIL:
             code = Exit.CHECK_FAILED

@@ -13,27 +13,18 @@ import json
 
 from p2pkit import facts, pipeline
 from p2pkit.artifacts import atomic_write
-from p2pkit.checks import FAIL, Check, judge, worst
+from p2pkit.checks import FAIL, Check, p2p_module, worst
 from p2pkit.errors import Exit
-from p2pkit.host import system
+from p2pkit.host import kmod, system
 from p2pkit.lock import state_lock
 from p2pkit.stages import acting, get
 
 
 def module_for_kernel(ctx, kernel: str) -> list[Check]:
-    """Install checks for a kernel that is not running: modprobe would pick the patched build."""
-    built = facts.collect(ctx.host, ["built_module"], ctx.profile)["built_module"]
-    want = f"/lib/modules/{kernel}/kernel/drivers/video/nvidia.ko"
-    r = ctx.host.runner.run(["modinfo", "-k", kernel, "-F", "filename", "nvidia"], check=False)
-    s = ctx.host.runner.run(["modinfo", "-k", kernel, "-F", "srcversion", "nvidia"], check=False)
-    got = r.stdout.strip() or (r.stderr.strip() or "no nvidia module")
-    return [
-        judge("restore.modinfo_file", f"modprobe picks the patched module for {kernel}", got == want, got, want,
-              "a stock DKMS copy wins or the patched module is missing for this kernel", pitfall="P02"),
-        judge("restore.srcversion", f"module for {kernel} is the one built", s.stdout.strip() ==
-              (built.get("srcversion") or "?"), s.stdout.strip() or "none", built.get("srcversion"),
-              "rebuild: `p2pkit restore --kernel " + kernel + "`"),
-    ]
+    """The p2p-module install checks for a kernel that is not running (what modprobe would load)."""
+    f = {"kernel": kernel, "module": kmod.modinfo(ctx.host, kernel),
+         **facts.collect(ctx.host, ["built_module"], ctx.profile)}
+    return p2p_module.install_checks(f, ctx.profile)
 
 
 def gate_checks(ctx, kernel: str, running: str) -> dict[str, list[Check]]:

@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from p2pkit import engine_cmd
 from p2pkit.cli import common
 from p2pkit.errors import Exit
 
@@ -21,9 +22,8 @@ def status() -> None:
     r = ctx.host.runner.run(["systemctl", "status", "--no-pager", service.UNIT], check=False)
     ctx.out.line(r.stdout.strip() or r.stderr.strip())
     p = ctx.profile
-    host = "127.0.0.1" if p.serve.host in ("0.0.0.0", "::") else p.serve.host
-    ln = service.listening(p.serve.host, p.serve.port, service.main_pid(ctx.host))
-    ctx.out.line(f"{host}:{p.serve.port}: {'answers' if ln['connect'] else 'no answer'}")
+    ln = service.listening(p, service.main_pid(ctx.host))
+    ctx.out.line(f"{engine_cmd.client_host(p)}:{p.serve.port}: {'answers' if ln['connect'] else 'no answer'}")
     raise typer.Exit(int(Exit.OK if r.returncode == 0 else Exit.CHECK_FAILED))
 
 
@@ -45,8 +45,7 @@ def restart() -> None:
     ctx = common.context()
     ctx.host.runner.run(["systemctl", "restart", service.UNIT])
     p = ctx.profile
-    host = "127.0.0.1" if p.serve.host in ("0.0.0.0", "::") else p.serve.host
-    h = service.wait_health(ctx, f"http://{host}:{p.serve.port}/health", p.serve.health_timeout_s)
+    h = service.wait_health(ctx, engine_cmd.health_url(p), p.serve.health_timeout_s)
     if h["ok"]:
         ctx.out.line(f"{service.UNIT} restarted; /health 200 after {h['seconds']} s")
         raise typer.Exit(int(Exit.OK))

@@ -19,12 +19,16 @@ def proc_version(host: Host) -> dict:
 
 
 def module(host: Host) -> dict:
-    out: dict = {}
-    if host.exists("/sys/module/nvidia/srcversion"):
-        out["loaded_srcversion"] = host.read("/sys/module/nvidia/srcversion").strip()
-    else:
-        out["loaded_srcversion"] = None
+    """The loaded module's srcversion, and what modprobe would load for the running kernel."""
+    loaded = host.read("/sys/module/nvidia/srcversion").strip() if host.exists("/sys/module/nvidia/srcversion") \
+        else None
     kernel = host.read("/proc/sys/kernel/osrelease", "the kernel release").strip()
+    return {"loaded_srcversion": loaded, **modinfo(host, kernel)}
+
+
+def modinfo(host: Host, kernel: str) -> dict:
+    """What modprobe would load for `kernel`: the nvidia module's file and srcversion."""
+    out: dict = {}
     try:
         r = host.runner.run(["modinfo", "-k", kernel, "-F", "filename", "nvidia"], check=False)
         out["modinfo_filename"] = r.stdout.strip() if r.returncode == 0 else None

@@ -127,11 +127,10 @@ def pid_caps(host: Host, pid: int) -> dict:
             "memory_caps": [{"file": f, "limit_bytes": n} for f, n in system.memory_caps(host, cg)]}
 
 
-def listening(host_addr: str, port: int, pid: int | None) -> dict:
-    target = "127.0.0.1" if host_addr in ("0.0.0.0", "::") else host_addr
+def listening(p, pid: int | None) -> dict:
     out: dict = {"connect": False, "addresses": []}
     try:
-        with socket.create_connection((target, port), timeout=2):
+        with socket.create_connection((engine_cmd.client_host(p), p.serve.port), timeout=2):
             out["connect"] = True
     except OSError as e:
         out["connect_error"] = str(e)
@@ -157,13 +156,13 @@ def measure(ctx) -> dict:
     host = ctx.host
     if not host.path(f"/etc/systemd/system/{UNIT}").is_file():
         return {"service": {"error": f"{UNIT} is not installed: run `p2pkit up` (the service stage)"}}
-    url = f"http://{'127.0.0.1' if p.serve.host in ('0.0.0.0', '::') else p.serve.host}:{p.serve.port}/health"
+    url = engine_cmd.health_url(p)
     with ctx.out.working(f"[service] waiting for {url}"):
         health = wait_health(ctx, url, p.serve.health_timeout_s)
     pid = main_pid(host)
     res = {"unit": UNIT, "analyze": analyze(host), "health": health, "main_pid": pid,
            "pid_cgroup": pid_caps(host, pid) if pid else {"error": "the service has no main PID (not running)"},
-           "listen": listening(p.serve.host, p.serve.port, pid), "log_tail": logs(host)}
+           "listen": listening(p, pid), "log_tail": logs(host)}
     text = "\n".join(res["log_tail"])
     res["likely_cause"] = next((c for needle, c in CAUSES if needle in text), None)
     return {"service": res}
