@@ -74,7 +74,10 @@ class Driver:
 @dataclass(frozen=True, kw_only=True)
 class P2pModule:
     repo: str = f(expect="the fork's git URL")
-    branch: str = f(pattern=r"^\d+\.\d+(\.\d+)?-p2p$", expect="the driver version plus -p2p")
+    branch: str = f(pattern=r"^\d+\.\d+(\.\d+)?(-p2p)?$", expect="the driver version plus -p2p (or the bare "
+                    "version for NVIDIA's unpatched tree)")
+    patched: bool = f(True, expect="true for the P2P fork (a GPU pair on PCIe); false for NVIDIA's own open modules "
+                      "(one GPU per host, like a DGX Spark node)")
     commit: str = f("", pattern=COMMIT, expect="a git commit id (7-40 hex digits)")
     iommu: str = f("passthrough", choices=("passthrough", "off"))
     signing_key: str = f("")
@@ -129,6 +132,7 @@ class Model:
 class Network:
     require_roce: bool = f(False, expect="true when NCCL runs across hosts over RoCE (the Spark pair)")
     fabric_netdevs: list[str] = f(factory=list, expect="the netdevs of the RoCE fabric, like enp1s0f0np0")
+    min_rate_gbps: int = f(0, lo=0, hi=1600, expect="the lowest port rate in Gb/s the fabric may run at (0: any)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,6 +159,7 @@ class Profile:
     serve: Serve
     network: Network
     source: str = "builtin"
+    overrides: tuple[str, ...] = ()  # `--set KEY=VALUE` applied on top of the source, in order
 
     def section(self, name: str) -> Any:
         return getattr(self, name)
@@ -170,7 +175,12 @@ class Profile:
     def as_dict(self) -> dict:
         d = asdict(self)
         d.pop("source")
+        d.pop("overrides")
         return d
+
+    def cli_args(self) -> list[str]:
+        """`--profile SOURCE --set K=V ...`: how a unit or hook p2pkit writes loads this same profile."""
+        return ["--profile", self.source, *[a for o in self.overrides for a in ("--set", o)]]
 
     @property
     def name(self) -> str:
@@ -178,7 +188,7 @@ class Profile:
 
 
 SECTIONS: dict[str, type] = {
-    f_.name: typing.get_type_hints(Profile)[f_.name] for f_ in fields(Profile) if f_.name != "source"
+    f_.name: typing.get_type_hints(Profile)[f_.name] for f_ in fields(Profile) if f_.name not in ("source", "overrides")
 }
 
 
@@ -230,12 +240,13 @@ def _check_value(path: str, tp, value, meta: dict) -> str | None:
     return None
 
 
-def from_dict(data: dict, source: str) -> Profile:
+def from_dict(data: dict, source: str, overrides: tuple[str, ...] = ()) -> Profile:
     """Validate a parsed profile; raise ProfileError naming every problem by key path."""
+    shown = source + (f" with --set {', '.join(o.partition('=')[0] for o in overrides)}" if overrides else "")
     problems: list[tuple[str, str]] = []
     built: dict[str, Any] = {}
     if not isinstance(data, dict):
-        raise ProfileError(source, [("(top)", "expected a TOML document of tables")])
+        raise ProfileError(shown, [("(top)", "expected a TOML document of tables")])
     for key in data:
         if key not in SECTIONS:
             problems.append((key, f"unknown section; expected one of {', '.join(SECTIONS)}"))
@@ -272,18 +283,21 @@ def from_dict(data: dict, source: str) -> Profile:
                 values[fl.name] = float(v) if tp is float else v
         built[sec] = values
     if problems:
-        raise ProfileError(source, problems)
-    profile = Profile(**{sec: cls(**built[sec]) for sec, cls in SECTIONS.items()}, source=source)
+        raise ProfileError(shown, problems)
+    profile = Profile(**{sec: cls(**built[sec]) for sec, cls in SECTIONS.items()}, source=source,
+                      overrides=tuple(overrides))
     cross = _cross_checks(profile)
     if cross:
-        raise ProfileError(source, cross)
+        raise ProfileError(shown, cross)
     return profile
 
 
 def _cross_checks(p: Profile) -> list[tuple[str, str]]:
     out = []
-    if not p.p2p_module.branch.startswith(p.driver.version + "-"):
-        out.append(("p2p_module.branch", f"expected {p.driver.version}-p2p to match driver.version, "
+    want_branch = p.driver.version + ("-p2p" if p.p2p_module.patched else "")
+    if p.p2p_module.branch != want_branch:
+        out.append(("p2p_module.branch", f"expected {want_branch} to match driver.version"
+                                         f"{'' if p.p2p_module.patched else ' (p2p_module.patched = false)'}, "
                                          f"got {json.dumps(p.p2p_module.branch)}"))
     if p.serve.host == "0.0.0.0" and not p.serve.allow_public:
         out.append(("serve.host", "0.0.0.0 exposes the API to the network; set serve.allow_public = true "
@@ -300,8 +314,38 @@ def builtin_path(name: str):
     return resources.files("p2pkit.profiles") / f"{name}.toml"
 
 
-def load(name_or_path: str | None) -> Profile:
-    """A built-in profile by name, or a TOML file by path."""
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """`section.key=VALUE` (or `section.table.key=VALUE`): VALUE read as a TOML value (1, true,
+    "x", ["a", "b"]), or taken as a plain string when it is not one."""
+    key, eq, raw = item.partition("=")
+    parts = key.strip().split(".")
+    if not eq or len(parts) not in (2, 3) or not all(re.match(r"^[A-Za-z0-9_-]+$", x) for x in parts):
+        raise UsageError(f"--set {item!r} is not section.key=VALUE",
+                         hint="write it like --set serve.port=8001 or --set serve.flags.node-rank=1")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return parts, value
+
+
+def apply_overrides(data: dict, overrides: tuple[str, ...]) -> dict:
+    for item in overrides:
+        parts, value = parse_override(item)
+        d = data
+        for k in parts[:-1]:
+            nxt = d.setdefault(k, {})
+            if not isinstance(nxt, dict):
+                raise UsageError(f"--set {item!r}: {'.'.join(parts[:-1])} is not a table",
+                                 hint="set a key inside a table, like serve.flags.node-rank")
+            d = nxt
+        d[parts[-1]] = value
+    return data
+
+
+def load(name_or_path: str | None, overrides: tuple[str, ...] | list[str] = ()) -> Profile:
+    """A built-in profile by name, or a TOML file by path; `overrides` (`section.key=VALUE`) go on
+    top and are validated like the file itself (a host's own values from an inventory)."""
     name_or_path = name_or_path or DEFAULT_PROFILE
     path = Path(name_or_path)
     if name_or_path in builtin_names():
@@ -321,4 +365,5 @@ def load(name_or_path: str | None) -> Profile:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ProfileError(source, [("(toml)", f"not valid TOML: {e}")]) from e
-    return from_dict(data, source)
+    overrides = tuple(overrides)
+    return from_dict(apply_overrides(data, overrides), source, overrides)

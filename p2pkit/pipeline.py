@@ -97,6 +97,8 @@ def _state_of(ctx: Ctx, st: Stage, prev: StageState | None, ident: dict, recheck
         return StageState(st.name, STALE, f"profile changed: {', '.join(changed)}", doc)
     if prev is not None and doc.get("previous", {}).get("digest") != ctx.store.digest(prev.stage):
         return StageState(st.name, STALE, f"chain broken: {prev.stage}'s artifact changed since", doc)
+    if doc.get("applicable") is False:
+        return StageState(st.name, DONE, f"not applicable: {st.not_applicable(ctx.profile)}", doc)
     if recheck and st.check is not None and st.measure is None:
         f = facts.collect(ctx.host, st.facts, ctx.profile)
         bad = [c for c in st.check(f, ctx.profile) if c.status == FAIL]
@@ -111,6 +113,10 @@ def not_implemented(st: Stage) -> Check:
     return Check(f"{st.name}.implemented", f"{st.title}", FAIL, "not implemented yet", "implemented",
                  f"the {st.name} stage is not built in p2pkit {__version__} yet; nothing was done and nothing "
                  "after it can run. Do this step by hand (see docs/) and follow the p2pkit issues")
+
+
+def not_applicable(st: Stage, why: str) -> Check:
+    return Check(f"{st.name}.applies", st.title, SKIP, f"not applicable: {why}", "-")
 
 
 def prove(ctx: Ctx, st: Stage) -> tuple[dict, list[Check]]:
@@ -129,7 +135,10 @@ def run_stage(ctx: Ctx, st: Stage, prev_name: str | None) -> dict:
     t0 = time.monotonic()
     acted: dict = {}
     reboot_why = None
-    if not st.implemented:
+    why_na = st.not_applicable(ctx.profile)
+    if why_na:
+        found, checks = {}, [not_applicable(st, why_na)]
+    elif not st.implemented:
         found: dict = {}
         checks = [not_implemented(st)]
     elif st.precheck is not None and worst(refusals := st.precheck(ctx.profile)) == FAIL:
@@ -170,6 +179,8 @@ def run_stage(ctx: Ctx, st: Stage, prev_name: str | None) -> dict:
         "facts": found,
         "checks": [c.as_dict() for c in checks],
     }
+    if why_na:
+        doc["applicable"] = False
     if reboot_why:
         doc["reboot"] = {"boot_id": ident["boot_id"], "why": reboot_why}
     ctx.store.write(st.name, doc)
@@ -207,7 +218,7 @@ def up(ctx: Ctx, start: str | None = None, stop: str | None = None, force: bool 
         for st in selected:
             state = states[st.name]
             if state.state == DONE and not force:
-                ctx.out.step(st.name, "done: nothing to do")
+                ctx.out.step(st.name, f"done: {state.reason}" if state.reason else "done: nothing to do")
                 continue
             i = order.index(st.name)
             prev_name = order[i - 1] if i else None
@@ -220,8 +231,11 @@ def up(ctx: Ctx, start: str | None = None, stop: str | None = None, force: bool 
             if state.state == REBOOT:
                 return UpResult(Exit.REBOOT, ran, list(states.values()),
                                 f"{st.name}: {state.reason}; reboot, then run p2pkit up again")
-            ctx.out.step(st.name, f"running: {st.title}" + (f" (was {state.state}: {state.reason})"
-                                                            if state.state != NOT_RUN and state.reason else ""))
+            if st.not_applicable(ctx.profile):
+                ctx.out.step(st.name, f"not applicable: {st.not_applicable(ctx.profile)}")
+            else:
+                ctx.out.step(st.name, f"running: {st.title}" + (f" (was {state.state}: {state.reason})"
+                                                                if state.state != NOT_RUN and state.reason else ""))
             doc = run_stage(ctx, st, prev_name)
             ran.append(st.name)
             report_checks(ctx.out, st.name, doc["checks"])
@@ -264,7 +278,10 @@ def verify(ctx: Ctx, names: list[str], collected: dict | None = None) -> tuple[l
     collected = {} if collected is None else collected
     for name in names:
         st = get(name)
-        if not st.implemented:
+        why_na = st.not_applicable(ctx.profile)
+        if why_na:
+            checks = [not_applicable(st, why_na)]
+        elif not st.implemented:
             checks = [not_implemented(st)]
         else:
             f, checks = prove(ctx, st)

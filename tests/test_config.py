@@ -111,3 +111,41 @@ def test_cli_profile_list_and_show(cli):
     assert {p["name"] for p in r.json()["profiles"]} == set(config.builtin_names())
     r = cli("--json", "profile", "show", "dual-spark-vllm")
     assert r.json()["profile"]["profile"]["nodes"] == 2
+
+
+def test_set_overrides_a_key_and_a_flag_and_stays_typed():
+    p = config.load("dual-spark-vllm", ["serve.port=8001", "serve.flags.node-rank=1", "serve.flags.headless=true",
+                                        'network.fabric_netdevs=["enp1s0f1np1"]', "serve.flags.master-addr=10.0.0.1"])
+    assert p.serve.port == 8001 and isinstance(p.serve.port, int)
+    assert p.serve.flags["node-rank"] == 1 and p.serve.flags["headless"] is True
+    assert p.serve.flags["master-addr"] == "10.0.0.1"  # not a TOML value: taken as a string
+    assert p.network.fabric_netdevs == ["enp1s0f1np1"]
+    assert p.source == "dual-spark-vllm"
+    # the same profile again from what a unit or hook would be given
+    args = p.cli_args()
+    again = config.load(args[1], [args[i + 1] for i, a in enumerate(args) if a == "--set"])
+    assert again == p
+    # an override is an input: the stages that read it go stale
+    assert p.digest(("serve",)) != config.load("dual-spark-vllm").digest(("serve",))
+
+
+@pytest.mark.parametrize("item, fragment", [
+    ("serve.port=0", "serve.port: expected at least 1"),
+    ("serve.prot=80", "serve.prot: unknown key"),
+    ('driver.version="615"', 'driver.version: expected X.Y.Z, got "615"'),
+    ("driver.version=615", "driver.version: expected X.Y.Z, got 615"),
+])
+def test_set_is_validated_like_the_file(item, fragment):
+    with pytest.raises(ProfileError) as e:
+        config.load("dual-5090-ninfer", [item])
+    assert "with --set" in e.value.source
+    assert fragment in "\n".join(f"{k}: {m}" for k, m in e.value.problems)
+
+
+def test_cli_set_malformed_and_invalid(cli):
+    r = cli("--set", "serve.port", "profile", "show")
+    assert r.code == 2 and "section.key=VALUE" in r.err and "Traceback" not in r.err
+    r = cli("profile", "show", "--set", "serve.port=70000")
+    assert r.code == 2 and "serve.port" in r.err and "65535" in r.err
+    r = cli("--json", "--set", "serve.port=8123", "profile", "show")
+    assert r.code == 0 and r.json()["profile"]["serve"]["port"] == 8123

@@ -60,6 +60,8 @@ def check(f: dict, p: Profile) -> list[Check]:
                                  "the link trains but does not carry: check for a switch, a riser, or a slot shared "
                                  "with another device (see topology)"))
     n = r["device_count"]
+    if p.gpus.count < 2:  # one GPU per host: the GPUs of the nodes meet over the fabric, not over PCIe
+        return out + fabric(f, p)
     out.append(judge("link.p2p_pair", "two GPUs for P2P", n >= 2, n, ">= 2", TWO_GPUS.format(n=n), pitfall="P17"))
     ceil_by = {g["index"]: ceiling_gbps(g["max_seen"]["gen"], g["max_seen"]["width"]) for g in r["gpus"]
                if g["max_seen"]["gen"]}
@@ -89,4 +91,32 @@ def check(f: dict, p: Profile) -> list[Check]:
                          "0 differ",
                          "" if it["equal"] else "a broken P2P path: zero-filled data is the IOMMU translating "
                          "(IO_PAGE_FAULT in dmesg): set iommu=pt (p2p-module stage) and reboot", "P17"))
+    return out
+
+
+def fabric(f: dict, p: Profile) -> list[Check]:
+    """Each RoCE port NCCL will use (resolved now, P24) runs at the profile's rate or better."""
+    if not p.network.require_roce:
+        return []
+    from p2pkit.host.roce import resolve
+
+    found = f.get("roce")
+    if failed(found) or found is None:
+        return [unknown("link.fabric", "RoCE ports for NCCL", found or {"error": "not read"}, "ACTIVE ports",
+                        pitfall="P24")]
+    hcas = resolve(found, p.network.fabric_netdevs)
+    if not hcas:
+        return [Check("link.fabric", "RoCE ports for NCCL", FAIL, "no ACTIVE Ethernet port on "
+                      + (", ".join(p.network.fabric_netdevs) or "any netdev"), "at least one",
+                      "see topology.roce: bring the fabric port up (cable, switch, `ip link set <netdev> up`)", "P24")]
+    out = []
+    by = {f"{x['device']}:{x['port']}": x for x in found}
+    want = p.network.min_rate_gbps
+    for h in hcas:
+        x = by[h]
+        rate = x.get("rate_gbps")
+        out.append(judge(f"link.fabric_rate.{h}", f"{h} ({','.join(x['netdevs'])}) port rate",
+                         rate is not None and rate >= want, x.get("rate") or "unknown", f">= {want} Gb/s",
+                         "the port trained below the fabric's rate: check the cable (DAC/AOC rated for the speed), "
+                         "the switch port's speed setting, and `ethtool <netdev>`"))
     return out

@@ -16,6 +16,7 @@ from p2pkit.pipeline import Ctx, state_dir_default
 @dataclass
 class Options:
     profile: str | None = None
+    overrides: tuple[str, ...] = ()
     root: Path = Path("/")
     state_dir: Path | None = None
     json: bool = False
@@ -35,7 +36,8 @@ def host() -> Host:
 
 
 def profile(h: Host | None = None) -> config.Profile:
-    return config.load(OPTS.profile or (h.sim.get("profile") if h is not None and h.simulated else None))
+    return config.load(OPTS.profile or (h.sim.get("profile") if h is not None and h.simulated else None),
+                       OPTS.overrides)
 
 
 def context(h: Host | None = None) -> Ctx:

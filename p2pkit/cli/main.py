@@ -32,6 +32,9 @@ def _version(value: bool) -> None:
 def main_options(
     profile: Annotated[str | None, typer.Option("--profile", "-p", help="built-in profile name or a TOML file",
                                                 envvar="P2PKIT_PROFILE")] = None,
+    overrides: Annotated[list[str] | None, typer.Option("--set", metavar="SECTION.KEY=VALUE",
+                                                        help="override one profile key (repeatable), "
+                                                        "like --set serve.flags.node-rank=1")] = None,
     root: Annotated[Path, typer.Option("--root", help="host root: / or a simulated host directory",
                                        envvar="P2PKIT_ROOT")] = Path("/"),
     state_dir: Annotated[Path | None, typer.Option("--state-dir", help="artifacts directory "
@@ -42,6 +45,7 @@ def main_options(
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True)] = False,
 ) -> None:
     common.OPTS.profile = profile
+    common.OPTS.overrides = tuple(overrides or ())
     common.OPTS.root = root
     common.OPTS.state_dir = state_dir
     common.OPTS.json = json_out
@@ -58,7 +62,7 @@ app.add_typer(net_cmd.app, name="net")
 
 
 GLOBAL_FLAGS = {"--json", "--yes", "-y", "--debug"}
-GLOBAL_VALUES = {"--profile", "-p", "--root", "--state-dir"}
+GLOBAL_VALUES = {"--profile", "-p", "--set", "--root", "--state-dir"}
 
 
 def hoist_global_options(argv: list[str]) -> list[str]:

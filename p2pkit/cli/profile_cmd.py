@@ -31,7 +31,7 @@ def list_() -> None:
 @app.command()
 def show(name: Annotated[str | None, typer.Argument(help="profile name or TOML file")] = None) -> None:
     """A profile with every default filled in."""
-    p = config.load(name or common.OPTS.profile)
+    p = config.load(name or common.OPTS.profile, common.OPTS.overrides)
     out = common.output()
     if common.OPTS.json:
         out.document({"source": p.source, "profile": p.as_dict()})
@@ -44,7 +44,7 @@ def validate(path: Annotated[str, typer.Argument(help="profile TOML file (or bui
     """Check a profile; every problem with its key path. Exit 2 when it is not valid."""
     out = common.output()
     try:
-        p = config.load(path)
+        p = config.load(path, common.OPTS.overrides)
     except ProfileError as e:
         if common.OPTS.json:
             out.document({"valid": False, "source": e.source,

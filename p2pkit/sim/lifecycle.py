@@ -13,14 +13,18 @@ from p2pkit.sim.standins import resolve_module
 def init(root: Path, state: dict) -> None:
     driver_version = state.get("driver_pin", "615.71.09")
     installer, sha = provision.make_installer(root, driver_version, gsp=state.get("installer_gsp", True))
-    fork, commit = provision.make_fork(root, driver_version)
+    import tomllib
+
+    from p2pkit import config
+
+    base = tomllib.loads(config.builtin_path(state["profile"]).read_text())
+    fork, commit = provision.make_fork(root, driver_version, patched=base["p2p_module"].get("patched", True))
     provision.make_headers(root, state["kernel"])
     engine = provision.make_ninfer(root, dflash2_tp2=state.get("engine_dflash2_tp2", True))
     provision.make_ffmpeg(root, state.get("ffmpeg_modules", ("libavformat", "libavcodec", "libavutil",
                                                             "libswscale", "libcurl")))
     state["profile"] = str(provision.write_profile(root, state["profile"], installer, sha, fork, commit,
                                                    driver_version, engine))
-    from p2pkit import config
 
     prof = config.load(state["profile"])
     if prof.model.source:

@@ -45,6 +45,10 @@ def p2p_status(state: dict) -> str:
     return "OK"
 
 
+def gpu_name(g: dict) -> str:
+    return g.get("name", "NVIDIA GeForce RTX 5090")
+
+
 def link_max(g: dict) -> tuple[int, int]:
     return min(g["gpu_max_gen"], g["slot_gen"]), min(g["gpu_max_width"], g["slot_width"])
 
@@ -62,7 +66,7 @@ def nvml_doc(state: dict) -> dict:
     for i, g in enumerate(state["gpus"]):
         gen, width = link_max(g)
         gpus.append({
-            "index": i, "name": "NVIDIA GeForce RTX 5090", "uuid": f"GPU-sim-{i:04d}",
+            "index": i, "name": gpu_name(g), "uuid": f"GPU-sim-{i:04d}",
             "bus_id": "0000" + g["bdf"].upper(), "memory_total": g["vram_gib"] * GIB,
             "bar1_total": g["bar1_bytes"],
             "link": {"current_gen": 1, "current_width": width, "max_gen": gen, "gpu_max_gen": g["gpu_max_gen"],
@@ -97,7 +101,7 @@ def link_results(state: dict, profile) -> dict:
         gen, width = link_max(g)
         scale = (GEN_TO_GTS[gen] * width) / (32.0 * 8)
         gpus.append({
-            "index": i, "name": "NVIDIA GeForce RTX 5090", "bus_id": "0000" + g["bdf"],
+            "index": i, "name": gpu_name(g), "bus_id": "0000" + g["bdf"],
             "idle": {"gen": 1, "width": width}, "max_gen": gen, "max_width": width,
             "trained_after_s": 0.35 if (gen, width) >= (profile.pcie.min_gen, profile.pcie.min_width) else None,
             "max_seen": {"gen": gen, "width": width}, "replay_before": 0, "replay_after": 0,

@@ -46,21 +46,23 @@ def make_installer(root: Path, version: str, gsp: bool) -> tuple[Path, str]:
     return p, hashlib.sha256(p.read_bytes()).hexdigest()
 
 
-def make_fork(root: Path, version: str, max_kernel: tuple[int, int] = (6, 17)) -> tuple[Path, str]:
-    """A real git repository with the branch <version>-p2p and a Makefile driving sim.kbuild."""
+def make_fork(root: Path, version: str, max_kernel: tuple[int, int] = (6, 17),
+              patched: bool = True) -> tuple[Path, str]:
+    """A real git repository with the branch <version>-p2p (NVIDIA's own tree: <version>) and a
+    Makefile driving sim.kbuild."""
     work = root / ".p2pkit-sim/git/work"
     bare = root / ".p2pkit-sim/git/open-gpu-kernel-modules.git"
     work.mkdir(parents=True, exist_ok=True)
-    branch = f"{version}-p2p"
+    branch = f"{version}-p2p" if patched else version
     (work / "Makefile").write_text(MAKEFILE.format(branch=branch, python=sys.executable))
-    (work / "VERSION").write_text(f"VERSION={version}\nPATCHED=1\nMAX_KERNEL_MAJOR={max_kernel[0]}\n"
+    (work / "VERSION").write_text(f"VERSION={version}\nPATCHED={int(patched)}\nMAX_KERNEL_MAJOR={max_kernel[0]}\n"
                                   f"MAX_KERNEL_MINOR={max_kernel[1]}\n")
     (work / "kernel-open").mkdir(exist_ok=True)
     (work / "kernel-open/nv-pci.c").write_text("/* SIMULATED: BAR1 P2P mailbox (aikitoria patch) */\n")
     (work / ".gitignore").write_text("*.ko\n.p2pkit-built-*\n")
     _git(work, "init", "-q", "-b", branch)
     _git(work, "add", "-A")
-    _git(work, "commit", "-q", "-m", f"SIMULATED {branch}: P2P over BAR1")
+    _git(work, "commit", "-q", "-m", f"SIMULATED {branch}" + (": P2P over BAR1" if patched else ""))
     commit = _git(work, "rev-parse", "HEAD")
     _git(root / ".p2pkit-sim/git", "clone", "-q", "--bare", str(work), str(bare))
     return bare, commit
@@ -79,7 +81,9 @@ def write_profile(root: Path, base: str, installer: Path, sha: str, fork: Path, 
     data["driver"].update(version=driver_version, installer_url=f"file://{installer}", installer_sha256=sha)
     if driver_version != "615.71.09":
         data["driver"]["allow_other_version"] = False
-    data["p2p_module"].update(repo=f"file://{fork}", branch=f"{driver_version}-p2p", commit=commit)
+    patched = data["p2p_module"].get("patched", True)
+    data["p2p_module"].update(repo=f"file://{fork}", branch=driver_version + ("-p2p" if patched else ""),
+                              commit=commit)
     data["profile"]["description"] = "SIMULATED host: " + data["profile"]["description"]
     if engine is not None:
         data["engine"].update(repo=f"file://{engine[0]}", commit=engine[1], python=sys.executable)

@@ -109,6 +109,19 @@ def render(root: Path, state: dict) -> None:
             grp.mkdir(parents=True, exist_ok=True)
             (grp / "type").write_text(group_type + "\n")
             (gdir / "iommu_group").symlink_to(os.path.relpath(grp, gdir))
+    for nic in state.get("roce", []):  # ConnectX ports: an RDMA device per port, its netdev beside it
+        pci = root / "sys/devices" / f"pci0000:{nic['bdf'][5:7]}" / nic["bdf"]
+        _pci_dev(root, pci, nic["bdf"], "0x15b3", "0x1021", "0x020000", 0, 5, 4, 5, 4)
+        (pci / "net" / nic["netdev"]).mkdir(parents=True, exist_ok=True)
+        ib = root / "sys/class/infiniband" / nic["device"]
+        port = ib / "ports/1"
+        port.mkdir(parents=True, exist_ok=True)
+        (ib / "device").symlink_to(os.path.relpath(pci, ib))
+        active = nic.get("state", "ACTIVE") == "ACTIVE"
+        for name, text in (("state", "4: ACTIVE" if active else "1: DOWN"),
+                           ("phys_state", "5: LinkUp" if active else "3: Disabled"),
+                           ("link_layer", "Ethernet"), ("rate", nic.get("rate", "200 Gb/sec (4X HDR)"))):
+            (port / name).write_text(text + "\n")
     if True:  # an EFI system; the variable says whether Secure Boot is on
         efivar = "sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
         write(root, efivar, bytes([6, 0, 0, 0, 1 if state["secure_boot"] else 0]))

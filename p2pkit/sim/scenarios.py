@@ -54,6 +54,21 @@ def _gpus(**kw):
     return apply
 
 
+def _spark(head: bool):
+    """A DGX Spark node (seed 004): one GB10, two ConnectX-7 ports of which the cabled one is up; the
+    RDMA device names differ between the two nodes (P24). The rest is the simulated x86 host: the
+    aarch64 installer and kernel are not simulated."""
+    def apply(s: dict) -> None:
+        s["profile"] = "dual-spark-vllm"
+        s["gpus"] = [{"bdf": "000f:01:00.0", "root_port": "000f:00:00.0", "device": "0x2e12", "name": "NVIDIA GB10",
+                      "vram_gib": 128, "bar1_bytes": 128 * GIB, "gpu_max_gen": 5, "gpu_max_width": 16,
+                      "slot_gen": 5, "slot_width": 16, "switch": False, "monitor": False}]
+        up, down = ("rocep1s0f0", "rocep1s0f1") if head else ("rocep1s0f1", "rocep1s0f0")
+        s["roce"] = [{"device": up, "bdf": "0000:01:00.0", "netdev": "enp1s0f0np0", "state": "ACTIVE"},
+                     {"device": down, "bdf": "0000:01:00.1", "netdev": "enp1s0f1np1", "state": "DOWN"}]
+    return apply
+
+
 READY = "BOOT_IMAGE=/boot/vmlinuz-6.8.0-88-generic root=UUID=5d0c7a51 ro quiet splash amd_iommu=on iommu=pt"
 
 SCENARIOS: dict[str, tuple[str, list]] = {
@@ -82,6 +97,11 @@ SCENARIOS: dict[str, tuple[str, list]] = {
                               _set("gpu_holders", [{"pid": 2301, "command": "Xorg"}])]),
     "old-engine": ("the pinned engine source predates TP2 DFlash2 (P09)", [_set("engine_dflash2_tp2", False)]),
     "cuda-13.0": ("CUDA 13.0 installed: NInfer needs 13.1 (P05)", [_set("cuda_version", "13.0")]),
+    "spark-head": ("a DGX Spark node (GB10) for the dual-spark-vllm pair, RoCE port up (rocep1s0f0)",
+                   [_spark(head=True)]),
+    "spark-worker": ("the other DGX Spark node: the same port is named rocep1s0f1 here (P24)", [_spark(head=False)]),
+    "spark-fabric-down": ("a DGX Spark node whose fabric port is down",
+                          [_spark(head=True), lambda s: s["roce"][0].update(state="DOWN")]),
     "capped-cgroup": ("p2pkit itself runs in a memory-capped cgroup (P12)", [_set("cgroup_memory_cap", 8 * GIB)]),
 }
 

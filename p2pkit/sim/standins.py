@@ -271,7 +271,7 @@ def nvidia_smi(root: Path, state: dict, args: list[str]) -> int:
         for g in gpus:
             gen, width = model.link_max(g)
             out += [f"GPU 0000{g['bdf'].upper()}",
-                    f"    Product Name{' ' * 39}: NVIDIA GeForce RTX 5090",
+                    f"    Product Name{' ' * 39}: {model.gpu_name(g)}",
                     "    PCI", "        GPU Link Info", "            PCIe Generation",
                     f"                Max{' ' * 36}: {gen}", f"                Current{' ' * 32}: 1",
                     f"                Device Current{' ' * 25}: 1",

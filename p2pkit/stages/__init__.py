@@ -22,6 +22,11 @@ class Stage:
     # facts, ctx -> (why a reboot is needed, ids of the checks only a reboot can pass)
     reboot: Callable[[dict, object], tuple[str, list[str]] | None] | None = None
     implemented: bool = True
+    # profile -> why the stage does not apply to it (one GPU per host: no BAR1 P2P), or None
+    applies: Callable[[object], str | None] | None = None
+
+    def not_applicable(self, profile) -> str | None:
+        return self.applies(profile) if self.applies is not None else None
 
 
 def registry() -> list[Stage]:

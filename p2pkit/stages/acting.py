@@ -3,6 +3,7 @@ profile and the host give them."""
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 
@@ -76,5 +77,5 @@ def _p2p_module(ctx, kernel: str | None = None) -> dict:
         "p2pkit_p2p_module_kernel": kernel,
         "p2pkit_p2p_module_cmdline": iommu_cmdline(m.iommu, system.cpu_vendor(ctx.host)),
         "p2pkit_p2p_module_p2pkit": str(Path(sys.executable).parent / "p2pkit"),
-        "p2pkit_p2p_module_profile": ctx.profile.source,
+        "p2pkit_p2p_module_profile_args": shlex.join(ctx.profile.cli_args()),
     })

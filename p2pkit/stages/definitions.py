@@ -12,20 +12,29 @@ from p2pkit.stages import service as service_stage
 PREFLIGHT_FACTS = ("os", "kernel", "is_root", "disk", "secure_boot", "pci_gpus", "iommu", "dpkg_nvidia", "cgroup")
 P2P_FACTS = ("kernel", "nvidia_version", "module", "built_module", "nvml", "secure_boot", "iommu")
 
+def one_gpu_per_host(p) -> str | None:
+    """BAR1 P2P is between two GPUs of one host; a host with one GPU (a DGX Spark node) has none."""
+    if p.gpus.count >= 2:
+        return None
+    return (f"{p.gpus.count} GPU per host: no GPU-to-GPU P2P over BAR1"
+            + (" (the nodes' GPUs meet over RoCE)" if p.network.require_roce else ""))
+
+
 STAGES: list[Stage] = [
     Stage("preflight", "host matches the profile", inputs=("host", "gpus", "p2p_module.iommu"),
           facts=PREFLIGHT_FACTS, check=preflight.check),
     Stage("driver", "pinned userspace driver", inputs=("driver",),
           facts=("userspace_driver", "driver_guards"), check=driver.check, precheck=driver.precheck,
           act=acting.driver),
-    Stage("p2p-module", "P2P-patched open kernel modules", inputs=("driver", "p2p_module"),
+    Stage("p2p-module", "open kernel modules (the P2P fork for a GPU pair)", inputs=("driver", "p2p_module"),
           facts=P2P_FACTS, check=p2p_module.check, precheck=p2p_module.precheck, act=acting.p2p_module,
           reboot=p2p_module.reboot_with_note),
-    Stage("rebar", "BAR1 covers VRAM", inputs=("gpus", "pcie"), facts=("pci_gpus", "nvml"), check=rebar.check),
+    Stage("rebar", "BAR1 covers VRAM", inputs=("gpus", "pcie"), facts=("pci_gpus", "nvml"), check=rebar.check,
+          applies=one_gpu_per_host),
     Stage("topology", "root ports, link capability, P2P status", inputs=("gpus", "pcie", "network"),
           facts=("pci_gpus", "nvml", "smi_p2p_read", "smi_p2p_write", "roce"), check=topology.check),
-    Stage("link", "link training and P2P bandwidth under load", inputs=("gpus", "pcie", "link"),
-          check=link.check, measure=link_stage.measure),
+    Stage("link", "link training and P2P bandwidth under load (and the RoCE fabric ports)",
+          inputs=("gpus", "pcie", "link", "network"), facts=("roce",), check=link.check, measure=link_stage.measure),
     Stage("engine", "inference engine built from pinned source", inputs=("engine",),
           check=engine.check, precheck=engine.precheck, act=engine_stage.act, measure=engine_stage.measure),
     Stage("model", "model converted and verified", inputs=("engine", "model"),
