@@ -115,7 +115,9 @@ class Engine:
     pkg_config_path: str = f("")
     nccl_root: str = f("")
     build_dir: str = f("/opt/p2pkit/engine", pattern=r"^/", expect="an absolute path")
-    python: str = f("python3", expect="the Python that runs the engine's tools (convert)")
+    python: str = f("python3", expect="the Python that runs the engine's tools (convert), or vLLM itself")
+    python_pins: dict = f(factory=dict, expect="exact versions of packages in the engine's Python, like "
+                          "flashinfer-python = \"0.6.18\"")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,6 +135,8 @@ class Network:
     require_roce: bool = f(False, expect="true when NCCL runs across hosts over RoCE (the Spark pair)")
     fabric_netdevs: list[str] = f(factory=list, expect="the netdevs of the RoCE fabric, like enp1s0f0np0")
     min_rate_gbps: int = f(0, lo=0, hi=1600, expect="the lowest port rate in Gb/s the fabric may run at (0: any)")
+    fabric_cidr: str = f("", pattern=r"^([0-9a-f.:]+/\d+)?$", expect="the fabric's subnet, like 10.10.0.0/24: the "
+                         "only addresses besides loopback a multi-node engine's unit may talk to")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,6 +146,8 @@ class Serve:
     allow_public: bool = f(False)
     health_timeout_s: float = f(900.0, lo=1, hi=7200, expect="seconds to wait for /health while the model loads")
     security_max_exposure: float = f(5.0, lo=0, hi=10, expect="the highest `systemd-analyze security` exposure")
+    head_wait_s: float = f(1800.0, lo=1, hi=86400, expect="seconds a worker node waits for its head's rendezvous "
+                           "port before it starts (P27)")
     flags: dict = f(factory=dict, expect="a table of engine flags")
 
 

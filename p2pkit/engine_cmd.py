@@ -3,6 +3,8 @@ mirrored so that they come before a start, not after (P10, P11, P18, P20).
 
 ninfer-serve takes the artifact first, then `--flag value` only (`--flag=value` is rejected as
 unknown); booleans are bare flags. llama-server takes `-m MODEL` and the same `--flag value` form.
+vLLM runs as `python -m vllm.entrypoints.openai.api_server --model DIR` with the same form; across
+nodes each node has its --node-rank, and the workers are --headless (seed 004, P22, P27).
 """
 
 from __future__ import annotations
@@ -22,15 +24,42 @@ LLAMACPP_FLAGS = {
     "cache-type-k", "cache-type-v", "parallel", "kv-unified", "jinja", "spec-type", "spec-draft-n-max",
     "spec-draft-n-min", "metrics", "no-webui", "mmproj", "model-draft",
 }
+VLLM_FLAGS = {
+    "host", "port", "load-format", "tensor-parallel-size", "nnodes", "node-rank", "master-addr", "master-port",
+    "distributed-executor-backend", "max-model-len", "max-num-seqs", "gpu-memory-utilization",
+    "no-enable-prefix-caching", "enable-chunked-prefill", "max-num-batched-tokens", "long-prefill-token-threshold",
+    "enforce-eager", "enable-auto-tool-choice", "tool-call-parser", "reasoning-parser", "speculative-config",
+    "headless", "served-model-name",
+}
+VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 BINARIES = {"ninfer": "build/apps/ninfer-serve", "llamacpp": "build/bin/llama-server"}
 
 
 def binary(p: Profile) -> str:
+    if p.engine.recipe == "vllm":
+        return p.engine.python
     return f"{p.engine.build_dir}/{BINARIES.get(p.engine.recipe, 'bin/serve')}"
 
 
+def model_path(p: Profile) -> str:
+    """What the engine loads: the converted output, or for an HF-format model the source itself."""
+    return p.model.output or (p.model.source if p.model.format == "hf" else "")
+
+
+def node(p: Profile) -> dict:
+    """This host's place in a multi-node engine: rank, how many, the head's rendezvous address."""
+    f = p.serve.flags
+    n = int(f.get("nnodes", 1) or 1)
+    rank = int(f.get("node-rank", 0) or 0)
+    return {"nnodes": n, "rank": rank, "role": "single" if n <= 1 else ("head" if rank == 0 else "worker"),
+            "master_addr": f.get("master-addr"), "master_port": f.get("master-port")}
+
+
 def flags_of(p: Profile) -> dict:
-    """The profile's flags with host and port from [serve] (the one place they are set)."""
+    """The profile's flags with host and port from [serve] (the one place they are set); a headless
+    vLLM worker serves no API, so it gets neither."""
+    if p.engine.recipe == "vllm" and p.serve.flags.get("headless"):
+        return dict(p.serve.flags)
     return {**p.serve.flags, "host": p.serve.host, "port": p.serve.port}
 
 
@@ -47,6 +76,8 @@ def argv(p: Profile) -> list[str]:
     out = [binary(p)]
     if p.engine.recipe == "ninfer":
         out.append(p.model.output)
+    elif p.engine.recipe == "vllm":
+        out += ["-m", VLLM_MODULE, "--model", model_path(p)]
     else:
         out += ["-m", p.model.output]
     for k, v in flags_of(p).items():
@@ -65,7 +96,7 @@ def _devices(v) -> list[str]:
 
 def validate(p: Profile) -> list[Check]:
     flags = flags_of(p)
-    known = NINFER_FLAGS if p.engine.recipe == "ninfer" else LLAMACPP_FLAGS
+    known = {"ninfer": NINFER_FLAGS, "llamacpp": LLAMACPP_FLAGS, "vllm": VLLM_FLAGS}[p.engine.recipe]
     out = []
     unknown = sorted(set(flags) - known)
     out.append(judge("service.flags_known", "every serve flag is one the engine knows", not unknown,
@@ -76,11 +107,14 @@ def validate(p: Profile) -> list[Check]:
         out.append(Check("service.flags_form", "flags written as names", FAIL, ", ".join(bad_form),
                          "names without dashes or '='", "write serve.flags as `name = value` (p2pkit adds the "
                          "dashes; the engine rejects --flag=value)"))
-    out.append(_host(p))
+    if "host" in flags:  # a headless vLLM worker listens nowhere
+        out.append(_host(p))
     if p.engine.recipe == "ninfer":
         out += _ninfer(p, flags)
     elif p.engine.recipe == "llamacpp":
         out += _llamacpp(p, flags)
+    else:
+        out += _vllm(p, flags)
     return out
 
 
@@ -143,4 +177,40 @@ def _llamacpp(p: Profile, f: dict) -> list[Check]:
         out.append(judge("service.tensor_split", "--tensor-split names one share per GPU",
                          len(parts) == p.gpus.count, split, f"{p.gpus.count} shares",
                          f"give {p.gpus.count} comma-separated shares"))
+    return out
+
+
+def _vllm(p: Profile, f: dict) -> list[Check]:
+    n = node(p)
+    want_tp = p.profile.nodes * p.gpus.count
+    out = [judge("service.tp", "--tensor-parallel-size spans every GPU of every node",
+                 int(f.get("tensor-parallel-size", 1)) == want_tp, f.get("tensor-parallel-size", 1), want_tp,
+                 f"set serve.flags.tensor-parallel-size = {want_tp} ({p.profile.nodes} node(s) x {p.gpus.count} GPU)")]
+    if p.profile.nodes > 1:
+        out.append(judge("service.nnodes", "--nnodes is the profile's node count", n["nnodes"] == p.profile.nodes,
+                         n["nnodes"], p.profile.nodes, f"set serve.flags.nnodes = {p.profile.nodes}"))
+        out.append(judge("service.node_rank", "this node has its own --node-rank", 0 <= n["rank"] < n["nnodes"],
+                         n["rank"], f"0..{n['nnodes'] - 1}", "give each host its rank in the inventory: "
+                         "p2pkit_set: {serve.flags.node-rank: 1} on the worker"))
+        out.append(judge("service.rendezvous", "the head's rendezvous address is set",
+                         bool(n["master_addr"]) and bool(n["master_port"]),
+                         f"{n['master_addr'] or '(no master-addr)'}:{n['master_port'] or '(no master-port)'}",
+                         "master-addr and master-port", "set serve.flags.master-addr to the head's fabric IP and "
+                         "serve.flags.master-port (the same on every node)"))
+        headless = bool(f.get("headless"))
+        out.append(judge("service.headless", "workers run --headless, the head serves the API",
+                         headless == (n["rank"] > 0), "headless" if headless else "serves the API",
+                         "headless" if n["rank"] > 0 else "serves the API",
+                         "set serve.flags.headless = true on the worker nodes only (p2pkit_set in the inventory)"))
+        out.append(Check("service.ip_filter", "the unit talks to loopback and the fabric only",
+                         PASS if p.network.fabric_cidr else WARN, p.network.fabric_cidr or "no IP filter",
+                         "localhost and network.fabric_cidr", "" if p.network.fabric_cidr else
+                         "the rendezvous and NCCL's bootstrap cross hosts, so loopback-only would cut them: set "
+                         "network.fabric_cidr (like 10.10.0.0/24) and the unit allows only that and loopback"))
+    if p.gpus.count * p.profile.nodes >= 2 and "speculative-config" in f:
+        eager = bool(f.get("enforce-eager"))
+        out.append(Check("service.eager", "MTP at TP2 runs eager", PASS if eager else WARN,
+                         "eager" if eager else "CUDA graphs", "--enforce-eager",
+                         "" if eager else "CUDA graphs with MTP at TP2 cost about 28% of decode on GB10 (36 vs 50 "
+                         "tok/s): set serve.flags.enforce-eager = true", "P22"))
     return out

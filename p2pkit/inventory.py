@@ -32,14 +32,20 @@ def host_names(inventory: Path) -> list[str]:
     return hosts
 
 
-def run(inventory: Path, action: str, command: list[str], out) -> tuple[Exit, dict]:
+def run(inventory: Path, action: str, command: list[str], out, wheel: Path | None = None) -> tuple[Exit, dict]:
+    """`wheel`: this p2pkit as a wheel, installed on the hosts that are not reached locally (or that
+    set p2pkit_install); without it they install this version from the package index."""
     hosts = host_names(inventory)
+    if wheel is not None and not wheel.is_file():
+        raise UsageError(f"no wheel at {wheel}", hint="build one from the source tree: `pip wheel --no-deps . -w dist`")
     work = Path(tempfile.mkdtemp(prefix="p2pkit-inventory-"))
     results = work / "results"
     results.mkdir()
     extra = {"p2pkit_action": action, "p2pkit_command": command, "p2pkit_results_dir": str(results),
              "p2pkit_bin": str(Path(sys.executable).parent / "p2pkit"), "p2pkit_version": __version__,
              "ansible_python_interpreter": sys.executable}
+    if wheel is not None:
+        extra["p2pkit_wheel"] = str(wheel.resolve())
     vars_file = work / "vars.json"
     vars_file.write_text(json.dumps(extra))
     argv = [playbook_binary(), "-i", str(inventory), "-f", str(max(5, len(hosts))), "-e", f"@{vars_file}",
@@ -56,6 +62,9 @@ def run(inventory: Path, action: str, command: list[str], out) -> tuple[Exit, di
             report["hosts"][h] = {"exit_code": None, "error": "no result came back (unreachable?)", "stages": {}}
             continue
         res = json.loads(f.read_text())
+        if res["rc"] is None:  # the host did not get as far as running p2pkit
+            report["hosts"][h] = {"exit_code": None, "error": res["stderr"], "stages": {}}
+            continue
         try:
             doc = json.loads(res["stdout"])
         except ValueError:
@@ -64,12 +73,17 @@ def run(inventory: Path, action: str, command: list[str], out) -> tuple[Exit, di
             continue
         report["hosts"][h] = {"exit_code": res["rc"], "message": doc.get("message", ""),
                               "simulated": doc.get("simulated", False),
-                              "stages": {s["stage"]: s["state"] for s in doc.get("stages", [])}}
+                              "stages": {s["stage"]: shown_state(s) for s in doc.get("stages", [])}}
     codes = [v["exit_code"] for v in report["hosts"].values()]
     code = Exit.OK if all(c == 0 for c in codes) else (
         Exit.REBOOT if all(c in (0, 4) for c in codes) else Exit.CHECK_FAILED)
     report["exit_code"] = int(code)
     return code, report
+
+
+def shown_state(s: dict) -> str:
+    """A stage's state for the table: "n/a" for a stage that does not apply to the host's profile."""
+    return "n/a" if s["state"] == "done" and s.get("reason", "").startswith("not applicable") else s["state"]
 
 
 def table_rows(report: dict) -> tuple[list[str], list[list[str]]]:

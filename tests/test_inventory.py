@@ -1,6 +1,8 @@
 """More than one machine: three simulated hosts run through a real Ansible inventory, one failing
 at topology; the other two finish; the table and the JSON say exactly that."""
 
+from pathlib import Path
+
 import pytest
 
 from p2pkit.stages import names
@@ -13,7 +15,10 @@ def test_three_hosts_one_failing_at_topology(cli, sim, tmp_path):
              "box-c": sim("p2p-chipset-not-supported", "c")}
     inv = tmp_path / "hosts.yml"
     inv.write_text("all:\n  hosts:\n" + "".join(
-        f"    {h}: {{ansible_connection: local, p2pkit_root: {r}}}\n" for h, r in roots.items()))
+        f"    {h}: {{ansible_connection: local, p2pkit_root: {r}}}\n" for h, r in roots.items())
+        # a per-host override from host vars: box-b's engine gets a shorter context than the profile's
+        .replace(f"p2pkit_root: {roots['box-b']}}}", f"p2pkit_root: {roots['box-b']}, "
+                 "p2pkit_set: {serve.flags.max-context: 4096}}"))
     r = cli("--json", "up", "--inventory", str(inv), "--reboot")
     assert r.code == 1, r.err
     doc = r.json()
@@ -24,6 +29,8 @@ def test_three_hosts_one_failing_at_topology(cli, sim, tmp_path):
     assert c["exit_code"] == 1 and c["stages"]["topology"] == "failed" and c["stages"]["rebar"] == "done"
     assert all(c["stages"][s] == "not run" for s in ("link", "engine", "model", "service"))
     assert "topology failed: topology.p2p_read" in c["message"]
+    units = {h: (roots[h] / "etc/systemd/system/p2pkit-engine.service").read_text() for h in ("box-a", "box-b")}
+    assert "--max-context 4096" in units["box-b"] and "--max-context 4096" not in units["box-a"]
     for root in roots.values():  # each host keeps its own artifacts
         assert (root / "var/lib/p2pkit/preflight.json").is_file()
     assert not (roots["box-c"] / "var/lib/p2pkit/link.json").exists()
@@ -38,3 +45,34 @@ def test_unreadable_inventory(cli, tmp_path):
     bad.write_text("all:\n  hosts: {}\n")
     r = cli("up", "--inventory", str(bad))
     assert r.code == 2 and "names no host" in r.err
+
+
+def test_remote_hosts_get_the_controllers_p2pkit(cli, sim, tmp_path):
+    """A host that is not reached locally gets p2pkit in its own virtual environment, from the
+    controller's wheel, at the controller's version; p2pkit_install forces that path here."""
+    import subprocess
+    import sys
+
+    from p2pkit import __version__
+
+    root = sim("healthy", "remote")
+    dist = tmp_path / "dist"
+    repo = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(repo)], check=True)
+    wheel = next(dist.glob("p2pkit-*.whl"))
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(f"all:\n  hosts:\n    remote: {{ansible_connection: local, p2pkit_root: {root}, "
+                   "p2pkit_install: true}\n    broken: {ansible_connection: local, p2pkit_root: "
+                   f"{tmp_path / 'elsewhere'}, p2pkit_install: true, p2pkit_host_python: /nonexistent/python3}}\n")
+    r = cli("--json", "status", "--inventory", str(inv), "--wheel", str(wheel))
+    hosts = r.json()["hosts"]
+    venv = root / "opt/p2pkit/venv/bin/p2pkit"
+    assert venv.is_file()
+    out = subprocess.run([str(venv), "--version"], capture_output=True, text=True).stdout.strip()
+    assert out == f"p2pkit {__version__}"
+    assert hosts["remote"]["simulated"] is True and hosts["remote"]["stages"]["preflight"] == "not run"
+    assert hosts["broken"]["exit_code"] is None
+    assert hosts["broken"]["error"].startswith("p2pkit could not be installed on the host")
+    assert r.code == 1
+    r = cli("status", "--inventory", str(inv), "--wheel", str(tmp_path / "nope.whl"))
+    assert r.code == 2 and "no wheel at" in r.err

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from p2pkit.checks import FAIL, Check, judge, not_measured
+from p2pkit.checks import FAIL, WARN, Check, failed, judge, not_measured, unknown
 from p2pkit.config import Profile
 from p2pkit.parse.build import version_tuple
 
@@ -15,11 +15,14 @@ CMAKE_FIXES = (
     ("Could not find", "", "a build dependency is missing: install it (see the line above)"),
 )
 PKG_MODULES = {"ninfer": ("libavformat", "libavcodec", "libavutil", "libswscale", "libcurl"), "llamacpp": ()}
+RECIPES = (*PKG_MODULES, "vllm")
 
 
 def precheck(p: Profile) -> list[Check]:
-    out = [judge("engine.recipe", "a build recipe for this engine", p.engine.recipe in PKG_MODULES, p.engine.recipe,
-                 "ninfer or llamacpp", "the vllm recipe (Spark profile) is not built yet")]
+    out = [judge("engine.recipe", "a recipe for this engine", p.engine.recipe in RECIPES, p.engine.recipe,
+                 " or ".join(RECIPES), "use one of the recipes p2pkit has")]
+    if p.engine.recipe == "vllm":
+        return out  # nothing is built: the environment engine.python names is proven instead (check)
     out.append(judge("engine.commit", "engine source pinned", len(p.engine.commit) >= 7 and bool(p.engine.repo),
                      p.engine.commit or "(empty)", "a repository and a commit",
                      "set engine.repo and engine.commit to the source you reviewed; p2pkit never builds an unpinned "
@@ -42,6 +45,8 @@ def check(f: dict, p: Profile) -> list[Check]:
     if missing:
         return [*out, missing]
     b = f["engine_build"]
+    if p.engine.recipe == "vllm":
+        return out + _vllm(b.get("vllm_env", {}), p)
     src = b["source"]
     out.append(judge("engine.source", "source checked out at the pinned commit", src.get("head") == p.engine.commit
                      or (src.get("head") or "").startswith(p.engine.commit), src.get("head") or src.get("error"),
@@ -106,4 +111,36 @@ def _result(b: dict, p: Profile) -> list[Check]:
                              ", ".join(n or "not found" for n in nccl) or "no libnccl", f"under {p.engine.nccl_root}",
                              "the system libnccl (2.18.3) hangs at init on SM120: rebuild with NCCL_ROOT and RUNPATH "
                              "set to the profile's NCCL", pitfall="P16"))
+    return out
+
+
+def _vllm(env: dict, p: Profile) -> list[Check]:
+    """vLLM is not built by p2pkit yet (the PR branch plus the two-file sm_121 patch, P21): the stage
+    proves the environment at engine.python holds it, at the pinned tree, with the pinned packages."""
+    if failed(env) or not env:
+        return [unknown("engine.vllm", "vLLM importable from engine.python", env or {"error": "not probed"},
+                        "importable")]
+    v = env.get("vllm", {})
+    out = [judge("engine.vllm", "vLLM importable from engine.python", "error" not in v,
+                 v.get("error") or f"vllm {v.get('version')} ({v.get('file')})", "importable",
+                 f"install vLLM into the environment of {p.engine.python} (the recipe of seed 004: the PR #53896 "
+                 "branch with the sm_121 patch, built for CUDA arch 121)", pitfall="P21")]
+    if "error" in v:
+        return out
+    if p.engine.commit:
+        version = str(v.get("version") or "")
+        out.append(judge("engine.vllm_tree", "the installed vLLM is the pinned tree",
+                         f"g{p.engine.commit[:7]}" in version, version, f"a version built from {p.engine.commit[:12]}",
+                         "this model needs a specific vLLM branch, not main: install the tree engine.commit names",
+                         pitfall="P21"))
+    else:
+        out.append(Check("engine.vllm_tree", "the installed vLLM is the pinned tree", WARN, "engine.commit is empty",
+                         "a pinned commit", "set engine.commit to the tree you built, so p2pkit can tell", "P21"))
+    for name, want in sorted(p.engine.python_pins.items()):
+        got = env.get("pins", {}).get(name)
+        flashinfer = "flashinfer" in name
+        out.append(judge(f"engine.pin.{name}", f"{name} is the pinned version", got == str(want),
+                         got or "not installed", str(want), f"pip install {name}=={want} into {p.engine.python}"
+                         + (" (flashinfer 0.6.17 crashes the NVFP4 MoE fallback kernels on GB10)" if flashinfer
+                            else ""), pitfall="P25" if flashinfer else ""))
     return out

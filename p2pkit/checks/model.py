@@ -10,6 +10,9 @@ GIB = 1 << 30
 
 
 def precheck(p: Profile) -> list[Check]:
+    if p.model.format == "hf":  # served as it is (vLLM): only the source
+        return [judge("model.paths", "model source set", bool(p.model.source), p.model.source or "(no source)",
+                      "an HF-format directory", "set model.source to the model's directory")]
     out = [judge("model.paths", "model source and output set", bool(p.model.source and p.model.output),
                  f"{p.model.source or '(no source)'} -> {p.model.output or '(no output)'}", "both set",
                  "set model.source (an HF-format directory) and model.output")]
@@ -26,6 +29,8 @@ def check(f: dict, p: Profile) -> list[Check]:
     if missing:
         return [*out, missing]
     b = f["model_build"]
+    if b.get("as_is"):
+        return [*out, _source(b["source"])]
     if b.get("missing"):
         return [*out, Check("model.output", "the converted model is there", FAIL, b["missing"], p.model.output,
                             "run `p2pkit up --from model`")]

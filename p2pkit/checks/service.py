@@ -32,7 +32,13 @@ def check(f: dict, p: Profile) -> list[Check]:
     h = s["health"]
     cause = s.get("likely_cause")
     tail = " | ".join(s.get("log_tail", [])[-5:])
-    if h["ok"]:
+    if s.get("role") == "worker":  # headless: no API; joined when NCCL formed its communicator with the head
+        why = "the engine exited at start" if h.get("exited") else f"no NCCL channel within {h['seconds']} s"
+        out.append(judge("service.joined", "this worker joined the head", h["ok"],
+                         f"after {h['seconds']} s: {h['line']}" if h["ok"] else f"{why}; last log lines: {tail}",
+                         "an NCCL channel to the head", "read `p2pkit serve logs`; the head must be up first (P27) "
+                         "and reachable over the fabric (master-addr)", pitfall="P27"))
+    elif h["ok"]:
         out.append(Check("service.health", "/health answers 200", PASS, f"200 after {h['seconds']} s "
                          f"(codes seen: {h['codes']})", 200))
     else:
@@ -56,6 +62,10 @@ def check(f: dict, p: Profile) -> list[Check]:
                              f"p2pkit runs capped ({own['memory_caps'][0]['file']}); the service does not",
                              "service uncapped", "fine: the service runs in p2pkit.slice and does not inherit "
                              "the cap of the terminal p2pkit was started from", "P12"))
+    if "nccl_transports" in s:
+        out.append(_nccl(s["nccl_transports"], p))
+    if s.get("listen") is None:
+        return out + _spec(s, p)
     ln = s["listen"]
     want = f"{p.serve.host}:{p.serve.port}"
     addrs = ln.get("addresses", [])
@@ -63,6 +73,25 @@ def check(f: dict, p: Profile) -> list[Check]:
     out.append(judge("service.listen_where", "listening where the profile says", ok,
                      ", ".join(addrs) or ("connected" if ln["connect"] else ln.get("connect_error", "no answer")),
                      want, "the engine listens elsewhere: check serve.host and serve.port"))
+    return out + _spec(s, p)
+
+
+def _nccl(seen: list[str], p: Profile) -> Check:
+    """NCCL across hosts must say NET/IB (RoCE); NET/Socket is the silent TCP fallback (P23)."""
+    want = "NET/IB" if p.network.require_roce else "a network transport"
+    if not seen:
+        return Check("service.nccl_transport", "NCCL runs over RoCE", FAIL, "no NCCL channel line in the log", want,
+                     "the engine's environment must have NCCL_DEBUG=INFO (p2pkit's env file sets it); without the "
+                     "line nobody can tell IB from sockets", "P23")
+    socket_ = [t for t in seen if t.startswith("NET/Socket")]
+    ok = not socket_ and (not p.network.require_roce or "NET/IB" in seen)
+    return judge("service.nccl_transport", "NCCL runs over RoCE", ok, ", ".join(seen), want,
+                 "NCCL fell back to TCP sockets (about 40% of the prefill speed): run natively, not in a default "
+                 "container; NCCL_IB_HCA must name this boot's ACTIVE port (`p2pkit net hca`)", pitfall="P23")
+
+
+def _spec(s: dict, p: Profile) -> list[Check]:
+    out: list[Check] = []
     spec = p.serve.flags.get("spec") or p.serve.flags.get("spec-type")
     if spec:
         text = "\n".join(s.get("log_tail", [])).lower()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from p2pkit.cli import common
@@ -11,9 +13,11 @@ app = typer.Typer(help="The network between hosts (RoCE for NCCL).", no_args_is_
 
 
 @app.command()
-def hca() -> None:
-    """Print NCCL_IB_HCA=... for the ACTIVE Ethernet ports on the profile's fabric netdevs. An engine's
-    ExecStartPre can write it to an environment file, so every start uses the names of this boot."""
+def hca(env_file: Annotated[str | None, typer.Option(
+        "--env-file", help="also write NCCL_IB_HCA and the socket interfaces to this file (a path on the host), "
+                           "for the engine unit's EnvironmentFile")] = None) -> None:
+    """Print NCCL_IB_HCA=... for the ACTIVE Ethernet ports on the profile's fabric netdevs. The engine
+    unit's ExecStartPre writes it to an environment file, so every start uses the names of this boot."""
     from p2pkit.host.roce import ports, resolve
 
     h = common.host()
@@ -26,6 +30,17 @@ def hca() -> None:
         out.document({"hcas": hcas, "ports": found, "fabric_netdevs": p.network.fabric_netdevs})
     elif hcas:
         print(f"NCCL_IB_HCA={','.join(hcas)}")
+    if hcas and env_file:
+        from p2pkit.artifacts import atomic_write
+
+        netdev = next(nd for x in found if f"{x['device']}:{x['port']}" == hcas[0] for nd in
+                      (x["netdevs"] if not p.network.fabric_netdevs else
+                       [n for n in x["netdevs"] if n in p.network.fabric_netdevs]))
+        text = (f"# written by `p2pkit net hca` at this start{' (SIMULATED)' if h.simulated else ''}\n"
+                f"NCCL_IB_HCA={','.join(hcas)}\nNCCL_SOCKET_IFNAME={netdev}\nGLOO_SOCKET_IFNAME={netdev}\n")
+        target = h.path(env_file)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(target, text.encode())
     else:
         out.error("no ACTIVE Ethernet RDMA port on " + (", ".join(p.network.fabric_netdevs) or "any netdev"),
                   "bring the fabric port up and check network.fabric_netdevs in the profile (P24)")

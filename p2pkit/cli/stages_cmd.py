@@ -31,6 +31,9 @@ def up(
                                          "(a oneshot unit runs `p2pkit up` after boot)")] = False,
     inventory: Annotated[Path | None, typer.Option("--inventory", "-i", help="an Ansible inventory: run on "
                                                    "every host in parallel")] = None,
+    wheel: Annotated[Path | None, typer.Option("--wheel", help="with --inventory: this p2pkit as a wheel, to "
+                                               "install on remote hosts (default: this version from the index)")]
+    = None,
 ) -> None:
     """Run every stage that is not done, in order; each proves its result and writes an artifact."""
     if inventory is not None:
@@ -38,7 +41,7 @@ def up(
                *(["--force"] if force else []), *(["--reboot"] if reboot else [])]
         if reboot:
             cmd = ["--yes", *cmd]
-        _inventory(inventory, "up", cmd)
+        _inventory(inventory, "up", cmd, wheel)
     ctx = common.context()
     if ctx.host.simulated:
         ctx.out.log(f"host root {ctx.host.root} is a simulated host (scenario "
@@ -79,11 +82,11 @@ def up(
     raise typer.Exit(int(res.code))
 
 
-def _inventory(inventory: Path, action: str, command: list[str]) -> None:
+def _inventory(inventory: Path, action: str, command: list[str], wheel: Path | None = None) -> None:
     from p2pkit import inventory as inv
 
     out = common.output()
-    code, report = inv.run(inventory, action, command, out)
+    code, report = inv.run(inventory, action, command, out, wheel)
     if common.OPTS.json:
         out.document(report)
     else:
@@ -116,10 +119,12 @@ def plan() -> None:
 def status(
     inventory: Annotated[Path | None, typer.Option("--inventory", "-i", help="an Ansible inventory: gather "
                                                    "every host's state")] = None,
+    wheel: Annotated[Path | None, typer.Option("--wheel", help="with --inventory: this p2pkit as a wheel, to "
+                                               "install on remote hosts")] = None,
 ) -> None:
     """Re-run the quick read-only checks of every stage over its artifact; a table, or --json."""
     if inventory is not None:
-        _inventory(inventory, "status", ["status"])
+        _inventory(inventory, "status", ["status"], wheel)
     ctx = common.context()
     states = pipeline.evaluate(ctx, recheck=True)
     code = Exit.OK if all(s.state == pipeline.DONE for s in states) else Exit.CHECK_FAILED

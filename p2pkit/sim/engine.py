@@ -73,3 +73,113 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# ---------------------------------------------------------------------------------------- vLLM
+
+VLLM_BOOL = {"headless", "enforce-eager", "no-enable-prefix-caching", "enable-chunked-prefill",
+             "enable-auto-tool-choice"}
+
+
+def parse_vllm(argv: list[str]) -> dict:
+    from p2pkit.engine_cmd import VLLM_FLAGS
+
+    flags, it = {}, iter(argv)
+    for a in it:
+        name = a[2:] if a.startswith("--") else None
+        if name is None or "=" in a or (name not in VLLM_FLAGS and name != "model"):
+            raise SystemExit(f"api_server.py: error: unrecognized arguments: {a}")
+        flags[name] = True if name in VLLM_BOOL else next(it, None)
+    return flags
+
+
+def _nccl_lines(rank: int, peer: int) -> list[str]:
+    """What NCCL_DEBUG=INFO prints as the communicator forms: RoCE when NCCL_IB_HCA names a port
+    (P24), the TCP socket fallback otherwise (P23)."""
+    hca = os.environ.get("NCCL_IB_HCA", "")
+    via = "NET/IB/0" if hca else "NET/Socket/0"
+    tag = f"sim-spark:{os.getpid()}:{os.getpid()} [0]"
+    head = [f"{tag} NCCL INFO NCCL_IB_HCA set to {hca}"] if hca else [f"{tag} NCCL INFO NET/IB : No device found."]
+    return [*head, f"{tag} NCCL INFO Using network {'IB' if hca else 'Socket'}",
+            f"{tag} NCCL INFO Channel 00/0 : {rank}[0] -> {peer}[0] [send] via {via}"]
+
+
+def vllm_main() -> None:
+    """A SIMULATED `python -m vllm.entrypoints.openai.api_server`: the head (node-rank 0) opens its
+    rendezvous port and serves /health 503 until every worker joined and the load time passed; a
+    headless worker must find the head's port at start or it exits (why the worker starts after
+    the head, P27)."""
+    import socket
+    import threading
+
+    f = parse_vllm(sys.argv[1:])
+    print("INFO vLLM API server (SIMULATED) starting", flush=True)
+    model = f.get("model") or ""
+    if not os.path.isdir(model):
+        raise SystemExit(f"ValueError: model path {model} does not exist")
+    nnodes, rank = int(f.get("nnodes") or 1), int(f.get("node-rank") or 0)
+    addr, mport = f.get("master-addr") or "127.0.0.1", int(f.get("master-port") or 29500)
+    if nnodes > 1 and rank > 0:
+        deadline = time.monotonic() + 3
+        while True:
+            try:
+                conn = socket.create_connection((addr, mport), timeout=2)
+                break
+            except OSError as e:
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"RuntimeError: node {rank} cannot reach the head at {addr}:{mport}: {e}") from e
+                time.sleep(0.2)
+        conn.settimeout(None)  # from here on the worker lives as long as the head does
+        conn.sendall(f"hello rank={rank}\n".encode())
+        conn.recv(16)
+        for line in _nccl_lines(rank, 0):
+            print(line, flush=True)
+        print(f"INFO node {rank} joined the head at {addr}:{mport} (headless)", flush=True)
+        while conn.recv(16):
+            pass
+        raise SystemExit("RuntimeError: the head closed the connection")
+    joined = {"n": 0, "at": None if nnodes > 1 else time.monotonic()}
+    if nnodes > 1:
+        srv = socket.create_server((addr, mport))
+        print(f"INFO rendezvous at {addr}:{mport} open at {time.time():.3f}: waiting for {nnodes - 1} node(s)",
+              flush=True)
+
+        def accept() -> None:
+            keep = []
+            while True:
+                c, _ = srv.accept()
+                c.settimeout(5)
+                try:
+                    hello = c.recv(64).decode()
+                except OSError:
+                    hello = ""
+                if not hello.startswith("hello"):
+                    c.close()  # a readiness probe, not a node
+                    continue
+                c.sendall(b"ok\n")
+                keep.append(c)
+                joined["n"] += 1
+                if joined["n"] == nnodes - 1:
+                    for line in _nccl_lines(0, 1):
+                        print(line, flush=True)
+                    print(f"INFO all {nnodes} nodes joined; loading {model}", flush=True)
+                    joined["at"] = time.monotonic()
+
+        threading.Thread(target=accept, daemon=True).start()
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path != "/health":
+                self.send_error(404)
+                return
+            ok = joined["at"] is not None and time.monotonic() - joined["at"] >= LOAD_SECONDS
+            self.send_response(200 if ok else 503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer((f.get("host") or "127.0.0.1", int(f.get("port") or 8000)), Health)
+    print(f"INFO API on {f.get('host')}:{f.get('port')}", flush=True)
+    server.serve_forever()

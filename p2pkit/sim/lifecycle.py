@@ -27,6 +27,8 @@ def init(root: Path, state: dict) -> None:
                                                    driver_version, engine))
 
     prof = config.load(state["profile"])
+    if prof.engine.recipe == "vllm":
+        provision.make_vllm(root, state.get("flashinfer_version", "0.6.18"))
     if prof.model.source:
         provision.make_hf_model(root, prof.model.source)
     if prof.model.draft_source:

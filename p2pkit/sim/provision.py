@@ -85,7 +85,12 @@ def write_profile(root: Path, base: str, installer: Path, sha: str, fork: Path, 
     data["p2p_module"].update(repo=f"file://{fork}", branch=driver_version + ("-p2p" if patched else ""),
                               commit=commit)
     data["profile"]["description"] = "SIMULATED host: " + data["profile"]["description"]
-    if engine is not None:
+    if data["engine"]["recipe"] == "vllm":
+        data["engine"].update(repo="", commit=VLLM_COMMIT, python="/opt/vllm/bin/python")
+        flags = data["serve"].setdefault("flags", {})
+        flags.update({"master-addr": "127.0.0.1", "master-port": free_port()})
+        data["serve"]["health_timeout_s"] = 120.0
+    elif engine is not None:
         data["engine"].update(repo=f"file://{engine[0]}", commit=engine[1], python=sys.executable)
     data["serve"]["port"] = free_port()  # the simulated engine really listens: never collide
     out = root / ".p2pkit-sim/profile.toml"
@@ -192,3 +197,35 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+VLLM_COMMIT = hashlib.sha1(b"SIMULATED vLLM release/qwen38next (PR #53896) with the sm_121 patch").hexdigest()
+VLLM_WRAPPER = """#!/bin/sh
+# SIMULATED vLLM environment: this machine's Python with the simulated packages first on the path.
+PYTHONPATH={lib} exec {python} "$@"
+"""
+
+
+def make_vllm(root: Path, flashinfer: str = "0.6.18") -> None:
+    """A SIMULATED Python environment at /opt/vllm: `vllm` (whose api_server is sim.engine's vLLM),
+    and flashinfer-python at the given version, both with dist-info metadata like pip leaves."""
+    env = root / "opt/vllm"
+    lib = env / "lib"
+    version = f"0.11.1.dev53896+g{VLLM_COMMIT[:7]}"
+    api = lib / "vllm/entrypoints/openai"
+    api.mkdir(parents=True, exist_ok=True)
+    (lib / "vllm/__init__.py").write_text(f"# SIMULATED vLLM\n__version__ = {version!r}\n")
+    (lib / "vllm/entrypoints/__init__.py").write_text("")
+    (api / "__init__.py").write_text("")
+    (api / "api_server.py").write_text("# SIMULATED\nfrom p2pkit.sim.engine import vllm_main\n\n"
+                                       "if __name__ == '__main__':\n    vllm_main()\n")
+    (lib / "flashinfer").mkdir(exist_ok=True)
+    (lib / "flashinfer/__init__.py").write_text(f"# SIMULATED\n__version__ = {flashinfer!r}\n")
+    for name, ver in (("vllm", version), ("flashinfer_python", flashinfer)):
+        meta = lib / f"{name}-{ver}.dist-info"
+        meta.mkdir(exist_ok=True)
+        (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: {ver}\n")
+    (env / "bin").mkdir(parents=True, exist_ok=True)
+    wrapper = env / "bin/python"
+    wrapper.write_text(VLLM_WRAPPER.format(lib=lib, python=sys.executable))
+    wrapper.chmod(0o755)

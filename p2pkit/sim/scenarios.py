@@ -102,6 +102,8 @@ SCENARIOS: dict[str, tuple[str, list]] = {
     "spark-worker": ("the other DGX Spark node: the same port is named rocep1s0f1 here (P24)", [_spark(head=False)]),
     "spark-fabric-down": ("a DGX Spark node whose fabric port is down",
                           [_spark(head=True), lambda s: s["roce"][0].update(state="DOWN")]),
+    "spark-old-flashinfer": ("a DGX Spark node whose vLLM venv has flashinfer 0.6.17 (P25)",
+                             [_spark(head=True), _set("flashinfer_version", "0.6.17")]),
     "capped-cgroup": ("p2pkit itself runs in a memory-capped cgroup (P12)", [_set("cgroup_memory_cap", 8 * GIB)]),
 }
 

@@ -300,8 +300,10 @@ def _unit(root: Path, unit: str) -> dict:
         k, _, v = line.partition("=")
         if k == "ExecStart":
             out["exec"] = v
+        elif k == "ExecStartPre":
+            out.setdefault("pre", []).append(v)
         elif k == "EnvironmentFile":
-            envf = root / v.lstrip("-/")
+            envf = root / v.lstrip("-").lstrip("/")
             if envf.is_file():
                 for ln in envf.read_text().splitlines():
                     if "=" in ln and not ln.lstrip().startswith("#"):
@@ -342,8 +344,22 @@ def _start(root: Path, state: dict, unit: str) -> int:
     if not u.get("exec"):
         print(f"Failed to start {unit}: Unit {unit} not found.", file=sys.stderr)
         return 5
-    argv = [str(root / a.lstrip("/")) if a.startswith("/") and (root / a.lstrip("/")).exists() else a
-            for a in shlex.split(u["exec"])]
+
+    def host_argv(line: str) -> list[str]:  # paths that exist in the simulated root point into it
+        return [str(root / a.lstrip("/")) if a.startswith("/") and (root / a.lstrip("/")).exists() else a
+                for a in shlex.split(line)]
+
+    for pre in u.get("pre", []):  # ExecStartPre, in order; "-" tolerates a failure, "+" is privileges
+        optional = pre.startswith("-")
+        r = subprocess.run(host_argv(pre.lstrip("+-!")), capture_output=True, text=True)
+        if r.returncode and not optional:
+            print(f"Job for {unit} failed because the control process exited with error code "
+                  f"(ExecStartPre: exit {r.returncode}: {r.stderr.strip()[-200:]})", file=sys.stderr)
+            state.setdefault("services", {})[unit] = {"pid": None, "started": True}
+            save(root, state)
+            return 1
+    u = _unit(root, unit)  # environment files are read after ExecStartPre, as systemd does
+    argv = host_argv(u["exec"])
     log = root / "var/log/p2pkit" / f"{unit}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {"PATH": "/usr/bin:/bin", **u["env"], **state.get("engine_env", {})}

@@ -7,6 +7,7 @@ libraries are checked (P05, P06); a refused precondition never reaches CMake."""
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 from p2pkit.ansible import run_playbook
@@ -121,8 +122,50 @@ def installed(ctx) -> dict:
     return res
 
 
+VLLM_PROBE = """
+import importlib.metadata as md, json, sys
+out = {"python": sys.version.split()[0], "executable": sys.executable}
+try:
+    import vllm
+    out["vllm"] = {"version": getattr(vllm, "__version__", None), "file": vllm.__file__}
+except Exception as e:
+    out["vllm"] = {"error": f"{type(e).__name__}: {e}"}
+pins = {}
+for name in sys.argv[1:]:
+    try:
+        pins[name] = md.version(name)
+    except md.PackageNotFoundError:
+        pins[name] = None
+out["pins"] = pins
+print(json.dumps(out))
+"""
+
+
+def engine_python(ctx) -> str:
+    """engine.python on the host (through the host root; a bare name is looked up on PATH)."""
+    py = ctx.profile.engine.python
+    return str(ctx.host.path(py)) if py.startswith("/") else py
+
+
+def vllm_env(ctx) -> dict:
+    """Read-only: what engine.python's environment holds (vLLM, the pinned packages)."""
+    pins = sorted(ctx.profile.engine.python_pins)
+    try:
+        r = ctx.host.runner.run([engine_python(ctx), "-c", VLLM_PROBE, *pins], check=False, timeout=600)
+    except P2pkitError as e:
+        return {"error": e.message}
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    if r.returncode != 0 or not lines:
+        tail = " | ".join((r.stderr or r.stdout).strip().splitlines()[-2:])
+        return {"error": f"{ctx.profile.engine.python} exited {r.returncode}: {tail}"}
+    return json.loads(lines[-1])
+
+
 def act(ctx) -> dict:
     e = ctx.profile.engine
+    if e.recipe == "vllm":  # nothing to build yet: the recipe of seed 004 is not automated (P21)
+        ctx.options["engine_build"] = {"vllm_env": vllm_env(ctx)}
+        return {"built": False, "note": f"vLLM is used as installed at {e.python}; p2pkit proves it"}
     deps = run_playbook(ctx, "engine", {"p2pkit_engine_recipe": e.recipe, "p2pkit_engine_build_dir": e.build_dir})
     ctx.options["engine_build"] = build(ctx)
     return {"dependencies": deps, "log": str(_log(ctx))}
@@ -131,6 +174,8 @@ def act(ctx) -> dict:
 def measure(ctx) -> dict:
     """The build's own record when the stage just built it, and always what is there now."""
     built = ctx.options.pop("engine_build", None)
+    if ctx.profile.engine.recipe == "vllm":
+        return {"engine_build": built or {"vllm_env": vllm_env(ctx)}}
     now = installed(ctx)
     if built is None:
         now.update(toolchain(ctx))

@@ -89,7 +89,16 @@ def existing(ctx, res: dict) -> dict:
     return res
 
 
+def as_is(ctx) -> dict:
+    """An HF-format model the engine (vLLM) loads as it is: nothing is converted; the source is proven."""
+    src = ctx.profile.model.source
+    return {"source": hm.hf_source(ctx.host, src), "output": src, "as_is": True}
+
+
 def act(ctx) -> dict:
+    if ctx.profile.model.format == "hf":
+        ctx.options["model_build"] = as_is(ctx)
+        return {"convert": None, "output": ctx.profile.model.source}
     ctx.options["model_build"] = convert(ctx)
     return {"convert": ctx.options["model_build"].get("convert_argv"), "output": ctx.profile.model.output}
 
@@ -99,6 +108,8 @@ def measure(ctx) -> dict:
     built = ctx.options.pop("model_build", None)
     if built is not None:
         return {"model_build": built}
+    if ctx.profile.model.format == "hf":
+        return {"model_build": as_is(ctx)}
     p, host = ctx.profile, ctx.host
     res: dict = {"source": hm.hf_source(host, p.model.source), "output": p.model.output,
                  "engine": engine_support(ctx)}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import shlex
 import socket
+import sys
 import tempfile
 import time
 import urllib.error
@@ -35,18 +36,74 @@ def exec_start(profile) -> str:
     return " ".join(shlex.quote(a).replace("%", "%%").replace("$", "$$") for a in engine_cmd.argv(profile))
 
 
+NCCL_ENV = "/run/p2pkit-engine/nccl.env"
+
+
+def exec_start_pre(profile) -> str:
+    """For NCCL over RoCE: `p2pkit net hca --env-file` before every start, so the RDMA device names
+    are this boot's (P24). Empty when the profile does not use RoCE."""
+    if not profile.network.require_roce:
+        return ""
+    argv = [str(Path(sys.executable).parent / "p2pkit"), "--root", "/", *profile.cli_args(), "net", "hca",
+            "--env-file", NCCL_ENV]
+    return " ".join(shlex.quote(a).replace("%", "%%").replace("$", "$$") for a in argv)
+
+
+def ip_filter(p) -> tuple[str, str]:
+    """IPAddressDeny/Allow: loopback only, unless the API is public or the engine spans nodes (the
+    rendezvous and NCCL's bootstrap cross the fabric: network.fabric_cidr, or no filter)."""
+    if p.serve.host in ("0.0.0.0", "::"):
+        return "", ""
+    if engine_cmd.node(p)["nnodes"] > 1:
+        return ("any", f"localhost {p.network.fabric_cidr}") if p.network.fabric_cidr else ("", "")
+    return "any", "localhost"
+
+
 def act(ctx) -> dict:
     p = ctx.profile
-    public = p.serve.host in ("0.0.0.0", "::")
-    return run_playbook(ctx, "service", {
+    acted: dict = {}
+    n = engine_cmd.node(p)
+    if n["role"] == "worker":  # the worker starts only after the head is up (P27)
+        acted["head"] = wait_head(ctx, n["master_addr"], int(n["master_port"]), p.serve.head_wait_s)
+        if not acted["head"]["ok"]:
+            raise P2pkitError(
+                f"the head's rendezvous port {n['master_addr']}:{n['master_port']} did not answer within "
+                f"{p.serve.head_wait_s:g} s, so this worker was not started",
+                hint="start the head node first (its `p2pkit up`), then this one: a worker started before its head "
+                     "fails (P27); in an inventory run p2pkit waits for the head by itself")
+    deny, allow = ip_filter(p)
+    acted.update(run_playbook(ctx, "service", {
         "p2pkit_service_recipe": p.engine.recipe,
         "p2pkit_service_profile": p.source,
         "p2pkit_service_exec_start": exec_start(p),
+        "p2pkit_service_exec_start_pre": exec_start_pre(p),
         "p2pkit_service_work_dir": f"{ctx.host.host_path(ctx.store.dir)}/engine",
         "p2pkit_service_nccl_root": p.engine.nccl_root,
-        "p2pkit_service_ip_deny": "" if public else "any",
-        "p2pkit_service_ip_allow": "" if public else "localhost",
-    })
+        "p2pkit_service_ip_deny": deny,
+        "p2pkit_service_ip_allow": allow,
+    }))
+    acted["started_at"] = time.time()
+    return acted
+
+
+def wait_head(ctx, addr: str, port: int, timeout: float) -> dict:
+    """Poll the head's rendezvous port until it accepts a connection (the head is up), or time out."""
+    t0 = time.monotonic()
+    last_note = t0
+    while True:
+        try:
+            with socket.create_connection((addr, port), timeout=2):
+                return {"ok": True, "waited_s": round(time.monotonic() - t0, 2), "up_at": time.time(),
+                        "address": f"{addr}:{port}"}
+        except OSError as e:
+            err = str(e)
+        if time.monotonic() - t0 > timeout:
+            return {"ok": False, "waited_s": round(time.monotonic() - t0, 2), "error": err,
+                    "address": f"{addr}:{port}"}
+        if time.monotonic() - last_note >= 10:
+            ctx.out.step("service", f"waiting for the head at {addr}:{port} ({err}) before starting this worker")
+            last_note = time.monotonic()
+        time.sleep(0.5)
 
 
 def _systemctl(host: Host, *args: str):
@@ -151,18 +208,48 @@ def logs(host: Host, n: int = 30) -> list[str]:
     return r.stdout.splitlines()
 
 
+def wait_joined(ctx, timeout: float) -> dict:
+    """A headless worker serves no /health: it has joined when NCCL's channel lines show its
+    communicator formed with the head (or it died, or the timeout passed)."""
+    t0 = time.monotonic()
+    while True:
+        lines = [ln for ln in logs(ctx.host, 400) if NCCL_CHANNEL.search(ln)]
+        if lines:
+            return {"ok": True, "seconds": round(time.monotonic() - t0, 2), "line": lines[0]}
+        if not unit_alive(ctx.host):
+            return {"ok": False, "seconds": round(time.monotonic() - t0, 2), "exited": True}
+        if time.monotonic() - t0 > timeout:
+            return {"ok": False, "seconds": round(time.monotonic() - t0, 2), "exited": False}
+        time.sleep(0.25)
+
+
+NCCL_CHANNEL = re.compile(r"NCCL INFO Channel \d+/\d+ : .* via (NET/\w+|P2P\S*|SHM\S*)")
+
+
+def nccl_transports(lines: list[str]) -> list[str]:
+    """The transports NCCL picked ("NET/IB", "NET/Socket", "P2P/direct pointer"...), from NCCL_DEBUG=INFO."""
+    return sorted({m.group(1) for ln in lines if (m := NCCL_CHANNEL.search(ln))})
+
+
 def measure(ctx) -> dict:
     p = ctx.profile
     host = ctx.host
     if not host.path(f"/etc/systemd/system/{UNIT}").is_file():
         return {"service": {"error": f"{UNIT} is not installed: run `p2pkit up` (the service stage)"}}
-    url = engine_cmd.health_url(p)
-    with ctx.out.working(f"[service] waiting for {url}"):
-        health = wait_health(ctx, url, p.serve.health_timeout_s)
+    role = engine_cmd.node(p)["role"]
+    if role == "worker":
+        with ctx.out.working("[service] waiting for this worker to join the head (NCCL)"):
+            health = wait_joined(ctx, p.serve.health_timeout_s)
+    else:
+        url = engine_cmd.health_url(p)
+        with ctx.out.working(f"[service] waiting for {url}"):
+            health = wait_health(ctx, url, p.serve.health_timeout_s)
     pid = main_pid(host)
-    res = {"unit": UNIT, "analyze": analyze(host), "health": health, "main_pid": pid,
+    res = {"unit": UNIT, "role": role, "analyze": analyze(host), "health": health, "main_pid": pid,
            "pid_cgroup": pid_caps(host, pid) if pid else {"error": "the service has no main PID (not running)"},
-           "listen": listening(p, pid), "log_tail": logs(host)}
+           "listen": listening(p, pid) if role != "worker" else None, "log_tail": logs(host)}
+    if p.network.require_roce or role != "single":
+        res["nccl_transports"] = nccl_transports(logs(host, 400))
     text = "\n".join(res["log_tail"])
     res["likely_cause"] = next((c for needle, c in CAUSES if needle in text), None)
     return {"service": res}

@@ -1,0 +1,106 @@
+"""The dual-spark-vllm pair (seed 004): two simulated DGX Spark nodes from one Ansible inventory,
+the worker's own values from its host vars, the worker started only after the head is up (P27),
+RoCE devices resolved on each node (P24), NCCL proven on NET/IB (P23), flashinfer pinned (P25)."""
+
+import json
+import re
+
+import pytest
+
+from p2pkit import config
+from p2pkit.checks import service as service_checks
+from p2pkit.host.roce import rate_gbps
+from p2pkit.sim.provision import free_port
+from p2pkit.stages.service import nccl_transports
+
+pytestmark = pytest.mark.slow
+
+
+def master_port(root) -> int:
+    return config.load(str(root / ".p2pkit-sim/profile.toml")).serve.flags["master-port"]
+
+
+def test_spark_pair_from_one_inventory(cli, sim, tmp_path):
+    head, worker = sim("spark-head", "head"), sim("spark-worker", "worker")
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(f"""all:
+  hosts:
+    spark-1: {{ansible_connection: local, p2pkit_root: {head}}}
+    spark-2:
+      ansible_connection: local
+      p2pkit_root: {worker}
+      p2pkit_set:
+        serve.flags.node-rank: 1
+        serve.flags.headless: true
+        serve.flags.master-port: {master_port(head)}
+""")
+    r = cli("--json", "up", "--inventory", str(inv), "--reboot")
+    assert r.code == 0, r.out + r.err
+    hosts = r.json()["hosts"]
+    for h in ("spark-1", "spark-2"):
+        st = hosts[h]["stages"]
+        assert st.pop("rebar") == "n/a", hosts[h]  # one GPU per node: no BAR1 P2P
+        assert set(st.values()) == {"done"}, hosts[h]
+    # P27: the worker started after the head's rendezvous port was open, and waited for it
+    log = (head / "var/log/p2pkit/p2pkit-engine.service.log").read_text()
+    opened = float(re.search(r"rendezvous at \S+ open at ([\d.]+)", log).group(1))
+    acted = json.loads((worker / "var/lib/p2pkit/service.json").read_text())["acted"]
+    assert acted["head"]["ok"] and acted["head"]["up_at"] >= opened and acted["started_at"] > opened
+    # P24: each node resolved its own RDMA device for the same cabled port, at its unit's start
+    env = {n: (root / "run/p2pkit-engine/nccl.env").read_text() for n, root in (("head", head), ("worker", worker))}
+    assert "NCCL_IB_HCA=rocep1s0f0:1" in env["head"] and "NCCL_IB_HCA=rocep1s0f1:1" in env["worker"]
+    unit = (worker / "etc/systemd/system/p2pkit-engine.service").read_text()
+    assert "net hca --env-file /run/p2pkit-engine/nccl.env" in unit and "--set serve.flags.node-rank=1" in unit
+    assert "--headless" in unit and "--port" not in unit  # a headless worker serves no API
+    # P23 on both nodes; the head's /health only after the worker joined; the worker joined by NCCL
+    for root, extra in ((head, "service.health"), (worker, "service.joined")):
+        checks = {c["id"]: c for c in json.loads((root / "var/lib/p2pkit/service.json").read_text())["checks"]}
+        assert checks["service.nccl_transport"]["status"] == "pass" and checks[extra]["status"] == "pass"
+    # the kernel modules are NVIDIA's own (no P2P patch) and the fabric ran at its rate
+    link = {c["id"]: c for c in json.loads((worker / "var/lib/p2pkit/link.json").read_text())["checks"]}
+    assert link["link.fabric_rate.rocep1s0f1:1"]["status"] == "pass" and "link.p2p_pair" not in link
+    # status from the same inventory: the host vars apply again, so nothing reads as stale
+    r = cli("--json", "status", "--inventory", str(inv))
+    assert r.code == 0 and r.json()["hosts"]["spark-2"]["stages"]["service"] == "done", r.out
+
+
+def test_worker_without_its_head_is_not_started(cli, sim):
+    worker = sim("spark-worker", "lonely")
+    nobody = free_port()
+    r = cli("--json", "--root", str(worker), "--set", "serve.flags.node-rank=1", "--set", "serve.flags.headless=true",
+            "--set", f"serve.flags.master-port={nobody}", "--set", "serve.head_wait_s=2", "up", "--reboot")
+    assert r.code == 1, r.err
+    doc = json.loads((worker / "var/lib/p2pkit/service.json").read_text())
+    c = doc["checks"][-1]
+    assert c["id"] == "service.act" and f"127.0.0.1:{nobody} did not answer within 2 s" in c["measured"]
+    assert "P27" in c["hint"]
+    assert not (worker / "etc/systemd/system/p2pkit-engine.service").exists()  # nothing installed, nothing ran
+
+
+@pytest.mark.parametrize("scenario, stop, check, pitfall", [
+    ("spark-fabric-down", "topology", "topology.roce", "P24"),
+    ("spark-old-flashinfer", "engine", "engine.pin.flashinfer-python", "P25"),
+])
+def test_spark_node_failures(cli, sim, scenario, stop, check, pitfall):
+    root = sim(scenario)
+    r = cli("--json", "--root", str(root), "up", "--reboot", "--to", stop)
+    assert r.code == 1, r.err
+    doc = json.loads((root / f"var/lib/p2pkit/{stop}.json").read_text())
+    bad = [c for c in doc["checks"] if c["status"] == "fail"]
+    assert [c["id"] for c in bad] == [check] and bad[0]["pitfall"] == pitfall
+
+
+def test_nccl_transport_read_from_the_log():
+    p = config.load("dual-spark-vllm")
+    ib = ["h:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0"]
+    sock = ["h:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/Socket/0"]
+    assert nccl_transports(ib) == ["NET/IB"] and nccl_transports(sock) == ["NET/Socket"]
+    assert service_checks._nccl(nccl_transports(ib), p).status == "pass"
+    c = service_checks._nccl(nccl_transports(sock), p)
+    assert c.status == "fail" and c.pitfall == "P23"
+    assert service_checks._nccl([], p).status == "fail"  # no NCCL_DEBUG line: cannot tell, so not a pass
+
+
+def test_port_rate_parsed():
+    assert rate_gbps("200 Gb/sec (4X HDR)\n") == 200.0 and rate_gbps("25 Gb/sec (1X EDR)") == 25.0
+    assert rate_gbps("") is None and rate_gbps("garbage") is None
