@@ -262,3 +262,19 @@ def test_llamacpp_must_link_the_profiles_nccl(nccl_path, status):
     assert c["engine.nccl.libggml-cuda.so"].status == status
     if status == "fail":
         assert c["engine.nccl.libggml-cuda.so"].pitfall == "P16" and "2.18.3" in c["engine.nccl.libggml-cuda.so"].hint
+
+
+def test_engine_source_needs_a_pinned_commit_and_a_checkout():
+    """Found on the lent H200: with no commit and no checkout, the source check must not pass."""
+    from dataclasses import replace
+
+    from p2pkit.checks import engine as ec
+
+    p = config.load("dual-5090-ninfer")
+    unpinned = replace(p, engine=replace(p.engine, commit=""))
+    b = {"source": {"path": "/opt/p2pkit/ninfer", "head": None}, "cuda": {"version": "13.1"}, "pkg_config": {}}
+    c = {c.id: c for c in ec.check({"engine_build": b}, unpinned)}["engine.source"]
+    assert c.status == "fail" and c.measured == "no checkout"
+    pinned = replace(p, engine=replace(p.engine, commit="abc1234"))
+    b["source"]["head"] = "abc1234" + "0" * 33
+    assert {c.id: c for c in ec.check({"engine_build": b}, pinned)}["engine.source"].status == "pass"

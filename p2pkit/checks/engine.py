@@ -48,8 +48,10 @@ def check(f: dict, p: Profile) -> list[Check]:
     if p.engine.recipe == "vllm":
         return out + _vllm(b.get("vllm_env", {}), p)
     src = b["source"]
-    out.append(judge("engine.source", "source checked out at the pinned commit", src.get("head") == p.engine.commit
-                     or (src.get("head") or "").startswith(p.engine.commit), src.get("head") or src.get("error"),
+    head = src.get("head") or ""
+    out.append(judge("engine.source", "source checked out at the pinned commit",
+                     bool(p.engine.commit) and bool(head) and head.startswith(p.engine.commit),
+                     head or src.get("error") or "no checkout",
                      p.engine.commit, "the checkout is not the pinned commit: check engine.repo and engine.commit"))
     cuda = b.get("cuda", {})
     if cuda.get("version") is None:
