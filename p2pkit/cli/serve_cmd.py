@@ -22,8 +22,11 @@ def status() -> None:
     r = ctx.host.runner.run(["systemctl", "status", "--no-pager", service.UNIT], check=False)
     ctx.out.line(r.stdout.strip() or r.stderr.strip())
     p = ctx.profile
-    ln = service.listening(p, service.main_pid(ctx.host))
-    ctx.out.line(f"{engine_cmd.client_host(p)}:{p.serve.port}: {'answers' if ln['connect'] else 'no answer'}")
+    if engine_cmd.node(p)["role"] == "worker":
+        ctx.out.line("a headless worker node: it serves no API (the head does)")
+    else:
+        ln = service.listening(p, service.main_pid(ctx.host))
+        ctx.out.line(f"{engine_cmd.client_host(p)}:{p.serve.port}: {'answers' if ln['connect'] else 'no answer'}")
     raise typer.Exit(int(Exit.OK if r.returncode == 0 else Exit.CHECK_FAILED))
 
 
@@ -45,9 +48,12 @@ def restart() -> None:
     ctx = common.context()
     ctx.host.runner.run(["systemctl", "restart", service.UNIT])
     p = ctx.profile
-    h = service.wait_health(ctx, engine_cmd.health_url(p), p.serve.health_timeout_s)
+    worker = engine_cmd.node(p)["role"] == "worker"
+    h = (service.wait_joined(ctx, p.serve.health_timeout_s) if worker
+         else service.wait_health(ctx, engine_cmd.health_url(p), p.serve.health_timeout_s))
     if h["ok"]:
-        ctx.out.line(f"{service.UNIT} restarted; /health 200 after {h['seconds']} s")
+        ctx.out.line(f"{service.UNIT} restarted; " + (f"joined the head after {h['seconds']} s" if worker
+                                                      else f"/health 200 after {h['seconds']} s"))
         raise typer.Exit(int(Exit.OK))
     tail = " | ".join(service.logs(ctx.host, 5))
     ctx.out.error(f"{service.UNIT} did not become healthy: {tail}", "read `p2pkit serve logs`")
