@@ -46,13 +46,22 @@ def model_path(p: Profile) -> str:
     return p.model.output or (p.model.source if p.model.format == "hf" else "")
 
 
+def _int(v, default: int | None) -> int | None:
+    """A flag's integer value (TOML gives ints; a string of digits is accepted); None when it is not one."""
+    if v is None:
+        return default
+    return int(v) if (isinstance(v, int) and not isinstance(v, bool)) or str(v).isdigit() else None
+
+
 def node(p: Profile) -> dict:
-    """This host's place in a multi-node engine: rank, how many, the head's rendezvous address."""
+    """This host's place in a multi-node engine: rank, how many, the head's rendezvous address.
+    A value that is not a number reads as None, which the service checks refuse."""
     f = p.serve.flags
-    n = int(f.get("nnodes", 1) or 1)
-    rank = int(f.get("node-rank", 0) or 0)
-    return {"nnodes": n, "rank": rank, "role": "single" if n <= 1 else ("head" if rank == 0 else "worker"),
-            "master_addr": f.get("master-addr"), "master_port": f.get("master-port")}
+    n = _int(f.get("nnodes"), 1) or 1
+    rank = _int(f.get("node-rank"), 0)
+    role = "single" if n <= 1 else ("head" if rank == 0 else "worker")
+    return {"nnodes": n, "rank": rank, "role": role, "master_addr": f.get("master-addr"),
+            "master_port": _int(f.get("master-port"), None)}
 
 
 def flags_of(p: Profile) -> dict:
@@ -184,23 +193,24 @@ def _vllm(p: Profile, f: dict) -> list[Check]:
     n = node(p)
     want_tp = p.profile.nodes * p.gpus.count
     out = [judge("service.tp", "--tensor-parallel-size spans every GPU of every node",
-                 int(f.get("tensor-parallel-size", 1)) == want_tp, f.get("tensor-parallel-size", 1), want_tp,
+                 _int(f.get("tensor-parallel-size"), 1) == want_tp, f.get("tensor-parallel-size", 1), want_tp,
                  f"set serve.flags.tensor-parallel-size = {want_tp} ({p.profile.nodes} node(s) x {p.gpus.count} GPU)")]
     if p.profile.nodes > 1:
         out.append(judge("service.nnodes", "--nnodes is the profile's node count", n["nnodes"] == p.profile.nodes,
                          n["nnodes"], p.profile.nodes, f"set serve.flags.nnodes = {p.profile.nodes}"))
-        out.append(judge("service.node_rank", "this node has its own --node-rank", 0 <= n["rank"] < n["nnodes"],
+        out.append(judge("service.node_rank", "this node has its own --node-rank",
+                         n["rank"] is not None and 0 <= n["rank"] < n["nnodes"],
                          n["rank"], f"0..{n['nnodes'] - 1}", "give each host its rank in the inventory: "
                          "p2pkit_set: {serve.flags.node-rank: 1} on the worker"))
         out.append(judge("service.rendezvous", "the head's rendezvous address is set",
-                         bool(n["master_addr"]) and bool(n["master_port"]),
+                         bool(n["master_addr"]) and n["master_port"] is not None,
                          f"{n['master_addr'] or '(no master-addr)'}:{n['master_port'] or '(no master-port)'}",
                          "master-addr and master-port", "set serve.flags.master-addr to the head's fabric IP and "
                          "serve.flags.master-port (the same on every node)"))
         headless = bool(f.get("headless"))
         out.append(judge("service.headless", "workers run --headless, the head serves the API",
-                         headless == (n["rank"] > 0), "headless" if headless else "serves the API",
-                         "headless" if n["rank"] > 0 else "serves the API",
+                         headless == ((n["rank"] or 0) > 0), "headless" if headless else "serves the API",
+                         "headless" if (n["rank"] or 0) > 0 else "serves the API",
                          "set serve.flags.headless = true on the worker nodes only (p2pkit_set in the inventory)"))
         out.append(Check("service.ip_filter", "the unit talks to loopback and the fabric only",
                          PASS if p.network.fabric_cidr else WARN, p.network.fabric_cidr or "no IP filter",

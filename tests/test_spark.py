@@ -104,3 +104,18 @@ def test_nccl_transport_read_from_the_log():
 def test_port_rate_parsed():
     assert rate_gbps("200 Gb/sec (4X HDR)\n") == 200.0 and rate_gbps("25 Gb/sec (1X EDR)") == 25.0
     assert rate_gbps("") is None and rate_gbps("garbage") is None
+
+
+@pytest.mark.parametrize("sets, check", [
+    ([], None),
+    (["serve.flags.node-rank=1"], "service.headless"),  # a worker that would serve the API
+    (["serve.flags.master-port=abc"], "service.rendezvous"),
+    (["serve.flags.node-rank=5", "serve.flags.headless=true"], "service.node_rank"),
+    (["serve.flags.tensor-parallel-size=1"], "service.tp"),
+])
+def test_multi_node_flags_refused_before_start(sets, check):
+    from p2pkit import engine_cmd
+
+    p = config.load("dual-spark-vllm", ["serve.flags.master-addr=10.10.0.1", *sets])
+    failed = [c.id for c in engine_cmd.validate(p) if c.status == "fail"]
+    assert failed == ([check] if check else [])

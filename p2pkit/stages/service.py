@@ -31,9 +31,13 @@ CAUSES = (
 )
 
 
+def unit_command(argv: list[str]) -> str:
+    """A command line for an Exec*= setting: one list, quoted; % and $ escaped for systemd."""
+    return " ".join(shlex.quote(a).replace("%", "%%").replace("$", "$$") for a in argv)
+
+
 def exec_start(profile) -> str:
-    """The command line for ExecStart: one list, quoted; % and $ escaped for systemd."""
-    return " ".join(shlex.quote(a).replace("%", "%%").replace("$", "$$") for a in engine_cmd.argv(profile))
+    return unit_command(engine_cmd.argv(profile))
 
 
 NCCL_ENV = "/run/p2pkit-engine/nccl.env"
@@ -44,9 +48,8 @@ def exec_start_pre(profile) -> str:
     are this boot's (P24). Empty when the profile does not use RoCE."""
     if not profile.network.require_roce:
         return ""
-    argv = [str(Path(sys.executable).parent / "p2pkit"), "--root", "/", *profile.cli_args(), "net", "hca",
-            "--env-file", NCCL_ENV]
-    return " ".join(shlex.quote(a).replace("%", "%%").replace("$", "$$") for a in argv)
+    return unit_command([str(Path(sys.executable).parent / "p2pkit"), "--root", "/", *profile.cli_args(), "net",
+                         "hca", "--env-file", NCCL_ENV])
 
 
 def ip_filter(p) -> tuple[str, str]:
@@ -64,7 +67,7 @@ def act(ctx) -> dict:
     acted: dict = {}
     n = engine_cmd.node(p)
     if n["role"] == "worker":  # the worker starts only after the head is up (P27)
-        acted["head"] = wait_head(ctx, n["master_addr"], int(n["master_port"]), p.serve.head_wait_s)
+        acted["head"] = wait_head(ctx, n["master_addr"], n["master_port"], p.serve.head_wait_s)
         if not acted["head"]["ok"]:
             raise P2pkitError(
                 f"the head's rendezvous port {n['master_addr']}:{n['master_port']} did not answer within "
