@@ -119,3 +119,16 @@ def test_multi_node_flags_refused_before_start(sets, check):
     p = config.load("dual-spark-vllm", ["serve.flags.master-addr=10.10.0.1", *sets])
     failed = [c.id for c in engine_cmd.validate(p) if c.status == "fail"]
     assert failed == ([check] if check else [])
+
+
+def test_head_without_workers_says_so():
+    p = config.load("dual-spark-vllm", ["serve.flags.master-addr=10.10.0.1"])
+    s = {"role": "head", "analyze": {"verify_rc": 0, "verify_issues": [], "exposure": 1.9, "exposure_label": "OK"},
+         "health": {"ok": False, "seconds": 120.0, "codes": [503], "exited": False},
+         "pid_cgroup": {"v2_path": "/p2pkit.slice/x", "v1_memory_path": None, "memory_caps": []},
+         "listen": {"connect": True, "addresses": ["127.0.0.1:8086"]}, "nccl_transports": [],
+         "log_tail": ["INFO rendezvous at 10.10.0.1:29511 open: waiting for 1 node(s)"], "likely_cause": None}
+    c = {c.id: c for c in service_checks.check({"service": s}, p)}
+    assert c["service.health"].status == "fail" and c["service.health"].pitfall == "P27"
+    assert "every worker node has joined" in c["service.health"].hint
+    assert c["service.nccl_transport"].status == "fail"  # no communicator yet: nothing proves RoCE

@@ -43,9 +43,14 @@ def check(f: dict, p: Profile) -> list[Check]:
                          f"(codes seen: {h['codes']})", 200))
     else:
         why = "the engine exited at start" if h.get("exited") else f"no 200 within {h['seconds']} s"
+        if s.get("role") == "head" and not h.get("exited") and not cause:
+            hint, pit = ("the head answers /health only once every worker node has joined: bring the workers up "
+                         "(`p2pkit up` on each, or one inventory run for all nodes)", "P27")
+        else:
+            hint = f"likely cause: {cause}" if cause else "read `p2pkit serve logs`"
+            pit = "P11" if cause and "fit" in cause else ""
         out.append(Check("service.health", "/health answers 200", FAIL, f"{why}; last log lines: {tail}", 200,
-                         f"likely cause: {cause}" if cause else "read `p2pkit serve logs`", "P11" if cause and
-                         "fit" in cause else ""))
+                         hint, pit))
     pc = s.get("pid_cgroup", {})
     if failed(pc):
         out.append(unknown("service.memory_cap", "service's cgroup has no memory cap", pc, "no cap", pitfall="P12"))
