@@ -129,3 +129,24 @@ def test_head_without_workers_says_so():
     assert c["service.health"].status == "fail" and c["service.health"].pitfall == "P27"
     assert "every worker node has joined" in c["service.health"].hint
     assert c["service.nccl_transport"].status == "fail"  # no communicator yet: nothing proves RoCE
+
+
+def test_link_where_nvml_reports_no_pcie_link():
+    """A GPU whose NVML answers NOT_SUPPORTED for the PCIe link (the worker records None) is not a
+    crash: on a one-GPU node it is a skip, and the fabric is still judged; with a GPU pair it fails."""
+    from dataclasses import replace
+
+    from p2pkit.checks import link
+
+    p = config.load("dual-spark-vllm")
+    g = {"index": 0, "idle": {"gen": None, "width": None}, "max_seen": {"gen": None, "width": None},
+         "trained_after_s": None, "replay_before": None, "replay_after": None, "app_clocks_reason_under_load": False,
+         "host": {"h2d_gbps": 80.0, "d2h_gbps": 80.0}}
+    f = {"link_load": {"gpus": [g], "pairs": [], "device_count": 1, "load_seconds": 3.0},
+         "roce": [{"device": "rocep1s0f0", "port": 1, "state": "ACTIVE", "link_layer": "Ethernet",
+                   "netdevs": ["enp1s0f0np0"], "rate": "100 Gb/sec (2X HDR)", "rate_gbps": 100.0}]}
+    c = {c.id: c for c in link.check(f, p)}
+    assert c["link.trained.gpu0"].status == "skip" and "no PCIe link" in c["link.trained.gpu0"].measured
+    assert c["link.fabric_rate.rocep1s0f0:1"].status == "fail"  # 100 Gb/s on a 200 Gb/s fabric
+    pair = replace(p, gpus=replace(p.gpus, count=2))
+    assert {c.id: c for c in link.check(f, pair)}["link.trained.gpu0"].status == "fail"

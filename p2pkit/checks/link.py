@@ -27,8 +27,14 @@ def check(f: dict, p: Profile) -> list[Check]:
     tgt = (p.pcie.min_gen, p.pcie.min_width)
     for g in r["gpus"]:
         i = g["index"]
-        idle = f"idle Gen{g['idle']['gen']} x{g['idle']['width']}"
         best = g["max_seen"]
+        if best["gen"] is None:  # NVML answered NOT_SUPPORTED: nothing to judge a link by
+            out.append(Check(f"link.trained.gpu{i}", f"GPU{i} link trains under load",
+                             SKIP if p.gpus.count < 2 else FAIL, "NVML reports no PCIe link for this GPU",
+                             f">= Gen{tgt[0]} x{tgt[1]}", "" if p.gpus.count < 2 else "P2P over BAR1 needs a PCIe "
+                             "link NVML can read: check the driver (see p2p-module)", "P03"))
+            continue
+        idle = f"idle Gen{g['idle']['gen']} x{g['idle']['width']}"
         t = g.get("trained_after_s")
         ok = t is not None and t <= lk.train_within_s
         measured = (f"Gen{best['gen']} x{best['width']} after {t:.2f} s ({idle})" if t is not None
@@ -38,7 +44,7 @@ def check(f: dict, p: Profile) -> list[Check]:
                          "the link never reached the profile's speed under real load (idle Gen1 is normal ASPM and "
                          "never judged): reseat the card, check the slot's wiring and the BIOS PCIe speed "
                          "(Auto/Gen5), and riser cables", pitfall="P03"))
-        rise = g["replay_after"] - g["replay_before"]
+        rise = (g["replay_after"] or 0) - (g["replay_before"] or 0)
         out.append(judge(f"link.replays.gpu{i}", f"GPU{i} PCIe replay counter steady", rise <= lk.max_replay_increase,
                          f"+{rise} ({g['replay_before']} -> {g['replay_after']})", f"<= +{lk.max_replay_increase}",
                          "replays under load mean a marginal link: reseat, drop a riser, or force one Gen lower "

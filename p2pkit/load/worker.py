@@ -18,6 +18,14 @@ os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
 APP_CLOCKS_REASON = 0x2  # nvmlClocksEventReasonApplicationsClocksSetting (also set by locked clocks)
 
 
+def nvq(nv, fn, h):
+    """An NVML reading, or None where the GPU does not report it (NOT_SUPPORTED: no PCIe link to read)."""
+    try:
+        return fn(h)
+    except nv.NVMLError:
+        return None
+
+
 class Poller(threading.Thread):
     """NVML link gen/width, replay counter and clock event reasons every poll_ms."""
 
@@ -38,8 +46,8 @@ class Poller(threading.Thread):
             reasons = get(h)
         except nv.NVMLError:
             reasons = 0
-        return (round(time.monotonic() - self.t0, 3), i, nv.nvmlDeviceGetCurrPcieLinkGeneration(h),
-                nv.nvmlDeviceGetCurrPcieLinkWidth(h), nv.nvmlDeviceGetPcieReplayCounter(h), reasons)
+        return (round(time.monotonic() - self.t0, 3), i, nvq(nv, nv.nvmlDeviceGetCurrPcieLinkGeneration, h),
+                nvq(nv, nv.nvmlDeviceGetCurrPcieLinkWidth, h), nvq(nv, nv.nvmlDeviceGetPcieReplayCounter, h), reasons)
 
     def run(self):
         while not self.stop_ev.is_set():
@@ -170,7 +178,8 @@ def matmul_load(torch, devs: list[int], seconds: float, poller: Poller, target: 
         for d in devs:
             torch.cuda.synchronize(d)
         for t, i, gen, width, _, _ in list(poller.samples):
-            if t >= start and i not in trained and gen >= target[0] and width >= target[1]:
+            if t >= start and i not in trained and gen is not None and width is not None \
+                    and gen >= target[0] and width >= target[1]:
                 trained[i] = round(t - start, 3)
         elapsed = poller.mark() - start
         done = len(trained) == len(devs) and elapsed >= max(3.0, max(trained.values()) + 2.0)
@@ -201,8 +210,8 @@ def main(cfg: dict) -> dict:
     for i, h in enumerate(handles):
         _, _, gen, width, replay, _ = poller.read(i, h)
         gpus[i].update(idle={"gen": gen, "width": width}, replay_before=replay,
-                       max_gen=pynvml.nvmlDeviceGetMaxPcieLinkGeneration(h),
-                       max_width=pynvml.nvmlDeviceGetMaxPcieLinkWidth(h))
+                       max_gen=nvq(pynvml, pynvml.nvmlDeviceGetMaxPcieLinkGeneration, h),
+                       max_width=nvq(pynvml, pynvml.nvmlDeviceGetMaxPcieLinkWidth, h))
     poller.start()
     trained: dict[int, float] = {}
     load_s = matmul_load(torch, list(range(n)), cfg["load_seconds"], poller,
@@ -215,9 +224,9 @@ def main(cfg: dict) -> dict:
     poller.join()
     for i, h in enumerate(handles):
         mine = [s for s in poller.samples if s[1] == i]
-        best = max(((s[2], s[3]) for s in mine), default=(0, 0))
+        best = max(((s[2], s[3]) for s in mine if s[2] is not None and s[3] is not None), default=(None, None))
         gpus[i].update(trained_after_s=trained.get(i), max_seen={"gen": best[0], "width": best[1]},
-                       replay_after=pynvml.nvmlDeviceGetPcieReplayCounter(h),
+                       replay_after=nvq(pynvml, pynvml.nvmlDeviceGetPcieReplayCounter, h),
                        app_clocks_reason_under_load=any(s[5] & APP_CLOCKS_REASON for s in mine))
     trace = [list(s[:4]) for s in poller.samples]
     pynvml.nvmlShutdown()
