@@ -59,7 +59,7 @@ def run(inventory: Path, action: str, command: list[str], out, wheel: Path | Non
     for h in hosts:
         f = results / f"{h}.json"
         if not f.is_file():
-            report["hosts"][h] = {"exit_code": None, "error": "no result came back (unreachable?)", "stages": {}}
+            report["hosts"][h] = {"exit_code": None, "error": ansible_failure(r.stdout, h), "stages": {}}
             continue
         res = json.loads(f.read_text())
         if res["rc"] is None:  # the host did not get as far as running p2pkit
@@ -84,6 +84,21 @@ def run(inventory: Path, action: str, command: list[str], out, wheel: Path | Non
 def shown_state(s: dict) -> str:
     """A stage's state for the table: "n/a" for a stage that does not apply to the host's profile."""
     return "n/a" if s["state"] == "done" and s.get("reason", "").startswith("not applicable") else s["state"]
+
+
+def ansible_failure(log: str, host: str) -> str:
+    """Why a host sent nothing back, from ansible-playbook's `fatal: [host]: UNREACHABLE! => {...}`."""
+    import re
+
+    for m in re.finditer(r"^fatal: \[(.+?)\]: (UNREACHABLE|FAILED)! => (\{.*\})$", log, re.M):
+        if m.group(1) == host:
+            try:
+                msg = json.loads(m.group(3)).get("msg", "")
+            except ValueError:
+                msg = m.group(3)
+            what = "unreachable" if m.group(2) == "UNREACHABLE" else "failed"
+            return f"{what}: {str(msg).removeprefix('Task failed: ')[:300]}"
+    return "no result came back (see the Ansible log)"
 
 
 def table_rows(report: dict) -> tuple[list[str], list[list[str]]]:

@@ -76,3 +76,12 @@ def test_remote_hosts_get_the_controllers_p2pkit(cli, sim, tmp_path):
     assert r.code == 1
     r = cli("status", "--inventory", str(inv), "--wheel", str(tmp_path / "nope.whl"))
     assert r.code == 2 and "no wheel at" in r.err
+
+
+def test_unreachable_host_is_named_with_ansibles_reason(cli, tmp_path):
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all:\n  hosts:\n    gone: {ansible_host: 127.0.0.1, ansible_port: 1, ansible_user: nobody}\n")
+    r = cli("--json", "status", "--inventory", str(inv))
+    assert r.code == 1
+    gone = r.json()["hosts"]["gone"]
+    assert gone["exit_code"] is None and gone["error"].startswith("unreachable: "), gone
