@@ -128,6 +128,8 @@ class Model:
     format: str = f("ninfer", choices=("ninfer", "gguf", "hf"))
     convert_recipe: str = f("", expect="the engine's convert recipe (NInfer: qwen3_8_27b_nvfp4)")
     draft_source: str = f("", expect="a directory with the DFlash2 drafter weights, or empty")
+    nvme_paths: list[str] = f(factory=list, item_pattern=r"^/", expect="absolute directories that must sit on a local "
+                              "NVMe disk, like the n-gram table vLLM mmaps at random (P26)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,6 +151,7 @@ class Serve:
     head_wait_s: float = f(1800.0, lo=1, hi=86400, expect="seconds a worker node waits for its head's rendezvous "
                            "port before it starts (P27)")
     flags: dict = f(factory=dict, expect="a table of engine flags")
+    env: dict = f(factory=dict, expect="a table of environment variables for the engine, like VLLM_PLE_MMAP = \"1\"")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -305,6 +308,13 @@ def _cross_checks(p: Profile) -> list[tuple[str, str]]:
         out.append(("p2p_module.branch", f"expected {want_branch} to match driver.version"
                                          f"{'' if p.p2p_module.patched else ' (p2p_module.patched = false)'}, "
                                          f"got {json.dumps(p.p2p_module.branch)}"))
+    for k, v in p.serve.env.items():
+        if not re.match(r"^[A-Z_][A-Z0-9_]*$", k) or isinstance(v, dict | list):
+            out.append((f"serve.env.{k}", "expected NAME = \"value\" (an upper-case variable name and a scalar)"))
+    table = p.serve.env.get("VLLM_PLE_MMAP_DIR")
+    if table and table not in p.model.nvme_paths:
+        out.append(("model.nvme_paths", f"expected it to hold serve.env.VLLM_PLE_MMAP_DIR ({table}): the mmapped "
+                                        "table must be proven to sit on local NVMe (P26)"))
     if p.serve.host == "0.0.0.0" and not p.serve.allow_public:
         out.append(("serve.host", "0.0.0.0 exposes the API to the network; set serve.allow_public = true "
                                   "to mean it, or use 127.0.0.1"))

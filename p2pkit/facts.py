@@ -17,7 +17,7 @@ from pathlib import Path
 
 from p2pkit import __version__
 from p2pkit.errors import P2pkitError, UsageError
-from p2pkit.host import Host, kmod, nvml, pci, roce, smi, system
+from p2pkit.host import Host, kmod, nvml, pci, roce, smi, storage, system
 from p2pkit.parse import system as ps
 
 log = logging.getLogger("p2pkit.facts")
@@ -72,6 +72,7 @@ def _built_module(h: Host, profile):
 
 PROFILE_COLLECTORS: dict[str, Callable[[Host, object], object]] = {
     "built_module": _built_module,
+    "storage": storage.nvme_paths,
 }
 
 COLLECTORS: dict[str, Callable[[Host], object]] = {

@@ -3,7 +3,7 @@ engine that was built can read it (P08, P09)."""
 
 from __future__ import annotations
 
-from p2pkit.checks import FAIL, PASS, Check, judge, not_measured
+from p2pkit.checks import FAIL, PASS, Check, failed, judge, not_measured, unknown
 from p2pkit.config import Profile
 
 GIB = 1 << 30
@@ -23,7 +23,7 @@ def precheck(p: Profile) -> list[Check]:
 
 
 def check(f: dict, p: Profile) -> list[Check]:
-    out = precheck(p)
+    out = precheck(p) + nvme(f.get("storage"), p)
     missing = not_measured(f, "model_build", "model.build", "model converted", "doctor converts nothing",
                            "a run of `p2pkit up`")
     if missing:
@@ -112,3 +112,29 @@ def _source(s: dict) -> Check:
                  "; ".join(problems) or f"{len(s.get('shards', {}))} shard(s), "
                  f"{s.get('total_bytes', 0) / GIB:.2f} GiB", "config.json, index, every shard whole",
                  f"download the source again into {s.get('path')}: {problems[0] if problems else ''}")
+
+
+def nvme(found, p: Profile) -> list[Check]:
+    """Each of model.nvme_paths exists on a local NVMe disk (P26)."""
+    if not p.model.nvme_paths:
+        return []
+    if failed(found) or found is None:
+        return [unknown("model.nvme", "on local NVMe", found or {"error": "not read"}, "local NVMe", pitfall="P26")]
+    out = []
+    for path in p.model.nvme_paths:
+        x = found.get(path, {"error": "not read"})
+        if failed(x):
+            out.append(unknown(f"model.nvme.{path}", f"{path} on local NVMe", x, "local NVMe", pitfall="P26"))
+            continue
+        where = (f"{x['fstype']} {x['source']} at {x['mount_point']}" + (f", disk {x['disk']}" if x.get("disk") else "")
+                 + (" (rotational)" if x.get("rotational") else ""))
+        if not x["exists"]:
+            out.append(Check(f"model.nvme.{path}", f"{path} on local NVMe", FAIL, f"missing (would be on {where})",
+                             "a directory on local NVMe", "copy the table there first: vLLM mmaps it and reads it "
+                             "at random", "P26"))
+            continue
+        out.append(judge(f"model.nvme.{path}", f"{path} on local NVMe", x["nvme"], where, "a local NVMe disk",
+                         "random mmap reads of the n-gram table need local NVMe (30x read amplification "
+                         "otherwise; a network filesystem is worse): copy it to the node's internal NVMe and point "
+                         "model.nvme_paths and serve.env.VLLM_PLE_MMAP_DIR at the copy", pitfall="P26"))
+    return out

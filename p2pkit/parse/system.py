@@ -130,3 +130,32 @@ def memory_limit(text: str) -> int | None:
         return None
     n = int(t)
     return None if n >= 2**62 else n
+
+
+def mountinfo(text: str) -> list[dict]:
+    """/proc/self/mountinfo: mount point, device (major:minor), filesystem type and source per line.
+    Fields (proc(5)): id, parent, major:minor, root, mount point, options, optional fields..., "-",
+    fstype, source, super options. Octal escapes (\\040 for a space) are decoded."""
+    def unescape(s: str) -> str:
+        return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), s)
+
+    out = []
+    for line in text.splitlines():
+        parts = line.split()
+        if "-" not in parts[6:] or len(parts) < 10:
+            continue
+        sep = parts.index("-", 6)
+        out.append({"mount_point": unescape(parts[4]), "device": parts[2], "root": unescape(parts[3]),
+                    "fstype": parts[sep + 1], "source": unescape(parts[sep + 2]) if len(parts) > sep + 2 else ""})
+    return out
+
+
+def mount_of(mounts: list[dict], path: str) -> dict | None:
+    """The mount a path lives on: the last-mounted one with the longest mount point above it."""
+    best, best_len = None, -1
+    for m in mounts:
+        mp = m["mount_point"].rstrip("/") or "/"
+        above = path == mp or path.startswith(mp if mp.endswith("/") else mp + "/")
+        if above and len(mp) >= best_len:
+            best, best_len = m, len(mp)
+    return best

@@ -31,6 +31,9 @@ def init(root: Path, state: dict) -> None:
         provision.make_vllm(root, state.get("flashinfer_version", "0.6.18"))
     if prof.model.source:
         provision.make_hf_model(root, prof.model.source)
+    for d in prof.model.nvme_paths:  # the n-gram table's local copy (SIMULATED: a few bytes)
+        (root / d.lstrip("/")).mkdir(parents=True, exist_ok=True)
+        (root / d.lstrip("/") / "ple-table.bin").write_bytes(b"SIMULATED PLE n-gram table\n")
     if prof.model.draft_source:
         provision.make_hf_model(root, prof.model.draft_source, layers=2, shards=1)
     for d in ("etc/modprobe.d", "etc/apt/apt.conf.d", "etc/apt/preferences.d", "etc/default/grub.d",

@@ -122,6 +122,7 @@ def render(root: Path, state: dict) -> None:
                            ("phys_state", "5: LinkUp" if active else "3: Disabled"),
                            ("link_layer", "Ethernet"), ("rate", nic.get("rate", "200 Gb/sec (4X HDR)"))):
             (port / name).write_text(text + "\n")
+    _storage(root, state)
     if True:  # an EFI system; the variable says whether Secure Boot is on
         efivar = "sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
         write(root, efivar, bytes([6, 0, 0, 0, 1 if state["secure_boot"] else 0]))
@@ -169,6 +170,28 @@ def render(root: Path, state: dict) -> None:
               f"#!{sys.executable}\n# SIMULATED stand-in for {name}: p2pkit's simulated host\n"
               f"import sys\nfrom p2pkit.sim.standins import main\nsys.exit(main({name!r}, sys.argv[1:]))\n",
               0o755)
+
+
+def _storage(root: Path, state: dict) -> None:
+    """The root filesystem on an NVMe partition (mount table, /sys/dev/block, /sys/block), plus any
+    mounts the scenario adds (a network filesystem under the model's paths, say)."""
+    disk = root / "sys/devices/pci0000:00/0000:00:02.4/0000:03:00.0/nvme/nvme0/nvme0n1"
+    part = disk / "nvme0n1p2"
+    (disk / "queue").mkdir(parents=True, exist_ok=True)
+    (disk / "queue/rotational").write_text("0\n")
+    part.mkdir(parents=True, exist_ok=True)
+    (part / "partition").write_text("2\n")
+    for link, target in (("sys/dev/block/259:2", part), ("sys/block/nvme0n1", disk),
+                         ("sys/class/block/nvme0n1p2", part), ("sys/class/block/nvme0n1", disk)):
+        lp = root / link
+        lp.parent.mkdir(parents=True, exist_ok=True)
+        lp.symlink_to(os.path.relpath(target, lp.parent))
+    lines = ["22 1 259:2 / / rw,relatime shared:1 - ext4 /dev/nvme0n1p2 rw,errors=remount-ro",
+             "23 22 0:21 / /proc rw,nosuid,nodev,noexec,relatime shared:12 - proc proc rw"]
+    for i, m in enumerate(state.get("mounts", [])):
+        lines.append(f"{40 + i} 22 {m['device']} / {m['mount_point']} rw,relatime shared:{60 + i} - {m['fstype']} "
+                     f"{m['source']} rw")
+    write(root, "proc/self/mountinfo", "\n".join(lines) + "\n")
 
 
 def load_state(root: Path) -> dict:

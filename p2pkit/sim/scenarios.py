@@ -104,6 +104,9 @@ SCENARIOS: dict[str, tuple[str, list]] = {
                           [_spark(head=True), lambda s: s["roce"][0].update(state="DOWN")]),
     "spark-old-flashinfer": ("a DGX Spark node whose vLLM venv has flashinfer 0.6.17 (P25)",
                              [_spark(head=True), _set("flashinfer_version", "0.6.17")]),
+    "spark-table-on-nfs": ("a DGX Spark node whose n-gram table directory is an NFS mount (P26)",
+                           [_spark(head=True), _set("mounts", [{"mount_point": "/var/lib/vllm", "fstype": "nfs4",
+                                                                "source": "nas:/export/vllm", "device": "0:51"}])]),
     "capped-cgroup": ("p2pkit itself runs in a memory-capped cgroup (P12)", [_set("cgroup_memory_cap", 8 * GIB)]),
 }
 

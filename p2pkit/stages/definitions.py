@@ -37,7 +37,7 @@ STAGES: list[Stage] = [
           inputs=("gpus", "pcie", "link", "network"), facts=("roce",), check=link.check, measure=link_stage.measure),
     Stage("engine", "inference engine built from pinned source", inputs=("engine",),
           check=engine.check, precheck=engine.precheck, act=engine_stage.act, measure=engine_stage.measure),
-    Stage("model", "model converted and verified", inputs=("engine", "model"),
+    Stage("model", "model converted and verified", inputs=("engine", "model"), facts=("storage",),
           check=model.check, precheck=model.precheck, act=model_stage.act, measure=model_stage.measure),
     Stage("service", "systemd service healthy, no memory cap", inputs=("serve", "engine", "model"),
           facts=("cgroup",), check=service.check, precheck=service.precheck, act=service_stage.act,

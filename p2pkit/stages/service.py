@@ -82,6 +82,7 @@ def act(ctx) -> dict:
         "p2pkit_service_exec_start_pre": exec_start_pre(p),
         "p2pkit_service_work_dir": f"{ctx.host.host_path(ctx.store.dir)}/engine",
         "p2pkit_service_nccl_root": p.engine.nccl_root,
+        "p2pkit_service_env": {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in p.serve.env.items()},
         "p2pkit_service_ip_deny": deny,
         "p2pkit_service_ip_allow": allow,
     }))
