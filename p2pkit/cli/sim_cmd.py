@@ -69,7 +69,16 @@ def init(
     lifecycle.init(d, state)
     out = sim_output()
     out.log(f"simulated host ({scenario}: {scenarios.SCENARIOS[scenario][0]}) laid out in {d}")
-    out.log(f"next: p2pkit --root {d} up")
+    from p2pkit import config
+
+    prof = config.load(state["profile"])
+    if prof.name == "dual-spark-vllm":
+        flags = prof.serve.flags
+        out.log(f"next: this is one of two Spark nodes (rendezvous 127.0.0.1:{flags.get('master-port')} when it is "
+                "the head): lay out the other one and run both from one inventory; the worker's host vars set "
+                "serve.flags.node-rank=1, headless=true and that master-port (docs/inventory.md)")
+    else:
+        out.log(f"next: p2pkit --root {d} up")
     if common.OPTS.json:
         out.document({"root": str(d), "scenario": scenario})
 
