@@ -43,7 +43,11 @@ def test_topology_judges_roce_only_where_the_profile_needs_it(tmp_path):
 def test_net_hca_command(cli, tmp_path):
     port(tmp_path, "rocep1s0f0", 1, "4: ACTIVE", "Ethernet", "enp1s0f0np0")
     r = cli("--root", str(tmp_path), "--profile", "dual-spark-vllm", "net", "hca")
-    assert r.code == 0 and r.out.strip() == "NCCL_IB_HCA=rocep1s0f0:1"
+    assert r.code == 0 and r.out.strip() == "NCCL_IB_HCA=rocep1s0f0:1" and "error" not in r.err
+    r = cli("--root", str(tmp_path), "--profile", "dual-spark-vllm", "net", "hca", "--env-file", "/run/e/nccl.env")
+    assert r.code == 0 and "error" not in r.err
+    env = (tmp_path / "run/e/nccl.env").read_text()  # under the host root, as every host path
+    assert "NCCL_IB_HCA=rocep1s0f0:1\nNCCL_SOCKET_IFNAME=enp1s0f0np0\nGLOO_SOCKET_IFNAME=enp1s0f0np0\n" in env
     (tmp_path / "sys/class/infiniband/rocep1s0f0/ports/1/state").write_text("1: DOWN\n")
     r = cli("--root", str(tmp_path), "--profile", "dual-spark-vllm", "net", "hca")
     assert r.code == 1 and "no ACTIVE Ethernet RDMA port" in r.err and "P24" in r.err

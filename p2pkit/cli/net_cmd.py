@@ -26,10 +26,6 @@ def hca(env_file: Annotated[str | None, typer.Option(
     hcas = resolve(found, p.network.fabric_netdevs)
     out = common.output()
     out.simulated = h.simulated
-    if common.OPTS.json:
-        out.document({"hcas": hcas, "ports": found, "fabric_netdevs": p.network.fabric_netdevs})
-    elif hcas:
-        print(f"NCCL_IB_HCA={','.join(hcas)}")
     if hcas and env_file:
         from p2pkit.artifacts import atomic_write
 
@@ -41,6 +37,10 @@ def hca(env_file: Annotated[str | None, typer.Option(
         target = h.path(env_file)
         target.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(target, text.encode())
+    if common.OPTS.json:
+        out.document({"hcas": hcas, "ports": found, "fabric_netdevs": p.network.fabric_netdevs})
+    elif hcas:
+        print(f"NCCL_IB_HCA={','.join(hcas)}")
     else:
         out.error("no ACTIVE Ethernet RDMA port on " + (", ".join(p.network.fabric_netdevs) or "any netdev"),
                   "bring the fabric port up and check network.fabric_netdevs in the profile (P24)")
