@@ -62,3 +62,17 @@ def test_table_dir_must_be_proven():
         assert any(k == "model.nvme_paths" and "VLLM_PLE_MMAP_DIR" in m for k, m in e.problems)
     else:
         raise AssertionError("a mmapped table dir outside model.nvme_paths was accepted")
+
+
+def test_a_symlink_is_judged_where_it_points(sim):
+    """The table directory as a symlink onto an NFS mount is on NFS, whatever its own path says."""
+    import os
+
+    root = sim("spark-table-on-nfs", "link")
+    table = root / TABLE.lstrip("/")
+    shutil.rmtree(table.parent)
+    (root / "srv/copy").mkdir(parents=True)
+    table.parent.mkdir(parents=True)
+    os.symlink("/srv/copy", table)  # absolute, as a user makes it: resolved inside the host root
+    c = _judge(root)[f"model.nvme.{TABLE}"]
+    assert c.status == "pass" and c.measured.startswith("ext4 /dev/nvme0n1p2 at /")

@@ -68,11 +68,30 @@ class Host:
             return []
 
     def realpath(self, p: str) -> str:
-        """The resolved path, as the host would see it (root prefix removed)."""
-        real = os.path.realpath(self.path(p))
-        if self.root != Path("/") and real.startswith(str(self.root)):
-            real = real[len(str(self.root)):] or "/"
-        return real
+        """The resolved path as the host sees it: symlinks followed inside the host root, an
+        absolute target meaning the host's / (as a chroot would), never this machine's."""
+        if self.root == Path("/"):
+            return os.path.realpath(p)
+        todo, done, hops = [x for x in p.split("/") if x], [], 0
+        while todo:
+            c = todo.pop(0)
+            if c in (".", ""):
+                continue
+            if c == "..":
+                done = done[:-1]
+                continue
+            here = self.root.joinpath(*done, c)
+            if not here.is_symlink():
+                done.append(c)
+                continue
+            hops += 1
+            if hops > 40:  # a loop: say where it stopped, as the kernel says ELOOP
+                break
+            target = os.readlink(here)
+            if target.startswith("/"):
+                done = []
+            todo = [x for x in target.split("/") if x] + todo
+        return "/" + "/".join(done)
 
     def sim_fact(self, key: str, default=None):
         return (self.sim or {}).get("facts", {}).get(key, default)

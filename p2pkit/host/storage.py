@@ -35,8 +35,11 @@ def _disk(host: Host, dev: str) -> dict:
 
 def locate(host: Host, path: str) -> dict:
     path = os.path.normpath(path)
-    out: dict = {"path": path, "exists": host.exists(path)}
-    m = mount_of(mountinfo(host.read("/proc/self/mountinfo", "the mount table")), path)
+    real = host.realpath(path)  # a symlink to the NVMe copy counts as the copy
+    out: dict = {"path": path, "exists": host.exists(real)}
+    if real != path:
+        out["resolved"] = real
+    m = mount_of(mountinfo(host.read("/proc/self/mountinfo", "the mount table")), real)
     if m is None:
         return {**out, "error": f"no mount above {path} in /proc/self/mountinfo"}
     out.update(mount_point=m["mount_point"], fstype=m["fstype"], source=m["source"], device=m["device"],
