@@ -74,6 +74,12 @@ def run(inventory: Path, action: str, command: list[str], out, wheel: Path | Non
         report["hosts"][h] = {"exit_code": res["rc"], "message": doc.get("message", ""),
                               "simulated": doc.get("simulated", False),
                               "stages": {s["stage"]: shown_state(s) for s in doc.get("stages", [])}}
+        if action == "verify":  # each check, for the controller's JUnit file
+            report["hosts"][h]["results"] = doc.get("stages", [])
+            first = next(((r["stage"], c) for r in doc.get("stages", []) for c in r["checks"]
+                          if c["status"] == "fail"), None)
+            if first:
+                report["hosts"][h]["message"] = f"{first[0]} failed: {first[1]['id']}: {first[1]['measured']}"
     codes = [v["exit_code"] for v in report["hosts"].values()]
     code = Exit.OK if all(c == 0 for c in codes) else (
         Exit.REBOOT if all(c in (0, 4) for c in codes) else Exit.CHECK_FAILED)
@@ -82,7 +88,11 @@ def run(inventory: Path, action: str, command: list[str], out, wheel: Path | Non
 
 
 def shown_state(s: dict) -> str:
-    """A stage's state for the table: "n/a" for a stage that does not apply to the host's profile."""
+    """A stage's state for the table ("status" from verify): "n/a" for a stage that does not apply
+    to the host's profile."""
+    if "state" not in s:
+        na = any(c["id"].endswith(".applies") and c["status"] == "skip" for c in s.get("checks", []))
+        return "n/a" if na else s.get("status", "?")
     return "n/a" if s["state"] == "done" and s.get("reason", "").startswith("not applicable") else s["state"]
 
 

@@ -38,6 +38,21 @@ def test_three_hosts_one_failing_at_topology(cli, sim, tmp_path):
     assert r.code == 1
     st = r.json()["hosts"]
     assert st["box-a"]["exit_code"] == 0 and st["box-c"]["stages"]["topology"] == "failed"
+    # the lab's CI: verify every host, one JUnit file with a suite per host and stage
+    junit = tmp_path / "lab.xml"
+    r = cli("--json", "verify", "--inventory", str(inv), "--junit", str(junit))
+    assert r.code == 1
+    v = r.json()["hosts"]
+    assert v["box-a"]["exit_code"] == 0 and set(v["box-a"]["stages"].values()) <= {"pass", "warn"}, v["box-a"]
+    assert v["box-c"]["stages"]["topology"] == "fail" and v["box-c"]["message"].startswith("topology failed:")
+    import xml.etree.ElementTree as ET
+
+    suites = {s.get("name"): s for s in ET.parse(junit).getroot()}
+    assert int(suites["box-a/service"].get("failures")) == 0 and int(suites["box-b/link"].get("failures")) == 0
+    fails = {c["id"] for x in v["box-c"]["results"] for c in x["checks"] if c["status"] == "fail"}
+    got = {case.get("name") for name, s in suites.items() if name.startswith("box-c/") for case in s
+           if case.find("failure") is not None}
+    assert got == fails and "topology.p2p_read" in got
 
 
 def test_unreadable_inventory(cli, tmp_path):

@@ -82,11 +82,22 @@ def up(
     raise typer.Exit(int(res.code))
 
 
-def _inventory(inventory: Path, action: str, command: list[str], wheel: Path | None = None) -> None:
+def _inventory(inventory: Path, action: str, command: list[str], wheel: Path | None = None,
+               junit: Path | None = None) -> None:
     from p2pkit import inventory as inv
+    from p2pkit import reports
 
     out = common.output()
     code, report = inv.run(inventory, action, command, out, wheel)
+    if junit is not None:  # one file for the lab: a suite per host and stage; a host with no result fails
+        results = [{**r, "stage": f"{h}/{r['stage']}"} for h, v in sorted(report["hosts"].items())
+                   for r in v.get("results", [])]
+        results += [{"stage": f"{h}/p2pkit", "checks": [{"id": "p2pkit.ran", "title": "p2pkit ran on the host",
+                                                       "status": "fail", "measured": v.get("error", "no result"),
+                                                       "expected": "a result", "hint": "see the Ansible log: "
+                                                       + report["log"]}]}
+                    for h, v in sorted(report["hosts"].items()) if v["exit_code"] is None]
+        reports.write(junit, reports.junit(results, any(v.get("simulated") for v in report["hosts"].values())))
     if common.OPTS.json:
         out.document(report)
     else:
@@ -141,11 +152,20 @@ def verify(
     stage: Annotated[str | None, typer.Argument(help="one stage; default: every stage")] = None,
     junit: Annotated[Path | None, typer.Option("--junit", help="also write JUnit XML here")] = None,
     prometheus: Annotated[Path | None, typer.Option("--prometheus", help="also write node_exporter textfile "
-                                                    "metrics here")] = None,
+                                                    "metrics here (with --inventory: this path on each host)")]
+    = None,
+    inventory: Annotated[Path | None, typer.Option("--inventory", "-i", help="an Ansible inventory: verify every "
+                                                   "host in parallel; --junit gets a suite per host and stage")]
+    = None,
+    wheel: Annotated[Path | None, typer.Option("--wheel", help="with --inventory: this p2pkit as a wheel, to "
+                                               "install on remote hosts")] = None,
 ) -> None:
     """Prove the host again: run the stages' read-only checks now. Writes no artifact."""
     from p2pkit import reports
 
+    if inventory is not None:
+        cmd = ["verify", *([stage] if stage else []), *(["--prometheus", str(prometheus)] if prometheus else [])]
+        _inventory(inventory, "verify", cmd, wheel, junit)
     ctx = common.context()
     selected = [get(stage).name] if stage else names()
     collected: dict = {}
