@@ -91,6 +91,16 @@ def test_spark_node_failures(cli, sim, scenario, stop, check, pitfall):
     assert [c["id"] for c in bad] == [check] and bad[0]["pitfall"] == pitfall
 
 
+def test_nccl_transports_in_real_nccl_lines():
+    from pathlib import Path
+
+    lines = (Path(__file__).parent / "fixtures/nccl/channels.txt").read_text().splitlines()
+    assert nccl_transports(lines) == ["NET/IB", "NET/IBext_v8", "NET/Socket", "P2P/IPC", "P2P/direct pointer"]
+    p = config.load("dual-spark-vllm")
+    assert service_checks._nccl(nccl_transports(lines[:3]), p).status == "pass"  # the plugin is RDMA too
+    assert service_checks._nccl(nccl_transports(lines), p).status == "fail"  # one channel on sockets is one too many
+
+
 def test_nccl_transport_read_from_the_log():
     p = config.load("dual-spark-vllm")
     ib = ["h:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0"]

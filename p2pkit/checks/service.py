@@ -89,7 +89,8 @@ def _nccl(seen: list[str], p: Profile) -> Check:
                      "the engine's environment must have NCCL_DEBUG=INFO (p2pkit's env file sets it); without the "
                      "line nobody can tell IB from sockets", "P23")
     socket_ = [t for t in seen if t.startswith("NET/Socket")]
-    ok = not socket_ and (not p.network.require_roce or "NET/IB" in seen)
+    ib = [t for t in seen if t.startswith("NET/IB")]  # NET/IB, or an external IB plugin's NET/IBext_v8
+    ok = not socket_ and (not p.network.require_roce or bool(ib))
     return judge("service.nccl_transport", "NCCL runs over RoCE", ok, ", ".join(seen), want,
                  "NCCL fell back to TCP sockets (about 40% of the prefill speed): run natively, not in a default "
                  "container; NCCL_IB_HCA must name this boot's ACTIVE port (`p2pkit net hca`)", pitfall="P23")

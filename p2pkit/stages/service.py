@@ -227,7 +227,7 @@ def wait_joined(ctx, timeout: float) -> dict:
         time.sleep(0.25)
 
 
-NCCL_CHANNEL = re.compile(r"NCCL INFO Channel \d+/\d+ : .* via (NET/\w+|P2P\S*|SHM\S*)")
+NCCL_CHANNEL = re.compile(r"NCCL INFO Channel \d+/\d+ : .* via (NET/\w+|P2P/[^/\s]+(?: pointer)?|SHM\S*)")
 
 
 def nccl_transports(lines: list[str]) -> list[str]:
