@@ -15,6 +15,7 @@ from pathlib import Path
 from p2pkit import __version__
 from p2pkit.ansible import playbook_binary, share_dir
 from p2pkit.errors import Exit, MissingError, UsageError
+from p2pkit.runner import own_executable
 from p2pkit.stages import names
 
 
@@ -42,7 +43,7 @@ def run(inventory: Path, action: str, command: list[str], out, wheel: Path | Non
     results = work / "results"
     results.mkdir()
     extra = {"p2pkit_action": action, "p2pkit_command": command, "p2pkit_results_dir": str(results),
-             "p2pkit_bin": str(Path(sys.executable).parent / "p2pkit"), "p2pkit_version": __version__,
+             "p2pkit_bin": own_executable(), "p2pkit_version": __version__,
              "ansible_python_interpreter": sys.executable}
     if wheel is not None:
         extra["p2pkit_wheel"] = str(wheel.resolve())

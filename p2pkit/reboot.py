@@ -3,13 +3,13 @@ real host gets a oneshot unit that runs `p2pkit up` once after boot, then reboot
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from p2pkit.ansible import share_dir
 from p2pkit.artifacts import atomic_write
+from p2pkit.runner import own_executable
 
 UNIT = "p2pkit-resume.service"
 
@@ -17,8 +17,7 @@ UNIT = "p2pkit-resume.service"
 def render_resume_unit(profile_source: str, state_dir: Path) -> str:
     env = Environment(loader=FileSystemLoader(share_dir() / "templates"), undefined=StrictUndefined,
                       keep_trailing_newline=True)
-    exe = Path(sys.executable).parent / "p2pkit"
-    return env.get_template(f"{UNIT}.j2").render(p2pkit=exe, profile=profile_source, state_dir=state_dir)
+    return env.get_template(f"{UNIT}.j2").render(p2pkit=own_executable(), profile=profile_source, state_dir=state_dir)
 
 
 def reboot_host(ctx) -> None:

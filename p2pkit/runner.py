@@ -9,14 +9,26 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from p2pkit.errors import CommandError, MissingError
 
 log = logging.getLogger("p2pkit.runner")
+
+
+def own_executable() -> str:
+    """This p2pkit's console script (beside the running Python): what units, hooks and remote runs call."""
+    return str(Path(sys.executable).parent / "p2pkit")
+
+
+def unit_command(argv: list[str]) -> str:
+    """A command line for a systemd Exec*= setting: one list, quoted; % and $ escaped for systemd."""
+    return " ".join(shlex.quote(a).replace("%", "%%").replace("$", "$$") for a in argv)
 
 
 @dataclass(frozen=True)

@@ -4,13 +4,12 @@ profile and the host give them."""
 from __future__ import annotations
 
 import shlex
-import sys
-from pathlib import Path
 
 from p2pkit.ansible import run_playbook
 from p2pkit.backup import DRIVER_PATHS, P2P_PATHS, Backup, module_paths
 from p2pkit.errors import P2pkitError
 from p2pkit.host import system
+from p2pkit.runner import own_executable
 
 
 def p2p_src_dir(profile) -> str:
@@ -76,6 +75,6 @@ def _p2p_module(ctx, kernel: str | None = None) -> dict:
         "p2pkit_p2p_module_src_dir": p2p_src_dir(ctx.profile),
         "p2pkit_p2p_module_kernel": kernel,
         "p2pkit_p2p_module_cmdline": iommu_cmdline(m.iommu, system.cpu_vendor(ctx.host)),
-        "p2pkit_p2p_module_p2pkit": str(Path(sys.executable).parent / "p2pkit"),
+        "p2pkit_p2p_module_p2pkit": own_executable(),
         "p2pkit_p2p_module_profile_args": shlex.join(ctx.profile.cli_args()),
     })

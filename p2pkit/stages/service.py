@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 import shlex
 import socket
-import sys
 import tempfile
 import time
 import urllib.error
@@ -19,6 +18,7 @@ from p2pkit.ansible import run_playbook
 from p2pkit.errors import P2pkitError
 from p2pkit.host import Host, system
 from p2pkit.parse.system import proc_cgroup
+from p2pkit.runner import own_executable, unit_command
 
 UNIT = "p2pkit-engine.service"
 CAUSES = (
@@ -29,11 +29,6 @@ CAUSES = (
     ("unknown option", "a flag the engine does not know: check serve.flags"),
     ("cannot open artifact", "the model artifact is missing: see the model stage"),
 )
-
-
-def unit_command(argv: list[str]) -> str:
-    """A command line for an Exec*= setting: one list, quoted; % and $ escaped for systemd."""
-    return " ".join(shlex.quote(a).replace("%", "%%").replace("$", "$$") for a in argv)
 
 
 def exec_start(profile) -> str:
@@ -48,8 +43,7 @@ def exec_start_pre(profile) -> str:
     are this boot's (P24). Empty when the profile does not use RoCE."""
     if not profile.network.require_roce:
         return ""
-    return unit_command([str(Path(sys.executable).parent / "p2pkit"), "--root", "/", *profile.cli_args(), "net",
-                         "hca", "--env-file", NCCL_ENV])
+    return unit_command([own_executable(), "--root", "/", *profile.cli_args(), "net", "hca", "--env-file", NCCL_ENV])
 
 
 def ip_filter(p) -> tuple[str, str]:
