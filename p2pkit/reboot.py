@@ -9,15 +9,18 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from p2pkit.ansible import share_dir
 from p2pkit.artifacts import atomic_write
-from p2pkit.runner import own_executable
+from p2pkit.runner import own_executable, unit_command
 
 UNIT = "p2pkit-resume.service"
 
 
-def render_resume_unit(profile_source: str, state_dir: Path) -> str:
+def render_resume_unit(profile, state_dir: Path) -> str:
+    """The unit runs `p2pkit up` with this run's profile and its --set overrides, so the stages
+    after the reboot see the inputs the stages before it were proven with."""
     env = Environment(loader=FileSystemLoader(share_dir() / "templates"), undefined=StrictUndefined,
                       keep_trailing_newline=True)
-    return env.get_template(f"{UNIT}.j2").render(p2pkit=own_executable(), profile=profile_source, state_dir=state_dir)
+    return env.get_template(f"{UNIT}.j2").render(p2pkit=own_executable(), profile_args=unit_command(profile.cli_args()),
+                                                 state_dir=state_dir)
 
 
 def reboot_host(ctx) -> None:
@@ -28,7 +31,7 @@ def reboot_host(ctx) -> None:
         ctx.out.log(f"rebooted the simulated host {ctx.host.root}; resuming")
         return
     unit = Path("/etc/systemd/system") / UNIT
-    atomic_write(unit, render_resume_unit(ctx.profile.source, ctx.store.dir).encode())
+    atomic_write(unit, render_resume_unit(ctx.profile, ctx.store.dir).encode())
     ctx.host.runner.run(["systemctl", "daemon-reload"])
     ctx.host.runner.run(["systemctl", "enable", UNIT])
     ctx.out.log(f"installed {unit}; rebooting now: p2pkit up resumes after boot (journalctl -u {UNIT})")

@@ -6,6 +6,7 @@ import subprocess
 
 import pytest
 
+from p2pkit import config
 from p2pkit.artifacts import Store
 from p2pkit.reboot import render_resume_unit
 from p2pkit.sim import lifecycle
@@ -91,7 +92,9 @@ def test_units_and_hooks_are_installed_and_verify(cli, sim, tmp_path):
     d.mkdir()
     (d / "p2pkit-restore.service").write_text(service)
     shutil.copy(REPO / "systemd/p2pkit-restore.timer", d)
-    (d / "p2pkit-resume.service").write_text(render_resume_unit("dual-5090-ninfer", root / "var/lib/p2pkit"))
+    resume = render_resume_unit(config.load("dual-5090-ninfer", ["serve.port=8001"]), root / "var/lib/p2pkit")
+    assert "--profile dual-5090-ninfer --set serve.port=8001 --state-dir" in resume  # the run's overrides too
+    (d / "p2pkit-resume.service").write_text(resume)
     for unit in ("p2pkit-restore.service", "p2pkit-restore.timer", "p2pkit-resume.service"):
         r = subprocess.run(["systemd-analyze", "verify", str(d / unit)], capture_output=True, text=True)
         relevant = [ln for ln in r.stderr.splitlines() if unit in ln or "p2pkit" in ln]
