@@ -84,24 +84,42 @@ def act(ctx) -> dict:
     return acted
 
 
-def wait_head(ctx, addr: str, port: int, timeout: float) -> dict:
-    """Poll the head's rendezvous port until it accepts a connection (the head is up), or time out."""
+def poll(probe, timeout: float, *, alive=None, interval: float = 0.25, note=None, every: float = 5.0) -> dict:
+    """Call probe() until it returns a result (a dict), alive() says the thing waited on is gone, or
+    the timeout passes; note(elapsed) every `every` seconds meanwhile. The result carries ok and
+    seconds (and exited when it did not succeed)."""
     t0 = time.monotonic()
     last_note = t0
     while True:
+        elapsed = time.monotonic() - t0
+        found = probe()
+        if found is not None:
+            return {"ok": True, "seconds": round(elapsed, 2), **found}
+        if alive is not None and not alive():
+            return {"ok": False, "seconds": round(elapsed, 2), "exited": True}
+        if elapsed > timeout:
+            return {"ok": False, "seconds": round(elapsed, 2), "exited": False}
+        if note is not None and time.monotonic() - last_note >= every:
+            note(elapsed)
+            last_note = time.monotonic()
+        time.sleep(interval)
+
+
+def wait_head(ctx, addr: str, port: int, timeout: float) -> dict:
+    """Poll the head's rendezvous port until it accepts a connection (the head is up), or time out."""
+    last = {"error": ""}
+
+    def probe():
         try:
             with socket.create_connection((addr, port), timeout=2):
-                return {"ok": True, "waited_s": round(time.monotonic() - t0, 2), "up_at": time.time(),
-                        "address": f"{addr}:{port}"}
+                return {"up_at": time.time()}
         except OSError as e:
-            err = str(e)
-        if time.monotonic() - t0 > timeout:
-            return {"ok": False, "waited_s": round(time.monotonic() - t0, 2), "error": err,
-                    "address": f"{addr}:{port}"}
-        if time.monotonic() - last_note >= 10:
-            ctx.out.step("service", f"waiting for the head at {addr}:{port} ({err}) before starting this worker")
-            last_note = time.monotonic()
-        time.sleep(0.5)
+            last["error"] = str(e)
+            return None
+
+    res = poll(probe, timeout, interval=0.5, every=10, note=lambda _: ctx.out.step(
+        "service", f"waiting for the head at {addr}:{port} ({last['error']}) before starting this worker"))
+    return {**res, "address": f"{addr}:{port}", **({} if res["ok"] else last)}
 
 
 def _systemctl(host: Host, *args: str):
@@ -139,12 +157,10 @@ def unit_alive(host: Host) -> bool:
 
 def wait_health(ctx, url: str, timeout: float, alive=None) -> dict:
     """Poll /health until 200, the server dies, or the timeout; progress every 5 s while loading."""
-    alive = alive or (lambda: unit_alive(ctx.host))
-    t0 = time.monotonic()
-    last_note = t0
     codes: list[int] = []
-    while True:
-        elapsed = time.monotonic() - t0
+    now: dict = {"code": None}
+
+    def probe():
         code = None
         try:
             with urllib.request.urlopen(url, timeout=2) as r:
@@ -153,18 +169,14 @@ def wait_health(ctx, url: str, timeout: float, alive=None) -> dict:
             code = e.code
         except (OSError, ValueError):
             code = None
+        now["code"] = code
         if code is not None and (not codes or codes[-1] != code):
             codes.append(code)
-        if code == 200:
-            return {"ok": True, "seconds": round(elapsed, 2), "codes": codes}
-        if not alive():
-            return {"ok": False, "seconds": round(elapsed, 2), "codes": codes, "exited": True}
-        if elapsed > timeout:
-            return {"ok": False, "seconds": round(elapsed, 2), "codes": codes, "exited": False}
-        if time.monotonic() - last_note >= 5:
-            ctx.out.step("service", f"waiting for {url}: {code or 'no answer'} after {elapsed:.0f} s (model loading)")
-            last_note = time.monotonic()
-        time.sleep(0.25)
+        return {} if code == 200 else None
+
+    res = poll(probe, timeout, alive=alive or (lambda: unit_alive(ctx.host)), note=lambda elapsed: ctx.out.step(
+        "service", f"waiting for {url}: {now['code'] or 'no answer'} after {elapsed:.0f} s (model loading)"))
+    return {**res, "codes": codes}
 
 
 def main_pid(host: Host) -> int | None:
@@ -209,16 +221,11 @@ def logs(host: Host, n: int = 30) -> list[str]:
 def wait_joined(ctx, timeout: float) -> dict:
     """A headless worker serves no /health: it has joined when NCCL's channel lines show its
     communicator formed with the head (or it died, or the timeout passed)."""
-    t0 = time.monotonic()
-    while True:
+    def probe():
         lines = [ln for ln in logs(ctx.host, 400) if NCCL_CHANNEL.search(ln)]
-        if lines:
-            return {"ok": True, "seconds": round(time.monotonic() - t0, 2), "line": lines[0]}
-        if not unit_alive(ctx.host):
-            return {"ok": False, "seconds": round(time.monotonic() - t0, 2), "exited": True}
-        if time.monotonic() - t0 > timeout:
-            return {"ok": False, "seconds": round(time.monotonic() - t0, 2), "exited": False}
-        time.sleep(0.25)
+        return {"line": lines[0]} if lines else None
+
+    return poll(probe, timeout, alive=lambda: unit_alive(ctx.host))
 
 
 NCCL_CHANNEL = re.compile(r"NCCL INFO Channel \d+/\d+ : .* via (NET/\w+|P2P/[^/\s]+(?: pointer)?|SHM\S*)")
