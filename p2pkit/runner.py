@@ -7,6 +7,7 @@ simulated host's stand-in commands answer in place of the real ones.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shlex
@@ -16,7 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from p2pkit.errors import CommandError, MissingError
+from p2pkit.errors import CommandError, MissingError, P2pkitError
 
 log = logging.getLogger("p2pkit.runner")
 
@@ -71,6 +72,9 @@ class Runner:
         capture: bool = True,
     ) -> Result:
         exe = self.which(argv[0]) if "/" not in argv[0] else argv[0]
+        if exe is not None and "/" in exe and not os.access(exe, os.X_OK):  # a path that is not there
+            raise MissingError(f"{exe} does not exist or is not executable",
+                               hint=f"install what provides {exe}, or fix the path that names it")
         if exe is None:
             raise MissingError(
                 f"the command `{argv[0]}` is not installed (looked in {self.path_env()})",
@@ -99,3 +103,16 @@ class Runner:
         if check and proc.returncode != 0:
             raise CommandError(argv, proc.returncode, result.stdout, result.stderr)
         return result
+
+    def json_result(self, argv: list[str], what: str, timeout: float) -> dict:
+        """Run a helper that prints its result as a JSON line last (the load worker, a probe run in
+        another Python): that document, or {"error": ...} naming `what`, its exit and its last lines."""
+        try:
+            r = self.run(argv, check=False, timeout=timeout)
+        except P2pkitError as e:
+            return {"error": e.message}
+        lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+        if not lines:
+            tail = " | ".join((r.stderr or r.stdout).strip().splitlines()[-3:])
+            return {"error": f"{what} exited {r.returncode} without a result: {tail}"}
+        return json.loads(lines[-1])

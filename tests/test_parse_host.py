@@ -110,3 +110,19 @@ def test_proc_cgroup_v1_and_v2():
 @pytest.mark.parametrize("text,limit", [("max\n", None), ("9223372036854771712\n", None), ("8589934592", 8 << 30)])
 def test_memory_limit(text, limit):
     assert system.memory_limit(text) == limit
+
+
+def test_json_result_of_a_helper_process(tmp_path):
+    """How the link worker and the vLLM probe report: the last JSON line, or an error naming the helper."""
+    import sys
+
+    from p2pkit.runner import Runner
+
+    r = Runner()
+    ok = r.json_result([sys.executable, "-c", "print('noise'); print('{\"a\": 1}')"], "the helper", 30)
+    assert ok == {"a": 1}
+    bad = r.json_result([sys.executable, "-c", "import sys; print('it broke', file=sys.stderr); sys.exit(3)"],
+                        "the helper", 30)
+    assert bad == {"error": "the helper exited 3 without a result: it broke"}
+    gone = r.json_result(["/nonexistent/python3", "-c", "pass"], "the helper", 30)
+    assert gone == {"error": "/nonexistent/python3 does not exist or is not executable"}

@@ -7,7 +7,6 @@ libraries are checked (P05, P06); a refused precondition never reaches CMake."""
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 from p2pkit.ansible import run_playbook
@@ -150,15 +149,7 @@ def engine_python(ctx) -> str:
 def vllm_env(ctx) -> dict:
     """Read-only: what engine.python's environment holds (vLLM, the pinned packages)."""
     pins = sorted(ctx.profile.engine.python_pins)
-    try:
-        r = ctx.host.runner.run([engine_python(ctx), "-c", VLLM_PROBE, *pins], check=False, timeout=600)
-    except P2pkitError as e:
-        return {"error": e.message}
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
-    if r.returncode != 0 or not lines:
-        tail = " | ".join((r.stderr or r.stdout).strip().splitlines()[-2:])
-        return {"error": f"{ctx.profile.engine.python} exited {r.returncode}: {tail}"}
-    return json.loads(lines[-1])
+    return ctx.host.runner.json_result([engine_python(ctx), "-c", VLLM_PROBE, *pins], ctx.profile.engine.python, 600)
 
 
 def act(ctx) -> dict:

@@ -6,7 +6,7 @@ import importlib.util
 import json
 import sys
 
-from p2pkit.errors import MissingError, P2pkitError
+from p2pkit.errors import MissingError
 from p2pkit.sim import model as sim_model
 
 
@@ -22,12 +22,4 @@ def measure(ctx) -> dict:
            "samples": lk.samples, "min_gen": pc.min_gen, "min_width": pc.min_width}
     argv = [sys.executable, "-m", "p2pkit.load.worker", json.dumps(cfg)]
     with ctx.out.working("[link] real load on every GPU (torch matmuls and copies), NVML polled"):
-        try:
-            res = ctx.host.runner.run(argv, check=False, timeout=lk.load_seconds + 600)
-        except P2pkitError as e:
-            return {"link_load": {"error": e.message}}
-    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
-    if not lines:
-        tail = " | ".join((res.stderr or res.stdout).strip().splitlines()[-3:])
-        return {"link_load": {"error": f"the load worker exited {res.returncode} without a result: {tail}"}}
-    return {"link_load": json.loads(lines[-1])}
+        return {"link_load": ctx.host.runner.json_result(argv, "the load worker", lk.load_seconds + 600)}
