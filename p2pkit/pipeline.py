@@ -231,8 +231,9 @@ def up(ctx: Ctx, start: str | None = None, stop: str | None = None, force: bool 
             if state.state == REBOOT:
                 return UpResult(Exit.REBOOT, ran, list(states.values()),
                                 f"{st.name}: {state.reason}; reboot, then run p2pkit up again")
-            if st.not_applicable(ctx.profile):
-                ctx.out.step(st.name, f"not applicable: {st.not_applicable(ctx.profile)}")
+            why_na = st.not_applicable(ctx.profile)
+            if why_na:
+                ctx.out.step(st.name, f"not applicable: {why_na}")
             else:
                 ctx.out.step(st.name, f"running: {st.title}" + (f" (was {state.state}: {state.reason})"
                                                                 if state.state != NOT_RUN and state.reason else ""))

@@ -29,9 +29,8 @@ def hca(env_file: Annotated[str | None, typer.Option(
     if hcas and env_file:
         from p2pkit.artifacts import atomic_write
 
-        netdev = next(nd for x in found if f"{x['device']}:{x['port']}" == hcas[0] for nd in
-                      (x["netdevs"] if not p.network.fabric_netdevs else
-                       [n for n in x["netdevs"] if n in p.network.fabric_netdevs]))
+        first = next(x for x in found if f"{x['device']}:{x['port']}" == hcas[0])
+        netdev = next(n for n in first["netdevs"] if not p.network.fabric_netdevs or n in p.network.fabric_netdevs)
         text = (f"# written by `p2pkit net hca` at this start{' (SIMULATED)' if h.simulated else ''}\n"
                 f"NCCL_IB_HCA={','.join(hcas)}\nNCCL_SOCKET_IFNAME={netdev}\nGLOO_SOCKET_IFNAME={netdev}\n")
         target = h.path(env_file)
