@@ -34,8 +34,7 @@ def gate_checks(ctx, kernel: str, running: str) -> dict[str, list[Check]]:
         if name == "p2p-module" and kernel != running:
             out[name] = module_for_kernel(ctx, kernel)
             continue
-        f = facts.collect(ctx.host, st.facts, ctx.profile)
-        out[name] = st.check(f, ctx.profile)
+        out[name] = pipeline.prove(ctx, st)[1]
     return out
 
 
