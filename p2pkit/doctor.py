@@ -6,6 +6,7 @@ from p2pkit import facts as facts_mod
 from p2pkit.checks import FAIL, SKIP
 from p2pkit.config import Profile
 from p2pkit.output import Output
+from p2pkit.pipeline import not_applicable
 from p2pkit.pitfalls import PITFALLS
 from p2pkit.stages import registry
 
@@ -22,7 +23,8 @@ def judge(found: dict, profile: Profile, simulated: bool) -> dict:
         if not st.implemented or st.check is None:
             groups.append({"stage": st.name, "checks": [], "note": "not implemented yet: nothing to check"})
             continue
-        checks = [c.as_dict() for c in st.check(found, profile)]
+        why_na = st.not_applicable(profile)  # as up and verify: a stage that does not apply is not judged
+        checks = [c.as_dict() for c in ([not_applicable(st, why_na)] if why_na else st.check(found, profile))]
         for c in checks:
             if c["pitfall"]:
                 c["pitfall_text"] = PITFALLS.get(c["pitfall"], "")

@@ -164,3 +164,20 @@ def test_link_where_nvml_reports_no_pcie_link():
     assert c["link.fabric_rate.rocep1s0f0:1"].status == "fail"  # 100 Gb/s on a 200 Gb/s fabric
     pair = replace(p, gpus=replace(p.gpus, count=2))
     assert {c.id: c for c in link.check(f, pair)}["link.trained.gpu0"].status == "fail"
+
+
+def test_doctor_does_not_judge_a_stage_that_does_not_apply(sim):
+    """On a one-GPU node doctor says rebar does not apply, as up and verify do, even when BAR1 is small."""
+    from p2pkit import doctor, facts
+    from p2pkit.host import Host
+    from p2pkit.stages import registry
+
+    h = Host.at(sim("spark-head"))
+    p = config.load(h.sim["profile"])
+    found = facts.collect(h, sorted({n for st in registry() for n in st.facts}), p)
+    for g in found["pci_gpus"]:
+        g["bar1_bytes"] = 256 << 20  # what rebar would fail on, were it judged
+    report = doctor.judge(found, p, simulated=True)
+    rebar = next(g for g in report["groups"] if g["stage"] == "rebar")["checks"]
+    assert [c["id"] for c in rebar] == ["rebar.applies"] and rebar[0]["status"] == "skip"
+    assert not [f for f in report["failed"] if f.startswith("rebar.")]
