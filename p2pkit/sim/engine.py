@@ -49,13 +49,19 @@ def main() -> None:
         print(f"spec {f['spec']}: draft tokens {f.get('draft-tokens')}, lm-head-draft "
               f"{'on' if f.get('lm-head-draft') else 'off'}", flush=True)
     started = time.monotonic()
+    serve_health(f.get("host"), f.get("port") or 12435, lambda: time.monotonic() - started >= LOAD_SECONDS,
+                 f"listening on {f.get('host')}:{f.get('port')}")
 
+
+def serve_health(host: str | None, port, ready, announce: str) -> None:
+    """/health on host:port: 200 once ready() says so, 503 while loading; `announce` printed once
+    the port is bound; forever."""
     class Health(BaseHTTPRequestHandler):
         def do_GET(self):
             if self.path != "/health":
                 self.send_error(404)
                 return
-            ok = time.monotonic() - started >= LOAD_SECONDS
+            ok = ready()
             body = json.dumps({"status": "ok" if ok else "loading"}).encode()
             self.send_response(200 if ok else 503)
             self.send_header("Content-Type", "application/json")
@@ -66,14 +72,9 @@ def main() -> None:
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer((f.get("host") or "127.0.0.1", int(f.get("port") or 12435)), Health)
-    print(f"listening on {f.get('host')}:{f.get('port')}", flush=True)
+    server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), Health)
+    print(announce, flush=True)
     server.serve_forever()
-
-
-if __name__ == "__main__":
-    main()
-
 
 # ---------------------------------------------------------------------------------------- vLLM
 
@@ -167,19 +168,10 @@ def vllm_main() -> None:
 
         threading.Thread(target=accept, daemon=True).start()
 
-    class Health(BaseHTTPRequestHandler):
-        def do_GET(self):
-            if self.path != "/health":
-                self.send_error(404)
-                return
-            ok = joined["at"] is not None and time.monotonic() - joined["at"] >= LOAD_SECONDS
-            self.send_response(200 if ok else 503)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
+    serve_health(f.get("host"), f.get("port") or 8000,
+                 lambda: joined["at"] is not None and time.monotonic() - joined["at"] >= LOAD_SECONDS,
+                 f"INFO API on {f.get('host')}:{f.get('port')}")
 
-        def log_message(self, *args):
-            pass
 
-    server = ThreadingHTTPServer((f.get("host") or "127.0.0.1", int(f.get("port") or 8000)), Health)
-    print(f"INFO API on {f.get('host')}:{f.get('port')}", flush=True)
-    server.serve_forever()
+if __name__ == "__main__":
+    main()
