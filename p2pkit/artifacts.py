@@ -24,8 +24,17 @@ class CorruptArtifact(P2pkitError):
 
 
 def atomic_write(final: Path, data: bytes) -> Path:
-    """temp file in the same directory, fsync, rename, fsync the directory: all or nothing."""
-    final = Path(final)
+    """temp file in the same directory, fsync, rename, fsync the directory: all or nothing. A path
+    that cannot be written is a UsageError naming it, never a traceback."""
+    try:
+        return _atomic_write(Path(final), data)
+    except OSError as e:
+        raise UsageError(f"cannot write {final}: {e.strerror or e}",
+                         hint=f"check that {Path(final).parent} exists and is writable, and that its disk is not "
+                              "full; nothing was written there") from e
+
+
+def _atomic_write(final: Path, data: bytes) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{final.stem}.", suffix=".tmp", dir=final.parent)
     try:
         with os.fdopen(fd, "wb") as fh:

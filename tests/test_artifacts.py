@@ -2,11 +2,12 @@
 
 import json
 import multiprocessing as mp
+import os
 
 import pytest
 
 from p2pkit.artifacts import CorruptArtifact, Store, atomic_write
-from p2pkit.errors import LockedError
+from p2pkit.errors import LockedError, P2pkitError
 from p2pkit.lock import state_lock
 
 
@@ -29,8 +30,9 @@ def test_atomic_write_leaves_old_file_on_failure(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", boom)
-    with pytest.raises(OSError):
+    with pytest.raises(P2pkitError) as e:  # the OSError, named with its path: never a traceback
         atomic_write(target, b"new")
+    assert f"cannot write {target}: disk full" == e.value.message
     assert target.read_text() == "old"
     assert list(tmp_path.glob(".*.tmp")) == []
 
@@ -79,3 +81,23 @@ def test_a_stage_not_built_fails_and_never_passes(tmp_path, sim):
     doc = pipeline.run_stage(ctx, Stage("future", "a stage not built yet", inputs=(), implemented=False), None)
     assert doc["status"] == "failed"
     assert doc["checks"][0]["measured"] == "not implemented yet" and doc["acted"] == {}
+
+
+def test_unwritable_path_is_a_usage_error_and_leaves_nothing(tmp_path):
+    from p2pkit.errors import Exit
+
+    missing = tmp_path / "no/such/dir/x.json"
+    with pytest.raises(P2pkitError) as e:
+        atomic_write(missing, b"{}")
+    assert e.value.code == Exit.USAGE and str(missing) in e.value.message and "writable" in e.value.hint
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        if os.access(ro, os.W_OK):  # root writes anyway: nothing to prove here
+            return
+        with pytest.raises(P2pkitError):
+            atomic_write(ro / "x.json", b"{}")
+        assert list(ro.iterdir()) == []
+    finally:
+        ro.chmod(0o700)
