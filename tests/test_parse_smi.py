@@ -54,3 +54,37 @@ def test_query_csv_real_capture_na_is_none():
 def test_query_csv_rejects_ragged_rows():
     with pytest.raises(ValueError, match="fields"):
         smi.query_csv("a, b\n1, 2, 3\n")
+
+
+TOPO = FIXTURES / "topo_m"
+
+
+@pytest.mark.parametrize(("name", "a", "b", "want"), [
+    ("2x5090_phb.txt", 0, 1, "PHB"),
+    ("8x4090_nic_sys.txt", 6, 7, "SYS"),
+    ("5gpu_mixed_spaces.txt", 1, 2, "PHB"),
+    ("5gpu_mixed_spaces.txt", 1, 3, "NODE"),
+    ("5gpu_mixed_spaces.txt", 0, 4, "SYS"),
+    ("2gpu_node_spaces.txt", 0, 1, "NODE"),
+])
+def test_pair_relation_of_real_topo_m(name, a, b, want):
+    assert smi.pair_relation((TOPO / name).read_text(), a, b) == want
+
+
+def test_topo_m_with_nics_keeps_only_gpu_rows_and_columns():
+    m = smi.topo_matrix((TOPO / "8x4090_nic_sys.txt").read_text())
+    assert sorted(m) == [f"GPU{i}" for i in range(8)] and "NIC0" not in m["GPU6"]
+
+
+def test_pair_relation_refuses_a_p2p_status_matrix_and_a_missing_gpu():
+    with pytest.raises(ValueError, match="not a topology relation"):
+        smi.pair_relation((TWO / "topo_p2p_r_2gpu_ok.txt").read_text())
+    with pytest.raises(ValueError, match="no GPU0/GPU1 pair"):
+        smi.pair_relation((H200 / "topo_m.txt").read_text())
+
+
+def test_relation_meaning_and_switch():
+    assert smi.relation_meaning("NV4") == "Connection traversing a bonded set of 4 NVLinks"
+    assert "Host Bridge" in smi.relation_meaning("PHB")
+    assert smi.relation_has_switch("PXB") and smi.relation_has_switch("PIX")
+    assert not any(smi.relation_has_switch(c) for c in ("PHB", "NODE", "SYS", "NV2"))
