@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from p2pkit.checks import FAIL, WARN, Check, failed, judge, not_measured, unknown
 from p2pkit.config import Profile
-from p2pkit.parse.build import version_tuple
+from p2pkit.parse.build import ldd_problems, version_tuple
 
 CMAKE_FIXES = (
     ("CMAKE_CUDA_ARCHITECTURES", "P05", "NInfer builds only for 120a (RTX 5090, Blackwell): set "
@@ -101,10 +101,11 @@ def _result(b: dict, p: Profile) -> list[Check]:
                      binr.get("version") or binr.get("error") or "missing", "runs (--version)",
                      "the build did not produce a working binary: see the build log"))
     libs = b.get("libraries", [])
-    unresolved = [x["name"] for x in libs if x["path"] is None]
+    unresolved = ldd_problems(libs)
     out.append(judge("engine.libraries", "every linked library resolves", not unresolved and bool(libs),
-                     ", ".join(unresolved) or f"{len(libs)} resolved", "all resolved",
-                     "install the missing libraries or fix RUNPATH (readelf -d)"))
+                     "; ".join(unresolved) or f"{len(libs)} resolved", "all resolved",
+                     "install the missing libraries or fix RUNPATH (readelf -d); a missing version (GLIBC_2.38) "
+                     "means the binary was built against a newer library than this host has: build it here"))
     if p.engine.recipe == "llamacpp":
         for target, lst in b.get("nccl_links", {}).items():
             nccl = [x["path"] for x in lst if x["name"].startswith("libnccl")]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from p2pkit import engine_cmd
 from p2pkit.checks import FAIL, PASS, WARN, Check, failed, judge, not_measured, unknown
 from p2pkit.config import Profile
+from p2pkit.parse import nccl
 
 GIB = 1 << 30
 
@@ -88,8 +89,8 @@ def _nccl(seen: list[str], p: Profile) -> Check:
         return Check("service.nccl_transport", "NCCL runs over RoCE", FAIL, "no NCCL channel line in the log", want,
                      "the engine's environment must have NCCL_DEBUG=INFO (p2pkit's env file sets it); without the "
                      "line nobody can tell IB from sockets", "P23")
-    socket_ = [t for t in seen if t.startswith("NET/Socket")]
-    ib = [t for t in seen if t.startswith("NET/IB")]  # NET/IB, or an external IB plugin's NET/IBext_v8
+    socket_ = [t for t in seen if nccl.is_socket(t)]
+    ib = [t for t in seen if nccl.is_rdma(t)]  # NET/IB, or an external IB plugin's NET/IBext_v8
     ok = not socket_ and (not p.network.require_roce or bool(ib))
     return judge("service.nccl_transport", "NCCL runs over RoCE", ok, ", ".join(seen), want,
                  "NCCL fell back to TCP sockets (about 40% of the prefill speed): run natively, not in a default "

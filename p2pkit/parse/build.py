@@ -45,12 +45,33 @@ def ninfer_criteria(log: str) -> dict[str, bool]:
     }
 
 
+LDD_VERSION = re.compile(r"^(?P<by>\S+): (?P<lib>\S+): version `(?P<version>[^']+)' not found \(required by (\S+)\)")
+
+
 def ldd(text: str) -> list[dict]:
-    """`ldd BINARY`: name, resolved path (None when 'not found')."""
-    out = []
+    """`ldd BINARY`: name, resolved path (None when 'not found'), and the symbol versions the library
+    lacks ("version `GLIBC_2.38' not found": the library is found, yet the binary cannot load)."""
+    out: list[dict] = []
+    missing: dict[str, list[str]] = {}
     for line in text.splitlines():
         line = line.strip()
+        if v := LDD_VERSION.match(line):
+            missing.setdefault(v["lib"], []).append(v["version"])
+            continue
         m = re.match(r"^(\S+) => (not found|(\S+) \(0x[0-9a-f]+\))", line)
         if m:
             out.append({"name": m.group(1), "path": None if m.group(2) == "not found" else m.group(3)})
+    for lib, versions in missing.items():
+        entry = next((e for e in out if e["path"] == lib), None)
+        if entry is None:
+            entry = {"name": lib.rsplit("/", 1)[-1], "path": lib}
+            out.append(entry)
+        entry["missing_versions"] = versions
     return out
+
+
+def ldd_problems(libs: list[dict]) -> list[str]:
+    """Each library that will not load, named with why: not found, or the versions it lacks."""
+    return [f"{x['name']} not found" if x["path"] is None else
+            f"{x['name']} ({x['path']}) lacks version {', '.join(x['missing_versions'])}"
+            for x in libs if x["path"] is None or x.get("missing_versions")]

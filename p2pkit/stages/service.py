@@ -17,6 +17,7 @@ from p2pkit import engine_cmd
 from p2pkit.ansible import run_playbook
 from p2pkit.errors import P2pkitError
 from p2pkit.host import Host, system
+from p2pkit.parse import nccl
 from p2pkit.parse.system import proc_cgroup
 from p2pkit.runner import own_executable, unit_command
 
@@ -222,18 +223,21 @@ def wait_joined(ctx, timeout: float) -> dict:
     """A headless worker serves no /health: it has joined when NCCL's channel lines show its
     communicator formed with the head (or it died, or the timeout passed)."""
     def probe():
-        lines = [ln for ln in logs(ctx.host, 400) if NCCL_CHANNEL.search(ln)]
-        return {"line": lines[0]} if lines else None
+        line = joined_line(logs(ctx.host, 400))
+        return {"line": line} if line else None
 
     return poll(probe, timeout, alive=lambda: unit_alive(ctx.host))
 
 
-NCCL_CHANNEL = re.compile(r"NCCL INFO Channel \d+/\d+ : .* via (NET/\w+|P2P/[^/\s]+(?: pointer)?|SHM\S*)")
+def joined_line(lines: list[str]) -> str | None:
+    """The first NCCL connection line, in any release's form (a worker whose NCCL falls back to SHM
+    or predates 2.12 has joined all the same)."""
+    return next((ln for ln in lines if nccl.transport(ln)), None)
 
 
 def nccl_transports(lines: list[str]) -> list[str]:
-    """The transports NCCL picked ("NET/IB", "NET/Socket", "P2P/direct pointer"...), from NCCL_DEBUG=INFO."""
-    return sorted({m.group(1) for ln in lines if (m := NCCL_CHANNEL.search(ln))})
+    """The transports NCCL picked ("NET/IB", "NET/Socket", "P2P/direct pointer", "SHM"...), from NCCL_DEBUG=INFO."""
+    return nccl.transports(lines)
 
 
 def measure(ctx) -> dict:

@@ -1,0 +1,75 @@
+"""NCCL connection lines of every release (fixtures/nccl: public logs and NCCL's own format strings)."""
+
+import pytest
+
+from p2pkit import config
+from p2pkit.checks import service as service_checks
+from p2pkit.parse import nccl
+from p2pkit.stages.service import joined_line
+from tests.conftest import FIXTURES
+
+BY_RELEASE = (FIXTURES / "nccl/channels_by_release.txt").read_text().splitlines()
+WANT = ["P2P/IPC", "NET/AWS Libfabric", "NET/IB", "P2P/direct pointer", "P2P/direct pointer", "SHM", "SHM", "SHM",
+        "NET/Socket", "NET/IB", "P2P/CUMEM", "NET/AWS Libfabric", "SHM"]
+
+
+def test_every_release_form_is_read():
+    assert [nccl.transport(ln) for ln in BY_RELEASE] == WANT
+
+
+@pytest.mark.parametrize("line", [
+    "h:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC/read/CE",
+    "h:1:1 [0] NCCL INFO Channel 00/1 : 0[0] -> 1[1] via P2P/MNNVL/read",
+    "h:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 2[2] via P2P/indirect/1[1]/read",
+    "h:1:1 [0] NCCL INFO Ring 00 : 0 -> 1 via P2P/common device",
+    "h:1:1 [0] NCCL INFO Channel 02/0 : 0[0] -> 8[0] [send] via NET/IB/0(1)/GDRDMA(PCI)/Shared",
+    "h:1:1 [0] NCCL INFO CollNet 00/0 : 0 [send] via COLLNET/SHARP/0/GDRDMA",
+])
+def test_forms_from_the_format_strings(line):
+    # each built from the INFO format of src/transport/{p2p,net,coll_net}.cc (release named in parse/nccl.py)
+    t = nccl.transport(line)
+    assert t in ("P2P/IPC", "P2P/MNNVL", "P2P/indirect", "P2P/common device", "NET/IB", "COLLNET/SHARP")
+
+
+@pytest.mark.parametrize("line", [
+    "h:1:1 [0] NCCL INFO Channel 00/24 :    0   1",  # the ring order, not a connection
+    "h:1:1 [0] NCCL INFO NET/IB : No device found.",
+    "h:1:1 [0] NCCL INFO Using network AWS Libfabric",
+    "h:1:1 [0] NCCL INFO Ring 02 : 2 -> 0 -> 1",
+])
+def test_other_lines_are_not_connections(line):
+    assert nccl.transport(line) is None
+
+
+def test_the_check_judges_old_and_plugin_forms():
+    p = config.load("dual-spark-vllm")
+    old_ib = [BY_RELEASE[2]]  # 2.6-2.11: "Channel 03 : ... via NET/IB/0/GDRDMA", no "/C"
+    assert service_checks._nccl(nccl.transports(old_ib), p).status == "pass"
+    shm_and_socket = [BY_RELEASE[6], BY_RELEASE[8]]
+    c = service_checks._nccl(nccl.transports(shm_and_socket), p)
+    assert c.status == "fail" and c.measured == "NET/Socket, SHM"
+    assert service_checks._nccl(nccl.transports([BY_RELEASE[11]]), p).status == "fail"  # Libfabric is not RoCE
+
+
+def test_the_join_wait_sees_every_form():
+    for ln in BY_RELEASE:
+        assert joined_line(["h:1:1 [0] NCCL INFO Bootstrap : Using eth0", ln]) == ln
+    assert joined_line(["h:1:1 [0] NCCL INFO NET/IB : No device found."]) is None
+
+
+def test_ldd_version_not_found_is_a_failure_naming_library_and_version():
+    """A real ldd capture (fixtures/ldd): the library resolves, yet lacks GLIBC_2.38: it will not load."""
+    from p2pkit.checks import engine as ec
+    from p2pkit.parse.build import ldd
+
+    libs = ldd((FIXTURES / "ldd/version_not_found.txt").read_text())
+    foo = next(x for x in libs if x["name"] == "libfoo.so.6")
+    assert foo["path"] == "/tmp/lddt/libfoo.so.6" and foo["missing_versions"] == ["GLIBC_2.38"]
+    p = config.load("dual-5090-ninfer")
+    b = {"source": {"head": "x"}, "cuda": {"version": "13.1"}, "pkg_config": {},
+         "binary": {"runs": True, "version": "v"}, "libraries": libs}
+    c = {x.id: x for x in ec.check({"engine_build": b}, p)}["engine.libraries"]
+    assert c.status == "fail" and c.measured == "libfoo.so.6 (/tmp/lddt/libfoo.so.6) lacks version GLIBC_2.38"
+    clean = [x for x in libs if x["name"] != "libfoo.so.6"]
+    assert {x.id: x for x in ec.check({"engine_build": {**b, "libraries": clean}}, p)}["engine.libraries"].status \
+        == "pass"
