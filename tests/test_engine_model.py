@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -43,18 +44,34 @@ def test_engine_builds_and_proves_it(sim):
     doc, c = run(ctx, "engine")
     assert doc["status"] == "passed", [x for x in c.values() if x["status"] == "fail"]
     b = doc["facts"]["engine_build"]
-    assert b["criteria"] == {"found CUDAToolkit 13.1 or newer": True, "found libavformat": True,
-                             "no CMake Error": True, "linked apps/ninfer-serve": True}
+    assert b["criteria"] == {"found CUDAToolkit 13.1 or newer": "13.1 (build log)",
+                             "found libavformat": "60.16.100 (build log)", "no CMake Error": "none in the log",
+                             "linked apps/ninfer-serve": "linked in this build"}
     assert "-DCMAKE_CUDA_ARCHITECTURES=120a" in b["cmake_options"] and b["cuda"]["version"] == "13.1"
     assert len(b["binary"]["sha256"]) == 64 and b["libraries"]
     assert b["source"]["head"] == ctx.profile.engine.commit
-    assert "Linking CXX executable apps/ninfer-serve" in (ctx.store.dir / "logs/engine-build.log").read_text()
+    first = b["log"]
+    assert "Linking CXX executable apps/ninfer-serve" in Path(first).read_text()
+    # P07 on a rebuild (`up --from engine --force`): CMake re-configures from its cache and Ninja has
+    # nothing to do, as real CMake and Ninja do (tests/fixtures/cmake); proven from the cache and Ninja
+    doc2, c2 = run(ctx, "engine")
+    assert doc2["status"] == "passed", [x for x in c2.values() if x["status"] == "fail"]
+    b2 = doc2["facts"]["engine_build"]
+    second = Path(b2["log"]).read_text()
+    assert b2["log"] != first and Path(first).read_text().count("Linking CXX") == 1  # the first run's log is kept
+    assert "Found CUDAToolkit" not in second and "Found libavformat" not in second
+    assert "ninja: no work to do." in second and "Linking CXX" not in second
+    assert b2["criteria"] == {"found CUDAToolkit 13.1 or newer": "13.1 (CMakeCache.txt)",
+                              "found libavformat": "60.16.100 (CMakeCache.txt)", "no CMake Error": "none in the log",
+                              "linked apps/ninfer-serve": "up to date (ninja -n: no work to do)"}
+    assert b2["binary"]["sha256"] == b["binary"]["sha256"]
 
 
 def test_old_cuda_refused_before_configure(sim):
     _doc, c = run(ctx_for(sim("cuda-13.0")), "engine")
     assert c["engine.cuda"]["status"] == "fail" and c["engine.cuda"]["pitfall"] == "P05"
     assert "engine.configure" not in c  # CMake never ran
+    assert "engine.build_log" not in c  # and no build log is judged: the refusal is the one failure
 
 
 def test_ffmpeg_not_reached_by_pkg_config_refused_before_configure(sim):

@@ -66,8 +66,8 @@ def check(f: dict, p: Profile) -> list[Check]:
         out.append(judge(f"engine.pkg_config.{mod}", f"pkg-config finds {mod}", r["ok"], r.get("version") or
                          r.get("error"), "found", f"PKG_CONFIG_PATH ({p.engine.pkg_config_path or 'unset'}) does not "
                          f"reach {mod}.pc: point engine.pkg_config_path at it", pitfall="P06"))
-    if "binary" not in b and "configure_rc" not in b:
-        return out  # refused before configuring: the checks above say why
+    if b.get("refused") or ("binary" not in b and "configure_rc" not in b):
+        return out  # refused before configuring: the checks above say why; no build log is judged
     if "configure_rc" in b:
         out += _configure(b)
         if b["configure_rc"] != 0:
@@ -94,7 +94,9 @@ def _result(b: dict, p: Profile) -> list[Check]:
     missing = [k for k, v in crit.items() if not v]
     if crit:
         out.append(judge("engine.build_log", "build log shows success", not missing, ", ".join(missing) or
-                         "all criteria met", ", ".join(crit), f"the build log {b['log']} lacks: {', '.join(missing)}",
+                         "; ".join(f"{k}: {v}" for k, v in crit.items()), ", ".join(crit),
+                         f"the build log {b['log']} lacks: {', '.join(missing)} (CMakeCache.txt: "
+                         f"{b.get('cmake_cache') or 'none'}); rebuild with `p2pkit up --from engine --force`",
                          pitfall="P07"))
     binr = b.get("binary", {})
     out.append(judge("engine.binary", "engine binary exists and runs", binr.get("runs", False),

@@ -7,6 +7,8 @@ libraries are checked (P05, P06); a refused precondition never reaches CMake."""
 from __future__ import annotations
 
 import hashlib
+import re
+import time
 from pathlib import Path
 
 from p2pkit.ansible import run_playbook
@@ -14,6 +16,8 @@ from p2pkit.checks.engine import PKG_MODULES
 from p2pkit.engine_cmd import binary
 from p2pkit.errors import P2pkitError
 from p2pkit.parse import build as pb
+
+CONFIGURE_MARK = "\n$ cmake -S "  # how _run records the configure command in the log
 
 
 def _run(ctx, argv, log, cwd=None, env=None):
@@ -55,24 +59,49 @@ def _env(ctx) -> dict:
     return {"PKG_CONFIG_PATH": ":".join(paths)} if paths else {}
 
 
-def _log(ctx) -> Path:
+KEEP_LOGS = 20  # build logs kept in <state>/logs, one per run, the oldest deleted first
+
+
+def _logs(ctx) -> list[Path]:
+    """This engine's build logs, oldest first (engine-build-NNNN-<UTC time>.log: one per run)."""
+    d = ctx.store.dir / "logs"
+    found = [x for x in d.glob("engine-build-*.log") if re.match(r"engine-build-\d+-", x.name)] if d.is_dir() else []
+    return sorted(found, key=lambda x: int(x.name.split("-")[2]))
+
+
+def _new_log(ctx) -> Path:
+    """A new log for this run; earlier runs' logs are kept (the last KEEP_LOGS)."""
     logs = ctx.store.dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    return logs / "engine-build.log"
+    old = _logs(ctx)
+    n = int(old[-1].name.split("-")[2]) + 1 if old else 1
+    for x in old[:max(0, len(old) - KEEP_LOGS + 1)]:
+        x.unlink()
+    return logs / f"engine-build-{n:04d}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.log"
+
+
+def _last_build_log(ctx) -> Path | None:
+    """The log of the last run that reached CMake (a run refused before configuring proves nothing
+    about what is built)."""
+    for x in reversed(_logs(ctx)):
+        if CONFIGURE_MARK in x.read_text(errors="replace"):
+            return x
+    legacy = ctx.store.dir / "logs/engine-build.log"  # before logs were kept per run
+    return legacy if legacy.is_file() else None
 
 
 def build(ctx) -> dict:
     """Check out, check the toolchain, configure and build. What the stage does (not read-only)."""
     p, host = ctx.profile, ctx.host
     e = p.engine
-    log = _log(ctx)
+    log = _new_log(ctx)
     log.write_text(f"# p2pkit engine build: {e.recipe} at {e.commit}{' (SIMULATED host)' if host.simulated else ''}\n")
     src = host.path(e.build_dir)
-    res: dict = {"source": checkout(ctx, src, log), **toolchain(ctx)}
+    res: dict = {"log": str(log), "source": checkout(ctx, src, log), **toolchain(ctx)}
     cuda_ok = res["cuda"]["version"] is not None and pb.version_tuple(res["cuda"]["version"]) >= \
         pb.version_tuple(e.cuda_min)
     if "error" in res["source"] or not cuda_ok or not all(m["ok"] for m in res["pkg_config"].values()):
-        return res  # refused before configuring: the checks say why
+        return {**res, "refused": True}  # refused before configuring: the checks say why, CMake never ran
     opts = ["-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_CUDA_ARCHITECTURES={e.cuda_architectures}"]
     if e.recipe == "llamacpp":
         nccl = host.path(e.nccl_root)
@@ -104,10 +133,15 @@ def installed(ctx) -> dict:
     src = host.path(p.engine.build_dir)
     head = host.runner.run(["git", "-C", str(src), "rev-parse", "HEAD"], check=False).stdout.strip() \
         if (src / ".git").is_dir() else None
-    log = _log(ctx)
-    res: dict = {"log": str(log), "source": {"path": str(src), "head": head or None}}
-    if log.is_file() and p.engine.recipe == "ninfer":
-        res["criteria"] = pb.ninfer_criteria(log.read_text(errors="replace"))
+    log = _last_build_log(ctx)
+    res: dict = {"log": str(log) if log else None, "source": {"path": str(src), "head": head or None}}
+    if log and p.engine.recipe == "ninfer":
+        cache = src / "build/CMakeCache.txt"
+        res["cmake_cache"] = str(cache) if cache.is_file() else None
+        res["up_to_date"] = _up_to_date(ctx, src / "build", "ninfer-serve")
+        res["criteria"] = pb.ninfer_criteria(log.read_text(errors="replace"),
+                                             pb.cmake_cache(cache.read_text(errors="replace")) if cache.is_file()
+                                             else None, res["up_to_date"])
     exe = host.path(binary(p))
     res["binary"] = _binary(ctx, exe)
     if exe.is_file():
@@ -159,7 +193,7 @@ def act(ctx) -> dict:
         return {"built": False, "note": f"vLLM is used as installed at {e.python}; p2pkit proves it"}
     deps = run_playbook(ctx, "engine", {"p2pkit_engine_recipe": e.recipe, "p2pkit_engine_build_dir": e.build_dir})
     ctx.options["engine_build"] = build(ctx)
-    return {"dependencies": deps, "log": str(_log(ctx))}
+    return {"dependencies": deps, "log": ctx.options["engine_build"]["log"]}
 
 
 def measure(ctx) -> dict:
@@ -167,11 +201,22 @@ def measure(ctx) -> dict:
     built = ctx.options.pop("engine_build", None)
     if ctx.profile.engine.recipe == "vllm":
         return {"engine_build": built or {"vllm_env": vllm_env(ctx)}}
+    if built is not None and built.get("refused"):
+        return {"engine_build": built}  # nothing was built: what an earlier build left is not this run's result
     now = installed(ctx)
     if built is None:
         now.update(toolchain(ctx))
         return {"engine_build": now}
     return {"engine_build": {**built, **{k: v for k, v in now.items() if k != "source"}}}
+
+
+def _up_to_date(ctx, build_dir: Path, target: str) -> bool:
+    """Ninja's dry run (-n: nothing runs) says the target is current with its sources and flags."""
+    if not (build_dir / "build.ninja").is_file():
+        return False
+    r = ctx.host.runner.run(["cmake", "--build", str(build_dir), "--target", target, "--", "-n"], check=False,
+                            env=_env(ctx), timeout=600)
+    return r.returncode == 0 and pb.ninja_no_work(r.stdout)
 
 
 def _binary(ctx, exe: Path) -> dict:
