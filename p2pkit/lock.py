@@ -1,17 +1,25 @@
-"""One run at a time: an flock on the state directory's lock file."""
+"""One run at a time: an flock on the state directory's lock file.
+
+Before it takes the lock, a run kills what a dead run left behind (p2pkit.children) and says so;
+while it holds the lock, the commands it runs are recorded in <state>/.children.
+"""
 
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 from contextlib import contextmanager
 from pathlib import Path
 
+from p2pkit import children
 from p2pkit.errors import LockedError
+
+log = logging.getLogger("p2pkit.lock")
 
 
 @contextmanager
-def state_lock(state_dir: Path):
+def state_lock(state_dir: Path, say=None):
     state_dir.mkdir(parents=True, exist_ok=True)
     path = state_dir / ".lock"
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -25,8 +33,16 @@ def state_lock(state_dir: Path):
                 hint="wait for it to finish (`p2pkit status` shows progress); if no p2pkit process is "
                      "running, the lock is released automatically: run again",
             ) from None
+        record = state_dir / ".children"
+        for line in children.reap_leftovers(record):
+            (say or log.warning)(f"a p2pkit run that was killed left commands running: {line}, before this run "
+                                 "took the lock")
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        yield
+        children.track(record)
+        try:
+            yield
+        finally:
+            children.track(None)
     finally:
         os.close(fd)

@@ -212,7 +212,7 @@ class UpResult:
 def up(ctx: Ctx, start: str | None = None, stop: str | None = None, force: bool = False) -> UpResult:
     selected = select(start, stop)
     order = [s.name for s in registry()]
-    with state_lock(ctx.store.dir):
+    with state_lock(ctx.store.dir, say=ctx.out.warn):
         states = {s.stage: s for s in evaluate(ctx)}
         ran: list[str] = []
         for st in selected:

@@ -44,7 +44,7 @@ def restore(ctx, kernel: str | None = None) -> tuple[Exit, dict]:
     record: dict = {"kind": "p2pkit-restore", "simulated": ctx.host.simulated, "running_kernel": running,
                     "target_kernel": target, "started": pipeline.now(), "actions": []}
     code = Exit.OK
-    with state_lock(ctx.store.dir):
+    with state_lock(ctx.store.dir, say=ctx.out.warn):
         before = gate_checks(ctx, target, running)
         record["drift"] = {n: [c.as_dict() for c in cs if c.status == FAIL] for n, cs in before.items()}
         drifted = [n for n, cs in before.items() if worst(cs) == FAIL]

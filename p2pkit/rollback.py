@@ -58,7 +58,7 @@ def _held_by_p2pkit(ctx, manifest: dict) -> list[str]:
 
 
 def apply(ctx, stage: str) -> dict:
-    with state_lock(ctx.store.dir):
+    with state_lock(ctx.store.dir, say=ctx.out.warn):
         steps = plan(ctx, stage)
         b = Backup(ctx.store.dir, stage, ctx.host)
         m = b.manifest()

@@ -3,23 +3,47 @@
 List arguments only, LANG=C.UTF-8, stdin from /dev/null, the command logged under --debug.
 Against a host root other than /, that root's usr/bin and usr/sbin come first on PATH, so the
 simulated host's stand-in commands answer in place of the real ones.
+
+Every command has a timeout (a default per command, P2PKIT_TIMEOUT_<NAME> overrides it, e.g.
+P2PKIT_TIMEOUT_NVIDIA_SMI=10): a hung nvidia-smi is an error that says it did not answer, never
+a hang while p2pkit holds the lock. Every command runs in a process group p2pkit owns, recorded
+in the state directory while it runs (p2pkit.children): on a timeout, an error, Ctrl-C or
+SIGTERM the whole group is killed; the direct child dies with p2pkit (PR_SET_PDEATHSIG), and
+what a p2pkit killed with SIGKILL left behind is found and killed by the next one before it
+takes the lock (p2pkit.lock). Captured output is capped (its head and its tail are kept).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
+import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from p2pkit import children
 from p2pkit.errors import CommandError, MissingError, P2pkitError
 
 log = logging.getLogger("p2pkit.runner")
+
+DEFAULT_TIMEOUT_S = 600.0
+TIMEOUTS_S = {  # how long each command may take before p2pkit calls it hung
+    "nvidia-smi": 30.0, "modinfo": 30.0, "fuser": 30.0, "ldd": 60.0, "pkg-config": 60.0, "nvcc": 60.0,
+    "journalctl": 60.0, "modprobe": 120.0, "rmmod": 120.0, "systemctl": 120.0, "systemd-analyze": 120.0,
+    "apt-mark": 120.0, "git": 600.0, "ansible-playbook": 3600.0, "ansible-inventory": 120.0,
+}
+HEAD_CAP = 256 << 10  # captured output keeps its first 256 KiB ...
+TAIL_CAP = 4 << 20  # ... and its last 4 MiB; what lies between is dropped and counted
+PR_SET_PDEATHSIG = 1
 
 
 def own_executable() -> str:
@@ -29,7 +53,41 @@ def own_executable() -> str:
 
 def unit_command(argv: list[str]) -> str:
     """A command line for a systemd Exec*= setting: one list, quoted; % and $ escaped for systemd."""
-    return " ".join(shlex.quote(a).replace("%", "%%").replace("$", "$$") for a in argv)
+    from p2pkit import writers
+    return writers.unit_exec(argv)
+
+
+def timeout_for(name: str, given: float | None = None) -> float:
+    """P2PKIT_TIMEOUT_<NAME> if set, else the caller's, else the command's default, else 600 s."""
+    base = os.path.basename(name)
+    env = os.environ.get("P2PKIT_TIMEOUT_" + re.sub(r"[^A-Za-z0-9]", "_", base).upper())
+    if env:
+        try:
+            v = float(env)
+            if 0 < v < float("inf"):
+                return v
+        except ValueError:
+            pass
+        log.warning("ignoring P2PKIT_TIMEOUT_%s=%r: expected a number of seconds", base, env)
+    if given is not None:
+        return float(given)
+    return TIMEOUTS_S.get(base, DEFAULT_TIMEOUT_S)
+
+
+class CommandTimeout(CommandError):
+    """A command that did not finish within its timeout; its process group was killed."""
+
+    def __init__(self, argv: list[str], timeout: float, elapsed: float, stdout: str, stderr: str):
+        super().__init__(argv, -1, stdout, stderr)
+        name = os.path.basename(argv[0])
+        self.message = (f"{name} did not answer in {timeout:g} s (`{shlex.join(argv)}` was killed after "
+                        f"{elapsed:.1f} s)")
+        self.args = (self.message,)
+        self.hint = (f"find out why {name} hangs (a wedged driver makes nvidia-smi hang for minutes); if it is "
+                     f"only slow, give it longer with P2PKIT_TIMEOUT_{re.sub(r'[^A-Za-z0-9]', '_', name).upper()}"
+                     "=SECONDS")
+        self.timeout = timeout
+        self.elapsed = elapsed
 
 
 @dataclass(frozen=True)
@@ -38,6 +96,40 @@ class Result:
     returncode: int
     stdout: str
     stderr: str
+
+
+class _Capped(threading.Thread):
+    """Reads one pipe to its end, keeping the first HEAD_CAP and the last TAIL_CAP bytes."""
+
+    def __init__(self, pipe):
+        super().__init__(daemon=True)
+        self.pipe, self.head, self.tail, self.dropped = pipe, bytearray(), bytearray(), 0
+
+    def run(self) -> None:
+        while chunk := self.pipe.read1(65536) if hasattr(self.pipe, "read1") else self.pipe.read(65536):
+            room = HEAD_CAP - len(self.head)
+            if room > 0:
+                self.head += chunk[:room]
+                chunk = chunk[room:]
+            self.tail += chunk
+            if len(self.tail) > TAIL_CAP:
+                cut = len(self.tail) - TAIL_CAP
+                self.dropped += cut
+                del self.tail[:cut]
+
+    def text(self) -> str:
+        mid = f"\n[... p2pkit dropped {self.dropped} bytes of output here ...]\n".encode() if self.dropped else b""
+        text = bytes(self.head + mid + self.tail).decode(errors="replace")
+        return text.replace("\r\n", "\n").replace("\r", "\n")  # as text mode's universal newlines
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: its own process group, and SIGKILL when p2pkit dies."""
+    os.setpgid(0, 0)
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 @dataclass
@@ -83,23 +175,42 @@ class Runner:
         full_env = self.env()
         if env:
             full_env.update(env)
-        log.debug("run: %s", " ".join(argv))
+        token = full_env[children.TOKEN] = children.new_token()
+        limit = timeout_for(argv[0], timeout)
+        log.debug("run (timeout %g s): %s", limit, shlex.join(argv))
+        start = time.monotonic()
+        pipe = subprocess.PIPE if capture else None
+        proc = subprocess.Popen([exe, *argv[1:]], stdin=subprocess.DEVNULL, stdout=pipe, stderr=pipe, env=full_env,
+                                cwd=cwd, preexec_fn=_die_with_parent)
+        children.started(proc.pid, argv, token)
+        readers = [_Capped(p) for p in (proc.stdout, proc.stderr) if p is not None]
+        for r in readers:
+            r.start()
+        finished = False
         try:
-            proc = subprocess.run(
-                [exe, *argv[1:]],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE if capture else None,
-                stderr=subprocess.PIPE if capture else None,
-                text=True,
-                errors="replace",
-                env=full_env,
-                cwd=cwd,
-                timeout=timeout,
-            )
-        except subprocess.TimeoutExpired as e:
-            raise CommandError(argv, -1, str(e.stdout or ""), f"timed out after {timeout} s") from e
-        result = Result(argv, proc.returncode, proc.stdout or "", proc.stderr or "")
-        log.debug("exit %s: %s", proc.returncode, " ".join(argv))
+            try:
+                proc.wait(timeout=limit)
+            except subprocess.TimeoutExpired:
+                children.kill(proc.pid, token)
+                proc.wait()
+                for r in readers:
+                    r.join(timeout=5)
+                out, err = (r.text() for r in readers) if readers else ("", "")
+                raise CommandTimeout(argv, limit, time.monotonic() - start, out, err) from None
+            finished = True
+        finally:
+            if not finished:  # a timeout, Ctrl-C, SIGTERM: nothing of this command outlives the wait
+                children.kill(proc.pid, token)
+                proc.wait()
+            children.ended(proc.pid)
+        for r in readers:
+            r.join(timeout=10)  # a daemon the command left behind may hold the pipe: do not wait on it
+        out, err = (r.text() for r in readers) if readers else ("", "")
+        for p in (proc.stdout, proc.stderr):
+            if p is not None:
+                p.close()
+        result = Result(argv, proc.returncode, out, err)
+        log.debug("exit %s after %.1f s: %s", proc.returncode, time.monotonic() - start, shlex.join(argv))
         if check and proc.returncode != 0:
             raise CommandError(argv, proc.returncode, result.stdout, result.stderr)
         return result

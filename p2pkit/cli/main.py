@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -9,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from p2pkit import __version__
+from p2pkit import __version__, children
 from p2pkit.cli import common, net_cmd, profile_cmd, serve_cmd, sim_cmd, stages_cmd
 from p2pkit.errors import Exit, P2pkitError
 
@@ -85,7 +86,15 @@ def hoist_global_options(argv: list[str]) -> list[str]:
     return front + rest
 
 
+def _terminated(signum, _frame) -> None:
+    """SIGTERM/SIGHUP: end the commands p2pkit runs with it, then exit like Ctrl-C does."""
+    children.kill_all()
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _terminated)
     try:
         app(args=hoist_global_options(sys.argv[1:]), prog_name="p2pkit", standalone_mode=True)
     except P2pkitError as e:

@@ -1,0 +1,141 @@
+"""The one runner: a timeout on every command, children that cannot outlive p2pkit or escape the
+lock, captured output capped (issue 19, items 6, 7 and 14)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from p2pkit import children
+from p2pkit.host import Host, smi
+from p2pkit.lock import state_lock
+from p2pkit.runner import HEAD_CAP, TAIL_CAP, Runner, timeout_for
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _wait(cond, seconds: float = 20.0) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_hung_nvidia_smi_is_a_finding_within_its_timeout(tmp_path, monkeypatch):
+    """A stand-in nvidia-smi that never answers (a wedged driver): an error naming it and the time,
+    back within the timeout; the stand-in and its own child are gone afterwards."""
+    bin_ = tmp_path / "usr/bin"
+    bin_.mkdir(parents=True)
+    pidfile = tmp_path / "child.pid"
+    (bin_ / "nvidia-smi").write_text(f"#!/bin/sh\nsleep 600 &\necho $! > {pidfile}\nwait\n")
+    (bin_ / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("P2PKIT_TIMEOUT_NVIDIA_SMI", "1")
+    t0 = time.monotonic()
+    got = smi.query(Host.at(tmp_path))
+    took = time.monotonic() - t0
+    assert took < 8, f"nvidia-smi hung p2pkit for {took:.0f} s"
+    assert got["error"].startswith("nvidia-smi did not answer in 1 s"), got
+    assert _wait(lambda: not _alive(int(pidfile.read_text()))), "the stand-in's child outlived the timeout"
+
+
+def test_every_command_has_a_default_timeout(monkeypatch):
+    monkeypatch.delenv("P2PKIT_TIMEOUT_NVIDIA_SMI", raising=False)
+    assert timeout_for("nvidia-smi") == 30 and timeout_for("/usr/bin/systemctl") == 120
+    assert timeout_for("something-else") == 600 and timeout_for("git", 7200) == 7200
+    monkeypatch.setenv("P2PKIT_TIMEOUT_GIT", "5")
+    assert timeout_for("git", 7200) == 5
+    monkeypatch.setenv("P2PKIT_TIMEOUT_GIT", "nan")
+    assert timeout_for("git") == 600
+
+
+PLAYBOOK = """\
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Hang like a long build
+      ansible.builtin.shell: "echo $$ > {pidfile}; exec sleep 600"
+"""
+
+HOLDER = """\
+import sys
+from pathlib import Path
+from p2pkit.lock import state_lock
+from p2pkit.runner import Runner
+with state_lock(Path(sys.argv[1])):
+    Runner().run(sys.argv[2:], check=False)
+"""
+
+
+@pytest.mark.parametrize("kind", ["make", "ansible-playbook"])
+def test_kill_9_leaves_no_process_and_the_next_run_goes_through(tmp_path, kind):
+    """p2pkit killed with SIGKILL during a build (make) and during a playbook: its direct child
+    dies with it, the next run kills the rest before it takes the lock and says so, and nothing
+    of the killed run is left."""
+    state, pidfile = tmp_path / "state", tmp_path / "grandchild.pid"
+    if kind == "make":
+        (tmp_path / "Makefile").write_text(f"all:\n\tsh -c 'echo $$$$ > {pidfile}; exec sleep 600'\n")
+        argv = ["make", "-C", str(tmp_path)]
+    else:
+        (tmp_path / "hang.yml").write_text(PLAYBOOK.format(pidfile=pidfile))
+        exe = str(Path(sys.executable).parent / "ansible-playbook")
+        argv = [exe, "-i", "localhost,", "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}",
+                str(tmp_path / "hang.yml")]
+    env = {**os.environ, "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp"), "ANSIBLE_HOME": str(tmp_path / "ah")}
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(state), *argv], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert _wait(lambda: pidfile.is_file() and pidfile.read_text().strip(), 60), "the command never started"
+        grandchild = int(pidfile.read_text())
+        [group] = json.loads((state / ".children").read_text())["groups"]
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        assert _wait(lambda: not _alive(group["pgid"])), "the direct child outlived p2pkit"
+        assert grandchild in children.members(group["pgid"], group["token"])  # only the next run can end it
+        said: list[str] = []
+        with state_lock(state, say=said.append):
+            assert not _alive(grandchild), "the next run took the lock beside the leftovers"
+            assert [p for p in children.members(group["pgid"], group["token"]) if _alive(p)] == []
+        assert len(said) == 1 and "killed" in said[0] and argv[0].split("/")[-1] in said[0], said
+        assert not (state / ".children").exists()
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+
+
+def test_a_run_that_ends_normally_leaves_no_record(tmp_path):
+    with state_lock(tmp_path):
+        assert Runner().run(["true"]).returncode == 0
+        assert (tmp_path / ".children").is_file()
+    assert not (tmp_path / ".children").exists()
+    with state_lock(tmp_path, say=pytest.fail):  # nothing to clean up: nothing said
+        pass
+
+
+def test_captured_output_is_capped():
+    """A runaway log (20 MiB here) keeps its head and its tail, and says what it dropped."""
+    code = textwrap.dedent("""\
+        import sys
+        sys.stdout.write("FIRST LINE\\n")
+        for i in range(20 * 1024):
+            sys.stdout.write("x" * 1023 + "\\n")
+        sys.stdout.write("LAST LINE\\n")
+    """)
+    out = Runner().run([sys.executable, "-c", code]).stdout
+    assert len(out) <= HEAD_CAP + TAIL_CAP + 200
+    assert out.startswith("FIRST LINE") and out.endswith("LAST LINE\n") and "p2pkit dropped" in out
