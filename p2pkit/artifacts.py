@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from p2pkit.errors import P2pkitError, UsageError
+from p2pkit.errors import P2pkitError, UsageError, state_dir_unwritable
 
 SCHEMA = 1
 
@@ -62,8 +62,7 @@ class Store:
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise UsageError(f"cannot create the state directory {self.dir}: {e.strerror}",
-                             hint="run as root, or pass --state-dir to a directory you can write") from e
+            raise state_dir_unwritable(self.dir, e) from e
 
     def path(self, stage: str) -> Path:
         return self.dir / f"{stage}.json"

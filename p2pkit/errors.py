@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from enum import IntEnum
 
 
@@ -82,3 +83,11 @@ class ProbeError(P2pkitError):
         super().__init__(f"could not determine {what}: {why}")
         self.what = what
         self.why = why
+
+
+def state_dir_unwritable(state_dir, e: OSError) -> UsageError:
+    """The state directory cannot be written: a user that is not root, most often."""
+    why = "p2pkit is not running as root" if os.geteuid() != 0 else "it is read-only or its disk is full"
+    return UsageError(f"cannot write the state directory {state_dir}: {e.strerror or e} ({why})",
+                      hint="run it as root (`sudo p2pkit ...`), or pass --state-dir DIR naming a directory you "
+                           "can write; nothing was changed")

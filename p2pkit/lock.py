@@ -13,16 +13,19 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from p2pkit import children
-from p2pkit.errors import LockedError
+from p2pkit.errors import LockedError, state_dir_unwritable
 
 log = logging.getLogger("p2pkit.lock")
 
 
 @contextmanager
 def state_lock(state_dir: Path, say=None):
-    state_dir.mkdir(parents=True, exist_ok=True)
     path = state_dir / ".lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise state_dir_unwritable(state_dir, e) from e
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from p2pkit import config
 from p2pkit.artifacts import Store
-from p2pkit.host import Host
+from p2pkit.errors import UsageError
+from p2pkit.host import SIM_MARKER, Host
 from p2pkit.output import Output
 from p2pkit.pipeline import Ctx, state_dir_default
 
@@ -31,8 +32,24 @@ def output() -> Output:
     return Output(json_mode=OPTS.json)
 
 
+HOST_ROOT_SIGNS = ("etc/os-release", "proc", "sys")
+
+
 def host() -> Host:
-    return Host.at(OPTS.root)
+    """The host at --root, refused when the path cannot be a host root (a typo must not read as an
+    empty host whose stages are all "not run")."""
+    root = OPTS.root
+    if not root.is_dir():
+        raise UsageError(f"--root {root} {'is not a directory' if root.exists() else 'does not exist'}",
+                         hint="check the path for a typo: --root names / (the default) or a simulated host's "
+                              "directory (`p2pkit sim init DIR` lays one out)")
+    h = Host.at(root)
+    if h.root != Path("/") and not h.simulated and not any(h.path(p).exists() for p in HOST_ROOT_SIGNS):
+        raise UsageError(f"--root {root} is neither a simulated host nor a host's root filesystem "
+                         f"(none of {SIM_MARKER}, {', '.join(HOST_ROOT_SIGNS)} is there)",
+                         hint="check the path for a typo: --root names / (the default) or a simulated host's "
+                              "directory (`p2pkit sim init DIR` lays one out)")
+    return h
 
 
 def profile(h: Host | None = None) -> config.Profile:

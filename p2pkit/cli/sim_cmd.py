@@ -51,6 +51,7 @@ def init(
     from p2pkit.sim import lifecycle
 
     d = directory.resolve()
+    state = scenarios.build(scenario)  # an unknown scenario is refused before anything is touched
     if d.exists() and any(d.iterdir()):
         if not (d / SIM_MARKER).is_file():
             raise UsageError(f"{d} is not empty and is not a simulated host; p2pkit will not write into it",
@@ -64,7 +65,6 @@ def init(
 
         lifecycle.stop_services(d)
         shutil.rmtree(d)
-    state = scenarios.build(scenario)
     d.mkdir(parents=True, exist_ok=True)
     lifecycle.init(d, state)
     out = sim_output()
