@@ -49,3 +49,19 @@ def state_lock(state_dir: Path, say=None):
             children.track(None)
     finally:
         os.close(fd)
+
+
+def lock_holder(state_dir: Path) -> str | None:
+    """The pid that holds the lock on state_dir now, or None when no run holds it."""
+    path = state_dir / ".lock"
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+    finally:
+        os.close(fd)  # closing drops a shared lock taken here
+    return None

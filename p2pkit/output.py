@@ -28,6 +28,7 @@ STATUS_STYLE = {
     "stale": "yellow",
     "blocked": "magenta",
     "reboot-needed": "cyan",
+    "running": "cyan",
     "unknown": "yellow",
 }
 

@@ -8,22 +8,24 @@ artifact holds, every earlier stage is done, and its quick re-check still holds.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from p2pkit import __version__, facts
-from p2pkit.artifacts import SCHEMA, CorruptArtifact, Store
+from p2pkit.artifacts import SCHEMA, CorruptArtifact, Store, atomic_write
 from p2pkit.checks import FAIL, PENDING, SKIP, Check, worst
 from p2pkit.config import Profile
 from p2pkit.errors import Exit, GateError, P2pkitError
 from p2pkit.host import Host
 from p2pkit.host.system import identity
-from p2pkit.lock import state_lock
+from p2pkit.lock import lock_holder, state_lock
 from p2pkit.output import Output
 from p2pkit.stages import Stage, registry
 
-DONE, STALE, FAILED, REBOOT, NOT_RUN = "done", "stale", "failed", "reboot-needed", "not run"
+DONE, STALE, FAILED, REBOOT, NOT_RUN, RUNNING = "done", "stale", "failed", "reboot-needed", "not run", "running"
+RUNNING_FILE = "running.json"  # the stage a run is acting on now (its artifact is deleted meanwhile)
 
 
 @dataclass
@@ -71,12 +73,28 @@ def evaluate(ctx: Ctx, recheck: bool = True) -> list[StageState]:
     return states
 
 
+def running_now(store: Store) -> dict | None:
+    """The stage a live run is acting on: its marker counts only while that run holds the lock."""
+    holder = lock_holder(store.dir)
+    if holder is None:
+        return None
+    try:
+        doc = json.loads((store.dir / RUNNING_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return {**doc, "pid": holder} if isinstance(doc, dict) else None
+
+
 def _state_of(ctx: Ctx, st: Stage, prev: StageState | None, ident: dict, recheck: bool) -> StageState:
     try:
         doc = ctx.store.read(st.name)
     except CorruptArtifact as e:
         return StageState(st.name, STALE, e.message)
     if doc is None:
+        running = running_now(ctx.store)
+        if running and running.get("stage") == st.name:
+            return StageState(st.name, RUNNING, f"a p2pkit run (pid {running['pid']}) is acting on it since "
+                                                f"{running.get('started', '?')[:19].replace('T', ' ')}")
         return StageState(st.name, NOT_RUN, f"blocked by {prev.stage}" if prev and prev.state != DONE else "")
     if doc.get("simulated") != ctx.host.simulated or doc.get("host", {}).get("machine_id") != ident["machine_id"]:
         return StageState(st.name, STALE, "artifact was written on another host (or a simulated one)", doc)
@@ -132,6 +150,15 @@ def run_stage(ctx: Ctx, st: Stage, prev_name: str | None) -> dict:
     ctx.store.ensure()
     ctx.store.delete(st.name)
     started = now()
+    marker = ctx.store.dir / RUNNING_FILE
+    atomic_write(marker, json.dumps({"stage": st.name, "started": started}).encode())
+    try:
+        return _run_stage(ctx, st, prev_name, started)
+    finally:
+        marker.unlink(missing_ok=True)
+
+
+def _run_stage(ctx: Ctx, st: Stage, prev_name: str | None, started: str) -> dict:
     t0 = time.monotonic()
     acted: dict = {}
     reboot_why = None
@@ -226,8 +253,7 @@ def up(ctx: Ctx, start: str | None = None, stop: str | None = None, force: bool 
                 p = states[prev_name]
                 raise GateError(
                     f"{st.name} needs {prev_name} to have passed; {prev_name} is {p.state}"
-                    + (f" ({p.reason})" if p.reason else ""),
-                    hint=f"run `p2pkit up --from {prev_name}` (or plain `p2pkit up`)")
+                    + (f" ({p.reason})" if p.reason else ""), hint=gate_fix(ctx, list(states.values()), stop))
             if state.state == REBOOT:
                 return UpResult(Exit.REBOOT, ran, list(states.values()),
                                 f"{st.name}: {state.reason}; reboot, then run p2pkit up again")
@@ -255,6 +281,26 @@ def up(ctx: Ctx, start: str | None = None, stop: str | None = None, force: bool 
         else:
             msg = f"ran {', '.join(ran)}; all selected stages passed"
         return UpResult(Exit.OK, ran, final, msg)
+
+
+def command(ctx: Ctx, *args: str) -> str:
+    """The p2pkit command line that acts on this same host and state directory."""
+    import shlex
+
+    where = [] if ctx.host.root == Path("/") else ["--root", str(ctx.host.root)]
+    if ctx.store.dir != state_dir_default(ctx.host.root):
+        where += ["--state-dir", str(ctx.store.dir)]
+    return shlex.join(["p2pkit", *where, *args])
+
+
+def gate_fix(ctx: Ctx, states: list[StageState], stop: str | None) -> str:
+    """A command that the gate lets through: `up` from the first stage that is not done."""
+    first = next(s for s in states if s.state != DONE)
+    if first.state == REBOOT:
+        how = f"`p2pkit sim reboot {ctx.host.root}`" if ctx.host.simulated else "reboot"
+        return f"{first.stage} waits for a reboot ({first.reason}): {how}, then run `{command(ctx, 'up')}`"
+    args = ["up"] + (["--from", first.stage] if first is not states[0] else []) + (["--to", stop] if stop else [])
+    return f"run `{command(ctx, *args)}`: {first.stage} is the first stage that is not done"
 
 
 def report_checks(out: Output, stage: str, checks: list[dict]) -> None:

@@ -42,3 +42,39 @@ def test_a_mistyped_root_is_refused(cli, sim, tmp_path):
     r = cli("--root", str(tmp_path / "empty"), "up")
     assert r.code == 2 and "neither a simulated host nor a host's root filesystem" in r.err
     assert cli("--root", str(root), "--json", "plan").code == 0
+
+
+def test_the_gate_error_suggests_a_command_the_gate_lets_through(cli, sim, tmp_path):
+    root = sim("healthy")
+    state = tmp_path / "state"
+    assert cli("--root", str(root), "--state-dir", str(state), "up", "--to", "preflight").code == 0
+    r = cli("--root", str(root), "--state-dir", str(state), "up", "--from", "rebar", "--to", "topology")
+    assert r.code == 3 and "rebar needs p2p-module to have passed; p2p-module is not run" in r.err
+    fix = f"p2pkit --root {root} --state-dir {state} up --from driver --to topology"
+    assert f"run `{fix}`: driver is the first stage that is not done" in r.err
+    doc = cli("--root", str(root), "--state-dir", str(state), "--json", "plan").json()
+    plan = {s["stage"]: s for s in doc["stages"]}
+    assert plan["preflight"]["state"] == "done" and plan["driver"]["action"] == "run"  # the gate lets it through
+
+
+def test_status_shows_the_stage_a_locked_run_is_acting_on(cli, sim, monkeypatch):
+    """The lock message says `p2pkit status` shows progress: while a run acts on a stage (its
+    artifact deleted), status names that stage as running, with the run's pid."""
+    from p2pkit import pipeline
+
+    root = sim("healthy")
+    seen = {}
+    real = pipeline.prove
+
+    def prove(ctx, st):  # mid-stage, as another process would look: a status in between
+        seen[st.name] = cli("--root", str(root), "--json", "status").json()["stages"]
+        return real(ctx, st)
+    monkeypatch.setattr(pipeline, "prove", prove)
+    assert cli("--root", str(root), "up", "--to", "preflight").code == 0
+    first = seen["preflight"][0]
+    assert first["state"] == "running" and f"(pid {os.getpid()})" in first["reason"], first
+    assert seen["preflight"][1]["state"] == "not run"
+    # after the run (the lock released) a marker left behind by a killed run means nothing
+    (root / "var/lib/p2pkit/running.json").write_text('{"stage": "driver", "started": "x"}')
+    driver = cli("--root", str(root), "--json", "status").json()["stages"][1]
+    assert driver["state"] == "not run"

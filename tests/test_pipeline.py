@@ -90,7 +90,7 @@ def test_gate_refuses_a_stage_whose_predecessor_has_not_passed(cli, sim):
     r = cli("--root", str(root), "up", "--from", "topology")
     assert r.code == 3
     assert "topology needs rebar to have passed; rebar is not run" in r.err
-    assert "p2pkit up --from rebar" in r.err
+    assert f"run `p2pkit --root {root} up`: preflight is the first stage that is not done" in r.err
 
 
 def test_second_concurrent_up_exits_at_once(cli, sim):
