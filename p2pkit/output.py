@@ -29,6 +29,7 @@ STATUS_STYLE = {
     "blocked": "magenta",
     "reboot-needed": "cyan",
     "running": "cyan",
+    "could-not-run": "red",
     "unknown": "yellow",
 }
 

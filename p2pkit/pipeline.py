@@ -15,7 +15,7 @@ from pathlib import Path
 
 from p2pkit import __version__, facts
 from p2pkit.artifacts import SCHEMA, CorruptArtifact, Store, atomic_write
-from p2pkit.checks import FAIL, PENDING, SKIP, Check, worst
+from p2pkit.checks import ERROR, FAIL, PENDING, SKIP, Check, worst
 from p2pkit.config import Profile
 from p2pkit.errors import Exit, GateError, P2pkitError
 from p2pkit.host import Host
@@ -310,9 +310,9 @@ def report_checks(out: Output, stage: str, checks: list[dict]) -> None:
         line = f"[{stage}]   {c['status'].upper():7} {c['id']}: {c['measured']}"
         if c["status"] != "pass":
             line += f" (expected {c['expected']})"
-        style = {"pass": None, "warn": "yellow", "fail": "red", "pending": "cyan"}.get(c["status"])
+        style = {"pass": None, "warn": "yellow", "fail": "red", "pending": "cyan", ERROR: "red"}.get(c["status"])
         out.log(line, style=style)
-        if c["status"] in ("fail", "warn", "pending") and c.get("hint"):
+        if c["status"] in ("fail", "warn", "pending", ERROR) and c.get("hint"):
             out.log(f"[{stage}]        fix: {c['hint']}", style=style)
 
 
@@ -322,6 +322,7 @@ def verify(ctx: Ctx, names: list[str], collected: dict | None = None) -> tuple[l
 
     results = []
     code = Exit.OK
+    errors: list[Exit] = []
     collected = {} if collected is None else collected
     for name in names:
         st = get(name)
@@ -331,13 +332,24 @@ def verify(ctx: Ctx, names: list[str], collected: dict | None = None) -> tuple[l
         elif not st.implemented:
             checks = [not_implemented(st)]
         else:
-            f, checks = prove(ctx, st)
-            collected.update(f)
+            try:
+                f, checks = prove(ctx, st)
+                collected.update(f)
+            except P2pkitError as e:  # this stage could not run here; the others still report
+                checks = [could_not_run(st, e)]
+                errors.append(e.code)
         status = worst(checks)
         if status == FAIL:
             code = Exit.CHECK_FAILED
         results.append({"stage": name, "status": status, "checks": [c.as_dict() for c in checks]})
+    if code == Exit.OK and errors:
+        code = errors[0]  # nothing failed, but a proof could not run: its own code (a missing tool: 6)
     return results, code
+
+
+def could_not_run(st: Stage, e: P2pkitError) -> Check:
+    return Check(f"{st.name}.ran", f"{st.title}: could not run", ERROR, e.message, "the stage's proof to run",
+                 e.hint)
 
 
 def state_dir_default(root: Path) -> Path:

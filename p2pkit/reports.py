@@ -8,6 +8,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from p2pkit.artifacts import atomic_write
+from p2pkit.checks import ERROR
 
 
 def junit(results: list[dict], simulated: bool) -> bytes:
@@ -18,6 +19,7 @@ def junit(results: list[dict], simulated: bool) -> bytes:
         checks = r["checks"]
         s = ET.SubElement(suites, "testsuite", name=r["stage"], tests=str(len(checks)),
                           failures=str(sum(c["status"] == "fail" for c in checks)),
+                          errors=str(sum(c["status"] == ERROR for c in checks)),
                           skipped=str(sum(c["status"] == "skip" for c in checks)))
         for c in checks:
             case = ET.SubElement(s, "testcase", classname=f"p2pkit.{r['stage']}", name=c["id"])
@@ -26,6 +28,9 @@ def junit(results: list[dict], simulated: bool) -> bytes:
                 f = ET.SubElement(case, "failure", message=msg)
                 f.text = f"{c['title']}: {msg}\nfix: {c.get('hint') or ''}" + (
                     f"\npitfall {c['pitfall']}" if c.get("pitfall") else "")
+            elif c["status"] == ERROR:  # the proof could not run here: JUnit's <error>, not a failure
+                e = ET.SubElement(case, "error", message=str(c["measured"]))
+                e.text = f"{c['title']}: {c['measured']}\nfix: {c.get('hint') or ''}"
             elif c["status"] == "skip":
                 ET.SubElement(case, "skipped", message=str(c["measured"]))
             else:
@@ -57,6 +62,8 @@ def prometheus(results: list[dict], facts: dict, simulated: bool, profile: str) 
     sim = {"simulated": "true" if simulated else "false", "profile": profile}
     metric("p2pkit_stage_ok", "1 when every check of the stage passed (warnings allowed), 0 otherwise",
            [({**sim, "stage": r["stage"]}, STAGE_STATE.get(r["status"], 0)) for r in results])
+    metric("p2pkit_stage_could_not_run", "1 for a stage whose proof could not run here (a tool or extra missing)",
+           [({**sim, "stage": r["stage"]}, 1) for r in results if r["status"] == ERROR])
     metric("p2pkit_check_failed", "1 for each failed check",
            [({**sim, "stage": r["stage"], "check": c["id"]}, 1) for r in results for c in r["checks"]
             if c["status"] == "fail"])

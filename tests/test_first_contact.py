@@ -78,3 +78,38 @@ def test_status_shows_the_stage_a_locked_run_is_acting_on(cli, sim, monkeypatch)
     (root / "var/lib/p2pkit/running.json").write_text('{"stage": "driver", "started": "x"}')
     driver = cli("--root", str(root), "--json", "status").json()["stages"][1]
     assert driver["state"] == "not run"
+
+
+def test_verify_without_torch_keeps_every_other_stage_and_writes_every_report(cli, sim, tmp_path):
+    """A host without torch (this one): the link stage could not run; the other stages' results,
+    the JSON, the JUnit file and the Prometheus file are all still there, with exit 6 of its own."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is not None:
+        import pytest
+        pytest.skip("torch is installed here: the link stage can run")
+    root = sim("healthy")
+    (root / SIM_MARKER).rename(root / "not-simulated.json")  # the same tree, read as a real host
+    try:
+        verify_without_torch(cli, root, tmp_path)
+    finally:
+        (root / "not-simulated.json").rename(root / SIM_MARKER)
+
+
+def verify_without_torch(cli, root, tmp_path):
+    import xml.etree.ElementTree as ET
+
+    junit, prom = tmp_path / "v.xml", tmp_path / "v.prom"
+    r = cli("--root", str(root), "--json", "verify", "link", "--junit", str(junit), "--prometheus", str(prom))
+    assert r.code == 6, r.err
+    doc = r.json()
+    assert doc["exit_code"] == 6 and doc["stages"][0]["status"] == "could-not-run"
+    assert "needs torch" in doc["stages"][0]["checks"][0]["measured"]
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert suite.get("errors") == "1" and suite.get("failures") == "0"
+    assert suite.find("testcase/error") is not None
+    assert 'p2pkit_stage_could_not_run{simulated="false",profile="dual-5090-ninfer",stage="link"} 1' in prom.read_text()
+    r = cli("--root", str(root), "--json", "verify", "--junit", str(junit))
+    stages = {s["stage"]: s["status"] for s in r.json()["stages"]}
+    assert len(stages) == 9 and stages["link"] == "could-not-run" and stages["rebar"] == "pass"
+    assert r.code == 1  # other stages failed here: a failure outranks a proof that could not run

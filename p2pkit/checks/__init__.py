@@ -8,6 +8,7 @@ from typing import Any
 
 PASS, FAIL, WARN, SKIP = "pass", "fail", "warn", "skip"
 PENDING = "pending"  # fails now, and a reboot is what makes it pass
+ERROR = "could-not-run"  # the proof could not run here (a tool or extra missing): neither passed nor failed
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,8 @@ def failed(fact: Any) -> bool:
 def worst(checks: list[Check]) -> str:
     if any(c.status == FAIL for c in checks):
         return FAIL
+    if any(c.status == ERROR for c in checks):
+        return ERROR
     if any(c.status == WARN for c in checks):
         return WARN
     return PASS
