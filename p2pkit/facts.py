@@ -93,6 +93,7 @@ COLLECTORS: dict[str, Callable[[Host], object]] = {
     "nvml": nvml.facts,
     "smi_p2p_read": lambda h: smi.topo_p2p(h, "r"),
     "smi_p2p_write": lambda h: smi.topo_p2p(h, "w"),
+    "smi_topo_m": smi.topo_m,
     "smi_q": smi.query,
     "roce": roce.ports,
 }

@@ -88,3 +88,41 @@ def test_relation_meaning_and_switch():
     assert "Host Bridge" in smi.relation_meaning("PHB")
     assert smi.relation_has_switch("PXB") and smi.relation_has_switch("PIX")
     assert not any(smi.relation_has_switch(c) for c in ("PHB", "NODE", "SYS", "NV2"))
+
+
+def _pair(switch: bool) -> list[dict]:
+    above = [{"bdf": "0000:00:01.1", "port_type": "switch downstream"}, {"bdf": "0000:00:01.0", "port_type":
+             "root port"}] if switch else [{"bdf": "0000:00:01.1", "port_type": "root port"}]
+    return [{"bdf": f"0000:0{i}:00.0", "upstream": above} for i in (1, 2)]
+
+
+def _topo_fact(name: str) -> dict:
+    text = (TOPO / name).read_text()
+    return {"matrix": smi.topo_matrix(text), "pair": smi.pair_relation(text)}
+
+
+def test_topo_m_cross_checks_the_sysfs_root_ports():
+    from p2pkit.checks.topology import _topo_m
+
+    phb = _topo_fact("2x5090_phb.txt")  # the real 2x5090 post: they meet at the CPU
+    ok = _topo_m(phb, _pair(switch=False))
+    assert ok.status == "pass" and ok.measured.startswith("PHB (Connection traversing PCIe as well as a PCIe Host")
+    bad = _topo_m(phb, _pair(switch=True))  # sysfs sees a switch, nvidia-smi does not: reported
+    assert bad.status == "warn" and "sysfs: a PCIe switch (0000:00:01.1" in bad.measured and "disagree" in bad.hint
+    node = _topo_fact("2gpu_node_spaces.txt")
+    assert _topo_m(node, _pair(switch=False)).status == "pass"
+    pix = {"pair": "PIX"}
+    assert _topo_m(pix, _pair(switch=True)).status == "pass"
+    assert _topo_m(pix, _pair(switch=False)).status == "warn"
+    assert _topo_m({"error": "nvidia-smi failed"}, _pair(False)).status == "skip"
+
+
+def test_simulated_nvidia_smi_topo_m_reads_as_the_real_one(tmp_path, capsys):
+    from p2pkit.sim import scenarios, standins
+
+    for scenario, want in (("healthy", "PHB"), ("behind-switch", "PIX")):
+        state = scenarios.build(scenario)
+        state["driver"]["userspace"] = "615.71.09"
+        state["module"]["loaded"] = {"version": "615.71.09"}
+        assert standins.nvidia_smi(tmp_path, state, ["topo", "-m"]) == 0
+        assert smi.pair_relation(capsys.readouterr().out) == want

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from p2pkit.checks import FAIL, WARN, Check, failed, judge, unknown
 from p2pkit.config import Profile
+from p2pkit.parse.smi import relation_has_switch, relation_meaning
 
 P2P_CAUSES = {
     "CNS": "chipset not supported: the stock driver refuses GeForce P2P; the P2P-patched module is not the one "
@@ -35,7 +36,8 @@ def check(f: dict, p: Profile) -> list[Check]:
     for g in gpus:
         out += [_root_port(g, p), _capability(g, p), _iommu(g)]
     if len(gpus) >= 2:
-        out += [_smi(f, "read", "smi_p2p_read"), _smi(f, "write", "smi_p2p_write"), _nvml_p2p(f)]
+        out += [_smi(f, "read", "smi_p2p_read"), _smi(f, "write", "smi_p2p_write"), _nvml_p2p(f),
+                _topo_m(f.get("smi_topo_m"), gpus[:2])]
     if p.network.require_roce:
         out.append(_roce(f, p))
     return out
@@ -115,6 +117,35 @@ def _smi(f: dict, mode: str, key: str) -> Check:
     pairs = ", ".join(f"{r}->{c} {v}" for (r, c), v in sorted(bad.items())) or "all OK"
     hint = "; ".join(f"{v}: {P2P_CAUSES.get(v, 'unknown code')}" for v in sorted(set(bad.values())))
     return judge(f"topology.p2p_{mode}", title, not bad, pairs, "OK", hint, pitfall="P17")
+
+
+def _topo_m(fact, pair: list[dict]) -> Check:
+    """`nvidia-smi topo -m`'s relation of GPU0 and GPU1 against what sysfs says of the ports above
+    them: PIX/PXB (they meet under PCIe bridges: a switch) must agree with a switch in sysfs;
+    PHB/NODE/SYS (they meet at the CPU) with each GPU on its own root port."""
+    title = "nvidia-smi topo -m agrees with the PCIe path in sysfs"
+    if failed(fact) or fact is None:
+        return unknown("topology.topo_m", title, fact or {"error": "not collected"}, "agreement", needed=False)
+    code = fact.get("pair")
+    if not code:
+        return unknown("topology.topo_m", title, {"error": fact.get("pair_error", "no GPU pair")}, "agreement",
+                       needed=False)
+    seen = f"{code} ({relation_meaning(code)})"
+    if any(not g.get("upstream") for g in pair):
+        return Check("topology.topo_m", title, WARN, f"{seen}; sysfs shows no bridge above a GPU", "agreement",
+                     "a VM hides the real topology: judge P2P on the host itself")
+    switch = [u["bdf"] for g in pair for u in g["upstream"] if u.get("port_type") in
+              ("switch upstream", "switch downstream")]
+    sysfs = f"a PCIe switch ({', '.join(switch)})" if switch else "each GPU on a CPU root port"
+    if code.startswith("NV"):
+        return Check("topology.topo_m", title, WARN, f"{seen}; sysfs: {sysfs}", "a PCIe path",
+                     "the GPUs talk over NVLink: this PCIe P2P profile does not apply to them")
+    agree = relation_has_switch(code) == bool(switch)
+    return judge("topology.topo_m", title, agree, f"{seen}; sysfs: {sysfs}",
+                 "PIX/PXB with a switch in sysfs, PHB/NODE/SYS without",
+                 "nvidia-smi and sysfs disagree about the path between the GPUs: one of them is not reading the "
+                 "real hardware (a VM, a hidden switch, a stale nvidia-smi); check `lspci -tv` on the host",
+                 severity=WARN)
 
 
 def _nvml_p2p(f: dict) -> Check:

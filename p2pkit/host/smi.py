@@ -26,13 +26,21 @@ def topo_p2p(host: Host, mode: str) -> dict:
 
 
 def topo_m(host: Host) -> dict:
+    """The matrix, and the relation of GPU0 and GPU1 ("pair": PHB, NODE, SYS, PXB, PIX, NV#) where
+    there are two."""
     text = _run(host, ["topo", "-m"])
     if isinstance(text, dict):
         return text
     try:
-        return {"matrix": psmi.topo_matrix(text)}
+        out: dict = {"matrix": psmi.topo_matrix(text)}
     except ValueError as e:
         return {"error": f"unexpected `nvidia-smi topo -m` output: {e}"}
+    if len(out["matrix"]) >= 2:
+        try:
+            out["pair"] = psmi.pair_relation(text, 0, 1)
+        except ValueError as e:
+            out["pair_error"] = str(e)
+    return out
 
 
 def query(host: Host) -> dict:

@@ -8,6 +8,7 @@ import re
 import sys
 from pathlib import Path
 
+from p2pkit.parse.smi import TOPO_LEGEND
 from p2pkit.sim import model
 from p2pkit.sim.render import load_state, save
 
@@ -22,6 +23,7 @@ Legend:
   NS   = Not supported
   U    = Unknown
 """
+LEGEND_TOPO = "\nLegend:\n\n  X    = Self\n" + "".join(f"  {k:<4} = {v}\n" for k, v in TOPO_LEGEND.items())
 
 
 def sim_root() -> Path:
@@ -263,6 +265,15 @@ def nvidia_smi(root: Path, state: dict, args: list[str]) -> int:
         rows = "".join(f" GPU{i}\t" + "\t".join("X" if i == j else st for j in range(n)) + "\t\n"
                        for i in range(n))
         sys.stdout.write(head + rows + LEGEND_P2P)
+        return 0
+    if args == ["topo", "-m"]:  # the layout of the real one (tests/fixtures/topo_m): a switch reads PIX
+        n = len(gpus)
+        rel = "PIX" if any(g.get("switch") for g in gpus) else "PHB"
+        cols = [*(f"GPU{i}" for i in range(n)), "CPU Affinity", "NUMA Affinity", "GPU NUMA ID"]
+        head = "\t\x1b[4m" + "\t".join(cols) + "\x1b[0m\n"
+        rows = "".join(f"GPU{i}\t" + "\t".join(" X " if i == j else rel for j in range(n)) + "\t0-31\t0\t\tN/A\n"
+                       for i in range(n))
+        sys.stdout.write(head + rows + LEGEND_TOPO)
         return 0
     if args == ["-q"]:
         mod = model.loaded(state)
