@@ -359,6 +359,16 @@ def apply_overrides(data: dict, overrides: tuple[str, ...]) -> dict:
     return data
 
 
+def from_record(rec: dict, overrides: tuple[str, ...] = ()) -> Profile:
+    """A profile recorded whole (a facts file's), with more `--set` overrides on top."""
+    values = rec.get("values") if isinstance(rec, dict) else None
+    if not isinstance(values, dict):
+        raise ProfileError("(recorded)", [("profile", "the record holds no profile values")])
+    source = f"{rec.get('source') or rec.get('name')} (as recorded)"
+    return from_dict(apply_overrides(json.loads(json.dumps(values)), tuple(overrides)), source,
+                     tuple(rec.get("overrides") or ()) + tuple(overrides))
+
+
 def load(name_or_path: str | None, overrides: tuple[str, ...] | list[str] = ()) -> Profile:
     """A built-in profile by name, or a TOML file by path; `overrides` (`section.key=VALUE`) go on
     top and are validated like the file itself (a host's own values from an inventory)."""

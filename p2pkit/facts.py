@@ -131,6 +131,9 @@ def record(host: Host, profile=None) -> dict:
         "simulated": host.simulated,
         "recorded_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "root": str(host.root),
+        # the profile the facts were recorded under, whole: `doctor --facts` judges with it anywhere
+        "profile": None if profile is None else {"name": profile.name, "source": profile.source,
+                                                 "overrides": list(profile.overrides), "values": profile.as_dict()},
         "facts": collect(host, profile=profile),
     }
 

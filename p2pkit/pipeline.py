@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from p2pkit import __version__, facts
+from p2pkit import __version__, facts, hoststate
 from p2pkit.artifacts import SCHEMA, CorruptArtifact, Store, atomic_write
 from p2pkit.checks import ERROR, FAIL, PENDING, SKIP, Check, worst
 from p2pkit.config import Profile
@@ -112,7 +112,9 @@ def _state_of(ctx: Ctx, st: Stage, prev: StageState | None, ident: dict, recheck
         return StageState(st.name, STALE, f"earlier stage {prev.stage} is {prev.state}", doc)
     changed = [s for s, d in section_digests(ctx.profile, st).items() if doc.get("inputs", {}).get(s) != d]
     if changed:
-        return StageState(st.name, STALE, f"profile changed: {', '.join(changed)}", doc)
+        why = hoststate.override_change(doc.get("overrides"), ctx.profile.overrides, [c.split(".")[0] for c in changed])
+        return StageState(st.name, STALE, f"profile changed: {', '.join(changed)}" + (f" ({why})" if why else ""),
+                          doc)
     if prev is not None and doc.get("previous", {}).get("digest") != ctx.store.digest(prev.stage):
         return StageState(st.name, STALE, f"chain broken: {prev.stage}'s artifact changed since", doc)
     if doc.get("applicable") is False:
@@ -196,6 +198,7 @@ def _run_stage(ctx: Ctx, st: Stage, prev_name: str | None, started: str) -> dict
         "simulated": ctx.host.simulated,
         "p2pkit_version": __version__,
         "profile": ctx.profile.name,
+        "overrides": list(ctx.profile.overrides),
         "started": started,
         "finished": now(),
         "seconds": round(time.monotonic() - t0, 3),
@@ -240,6 +243,7 @@ def up(ctx: Ctx, start: str | None = None, stop: str | None = None, force: bool 
     selected = select(start, stop)
     order = [s.name for s in registry()]
     with state_lock(ctx.store.dir, say=ctx.out.warn):
+        hoststate.record_profile(ctx.store.dir, ctx.profile)  # later commands use these values
         states = {s.stage: s for s in evaluate(ctx)}
         ran: list[str] = []
         for st in selected:

@@ -113,3 +113,56 @@ def verify_without_torch(cli, root, tmp_path):
     stages = {s["stage"]: s["status"] for s in r.json()["stages"]}
     assert len(stages) == 9 and stages["link"] == "could-not-run" and stages["rebar"] == "pass"
     assert r.code == 1  # other stages failed here: a failure outranks a proof that could not run
+
+
+def test_overrides_are_the_hosts_state_and_status_names_them(cli, sim, tmp_path):
+    import tomllib
+
+    root = sim("healthy")
+    r = cli("--root", str(root), "--set", "host.min_free_disk_gib=10", "up", "--to", "preflight")
+    assert r.code == 0, r.err
+
+    def plan(*args):
+        return cli("--root", str(root), *args, "--json", "plan").json()["stages"][0]
+    assert plan()["state"] == "done"  # the recorded override is in force without repeating it
+    gone = plan("--unset", "host.min_free_disk_gib")
+    assert gone["state"] == "stale"
+    assert gone["reason"] == ("profile changed: host (--set host.min_free_disk_gib=10 when it ran, "
+                              "not overridden now)")
+    other = plan("--set", "host.min_free_disk_gib=20")
+    assert "--set host.min_free_disk_gib=10 when it ran, --set host.min_free_disk_gib=20 now" in other["reason"]
+    assert plan()["state"] == "done"  # plan records nothing: the state still holds =10
+    shown = cli("--root", str(root), "--json", "profile", "show").json()
+    assert shown["overrides"] == ["host.min_free_disk_gib=10"] and shown["profile"]["host"]["min_free_disk_gib"] == 10
+    toml = cli("--root", str(root), "profile", "show", "--toml").out
+    exported = tmp_path / "mine.toml"
+    exported.write_text(toml)
+    assert "#   --set host.min_free_disk_gib=10" in toml
+    assert tomllib.loads(toml)["host"]["min_free_disk_gib"] == 10
+    assert cli("profile", "validate", str(exported)).code == 0
+
+
+def test_doctor_judges_facts_with_the_profile_they_were_recorded_under(cli, sim, tmp_path):
+    root = sim("healthy")
+    facts = tmp_path / "facts.json"
+    assert cli("--root", str(root), "--set", "gpus.count=3", "facts", "record", str(facts)).code == 0
+    doc = cli("--json", "doctor", "--facts", str(facts)).json()
+    gpu = next(c for g in doc["groups"] for c in g["checks"] if c["id"] == "preflight.gpu_count")
+    assert gpu["status"] == "fail" and "3" in str(gpu["expected"]), gpu  # judged with count = 3, as recorded
+    assert "(as recorded)" in doc["profile_source"]
+    doc = cli("--json", "--profile", "dual-5090-ninfer", "doctor", "--facts", str(facts)).json()
+    gpu = next(c for g in doc["groups"] for c in g["checks"] if c["id"] == "preflight.gpu_count")
+    assert gpu["status"] == "pass"  # a profile named on the command line is the one used
+
+
+def test_the_toml_writer_round_trips_every_builtin_profile_and_hostile_strings():
+    import tomllib
+
+    from p2pkit import config, tomlwrite
+
+    for name in config.builtin_names():
+        d = config.load(name).as_dict()
+        assert tomllib.loads(tomlwrite.dumps(d)) == d, name
+    odd = {"serve": {"flags": {"a.b": "x\"y\\z\n[host]\u007f\u0001é"}, "port": 1}, "profile": {"name": "n"}}
+    assert tomllib.loads(tomlwrite.dumps(odd)) == odd
+    assert "\n" not in tomlwrite.comment("a\nhost.require_root = false")

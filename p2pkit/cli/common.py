@@ -6,7 +6,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from p2pkit import config
+from p2pkit import config, hoststate
 from p2pkit.artifacts import Store
 from p2pkit.errors import UsageError
 from p2pkit.host import SIM_MARKER, Host
@@ -18,6 +18,7 @@ from p2pkit.pipeline import Ctx, state_dir_default
 class Options:
     profile: str | None = None
     overrides: tuple[str, ...] = ()
+    unset: tuple[str, ...] = ()
     root: Path = Path("/")
     state_dir: Path | None = None
     json: bool = False
@@ -52,16 +53,25 @@ def host() -> Host:
     return h
 
 
+def state_dir(h: Host) -> Path:
+    return OPTS.state_dir or state_dir_default(h.root)
+
+
 def profile(h: Host | None = None) -> config.Profile:
-    return config.load(OPTS.profile or (h.sim.get("profile") if h is not None and h.simulated else None),
-                       OPTS.overrides)
+    """The command line's profile; for a host, on top of the profile its state records (the
+    overrides `up` ran with stay in force: hoststate)."""
+    if h is None:
+        return config.load(OPTS.profile, OPTS.overrides)
+    fallback = h.sim.get("profile") if h.simulated else None
+    source, overrides = hoststate.resolve(state_dir(h), OPTS.profile, OPTS.overrides, OPTS.unset, fallback)
+    return config.load(source, overrides)
 
 
 def context(h: Host | None = None) -> Ctx:
     h = h or host()
     out = Output(json_mode=OPTS.json, simulated=h.simulated)
     profile_ = profile(h)
-    store = Store(OPTS.state_dir or state_dir_default(h.root))
+    store = Store(state_dir(h))
     return Ctx(profile=profile_, host=h, store=store, out=out, debug=OPTS.debug, yes=OPTS.yes)
 
 

@@ -35,7 +35,11 @@ def main_options(
                                                 envvar="P2PKIT_PROFILE")] = None,
     overrides: Annotated[list[str] | None, typer.Option("--set", metavar="SECTION.KEY=VALUE",
                                                         help="override one profile key (repeatable), "
-                                                        "like --set serve.flags.node-rank=1")] = None,
+                                                        "like --set serve.flags.node-rank=1; `up` records "
+                                                        "them: later commands on this host use them")] = None,
+    unset: Annotated[list[str] | None, typer.Option("--unset", metavar="SECTION.KEY",
+                                                    help="drop an override the host's state recorded (repeatable)")]
+    = None,
     root: Annotated[Path, typer.Option("--root", help="host root: / or a simulated host directory",
                                        envvar="P2PKIT_ROOT")] = Path("/"),
     state_dir: Annotated[Path | None, typer.Option("--state-dir", help="artifacts directory "
@@ -47,6 +51,7 @@ def main_options(
 ) -> None:
     common.OPTS.profile = profile
     common.OPTS.overrides = tuple(overrides or ())
+    common.OPTS.unset = tuple(unset or ())
     common.OPTS.root = root
     common.OPTS.state_dir = state_dir
     common.OPTS.json = json_out
@@ -63,7 +68,7 @@ app.add_typer(net_cmd.app, name="net")
 
 
 GLOBAL_FLAGS = {"--json", "--yes", "-y", "--debug"}
-GLOBAL_VALUES = {"--profile", "-p", "--set", "--root", "--state-dir"}
+GLOBAL_VALUES = {"--profile", "-p", "--set", "--unset", "--root", "--state-dir"}
 
 
 def hoist_global_options(argv: list[str]) -> list[str]:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from p2pkit import config
+from p2pkit import config, tomlwrite
 from p2pkit.cli import common
 from p2pkit.errors import Exit, ProfileError
 
@@ -29,12 +29,23 @@ def list_() -> None:
 
 
 @app.command()
-def show(name: Annotated[str | None, typer.Argument(help="profile name or TOML file")] = None) -> None:
-    """A profile with every default filled in."""
-    p = config.load(name or common.OPTS.profile, common.OPTS.overrides)
+def show(
+    name: Annotated[str | None, typer.Argument(help="profile name or TOML file (default: the one this host's state "
+                                               "records, with its overrides)")] = None,
+    toml: Annotated[bool, typer.Option("--toml", help="as a TOML file to edit and use with --profile")] = False,
+) -> None:
+    """A profile with every default filled in and every --set override applied."""
+    p = config.load(name, common.OPTS.overrides) if name else common.profile(common.host())
     out = common.output()
-    if common.OPTS.json:
-        out.document({"source": p.source, "profile": p.as_dict()})
+    if toml:
+        applied = ", with these overrides applied:" if p.overrides else ""
+        head = [f"p2pkit profile {p.name}, from {p.source}{applied}",
+                *[f"  --set {o}" for o in p.overrides],
+                "every default filled in; edit it, check it with `p2pkit profile validate FILE`, use it with "
+                "--profile FILE"]
+        print("\n".join(tomlwrite.comment(x) for x in head) + "\n" + tomlwrite.dumps(p.as_dict()), end="")
+    elif common.OPTS.json:
+        out.document({"source": p.source, "overrides": list(p.overrides), "profile": p.as_dict()})
     else:
         print(json.dumps(p.as_dict(), indent=2))
 

@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
+from p2pkit import config, facts, pipeline
 from p2pkit import doctor as doctor_mod
-from p2pkit import facts, pipeline
 from p2pkit.artifacts import atomic_write
 from p2pkit.cli import common
 from p2pkit.errors import Exit, UsageError
@@ -193,8 +193,14 @@ def doctor(
     """Every read-only check p2pkit has, grouped by stage, with PITFALLS ids and fixes."""
     if facts_file is not None:
         recorded = facts.load_recorded(facts_file)
-        report = doctor_mod.judge(recorded["facts"], common.profile(), simulated=recorded["simulated"])
+        rec = recorded.get("profile")
+        if common.OPTS.profile is None and rec:  # judged with the profile the facts were recorded under
+            prof = config.from_record(rec, common.OPTS.overrides)
+        else:
+            prof = common.profile()
+        report = doctor_mod.judge(recorded["facts"], prof, simulated=recorded["simulated"])
         report["source"] = str(facts_file)
+        report["profile_source"] = prof.source
     else:
         ctx = common.context()
         report = doctor_mod.run(ctx)

@@ -13,6 +13,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from p2pkit.engine_cmd import NINFER_FLAGS
 
 LOAD_SECONDS = float(os.environ.get("P2PKIT_SIM_LOAD_SECONDS", "1.5"))
+# loading also lasts until this many /health requests were answered 503: a wait that must see the
+# load is proven by an event, not by a time window a busy machine can miss
+LOAD_POLLS = int(os.environ.get("P2PKIT_SIM_LOAD_POLLS", "0"))
+
+
+def loading_done(started: float):
+    polls = [0]
+
+    def ready() -> bool:
+        polls[0] += 1
+        return polls[0] > LOAD_POLLS and time.monotonic() - started >= LOAD_SECONDS
+    return ready
 
 
 def parse(argv: list[str]) -> tuple[str, dict]:
@@ -48,8 +60,7 @@ def main() -> None:
     if f.get("spec"):
         print(f"spec {f['spec']}: draft tokens {f.get('draft-tokens')}, lm-head-draft "
               f"{'on' if f.get('lm-head-draft') else 'off'}", flush=True)
-    started = time.monotonic()
-    serve_health(f.get("host"), f.get("port") or 12435, lambda: time.monotonic() - started >= LOAD_SECONDS,
+    serve_health(f.get("host"), f.get("port") or 12435, loading_done(time.monotonic()),
                  f"listening on {f.get('host')}:{f.get('port')}")
 
 

@@ -10,7 +10,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from p2pkit import config
+from p2pkit import config, tomlwrite
 
 INSTALLER = '''#!{python}
 # SIMULATED NVIDIA-Linux-x86_64-{version}.run: installs the userspace driver into the simulated host.
@@ -94,32 +94,9 @@ def write_profile(root: Path, base: str, installer: Path, sha: str, fork: Path, 
         data["engine"].update(repo=f"file://{engine[0]}", commit=engine[1], python=sys.executable)
     data["serve"]["port"] = free_port()  # the simulated engine really listens: never collide
     out = root / ".p2pkit-sim/profile.toml"
-    out.write_text("# SIMULATED: the default profile, pinned to the simulated installer and fork\n" + dump_toml(data))
+    out.write_text("# SIMULATED: the default profile, pinned to the simulated installer and fork\n"
+                   + tomlwrite.dumps(data))
     return out
-
-
-def dump_toml(data: dict) -> str:
-    """Enough TOML for a profile: tables of scalars, lists of strings, one level of sub-tables."""
-    import json
-
-    def val(v):
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, int | float):
-            return repr(v)
-        return json.dumps(v)
-
-    lines: list[str] = []
-    for sec, body in data.items():
-        subs = {k: v for k, v in body.items() if isinstance(v, dict)}
-        lines.append(f"[{sec}]")
-        lines += [f"{k} = {val(v)}" for k, v in body.items() if not isinstance(v, dict)]
-        lines.append("")
-        for k, v in subs.items():
-            lines.append(f"[{sec}.{k}]")
-            lines += [f"{kk} = {val(vv)}" for kk, vv in v.items()]
-            lines.append("")
-    return "\n".join(lines)
 
 
 def make_ninfer(root: Path, dflash2_tp2: bool = True) -> tuple[Path, str]:

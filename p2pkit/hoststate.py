@@ -1,0 +1,88 @@
+"""What a host's state directory records besides the artifacts: the profile in force (its source
+and its `--set` overrides), so that every later command (serve, status, verify, the resume unit,
+the restore timer) judges and acts with the values the stages were brought up with.
+
+<state>/profile.json: {"source": NAME|PATH, "overrides": ["section.key=VALUE", ...], "recorded": T}.
+`up` writes it; a later command line adds to it (`--set` replaces the same key) or takes a key
+out (`--unset section.key`); naming another profile with --profile starts from that profile alone.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+from p2pkit.artifacts import atomic_write
+from p2pkit.config import builtin_names, parse_override
+from p2pkit.errors import UsageError
+
+PROFILE_FILE = "profile.json"
+
+
+def _key(item: str) -> str:
+    return item.partition("=")[0].strip()
+
+
+def canonical_source(source: str) -> str:
+    """A built-in name as it is; a file as its absolute path, so a later command finds it."""
+    return source if source in builtin_names() else str(Path(source).resolve())
+
+
+def recorded_profile(state_dir: Path) -> dict | None:
+    path = Path(state_dir) / PROFILE_FILE
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except PermissionError:
+        return None  # a user that cannot read the state reads no recorded profile (and cannot act)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"the recorded profile {path} cannot be read: {e}",
+                         hint=f"run `p2pkit up` again with --profile and every --set you mean, or remove {path}")\
+            from e
+    if not (isinstance(doc, dict) and isinstance(doc.get("source"), str) and isinstance(doc.get("overrides"), list)
+            and all(isinstance(o, str) for o in doc["overrides"])):
+        raise UsageError(f"the recorded profile {path} is not a p2pkit profile record",
+                         hint=f"run `p2pkit up` again with --profile and every --set you mean, or remove {path}")
+    return doc
+
+
+def resolve(state_dir: Path, profile: str | None, overrides: tuple[str, ...], unset: tuple[str, ...],
+            fallback: str | None) -> tuple[str | None, tuple[str, ...]]:
+    """The profile source and overrides a command uses: the recorded ones, with the command line's
+    --set on top (the same key replaced) and its --unset keys taken out."""
+    for item in overrides:
+        parse_override(item)  # a malformed --set is refused before anything else
+    rec = recorded_profile(state_dir)
+    source = profile or (rec["source"] if rec else None) or fallback
+    kept: dict[str, str] = {}
+    if rec and (profile is None or canonical_source(profile) == rec["source"]):
+        kept = {_key(o): o for o in rec["overrides"]}
+    for item in overrides:
+        kept.pop(_key(item), None)
+        kept[_key(item)] = item
+    for key in unset:
+        kept.pop(key.strip(), None)
+    return source, tuple(kept.values())
+
+
+def record_profile(state_dir: Path, profile) -> None:
+    doc = {"source": canonical_source(profile.source), "overrides": list(profile.overrides),
+           "recorded": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
+    Path(state_dir).mkdir(parents=True, exist_ok=True)
+    atomic_write(Path(state_dir) / PROFILE_FILE, (json.dumps(doc, indent=2) + "\n").encode())
+
+
+def override_change(then: list[str] | None, now: tuple[str, ...], sections: list[str]) -> str:
+    """The --set differences between a stage's run and now that touch the named sections."""
+    a = {_key(o): o for o in then or []}
+    b = {_key(o): o for o in now}
+    out = []
+    for key in sorted(set(a) | set(b)):
+        if key.split(".")[0] not in sections or a.get(key) == b.get(key):
+            continue
+        was = f"--set {a[key]} when it ran" if key in a else f"{key} not overridden when it ran"
+        is_ = f"--set {b[key]} now" if key in b else "not overridden now"
+        out.append(f"{was}, {is_}")
+    return "; ".join(out)
