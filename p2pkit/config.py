@@ -8,8 +8,11 @@ got "615"` for every problem at once.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
+import math
 import re
+import socket
 import tomllib
 import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields
@@ -17,18 +20,30 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from p2pkit import secrets, writers
 from p2pkit.errors import ProfileError, UsageError
 
 VERSION3 = r"^\d+\.\d+\.\d+$"
 SHA256 = r"^([0-9a-f]{64})?$"
-COMMIT = r"^([0-9a-f]{7,40})?$"
+COMMIT = r"^([0-9a-f]{40})?$"  # a full commit id: a prefix is not a pin (it can grow ambiguous, or be chosen)
 PCI_ID = r"^0x[0-9a-f]{4}$"
 DEFAULT_PROFILE = "dual-5090-ninfer"
 
 
+# Which characters a string key may hold. Every string (table values and list items too) is one line
+# without control characters; a kind narrows that to what its files can hold unescaped.
+CHARS = {
+    "text": (None, "any printable characters"),
+    "path": (r"[A-Za-z0-9._/+@,=~:-]", "letters, digits and . _ / + @ , = ~ : -"),
+    "url": (r"[A-Za-z0-9._/+@,=~:%?&#!*()\[\];-]", "the characters of a URL (no spaces, quotes, $, `, \\ or braces)"),
+    "word": (r"[A-Za-z0-9._,;:+@-]", "letters, digits and . _ , ; : + @ -"),
+    "host": (r"[A-Za-z0-9.:_-]", "the characters of a host name or an IP address"),
+}
+
+
 def spec(expect: str = "", pattern: str | None = None, choices: tuple | None = None,
-         lo: float | None = None, hi: float | None = None, **kw) -> dict:
-    return {"expect": expect, "pattern": pattern, "choices": choices, "lo": lo, "hi": hi, **kw}
+         lo: float | None = None, hi: float | None = None, chars: str = "text", **kw) -> dict:
+    return {"expect": expect, "pattern": pattern, "choices": choices, "lo": lo, "hi": hi, "chars": chars, **kw}
 
 
 def f(default=MISSING, *, factory=MISSING, **meta):
@@ -65,22 +80,22 @@ class Gpus:
 @dataclass(frozen=True, kw_only=True)
 class Driver:
     version: str = f(pattern=VERSION3, expect="X.Y.Z")
-    installer_url: str = f(pattern=r"^(https://|file://|/)", expect="an https:// URL or a local path")
+    installer_url: str = f(chars="url", pattern=r"^(https://|file://|/)", expect="an https:// URL or a local path")
     installer_sha256: str = f("", pattern=SHA256, expect="64 lowercase hex digits (or empty until pinned)")
     allow_other_version: bool = f(False)
-    cache_dir: str = f("/var/cache/p2pkit", pattern=r"^/", expect="an absolute path")
+    cache_dir: str = f("/var/cache/p2pkit", chars="path", pattern=r"^/", expect="an absolute path")
 
 
 @dataclass(frozen=True, kw_only=True)
 class P2pModule:
-    repo: str = f(expect="the fork's git URL")
+    repo: str = f(chars="url", expect="the fork's git URL")
     branch: str = f(pattern=r"^\d+\.\d+(\.\d+)?(-p2p)?$", expect="the driver version plus -p2p (or the bare "
                     "version for NVIDIA's unpatched tree)")
     patched: bool = f(True, expect="true for the P2P fork (a GPU pair on PCIe); false for NVIDIA's own open modules "
                       "(one GPU per host, like a DGX Spark node)")
-    commit: str = f("", pattern=COMMIT, expect="a git commit id (7-40 hex digits)")
+    commit: str = f("", pattern=COMMIT, expect="a full git commit id (40 hex digits)")
     iommu: str = f("passthrough", choices=("passthrough", "off"))
-    signing_key: str = f("")
+    signing_key: str = f("", chars="path")
     live_reload: bool = f(True, expect="true to swap the module without a reboot when nothing holds the GPUs")
 
 
@@ -108,34 +123,36 @@ class Link:
 @dataclass(frozen=True, kw_only=True)
 class Engine:
     recipe: str = f(choices=("ninfer", "llamacpp", "vllm"))
-    repo: str = f("")
-    commit: str = f("", pattern=COMMIT, expect="a git commit id")
+    repo: str = f("", chars="url")
+    commit: str = f("", pattern=COMMIT, expect="a full git commit id (40 hex digits)")
     cuda_min: str = f("13.1", pattern=r"^\d+\.\d+$")
-    cuda_architectures: str = f("120a")
-    pkg_config_path: str = f("")
-    nccl_root: str = f("")
-    build_dir: str = f("/opt/p2pkit/engine", pattern=r"^/", expect="an absolute path")
-    python: str = f("python3", expect="the Python that runs the engine's tools (convert), or vLLM itself")
+    cuda_architectures: str = f("120a", chars="word")
+    pkg_config_path: str = f("", chars="path")
+    nccl_root: str = f("", chars="path", pattern=r"^(/.*)?$", expect="an absolute path (or empty)")
+    build_dir: str = f("/opt/p2pkit/engine", chars="path", pattern=r"^/", expect="an absolute path")
+    python: str = f("python3", chars="path", pattern=r"^[^-]",
+                    expect="the Python that runs the engine's tools (convert), or vLLM itself")
     python_pins: dict = f(factory=dict, expect="exact versions of packages in the engine's Python, like "
                           "flashinfer-python = \"0.6.18\"")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Model:
-    source: str = f("")
-    output: str = f("")
+    source: str = f("", chars="url")
+    output: str = f("", chars="path", pattern=r"^(/.*)?$", expect="an absolute path (or empty)")
     components: list[str] = f(factory=list)
     format: str = f("ninfer", choices=("ninfer", "gguf", "hf"))
-    convert_recipe: str = f("", expect="the engine's convert recipe (NInfer: qwen3_8_27b_nvfp4)")
-    draft_source: str = f("", expect="a directory with the DFlash2 drafter weights, or empty")
-    nvme_paths: list[str] = f(factory=list, item_pattern=r"^/", expect="absolute directories that must sit on a local "
-                              "NVMe disk, like the n-gram table vLLM mmaps at random (P26)")
+    convert_recipe: str = f("", chars="word", expect="the engine's convert recipe (NInfer: qwen3_8_27b_nvfp4)")
+    draft_source: str = f("", chars="path", expect="a directory with the DFlash2 drafter weights, or empty")
+    nvme_paths: list[str] = f(factory=list, item_pattern=r"^/", chars="path",
+                              expect="absolute directories that must sit on a local NVMe disk, like the n-gram table "
+                                     "vLLM mmaps at random (P26)")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Network:
     require_roce: bool = f(False, expect="true when NCCL runs across hosts over RoCE (the Spark pair)")
-    fabric_netdevs: list[str] = f(factory=list, expect="the netdevs of the RoCE fabric, like enp1s0f0np0")
+    fabric_netdevs: list[str] = f(factory=list, chars="word", expect="the netdevs of the RoCE fabric, like enp1s0f0np0")
     min_rate_gbps: int = f(0, lo=0, hi=1600, expect="the lowest port rate in Gb/s the fabric may run at (0: any)")
     fabric_cidr: str = f("", pattern=r"^([0-9a-f.:]+/\d+)?$", expect="the fabric's subnet, like 10.10.0.0/24: the "
                          "only addresses besides loopback a multi-node engine's unit may talk to")
@@ -143,7 +160,8 @@ class Network:
 
 @dataclass(frozen=True, kw_only=True)
 class Serve:
-    host: str = f("127.0.0.1")
+    host: str = f("127.0.0.1", chars="host", expect="an address or host name to listen on; anything but "
+                  "loopback needs serve.allow_public = true")
     port: int = f(12435, lo=1, hi=65535)
     allow_public: bool = f(False)
     health_timeout_s: float = f(900.0, lo=1, hi=7200, expect="seconds to wait for /health while the model loads")
@@ -152,6 +170,8 @@ class Serve:
                            "port before it starts (P27)")
     flags: dict = f(factory=dict, expect="a table of engine flags")
     env: dict = f(factory=dict, expect="a table of environment variables for the engine, like VLLM_PLE_MMAP = \"1\"")
+    secret_env: list[str] = f(factory=list, chars="word", expect="names in [serve.env] that are secrets besides "
+                              "those named like one (TOKEN, KEY, SECRET, PASSWORD): kept in a root-only file")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -188,8 +208,11 @@ class Profile:
         return d
 
     def cli_args(self) -> list[str]:
-        """`--profile SOURCE --set K=V ...`: how a unit or hook p2pkit writes loads this same profile."""
-        return ["--profile", self.source, *[a for o in self.overrides for a in ("--set", o)]]
+        """`--profile SOURCE --set K=V ...`: how a unit or hook p2pkit writes loads this same profile.
+        A secret given with --set (serve.env.HF_TOKEN=...) is left out: units and hooks are
+        world-readable, so a secret belongs in the profile file (root-only) or the engine's own file."""
+        keep = [o for o in self.overrides if not _secret_override(o, self.serve.secret_env)]
+        return ["--profile", self.source, *[a for o in keep for a in ("--set", o)]]
 
     @property
     def name(self) -> str:
@@ -199,6 +222,47 @@ class Profile:
 SECTIONS: dict[str, type] = {
     f_.name: typing.get_type_hints(Profile)[f_.name] for f_ in fields(Profile) if f_.name not in ("source", "overrides")
 }
+
+
+def _secret_override(item: str, marked) -> bool:
+    key = item.partition("=")[0].strip()
+    return key.startswith("serve.env.") and secrets.is_secret(key.removeprefix("serve.env."), marked)
+
+
+def _chars(value: str, kind: str) -> str | None:
+    """Why `value` cannot be held by a key of this kind (naming the character), or None."""
+    m = writers.CONTROL.search(value)
+    if m:
+        return (f"holds {writers.char_name(m.group())} at character {m.start() + 1}: no file p2pkit writes can "
+                "hold it; remove it")
+    allowed, desc = CHARS.get(kind, CHARS["text"])
+    if allowed:
+        bad = next((ch for ch in value if not re.fullmatch(allowed, ch)), None)
+        if bad is not None:
+            return f"holds {writers.char_name(bad)}, which a {kind} may not hold (use {desc})"
+    if kind == "path":
+        for part in re.split(r"[:/]", value):
+            if part in (".", ".."):
+                return f"holds a {part!r} component: write the path resolved, without . or .. ({value})"
+    if "{{" in value or "{%" in value:
+        return "holds a Jinja2 expression ({{ or {%): p2pkit never evaluates one from a profile; remove it"
+    return None
+
+
+def _table_problems(path: str, table: dict) -> list[tuple[str, str]]:
+    """Keys and values of a free-form table ([serve.flags], [serve.env], engine.python_pins)."""
+    out = []
+    for k, v in table.items():
+        sub = f"{path}.{k}"
+        why = _chars(str(k), "word")
+        if why:
+            out.append((sub, f"the name {why}"))
+        for item in v if isinstance(v, list) else [v]:
+            if isinstance(item, float) and not math.isfinite(item):
+                out.append((sub, f"expected a finite number, got {item}"))
+            elif isinstance(item, str) and (why := _chars(item, "text")):
+                out.append((sub, why))
+    return out
 
 
 def _type_name(tp) -> str:
@@ -223,12 +287,20 @@ def _check_value(path: str, tp, value, meta: dict) -> str | None:
     elif tp is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             return f"expected a number, got {json.dumps(value)}"
+        if not math.isfinite(value):  # every comparison with NaN is false: a NaN threshold passes every check
+            return f"expected a finite number, got {value}"
     elif tp is str:
         if not isinstance(value, str):
             return f"expected {expect}, got {json.dumps(value, default=str)}"
+        why = _chars(value, meta.get("chars") or "text")
+        if why:
+            return why
     elif origin is list:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             return f"expected a list of strings, got {json.dumps(value, default=str)}"
+        why = next((w for v in value if (w := _chars(v, meta.get("chars") or "text"))), None)
+        if why:
+            return why
         pat = meta.get("item_pattern")
         bad = [v for v in value if pat and not re.match(pat, v)]
         if bad:
@@ -285,7 +357,9 @@ def from_dict(data: dict, source: str, overrides: tuple[str, ...] = ()) -> Profi
                 continue
             tp = hints[fl.name]
             msg = _check_value(path, tp, raw[fl.name], dict(fl.metadata))
-            if msg:
+            if not msg and tp is dict and (table := _table_problems(path, raw[fl.name])):
+                problems += table
+            elif msg:
                 problems.append((path, msg))
             else:
                 v = raw[fl.name]
@@ -298,6 +372,9 @@ def from_dict(data: dict, source: str, overrides: tuple[str, ...] = ()) -> Profi
     cross = _cross_checks(profile)
     if cross:
         raise ProfileError(shown, cross)
+    for k, v in profile.serve.env.items():
+        if secrets.is_secret(k, profile.serve.secret_env):
+            secrets.register(v)
     return profile
 
 
@@ -315,10 +392,37 @@ def _cross_checks(p: Profile) -> list[tuple[str, str]]:
     if table and table not in p.model.nvme_paths:
         out.append(("model.nvme_paths", f"expected it to hold serve.env.VLLM_PLE_MMAP_DIR ({table}): the mmapped "
                                         "table must be proven to sit on local NVMe (P26)"))
-    if p.serve.host == "0.0.0.0" and not p.serve.allow_public:
-        out.append(("serve.host", "0.0.0.0 exposes the API to the network; set serve.allow_public = true "
-                                  "to mean it, or use 127.0.0.1"))
+    if not p.serve.allow_public:
+        public = public_address(p.serve.host)
+        if public:
+            out.append(("serve.host", f"{p.serve.host} {public}: that exposes the API to the network; set "
+                                      "serve.allow_public = true to mean it, or use 127.0.0.1"))
+    for k in p.serve.flags:
+        if secrets.is_secret(k):
+            out.append((f"serve.flags.{k}", "looks like a secret, and a flag's value is on the unit's command line, "
+                                            "which every user can read (systemctl show): put it in [serve.env] "
+                                            "instead (vLLM reads VLLM_API_KEY, llama-server LLAMA_API_KEY), which "
+                                            "p2pkit keeps in a root-only file"))
     return out
+
+
+def public_address(host: str) -> str:
+    """Why `host` is not loopback only ("is not a loopback address", "resolves to 10.0.0.2"), or ""
+    when it is. Names are resolved; an address of every interface ("0.0.0.0", "::") is public."""
+    def loopback(addr: str) -> bool:
+        ip = ipaddress.ip_address(addr.split("%")[0])
+        mapped = getattr(ip, "ipv4_mapped", None)
+        return (mapped or ip).is_loopback
+    try:
+        return "" if loopback(host) else "is not a loopback address"
+    except ValueError:
+        pass
+    try:
+        addrs = sorted({a[4][0] for a in socket.getaddrinfo(host, None)})
+    except (OSError, UnicodeError):
+        return "does not resolve, so p2pkit cannot tell it is loopback"
+    public = [a for a in addrs if not loopback(a)]
+    return f"resolves to {', '.join(public)}" if public else ""
 
 
 def builtin_names() -> list[str]:

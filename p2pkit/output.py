@@ -15,6 +15,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from p2pkit.secrets import redact, redact_doc
+
 STATUS_STYLE = {
     "pass": "green",
     "passed": "green",
@@ -46,18 +48,18 @@ class Output:
         return "SIMULATED " if self.simulated else ""
 
     def log(self, msg: str, style: str | None = None) -> None:
-        self.err.print(f"{self.tag}{escape(msg)}", style=style)
+        self.err.print(f"{self.tag}{escape(redact(msg))}", style=style)
 
     def step(self, stage: str, msg: str) -> None:
         self.log(f"[{stage}] {msg}")
 
     def warn(self, msg: str) -> None:
-        self.err.print(f"{self.tag}warning: {escape(msg)}", style="yellow")
+        self.err.print(f"{self.tag}warning: {escape(redact(msg))}", style="yellow")
 
     def error(self, msg: str, hint: str = "") -> None:
-        text = f"{self.tag}error: {escape(msg)}"
+        text = f"{self.tag}error: {escape(redact(msg))}"
         if hint:
-            text += f"\n{self.tag}fix: {escape(hint)}"
+            text += f"\n{self.tag}fix: {escape(redact(hint))}"
         self.err.print(text, style="red")
 
     @contextmanager
@@ -74,6 +76,7 @@ class Output:
         """The machine-readable result: only this goes to stdout under --json."""
         if self.simulated:
             doc = {"simulated": True, **doc}
+        doc = redact_doc(json.loads(json.dumps(doc, default=str)))
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
         sys.stdout.flush()
 
@@ -84,7 +87,7 @@ class Output:
         for row in rows:
             cells = []
             for i, v in enumerate(row):
-                s = escape("" if v is None else str(v))
+                s = escape(redact("" if v is None else str(v)))
                 if i == status_col:
                     style = STATUS_STYLE.get(str(v).split(" ")[0], "")
                     s = f"[{style}]{s}[/]" if style else s
@@ -93,4 +96,4 @@ class Output:
         self.out.print(t)
 
     def line(self, msg: str, style: str | None = None) -> None:
-        self.out.print(f"{self.tag}{escape(msg)}", style=style)
+        self.out.print(f"{self.tag}{escape(redact(msg))}", style=style)
