@@ -86,3 +86,58 @@ def override_change(then: list[str] | None, now: tuple[str, ...], sections: list
         is_ = f"--set {b[key]} now" if key in b else "not overridden now"
         out.append(f"{was}, {is_}")
     return "; ".join(out)
+
+
+# ---------------------------------------------------------------------------------------- reboot budget
+# `up --reboot` may reboot the host a few times for one bring-up; the count lives on disk with the
+# boot ids seen, so a resume unit that runs at every boot cannot reboot the box forever when a
+# change never takes effect (another bootloader reads the kernel command line).
+
+REBOOTS_FILE = "reboots.json"
+DEFAULT_MAX_REBOOTS = 3
+
+
+def reboot_budget(state_dir: Path, exhausted: bool = False) -> dict | None:
+    """The recorded budget (with exhausted=True: only when it is spent)."""
+    try:
+        doc = json.loads((Path(state_dir) / REBOOTS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not (isinstance(doc, dict) and isinstance(doc.get("boots"), list)):
+        return None
+    return doc if not exhausted or doc.get("exhausted") else None
+
+
+def _save_budget(state_dir: Path, doc: dict) -> None:
+    Path(state_dir).mkdir(parents=True, exist_ok=True)
+    atomic_write(Path(state_dir) / REBOOTS_FILE, (json.dumps(doc, indent=2) + "\n").encode())
+
+
+def start_reboot_budget(state_dir: Path, limit: int) -> None:
+    """A person ran `up --reboot`: a new budget of `limit` reboots (an exhausted one is forgotten)."""
+    _save_budget(state_dir, {"limit": limit, "boots": [], "exhausted": None})
+
+
+def clear_reboot_budget(state_dir: Path) -> None:
+    (Path(state_dir) / REBOOTS_FILE).unlink(missing_ok=True)
+
+
+def spend_reboot(state_dir: Path, boot_id: str, why: str) -> str | None:
+    """Count a reboot asked for in this boot; None to go ahead, or why the budget is spent."""
+    doc = reboot_budget(state_dir) or {"limit": DEFAULT_MAX_REBOOTS, "boots": [], "exhausted": None}
+    seen = [b.get("boot_id") for b in doc["boots"]]
+    if boot_id in seen:  # this boot asked already and did not go down: the same reboot, not another
+        return None
+    if len(seen) >= int(doc.get("limit", DEFAULT_MAX_REBOOTS)):
+        msg = (f"reboot budget spent: p2pkit rebooted this host {len(seen)} time(s) for this bring-up (boot ids "
+               f"{', '.join(s[:8] for s in seen)}) and it still needs a reboot: {why}. A reboot that does not "
+               "apply the change (a bootloader other than GRUB reading the kernel command line, a firmware "
+               "setting) would reboot the box forever, so p2pkit stopped rebooting")
+        doc["exhausted"] = {"time": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "boot_id": boot_id,
+                            "why": msg}
+        _save_budget(state_dir, doc)
+        return msg
+    doc["boots"].append({"boot_id": boot_id, "why": why,
+                         "time": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")})
+    _save_budget(state_dir, doc)
+    return None

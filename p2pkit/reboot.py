@@ -36,3 +36,12 @@ def reboot_host(ctx) -> None:
     ctx.host.runner.run(["systemctl", "enable", UNIT])
     ctx.out.log(f"installed {unit}; rebooting now: p2pkit up resumes after boot (journalctl -u {UNIT})")
     ctx.host.runner.run(["systemctl", "reboot"])
+
+
+def disable_resume_unit(ctx) -> bool:
+    """The resume unit stops running at boot (the reboot budget is spent). Returns whether it was there."""
+    if not ctx.host.path(f"/etc/systemd/system/{UNIT}").is_file():
+        return False
+    root = [f"--root={ctx.host.root}"] if ctx.host.root != Path("/") else []
+    ctx.host.runner.run(["systemctl", *root, "disable", UNIT], check=False)
+    return True

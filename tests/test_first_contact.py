@@ -4,6 +4,9 @@ every refusal names its fix, with its exit code."""
 import os
 from pathlib import Path
 
+import pytest
+
+from p2pkit import config
 from p2pkit.host import SIM_MARKER
 
 
@@ -86,7 +89,6 @@ def test_verify_without_torch_keeps_every_other_stage_and_writes_every_report(cl
     import importlib.util
 
     if importlib.util.find_spec("torch") is not None:
-        import pytest
         pytest.skip("torch is installed here: the link stage can run")
     root = sim("healthy")
     (root / SIM_MARKER).rename(root / "not-simulated.json")  # the same tree, read as a real host
@@ -166,3 +168,41 @@ def test_the_toml_writer_round_trips_every_builtin_profile_and_hostile_strings()
     odd = {"serve": {"flags": {"a.b": "x\"y\\z\n[host]\u007f\u0001é"}, "port": 1}, "profile": {"name": "n"}}
     assert tomllib.loads(tomlwrite.dumps(odd)) == odd
     assert "\n" not in tomlwrite.comment("a\nhost.require_root = false")
+
+
+@pytest.mark.slow
+def test_the_reboot_budget_survives_reboots_and_stops_a_reboot_loop(cli, sim):
+    """systemd-boot boots the box, so the kernel command line update-grub writes never takes
+    effect: `up --reboot` reboots within its budget, counted on disk by boot id, then stops and
+    says why; the resume unit's run after a boot spends the same budget, disables the unit and
+    says why; `status` says it too."""
+    import json
+    import subprocess
+
+    from p2pkit.reboot import UNIT, render_resume_unit
+
+    root = sim("other-bootloader")
+    r = cli("--root", str(root), "up", "--reboot", "--max-reboots", "1", "--to", "p2p-module")
+    assert r.code == 1, r.err
+    assert "reboot budget spent: p2pkit rebooted this host 1 time(s)" in r.err
+    assert "a bootloader other than GRUB" in r.err and "--yes up --reboot" in r.err
+    budget = json.loads((root / "var/lib/p2pkit/reboots.json").read_text())
+    assert budget["limit"] == 1 and len(budget["boots"]) == 1 and budget["exhausted"]
+    boot = (root / "proc/sys/kernel/random/boot_id").read_text().strip()
+    assert budget["boots"][0]["boot_id"] != boot and budget["exhausted"]["boot_id"] == boot
+    # the resume unit as a real host has it, enabled; its command line is the one the run below uses
+    unit = render_resume_unit(config.load(json.loads((root / SIM_MARKER).read_text())["profile"]),
+                              Path("/var/lib/p2pkit"))
+    assert "--yes up --reboot --resumed" in unit
+    (root / "etc/systemd/system").mkdir(parents=True, exist_ok=True)
+    (root / "etc/systemd/system" / UNIT).write_text(unit)
+    subprocess.run(["systemctl", f"--root={root}", "enable", UNIT], check=True, capture_output=True)
+    wants = root / "etc/systemd/system/multi-user.target.wants" / UNIT
+    assert wants.is_symlink()
+    r = cli("--root", str(root), "--yes", "up", "--reboot", "--resumed", "--to", "p2p-module")
+    assert r.code == 1 and "reboot budget spent" in r.err and f"{UNIT} is disabled" in r.err
+    assert not wants.is_symlink()
+    assert (root / "proc/sys/kernel/random/boot_id").read_text().strip() == boot  # it did not reboot
+    doc = cli("--root", str(root), "--json", "status").json()
+    assert doc["reboot_budget"]["exhausted"]["why"].startswith("reboot budget spent")
+    assert "reboot budget spent" in cli("--root", str(root), "status").err

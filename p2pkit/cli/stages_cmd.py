@@ -8,11 +8,12 @@ from typing import Annotated
 
 import typer
 
-from p2pkit import config, facts, pipeline
+from p2pkit import config, facts, hoststate, pipeline
 from p2pkit import doctor as doctor_mod
 from p2pkit.artifacts import atomic_write
 from p2pkit.cli import common
 from p2pkit.errors import Exit, UsageError
+from p2pkit.host.system import identity
 from p2pkit.stages import get, names
 
 facts_app = typer.Typer(help="Record what p2pkit reads from a host.", no_args_is_help=True)
@@ -34,6 +35,11 @@ def up(
     wheel: Annotated[Path | None, typer.Option("--wheel", help="with --inventory: this p2pkit as a wheel, to "
                                                "install on remote hosts (default: this version from the index)")]
     = None,
+    max_reboots: Annotated[int, typer.Option("--max-reboots", min=0, help="with --reboot: how many reboots this "
+                                             "bring-up may take, counted on disk across boots")]
+    = hoststate.DEFAULT_MAX_REBOOTS,
+    resumed: Annotated[bool, typer.Option("--resumed", hidden=True, help="run by the resume unit after a reboot: "
+                                          "spends the recorded reboot budget instead of starting one")] = False,
 ) -> None:
     """Run every stage that is not done, in order; each proves its result and writes an artifact."""
     if inventory is not None:
@@ -47,19 +53,26 @@ def up(
         ctx.out.log(f"host root {ctx.host.root} is a simulated host (scenario "
                     f"{ctx.host.sim.get('scenario')}): nothing real is changed or measured")
     ctx.out.log(f"profile {ctx.profile.name}; state in {ctx.store.dir}")
+    if reboot and not resumed:  # a person asked: a new budget (the resume unit spends the recorded one)
+        ctx.store.ensure()
+        hoststate.start_reboot_budget(ctx.store.dir, max_reboots)
     res = pipeline.up(ctx, start, stop, force)
-    reboots = 0
-    while res.code == Exit.REBOOT and reboot and reboots < 3:
+    while res.code == Exit.REBOOT and reboot:
         if not ctx.host.simulated and not common.OPTS.yes:
             raise UsageError("a reboot is needed and --reboot asks p2pkit to do it, but this is a real host",
                              hint="add --yes to let p2pkit reboot this machine, or reboot yourself and run "
                                   "`p2pkit up` again")
-        from p2pkit.reboot import reboot_host
+        from p2pkit.reboot import UNIT, disable_resume_unit, reboot_host
 
+        spent = hoststate.spend_reboot(ctx.store.dir, identity(ctx.host)["boot_id"], res.message)
+        if spent:  # said on stderr: the resume unit's journal; `status` says it too
+            disabled = disable_resume_unit(ctx)
+            res.code = Exit.CHECK_FAILED
+            res.message = spent + (f"; {UNIT} is disabled" if disabled else "")
+            break
         reboot_host(ctx)
         if not ctx.host.simulated:  # the machine is going down: the resume unit carries on after boot
             raise typer.Exit(int(Exit.REBOOT))
-        reboots += 1
         before = res.ran
         res = pipeline.up(ctx, start, stop, force=False)
         res.ran = list(dict.fromkeys([*before, *res.ran]))  # each stage once, in order
@@ -78,8 +91,17 @@ def up(
             if res.code == Exit.REBOOT and ctx.host.simulated:
                 r = ctx.host.root
                 hint = f"on this simulated host: `p2pkit sim reboot {r}`, then `p2pkit --root {r} up`"
+            if reboot and hoststate.reboot_budget(ctx.store.dir, exhausted=True):
+                hint = budget_fix(ctx)
             ctx.out.error(res.message, hint)
+    if res.code == Exit.OK:
+        hoststate.clear_reboot_budget(ctx.store.dir)
     raise typer.Exit(int(res.code))
+
+
+def budget_fix(ctx) -> str:
+    return ("apply the change the stage names by hand (for the kernel command line: your bootloader's own "
+            f"configuration), reboot, then run `{pipeline.command(ctx, '--yes', 'up', '--reboot')}` (a new budget)")
 
 
 def _inventory(inventory: Path, action: str, command: list[str], wheel: Path | None = None,
@@ -139,12 +161,15 @@ def status(
     ctx = common.context()
     states = pipeline.evaluate(ctx, recheck=True)
     code = Exit.OK if all(s.state == pipeline.DONE for s in states) else Exit.CHECK_FAILED
+    spent = hoststate.reboot_budget(ctx.store.dir, exhausted=True)
     if common.OPTS.json:
         ctx.out.document({"profile": ctx.profile.name, "all_done": code == Exit.OK,
-                          "stages": [s.as_dict() for s in states]})
+                          "stages": [s.as_dict() for s in states], "reboot_budget": spent})
     else:
         ctx.out.table(f"status ({ctx.profile.name})", ["stage", "state", "why", "finished"], _states_rows(states),
                       status_col=1)
+        if spent:
+            ctx.out.error(f"{spent['exhausted']['why']} (at {spent['exhausted']['time']})", budget_fix(ctx))
     raise typer.Exit(int(code))
 
 

@@ -68,8 +68,10 @@ def reboot(root: Path) -> dict:
     state["boots"] = state.get("boots", 1) + 1
     if state.get("next_kernel"):
         state["kernel"] = state.pop("next_kernel")
-    if state.get("next_cmdline"):
-        state["cmdline"] = state.pop("next_cmdline")
+    if state.get("next_cmdline"):  # GRUB boots what update-grub wrote; another bootloader never reads it
+        cmdline = state.pop("next_cmdline")
+        if state.get("bootloader", "grub") == "grub":
+            state["cmdline"] = cmdline
     state["module"]["loaded"] = None
     load_module(root, state)
     for svc in state.get("services", {}).values():

@@ -107,6 +107,8 @@ SCENARIOS: dict[str, tuple[str, list]] = {
     "spark-table-on-nfs": ("a DGX Spark node whose n-gram table directory is an NFS mount (P26)",
                            [_spark(head=True), _set("mounts", [{"mount_point": "/var/lib/vllm", "fstype": "nfs4",
                                                                 "source": "nas:/export/vllm", "device": "0:51"}])]),
+    "other-bootloader": ("systemd-boot, not GRUB, boots the box: update-grub's kernel command line never takes "
+                         "effect", [_set("bootloader", "systemd-boot")]),
     "capped-cgroup": ("p2pkit itself runs in a memory-capped cgroup (P12)", [_set("cgroup_memory_cap", 8 * GIB)]),
 }
 
