@@ -54,6 +54,12 @@ def _atomic_write(final: Path, data: bytes) -> Path:
     return final
 
 
+def self_digest(doc: dict[str, Any]) -> str:
+    """sha256 of the document without its "digest" key, in canonical JSON."""
+    body = {k: v for k, v in doc.items() if k != "digest"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 class Store:
     def __init__(self, state_dir: Path):
         self.dir = Path(state_dir)
@@ -88,6 +94,10 @@ class Store:
         if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or doc.get("stage") != stage:
             raise CorruptArtifact(f"artifact {p} is not a p2pkit schema {SCHEMA} artifact for {stage}",
                                   hint=f"run `p2pkit up --from {stage} --force` to redo that stage")
+        if doc.get("digest") != self_digest(doc):
+            raise CorruptArtifact(f"artifact {p} was edited after p2pkit wrote it: the digest it carries "
+                                  f"{'is missing' if 'digest' not in doc else 'does not match its content'}",
+                                  hint=f"run `p2pkit up --from {stage} --force` to prove that stage again")
         return doc
 
     def delete(self, stage: str) -> None:
@@ -97,8 +107,13 @@ class Store:
             pass
 
     def write(self, stage: str, doc: dict[str, Any]) -> Path:
+        """The artifact with its own digest inside (an edit is seen by whoever reads it, the last
+        stage's too: no later artifact's chain is needed for that)."""
         self.ensure()
-        return atomic_write(self.path(stage), (json.dumps(doc, indent=2, default=str) + "\n").encode())
+        plain = json.loads(json.dumps(doc, default=str))
+        plain.pop("digest", None)
+        plain["digest"] = self_digest(plain)
+        return atomic_write(self.path(stage), (json.dumps(plain, indent=2) + "\n").encode())
 
     def leftovers(self) -> list[Path]:
         """Temp files a killed run left behind (never read as artifacts)."""

@@ -206,3 +206,23 @@ def test_the_reboot_budget_survives_reboots_and_stops_a_reboot_loop(cli, sim):
     doc = cli("--root", str(root), "--json", "status").json()
     assert doc["reboot_budget"]["exhausted"]["why"].startswith("reboot budget spent")
     assert "reboot budget spent" in cli("--root", str(root), "status").err
+
+
+def test_an_edited_artifact_is_named_by_status_the_last_stages_too(cli, sim):
+    import json
+
+    root = sim("healthy")
+    assert cli("--root", str(root), "up", "--to", "preflight").code == 0
+    path = root / "var/lib/p2pkit/preflight.json"  # the last artifact: no later stage's chain covers it
+    doc = json.loads(path.read_text())
+    doc["checks"][0]["measured"] = "edited by hand"
+    path.write_text(json.dumps(doc, indent=2))
+    r = cli("--root", str(root), "--json", "status")
+    first = r.json()["stages"][0]
+    assert r.code == 1 and first["state"] == "stale"
+    assert f"artifact {path} was edited after p2pkit wrote it" in first["reason"]
+    doc.pop("digest")
+    path.write_text(json.dumps(doc, indent=2))
+    again = cli("--root", str(root), "--json", "status").json()["stages"][0]
+    assert "the digest it carries is missing" in again["reason"]
+    assert "was edited" in cli("--root", str(root), "status").out
