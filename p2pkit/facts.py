@@ -81,6 +81,7 @@ COLLECTORS: dict[str, Callable[[Host], object]] = {
     "os": _os,
     "kernel": system.kernel_release,
     "is_root": system.is_root,
+    "tools": system.tools,
     "secure_boot": system.secure_boot,
     "iommu": _iommu,
     "disk": _disk,

@@ -226,3 +226,24 @@ def test_an_edited_artifact_is_named_by_status_the_last_stages_too(cli, sim):
     again = cli("--root", str(root), "--json", "status").json()["stages"][0]
     assert "the digest it carries is missing" in again["reason"]
     assert "was edited" in cli("--root", str(root), "status").out
+
+
+def test_preflight_names_every_missing_tool_with_the_apt_line(cli, sim, monkeypatch):
+    from p2pkit.checks import preflight
+
+    prof = config.load(None)
+    c = preflight._tools({"tools": {"make": "/usr/bin/make"}}, prof)
+    assert c.status == "fail"
+    for tool in ("cc", "systemd-analyze", "cmake", "ninja", "pkg-config", "git", "c++"):
+        assert f"{tool} (" in c.measured, tool
+    assert "; make (" not in c.measured and not c.measured.startswith("missing: make")
+    assert c.hint.endswith("`sudo apt-get install -y gcc systemd cmake ninja-build pkg-config git g++`")
+    spark = preflight._tools({"tools": {}}, config.load("dual-spark-vllm"))
+    assert "cmake" not in spark.measured and spark.measured.startswith("missing: make (")  # vLLM is not built here
+    # on a host whose PATH has none of them: refused first
+    root = sim("healthy")
+    monkeypatch.setenv("PATH", str(Path(os.__file__).parent))  # a directory with no commands in it
+    r = cli("--root", str(root), "up")
+    assert r.code == 1 and "preflight failed: preflight.tools: missing: make (p2p-module: make modules); cc (" in r.err
+    assert "sudo apt-get install -y make gcc systemd cmake ninja-build pkg-config git g++" in r.err
+    assert not (root / "var/lib/p2pkit/driver.json").exists()  # nothing ran

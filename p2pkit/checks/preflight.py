@@ -15,8 +15,42 @@ def check(f: dict, p: Profile) -> list[Check]:
     # GPUs first: on a machine without them nothing else matters, and the first failure is the headline
     return [
         _gpu_count(f, p), _gpu_model(f, p), _os(f, p), _kernel(f, p), _root(f, p), _disk(f, p),
-        _secure_boot(f), _iommu(f, p), _dpkg(f), _cgroup(f),
+        _secure_boot(f), _iommu(f, p), _dpkg(f), _cgroup(f), _tools(f, p),
     ]
+
+
+# the commands later stages run, why, and the Debian/Ubuntu package that brings each
+TOOL_NEEDS = {
+    "make": ("p2p-module: make modules", "make"),
+    "cc": ("p2p-module: the kernel modules' compiler", "gcc"),
+    "systemd-analyze": ("service: systemd-analyze verify and security", "systemd"),
+    "cmake": ("engine: configure", "cmake"),
+    "ninja": ("engine: build", "ninja-build"),
+    "pkg-config": ("engine: FFmpeg and curl found through pkg-config (P06)", "pkg-config"),
+    "git": ("engine: the pinned source", "git"),
+    "c++": ("engine: the C++ compiler", "g++"),
+}
+BUILT_ENGINES = ("ninfer", "llamacpp")
+
+
+def needed_tools(p: Profile) -> list[str]:
+    built = p.engine.recipe in BUILT_ENGINES
+    return [t for t in TOOL_NEEDS if built or TOOL_NEEDS[t][0].split(":")[0] != "engine"]
+
+
+def _tools(f, p) -> Check:
+    """Every command a later stage runs, found before anything runs (not after a two-minute build)."""
+    found = f.get("tools")
+    want = "every tool a later stage runs: " + ", ".join(needed_tools(p))
+    if found is None:  # a facts file recorded before p2pkit looked for tools
+        return unknown("preflight.tools", "tools later stages run", "not recorded", want, needed=False)
+    if failed(found) or not isinstance(found, dict):
+        return unknown("preflight.tools", "tools later stages run", found, want)
+    missing = [t for t in needed_tools(p) if not found.get(t)]
+    packages = " ".join(dict.fromkeys(TOOL_NEEDS[t][1] for t in missing))
+    return judge("preflight.tools", "tools later stages run", not missing,
+                 "missing: " + "; ".join(f"{t} ({TOOL_NEEDS[t][0]})" for t in missing) if missing else "all found",
+                 want, f"install them before anything runs: `sudo apt-get install -y {packages}`")
 
 
 def _os(f, p) -> Check:

@@ -65,6 +65,14 @@ def secure_boot(host: Host) -> str:
     return "on" if data[4] == 1 else "off"
 
 
+TOOLS = ("make", "cc", "c++", "systemd-analyze", "cmake", "ninja", "pkg-config", "git")
+
+
+def tools(host: Host) -> dict[str, str | None]:
+    """Where each command a later stage runs is found on the PATH p2pkit runs commands with."""
+    return {t: host.runner.which(t) for t in TOOLS}
+
+
 def is_root(host: Host) -> bool:
     if host.simulated:
         return host.sim_fact("euid", 0) == 0

@@ -9,7 +9,8 @@ from p2pkit.stages import link as link_stage
 from p2pkit.stages import model as model_stage
 from p2pkit.stages import service as service_stage
 
-PREFLIGHT_FACTS = ("os", "kernel", "is_root", "disk", "secure_boot", "pci_gpus", "iommu", "dpkg_nvidia", "cgroup")
+PREFLIGHT_FACTS = ("os", "kernel", "is_root", "disk", "secure_boot", "pci_gpus", "iommu", "dpkg_nvidia", "cgroup",
+                   "tools")
 P2P_FACTS = ("kernel", "nvidia_version", "module", "built_module", "nvml", "secure_boot", "iommu")
 
 def one_gpu_per_host(p) -> str | None:
