@@ -79,19 +79,28 @@ def test_iommu_translating_is_fixed_by_the_p2p_module_stage(cli, sim):
 
 
 def test_translating_iommu_left_in_place_fails_link_integrity(cli, sim):
-    """What a real box does with P2P over a translating IOMMU: status OK, data zero-filled."""
+    """What a real box does with P2P over a translating IOMMU: status OK, data zero-filled. The real
+    load worker runs against the simulated host's devices and NVML."""
     from p2pkit import config
     from p2pkit.checks import link
-    from p2pkit.sim import model
-    from p2pkit.sim.render import load_state
+    from p2pkit.host import Host
+    from p2pkit.load import worker
+    from p2pkit.sim.render import load_state, save
 
-    state = load_state(sim("iommu-translating"))
+    root = sim("iommu-translating")
+    state = load_state(root)
     state["driver"]["userspace"] = "615.71.09"
     state["module"]["loaded"] = {"version": "615.71.09", "srcversion": "X", "patched": True}
-    res = model.link_results(state, config.load(None))
-    checks = {c.id: c for c in link.check({"link_load": res}, config.load(None))}
+    save(root, state)
+    prof = config.load(None)
+    cfg = {"load_seconds": 30, "poll_ms": 100, "sample_mib": 64, "samples": 3, "min_gen": 5, "min_width": 8,
+           "backend": Host.at(root).load_backend()}
+    res = worker.main(cfg)
+    assert res["simulated"] is True and res["pairs"][0]["integrity"]["zeros"] == 16 << 20
+    checks = {c.id: c for c in link.check({"link_load": res}, prof)}
     assert checks["link.p2p_integrity.gpu0-gpu1"].status == "fail"
     assert "iommu=pt" in checks["link.p2p_integrity.gpu0-gpu1"].hint
+    assert checks["link.trained.gpu0"].status == "pass"
 
 
 def test_capped_cgroup_is_a_warning_not_a_failure(cli, sim):

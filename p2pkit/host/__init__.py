@@ -4,6 +4,7 @@ a real host (the simulated host) and at recorded NVML facts."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -92,6 +93,25 @@ class Host:
                 done = []
             todo = [x for x in target.split("/") if x] + todo
         return "/" + "/".join(done)
+
+    def library(self, name: str):
+        """The host's library `name` as p2pkit calls it: "nvml" is nvidia-ml-py's pynvml module on a
+        real host. A simulated host names its own stand-in for it in its state (a module with an
+        `open(root)`), so the same calling code runs against it. ImportError when it is missing."""
+        if not self.simulated:
+            return importlib.import_module({"nvml": "pynvml"}[name])
+        plug = self.sim.get("libraries", {}).get(name)
+        if plug is None:
+            raise ImportError(f"the simulated host at {self.root} provides no {name} library")
+        return importlib.import_module(plug).open(self.root)
+
+    def load_backend(self) -> dict | None:
+        """Which device backend the load worker drives: None for the real GPUs (torch); a simulated
+        host names its simulated devices (module and root), which the worker opens the same way."""
+        if not self.simulated:
+            return None
+        plug = self.sim.get("libraries", {}).get("devices")
+        return {"module": plug, "root": str(self.root)} if plug else None
 
     def sim_fact(self, key: str, default=None):
         return (self.sim or {}).get("facts", {}).get(key, default)

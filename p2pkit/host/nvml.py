@@ -1,7 +1,10 @@
 """NVML through nvidia-ml-py (import pynvml), imported only when asked for.
 
-On a simulated host the facts come from the recorded NVML document the simulation keeps.
-Every failure becomes {"error": "..."} at the level it happened; nothing raises.
+The library comes from the host: pynvml on a real host, the simulated host's stand-in for it on
+a simulated one, so this gathering code is the same for both. Every failure becomes
+{"error": "..."} at the level it happened; nothing raises. A function the installed driver or
+nvidia-ml-py lacks, or one the GPU does not support, reads as its error text ("Not Supported",
+"Function Not Found"), never a crash.
 """
 
 from __future__ import annotations
@@ -22,26 +25,27 @@ def _call(fn, *args):
 
 
 def facts(host: Host) -> dict:
-    if host.simulated:
-        return dict(host.sim.get("nvml", {"error": "the simulated host has no NVML document"}))
     try:
-        import pynvml
-    except ImportError:
-        return {"error": "nvidia-ml-py is not installed (pip install nvidia-ml-py)"}
+        nv = host.library("nvml")
+    except ImportError as e:
+        return {"error": f"nvidia-ml-py is not installed (pip install nvidia-ml-py): {e}"}
     try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as e:
+        nv.nvmlInit()
+    except nv.NVMLError as e:
         msg = str(e)
         if "mismatch" in msg.lower():
             msg += ": the loaded kernel module and the userspace driver differ; reboot or reload the module"
         return {"error": f"NVML did not initialise: {msg}"}
     try:
-        return _gather(pynvml)
+        out = _gather(nv)
     finally:
         try:
-            pynvml.nvmlShutdown()
-        except pynvml.NVMLError:
+            nv.nvmlShutdown()
+        except nv.NVMLError:
             pass
+    if getattr(nv, "simulated", None):
+        out["recorded"] = nv.simulated
+    return out
 
 
 def _gather(nv) -> dict:
@@ -55,7 +59,13 @@ def _gather(nv) -> dict:
     if isinstance(count, dict):
         out["error"] = count["error"]
         return out
-    handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+    handles = []
+    for i in range(count):
+        h = _call(nv.nvmlDeviceGetHandleByIndex, i)
+        if isinstance(h, dict):
+            out["error"] = f"GPU {i}: {h['error']}"
+            return out
+        handles.append(h)
     for i, h in enumerate(handles):
         mem = _call(nv.nvmlDeviceGetMemoryInfo, h)
         bar1 = _call(nv.nvmlDeviceGetBAR1MemoryInfo, h)

@@ -161,15 +161,17 @@ def render(root: Path, state: dict) -> None:
     write(root, "etc/os-release", "".join(f'{k}="{v}"\n' for k, v in os_.items()) + "ID_LIKE=debian\n")
     write(root, "var/lib/dpkg/status", "Package: bash\nStatus: install ok installed\nVersion: 5.2.21\n\n")
     write(root, ".p2pkit-sim/README", "SIMULATED host laid out by `p2pkit sim init`. Nothing here is real.\n")
-    nvml = model.nvml_doc(state)
-    state_doc = dict(state)
-    state_doc["nvml"] = nvml
+    # the libraries a real host answers through (NVML, the GPUs under load), as this host's stand-ins
+    state_doc = {**state, "libraries": LIBRARIES}
     write(root, SIM_MARKER, json.dumps(state_doc, indent=2) + "\n")
     for name in STANDINS:
         write(root, f"usr/bin/{name}",
               f"#!{sys.executable}\n# SIMULATED stand-in for {name}: p2pkit's simulated host\n"
               f"import sys\nfrom p2pkit.sim.standins import main\nsys.exit(main({name!r}, sys.argv[1:]))\n",
               0o755)
+
+
+LIBRARIES = {"nvml": "p2pkit.sim.nvml", "devices": "p2pkit.sim.devices"}
 
 
 def _storage(root: Path, state: dict) -> None:
@@ -196,7 +198,7 @@ def _storage(root: Path, state: dict) -> None:
 
 def load_state(root: Path) -> dict:
     doc = json.loads((Path(root) / SIM_MARKER).read_text())
-    doc.pop("nvml", None)
+    doc.pop("libraries", None)
     return doc
 
 
