@@ -17,6 +17,13 @@ P2P_READ, P2P_WRITE = 0, 1  # pass plain ints: the binding's NVML_P2P_CAPS_INDEX
 
 
 def _call(fn, *args):
+    """fn(*args) as a reading: fn is a function, or the name of one in the bound library (a name the
+    installed nvidia-ml-py lacks is a reading too: "nvmlX is not in this nvidia-ml-py")."""
+    if isinstance(fn, tuple):
+        nv, name = fn
+        fn = getattr(nv, name, None)
+        if fn is None:
+            return {"error": f"Function Not Found: {name} is not in this nvidia-ml-py or driver"}
     try:
         v = fn(*args)
         return v.decode() if isinstance(v, bytes) else v
@@ -32,7 +39,7 @@ def facts(host: Host) -> dict:
     try:
         nv.nvmlInit()
     except nv.NVMLError as e:
-        msg = str(e)
+        msg = str(e).rstrip(".")
         if "mismatch" in msg.lower():
             msg += ": the loaded kernel module and the userspace driver differ; reboot or reload the module"
         return {"error": f"NVML did not initialise: {msg}"}
@@ -50,53 +57,53 @@ def facts(host: Host) -> dict:
 
 def _gather(nv) -> dict:
     out: dict = {
-        "driver_version": _call(nv.nvmlSystemGetDriverVersion),
-        "cuda_driver_version": _call(nv.nvmlSystemGetCudaDriverVersion),
+        "driver_version": _call((nv, "nvmlSystemGetDriverVersion")),
+        "cuda_driver_version": _call((nv, "nvmlSystemGetCudaDriverVersion")),
         "gpus": [],
         "p2p": [],
     }
-    count = _call(nv.nvmlDeviceGetCount)
+    count = _call((nv, "nvmlDeviceGetCount"))
     if isinstance(count, dict):
         out["error"] = count["error"]
         return out
     handles = []
     for i in range(count):
-        h = _call(nv.nvmlDeviceGetHandleByIndex, i)
+        h = _call((nv, "nvmlDeviceGetHandleByIndex"), i)
         if isinstance(h, dict):
             out["error"] = f"GPU {i}: {h['error']}"
             return out
         handles.append(h)
     for i, h in enumerate(handles):
-        mem = _call(nv.nvmlDeviceGetMemoryInfo, h)
-        bar1 = _call(nv.nvmlDeviceGetBAR1MemoryInfo, h)
-        pci = _call(nv.nvmlDeviceGetPciInfo, h)
+        mem = _call((nv, "nvmlDeviceGetMemoryInfo"), h)
+        bar1 = _call((nv, "nvmlDeviceGetBAR1MemoryInfo"), h)
+        pci = _call((nv, "nvmlDeviceGetPciInfo"), h)
         out["gpus"].append({
             "index": i,
-            "name": _call(nv.nvmlDeviceGetName, h),
-            "uuid": _call(nv.nvmlDeviceGetUUID, h),
+            "name": _call((nv, "nvmlDeviceGetName"), h),
+            "uuid": _call((nv, "nvmlDeviceGetUUID"), h),
             "bus_id": (pci.busId.decode() if isinstance(pci.busId, bytes) else pci.busId)
             if not isinstance(pci, dict) else pci,
             "memory_total": mem.total if not isinstance(mem, dict) else mem,
             "bar1_total": bar1.bar1Total if not isinstance(bar1, dict) else bar1,
             "link": {
-                "current_gen": _call(nv.nvmlDeviceGetCurrPcieLinkGeneration, h),
-                "current_width": _call(nv.nvmlDeviceGetCurrPcieLinkWidth, h),
-                "max_gen": _call(nv.nvmlDeviceGetMaxPcieLinkGeneration, h),
-                "gpu_max_gen": _call(nv.nvmlDeviceGetGpuMaxPcieLinkGeneration, h),
-                "max_width": _call(nv.nvmlDeviceGetMaxPcieLinkWidth, h),
-                "speed_mbps": _call(nv.nvmlDeviceGetPcieSpeed, h),
+                "current_gen": _call((nv, "nvmlDeviceGetCurrPcieLinkGeneration"), h),
+                "current_width": _call((nv, "nvmlDeviceGetCurrPcieLinkWidth"), h),
+                "max_gen": _call((nv, "nvmlDeviceGetMaxPcieLinkGeneration"), h),
+                "gpu_max_gen": _call((nv, "nvmlDeviceGetGpuMaxPcieLinkGeneration"), h),
+                "max_width": _call((nv, "nvmlDeviceGetMaxPcieLinkWidth"), h),
+                "speed_mbps": _call((nv, "nvmlDeviceGetPcieSpeed"), h),
             },
-            "replay_counter": _call(nv.nvmlDeviceGetPcieReplayCounter, h),
-            "clock_event_reasons": _call(nv.nvmlDeviceGetCurrentClocksEventReasons, h),
+            "replay_counter": _call((nv, "nvmlDeviceGetPcieReplayCounter"), h),
+            "clock_event_reasons": _call((nv, "nvmlDeviceGetCurrentClocksEventReasons"), h),
             "locked_clocks": _locked(nv, h),
         })
     for i, a in enumerate(handles):
         for j, b in enumerate(handles):
             if i == j:
                 continue
-            r = _call(nv.nvmlDeviceGetP2PStatus, a, b, P2P_READ)
-            w = _call(nv.nvmlDeviceGetP2PStatus, a, b, P2P_WRITE)
-            anc = _call(nv.nvmlDeviceGetTopologyCommonAncestor, a, b)
+            r = _call((nv, "nvmlDeviceGetP2PStatus"), a, b, P2P_READ)
+            w = _call((nv, "nvmlDeviceGetP2PStatus"), a, b, P2P_WRITE)
+            anc = _call((nv, "nvmlDeviceGetTopologyCommonAncestor"), a, b)
             out["p2p"].append({
                 "from": i, "to": j,
                 "read": P2P_STATUS.get(r, r) if not isinstance(r, dict) else r,
@@ -108,7 +115,7 @@ def _gather(nv) -> dict:
 
 def _locked(nv, h) -> dict | None:
     """Clocks locked by someone (nvidia-smi -lgc / -ac): the applications clock reason is active."""
-    reasons = _call(nv.nvmlDeviceGetCurrentClocksEventReasons, h)
+    reasons = _call((nv, "nvmlDeviceGetCurrentClocksEventReasons"), h)
     if isinstance(reasons, dict):
         return reasons
     app_setting = getattr(nv, "nvmlClocksEventReasonApplicationsClocksSetting", 0x2)
