@@ -497,3 +497,8 @@ def load(name_or_path: str | None, overrides: tuple[str, ...] | list[str] = ()) 
         raise ProfileError(source, [("(toml)", f"not valid TOML: {e}")]) from e
     overrides = tuple(overrides)
     return from_dict(apply_overrides(data, overrides), source, overrides)
+
+
+def p2p_src_dir(profile) -> str:
+    """Where the kernel-module source is checked out and built (the driver stage's cache)."""
+    return f"{profile.driver.cache_dir}/open-gpu-kernel-modules"

@@ -61,7 +61,7 @@ def _guards(h: Host):
 
 
 def _built_module(h: Host, profile):
-    from p2pkit.stages.acting import p2p_src_dir
+    from p2pkit.config import p2p_src_dir
 
     ko = f"{p2p_src_dir(profile)}/kernel-open/nvidia.ko"
     if not h.exists(ko):

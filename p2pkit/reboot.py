@@ -24,10 +24,7 @@ def render_resume_unit(profile, state_dir: Path) -> str:
 
 
 def reboot_host(ctx) -> None:
-    if ctx.host.simulated:
-        from p2pkit.sim import lifecycle
-
-        lifecycle.reboot(ctx.host.root)
+    if ctx.host.reboot_in_place():
         ctx.out.log(f"rebooted the simulated host {ctx.host.root}; resuming")
         return
     unit = Path("/etc/systemd/system") / UNIT

@@ -5,7 +5,8 @@ from pathlib import Path
 from p2pkit import config
 from p2pkit.checks import topology
 from p2pkit.host import Host
-from p2pkit.host.roce import ports, resolve
+from p2pkit.host.roce import ports
+from p2pkit.parse.roce import resolve
 
 SPARK = config.load("dual-spark-vllm")
 

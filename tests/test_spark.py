@@ -9,7 +9,7 @@ import pytest
 
 from p2pkit import config
 from p2pkit.checks import service as service_checks
-from p2pkit.host.roce import rate_gbps
+from p2pkit.parse.roce import rate_gbps
 from p2pkit.stages.service import nccl_transports
 
 pytestmark = pytest.mark.slow

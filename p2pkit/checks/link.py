@@ -7,6 +7,7 @@ from p2pkit.checks import FAIL, SKIP, Check, failed, judge, unknown
 from p2pkit.checks.topology import TWO_GPUS
 from p2pkit.config import Profile
 from p2pkit.parse.pci import GEN_TO_GTS
+from p2pkit.parse.roce import resolve
 
 
 def ceiling_gbps(gen: int, width: int) -> float:
@@ -104,7 +105,6 @@ def fabric(f: dict, p: Profile) -> list[Check]:
     """Each RoCE port NCCL will use (resolved now, P24) runs at the profile's rate or better."""
     if not p.network.require_roce:
         return []
-    from p2pkit.host.roce import resolve
 
     found = f.get("roce")
     if failed(found) or found is None:

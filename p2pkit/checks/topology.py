@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from p2pkit.checks import FAIL, WARN, Check, failed, judge, unknown
 from p2pkit.config import Profile
+from p2pkit.parse.roce import resolve
 from p2pkit.parse.smi import relation_has_switch, relation_meaning
 
 P2P_CAUSES = {
@@ -44,7 +45,6 @@ def check(f: dict, p: Profile) -> list[Check]:
 
 
 def _roce(f: dict, p: Profile) -> Check:
-    from p2pkit.host.roce import resolve
 
     found = f.get("roce")
     want = f"an ACTIVE Ethernet port on {', '.join(p.network.fabric_netdevs) or 'any netdev'}"

@@ -18,7 +18,8 @@ def hca(env_file: Annotated[str | None, typer.Option(
                            "for the engine unit's EnvironmentFile")] = None) -> None:
     """Print NCCL_IB_HCA=... for the ACTIVE Ethernet ports on the profile's fabric netdevs. The engine
     unit's ExecStartPre writes it to an environment file, so every start uses the names of this boot."""
-    from p2pkit.host.roce import ports, resolve
+    from p2pkit.host.roce import ports
+    from p2pkit.parse.roce import resolve
 
     h = common.host()
     p = common.profile(h)

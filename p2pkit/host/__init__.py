@@ -113,5 +113,14 @@ class Host:
         plug = self.sim.get("libraries", {}).get("devices")
         return {"module": plug, "root": str(self.root)} if plug else None
 
+    def reboot_in_place(self) -> bool:
+        """A simulated host reboots in place (its machine stand-in boots it again: a new boot id, the
+        pending command line, kernel and module) and the run goes on: True. A real host: False, it
+        reboots for real through systemd and the run resumes after boot."""
+        if not self.simulated:
+            return False
+        self.library("machine").reboot()
+        return True
+
     def sim_fact(self, key: str, default=None):
         return (self.sim or {}).get("facts", {}).get(key, default)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from p2pkit.sim import provision
 from p2pkit.sim.render import load_state, render
-from p2pkit.sim.standins import resolve_module
+from p2pkit.sim.standins import load_module, systemctl
 
 
 def init(root: Path, state: dict) -> None:
@@ -79,32 +79,8 @@ def reboot(root: Path) -> dict:
     render(root, state)
     wants = root / "etc/systemd/system/multi-user.target.wants"
     for unit in sorted(p.name for p in wants.iterdir()) if wants.is_dir() else []:
-        from p2pkit.sim.standins import systemctl
-
         systemctl(root, load_state(root), ["start", unit])
     return load_state(root)
-
-
-def load_module(root: Path, state: dict) -> str | None:
-    """What `modprobe nvidia` does: load the module depmod resolves, or fail the way the kernel does."""
-    state["module"]["load_error"] = None
-    hit = resolve_module(root, state["kernel"])
-    if hit is None:
-        state["module"]["load_error"] = "Module nvidia not found in directory /lib/modules/" + state["kernel"]
-        return state["module"]["load_error"]
-    path, info = hit
-    fw = root / "lib/firmware/nvidia" / info["version"]
-    if state["secure_boot"] and info.get("signed") != "1":
-        state["module"]["load_error"] = "Key was rejected by service (Secure Boot: module not signed)"
-    elif not any(fw.glob("gsp_*.bin")):
-        state["module"]["load_error"] = f"RmFetchGspRmImages: No firmware image found (error -2) in {fw}"
-    else:
-        state["module"]["loaded"] = {"version": info["version"], "srcversion": info["srcversion"],
-                                     "patched": info.get("patched") == "1", "builder": info.get("builder"),
-                                     "path": path}
-    return state["module"]["load_error"]
-
-
 
 
 STOCK_KO = ("P2PKIT-SIM-KO\nname=nvidia\nversion=580.95.05\nsrcversion=5A1B2C3D4E5F60718293A4B5\npatched=0\n"
@@ -169,3 +145,17 @@ def stop_services(root: Path) -> list[str]:
             subprocess.run([str(root / "usr/bin/systemctl"), "stop", unit], check=False, capture_output=True)
             stopped.append(unit)
     return stopped
+
+
+class Machine:
+    """The simulated host's machine, as its host object asks for it (`Host.reboot_in_place`)."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def reboot(self) -> dict:
+        return reboot(self.root)
+
+
+def open(root: Path) -> Machine:
+    return Machine(root)

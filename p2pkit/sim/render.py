@@ -171,7 +171,7 @@ def render(root: Path, state: dict) -> None:
               0o755)
 
 
-LIBRARIES = {"nvml": "p2pkit.sim.nvml", "devices": "p2pkit.sim.devices"}
+LIBRARIES = {"nvml": "p2pkit.sim.nvml", "devices": "p2pkit.sim.devices", "machine": "p2pkit.sim.lifecycle"}
 
 
 def _storage(root: Path, state: dict) -> None:

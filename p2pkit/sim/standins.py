@@ -67,6 +67,26 @@ def resolve_module(root: Path, kver: str, name: str = "nvidia") -> tuple[str, di
     return "/" + str(best.relative_to(root)), read_ko(best)
 
 
+def load_module(root: Path, state: dict) -> str | None:
+    """What `modprobe nvidia` does: load the module depmod resolves, or fail the way the kernel does."""
+    state["module"]["load_error"] = None
+    hit = resolve_module(root, state["kernel"])
+    if hit is None:
+        state["module"]["load_error"] = "Module nvidia not found in directory /lib/modules/" + state["kernel"]
+        return state["module"]["load_error"]
+    path, info = hit
+    fw = root / "lib/firmware/nvidia" / info["version"]
+    if state["secure_boot"] and info.get("signed") != "1":
+        state["module"]["load_error"] = "Key was rejected by service (Secure Boot: module not signed)"
+    elif not any(fw.glob("gsp_*.bin")):
+        state["module"]["load_error"] = f"RmFetchGspRmImages: No firmware image found (error -2) in {fw}"
+    else:
+        state["module"]["loaded"] = {"version": info["version"], "srcversion": info["srcversion"],
+                                     "patched": info.get("patched") == "1", "builder": info.get("builder"),
+                                     "path": path}
+    return state["module"]["load_error"]
+
+
 def modinfo(root: Path, state: dict, args: list[str]) -> int:
     """modinfo [-k KVER] [-F FIELD] nvidia|/path/to/nvidia.ko"""
     kver, field, names = state["kernel"], None, []
@@ -112,7 +132,6 @@ def fuser(root: Path, state: dict, args: list[str]) -> int:
 
 def modprobe(root: Path, state: dict, args: list[str]) -> int:
     """modprobe -r MODULES... (fails while something holds the GPU) and modprobe nvidia."""
-    from p2pkit.sim.lifecycle import load_module
 
     if args and args[0] == "-r":
         if model.loaded(state) is None:

@@ -7,13 +7,10 @@ import shlex
 
 from p2pkit.ansible import run_playbook
 from p2pkit.backup import DRIVER_PATHS, P2P_PATHS, Backup, module_paths
+from p2pkit.config import p2p_src_dir
 from p2pkit.errors import P2pkitError
 from p2pkit.host import system
 from p2pkit.runner import own_executable
-
-
-def p2p_src_dir(profile) -> str:
-    return f"{profile.driver.cache_dir}/open-gpu-kernel-modules"
 
 
 def iommu_cmdline(mode: str, cpu_vendor: str) -> str:

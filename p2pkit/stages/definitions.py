@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from p2pkit.checks import driver, engine, link, model, p2p_module, preflight, rebar, service, topology
-from p2pkit.stages import Stage, acting
+from p2pkit.stages import acting
 from p2pkit.stages import engine as engine_stage
 from p2pkit.stages import link as link_stage
 from p2pkit.stages import model as model_stage
 from p2pkit.stages import service as service_stage
+from p2pkit.stages.stage import Stage
 
 PREFLIGHT_FACTS = ("os", "kernel", "is_root", "disk", "secure_boot", "pci_gpus", "iommu", "dpkg_nvidia", "cgroup",
                    "tools")

@@ -1,0 +1,29 @@
+"""What a stage is: the profile sections it depends on, the facts it reads, its pure checks, and,
+for the stages that change the host, what it does."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from p2pkit.checks import Check
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    title: str
+    inputs: tuple[str, ...]
+    facts: tuple[str, ...] = ()
+    check: Callable[[dict, object], list[Check]] | None = None
+    precheck: Callable[[object], list[Check]] | None = None  # profile -> refusals before acting
+    act: Callable[[object], dict] | None = None  # ctx -> what was done
+    measure: Callable[[object], dict] | None = None  # ctx -> extra facts from a real load (link)
+    # facts, ctx -> (why a reboot is needed, ids of the checks only a reboot can pass)
+    reboot: Callable[[dict, object], tuple[str, list[str]] | None] | None = None
+    implemented: bool = True
+    # profile -> why the stage does not apply to it (one GPU per host: no BAR1 P2P), or None
+    applies: Callable[[object], str | None] | None = None
+
+    def not_applicable(self, profile) -> str | None:
+        return self.applies(profile) if self.applies is not None else None
