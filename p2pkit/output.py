@@ -1,6 +1,11 @@
 """Results to stdout (a table, or JSON with --json); logs, progress, warnings and hints to stderr.
 
 A simulated run says SIMULATED on every line it prints.
+
+The JSON contract (docs/json.md): every document on stdout carries `kind` (what it is: the
+command that printed it, "p2pkit-status", "p2pkit-sim-init", or a kind of its own such as
+"p2pkit-doctor") and `schema` (SCHEMA_VERSION). A JSON Schema for each kind ships in
+p2pkit/schemas/. An error under --json is a "p2pkit-error" document on stdout too.
 """
 
 from __future__ import annotations
@@ -16,6 +21,24 @@ from rich.markup import escape
 from rich.table import Table
 
 from p2pkit.secrets import redact, redact_doc
+
+SCHEMA_VERSION = 1
+
+
+def command_kind() -> str:
+    """The kind of the running command's document: its command path, "p2pkit-sim-init" (the CLI
+    records the path it was asked for before it runs the command)."""
+    return "-".join(["p2pkit", *COMMAND])
+
+
+COMMAND: list[str] = []  # set by the CLI: ["sim", "init"]
+
+
+def stamp(doc: dict[str, Any], kind: str | None = None) -> dict[str, Any]:
+    """The document with its kind and schema version first (a kind it names itself is kept)."""
+    rest = {k: v for k, v in doc.items() if k not in ("kind", "schema")}
+    return {"kind": doc.get("kind") or kind or command_kind(), "schema": SCHEMA_VERSION, **rest}
+
 
 STATUS_STYLE = {
     "pass": "green",
@@ -74,11 +97,17 @@ class Output:
 
     def document(self, doc: dict[str, Any]) -> None:
         """The machine-readable result: only this goes to stdout under --json."""
+        doc = stamp(doc)
         if self.simulated:
-            doc = {"simulated": True, **doc}
+            doc = {**doc, "simulated": True}
         doc = redact_doc(json.loads(json.dumps(doc, default=str)))
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
         sys.stdout.flush()
+
+    def error_document(self, code: int, message: str, hint: str = "") -> None:
+        """Under --json, an error is a document on stdout as well as the message on stderr."""
+        if self.json_mode:
+            self.document({"kind": "p2pkit-error", "exit_code": int(code), "message": message, "fix": hint})
 
     def table(self, title: str, columns: list[str], rows: list[list[Any]], status_col: int | None = None) -> None:
         t = Table(title=f"{self.tag}{title}".strip(), title_justify="left", show_lines=False)

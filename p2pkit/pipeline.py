@@ -50,7 +50,7 @@ class StageState:
     def as_dict(self) -> dict:
         doc = self.artifact or {}
         return {"stage": self.stage, "state": self.state, "reason": self.reason,
-                "finished": doc.get("finished"), "status": doc.get("status")}
+                "finished": doc.get("finished"), "status": doc.get("status"), "checks": doc.get("checks", [])}
 
 
 def now() -> str:

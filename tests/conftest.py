@@ -28,9 +28,24 @@ class CliResult:
         return json.loads(self.out)
 
 
+def check_document(text: str) -> dict:
+    """A --json document holds to the contract: kind, schema, and its kind's JSON Schema."""
+    import jsonschema
+
+    from p2pkit import schemas
+
+    doc = json.loads(text)
+    assert isinstance(doc, dict) and doc.get("schema") == 1 and doc.get("kind"), f"no kind/schema: {text[:300]}"
+    schema = schemas.load(doc["kind"])
+    assert schema is not None, f"no JSON Schema ships for kind {doc['kind']!r} (p2pkit/schemas/)"
+    jsonschema.validate(doc, schema)
+    return doc
+
+
 @pytest.fixture
 def cli(capsys, monkeypatch):
-    """Run the real entry point in-process: exit code, stdout, stderr."""
+    """Run the real entry point in-process: exit code, stdout, stderr. Every --json document it prints
+    is validated against its kind's JSON Schema."""
     def run(*args: str) -> CliResult:
         monkeypatch.setattr(sys, "argv", ["p2pkit", *args])
         capsys.readouterr()
@@ -40,6 +55,8 @@ def cli(capsys, monkeypatch):
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         cap = capsys.readouterr()
+        if "--json" in args and cap.out.strip():
+            check_document(cap.out)
         return CliResult(code, cap.out, cap.err)
     return run
 

@@ -20,7 +20,7 @@ LAYERS = [
     ("parsers", ["p2pkit.parse"]),
     ("base", ["p2pkit.runner", "p2pkit.artifacts", "p2pkit.output", "p2pkit.errors", "p2pkit.config",
               "p2pkit.ansible", "p2pkit.lock", "p2pkit.children", "p2pkit.pitfalls", "p2pkit.load",
-              "p2pkit.profiles", "p2pkit"]),
+              "p2pkit.profiles", "p2pkit.schemas", "p2pkit.writers", "p2pkit"]),
 ]
 SIM = "p2pkit.sim"
 SIM_DOORS = {"p2pkit.cli.sim_cmd"}  # the sim commands: outside the product's layers, plugged into the CLI
@@ -54,7 +54,7 @@ def layer(name: str) -> int | None:
     best = None
     for i, (_, prefixes) in enumerate(LAYERS):
         for p in prefixes:
-            if (name == p or name.startswith(p + ".")) and (best is None or len(p) > best[1]):
+            if (name == p or (p != "p2pkit" and name.startswith(p + "."))) and (best is None or len(p) > best[1]):
                 best = (i, len(p))
     return best[0] if best else None
 

@@ -97,22 +97,58 @@ def _terminated(signum, _frame) -> None:
     raise SystemExit(128 + signum)
 
 
+def _fail(code: int, message: str, hint: str) -> None:
+    out = common.output()
+    out.error(message, hint)
+    out.error_document(code, message, hint)
+    sys.exit(int(code))
+
+
+GROUPS = {"sim", "serve", "net", "profile"}
+
+
+def command_path(argv: list[str]) -> list[str]:
+    """The command words of a hoisted command line: ["sim", "init"], ["status"]."""
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        i += 1 + (argv[i] in GLOBAL_VALUES)
+    words = [a for a in argv[i:i + 2] if not a.startswith("-")]
+    return words[:2] if words and words[0] in GROUPS else words[:1]
+
+
+def _usage_error(e: Exception) -> bool:
+    """An error the CLI framework raised for a bad command line (click's UsageError and kin, in
+    whichever click typer runs on): it has an exit code and shows itself."""
+    return hasattr(e, "exit_code") and hasattr(e, "show") and hasattr(e, "format_message")
+
+
 def main() -> None:
+    from p2pkit import output
+
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _terminated)
+    argv = hoist_global_options(sys.argv[1:])
+    output.COMMAND[:] = command_path(argv)
     try:
-        app(args=hoist_global_options(sys.argv[1:]), prog_name="p2pkit", standalone_mode=True)
+        rc = app(args=argv, prog_name="p2pkit", standalone_mode=False)
     except P2pkitError as e:
         if common.OPTS.debug:
             traceback.print_exc()
-        common.output().error(e.message, e.hint)
-        sys.exit(int(e.code))
+        _fail(e.code, e.message, e.hint)
     except KeyboardInterrupt:
-        common.output().error("interrupted", "run the same command again: p2pkit resumes where it stopped")
-        sys.exit(130)
-    except Exception as e:  # a bug: one paragraph, traceback only with --debug
+        _fail(130, "interrupted", "run the same command again: p2pkit resumes where it stopped")
+    except Exception as e:
+        if _usage_error(e):  # an unknown command or option, a bad choice: typer's message, exit 2
+            e.show()
+            if "--json" in argv:
+                common.OPTS.json = True
+                common.output().error_document(e.exit_code, e.format_message(), "see `p2pkit --help`")
+            sys.exit(e.exit_code)
+        if type(e).__name__ == "Abort":  # the framework's Ctrl-C at a prompt
+            _fail(130, "interrupted", "run the same command again: p2pkit resumes where it stopped")
+        # a bug: one paragraph, traceback only with --debug
         if common.OPTS.debug:
             traceback.print_exc()
-        common.output().error(f"internal error: {type(e).__name__}: {e}",
-                              "rerun with --debug for the traceback and report it")
-        sys.exit(int(Exit.INTERNAL))
+        _fail(Exit.INTERNAL, f"internal error: {type(e).__name__}: {e}",
+              "rerun with --debug for the traceback and report it")
+    sys.exit(rc if isinstance(rc, int) else 0)

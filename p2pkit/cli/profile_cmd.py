@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Annotated
 
 import typer
@@ -69,3 +70,11 @@ def validate(path: Annotated[str, typer.Argument(help="profile TOML file (or bui
         out.document({"valid": True, "source": p.source, "name": p.name})
     else:
         out.line(f"{p.source}: valid ({p.name})")
+
+
+@app.command()
+def schema() -> None:
+    """Print the profile's JSON Schema (for editors and CI linting of profile files)."""
+    from p2pkit.schemas import profile_schema
+
+    sys.stdout.write(json.dumps(profile_schema(), indent=2) + "\n")

@@ -121,7 +121,7 @@ def _inventory(inventory: Path, action: str, command: list[str], wheel: Path | N
                     for h, v in sorted(report["hosts"].items()) if v["exit_code"] is None]
         reports.write(junit, reports.junit(results, any(v.get("simulated") for v in report["hosts"].values())))
     if common.OPTS.json:
-        out.document(report)
+        out.document({"kind": f"p2pkit-{action}-inventory", **report})
     else:
         cols, rows = inv.table_rows(report)
         out.table(f"{action} on {len(rows)} host(s)", cols, rows)
@@ -272,7 +272,7 @@ def rollback(
     steps = rb.plan(ctx, stage)
     if not (yes or common.OPTS.yes):
         if common.OPTS.json:
-            ctx.out.document({"stage": stage, "plan": steps, "acted": False})
+            ctx.out.document({"kind": "p2pkit-rollback-plan", "stage": stage, "plan": steps, "acted": False})
         else:
             ctx.out.line(f"rollback {stage} would:")
             for s in steps:

@@ -1,0 +1,61 @@
+"""JSON Schemas of p2pkit's documents: one file per kind of `--json` document (NAME.schema.json,
+NAME being the document's `kind`), and the profile's, made from the profile's own definition so
+it cannot drift from what `p2pkit profile validate` accepts. docs/json.md says how versions change."""
+
+from __future__ import annotations
+
+import json
+import typing
+from dataclasses import MISSING, fields
+from pathlib import Path
+
+HERE = Path(__file__).parent
+DRAFT = "https://json-schema.org/draft/2020-12/schema"
+
+
+def kinds() -> list[str]:
+    return sorted(p.name.removesuffix(".schema.json") for p in HERE.glob("*.schema.json"))
+
+
+def load(kind: str) -> dict | None:
+    p = HERE / f"{kind}.schema.json"
+    return json.loads(p.read_text()) if p.is_file() else None
+
+
+def _json_type(tp) -> dict:
+    origin = typing.get_origin(tp) or tp
+    return {str: {"type": "string"}, int: {"type": "integer"}, float: {"type": "number"},
+            bool: {"type": "boolean"}, list: {"type": "array"}, dict: {"type": "object"}}.get(origin, {})
+
+
+def profile_schema() -> dict:
+    """The profile TOML's schema: sections, keys, types, patterns, choices, ranges, required keys."""
+    from p2pkit import config
+
+    sections = {}
+    for sec, cls in config.SECTIONS.items():
+        hints = typing.get_type_hints(cls)
+        props, required = {}, []
+        for fl in fields(cls):
+            m, s = fl.metadata, _json_type(hints[fl.name])
+            if m.get("expect"):
+                s["description"] = m["expect"]
+            if m.get("pattern"):
+                s["pattern"] = m["pattern"]
+            if m.get("choices"):
+                s["enum"] = list(m["choices"])
+            if m.get("lo") is not None:
+                s["minimum"] = m["lo"]
+            if m.get("hi") is not None:
+                s["maximum"] = m["hi"]
+            if m.get("item_pattern"):
+                s["items"] = {"type": "string", "pattern": m["item_pattern"]}
+            if fl.default is not MISSING and isinstance(fl.default, str | int | float | bool):
+                s["default"] = fl.default
+            if fl.default is MISSING and fl.default_factory is MISSING:
+                required.append(fl.name)
+            props[fl.name] = s
+        sections[sec] = {"type": "object", "properties": props, "required": required, "additionalProperties": False}
+    return {"$schema": DRAFT, "$id": "p2pkit:profile", "title": "a p2pkit profile (TOML)", "type": "object",
+            "properties": sections, "additionalProperties": False,
+            "required": [s for s, v in sections.items() if v["required"]]}
