@@ -19,7 +19,7 @@ app = typer.Typer(
     help="Bring a dual-GPU PCIe P2P host up, stage by stage, with a proof at every stage.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,
 )
 
 

@@ -19,14 +19,28 @@ from p2pkit.stages import get, names
 facts_app = typer.Typer(help="Record what p2pkit reads from a host.", no_args_is_help=True)
 
 
+def _stage_name(value: str | None) -> str | None:
+    """A stage name, checked while the command line is read: a typo stops before anything runs."""
+    if value is not None and value not in names():
+        raise typer.BadParameter(f"no stage named {value!r}; the stages are: {', '.join(names())}")
+    return value
+
+
+def _complete_stage(incomplete: str) -> list[str]:
+    return [n for n in names() if n.startswith(incomplete)]
+
+
+STAGE = {"callback": _stage_name, "autocompletion": _complete_stage}
+
+
 def _states_rows(states):
     return [[s.stage, s.state, s.reason, ((s.artifact or {}).get("finished") or "")[:19].replace("T", " ")]
             for s in states]
 
 
 def up(
-    start: Annotated[str | None, typer.Option("--from", help="first stage to run")] = None,
-    stop: Annotated[str | None, typer.Option("--to", help="last stage to run")] = None,
+    start: Annotated[str | None, typer.Option("--from", help="first stage to run", **STAGE)] = None,
+    stop: Annotated[str | None, typer.Option("--to", help="last stage to run", **STAGE)] = None,
     force: Annotated[bool, typer.Option("--force", help="run the selected stages even when done")] = False,
     reboot: Annotated[bool, typer.Option("--reboot", help="when a stage needs a reboot, reboot and resume "
                                          "(a oneshot unit runs `p2pkit up` after boot)")] = False,
@@ -174,7 +188,7 @@ def status(
 
 
 def verify(
-    stage: Annotated[str | None, typer.Argument(help="one stage; default: every stage")] = None,
+    stage: Annotated[str | None, typer.Argument(help="one stage; default: every stage", **STAGE)] = None,
     junit: Annotated[Path | None, typer.Option("--junit", help="also write JUnit XML here")] = None,
     prometheus: Annotated[Path | None, typer.Option("--prometheus", help="also write node_exporter textfile "
                                                     "metrics here (with --inventory: this path on each host)")]

@@ -1,0 +1,38 @@
+"""Stage names are choices: a typo is refused while the command line is read, with the list, and
+shell completion offers them (through typer's completion protocol, as an installed completion
+script calls it)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from p2pkit.stages import names
+
+
+@pytest.mark.parametrize("args", [["verify", "lnk"], ["up", "--to", "tpology"], ["up", "--from", "drivr"]])
+def test_a_mistyped_stage_is_refused_with_the_list(cli, sim, args):
+    root = sim("healthy")
+    r = cli("--root", str(root), *args)
+    assert r.code == 2
+    assert "the stages are: " + ", ".join(names()) in r.err
+    assert not (root / "var/lib/p2pkit/preflight.json").exists()  # nothing ran
+
+
+@pytest.mark.parametrize(("words", "cword", "want"), [("p2pkit verify li", 2, ["link"]),
+                                                      ("p2pkit up --from p2", 3, ["p2p-module"]),
+                                                      ("p2pkit verify ", 2, names())])
+def test_shell_completion_offers_stage_names(words, cword, want):
+    env = {**os.environ, "_P2PKIT_COMPLETE": "complete_bash", "COMP_WORDS": words, "COMP_CWORD": str(cword)}
+    r = subprocess.run([sys.executable, "-m", "p2pkit"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == want
+
+
+def test_completion_can_be_shown_for_bash():
+    r = subprocess.run([sys.executable, "-m", "p2pkit", "--show-completion", "bash"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and "_P2PKIT_COMPLETE=complete_bash" in r.stdout
