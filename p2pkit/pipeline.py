@@ -148,22 +148,42 @@ def prove(ctx: Ctx, st: Stage) -> tuple[dict, list[Check]]:
 
 
 def run_stage(ctx: Ctx, st: Stage, prev_name: str | None) -> dict:
-    """Delete the artifact, act, prove, write the artifact. Returns the artifact."""
+    """Delete the artifact, act, prove, write the artifact. Returns the artifact.
+
+    A stage that asked for a reboot and runs again after it proves first: when its proof holds, what
+    it did before the reboot stands and it does not act again (its artifact keeps that pass)."""
     ctx.store.ensure()
+    try:
+        old = ctx.store.read(st.name)
+    except CorruptArtifact:
+        old = None
+    resumed = old if old and old.get("status") == REBOOT and \
+        old.get("reboot", {}).get("boot_id") != identity(ctx.host)["boot_id"] else None
     ctx.store.delete(st.name)
     started = now()
     marker = ctx.store.dir / RUNNING_FILE
     atomic_write(marker, json.dumps({"stage": st.name, "started": started}).encode())
     try:
-        return _run_stage(ctx, st, prev_name, started)
+        return _run_stage(ctx, st, prev_name, started, resumed)
     finally:
         marker.unlink(missing_ok=True)
 
 
-def _run_stage(ctx: Ctx, st: Stage, prev_name: str | None, started: str) -> dict:
+def _proved_after_reboot(ctx: Ctx, st: Stage, resumed: dict | None) -> tuple[dict, list[Check]] | None:
+    """After the reboot a stage asked for: its proof, if it holds without acting again."""
+    if resumed is None or st.act is None:
+        return None
+    ctx.options["acted"] = resumed.get("acted", {})
+    found, checks = prove(ctx, st)
+    pending = st.reboot(found, ctx) if st.reboot is not None else None
+    return (found, checks) if worst(checks) != FAIL and not pending else None
+
+
+def _run_stage(ctx: Ctx, st: Stage, prev_name: str | None, started: str, resumed: dict | None = None) -> dict:
     t0 = time.monotonic()
     acted: dict = {}
     reboot_why = None
+    held = _proved_after_reboot(ctx, st, resumed)
     why_na = st.not_applicable(ctx.profile)
     if why_na:
         found, checks = {}, [not_applicable(st, why_na)]
@@ -172,6 +192,10 @@ def _run_stage(ctx: Ctx, st: Stage, prev_name: str | None, started: str) -> dict
         checks = [not_implemented(st)]
     elif st.precheck is not None and worst(refusals := st.precheck(ctx.profile)) == FAIL:
         found, checks = {}, refusals  # refused before acting: nothing was done
+    elif held is not None:
+        found, checks = held
+        acted = {"before_reboot": resumed.get("acted", {}),
+                 "after_reboot": "nothing: the proof held without acting again"}
     else:
         if st.act is not None:
             try:
@@ -211,6 +235,9 @@ def _run_stage(ctx: Ctx, st: Stage, prev_name: str | None, started: str) -> dict
     }
     if why_na:
         doc["applicable"] = False
+    if resumed is not None:  # the pass before the reboot, whose time is part of this stage's
+        doc["before_reboot"] = {"started": resumed.get("started"), "finished": resumed.get("finished"),
+                                "seconds": resumed.get("seconds"), "boot_id": resumed["reboot"].get("boot_id")}
     if reboot_why:
         doc["reboot"] = {"boot_id": ident["boot_id"], "why": reboot_why}
     ctx.store.write(st.name, doc)
