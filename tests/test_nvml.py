@@ -79,3 +79,17 @@ def test_unsupported_and_missing_functions_are_readings_not_crashes(sim, monkeyp
     assert g["replay_counter"] == {"error": "Not Supported"}
     assert "nvmlDeviceGetGpuMaxPcieLinkGeneration" in g["link"]["gpu_max_gen"]["error"]
     assert g["bar1_total"] == 32 * GIB and doc["p2p"][0]["read"] == "OK"
+
+
+def test_the_real_h200_reading_has_the_shape_the_simulated_host_gives():
+    """The same gathering code on a real H200 (tests/fixtures/h200-device/one-path): the keys the checks
+    read are the keys the simulated NVML yields."""
+    import json
+    from pathlib import Path
+
+    real = json.loads((Path(__file__).parent / "fixtures/h200-device/one-path/nvml.json").read_text())
+    assert real["driver_version"] == "580.159.04" and real["gpus"][0]["bar1_total"] == 256 * GIB
+    assert set(real["gpus"][0]) == {"index", "name", "uuid", "bus_id", "memory_total", "bar1_total", "link",
+                                    "replay_counter", "clock_event_reasons", "locked_clocks"}
+    assert set(real["gpus"][0]["link"]) == {"current_gen", "current_width", "max_gen", "gpu_max_gen", "max_width",
+                                            "speed_mbps"}
