@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -31,6 +32,31 @@ P2P_PATHS = [
     "/etc/systemd/system/p2pkit-restore.timer",
 ]
 MODULES = ("nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-drm")
+# What NVIDIA's .run installer writes, replaces or removes (the library, firmware, binary and
+# configuration entries of its .manifest): another driver's files there are kept before it runs.
+USERSPACE_GLOBS = (
+    "usr/lib/x86_64-linux-gnu/libnvidia-*.so*", "usr/lib/x86_64-linux-gnu/libcuda.so*",
+    "usr/lib/x86_64-linux-gnu/libcudadebugger.so*", "usr/lib/x86_64-linux-gnu/libnvcuvid.so*",
+    "usr/lib/x86_64-linux-gnu/libnvoptix.so*", "usr/lib/x86_64-linux-gnu/lib*_nvidia.so*",
+    "usr/lib/x86_64-linux-gnu/vdpau/libvdpau_nvidia.so*", "usr/lib/x86_64-linux-gnu/gbm/nvidia-drm_gbm.so",
+    "usr/lib/xorg/modules/drivers/nvidia_drv.so", "usr/lib/xorg/modules/extensions/libglxserver_nvidia.so*",
+    "lib/firmware/nvidia/*/*", "etc/OpenCL/vendors/nvidia.icd", "usr/share/vulkan/icd.d/nvidia_icd.json",
+    "usr/share/vulkan/implicit_layer.d/nvidia_layers.json", "usr/share/glvnd/egl_vendor.d/10_nvidia.json",
+    "usr/share/egl/egl_external_platform.d/*nvidia*", "usr/share/nvidia/*",
+    "usr/bin/nvidia-smi", "usr/bin/nvidia-debugdump", "usr/bin/nvidia-persistenced", "usr/bin/nvidia-cuda-mps-*",
+    "usr/bin/nvidia-modprobe", "usr/bin/nvidia-settings", "usr/bin/nvidia-xconfig", "usr/bin/nvidia-powerd",
+    "usr/bin/nvidia-bug-report.sh",
+)
+
+
+def userspace_paths(host: Host) -> list[str]:
+    """The driver files on the host now (files and links) that the installer may replace or remove."""
+    found = set()
+    for pattern in USERSPACE_GLOBS:
+        for p in host.root.glob(pattern):
+            if p.is_file() or p.is_symlink():
+                found.add("/" + str(p.relative_to(host.root)))
+    return sorted(found)
 
 
 def sha256(path: Path) -> str:
@@ -72,7 +98,10 @@ class Backup:
                 continue
             real = self.host.path(path)
             entry = {"kernel": kernel, "driver_version": driver_version, "time": now}
-            if real.is_file() and not real.is_symlink():
+            if real.is_symlink():  # a library's soname link: its target is what was there
+                target = os.readlink(real)
+                entry.update(kind="symlink", target=target, sha256=hashlib.sha256(target.encode()).hexdigest())
+            elif real.is_file():
                 dest = self.copy_path(path)
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(real, dest)
@@ -85,6 +114,16 @@ class Backup:
                 m[k] = v
         self.save(m)
         return m
+
+    def record_added(self, paths: list[str], kernel: str, driver_version: str) -> None:
+        """Paths a stage created that were not there before it ran: rollback removes them."""
+        m = self.manifest()
+        now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+        new = [p for p in paths if p not in m["entries"]]
+        for path in new:
+            m["entries"][path] = {"kind": "absent", "kernel": kernel, "driver_version": driver_version, "time": now}
+        if new:
+            self.save(m)
 
     def verify(self) -> list[str]:
         """Backed-up copies whose sha256 no longer matches the manifest (rollback refuses then)."""
@@ -101,7 +140,7 @@ class Backup:
         for path, e in sorted(self.manifest()["entries"].items()):
             real = self.host.path(path)
             exists = real.exists() or real.is_symlink()
-            if e["kind"] == "original":
+            if e["kind"] in ("original", "symlink"):
                 out.append(("restore", path))
             elif exists:
                 out.append(("remove", path))
@@ -120,8 +159,13 @@ class Backup:
             if action == "restore":
                 real.parent.mkdir(parents=True, exist_ok=True)
                 e = self.manifest()["entries"][path]
-                shutil.copy2(self.copy_path(path), real)
-                real.chmod(e.get("mode", 0o644))
+                if real.is_symlink() or (e["kind"] == "symlink" and real.exists()):
+                    real.unlink()
+                if e["kind"] == "symlink":
+                    os.symlink(e["target"], real)
+                else:
+                    shutil.copy2(self.copy_path(path), real)
+                    real.chmod(e.get("mode", 0o644))
             else:
                 real.unlink()
             done.append((action, path))

@@ -99,3 +99,37 @@ def test_live_reload_can_be_turned_off(cli, sim, tmp_path):
     off.write_text(prof.read_text().replace('iommu = "passthrough"', 'iommu = "passthrough"\nlive_reload = false'))
     r = cli("--root", str(root), "--profile", str(off), "up", "--to", "link")
     assert r.code == 4 and "p2p_module.live_reload is off" in r.err
+
+
+def test_rollback_to_stock_is_complete_and_nvml_initialises_afterwards(cli, sim):
+    """Ubuntu's stock 580 driver is installed and loaded; the stages replace its libraries (NVIDIA's
+    installer removes them) and its module. Rolled back, everything is as it was, and after a
+    reboot NVML initialises on the stock driver again (issue 17)."""
+    import json
+
+    from p2pkit.host import Host, nvml
+
+    root = sim("stock-driver")
+    lib = root / "usr/lib/x86_64-linux-gnu"
+    before = tree(root)
+    assert nvml.facts(Host.at(root))["driver_version"] == "580.95.05"
+    assert cli("--root", str(root), "up", "--to", "link").code == 0
+    assert not (lib / "libnvidia-ml.so.580.95.05").exists()  # the installer removed the stock library
+    manifest = json.loads((root / "var/lib/p2pkit/backup/driver/manifest.json").read_text())["entries"]
+    stock_lib = manifest["/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.95.05"]
+    assert stock_lib["kind"] == "original" and len(stock_lib["sha256"]) == 64
+    link = manifest["/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"]
+    assert link["kind"] == "symlink" and link["target"] == "libnvidia-ml.so.580.95.05" and link["sha256"]
+    assert manifest["/lib/firmware/nvidia/580.95.05/gsp_ga10x.bin"]["kind"] == "original"
+    assert manifest["/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.615.71.09"]["kind"] == "absent"  # added by p2pkit
+    assert manifest["/etc/modprobe.d/p2pkit-blacklist-nouveau.conf"]["kind"] == "absent"
+    assert cli("--root", str(root), "rollback", "p2p-module", "--yes").code == 4
+    plan = cli("--root", str(root), "--json", "rollback", "driver").json()["plan"]
+    assert "restore /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.95.05" in plan
+    assert "restore /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1" in plan
+    r = cli("--root", str(root), "rollback", "driver", "--yes")
+    assert r.code == 4, r.err
+    assert tree(root) == before
+    lifecycle.reboot(root)
+    after = nvml.facts(Host.at(root))
+    assert "error" not in after and after["driver_version"] == "580.95.05", after

@@ -50,7 +50,7 @@ def init(root: Path, state: dict) -> None:
         lib = root / "usr/lib/x86_64-linux-gnu"
         lib.mkdir(parents=True, exist_ok=True)
         (lib / f"libnvidia-ml.so.{stock}").write_text(f"stock libnvidia-ml {stock}\n")
-        state["driver"]["userspace"] = stock
+        (lib / "libnvidia-ml.so.1").symlink_to(f"libnvidia-ml.so.{stock}")
         state["packages"]["nvidia-dkms-580"] = "ii"
         load_module(root, state)
     etc_grub = root / "etc/default/grub"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -161,6 +162,7 @@ def render(root: Path, state: dict) -> None:
     write(root, "etc/os-release", "".join(f'{k}="{v}"\n' for k, v in os_.items()) + "ID_LIKE=debian\n")
     write(root, "var/lib/dpkg/status", "Package: bash\nStatus: install ok installed\nVersion: 5.2.21\n\n")
     write(root, ".p2pkit-sim/README", "SIMULATED host laid out by `p2pkit sim init`. Nothing here is real.\n")
+    state["driver"]["userspace"] = userspace_on_disk(root)  # what NVML would load: the files decide
     # the libraries a real host answers through (NVML, the GPUs under load), as this host's stand-ins
     state_doc = {**state, "libraries": LIBRARIES}
     write(root, SIM_MARKER, json.dumps(state_doc, indent=2) + "\n")
@@ -194,6 +196,18 @@ def _storage(root: Path, state: dict) -> None:
         lines.append(f"{40 + i} 22 {m['device']} / {m['mount_point']} rw,relatime shared:{60 + i} - {m['fstype']} "
                      f"{m['source']} rw")
     write(root, "proc/self/mountinfo", "\n".join(lines) + "\n")
+
+
+NVML_LIB = "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+
+
+def userspace_on_disk(root: Path) -> str | None:
+    """The userspace driver version NVML loads: the library libnvidia-ml.so.1 points to, if it is there."""
+    link = Path(root) / NVML_LIB
+    if not link.is_symlink() or not link.exists():
+        return None
+    m = re.fullmatch(r"libnvidia-ml\.so\.(\d+\.\d+(?:\.\d+)?)", Path(os.readlink(link)).name)
+    return m.group(1) if m else None
 
 
 def load_state(root: Path) -> dict:

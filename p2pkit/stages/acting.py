@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 
 from p2pkit.ansible import run_playbook
-from p2pkit.backup import DRIVER_PATHS, P2P_PATHS, Backup, module_paths
+from p2pkit.backup import DRIVER_PATHS, P2P_PATHS, Backup, module_paths, userspace_paths
 from p2pkit.config import p2p_src_dir
 from p2pkit.errors import P2pkitError
 from p2pkit.host import system
@@ -21,16 +21,21 @@ def iommu_cmdline(mode: str, cpu_vendor: str) -> str:
 def driver(ctx) -> dict:
     d = ctx.profile.driver
     held = ctx.host.runner.run(["apt-mark", "showhold"], check=False)
-    Backup(ctx.store.dir, "driver", ctx.host).snapshot(
-        DRIVER_PATHS, system.kernel_release(ctx.host), d.version,
+    kernel = system.kernel_release(ctx.host)
+    backup = Backup(ctx.store.dir, "driver", ctx.host)
+    backup.snapshot(  # config files and every driver file the installer may replace: rollback puts them back
+        [*DRIVER_PATHS, *userspace_paths(ctx.host)], kernel, d.version,
         extra={"held_before": held.stdout.split() if held.returncode == 0 else [],
                "installer": f"{d.cache_dir}/{d.installer_url.rsplit('/', 1)[-1]}"})
-    return run_playbook(ctx, "driver", {
-        "p2pkit_driver_version": d.version,
-        "p2pkit_driver_installer_url": d.installer_url,
-        "p2pkit_driver_installer_sha256": d.installer_sha256,
-        "p2pkit_driver_cache_dir": d.cache_dir,
-    })
+    try:
+        return run_playbook(ctx, "driver", {
+            "p2pkit_driver_version": d.version,
+            "p2pkit_driver_installer_url": d.installer_url,
+            "p2pkit_driver_installer_sha256": d.installer_sha256,
+            "p2pkit_driver_cache_dir": d.cache_dir,
+        })
+    finally:  # what the installer added (even when a later task failed): rollback removes it
+        backup.record_added(userspace_paths(ctx.host), kernel, d.version)
 
 
 BUILD_CAUSES = (
