@@ -14,10 +14,13 @@ from p2pkit import config, tomlwrite
 
 INSTALLER = '''#!{python}
 # SIMULATED NVIDIA-Linux-x86_64-{version}.run: installs the userspace driver into the simulated host.
+# As a makeself archive, it carries the MD5 of its payload (below the marker) and `--check` verifies it.
 import sys
 from p2pkit.sim.standins import installer
-sys.exit(installer({version!r}, {gsp!r}, sys.argv[1:]))
+sys.exit(installer({version!r}, {gsp!r}, sys.argv[1:], __file__, {md5!r}))
 '''
+PAYLOAD_MARKER = "# --- payload ---\n"
+PAYLOAD = "# SIMULATED payload: libnvidia-ml.so.{version}, gsp_ga10x.bin, gsp_tu10x.bin\n"
 
 MAKEFILE = """# SIMULATED open-gpu-kernel-modules build ({branch})
 SYSSRC ?= /lib/modules/$(shell uname -r)/build
@@ -41,7 +44,9 @@ def make_installer(root: Path, version: str, gsp: bool) -> tuple[Path, str]:
     d = root / ".p2pkit-sim/downloads"
     d.mkdir(parents=True, exist_ok=True)
     p = d / f"NVIDIA-Linux-x86_64-{version}.run"
-    p.write_text(INSTALLER.format(python=sys.executable, version=version, gsp=gsp))
+    payload = PAYLOAD.format(version=version)
+    p.write_text(INSTALLER.format(python=sys.executable, version=version, gsp=gsp,
+                                  md5=hashlib.md5(payload.encode()).hexdigest()) + PAYLOAD_MARKER + payload)
     p.chmod(0o755)
     return p, hashlib.sha256(p.read_bytes()).hexdigest()
 

@@ -4,6 +4,7 @@ real host, and fails the way the real one fails."""
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -225,19 +226,36 @@ def apt_mark(root: Path, state: dict, args: list[str]) -> int:
 
 # ---------------------------------------------------------------------------------------- driver
 
-def installer(version: str, gsp: bool, args: list[str]) -> int:
-    """The NVIDIA .run installer: only the userspace part (--no-kernel-modules) is simulated."""
+def installer(version: str, gsp: bool, args: list[str], path: str | None = None, md5: str | None = None) -> int:
+    """The NVIDIA .run installer: only the userspace part (--no-kernel-modules) is simulated, and
+    makeself's `--check` of the payload's MD5 (its messages as makeself prints them)."""
+    if "--check" in args:
+        import hashlib
+
+        from p2pkit.sim.provision import PAYLOAD_MARKER
+
+        text = Path(path or sys.argv[0]).read_text(encoding="utf-8", errors="replace")
+        got = hashlib.md5(text.partition(PAYLOAD_MARKER)[2].encode()).hexdigest()
+        if got != md5:
+            print(f"Verifying archive integrity...Error in MD5 checksums: {got} is different from {md5}",
+                  file=sys.stderr)
+            return 2
+        print("Verifying archive integrity...  100%   MD5 checksums are OK. All good.")
+        return 0
     root = sim_root()
     state = load_state(root)
-    if "--uninstall" in args:
-        for lib in (root / "usr/lib/x86_64-linux-gnu").glob(f"libnvidia-ml.so.{version}"):
-            lib.unlink()
+    lib = root / "usr/lib/x86_64-linux-gnu"
+    so1 = lib / "libnvidia-ml.so.1"
+    if "--uninstall" in args:  # removes what it installed, its libnvidia-ml.so.1 link with it
+        for f in lib.glob(f"libnvidia-ml.so.{version}"):
+            f.unlink()
+        if so1.is_symlink() and os.readlink(so1) == f"libnvidia-ml.so.{version}":
+            so1.unlink()
         fw = root / "lib/firmware/nvidia" / version
         if fw.is_dir():
             for f in fw.iterdir():
                 f.unlink()
             fw.rmdir()
-        state["driver"]["userspace"] = None
         save(root, state)
         print(f"Uninstallation of existing driver: NVIDIA Accelerated Graphics Driver for Linux-x86_64 ({version}) "
               "is complete. (SIMULATED)")
@@ -245,17 +263,16 @@ def installer(version: str, gsp: bool, args: list[str]) -> int:
     if "--no-kernel-modules" not in args:
         print("SIMULATED installer: only `--silent --no-kernel-modules` is simulated", file=sys.stderr)
         return 1
-    lib = root / "usr/lib/x86_64-linux-gnu"
     lib.mkdir(parents=True, exist_ok=True)
-    for old in lib.glob("libnvidia-ml.so.*"):
+    for old in lib.glob("libnvidia-ml.so.*"):  # another driver's libraries and links go (kept nowhere)
         old.unlink()
     (lib / f"libnvidia-ml.so.{version}").write_text(f"SIMULATED libnvidia-ml {version}\n")
+    so1.symlink_to(f"libnvidia-ml.so.{version}")
     if gsp:
         fw = root / "lib/firmware/nvidia" / version
         fw.mkdir(parents=True, exist_ok=True)
         for name in ("gsp_ga10x.bin", "gsp_tu10x.bin"):
             (fw / name).write_text(f"SIMULATED GSP firmware {version}\n")
-    state["driver"]["userspace"] = version
     save(root, state)
     print(f"Installation of the NVIDIA Accelerated Graphics Driver for Linux-x86_64 (version: {version}) is now "
           "complete. (SIMULATED)")

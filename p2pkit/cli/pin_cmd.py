@@ -1,0 +1,77 @@
+"""`p2pkit pin`: the installer's sha256 and the fork's and engine's commits, into your profile file."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from p2pkit import config
+from p2pkit import pin as pin_mod
+from p2pkit.artifacts import atomic_write
+from p2pkit.cli import common
+from p2pkit.errors import Exit, UsageError
+from p2pkit.runner import Runner
+
+
+def pin(
+    installer: Annotated[str | None, typer.Option("--installer", help="the NVIDIA .run you downloaded, or its URL "
+                                                  "(checked with its own --check first)")] = None,
+    fork: Annotated[Path | None, typer.Option("--fork", help="a local checkout of the P2P fork")] = None,
+    fork_remote: Annotated[bool, typer.Option("--fork-remote", help="the fork's commit from `git ls-remote` of "
+                                              "p2p_module.repo at p2p_module.branch")] = False,
+    engine: Annotated[Path | None, typer.Option("--engine", help="a local checkout of the engine")] = None,
+    engine_remote: Annotated[bool, typer.Option("--engine-remote", help="the engine's commit from `git "
+                                                "ls-remote` of engine.repo (its HEAD)")] = False,
+    out: Annotated[Path | None, typer.Option("--out", help="the profile file to write (default: the --profile "
+                                             "file; a built-in profile needs --out)")] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="write it (without: show the diff only)")] = False,
+) -> None:
+    """Fill the profile's three pins for a real box; the diff is shown first, --yes writes it."""
+    prof = config.load(common.OPTS.profile, common.OPTS.overrides)
+    if out is None:
+        if prof.source in config.builtin_names():
+            raise UsageError(f"{prof.source} is a built-in profile: p2pkit pins a copy of it in your own file",
+                             hint=f"add --out FILE (for example --out ./{prof.name}.toml); it gets the whole "
+                                  "profile with the pins, ready to use with --profile FILE")
+        out = Path(prof.source)
+    out = out.resolve()
+    if (fork and fork_remote) or (engine and engine_remote):
+        raise UsageError("give a checkout or --*-remote for each of the fork and the engine, not both",
+                         hint="`--fork DIR` or `--fork-remote`; `--engine DIR` or `--engine-remote`")
+    if not (installer or fork or fork_remote or engine or engine_remote):
+        raise UsageError("nothing to pin", hint="pass --installer FILE|URL, --fork DIR|--fork-remote and/or "
+                                                "--engine DIR|--engine-remote")
+    runner, found, pins = Runner(), {}, {}
+    with tempfile.TemporaryDirectory(prefix="p2pkit-pin-") as tmp:
+        if installer:
+            found["installer"] = pin_mod.installer_pin(runner, installer, Path(tmp))
+            pins[("driver", "installer_sha256")] = found["installer"]["sha256"]
+    if fork or fork_remote:
+        found["fork"] = (pin_mod.checkout_commit(runner, fork) if fork else
+                         pin_mod.remote_commit(runner, prof.p2p_module.repo, f"refs/heads/{prof.p2p_module.branch}"))
+        pins[("p2p_module", "commit")] = found["fork"]["commit"]
+    if engine or engine_remote:
+        found["engine"] = (pin_mod.checkout_commit(runner, engine) if engine else
+                           pin_mod.remote_commit(runner, prof.engine.repo, "HEAD"))
+        pins[("engine", "commit")] = found["engine"]["commit"]
+    text = pin_mod.profile_text(prof, out)
+    new, diff = pin_mod.apply(text, pins, out)
+    written = bool(yes or common.OPTS.yes) and new != text
+    if written:
+        atomic_write(out, new.encode())
+    o = common.output()
+    if common.OPTS.json:
+        o.document({"profile": str(out), "found": found, "diff": diff, "written": written})
+        raise typer.Exit(int(Exit.OK))
+    for what, f in found.items():
+        o.log(f"{what}: " + (f"{f['file']}: NVIDIA's check: {f['check']}; sha256 {f['sha256']}" if what == "installer"
+                             else f"{f['commit']} from {f['from']}"))
+    o.line(diff.rstrip("\n") if diff else f"{out}: already pinned so; nothing to change")
+    if written:
+        o.log(f"wrote {out}; use it with `p2pkit --profile {out} up`")
+    elif diff:
+        o.log(f"nothing was written; add --yes to write {out}")
+    raise typer.Exit(int(Exit.OK))

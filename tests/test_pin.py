@@ -1,0 +1,68 @@
+"""`p2pkit pin` (issue 17): the three pins filled from what the user has, NVIDIA's own archive
+check first, the diff before the write. The simulated host's installer is a makeself-style
+archive with an MD5 of its payload; its fork and engine are real git repositories."""
+
+import json
+import tomllib
+from pathlib import Path
+
+from p2pkit import config
+
+
+def blank_profile(root: Path, tmp_path: Path) -> tuple[Path, dict]:
+    src = Path(json.loads((root / ".p2pkit-sim/state.json").read_text())["profile"])
+    pinned = tomllib.loads(src.read_text())
+    text = src.read_text()
+    for v in (pinned["driver"]["installer_sha256"], pinned["p2p_module"]["commit"], pinned["engine"]["commit"]):
+        text = text.replace(f'"{v}"', '""')
+    mine = tmp_path / "mine.toml"
+    mine.write_text("# my box\n" + text)
+    return mine, pinned
+
+
+def test_pin_fills_the_three_pins_showing_the_diff_first(cli, sim, tmp_path):
+    root = sim("healthy")
+    mine, pinned = blank_profile(root, tmp_path)
+    before = mine.read_text()
+    installer = root / ".p2pkit-sim/downloads/NVIDIA-Linux-x86_64-615.71.09.run"
+    args = ["--profile", str(mine), "pin", "--installer", installer.as_uri(), "--fork-remote",
+            "--engine", str(root / ".p2pkit-sim/git/ninfer-work")]
+    r = cli(*args)
+    assert r.code == 0, r.err
+    assert f'+installer_sha256 = "{pinned["driver"]["installer_sha256"]}"' in r.out
+    assert f'+commit = "{pinned["p2p_module"]["commit"]}"' in r.out
+    assert "MD5 checksums are OK" in r.err and "nothing was written" in r.err
+    assert mine.read_text() == before  # the diff only
+    r = cli(*args, "--yes")
+    assert r.code == 0 and "wrote" in r.err
+    got = tomllib.loads(mine.read_text())
+    assert got["driver"]["installer_sha256"] == pinned["driver"]["installer_sha256"]
+    assert got["p2p_module"]["commit"] == pinned["p2p_module"]["commit"]
+    assert got["engine"]["commit"] == pinned["engine"]["commit"]
+    assert mine.read_text().startswith("# my box\n")  # the user's file, kept but for the pins
+    assert cli("profile", "validate", str(mine)).code == 0
+
+
+def test_pin_refuses_an_archive_that_fails_nvidias_own_check(cli, sim, tmp_path):
+    root = sim("healthy")
+    mine, _ = blank_profile(root, tmp_path)
+    before = mine.read_text()
+    bad = tmp_path / "NVIDIA-Linux-x86_64-615.71.09.run"
+    good = root / ".p2pkit-sim/downloads/NVIDIA-Linux-x86_64-615.71.09.run"
+    bad.write_text(good.read_text() + "# a truncated download's tail\n")
+    bad.chmod(0o755)
+    r = cli("--profile", str(mine), "pin", "--installer", str(bad), "--yes")
+    assert r.code == 1 and "NVIDIA's own integrity check" in r.err and "Error in MD5 checksums" in r.err
+    assert mine.read_text() == before
+
+
+def test_pin_a_builtin_profile_into_a_new_file(cli, sim, tmp_path):
+    root = sim("healthy")
+    r = cli("pin", "--fork", str(root / ".p2pkit-sim/git/work"))
+    assert r.code == 2 and "--out" in r.err
+    out = tmp_path / "dual.toml"
+    r = cli("--set", "serve.port=8001", "pin", "--fork", str(root / ".p2pkit-sim/git/work"), "--out", str(out),
+            "--yes")
+    assert r.code == 0, r.err
+    p = config.load(str(out))
+    assert p.name == "dual-5090-ninfer" and p.serve.port == 8001 and len(p.p2p_module.commit) == 40
