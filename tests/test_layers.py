@@ -12,7 +12,8 @@ PKG = Path(__file__).resolve().parent.parent / "p2pkit"
 # top to bottom; a module belongs to the first layer whose prefix names it (longest prefix wins)
 LAYERS = [
     ("cli", ["p2pkit.cli", "p2pkit.__main__"]),
-    ("use cases", ["p2pkit.pipeline", "p2pkit.doctor", "p2pkit.restore", "p2pkit.rollback", "p2pkit.inventory",
+    ("use cases", ["p2pkit.pipeline", "p2pkit.doctor", "p2pkit.restore", "p2pkit.rollback", "p2pkit.pin",
+                   "p2pkit.inventory",
                    "p2pkit.reboot", "p2pkit.reports"]),
     ("stages", ["p2pkit.stages"]),
     ("checks and facts", ["p2pkit.checks", "p2pkit.facts", "p2pkit.engine_cmd"]),
