@@ -66,3 +66,5 @@ def test_pin_a_builtin_profile_into_a_new_file(cli, sim, tmp_path):
     assert r.code == 0, r.err
     p = config.load(str(out))
     assert p.name == "dual-5090-ninfer" and p.serve.port == 8001 and len(p.p2p_module.commit) == 40
+    doc = cli("--json", "--profile", str(out), "pin", "--engine", str(root / ".p2pkit-sim/git/ninfer-work")).json()
+    assert doc["kind"] == "p2pkit-pin" and doc["written"] is False and len(doc["found"]["engine"]["commit"]) == 40
