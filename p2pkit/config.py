@@ -130,6 +130,16 @@ class Engine:
     pkg_config_path: str = f("", chars="path")
     nccl_root: str = f("", chars="path", pattern=r"^(/.*)?$", expect="an absolute path (or empty)")
     build_dir: str = f("/opt/p2pkit/engine", chars="path", pattern=r"^/", expect="an absolute path")
+    source_url: str = f("", chars="url", pattern=r"^((https://|file://|/).+)?$",
+                        expect="a source archive: an https:// URL or a local path (instead of repo and commit)")
+    source_sha256: str = f("", pattern=SHA256, expect="the archive's sha256, 64 lowercase hex digits")
+    source_subdir: str = f("", chars="path", pattern=r"^(\w[\w.+-]*(/\w[\w.+-]*)*)?$",
+                           expect="the engine's directory inside the archive, like "
+                           "llama_cpp_python-0.3.36/vendor/llama.cpp")
+    cuda: bool = f(True, expect="false builds the engine for the CPU only (CI, a laptop trying it): said in the "
+                   "output and the artifact, and the engine stage warns; p2pkit never turns CUDA off by itself")
+    targets: list[str] = f(factory=list, chars="word",
+                           expect="the CMake targets to build, like llama-server (empty: all)")
     python: str = f("python3", chars="path", pattern=r"^[^-]",
                     expect="the Python that runs the engine's tools (convert), or vLLM itself")
     python_pins: dict = f(factory=dict, expect="exact versions of packages in the engine's Python, like "

@@ -12,10 +12,14 @@ CMAKE_FIXES = (
     ("libavformat", "P06", "pkg-config does not reach the FFmpeg libraries: set engine.pkg_config_path to the "
                            "directory holding libavformat.pc (and libavcodec, libavutil, libswscale)"),
     ("requires CUDA", "P05", "install CUDA 13.1 or newer and put its nvcc first on PATH"),
+    ("CUDA::cublas", "", "the CUDA toolkit has no cuBLAS (llama.cpp's ggml-cuda links it): install the toolkit's "
+                         "cuBLAS development files (apt install libcublas-dev-13-0, or cuda-libraries-dev-13-0) and "
+                         "run the engine stage again"),
     ("Could not find", "", "a build dependency is missing: install it (see the line above)"),
 )
 PKG_MODULES = {"ninfer": ("libavformat", "libavcodec", "libavutil", "libswscale", "libcurl"), "llamacpp": ()}
 RECIPES = (*PKG_MODULES, "vllm")
+ENGINE_NAMES = {"ninfer": "NInfer", "llamacpp": "llama.cpp", "vllm": "vLLM"}
 
 
 def precheck(p: Profile) -> list[Check]:
@@ -23,6 +27,12 @@ def precheck(p: Profile) -> list[Check]:
                  " or ".join(RECIPES), "use one of the recipes p2pkit has")]
     if p.engine.recipe == "vllm":
         return out  # nothing is built: the environment engine.python names is proven instead (check)
+    if p.engine.recipe == "llamacpp" and p.engine.source_url:
+        out.append(judge("engine.source_pin", "engine source archive pinned by sha256", bool(p.engine.source_sha256),
+                         p.engine.source_sha256 or "(no sha256)", "a sha256", "set engine.source_sha256 to the "
+                         "digest of the archive you reviewed; p2pkit never unpacks an unpinned archive"))
+        out += _nccl_root(p)
+        return out
     out.append(judge("engine.commit", "engine source pinned", len(p.engine.commit) >= 7 and bool(p.engine.repo),
                      p.engine.commit or "(empty)", "a repository and a commit",
                      "set engine.repo and engine.commit to the source you reviewed; p2pkit never builds an unpinned "
@@ -32,9 +42,60 @@ def precheck(p: Profile) -> list[Check]:
                          p.engine.cuda_architectures, "120a", "NInfer supports only CMAKE_CUDA_ARCHITECTURES=120a",
                          pitfall="P05"))
     if p.engine.recipe == "llamacpp":
-        out.append(judge("engine.nccl_root", "a pinned NCCL for llama.cpp", bool(p.engine.nccl_root),
-                         p.engine.nccl_root or "(empty)", "a directory", "set engine.nccl_root: the system libnccl "
-                         "2.18.3 hangs at init on SM120", pitfall="P16"))
+        out += _nccl_root(p)
+    return out
+
+
+def _nccl_root(p: Profile) -> list[Check]:
+    if not p.engine.cuda:  # a CPU build links no NCCL (the cuda check says it is off)
+        return []
+    return [judge("engine.nccl_root", "a pinned NCCL for llama.cpp", bool(p.engine.nccl_root),
+                  p.engine.nccl_root or "(empty)", "a directory", "set engine.nccl_root: the system libnccl "
+                  "2.18.3 hangs at init on SM120", pitfall="P16")]
+
+
+def _source(b: dict, p: Profile) -> Check:
+    src = b["source"]
+    if p.engine.recipe == "llamacpp" and p.engine.source_url:
+        arch = src.get("archive", {})
+        err = src.get("error") or arch.get("error")
+        ok = not err and src.get("sha256") == p.engine.source_sha256
+        return judge("engine.source", "source archive verified (sha256) and unpacked", ok,
+                     err or f"sha256 {str(src.get('sha256'))[:16]}... in {src.get('path')}",
+                     f"sha256 {p.engine.source_sha256[:16]}...",
+                     "the archive is not the one the profile pins, or the build directory holds something else: "
+                     "fetch the pinned archive again (or fix engine.source_sha256 after reviewing it)")
+    head = src.get("head") or ""
+    return judge("engine.source", "source checked out at the pinned commit",
+                 bool(p.engine.commit) and bool(head) and head.startswith(p.engine.commit),
+                 head or src.get("error") or "no checkout",
+                 p.engine.commit, "the checkout is not the pinned commit: check engine.repo and engine.commit")
+
+
+def _cuda(b: dict, p: Profile) -> list[Check]:
+    cuda = b.get("cuda", {})
+    if cuda.get("off") or b.get("cuda_enabled") is False:
+        return [Check("engine.cuda", "CUDA toolkit version", WARN, "CUDA OFF (engine.cuda = false)",
+                      f">= {p.engine.cuda_min}", "this engine was built for the CPU only, on purpose: it cannot "
+                      "serve on the GPUs; set engine.cuda = true (the default) on the GPU box", "P05")]
+    if cuda.get("version") is None:
+        return [Check("engine.cuda", "CUDA toolkit version", FAIL, cuda.get("error", "nvcc not found"),
+                      f">= {p.engine.cuda_min}", "install the CUDA toolkit and put nvcc on PATH", "P05")]
+    name = ENGINE_NAMES.get(p.engine.recipe, p.engine.recipe)
+    out = [judge("engine.cuda", "CUDA toolkit version", version_tuple(cuda["version"]) >=
+                 version_tuple(p.engine.cuda_min), cuda["version"], f">= {p.engine.cuda_min}",
+                 f"{name} requires CUDA {p.engine.cuda_min} or newer: install it and put its nvcc first on PATH",
+                 pitfall="P05")]
+    n = b.get("nccl")
+    if n is not None:
+        out.append(judge("engine.nccl_layout", "NCCL root has include/nccl.h and lib/libnccl.so",
+                         n["header"] and n["library"] is not None,
+                         f"header {'found' if n['header'] else 'missing'}, " + (n["library"] or "no libnccl.so"
+                         + (f" (only {', '.join(n['versioned'])})" if n["versioned"] else "")),
+                         f"{n['root']}/include/nccl.h and lib/libnccl.so",
+                         "CMake's FindNCCL looks for include/nccl.h and lib/libnccl.so under NCCL_ROOT; without them "
+                         "llama.cpp builds with 'NCCL not found' and no error. A pip nvidia-nccl wheel ships only "
+                         "libnccl.so.2: add the link (ln -s libnccl.so.2 lib/libnccl.so)", pitfall="P16"))
     return out
 
 
@@ -47,21 +108,8 @@ def check(f: dict, p: Profile) -> list[Check]:
     b = f["engine_build"]
     if p.engine.recipe == "vllm":
         return out + _vllm(b.get("vllm_env", {}), p)
-    src = b["source"]
-    head = src.get("head") or ""
-    out.append(judge("engine.source", "source checked out at the pinned commit",
-                     bool(p.engine.commit) and bool(head) and head.startswith(p.engine.commit),
-                     head or src.get("error") or "no checkout",
-                     p.engine.commit, "the checkout is not the pinned commit: check engine.repo and engine.commit"))
-    cuda = b.get("cuda", {})
-    if cuda.get("version") is None:
-        out.append(Check("engine.cuda", "CUDA toolkit version", FAIL, cuda.get("error", "nvcc not found"),
-                         f">= {p.engine.cuda_min}", "install the CUDA toolkit and put nvcc on PATH", "P05"))
-    else:
-        out.append(judge("engine.cuda", "CUDA toolkit version", version_tuple(cuda["version"]) >=
-                         version_tuple(p.engine.cuda_min), cuda["version"], f">= {p.engine.cuda_min}",
-                         f"NInfer requires CUDA {p.engine.cuda_min} or newer: install it and put its nvcc first on "
-                         "PATH", pitfall="P05"))
+    out.append(_source(b, p))
+    out += _cuda(b, p)
     for mod, r in b.get("pkg_config", {}).items():
         out.append(judge(f"engine.pkg_config.{mod}", f"pkg-config finds {mod}", r["ok"], r.get("version") or
                          r.get("error"), "found", f"PKG_CONFIG_PATH ({p.engine.pkg_config_path or 'unset'}) does not "

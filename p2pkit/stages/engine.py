@@ -16,6 +16,7 @@ from p2pkit.checks.engine import PKG_MODULES
 from p2pkit.engine_cmd import binary
 from p2pkit.errors import P2pkitError
 from p2pkit.parse import build as pb
+from p2pkit.stages import llamacpp
 
 CONFIGURE_MARK = "\n$ cmake -S "  # how _run records the configure command in the log
 
@@ -95,46 +96,77 @@ def build(ctx) -> dict:
     p, host = ctx.profile, ctx.host
     e = p.engine
     log = _new_log(ctx)
-    log.write_text(f"# p2pkit engine build: {e.recipe} at {e.commit}{' (SIMULATED host)' if host.simulated else ''}\n")
+    cpu = "" if e.cuda else " with CUDA OFF (engine.cuda = false: a CPU-only build, not for serving on the GPUs)"
+    log.write_text(f"# p2pkit engine build: {e.recipe} at {e.commit or e.source_sha256}{cpu}"
+                   f"{' (SIMULATED host)' if host.simulated else ''}\n")
+    if cpu:
+        ctx.out.step("engine", f"building {e.recipe}{cpu}")
     src = host.path(e.build_dir)
-    res: dict = {"log": str(log), "source": checkout(ctx, src, log), **toolchain(ctx)}
-    cuda_ok = res["cuda"]["version"] is not None and pb.version_tuple(res["cuda"]["version"]) >= \
-        pb.version_tuple(e.cuda_min)
-    if "error" in res["source"] or not cuda_ok or not all(m["ok"] for m in res["pkg_config"].values()):
+    if archived(p):  # CMake gets real paths: a build dir reached through a link keeps its cache
+        src = src.resolve()
+        res: dict = {"log": str(log), "source": llamacpp.source(ctx, src, log), **toolchain(ctx)}
+    else:
+        res = {"log": str(log), "source": checkout(ctx, src, log), **toolchain(ctx)}
+    res["cuda_enabled"] = e.cuda
+    if "error" in res["source"] or not toolchain_ok(res, p):
         return {**res, "refused": True}  # refused before configuring: the checks say why, CMake never ran
-    opts = ["-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_CUDA_ARCHITECTURES={e.cuda_architectures}"]
     if e.recipe == "llamacpp":
-        nccl = host.path(e.nccl_root)
-        opts += ["-DGGML_CUDA=ON", "-DGGML_CUDA_NCCL=ON", f"-DNCCL_ROOT={nccl}", f"-DCMAKE_BUILD_RPATH={nccl}/lib",
-                 f"-DCMAKE_INSTALL_RPATH={nccl}/lib"]
+        opts, build_argv = llamacpp.cmake_options(ctx), llamacpp.build_argv(ctx, src / "build")
+    else:
+        opts = ["-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_CUDA_ARCHITECTURES={e.cuda_architectures}"]
+        build_argv = ["cmake", "--build", str(src / "build")]
     res["cmake_options"] = opts
     c = _run(ctx, ["cmake", "-S", str(src), "-B", str(src / "build"), *opts], log, env=_env(ctx))
     res["configure_rc"] = c.returncode
     if c.returncode == 0:
-        b = _run(ctx, ["cmake", "--build", str(src / "build")], log, env=_env(ctx))
+        b = _run(ctx, build_argv, log, env=_env(ctx))
         res["build_rc"] = b.returncode
         res["build_tail"] = " | ".join((b.stdout + b.stderr).strip().splitlines()[-3:]) if b.returncode else None
     res["first_error"] = pb.first_cmake_error(log.read_text(errors="replace"))
     return res
 
 
+def archived(p) -> bool:
+    """The source is an archive pinned by sha256 (llama.cpp's recipe), not a git checkout."""
+    return p.engine.recipe == "llamacpp" and bool(p.engine.source_url)
+
+
+def toolchain_ok(res: dict, p) -> bool:
+    cuda = res["cuda"]
+    cuda_ok = cuda.get("off") or (cuda["version"] is not None
+                                  and pb.version_tuple(cuda["version"]) >= pb.version_tuple(p.engine.cuda_min))
+    nccl = res.get("nccl")
+    return bool(cuda_ok) and all(m["ok"] for m in res["pkg_config"].values()) and \
+        (nccl is None or (nccl["header"] and nccl["library"] is not None))
+
+
 def toolchain(ctx) -> dict:
+    e = ctx.profile.engine
+    if not e.cuda:
+        return {"cuda": {"off": True, "version": None}, "pkg_config": pkg_config(ctx, _env(ctx))}
     try:
         nv = ctx.host.runner.run(["nvcc", "--version"], check=False)
         cuda = {"version": pb.nvcc_release(nv.stdout), "raw": nv.stdout.strip().splitlines()[-1:]}
     except P2pkitError as err:
         cuda = {"version": None, "error": err.message}
-    return {"cuda": cuda, "pkg_config": pkg_config(ctx, _env(ctx))}
+    out = {"cuda": cuda, "pkg_config": pkg_config(ctx, _env(ctx))}
+    if e.recipe == "llamacpp" and e.nccl_root:
+        out["nccl"] = llamacpp.nccl_layout(ctx.host.path(e.nccl_root))
+    return out
 
 
 def installed(ctx) -> dict:
     """Read-only: what is built now (source head, the kept log, the binary, its libraries)."""
     p, host = ctx.profile, ctx.host
     src = host.path(p.engine.build_dir)
-    head = host.runner.run(["git", "-C", str(src), "rev-parse", "HEAD"], check=False).stdout.strip() \
-        if (src / ".git").is_dir() else None
     log = _last_build_log(ctx)
-    res: dict = {"log": str(log) if log else None, "source": {"path": str(src), "head": head or None}}
+    if archived(p):
+        source = llamacpp.unpacked(src)
+    else:
+        head = host.runner.run(["git", "-C", str(src), "rev-parse", "HEAD"], check=False).stdout.strip() \
+            if (src / ".git").is_dir() else None
+        source = {"path": str(src), "head": head or None}
+    res: dict = {"log": str(log) if log else None, "source": source, "cuda_enabled": p.engine.cuda}
     if log and p.engine.recipe == "ninfer":
         cache = src / "build/CMakeCache.txt"
         res["cmake_cache"] = str(cache) if cache.is_file() else None
@@ -146,7 +178,7 @@ def installed(ctx) -> dict:
     res["binary"] = _binary(ctx, exe)
     if exe.is_file():
         res["libraries"] = pb.ldd(host.runner.run(["ldd", str(exe)], check=False).stdout)
-        if p.engine.recipe == "llamacpp":
+        if p.engine.recipe == "llamacpp" and p.engine.cuda:
             ggml = next(iter(sorted((src / "build").rglob("libggml-cuda.so*"))), None)
             res["nccl_links"] = {"llama-server": res["libraries"]}
             if ggml:
