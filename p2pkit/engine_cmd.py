@@ -77,8 +77,12 @@ def client_host(p: Profile) -> str:
     return "127.0.0.1" if p.serve.host in ("0.0.0.0", "::") else p.serve.host
 
 
+def base_url(p: Profile) -> str:
+    return f"http://{client_host(p)}:{p.serve.port}"
+
+
 def health_url(p: Profile) -> str:
-    return f"http://{client_host(p)}:{p.serve.port}/health"
+    return f"{base_url(p)}/health"
 
 
 def argv(p: Profile) -> list[str]:

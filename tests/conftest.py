@@ -18,6 +18,19 @@ FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pytest_configure(config):
+    """Start the real llama.cpp build (tests/llama_real.py) in the background as the session starts,
+    on the xdist controller only, so the suite runs beside it. P2PKIT_FAST=1, or -m excluding slow
+    tests, skips it (a local fast lane; CI runs everything)."""
+    if hasattr(config, "workerinput") or os.environ.get("P2PKIT_FAST") == "1":
+        return
+    if "not slow" in (config.option.markexpr or ""):
+        return
+    import llama_real
+
+    llama_real.start_background()
+
+
 @dataclass
 class CliResult:
     code: int

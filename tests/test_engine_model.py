@@ -12,6 +12,7 @@ import pytest
 
 from p2pkit import config, pipeline
 from p2pkit.artifacts import Store
+from p2pkit.checks.model import check as check_model
 from p2pkit.host import Host
 from p2pkit.output import Output
 from p2pkit.parse import artifact as pa
@@ -247,6 +248,7 @@ def test_gguf_written_by_the_gguf_package_is_verified(tmp_path):
     w = gguf.GGUFWriter(str(path), "qwen3")
     w.add_tensor("blk.0.attn_q.weight", np.zeros((4, 4), np.float32))
     w.add_tensor("blk.64.nextn.eh_proj.weight", np.zeros((4, 4), np.float16))
+    w.add_uint32("qwen3.nextn_predict_layers", 1)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -255,6 +257,12 @@ def test_gguf_written_by_the_gguf_package_is_verified(tmp_path):
     ctx = pipeline.Ctx(profile=p, host=Host.at("/"), store=Store(tmp_path / "s"), out=Output())
     v = model_stage.verify_file(ctx, path)
     assert v["tensor_count"] == 2 and v["mtp_tensors"] == 1 and "F16" in v["formats"]
+    assert v["architecture"] == "qwen3" and v["nextn_predict_layers"] == 1
+    b = {"source": {"config": True, "shards": {}}, "convert_rc": 0, "verify": v, "sha256": "0" * 64}
+    c = {x.id: x for x in check_model({"model_build": b}, p)}
+    assert c["model.architecture"].status == "pass" and c["model.mtp"].status == "pass"
+    c = {x.id: x for x in check_model({"model_build": {**b, "verify": {**v, "nextn_predict_layers": None}}}, p)}
+    assert c["model.mtp"].status == "fail" and c["model.mtp"].pitfall == "P19"
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"NOTGGUF" + bytes(64))
     assert "not a readable GGUF" in model_stage.verify_file(ctx, bad)["error"]

@@ -85,9 +85,17 @@ def check(f: dict, p: Profile) -> list[Check]:
     else:
         out.append(judge("model.tensors", "GGUF tensors present", v.get("tensor_count", 0) > 0,
                          v.get("tensor_count"), "> 0", "the GGUF file holds no tensors"))
+        out.append(judge("model.architecture", "GGUF names its architecture", bool(v.get("architecture")),
+                         v.get("architecture") or "no general.architecture", "an architecture",
+                         "the converter wrote no general.architecture: the engine cannot load it; convert again "
+                         "with the engine's own converter"))
         if "mtp" in p.model.components:
-            out.append(judge("model.mtp", "MTP/nextn layers present", v.get("mtp_tensors", 0) > 0,
-                             v.get("mtp_tensors"), "> 0", "convert with the MTP layers (nextn) included", "P19"))
+            n_layers = v.get("nextn_predict_layers") or 0
+            out.append(judge("model.mtp", "MTP/nextn layers present", v.get("mtp_tensors", 0) > 0 and n_layers > 0,
+                             f"{v.get('mtp_tensors')} nextn tensors, {v.get('architecture')}.nextn_predict_layers = "
+                             f"{v.get('nextn_predict_layers')}", "> 0 of both",
+                             "convert with the MTP layers (nextn) included: the draft-mtp speculative type needs "
+                             "them", "P19"))
     out.append(Check("model.sha256", "artifact sha256 recorded", PASS if b.get("sha256") else FAIL,
                      b.get("sha256"), "a digest", "" if b.get("sha256") else "the digest was not recorded"))
     return out

@@ -98,13 +98,56 @@ def _nccl(seen: list[str], p: Profile) -> Check:
 
 
 def _spec(s: dict, p: Profile) -> list[Check]:
-    out: list[Check] = []
     spec = p.serve.flags.get("spec") or p.serve.flags.get("spec-type")
-    if spec:
+    if p.engine.recipe == "llamacpp":
+        return _llamacpp_requests(s, p, spec)
+    out: list[Check] = []
+    if spec:  # NInfer and vLLM: their start-up line (no per-request proof is read for them yet)
         text = "\n".join(s.get("log_tail", [])).lower()
-        seen = f"spec {str(spec).lower()}" in text or "spec_decode" in text or "draft acceptance" in text
+        seen = f"spec {str(spec).lower()}" in text or "draft acceptance" in text
         out.append(judge("service.spec_running", "speculative decoding is really running", seen,
-                         "a start-up line shows it" if seen else "no start-up line or counter shows it",
+                         "a start-up line shows it" if seen else "no start-up line shows it",
                          f"spec {spec} running", "the engine ignored the speculative method: check its log and "
                          "that the artifact carries the draft components", pitfall="P19"))
+    return out
+
+
+def _llamacpp_requests(s: dict, p: Profile, spec) -> list[Check]:
+    """llama-server: one real completion once /health is 200 (MTP under tensor split can crash at the
+    first decode with /health already 200), and with a speculative type the draft counts of that
+    response and of /metrics' spec_decode counters must have grown (P19). `-md` alone leaves
+    drafting off and the start-up log does not say either way: only the counters tell."""
+    fc = s.get("first_completion")
+    if fc is None:
+        return []  # /health never answered 200: the health check already failed
+    t = fc.get("timings") or {}
+    tail = " | ".join(s.get("log_tail", [])[-5:])
+    ok = fc.get("status") == 200 and (t.get("predicted_n") or 0) > 0 and fc.get("alive_after", True)
+    got = (f"{t.get('predicted_n')} tokens in {t.get('predicted_ms', 0):.1f} ms (server timings)" if ok else
+           f"HTTP {fc.get('status')}: {fc.get('error', '')[:160]}; alive after: {fc.get('alive_after')}; "
+           f"last log lines: {tail}")
+    out = [judge("service.first_completion", "one real completion after /health 200", ok, got,
+                 "HTTP 200 with generated tokens, the server still running",
+                 "the server said healthy but failed its first decode: read `p2pkit serve logs` (with MTP under "
+                 "--split-mode tensor this is the known crash; try --split-mode layer or another KV type)",
+                 pitfall="P19")]
+    if not spec:
+        return out
+    if fc.get("metrics_status") != 200:
+        out.append(Check("service.spec_running", "speculative decoding is really running", FAIL,
+                         f"/metrics answered {fc.get('metrics_status')}", "spec_decode counters growing",
+                         "start llama-server with --metrics (serve.flags.metrics = true): without it /metrics "
+                         "answers 501 and nothing proves drafting", "P19"))
+        return out
+    d = fc.get("metrics_delta", {})
+    drafted = d.get("spec_decode_num_draft_tokens_total", 0)
+    accepted = d.get("spec_decode_num_accepted_tokens_total", 0)
+    ok = ok and (t.get("draft_n") or 0) > 0 and drafted > 0
+    out.append(judge("service.spec_running", "speculative decoding is really running", ok,
+                     f"response draft_n {t.get('draft_n', 0)}, accepted {t.get('draft_n_accepted', 0)}; /metrics "
+                     f"spec_decode_num_draft_tokens_total +{drafted:g}, accepted_tokens_total +{accepted:g}",
+                     "draft tokens in the response and in /metrics",
+                     f"--spec-type {spec} is set but nothing was drafted: the draft model or the MTP layers are "
+                     "missing (`-md` alone leaves drafting off; the model stage checks the nextn layers)",
+                     pitfall="P19"))
     return out

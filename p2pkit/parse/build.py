@@ -26,7 +26,7 @@ def first_cmake_error(log: str) -> str | None:
             block = [*why, line.strip()]
             for nxt in lines[i + 1:i + 12]:
                 if not nxt.strip():
-                    if len(block) > 1:
+                    if len(block) > 1 and not block[-1].endswith(":"):  # "links to:" <blank> "CUDA::cublas"
                         break
                     continue
                 block.append(nxt.strip())

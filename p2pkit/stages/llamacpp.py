@@ -126,7 +126,7 @@ def source(ctx, src: Path, log: Path) -> dict:
     """Fetch, verify, unpack: the source record the engine check judges."""
     fetched = fetch(ctx, log)
     if "error" in fetched:
-        return {"path": str(src), "archive": fetched}
+        return {"path": str(src), "archive": fetched, "error": fetched["error"]}
     return {**unpack(ctx, src, fetched), "archive": fetched}
 
 

@@ -33,7 +33,9 @@ def convert_argv(ctx, src: str, tmp: str) -> list[str]:
         if "dflash2" in m.components and m.draft_source:
             argv += ["--source", f"dflash2={host.path(m.draft_source)}"]
         return [*argv, "--components", ",".join(m.components), "--proposal", "--out", tmp]
-    return [p.engine.python, "convert_hf_to_gguf.py", src, "--outfile", tmp, "--outtype", "bf16"]
+    # llama.cpp's converter run as a module from its source root (P08): it finds its `conversion`
+    # package and gguf-py beside it; it writes exactly --outfile, the temporary name
+    return [p.engine.python, "-m", "convert_hf_to_gguf", src, "--outfile", tmp, "--outtype", "bf16"]
 
 
 def verify_file(ctx, path: Path) -> dict:
@@ -56,8 +58,19 @@ def verify_file(ctx, path: Path) -> dict:
     except Exception as e:  # the reader raises plain ValueErrors and struct errors on bad files
         return {"error": f"not a readable GGUF file: {e}"}
     names = [t.name for t in r.tensors]
+    arch = _gguf_field(r, "general.architecture")
     return {"tensor_count": len(names), "formats": sorted({t.tensor_type.name for t in r.tensors}),
+            "architecture": arch, "nextn_predict_layers": _gguf_field(r, f"{arch}.nextn_predict_layers"),
             "mtp_tensors": sum(1 for n in names if "nextn" in n or ".mtp" in n)}
+
+
+def _gguf_field(reader, key: str):
+    """A GGUF metadata value (string or number), or None when the file has no such key."""
+    f = reader.fields.get(key)
+    if f is None:
+        return None
+    v = f.contents()
+    return v.decode(errors="replace") if isinstance(v, bytes) else v
 
 
 def engine_support(ctx) -> dict:

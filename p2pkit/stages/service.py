@@ -15,8 +15,9 @@ from pathlib import Path
 
 from p2pkit import engine_cmd
 from p2pkit.ansible import run_playbook
-from p2pkit.errors import P2pkitError
-from p2pkit.host import Host, system
+from p2pkit.errors import Exit, P2pkitError
+from p2pkit.host import Host, engine_api, system
+from p2pkit.parse import engine_api as pe
 from p2pkit.parse import nccl
 from p2pkit.parse.system import proc_cgroup
 from p2pkit.runner import own_executable, unit_command
@@ -69,6 +70,8 @@ def act(ctx) -> dict:
                 f"{p.serve.head_wait_s:g} s, so this worker was not started",
                 hint="start the head node first (its `p2pkit up`), then this one: a worker started before its head "
                      "fails (P27); in an inventory run p2pkit waits for the head by itself")
+    if p.engine.recipe == "llamacpp":
+        acted["flags_checked"] = flags_accepted(ctx)
     deny, allow = ip_filter(p)
     acted.update(run_playbook(ctx, "service", {
         "p2pkit_service_recipe": p.engine.recipe,
@@ -83,6 +86,27 @@ def act(ctx) -> dict:
     }))
     acted["started_at"] = time.time()
     return acted
+
+
+def flags_accepted(ctx) -> list[str]:
+    """The serve flags against what the built binary accepts (its --help): an unknown flag is refused
+    before a start, not found in a crash log after it. Returns the flags checked."""
+    p = ctx.profile
+    exe = ctx.host.path(engine_cmd.binary(p))
+    if not exe.is_file():
+        raise P2pkitError(f"{engine_cmd.binary(p)} does not exist, so the service was not started",
+                          hint="run the engine stage first: `p2pkit up --from engine`")
+    r = ctx.host.runner.run([str(exe), "--help"], check=False, timeout=60)
+    known = pe.help_flags(r.stdout + r.stderr)
+    used = [k for k, v in engine_cmd.flags_of(p).items() if v is not False and v is not None]
+    unknown = sorted(set(used) - known)
+    if not known or unknown:
+        raise P2pkitError(
+            f"serve flag(s) {', '.join('--' + k for k in unknown) or '(none listed)'} are not accepted by the built "
+            f"{engine_cmd.binary(p)} (its --help lists {len(known)} options): refused before a start",
+            hint="remove or rename them in serve.flags (`p2pkit --unset serve.flags.NAME ...`), or build the engine "
+                 "commit that has them", code=Exit.USAGE)
+    return sorted(used)
 
 
 def poll(probe, timeout: float, *, alive=None, interval: float = 0.25, note=None, every: float = 5.0) -> dict:
@@ -256,7 +280,12 @@ def measure(ctx) -> dict:
     pid = main_pid(host)
     res = {"unit": UNIT, "role": role, "analyze": analyze(host), "health": health, "main_pid": pid,
            "pid_cgroup": pid_caps(host, pid) if pid else {"error": "the service has no main PID (not running)"},
-           "listen": listening(p, pid) if role != "worker" else None, "log_tail": logs(host)}
+           "listen": listening(p, pid) if role != "worker" else None}
+    if p.engine.recipe == "llamacpp" and health.get("ok") and role != "worker":
+        with ctx.out.working("[service] one real completion (the first decode, P19)"):
+            res["first_completion"] = engine_api.first_completion(engine_cmd.base_url(p))
+        res["first_completion"]["alive_after"] = unit_alive(host)
+    res["log_tail"] = logs(host)
     if p.network.require_roce or role != "single":
         res["nccl_transports"] = nccl_transports(logs(host, 400))
     text = "\n".join(res["log_tail"])

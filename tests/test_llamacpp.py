@@ -1,0 +1,153 @@
+"""llama.cpp's recipe: the pinned source archive, the CPU-only build said plainly, the GPU recipe's
+real configure (nvcc 13.0 without cuBLAS here), the NCCL root, and what the real server says."""
+
+import io
+import json
+import shutil
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from p2pkit import config, pipeline
+from p2pkit.artifacts import Store
+from p2pkit.checks import engine as ec
+from p2pkit.host import Host
+from p2pkit.output import Output
+from p2pkit.stages import engine as engine_stage
+from p2pkit.stages import llamacpp
+
+FIX = Path(__file__).parent / "fixtures/llamacpp"
+
+
+def make_archive(path: Path, files: dict[str, str]) -> str:
+    with tarfile.open(path, "w:gz") as tar:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return llamacpp.sha256_file(path)
+
+
+def ctx_for(tmp_path, overrides=()):
+    p = config.load("dual-5090-llamacpp", list(overrides))
+    store = Store(tmp_path / "state")
+    store.ensure()
+    return pipeline.Ctx(profile=p, host=Host.at("/"), store=store, out=Output())
+
+
+def small(tmp_path, sha=None):
+    arc = tmp_path / "src.tar.gz"
+    real = make_archive(arc, {"pkg-1.0/vendor/llama.cpp/CMakeLists.txt": "project(x)\n",
+                              "pkg-1.0/vendor/llama.cpp/tools/server/server.cpp": "int main(){}\n",
+                              "pkg-1.0/README.md": "outside the subdir\n"})
+    return arc, real, [f"engine.source_url={arc}", f"engine.source_sha256={sha or real}",
+                       "engine.source_subdir=pkg-1.0/vendor/llama.cpp", f"engine.build_dir={tmp_path}/llama.cpp"]
+
+
+def test_archive_with_the_wrong_sha256_is_refused_before_unpacking(tmp_path):
+    _arc, real, sets = small(tmp_path, sha="0" * 64)
+    ctx = ctx_for(tmp_path, [*sets, "engine.cuda=false"])
+    res = engine_stage.build(ctx)
+    assert res["refused"] and "refused before unpacking" in res["source"]["archive"]["error"]
+    assert res["source"]["archive"]["sha256"] == real
+    assert not (tmp_path / "llama.cpp").exists()  # not a byte unpacked
+    assert "cmake_options" not in res and "configure_rc" not in res
+    c = {x.id: x for x in ec.check({"engine_build": res}, ctx.profile)}
+    assert c["engine.source"].status == "fail" and "0000000000000000" in c["engine.source"].expected
+
+
+def test_archive_unpacks_its_subdir_once_and_never_over_a_foreign_tree(tmp_path):
+    _arc, real, sets = small(tmp_path)
+    ctx = ctx_for(tmp_path, sets)
+    log = tmp_path / "log"
+    first = llamacpp.source(ctx, tmp_path / "llama.cpp", log)
+    assert first["unpacked"] is True and first["files"] == 2
+    assert (tmp_path / "llama.cpp/tools/server/server.cpp").is_file()
+    assert not (tmp_path / "llama.cpp/README.md").exists()  # outside source_subdir
+    assert json.loads((tmp_path / "llama.cpp" / llamacpp.MARKER).read_text())["sha256"] == real
+    again = llamacpp.source(ctx, tmp_path / "llama.cpp", log)
+    assert again["unpacked"] is False and "error" not in again
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "mine.txt").write_text("someone's work\n")
+    refused = llamacpp.source(ctx, foreign, log)
+    assert "will not touch it" in refused["error"] and (foreign / "mine.txt").read_text() == "someone's work\n"
+    shutil.rmtree(tmp_path / "llama.cpp")
+    ctx = ctx_for(tmp_path, [*sets[:2], "engine.source_subdir=pkg-1.0/nothing", sets[3]])
+    assert "nothing under" in llamacpp.source(ctx, tmp_path / "llama.cpp", log)["error"]
+
+
+def test_cuda_off_is_said_plainly_and_never_silent(tmp_path):
+    on = ctx_for(tmp_path)
+    off = ctx_for(tmp_path, ["engine.cuda=false"])
+    assert "-DGGML_CUDA=ON" in llamacpp.cmake_options(on) and "-DCMAKE_CUDA_ARCHITECTURES=120a" in \
+        llamacpp.cmake_options(on)
+    opts = llamacpp.cmake_options(off)
+    assert "-DGGML_CUDA=OFF" in opts and not any("CUDA_ARCH" in o or "NCCL" in o for o in opts)
+    assert "-DLLAMA_USE_PREBUILT_UI=OFF" in opts  # no network: never download the web UI
+    b = {"source": {"sha256": off.profile.engine.source_sha256}, "cuda": {"off": True, "version": None},
+         "pkg_config": {}, "cuda_enabled": False}
+    c = {x.id: x for x in ec.check({"engine_build": b}, off.profile)}
+    assert c["engine.cuda"].status == "warn" and "CUDA OFF" in c["engine.cuda"].measured
+    assert "engine.nccl_root" not in c  # a CPU build links no NCCL
+    # the GPU profile as shipped never builds without CUDA: no nvcc is a failure, not a CPU build
+    b = {**b, "cuda": {"version": None, "error": "nvcc not found"}, "cuda_enabled": True}
+    c = {x.id: x for x in ec.check({"engine_build": b}, on.profile)}
+    assert c["engine.cuda"].status == "fail"
+
+
+def test_nccl_root_from_a_pip_wheel_needs_the_unversioned_link(tmp_path):
+    root = tmp_path / "nccl"
+    (root / "include").mkdir(parents=True)
+    (root / "lib").mkdir()
+    (root / "include/nccl.h").write_text("/* nccl */\n")
+    (root / "lib/libnccl.so.2").write_bytes(b"\x7fELF")
+    p = config.load("dual-5090-llamacpp", [f"engine.nccl_root={root}"])
+    b = {"source": {"sha256": p.engine.source_sha256}, "cuda": {"version": "13.0"}, "pkg_config": {},
+         "nccl": llamacpp.nccl_layout(root)}
+    assert not engine_stage.toolchain_ok(b, p)  # refused before CMake
+    c = {x.id: x for x in ec.check({"engine_build": b}, p)}["engine.nccl_layout"]
+    assert c.status == "fail" and "libnccl.so.2" in c.measured and "ln -s" in c.hint and c.pitfall == "P16"
+    (root / "lib/libnccl.so").symlink_to("libnccl.so.2")
+    b["nccl"] = llamacpp.nccl_layout(root)
+    assert engine_stage.toolchain_ok(b, p)
+    assert {x.id: x for x in ec.check({"engine_build": b}, p)}["engine.nccl_layout"].status == "pass"
+
+
+def nccl_from_wheel(tmp_path: Path) -> Path:
+    """An NCCL root over PyPI's nvidia-nccl-cu13 wheel (a real libnccl), with the libnccl.so link
+    CMake's FindNCCL needs (the wheel ships only libnccl.so.2)."""
+    nccl = pytest.importorskip("nvidia.nccl")
+    wheel = Path(next(iter(nccl.__path__)))
+    root = tmp_path / "nccl"
+    (root / "lib").mkdir(parents=True)
+    (root / "include").symlink_to(wheel / "include")
+    (root / "lib/libnccl.so.2").symlink_to(wheel / "lib/libnccl.so.2")
+    (root / "lib/libnccl.so").symlink_to("libnccl.so.2")
+    return root
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not shutil.which("nvcc"), reason="the GPU recipe's configure needs CUDA's compiler")
+def test_gpu_recipe_configures_for_real_and_names_the_missing_cublas(tmp_path):
+    """nvcc 13.0 without cuBLAS (the CI machine): the toolkit check, 120a and NCCL from the profile's
+    root all pass for real; CMake's generate step fails on CUDA::cublas, reported as the first
+    CMake Error with its fix."""
+    import llama_real
+
+    archive = llama_real.ensure_archive()
+    ctx = ctx_for(tmp_path, [f"engine.source_url={archive}", f"engine.build_dir={tmp_path}/llama.cpp",
+                             f"engine.nccl_root={nccl_from_wheel(tmp_path)}"])
+    res = engine_stage.build(ctx)
+    log = Path(res["log"]).read_text()
+    assert res["cuda"]["version"] and res["configure_rc"] != 0 and "build_rc" not in res
+    assert "-- Using CMAKE_CUDA_ARCHITECTURES=120a" in log
+    assert f"-- Found NCCL: {tmp_path}/nccl/lib/libnccl.so" in log
+    assert res["first_error"].startswith("CMake Error at ggml/src/ggml-cuda/CMakeLists.txt")
+    assert "CUDA::cublas" in res["first_error"]
+    c = {x.id: x for x in ec.check({"engine_build": res}, ctx.profile)}
+    assert c["engine.cuda"].status == "pass" and c["engine.nccl_layout"].status == "pass"
+    assert c["engine.configure"].status == "fail" and "cuBLAS" in c["engine.configure"].hint
+    assert "libcublas-dev" in c["engine.configure"].hint
