@@ -7,6 +7,7 @@ from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
+from p2pkit import writers
 from p2pkit.ansible import share_dir
 from p2pkit.artifacts import atomic_write
 from p2pkit.runner import own_executable, unit_command
@@ -19,8 +20,10 @@ def render_resume_unit(profile, state_dir: Path) -> str:
     after the reboot see the inputs the stages before it were proven with."""
     env = Environment(loader=FileSystemLoader(share_dir() / "templates"), undefined=StrictUndefined,
                       keep_trailing_newline=True)
-    return env.get_template(f"{UNIT}.j2").render(p2pkit=own_executable(), profile_args=unit_command(profile.cli_args()),
-                                                 state_dir=state_dir)
+    argv = [own_executable(), *profile.cli_args(), "--state-dir", str(state_dir), "--yes", "up", "--reboot",
+            "--resumed"]  # one command line, quoted whole (a unit_command of the arguments alone starts with -)
+    return env.get_template(f"{UNIT}.j2").render(exec_start=unit_command(argv),
+                                                 state_dir=writers.unit_path("the state directory", str(state_dir)))
 
 
 def reboot_host(ctx) -> None:

@@ -81,6 +81,16 @@ def make_sim(root: Path, scenario: str = "healthy") -> Path:
     return root
 
 
+def install_userspace(root: Path, version: str) -> None:
+    """A userspace driver on a simulated host as its installer leaves it: the library and the
+    libnvidia-ml.so.1 link NVML loads through (the simulated NVML reads the files)."""
+    lib = root / "usr/lib/x86_64-linux-gnu"
+    lib.mkdir(parents=True, exist_ok=True)
+    (lib / f"libnvidia-ml.so.{version}").write_text(f"SIMULATED libnvidia-ml {version}\n")
+    (lib / "libnvidia-ml.so.1").unlink(missing_ok=True)
+    (lib / "libnvidia-ml.so.1").symlink_to(f"libnvidia-ml.so.{version}")
+
+
 @pytest.fixture
 def sim(tmp_path):
     """A factory: sim('small-bar') lays out a simulated host and returns its root. Services the

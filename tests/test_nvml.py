@@ -9,14 +9,11 @@ import pytest
 from p2pkit.host import Host, nvml
 from p2pkit.sim.render import load_state, save
 from p2pkit.sim.scenarios import GIB
+from tests.conftest import install_userspace
 
 
 def _driver(root, loaded: str = "615.71.09", userspace: str = "615.71.09"):
-    lib = root / "usr/lib/x86_64-linux-gnu"  # the userspace driver NVML loads: what libnvidia-ml.so.1 names
-    lib.mkdir(parents=True, exist_ok=True)
-    (lib / f"libnvidia-ml.so.{userspace}").write_text(f"SIMULATED libnvidia-ml {userspace}\n")
-    (lib / "libnvidia-ml.so.1").unlink(missing_ok=True)
-    (lib / "libnvidia-ml.so.1").symlink_to(f"libnvidia-ml.so.{userspace}")
+    install_userspace(root, userspace)
     state = load_state(root)
     state["module"]["loaded"] = {"version": loaded, "srcversion": "X", "patched": True}
     save(root, state)

@@ -80,7 +80,8 @@ def test_restore_reinstalls_a_replaced_userspace_driver(cli, sim):
     (lib / "libnvidia-ml.so.580.95.05").write_text("stock\n")
     r = cli("--root", str(root), "restore")
     assert r.code == 0, r.err
-    assert sorted(p.name for p in lib.glob("libnvidia-ml.so.*")) == ["libnvidia-ml.so.615.71.09"]
+    assert sorted(p.name for p in lib.glob("libnvidia-ml.so.*")) == ["libnvidia-ml.so.1", "libnvidia-ml.so.615.71.09"]
+    assert (lib / "libnvidia-ml.so.1").readlink().name == "libnvidia-ml.so.615.71.09"
 
 
 def test_units_and_hooks_are_installed_and_verify(cli, sim, tmp_path):

@@ -86,10 +86,11 @@ def test_translating_iommu_left_in_place_fails_link_integrity(cli, sim):
     from p2pkit.host import Host
     from p2pkit.load import worker
     from p2pkit.sim.render import load_state, save
+    from tests.conftest import install_userspace
 
     root = sim("iommu-translating")
+    install_userspace(root, "615.71.09")
     state = load_state(root)
-    state["driver"]["userspace"] = "615.71.09"
     state["module"]["loaded"] = {"version": "615.71.09", "srcversion": "X", "patched": True}
     save(root, state)
     prof = config.load(None)
