@@ -50,7 +50,7 @@ def test_corrupt_artifact_is_refused_with_a_fix(tmp_path, body):
 def _hold(path, ready, release):
     with state_lock(path):
         ready.set()
-        release.wait(10)
+        release.wait(300)  # released by the test: an event, not a window
 
 
 def test_lock_refuses_a_second_holder(tmp_path):
@@ -59,7 +59,7 @@ def test_lock_refuses_a_second_holder(tmp_path):
     p = ctx.Process(target=_hold, args=(tmp_path, ready, release))
     p.start()
     try:
-        assert ready.wait(10)
+        assert ready.wait(300)
         with pytest.raises(LockedError) as e, state_lock(tmp_path):
             pass
         assert f"pid {p.pid}" in e.value.message

@@ -98,7 +98,7 @@ def test_second_concurrent_up_exits_at_once(cli, sim):
     with state_lock(root / "var/lib/p2pkit"):
         t0 = time.monotonic()
         r = cli("--root", str(root), "up")
-        assert time.monotonic() - t0 < 5
+        assert time.monotonic() - t0 < 60  # refused, never waited on: a waiting run would hang here
     assert r.code == 5
     assert f"another p2pkit run (pid {os.getpid()}) holds the lock" in r.err
 
