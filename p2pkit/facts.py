@@ -15,10 +15,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from p2pkit import __version__
+from p2pkit import __version__, hoststate
 from p2pkit.errors import P2pkitError, UsageError
 from p2pkit.host import Host, kmod, nvml, pci, roce, smi, storage, system
 from p2pkit.parse import system as ps
+from p2pkit.secrets import REDACTED, is_secret
 
 log = logging.getLogger("p2pkit.facts")
 
@@ -133,10 +134,18 @@ def record(host: Host, profile=None) -> dict:
         "recorded_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "root": str(host.root),
         # the profile the facts were recorded under, whole: `doctor --facts` judges with it anywhere
-        "profile": None if profile is None else {"name": profile.name, "source": profile.source,
-                                                 "overrides": list(profile.overrides), "values": profile.as_dict()},
+        "profile": None if profile is None else recorded_profile(profile),
         "facts": collect(host, profile=profile),
     }
+
+
+def recorded_profile(profile) -> dict:
+    """The profile whole, secrets (serve.env values named or marked as such) shown as <redacted>."""
+    values = profile.as_dict()
+    env = values["serve"]["env"]
+    values["serve"]["env"] = {k: REDACTED if is_secret(k, profile.serve.secret_env) else v for k, v in env.items()}
+    return {"name": profile.name, "source": profile.source, "overrides": hoststate.public_overrides(profile),
+            "values": values}
 
 
 def load_recorded(path: Path) -> dict:

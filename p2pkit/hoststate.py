@@ -67,8 +67,15 @@ def resolve(state_dir: Path, profile: str | None, overrides: tuple[str, ...], un
     return source, tuple(kept.values())
 
 
+def public_overrides(profile) -> list[str]:
+    """The overrides that may be written where others can read them: a secret (serve.env.HF_TOKEN=...)
+    is left out, as from units (config.Profile.cli_args); it belongs in the root-only profile file."""
+    args = profile.cli_args()
+    return [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+
+
 def record_profile(state_dir: Path, profile) -> None:
-    doc = {"source": canonical_source(profile.source), "overrides": list(profile.overrides),
+    doc = {"source": canonical_source(profile.source), "overrides": public_overrides(profile),
            "recorded": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
     Path(state_dir).mkdir(parents=True, exist_ok=True)
     atomic_write(Path(state_dir) / PROFILE_FILE, (json.dumps(doc, indent=2) + "\n").encode())

@@ -222,7 +222,7 @@ def _run_stage(ctx: Ctx, st: Stage, prev_name: str | None, started: str, resumed
         "simulated": ctx.host.simulated,
         "p2pkit_version": __version__,
         "profile": ctx.profile.name,
-        "overrides": list(ctx.profile.overrides),
+        "overrides": hoststate.public_overrides(ctx.profile),
         "started": started,
         "finished": now(),
         "seconds": round(time.monotonic() - t0, 3),

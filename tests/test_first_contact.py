@@ -247,3 +247,19 @@ def test_preflight_names_every_missing_tool_with_the_apt_line(cli, sim, monkeypa
     assert r.code == 1 and "preflight failed: preflight.tools: missing: make (p2p-module: make modules); cc (" in r.err
     assert "sudo apt-get install -y make gcc systemd cmake ninja-build pkg-config git g++" in r.err
     assert not (root / "var/lib/p2pkit/driver.json").exists()  # nothing ran
+
+
+def test_a_secret_override_is_never_written_where_others_read_it(cli, sim, tmp_path):
+    import json
+
+    root = sim("healthy")
+    token = "hf_s3cr3t_value"
+    r = cli("--root", str(root), "--set", f"serve.env.HF_TOKEN={token}", "--set", "host.min_free_disk_gib=10",
+            "up", "--to", "preflight")
+    assert r.code == 0, r.err
+    state = root / "var/lib/p2pkit"
+    assert json.loads((state / "profile.json").read_text())["overrides"] == ["host.min_free_disk_gib=10"]
+    assert token not in (state / "preflight.json").read_text()
+    facts = tmp_path / "f.json"
+    assert cli("--root", str(root), "--set", f"serve.env.HF_TOKEN={token}", "facts", "record", str(facts)).code == 0
+    assert token not in facts.read_text() and "<redacted>" in facts.read_text()

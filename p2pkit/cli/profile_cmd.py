@@ -11,6 +11,7 @@ import typer
 from p2pkit import config, tomlwrite
 from p2pkit.cli import common
 from p2pkit.errors import Exit, ProfileError
+from p2pkit.secrets import redact
 
 app = typer.Typer(help="Built-in profiles, and checking your own.", no_args_is_help=True)
 
@@ -44,7 +45,7 @@ def show(
                 *[f"  --set {o}" for o in p.overrides],
                 "every default filled in; edit it, check it with `p2pkit profile validate FILE`, use it with "
                 "--profile FILE"]
-        print("\n".join(tomlwrite.comment(x) for x in head) + "\n" + tomlwrite.dumps(p.as_dict()), end="")
+        print(redact("\n".join(tomlwrite.comment(x) for x in head) + "\n" + tomlwrite.dumps(p.as_dict())), end="")
     elif common.OPTS.json:
         out.document({"source": p.source, "overrides": list(p.overrides), "profile": p.as_dict()})
     else:
