@@ -23,6 +23,10 @@ def junit(results: list[dict], simulated: bool) -> bytes:
                           skipped=str(sum(c["status"] == "skip" for c in checks)))
         for c in checks:
             case = ET.SubElement(s, "testcase", classname=f"p2pkit.{r['stage']}", name=c["id"])
+            if c.get("value") is not None:  # a typed figure: its number, unit and bound, as properties
+                props = ET.SubElement(case, "properties")
+                for k in ("value", "unit", "op", "limit"):
+                    ET.SubElement(props, "property", name=k, value=str(c.get(k)))
             msg = f"measured {c['measured']}; expected {c['expected']}"
             if c["status"] == "fail":
                 f = ET.SubElement(case, "failure", message=msg)

@@ -1,8 +1,14 @@
 """Pure checks: facts and profile in, findings out. A finding carries the measured value, the
-expected value, a fix hint and, where one applies, the PITFALLS id."""
+expected value, a fix hint and, where one applies, the PITFALLS id.
+
+A finding with a figure is typed: `value` (a number), `unit`, and the bound it was held to (`op`
+and `limit`, in the same unit); `figure()` judges the number against the bound and writes the
+display text from them. Reports (JUnit, Prometheus) read the numbers, never the text."""
 
 from __future__ import annotations
 
+import math
+import operator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -20,14 +26,45 @@ class Check:
     expected: Any = None
     hint: str = ""
     pitfall: str = ""
+    value: float | None = None  # the measured figure as a number (a bandwidth ratio), for Prometheus
+    unit: str = ""  # of value and limit: "ratio", "GB/s", "Gb/s", "us", "s", "GiB", "count", "exposure"
+    op: str = ""  # how value is held against limit: ">=", "<=", "=="
+    limit: float | None = None  # the bound, in unit
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
 def judge(id: str, title: str, ok: bool, measured: Any, expected: Any, hint: str = "",
-          pitfall: str = "", severity: str = FAIL) -> Check:
-    return Check(id, title, PASS if ok else severity, measured, expected, "" if ok else hint, pitfall)
+          pitfall: str = "", severity: str = FAIL, value: float | None = None) -> Check:
+    return Check(id, title, PASS if ok else severity, measured, expected, "" if ok else hint, pitfall, value)
+
+
+OPS = {">=": operator.ge, "<=": operator.le, "==": operator.eq}
+DIGITS = {"ratio": 2, "GB/s": 1, "Gb/s": 0, "us": 2, "s": 2, "GiB": 1, "count": 0, "exposure": 1}
+SHOWN_UNIT = {"ratio": "of the ceiling", "count": "", "exposure": ""}
+
+
+def show(x: float | None, unit: str, missing: str = "not measured") -> str:
+    """A figure as the display text shows it: 28.5 GB/s, 0.90 of the ceiling, 3."""
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return missing
+    d = DIGITS.get(unit, 2)
+    num = f"{x:.{d}f}" if d or not float(x).is_integer() else f"{int(x)}"
+    u = SHOWN_UNIT.get(unit, unit)
+    return f"{num} {u}".strip()
+
+
+def figure(id: str, title: str, value: float | None, op: str, limit: float, unit: str, hint: str = "",
+           pitfall: str = "", severity: str = FAIL, context: str = "", expected_context: str = "",
+           missing: str = "not measured") -> Check:
+    """A typed finding: `value` held to `op limit` in `unit`. No value (not measured) never passes;
+    nor does NaN. The measured and expected texts are made from the numbers (plus context)."""
+    ok = value is not None and math.isfinite(value) and OPS[op](value, limit)
+    measured = show(value, unit, missing) + (f" ({context})" if context else "")
+    expected = f"{op} {show(limit, unit)}" + (f" {expected_context}" if expected_context else "")
+    return Check(id, title, PASS if ok else severity, measured, expected, "" if ok else hint, pitfall,
+                 value, unit, op, limit)
 
 
 def unknown(id: str, title: str, fact: Any, expected: Any, needed: bool = True, pitfall: str = "") -> Check:

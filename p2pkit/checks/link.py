@@ -3,7 +3,7 @@ ceiling; P2P access, latency, integrity; replays not rising; clocks not locked (
 
 from __future__ import annotations
 
-from p2pkit.checks import FAIL, SKIP, Check, failed, judge, unknown
+from p2pkit.checks import FAIL, SKIP, Check, failed, figure, judge, unknown
 from p2pkit.checks.topology import TWO_GPUS
 from p2pkit.config import Profile
 from p2pkit.parse.pci import GEN_TO_GTS
@@ -37,19 +37,20 @@ def check(f: dict, p: Profile) -> list[Check]:
             continue
         idle = f"idle Gen{g['idle']['gen']} x{g['idle']['width']}"
         t = g.get("trained_after_s")
-        ok = t is not None and t <= lk.train_within_s
-        measured = (f"Gen{best['gen']} x{best['width']} after {t:.2f} s ({idle})" if t is not None
-                    else f"best Gen{best['gen']} x{best['width']} in {r['load_seconds']:.1f} s of load ({idle})")
-        out.append(judge(f"link.trained.gpu{i}", f"GPU{i} link trains under load", ok, measured,
-                         f">= Gen{tgt[0]} x{tgt[1]} within {lk.train_within_s:g} s",
-                         "the link never reached the profile's speed under real load (idle Gen1 is normal ASPM and "
-                         "never judged): reseat the card, check the slot's wiring and the BIOS PCIe speed "
-                         "(Auto/Gen5), and riser cables", pitfall="P03"))
+        out.append(figure(f"link.trained.gpu{i}", f"GPU{i} link trains under load", t, "<=", lk.train_within_s, "s",
+                          "the link never reached the profile's speed under real load (idle Gen1 is normal ASPM and "
+                          "never judged): reseat the card, check the slot's wiring and the BIOS PCIe speed "
+                          "(Auto/Gen5), and riser cables", pitfall="P03",
+                          context=(f"to Gen{best['gen']} x{best['width']}; {idle}" if t is not None else
+                                   f"best Gen{best['gen']} x{best['width']} in {r['load_seconds']:.1f} s of load; "
+                                   f"{idle}"),
+                          expected_context=f"to Gen{tgt[0]} x{tgt[1]} or better", missing="never trained"))
         rise = (g["replay_after"] or 0) - (g["replay_before"] or 0)
-        out.append(judge(f"link.replays.gpu{i}", f"GPU{i} PCIe replay counter steady", rise <= lk.max_replay_increase,
-                         f"+{rise} ({g['replay_before']} -> {g['replay_after']})", f"<= +{lk.max_replay_increase}",
-                         "replays under load mean a marginal link: reseat, drop a riser, or force one Gen lower "
-                         "in BIOS and compare"))
+        out.append(figure(f"link.replays.gpu{i}", f"GPU{i} PCIe replay counter steady", rise, "<=",
+                          lk.max_replay_increase, "count",
+                          "replays under load mean a marginal link: reseat, drop a riser, or force one Gen lower "
+                          "in BIOS and compare", context=f"replays under load: {g['replay_before']} -> "
+                          f"{g['replay_after']}"))
         out.append(judge(f"link.clocks.gpu{i}", f"GPU{i} clocks not locked", not g["app_clocks_reason_under_load"],
                          "applications/locked clocks limit active" if g["app_clocks_reason_under_load"] else "free",
                          "free", "someone locked clocks (nvidia-smi -lgc / -ac): it does not fill the link and skews "
@@ -60,16 +61,15 @@ def check(f: dict, p: Profile) -> list[Check]:
             ceil = ceiling_gbps(gen, width)
             for key, name in (("h2d_gbps", "host-to-device"), ("d2h_gbps", "device-to-host")):
                 v = g["host"][key]
-                out.append(judge(f"link.{key[:3]}.gpu{i}", f"GPU{i} pinned {name} bandwidth",
-                                 v / ceil >= lk.h2d_min_ratio,
-                                 f"{v:.1f} GB/s = {v / ceil:.2f} of Gen{gen} x{width} {ceil:.1f} GB/s",
-                                 f">= {lk.h2d_min_ratio:.2f} of ceiling",
-                                 "the link trains but does not carry: check for a switch, a riser, or a slot shared "
-                                 "with another device (see topology)"))
+                out.append(figure(f"link.{key[:3]}.gpu{i}", f"GPU{i} pinned {name} bandwidth", round(v / ceil, 4),
+                                  ">=", lk.h2d_min_ratio, "ratio",
+                                  "the link trains but does not carry: check for a switch, a riser, or a slot shared "
+                                  "with another device (see topology)",
+                                  context=f"{v:.1f} GB/s of Gen{gen} x{width}'s {ceil:.1f} GB/s"))
     n = r["device_count"]
     if p.gpus.count < 2:  # one GPU per host: the GPUs of the nodes meet over the fabric, not over PCIe
         return out + fabric(f, p)
-    out.append(judge("link.p2p_pair", "two GPUs for P2P", n >= 2, n, ">= 2", TWO_GPUS.format(n=n), pitfall="P17"))
+    out.append(figure("link.p2p_pair", "two GPUs for P2P", n, ">=", 2, "count", TWO_GPUS.format(n=n), pitfall="P17"))
     ceil_by = {g["index"]: ceiling_gbps(g["max_seen"]["gen"], g["max_seen"]["width"]) for g in r["gpus"]
                if g["max_seen"]["gen"]}
     for x in r["pairs"]:
@@ -80,24 +80,22 @@ def check(f: dict, p: Profile) -> list[Check]:
                          "p2p-module (the patched module must be loaded)", pitfall="P17"))
         ceil = min(ceil_by.get(a, 0), ceil_by.get(b, 0)) or ceiling_gbps(p.pcie.min_gen, p.pcie.min_width)
         bw = x["unidir_gbps"]
-        out.append(judge(f"link.p2p_bw.{tag}", f"P2P bandwidth GPU{a} -> GPU{b}", bw / ceil >= lk.p2p_min_ratio,
-                         f"{bw:.1f} GB/s = {bw / ceil:.2f} of {ceil:.1f} GB/s (host-staged {x['staged_gbps']:.1f}, "
-                         f"x{bw / max(x['staged_gbps'], 1e-9):.1f}; both ways {x['bidir_gbps']:.1f})",
-                         f">= {lk.p2p_min_ratio:.2f} of ceiling",
-                         "P2P is slow: a translating IOMMU, a switch, or copies falling back to host staging; "
-                         "compare with NCCL_P2P_DISABLE=1 to isolate P2P's effect", pitfall="P17"))
-        out.append(judge(f"link.p2p_latency.{tag}", f"P2P small-copy latency GPU{a} -> GPU{b}",
-                         x["latency_us"] <= lk.p2p_max_latency_us, f"{x['latency_us']:.2f} us",
-                         f"<= {lk.p2p_max_latency_us:g} us",
-                         "latency is the clearest sign of P2P: ~0.4 us with the patch against ~14 us without; "
-                         "check the patched module is loaded"))
+        out.append(figure(f"link.p2p_bw.{tag}", f"P2P bandwidth GPU{a} -> GPU{b}", round(bw / ceil, 4), ">=",
+                          lk.p2p_min_ratio, "ratio",
+                          "P2P is slow: a translating IOMMU, a switch, or copies falling back to host staging; "
+                          "compare with NCCL_P2P_DISABLE=1 to isolate P2P's effect", pitfall="P17",
+                          context=f"{bw:.1f} GB/s of {ceil:.1f} GB/s; host-staged {x['staged_gbps']:.1f}, "
+                                  f"x{bw / max(x['staged_gbps'], 1e-9):.1f}; both ways {x['bidir_gbps']:.1f}"))
+        out.append(figure(f"link.p2p_latency.{tag}", f"P2P small-copy latency GPU{a} -> GPU{b}", x["latency_us"],
+                          "<=", lk.p2p_max_latency_us, "us",
+                          "latency is the clearest sign of P2P: ~0.4 us with the patch against ~14 us without; "
+                          "check the patched module is loaded"))
         it = x["integrity"]
-        out.append(Check(f"link.p2p_integrity.{tag}", f"P2P copy integrity GPU{a} -> GPU{b}",
-                         "pass" if it["equal"] else FAIL,
-                         f"{it['mismatches']} of {it['elements']} int32 differ ({it['zeros']} zero)",
-                         "0 differ",
-                         "" if it["equal"] else "a broken P2P path: zero-filled data is the IOMMU translating "
-                         "(IO_PAGE_FAULT in dmesg): set iommu=pt (p2p-module stage) and reboot", "P17"))
+        differ = it["mismatches"] if it["equal"] else max(it["mismatches"], 1)  # unequal is never 0
+        out.append(figure(f"link.p2p_integrity.{tag}", f"P2P copy integrity GPU{a} -> GPU{b}", differ, "==", 0,
+                          "count", "a broken P2P path: zero-filled data is the IOMMU translating "
+                          "(IO_PAGE_FAULT in dmesg): set iommu=pt (p2p-module stage) and reboot", "P17",
+                          context=f"int32 of {it['elements']} differ; {it['zeros']} zero"))
     return out
 
 
@@ -121,8 +119,8 @@ def fabric(f: dict, p: Profile) -> list[Check]:
     for h in hcas:
         x = by[h]
         rate = x.get("rate_gbps")
-        out.append(judge(f"link.fabric_rate.{h}", f"{h} ({','.join(x['netdevs'])}) port rate",
-                         rate is not None and rate >= want, x.get("rate") or "unknown", f">= {want} Gb/s",
-                         "the port trained below the fabric's rate: check the cable (DAC/AOC rated for the speed), "
-                         "the switch port's speed setting, and `ethtool <netdev>`"))
+        out.append(figure(f"link.fabric_rate.{h}", f"{h} ({','.join(x['netdevs'])}) port rate", rate, ">=", want,
+                          "Gb/s", "the port trained below the fabric's rate: check the cable (DAC/AOC rated for the "
+                          "speed), the switch port's speed setting, and `ethtool <netdev>`",
+                          context=x.get("rate") or "the kernel reports no rate", missing="unknown"))
     return out

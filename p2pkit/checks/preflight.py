@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from p2pkit.checks import FAIL, PASS, WARN, Check, failed, judge, unknown
+from p2pkit.checks import FAIL, PASS, WARN, Check, failed, figure, judge, unknown
 from p2pkit.config import Profile
 from p2pkit.parse.system import kernel_tuple
 
@@ -98,10 +98,10 @@ def _disk(f, p) -> Check:
     if failed(d):
         return unknown("preflight.disk", "free disk for the engine and model", d, want)
     got = d["free_bytes"]
-    return judge("preflight.disk", "free disk for the engine and model", got >= want_b,
-                 f"{got / GIB:.1f} GiB free under {d['path']}", want,
-                 f"free at least {(want_b - got) / GIB:.1f} GiB more under {d['path']}, or lower "
-                 "host.min_free_disk_gib if your model is smaller")
+    return figure("preflight.disk", "free disk for the engine and model", got / GIB, ">=",
+                  p.host.min_free_disk_gib, "GiB", f"free at least {(want_b - got) / GIB:.1f} GiB more under "
+                  f"{d['path']}, or lower host.min_free_disk_gib if your model is smaller",
+                  context=f"free under {d['path']}")
 
 
 def _secure_boot(f) -> Check:
@@ -122,10 +122,10 @@ def _gpu_count(f, p) -> Check:
         return Check("preflight.gpu_count", "NVIDIA GPUs in sysfs", FAIL, 0, want,
                      "no NVIDIA GPU was found under /sys/bus/pci/devices; this host cannot run the "
                      f"profile's stages. Check the cards are seated and enabled in the firmware; {SIM_HINT}")
-    return judge("preflight.gpu_count", "NVIDIA GPUs in sysfs", len(gpus) == want,
-                 f"{len(gpus)} ({', '.join(g['bdf'] for g in gpus)})", want,
-                 f"the profile expects {want} GPU(s) and P2P needs two: seat the missing card, check "
-                 "it in `lspci -d 10de:`, or use a profile that matches this host")
+    return figure("preflight.gpu_count", "NVIDIA GPUs in sysfs", len(gpus), "==", want, "count",
+                  f"the profile expects {want} GPU(s) and P2P needs two: seat the missing card, check "
+                  "it in `lspci -d 10de:`, or use a profile that matches this host",
+                  context=", ".join(g["bdf"] for g in gpus))
 
 
 def _gpu_model(f, p) -> Check:

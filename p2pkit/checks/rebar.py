@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from p2pkit.checks import FAIL, PASS, SKIP, Check, failed, judge, unknown
+from p2pkit.checks import FAIL, PASS, SKIP, Check, failed, figure, unknown
 from p2pkit.config import Profile
 
 GIB = 1 << 30
@@ -42,22 +42,21 @@ def check(f: dict, p: Profile) -> list[Check]:
             out.append(Check(f"rebar.bar1.{bdf}", title, FAIL, f"could not determine: {why}", f">= {_gib(floor)}",
                              FIX))
             continue
-        measured = f"{_gib(ap['size'])} at resource{ap['index']}"
         hint = FIX
         bigger = [s for s in ap.get("resizable_to", []) if s >= floor]
         if bigger:
             hint += f"; this card offers {_gib(max(bigger))} (resource{ap['index']}_resize)"
-        out.append(judge(f"rebar.bar1.{bdf}", title, ap["size"] >= floor, measured,
-                         f">= {_gib(floor)} ({'VRAM from NVML' if nv else 'VRAM from the profile'})", hint))
+        out.append(figure(f"rebar.bar1.{bdf}", title, ap["size"] / GIB, ">=", floor / GIB, "GiB", hint,
+                          context=f"at resource{ap['index']}",
+                          expected_context=f"({'VRAM from NVML' if nv else 'VRAM from the profile'})"))
         if nv is None:
             out.append(Check(f"rebar.nvml.{bdf}", f"NVML bar1Total of {bdf} agrees with sysfs", SKIP,
                              f"could not determine: {f.get('nvml', {}).get('error', 'GPU not in NVML')}",
                              _gib(ap["size"])))
         else:
-            out.append(judge(f"rebar.nvml.{bdf}", f"NVML bar1Total of {bdf} agrees with sysfs",
-                             nv.get("bar1_total") == ap["size"],
-                             _gib(nv["bar1_total"]) if isinstance(nv.get("bar1_total"), int) else nv.get("bar1_total"),
-                             _gib(ap["size"]),
-                             "NVML and sysfs disagree on BAR1: reload the driver (or reboot) after changing BIOS "
-                             "settings"))
+            b1 = nv.get("bar1_total")
+            out.append(figure(f"rebar.nvml.{bdf}", f"NVML bar1Total of {bdf} agrees with sysfs",
+                              b1 / GIB if isinstance(b1, int) else None, "==", ap["size"] / GIB, "GiB",
+                              "NVML and sysfs disagree on BAR1: reload the driver (or reboot) after changing BIOS "
+                              "settings", missing=f"not read: {b1}", expected_context="(sysfs)"))
     return out or [Check("rebar.gpus", "GPUs", PASS, 0, 0)]

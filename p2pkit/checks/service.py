@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from p2pkit import engine_cmd
-from p2pkit.checks import FAIL, PASS, WARN, Check, failed, judge, not_measured, unknown
+from p2pkit.checks import FAIL, PASS, WARN, Check, failed, figure, judge, not_measured, unknown
 from p2pkit.config import Profile
 from p2pkit.parse import nccl
 
@@ -26,10 +26,10 @@ def check(f: dict, p: Profile) -> list[Check]:
                      not a["verify_issues"], "; ".join(a["verify_issues"]) or f"exit {a['verify_rc']}", "clean",
                      "fix the unit (templates/p2pkit-engine.service.j2) or the profile values it was rendered from"))
     exp = a["exposure"]
-    out.append(judge("service.exposure", "systemd-analyze security exposure", exp is not None and
-                     exp <= p.serve.security_max_exposure, f"{exp} {a['exposure_label'] or ''}".strip(),
-                     f"<= {p.serve.security_max_exposure:g}", "the unit's hardening was weakened: restore it, or "
-                     "raise serve.security_max_exposure knowingly"))
+    out.append(figure("service.exposure", "systemd-analyze security exposure", exp, "<=",
+                      p.serve.security_max_exposure, "exposure", "the unit's hardening was weakened: restore it, or "
+                      "raise serve.security_max_exposure knowingly", context=a["exposure_label"] or "",
+                      missing="not read"))
     h = s["health"]
     cause = s.get("likely_cause")
     tail = " | ".join(s.get("log_tail", [])[-5:])

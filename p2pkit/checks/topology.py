@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from p2pkit.checks import FAIL, WARN, Check, failed, judge, unknown
+from p2pkit.checks import FAIL, WARN, Check, failed, figure, judge, unknown
 from p2pkit.config import Profile
 from p2pkit.parse.roce import resolve
 from p2pkit.parse.smi import relation_has_switch, relation_meaning
@@ -26,14 +26,13 @@ def check(f: dict, p: Profile) -> list[Check]:
     if failed(gpus):
         return [unknown("topology.gpus", "GPUs in sysfs", gpus, p.gpus.count)]
     if p.gpus.count < 2:  # one GPU per host (a Spark node): no PCIe P2P to judge, only the link and fabric
-        out = [judge("topology.gpu_count", "the profile's GPUs in sysfs", len(gpus) == p.gpus.count, len(gpus),
-                     p.gpus.count, "seat the GPU the profile names, or pick the profile of this host")]
+        out = [figure("topology.gpu_count", "the profile's GPUs in sysfs", len(gpus), "==", p.gpus.count, "count",
+                      "seat the GPU the profile names, or pick the profile of this host")]
         out += [_capability(g, p) for g in gpus]
         if p.network.require_roce:
             out.append(_roce(f, p))
         return out
-    out = [judge("topology.gpu_pair", "two GPUs for P2P", len(gpus) >= 2, len(gpus), ">= 2",
-                 TWO_GPUS.format(n=len(gpus)))]
+    out = [figure("topology.gpu_pair", "two GPUs for P2P", len(gpus), ">=", 2, "count", TWO_GPUS.format(n=len(gpus)))]
     for g in gpus:
         out += [_root_port(g, p), _capability(g, p), _iommu(g)]
     if len(gpus) >= 2:
