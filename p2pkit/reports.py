@@ -1,14 +1,15 @@
 """Reports for CI and monitoring: JUnit XML (one test case per check) and the node_exporter
-textfile format (figures a lab's Prometheus can watch for drift). Both written atomically."""
+textfile format through prometheus_client (figures a lab's Prometheus can watch for drift). Both
+written atomically."""
 
 from __future__ import annotations
 
-import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from p2pkit.artifacts import atomic_write
 from p2pkit.checks import ERROR
+from p2pkit.errors import UsageError
 
 
 def junit(results: list[dict], simulated: bool) -> bytes:
@@ -43,57 +44,82 @@ def junit(results: list[dict], simulated: bool) -> bytes:
     return ET.tostring(suites, encoding="utf-8", xml_declaration=True)
 
 
-def _labels(**kw) -> str:
-    def esc(v) -> str:
-        return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-    return "{" + ",".join(f'{k}="{esc(v)}"' for k, v in kw.items()) + "}"
-
-
 STAGE_STATE = {"pass": 1, "warn": 1, "fail": 0}
+GB = 1e9
 
 
-def prometheus(results: list[dict], facts: dict, simulated: bool, profile: str) -> str:
-    """node_exporter textfile collector format: HELP, TYPE, samples."""
-    lines: list[str] = []
+def prometheus(results: list[dict], facts: dict, simulated: bool, profile: str):
+    """The figures a lab's Prometheus watches, as a prometheus_client registry: one family per metric
+    (one HELP and TYPE however many GPUs, pairs or checks), labelled, in base units (bytes per
+    second, seconds), from the typed values (facts, each check's `value`), never from display text."""
+    from prometheus_client import CollectorRegistry, Gauge
 
-    def metric(name: str, help_: str, samples: list[tuple[dict, float]], kind: str = "gauge") -> None:
+    reg = CollectorRegistry(auto_describe=True)
+    base = {"simulated": "true" if simulated else "false", "profile": profile}
+
+    def family(name: str, help_: str, samples: list[tuple[dict, float]]) -> None:
         if not samples:
             return
-        lines.append(f"# HELP {name} {help_}")
-        lines.append(f"# TYPE {name} {kind}")
-        lines.extend(f"{name}{_labels(**lbl)} {val}" for lbl, val in samples)
+        g = Gauge(name, help_, [*base, *samples[0][0]], registry=reg)
+        for labels, value in samples:
+            g.labels(**base, **{k: str(v) for k, v in labels.items()}).set(value)
 
-    sim = {"simulated": "true" if simulated else "false", "profile": profile}
-    metric("p2pkit_stage_ok", "1 when every check of the stage passed (warnings allowed), 0 otherwise",
-           [({**sim, "stage": r["stage"]}, STAGE_STATE.get(r["status"], 0)) for r in results])
-    metric("p2pkit_stage_could_not_run", "1 for a stage whose proof could not run here (a tool or extra missing)",
-           [({**sim, "stage": r["stage"]}, 1) for r in results if r["status"] == ERROR])
-    metric("p2pkit_check_failed", "1 for each failed check",
-           [({**sim, "stage": r["stage"], "check": c["id"]}, 1) for r in results for c in r["checks"]
+    family("p2pkit_stage_ok", "1 when every check of the stage passed (warnings allowed), 0 otherwise",
+           [({"stage": r["stage"]}, STAGE_STATE.get(r["status"], 0)) for r in results])
+    family("p2pkit_stage_could_not_run", "1 for a stage whose proof could not run here (a tool or extra missing)",
+           [({"stage": r["stage"]}, 1) for r in results if r["status"] == ERROR])
+    family("p2pkit_check_failed", "1 for each failed check",
+           [({"stage": r["stage"], "check": c["id"]}, 1) for r in results for c in r["checks"]
             if c["status"] == "fail"])
-    nvml = facts.get("nvml") or {}
-    if isinstance(nvml, dict) and nvml.get("driver_version"):
-        metric("p2pkit_driver_info", "the loaded NVIDIA driver", [({**sim, "version": nvml["driver_version"]}, 1)])
-    for g in (nvml.get("gpus") or []) if isinstance(nvml, dict) else []:
-        if isinstance(g.get("bar1_total"), int):
-            metric("p2pkit_bar1_bytes", "BAR1 size from NVML", [({**sim, "gpu": g["index"]}, g["bar1_total"])])
-    load = facts.get("link_load") or {}
-    for g in load.get("gpus", []) if isinstance(load, dict) else []:
-        lbl = {**sim, "gpu": g["index"]}
-        metric("p2pkit_link_gen_under_load", "PCIe generation reached under load", [(lbl, g["max_seen"]["gen"])])
-        metric("p2pkit_link_width_under_load", "PCIe width reached under load", [(lbl, g["max_seen"]["width"])])
-        metric("p2pkit_h2d_gbps", "pinned host-to-device GB/s", [(lbl, round(g["host"]["h2d_gbps"], 3))])
-    for x in load.get("pairs", []) if isinstance(load, dict) else []:
-        lbl = {**sim, "src": x["from"], "dst": x["to"]}
-        metric("p2pkit_p2p_gbps", "P2P copy GB/s, one way", [(lbl, round(x["unidir_gbps"], 3))])
-        metric("p2pkit_p2p_latency_us", "P2P small-copy latency", [(lbl, round(x["latency_us"], 3))])
-    for r in results:
-        for c in r["checks"]:
-            m = re.search(r"= ([\d.]+) of ", str(c["measured"]))
-            if m and c["id"].startswith(("link.p2p_bw", "link.h2d", "link.d2h")):
-                metric("p2pkit_bandwidth_ratio", "measured bandwidth over the link's raw ceiling",
-                       [({**sim, "check": c["id"]}, float(m.group(1)))])
-    return "\n".join(lines) + "\n"
+    family("p2pkit_bandwidth_ratio", "measured bandwidth over the link's raw ceiling",
+           [({"check": c["id"]}, c["value"]) for r in results for c in r["checks"]
+            if isinstance(c.get("value"), int | float) and c["id"].startswith(("link.p2p_bw", "link.h2d", "link.d2h"))])
+    nvml = facts.get("nvml") if isinstance(facts.get("nvml"), dict) else {}
+    if nvml.get("driver_version"):
+        family("p2pkit_driver_info", "the loaded NVIDIA driver", [({"version": nvml["driver_version"]}, 1)])
+    family("p2pkit_bar1_bytes", "BAR1 size from NVML",
+           [({"gpu": g["index"]}, g["bar1_total"]) for g in nvml.get("gpus") or [] if isinstance(g.get("bar1_total"),
+                                                                                              int)])
+    load = facts.get("link_load") if isinstance(facts.get("link_load"), dict) else {}
+    gpus, pairs = load.get("gpus", []), load.get("pairs", [])
+    family("p2pkit_link_gen_under_load", "PCIe generation reached under load",
+           [({"gpu": g["index"]}, g["max_seen"]["gen"]) for g in gpus])
+    family("p2pkit_link_width_under_load", "PCIe lanes reached under load",
+           [({"gpu": g["index"]}, g["max_seen"]["width"]) for g in gpus])
+    for key, what in (("h2d", "host-to-device"), ("d2h", "device-to-host")):
+        family(f"p2pkit_{key}_bytes_per_second", f"pinned {what} copy bandwidth",
+               [({"gpu": g["index"]}, g["host"][f"{key}_gbps"] * GB) for g in gpus if f"{key}_gbps" in g["host"]])
+    family("p2pkit_p2p_bytes_per_second", "P2P copy bandwidth, one way",
+           [({"src": x["from"], "dst": x["to"]}, x["unidir_gbps"] * GB) for x in pairs])
+    family("p2pkit_p2p_latency_seconds", "P2P small-copy latency",
+           [({"src": x["from"], "dst": x["to"]}, x["latency_us"] / 1e6) for x in pairs])
+    return reg
+
+
+def write_prometheus(path: Path, registry) -> None:
+    """The node_exporter textfile: written atomically by prometheus_client's own textfile helper
+    (a temporary file beside it, renamed over it), into a directory that must exist."""
+    from prometheus_client import write_to_textfile
+
+    path = textfile_path(path)
+    try:
+        write_to_textfile(str(path), registry)
+    except OSError as e:
+        raise UsageError(f"cannot write {path}: {e.strerror or e}",
+                         hint=f"check that {path.parent} is writable and its disk is not full") from e
+
+
+def textfile_path(path: Path) -> Path:
+    """Where the textfile goes, refused before any work when node_exporter could never read it."""
+    path = Path(path).resolve()
+    if not path.parent.is_dir():
+        raise UsageError(f"the textfile directory {path.parent} does not exist",
+                         hint=f"create it (`mkdir -p {path.parent}`) or point --prometheus at node_exporter's "
+                              "--collector.textfile.directory")
+    if path.suffix != ".prom":
+        raise UsageError(f"{path} does not end in .prom: node_exporter's textfile collector reads only *.prom files",
+                         hint=f"name it {path.with_suffix('.prom').name}")
+    return path
 
 
 def write(path: Path, data: bytes | str) -> None:

@@ -110,7 +110,8 @@ def verify_without_torch(cli, root, tmp_path):
     suite = ET.parse(junit).getroot().find("testsuite")
     assert suite.get("errors") == "1" and suite.get("failures") == "0"
     assert suite.find("testcase/error") is not None
-    assert 'p2pkit_stage_could_not_run{simulated="false",profile="dual-5090-ninfer",stage="link"} 1' in prom.read_text()
+    want = 'p2pkit_stage_could_not_run{simulated="false",profile="dual-5090-ninfer",stage="link"} 1.0'
+    assert want in prom.read_text()
     r = cli("--root", str(root), "--json", "verify", "--junit", str(junit))
     stages = {s["stage"]: s["status"] for s in r.json()["stages"]}
     assert len(stages) == 9 and stages["link"] == "could-not-run" and stages["rebar"] == "pass"

@@ -1,13 +1,83 @@
 """`verify --junit` and `--prometheus`: the files parse, and count what failed."""
 
+import contextlib
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
 import xml.etree.ElementTree as ET
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from p2pkit.checks.link import ceiling_gbps
 from p2pkit.sim import lifecycle
 
-pytestmark = pytest.mark.slow
+NODE_EXPORTER = "prometheus-node-exporter"  # Debian's package of node_exporter 1.5.0 (.ci/run installs it)
+
+
+@contextlib.contextmanager
+def node_exporter(textfile_dir):
+    """The real node_exporter on a free loopback port, only its textfile collector, reading textfile_dir.
+    Yields a function that scrapes /metrics; stderr (its log, where it names a rejected file) is kept."""
+    exe = shutil.which(NODE_EXPORTER)
+    assert exe, "install Debian's prometheus-node-exporter (.ci/run does)"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = textfile_dir.parent / "node_exporter.log"
+    with open(log, "wb") as err:
+        proc = subprocess.Popen([exe, "--collector.disable-defaults", "--collector.textfile",
+                                 f"--collector.textfile.directory={textfile_dir}",
+                                 f"--web.listen-address=127.0.0.1:{port}"], stdout=err, stderr=err)
+    try:
+        def scrape() -> str:
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                        return r.read().decode()
+                except OSError:
+                    assert proc.poll() is None, f"node_exporter exited: {log.read_text()}"
+                    assert time.monotonic() < deadline, f"node_exporter did not answer: {log.read_text()}"
+                    time.sleep(0.2)
+        scrape.log = log
+        yield scrape
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def accepted_by_node_exporter(textfile_dir) -> dict:
+    """Scrape node_exporter over textfile_dir: the families it serves; node_exporter's own words about
+    the file when it rejected it (node_textfile_scrape_error 1)."""
+    with node_exporter(textfile_dir) as scrape:
+        text = scrape()
+        fams = {f.name: f for f in text_string_to_metric_families(text)}
+        err = next(s.value for s in fams["node_textfile_scrape_error"].samples)
+        said = [ln for ln in scrape.log.read_text().splitlines() if "textfile" in ln.lower()]
+        assert err == 0, "node_exporter rejected the file: " + " / ".join(said)
+    return fams
+
+
+def test_a_textfile_directory_that_does_not_exist_is_named(cli, tmp_path):
+    r = cli("verify", "--prometheus", str(tmp_path / "nowhere/p2pkit.prom"))
+    assert r.code == 2 and f"the textfile directory {tmp_path / 'nowhere'} does not exist" in r.err
+    assert "Traceback" not in r.err
+    r = cli("verify", "--prometheus", str(tmp_path / "p2pkit.txt"))
+    assert r.code == 2 and "reads only *.prom files" in r.err
+
+
+def test_node_exporter_rejects_the_old_hand_written_form(tmp_path):
+    """The check itself: a second TYPE line for one family (what p2pkit wrote per GPU before) is
+    rejected whole by the real node_exporter, and the helper above says so in node_exporter's words."""
+    d = tmp_path / "textfile"
+    d.mkdir()
+    (d / "p2pkit.prom").write_text("".join(f'# HELP p2pkit_bar1_bytes BAR1\n# TYPE p2pkit_bar1_bytes gauge\n'
+                                           f'p2pkit_bar1_bytes{{gpu="{i}"}} 1\n' for i in (0, 1)))
+    with pytest.raises(AssertionError, match=r"rejected the file: .*second HELP line for metric name .*p2pkit_bar1"):
+        accepted_by_node_exporter(d)
 
 
 def bring_to_topology(cli, root):
@@ -17,6 +87,7 @@ def bring_to_topology(cli, root):
     return cli("--root", str(root), "up", "--to", "topology")
 
 
+@pytest.mark.slow
 def test_junit_and_prometheus_from_a_failing_host(cli, sim, tmp_path):
     root = sim("p2p-chipset-not-supported")
     r = bring_to_topology(cli, root)
@@ -44,14 +115,21 @@ def test_junit_and_prometheus_from_a_failing_host(cli, sim, tmp_path):
     assert all(s.labels["simulated"] == "true" for f in families.values() for s in f.samples)
 
 
+@pytest.mark.slow
 def test_prometheus_carries_link_figures(cli, sim, tmp_path):
+    """A two-GPU simulated host's figures, served by the real node_exporter (textfile collector)."""
     root = sim("healthy")
     assert cli("--root", str(root), "up", "--reboot", "--to", "link").code == 0
-    prom = tmp_path / "p.prom"
+    textfile = tmp_path / "textfile"
+    textfile.mkdir()
+    prom = textfile / "p2pkit.prom"
     r = cli("--root", str(root), "verify", "link", "--prometheus", str(prom))
     assert r.code == 0
-    fams = {f.name: f for f in text_string_to_metric_families(prom.read_text())}
-    assert {s.value for s in fams["p2pkit_link_gen_under_load"].samples} == {5}
-    assert {s.value for s in fams["p2pkit_p2p_gbps"].samples} == {28.5}
+    fams = accepted_by_node_exporter(textfile)
+    assert {s.labels["gpu"]: s.value for s in fams["p2pkit_link_gen_under_load"].samples} == {"0": 5, "1": 5}
+    assert {s.value for s in fams["p2pkit_p2p_bytes_per_second"].samples} == {28.5e9}
+    assert {(s.labels["src"], s.labels["dst"]) for s in fams["p2pkit_p2p_latency_seconds"].samples} == \
+        {("0", "1"), ("1", "0")}
     ratios = {s.labels["check"]: s.value for s in fams["p2pkit_bandwidth_ratio"].samples}
-    assert ratios["link.p2p_bw.gpu0-gpu1"] == 0.9
+    assert ratios["link.p2p_bw.gpu0-gpu1"] == round(28.5 / ceiling_gbps(5, 8), 4)  # the number, not its text
+    assert all(s.labels["simulated"] == "true" for n, f in fams.items() if n.startswith("p2pkit_") for s in f.samples)

@@ -205,6 +205,8 @@ def verify(
     if inventory is not None:
         cmd = ["verify", *([stage] if stage else []), *(["--prometheus", str(prometheus)] if prometheus else [])]
         _inventory(inventory, "verify", cmd, wheel, junit)
+    if prometheus:
+        reports.textfile_path(prometheus)  # a directory that does not exist is refused before the checks run
     ctx = common.context()
     selected = [get(stage).name] if stage else names()
     collected: dict = {}
@@ -216,7 +218,8 @@ def verify(
             from p2pkit import facts as facts_mod
 
             collected.update(facts_mod.collect(ctx.host, ["nvml"]))
-        reports.write(prometheus, reports.prometheus(results, collected, ctx.host.simulated, ctx.profile.name))
+        reports.write_prometheus(prometheus, reports.prometheus(results, collected, ctx.host.simulated,
+                                                                ctx.profile.name))
     if common.OPTS.json:
         ctx.out.document({"profile": ctx.profile.name, "stages": results, "exit_code": int(code)})
     else:
