@@ -35,10 +35,10 @@ MODULES = ("nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-drm")
 # What NVIDIA's .run installer writes, replaces or removes (the library, firmware, binary and
 # configuration entries of its .manifest): another driver's files there are kept before it runs.
 USERSPACE_GLOBS = (
-    "usr/lib/x86_64-linux-gnu/libnvidia-*.so*", "usr/lib/x86_64-linux-gnu/libcuda.so*",
-    "usr/lib/x86_64-linux-gnu/libcudadebugger.so*", "usr/lib/x86_64-linux-gnu/libnvcuvid.so*",
-    "usr/lib/x86_64-linux-gnu/libnvoptix.so*", "usr/lib/x86_64-linux-gnu/lib*_nvidia.so*",
-    "usr/lib/x86_64-linux-gnu/vdpau/libvdpau_nvidia.so*", "usr/lib/x86_64-linux-gnu/gbm/nvidia-drm_gbm.so",
+    "usr/lib/*-linux-gnu/libnvidia-*.so*", "usr/lib/*-linux-gnu/libcuda.so*",
+    "usr/lib/*-linux-gnu/libcudadebugger.so*", "usr/lib/*-linux-gnu/libnvcuvid.so*",
+    "usr/lib/*-linux-gnu/libnvoptix.so*", "usr/lib/*-linux-gnu/lib*_nvidia.so*",
+    "usr/lib/*-linux-gnu/vdpau/libvdpau_nvidia.so*", "usr/lib/*-linux-gnu/gbm/nvidia-drm_gbm.so",
     "usr/lib/xorg/modules/drivers/nvidia_drv.so", "usr/lib/xorg/modules/extensions/libglxserver_nvidia.so*",
     "lib/firmware/nvidia/*/*", "etc/OpenCL/vendors/nvidia.icd", "usr/share/vulkan/icd.d/nvidia_icd.json",
     "usr/share/vulkan/implicit_layer.d/nvidia_layers.json", "usr/share/glvnd/egl_vendor.d/10_nvidia.json",

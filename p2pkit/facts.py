@@ -17,7 +17,7 @@ from pathlib import Path
 
 from p2pkit import __version__, hoststate
 from p2pkit.errors import P2pkitError, UsageError
-from p2pkit.host import Host, kmod, nvml, pci, roce, smi, storage, system
+from p2pkit.host import Host, arch, kmod, nvml, pci, roce, smi, storage, system
 from p2pkit.parse import system as ps
 from p2pkit.secrets import REDACTED, is_secret
 
@@ -78,6 +78,7 @@ PROFILE_COLLECTORS: dict[str, Callable[[Host, object], object]] = {
 
 COLLECTORS: dict[str, Callable[[Host], object]] = {
     "driver_guards": _guards,
+    "arch": arch.machine,
     "identity": system.identity,
     "os": _os,
     "kernel": system.kernel_release,

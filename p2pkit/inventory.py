@@ -6,8 +6,9 @@ table of hosts by stages."""
 
 from __future__ import annotations
 
+import configparser
 import json
-import subprocess
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -15,15 +16,60 @@ from pathlib import Path
 from p2pkit import __version__
 from p2pkit.ansible import playbook_binary, share_dir
 from p2pkit.errors import Exit, MissingError, UsageError
-from p2pkit.runner import own_executable
+from p2pkit.runner import Runner, own_executable
 from p2pkit.stages import names
 
+HOST_TIMEOUT_S = {"up": 6 * 3600, "status": 1800, "verify": 3600}  # a host var p2pkit_host_timeout overrides
+CONNECT_TIMEOUT_S = 30  # Ansible's `timeout` (ssh ConnectTimeout, the banner too), where the operator set none
+# p2pkit's Ansible settings, each given (as an environment variable) only where the operator's
+# configuration has none: [defaults] key -> (environment variable, p2pkit's value). Never host key
+# checking: the operator's ssh settings and known_hosts decide.
+P2PKIT_SETTINGS = {"retry_files_enabled": ("ANSIBLE_RETRY_FILES_ENABLED", "false"),
+                   "timeout": ("ANSIBLE_TIMEOUT", str(CONNECT_TIMEOUT_S)),
+                   "nocolor": ("ANSIBLE_NOCOLOR", "1")}
+TREE = "ansible.builtin.tree"  # ansible-core's own callback: each host's last result as JSON, one file per host
 
-def host_names(inventory: Path) -> list[str]:
+
+def operator_config(env: dict[str, str], cwd: Path) -> Path | None:
+    """The ansible.cfg Ansible itself would read, in its order: ANSIBLE_CONFIG (a file, or a directory
+    holding ansible.cfg), ./ansible.cfg, ~/.ansible.cfg, /etc/ansible/ansible.cfg."""
+    given = env.get("ANSIBLE_CONFIG")
+    home = Path(env.get("HOME", str(Path.home())))
+    for c in ([Path(given).expanduser()] if given else []) + [cwd / "ansible.cfg", home / ".ansible.cfg",
+                                                            Path("/etc/ansible/ansible.cfg")]:
+        c = c / "ansible.cfg" if c.is_dir() else c
+        if c.is_file():
+            return c
+    return None
+
+
+def ansible_env(env: dict[str, str], cwd: Path, tree: Path) -> dict[str, str]:
+    """What p2pkit adds to the operator's environment for an inventory run: its settings where the
+    operator's environment and ansible.cfg set none, and the tree callback (added to the operator's
+    own callbacks) that leaves each host's result as JSON in `tree`."""
+    cfg = configparser.ConfigParser(interpolation=None, strict=False)
+    path = operator_config(env, cwd)
+    if path is not None:
+        try:
+            cfg.read(path)
+        except configparser.Error as e:
+            raise UsageError(f"cannot read the Ansible configuration {path}: {e}",
+                             hint="fix that file (ansible-config view shows what Ansible reads)") from e
+    mine = cfg["defaults"] if cfg.has_section("defaults") else {}
+    add = {var: value for key, (var, value) in P2PKIT_SETTINGS.items() if var not in env and key not in mine}
+    enabled = env.get("ANSIBLE_CALLBACKS_ENABLED") or mine.get("callbacks_enabled") or \
+        mine.get("callback_whitelist") or ""
+    names = [n.strip() for n in enabled.split(",") if n.strip()]
+    add["ANSIBLE_CALLBACKS_ENABLED"] = ",".join([*names, *([] if TREE in names or "tree" in names else [TREE])])
+    add["ANSIBLE_CALLBACK_TREE_DIR"] = str(tree)
+    return add
+
+
+def host_names(inventory: Path, runner: Runner) -> list[str]:
     exe = Path(playbook_binary()).with_name("ansible-inventory")
     if not exe.exists():
         raise MissingError("ansible-inventory is not installed", hint="install ansible-core")
-    r = subprocess.run([str(exe), "-i", str(inventory), "--list"], capture_output=True, text=True)
+    r = runner.run([str(exe), "-i", str(inventory), "--list"], check=False)
     if r.returncode != 0:
         raise UsageError(f"cannot read the inventory {inventory}: {r.stderr.strip()[-300:]}",
                          hint="check it with `ansible-inventory -i FILE --list`")
@@ -35,32 +81,40 @@ def host_names(inventory: Path) -> list[str]:
 
 def run(inventory: Path, action: str, command: list[str], out, wheel: Path | None = None) -> tuple[Exit, dict]:
     """`wheel`: this p2pkit as a wheel, installed on the hosts that are not reached locally (or that
-    set p2pkit_install); without it they install this version from the package index."""
-    hosts = host_names(inventory)
+    set p2pkit_install); without it they install this version from the package index.
+
+    ansible-playbook runs through the one runner, with the operator's environment (SSH_AUTH_SOCK,
+    proxies, ANSIBLE_*) and Ansible configuration; each host's result is read from structured data:
+    the JSON its p2pkit printed, or, for a host that never got that far, the JSON ansible-core's tree
+    callback wrote for it (unreachable, failed, timed out)."""
+    runner = Runner()
+    hosts = host_names(inventory, runner)
     if wheel is not None and not wheel.is_file():
         raise UsageError(f"no wheel at {wheel}", hint="build one from the source tree: `pip wheel --no-deps . -w dist`")
     work = Path(tempfile.mkdtemp(prefix="p2pkit-inventory-"))
-    results = work / "results"
+    results, tree = work / "results", work / "tree"
     results.mkdir()
+    timeout = HOST_TIMEOUT_S[action]
     extra = {"p2pkit_action": action, "p2pkit_command": command, "p2pkit_results_dir": str(results),
              "p2pkit_bin": own_executable(), "p2pkit_version": __version__,
-             "ansible_python_interpreter": sys.executable}
+             "p2pkit_controller_python": sys.executable, "p2pkit_host_timeout_default": timeout}
     if wheel is not None:
         extra["p2pkit_wheel"] = str(wheel.resolve())
     vars_file = work / "vars.json"
     vars_file.write_text(json.dumps(extra))
     argv = [playbook_binary(), "-i", str(inventory), "-f", str(max(5, len(hosts))), "-e", f"@{vars_file}",
             str(share_dir() / "playbooks" / "inventory.yml")]
-    env = {"ANSIBLE_CONFIG": str(share_dir() / "playbooks" / "ansible.cfg"), "ANSIBLE_HOME": str(work / ".ansible"),
-           "ANSIBLE_LOCAL_TEMP": str(work / ".ansible/tmp"), "ANSIBLE_NOCOLOR": "1", "PATH": "/usr/bin:/bin"}
-    with out.working(f"{action} on {len(hosts)} host(s) of {inventory} (ansible-playbook, in parallel)"):
-        r = subprocess.run(argv, capture_output=True, text=True, env=env)
-    (work / "ansible.log").write_text(r.stdout + r.stderr)
-    report = {"inventory": str(inventory), "action": action, "hosts": {}, "log": str(work / "ansible.log")}
+    env = ansible_env(dict(os.environ), Path.cwd(), tree)
+    log = work / "ansible.log"
+    with out.working(f"{action} on {len(hosts)} host(s) of {inventory} (ansible-playbook, in parallel; "
+                     f"log: {log})"):
+        r = runner.run(argv, check=False, env=env, timeout=timeout + 3600)
+    log.write_text(r.stdout + r.stderr)
+    report = {"inventory": str(inventory), "action": action, "hosts": {}, "log": str(log)}
     for h in hosts:
         f = results / f"{h}.json"
         if not f.is_file():
-            report["hosts"][h] = {"exit_code": None, "error": ansible_failure(r.stdout, h), "stages": {}}
+            report["hosts"][h] = {"exit_code": None, "error": ansible_failure(tree / h), "stages": {}}
             continue
         res = json.loads(f.read_text())
         if res["rc"] is None:  # the host did not get as far as running p2pkit
@@ -97,19 +151,15 @@ def shown_state(s: dict) -> str:
     return "n/a" if s["state"] == "done" and s.get("reason", "").startswith("not applicable") else s["state"]
 
 
-def ansible_failure(log: str, host: str) -> str:
-    """Why a host sent nothing back, from ansible-playbook's `fatal: [host]: UNREACHABLE! => {...}`."""
-    import re
-
-    for m in re.finditer(r"^fatal: \[(.+?)\]: (UNREACHABLE|FAILED)! => (\{.*\})$", log, re.M):
-        if m.group(1) == host:
-            try:
-                msg = json.loads(m.group(3)).get("msg", "")
-            except ValueError:
-                msg = m.group(3)
-            what = "unreachable" if m.group(2) == "UNREACHABLE" else "failed"
-            return f"{what}: {str(msg).removeprefix('Task failed: ')[:300]}"
-    return "no result came back (see the Ansible log)"
+def ansible_failure(tree_file: Path) -> str:
+    """Why a host sent nothing back, from the JSON the tree callback left for it: its last result."""
+    try:
+        res = json.loads(tree_file.read_text())
+    except (OSError, ValueError):
+        return "no result came back (see the Ansible log)"
+    msg = str(res.get("msg") or res.get("stderr") or "no message").removeprefix("Task failed: ")
+    what = "unreachable" if res.get("unreachable") else "failed"
+    return f"{what}: {msg[:300]}"
 
 
 def table_rows(report: dict) -> tuple[list[str], list[list[str]]]:

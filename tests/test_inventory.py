@@ -1,15 +1,21 @@
 """More than one machine: three simulated hosts run through a real Ansible inventory, one failing
 at topology; the other two finish; the table and the JSON say exactly that."""
 
+import os
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from p2pkit.inventory import HOST_TIMEOUT_S
 from p2pkit.stages import names
+from tests.conftest import REPO
 
-pytestmark = pytest.mark.slow
 
-
+@pytest.mark.slow
 def test_three_hosts_one_failing_at_topology(cli, sim, tmp_path):
     roots = {"box-a": sim("healthy", "a"), "box-b": sim("healthy", "b"),
              "box-c": sim("p2p-chipset-not-supported", "c")}
@@ -55,6 +61,7 @@ def test_three_hosts_one_failing_at_topology(cli, sim, tmp_path):
     assert got == fails and "topology.p2p_read" in got
 
 
+@pytest.mark.slow
 def test_unreadable_inventory(cli, tmp_path):
     bad = tmp_path / "nothing.yml"
     bad.write_text("all:\n  hosts: {}\n")
@@ -62,41 +69,159 @@ def test_unreadable_inventory(cli, tmp_path):
     assert r.code == 2 and "names no host" in r.err
 
 
-def test_remote_hosts_get_the_controllers_p2pkit(cli, sim, tmp_path):
-    """A host that is not reached locally gets p2pkit in its own virtual environment, from the
-    controller's wheel, at the controller's version; p2pkit_install forces that path here."""
-    import subprocess
-    import sys
+@pytest.fixture
+def sshd(tmp_path):
+    """The real OpenSSH server (Debian's openssh-server) on 127.0.0.1 at a free port, a throwaway host
+    key, root's logins by a user key held only by a real ssh-agent; stopped afterwards."""
+    d = tmp_path / "sshd"
+    d.mkdir()
+    for name in ("host", "user"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / name)], check=True)
+    (d / "authorized_keys").write_text((d / "user.pub").read_text())
+    port = free_port()
+    (d / "sshd_config").write_text(f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d / 'host'}\n"
+                                   f"PidFile {d / 'sshd.pid'}\nAuthorizedKeysFile {d / 'authorized_keys'}\n"
+                                   "StrictModes no\nUsePAM no\nPermitRootLogin prohibit-password\n"
+                                   "PasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+                                   "Subsystem sftp /usr/lib/openssh/sftp-server\n")
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
+    with open(d / "sshd.log", "wb") as log:
+        server = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(d / "sshd_config")], stderr=log)
+    sock = d / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: sock.exists() and port_open(port), f"sshd or ssh-agent did not start: {d / 'sshd.log'}")
+        subprocess.run(["ssh-add", "-q", str(d / "user")], env={"SSH_AUTH_SOCK": str(sock), "PATH": "/usr/bin:/bin"},
+                       check=True)
+        (d / "user").unlink()  # the key lives in the agent only
+        yield {"port": port, "agent": sock, "dir": d,
+               "host_key": f"[127.0.0.1]:{port} " + " ".join((d / "host.pub").read_text().split()[:2])}
+    finally:
+        for proc in (server, agent):
+            proc.terminate()
+            proc.wait(timeout=10)
 
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def wait_for(ready, what: str, seconds: float = 20) -> None:
+    deadline = time.monotonic() + seconds
+    while not ready():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_inventory_over_a_real_sshd(cli, sim, sshd, tmp_path, monkeypatch):
+    """Two hosts through a real sshd, each with its own simulated root, p2pkit installed on them from
+    the controller's wheel over ssh; the operator's environment (only SSH_AUTH_SOCK carries the key)
+    and Ansible configuration are what Ansible runs with: an unknown host key is refused until the
+    operator's known_hosts has it; a host whose ssh hangs is unreachable after its own timeout while
+    the others finish; a host that cannot install p2pkit says why."""
     from p2pkit import __version__
 
-    root = sim("healthy", "remote")
+    roots = {"lab-a": sim("healthy", "lab-a"), "lab-b": sim("healthy", "lab-b")}
     dist = tmp_path / "dist"
-    repo = Path(__file__).resolve().parents[1]
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(repo)], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(REPO)], check=True)
     wheel = next(dist.glob("p2pkit-*.whl"))
+    hung = socket.socket()  # accepts the TCP connection, never says the SSH banner
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(8)
+    known = tmp_path / "operator/known_hosts"
+    known.parent.mkdir()
+    known.write_text("")
+    cfg = known.parent / "ansible.cfg"  # the operator's own: p2pkit must read it, and never turn host keys off
+    cfg.write_text(f"[defaults]\nremote_tmp = {tmp_path / 'remote-tmp'}\n[ssh_connection]\n"
+                   f"ssh_args = -o UserKnownHostsFile={known} -o GlobalKnownHostsFile=/dev/null "
+                   "-o ControlMaster=no -o IdentitiesOnly=no\n")
+    for var in [v for v in os.environ if v.startswith(("SSH_", "ANSIBLE_"))]:
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("SSH_AUTH_SOCK", str(sshd["agent"]))
+    monkeypatch.setenv("ANSIBLE_CONFIG", str(cfg))
+    ssh = (f"ansible_host: 127.0.0.1, ansible_port: {sshd['port']}, ansible_user: root, "
+           "ansible_python_interpreter: /usr/bin/python3, p2pkit_host_python: /usr/bin/python3")
     inv = tmp_path / "hosts.yml"
-    inv.write_text(f"all:\n  hosts:\n    remote: {{ansible_connection: local, p2pkit_root: {root}, "
-                   "p2pkit_install: true}\n    broken: {ansible_connection: local, p2pkit_root: "
-                   f"{tmp_path / 'elsewhere'}, p2pkit_install: true, p2pkit_host_python: /nonexistent/python3}}\n")
-    r = cli("--json", "status", "--inventory", str(inv), "--wheel", str(wheel))
-    hosts = r.json()["hosts"]
-    venv = root / "opt/p2pkit/venv/bin/p2pkit"
-    assert venv.is_file()
-    out = subprocess.run([str(venv), "--version"], capture_output=True, text=True).stdout.strip()
-    assert out == f"p2pkit {__version__}"
-    assert hosts["remote"]["simulated"] is True and hosts["remote"]["stages"]["preflight"] == "not run"
+    inv.write_text("all:\n  hosts:\n" + "".join(f"    {h}: {{{ssh}, p2pkit_root: {r}}}\n" for h, r in roots.items())
+                   + f"    hung: {{ansible_host: 127.0.0.1, ansible_port: {hung.getsockname()[1]}, "
+                   "ansible_ssh_timeout: 3}\n"
+                   f"    broken: {{ansible_connection: local, p2pkit_root: {tmp_path / 'elsewhere'}, "
+                   "p2pkit_install: true, p2pkit_host_python: /nonexistent/python3}\n")
+    try:
+        r = cli("--json", "status", "--inventory", str(inv), "--wheel", str(wheel))
+        hosts = r.json()["hosts"]
+        for h in roots:  # the host key is nobody's yet: refused, with ssh's reason
+            assert hosts[h]["exit_code"] is None and "Host key verification failed" in hosts[h]["error"], hosts[h]
+        known.write_text(sshd["host_key"] + "\n")  # the operator accepts the key
+        t0 = time.monotonic()
+        r = cli("--json", "status", "--inventory", str(inv), "--wheel", str(wheel))
+        hosts = r.json()["hosts"]
+    finally:
+        hung.close()
+    assert r.code == 1
+    for h, root in roots.items():
+        assert hosts[h]["simulated"] is True and hosts[h]["stages"]["preflight"] == "not run", hosts[h]
+        venv = root / "opt/p2pkit/venv/bin/p2pkit"
+        out = subprocess.run([str(venv), "--version"], capture_output=True, text=True).stdout.strip()
+        assert out == f"p2pkit {__version__}"
+    h = hosts["hung"]
+    assert h["exit_code"] is None and h["error"].startswith("unreachable: ") and "timed out" in h["error"], h
     assert hosts["broken"]["exit_code"] is None
     assert hosts["broken"]["error"].startswith("p2pkit could not be installed on the host")
-    assert r.code == 1
+    assert time.monotonic() - t0 < HOST_TIMEOUT_S["status"]
     r = cli("status", "--inventory", str(inv), "--wheel", str(tmp_path / "nope.whl"))
     assert r.code == 2 and "no wheel at" in r.err
 
 
-def test_unreachable_host_is_named_with_ansibles_reason(cli, tmp_path):
-    inv = tmp_path / "hosts.yml"
-    inv.write_text("all:\n  hosts:\n    gone: {ansible_host: 127.0.0.1, ansible_port: 1, ansible_user: nobody}\n")
-    r = cli("--json", "status", "--inventory", str(inv))
-    assert r.code == 1
-    gone = r.json()["hosts"]["gone"]
-    assert gone["exit_code"] is None and gone["error"].startswith("unreachable: "), gone
+def test_p2pkit_settings_only_where_the_operator_has_none(tmp_path):
+    """Ansible's own order (ANSIBLE_CONFIG, ./ansible.cfg, ~/.ansible.cfg): p2pkit's settings are added
+    only for keys that config and the environment leave unset; its tree callback joins the operator's;
+    host key checking is never among them."""
+    from p2pkit.inventory import P2PKIT_SETTINGS, ansible_env, operator_config
+
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    env = {"HOME": str(home), "https_proxy": "http://proxy.lab:3128", "SSH_AUTH_SOCK": "/run/agent.sock"}
+    assert operator_config(env, cwd) in (None, Path("/etc/ansible/ansible.cfg"))
+    (home / ".ansible.cfg").write_text("[defaults]\ntimeout = 120\ncallbacks_enabled = profile_tasks\n")
+    assert operator_config(env, cwd) == home / ".ansible.cfg"
+    (cwd / "ansible.cfg").write_text("[defaults]\nnocolor = 0\n")
+    assert operator_config(env, cwd) == cwd / "ansible.cfg"  # ./ansible.cfg before ~/.ansible.cfg
+    given = tmp_path / "ops.cfg"
+    given.write_text("[defaults]\ntimeout = 99\n[ssh_connection]\nssh_args = -o StrictHostKeyChecking=yes\n")
+    env["ANSIBLE_CONFIG"] = str(given)
+    assert operator_config(env, cwd) == given
+    add = ansible_env(env, cwd, tmp_path / "tree")
+    assert "ANSIBLE_TIMEOUT" not in add  # the operator's timeout = 99 stands
+    assert add["ANSIBLE_RETRY_FILES_ENABLED"] == "false" and add["ANSIBLE_CALLBACK_TREE_DIR"] == str(tmp_path / "tree")
+    assert not any("HOST_KEY" in k for k in add) and all("host_key" not in k for k in P2PKIT_SETTINGS)
+    env["ANSIBLE_NOCOLOR"] = "0"
+    env["ANSIBLE_CALLBACKS_ENABLED"] = "ansible.posix.profile_tasks"
+    add = ansible_env(env, cwd, tmp_path / "tree")
+    assert "ANSIBLE_NOCOLOR" not in add  # set in the environment: the operator's
+    assert add["ANSIBLE_CALLBACKS_ENABLED"] == "ansible.posix.profile_tasks,ansible.builtin.tree"
+    assert not set(add) & {"https_proxy", "SSH_AUTH_SOCK", "PATH", "HOME"}  # those stay the operator's
+
+
+def test_a_host_with_no_result_is_read_from_the_tree_callbacks_json(tmp_path):
+    from p2pkit.inventory import ansible_failure
+
+    (tmp_path / "gone").write_text('{"changed": false, "msg": "Task failed: Failed to connect to the host via ssh: '
+                                   'ssh: connect to host 127.0.0.1 port 1: Connection refused", "unreachable": true}')
+    assert ansible_failure(tmp_path / "gone") == ("unreachable: Failed to connect to the host via ssh: ssh: connect "
+                                                  "to host 127.0.0.1 port 1: Connection refused")
+    (tmp_path / "slow").write_text('{"failed": true, "msg": "The task was terminated due to timeout after 5 s"}')
+    assert ansible_failure(tmp_path / "slow").startswith("failed: The task was terminated due to timeout")
+    assert ansible_failure(tmp_path / "none").startswith("no result came back")

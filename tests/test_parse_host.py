@@ -126,3 +126,28 @@ def test_json_result_of_a_helper_process(tmp_path):
     assert bad == {"error": "the helper exited 3 without a result: it broke"}
     gone = r.json_result(["/nonexistent/python3", "-c", "pass"], "the helper", 30)
     assert gone == {"error": "/nonexistent/python3 does not exist or is not executable"}
+
+
+def test_architecture_picks_installer_libdir_and_iommu_option():
+    from p2pkit.host.arch import ARCHES
+    from p2pkit.stages.acting import iommu_cmdline
+
+    x86, arm = ARCHES["x86_64"], ARCHES["aarch64"]
+    assert x86.installer("615.71.09") == "NVIDIA-Linux-x86_64-615.71.09.run"
+    assert arm.installer("615.71.09") == "NVIDIA-Linux-aarch64-615.71.09.run"
+    assert (x86.libdir, arm.libdir) == ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu")
+    assert iommu_cmdline("passthrough", "AuthenticAMD", "x86_64") == "amd_iommu=on iommu=pt"
+    assert iommu_cmdline("passthrough", "GenuineIntel", "x86_64") == "intel_iommu=on iommu=pt"
+    assert iommu_cmdline("passthrough", "unknown", "aarch64") == "iommu.passthrough=1"
+    assert system.iommu_intent("iommu.passthrough=1", "unknown").mode == "passthrough"  # read back the same
+
+
+def test_an_installer_for_another_architecture_is_refused():
+    from p2pkit import config
+    from p2pkit.checks.driver import installer_arch
+
+    x86_profile = config.load("dual-5090-ninfer")
+    c = installer_arch("aarch64", x86_profile)
+    assert c.status == "fail" and c.expected == "NVIDIA-Linux-aarch64-615.71.09.run"
+    assert installer_arch("x86_64", x86_profile).status == "pass"
+    assert installer_arch("aarch64", config.load("dual-spark-vllm")).status == "pass"

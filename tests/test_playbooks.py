@@ -56,15 +56,49 @@ def test_driver_and_p2p_playbooks_are_idempotent_and_check_mode_is_clean(sim):
     assert tree_digest(root) == before
 
 
-def test_what_the_playbooks_leave_on_the_host(sim):
+def stock_driver_repository(where: Path) -> Path:
+    """A local apt repository (file:) holding a stand-in of Ubuntu's nvidia-driver-580, built with the
+    real dpkg-deb; its Packages index written in apt's own format from the package's control file."""
+    pkg = where / "src"
+    (pkg / "DEBIAN").mkdir(parents=True)
+    (pkg / "DEBIAN/control").write_text("Package: nvidia-driver-580\nVersion: 580.95.05-0ubuntu1\nArchitecture: "
+                                        "amd64\nMaintainer: p2pkit tests <dev@p2pkit>\nDescription: stand-in for "
+                                        "Ubuntu's nvidia-driver-580\n")
+    deb = where / "nvidia-driver-580_580.95.05-0ubuntu1_amd64.deb"
+    subprocess.run(["dpkg-deb", "-Zgzip", "--build", str(pkg), str(deb)], check=True, capture_output=True)
+    control = subprocess.run(["dpkg-deb", "-f", str(deb)], check=True, capture_output=True, text=True).stdout
+    (where / "Packages").write_text(f"{control.rstrip()}\nFilename: ./{deb.name}\nSize: {deb.stat().st_size}\n"
+                                    f"SHA256: {hashlib.sha256(deb.read_bytes()).hexdigest()}\n\n")
+    return where
+
+
+def test_what_the_playbooks_leave_on_the_host(sim, tmp_path):
     root = sim("healthy")
+    own_dpkg = hashlib.sha256(Path("/var/lib/dpkg/status").read_bytes()).hexdigest()
+    repo = stock_driver_repository(tmp_path / "repo")
+    (root / "etc/apt/sources.list").write_text(f"deb [trusted=yes] file:{repo} ./\n")
+
+    def real(tool, *args):  # the simulated host's dpkg and apt are this machine's real ones, on its root
+        return subprocess.run([str(root / "usr/bin" / tool), *args], capture_output=True, text=True)
+
+    assert real("apt-get", "update").returncode == 0
+    assert "Candidate: 580.95.05-0ubuntu1" in real("apt-cache", "policy", "nvidia-driver-580").stdout  # no pin yet
     ctx = ctx_for(root)
     acting.driver(ctx)
     acting.p2p_module(ctx)
     state = json.loads((root / ".p2pkit-sim/state.json").read_text())
     assert state["driver"]["userspace"] == "615.71.09"
-    assert "nvidia-firmware-580-580.95.05" in state["holds"]  # installed nvidia packages are held
-    assert "libnvidia-cfg1-580" not in state["holds"]  # removed (rc), nothing to hold
+    # the pin, judged by the real apt: the stock driver has no candidate, and an install is refused
+    policy = real("apt-cache", "policy", "nvidia-driver-580").stdout
+    assert "Candidate: (none)" in policy and "580.95.05-0ubuntu1 -1" in policy, policy
+    install = real("apt-get", "install", "-y", "nvidia-driver-580")
+    assert install.returncode == 100 and "has no installation candidate" in install.stderr, install.stderr
+    # the holds, set by ansible's dpkg_selections and read back by the real dpkg
+    selections = dict(ln.split() for ln in real("dpkg", "--get-selections").stdout.splitlines())
+    assert selections["nvidia-firmware-580-580.95.05"] == "hold"  # installed nvidia packages are held
+    assert selections["libnvidia-cfg1-580"] == "deinstall"  # removed (rc), nothing to hold
+    assert real("apt-mark", "showhold").stdout.split() == ["nvidia-firmware-580-580.95.05"]
+    assert hashlib.sha256(Path("/var/lib/dpkg/status").read_bytes()).hexdigest() == own_dpkg  # this machine's
     assert "Package-Blacklist" in (root / "etc/apt/apt.conf.d/51p2pkit-unattended-upgrades").read_text()
     assert "blacklist nouveau" in (root / "etc/modprobe.d/p2pkit-blacklist-nouveau.conf").read_text()
     assert state["initramfs_updates"] == 1
@@ -129,3 +163,26 @@ def test_ansible_lint_production_profile():
     r = subprocess.run([str(lint), "--offline", "--profile", "production", "playbooks/"], cwd=REPO,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+def test_driver_on_an_aarch64_spark_node_installs_once(sim):
+    """A simulated DGX Spark node is an aarch64 host: `uname -m`, NVIDIA's aarch64 installer, the
+    library in /usr/lib/aarch64-linux-gnu; the role's "already installed" guard looks there, so a
+    second run changes nothing (it named the x86_64 path and ran the installer on every `up`)."""
+    root = sim("spark-head")
+    assert subprocess.run([str(root / "usr/bin/uname"), "-m"], capture_output=True, text=True).stdout == "aarch64\n"
+    ctx = ctx_for(root)
+    assert ctx.profile.driver.installer_url.endswith("/NVIDIA-Linux-aarch64-615.71.09.run")
+    assert acting.driver(ctx)["changed"] > 0
+    assert (root / "usr/lib/aarch64-linux-gnu/libnvidia-ml.so.615.71.09").is_file()
+    assert not (root / "usr/lib/x86_64-linux-gnu").exists()
+    second = acting.driver(ctx)
+    assert second["changed"] == 0, second
+    log = (ctx.store.dir / "logs/driver.log").read_text()
+    assert "Ensure the userspace driver is installed without kernel modules" in log
+    from p2pkit import facts
+    from p2pkit.checks import driver as driver_checks
+
+    checks = {c.id: c for c in driver_checks.check(facts.collect(ctx.host, ["userspace_driver", "driver_guards",
+                                                                            "arch"]), ctx.profile)}
+    assert checks["driver.installer_arch"].status == "pass" and checks["driver.userspace_version"].status == "pass"

@@ -27,8 +27,26 @@ def precheck(p: Profile) -> list[Check]:
     return out
 
 
+def installer_arch(machine: str, p: Profile) -> Check:
+    """The profile's installer is NVIDIA's build for this host's architecture."""
+    from p2pkit.host.arch import ARCHES
+
+    name = p.driver.installer_url.rsplit("/", 1)[-1]
+    want = ARCHES[machine].installer(p.driver.version) if machine in ARCHES else f"an installer for {machine}"
+    return judge("driver.installer_arch", "the installer is built for this host's architecture", name == want,
+                 f"{name} on {machine}", want,
+                 f"this host is {machine}: point driver.installer_url at {want} (and its sha256), or use the "
+                 "profile made for this machine (dual-spark-vllm is aarch64, the 5090 profiles x86_64)")
+
+
 def check(f: dict, p: Profile) -> list[Check]:
     out = precheck(p)
+    m = f.get("arch")
+    if isinstance(m, str):
+        out.append(installer_arch(m, p))
+    elif m is not None:
+        out.append(unknown("driver.installer_arch", "the installer is built for this host's architecture", m,
+                           "the host's architecture"))
     u = f.get("userspace_driver")
     want = p.driver.version
     if failed(u):

@@ -96,7 +96,9 @@ def dpkg_nvidia_problems(status_text: str) -> list[tuple[str, str]]:
         if not re.match(r"^(lib)?nvidia", name):
             continue
         status = fields.get("Status", "")
-        if status not in ("install ok installed", "deinstall ok config-files", "purge ok not-installed"):
+        want, _, state = status.partition(" ok ")  # "hold ok installed": held by p2pkit, installed
+        if want not in ("install", "hold", "deinstall", "purge") or state not in ("installed", "config-files",
+                                                                                  "not-installed"):
             problems.append((name, status))
     return problems
 

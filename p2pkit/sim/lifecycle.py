@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+from p2pkit.host.arch import ARCHES
 from p2pkit.sim import provision
 from p2pkit.sim.render import load_state, render
 from p2pkit.sim.standins import load_module, systemctl
@@ -12,7 +13,8 @@ from p2pkit.sim.standins import load_module, systemctl
 
 def init(root: Path, state: dict) -> None:
     driver_version = state.get("driver_pin", "615.71.09")
-    installer, sha = provision.make_installer(root, driver_version, gsp=state.get("installer_gsp", True))
+    installer, sha = provision.make_installer(root, driver_version, gsp=state.get("installer_gsp", True),
+                                              machine=state.get("arch", "x86_64"))
     import tomllib
 
     from p2pkit import config
@@ -47,7 +49,7 @@ def init(root: Path, state: dict) -> None:
         fw = root / "lib/firmware/nvidia" / stock
         fw.mkdir(parents=True, exist_ok=True)
         (fw / "gsp_ga10x.bin").write_text(f"stock GSP firmware {stock}\n")
-        lib = root / "usr/lib/x86_64-linux-gnu"
+        lib = root / ARCHES[state.get("arch", "x86_64")].libdir.lstrip("/")
         lib.mkdir(parents=True, exist_ok=True)
         (lib / f"libnvidia-ml.so.{stock}").write_text(f"stock libnvidia-ml {stock}\n")
         (lib / "libnvidia-ml.so.1").symlink_to(f"libnvidia-ml.so.{stock}")

@@ -13,7 +13,7 @@ from pathlib import Path
 from p2pkit import config, tomlwrite
 
 INSTALLER = '''#!{python}
-# SIMULATED NVIDIA-Linux-x86_64-{version}.run: installs the userspace driver into the simulated host.
+# SIMULATED {name}: installs the userspace driver into the simulated host.
 # As a makeself archive, it carries the MD5 of its payload (below the marker) and `--check` verifies it.
 import sys
 from p2pkit.sim.standins import installer
@@ -40,12 +40,15 @@ def _git(cwd: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.strip()
 
 
-def make_installer(root: Path, version: str, gsp: bool) -> tuple[Path, str]:
+def make_installer(root: Path, version: str, gsp: bool, machine: str = "x86_64") -> tuple[Path, str]:
+    """NVIDIA's installer for the simulated host's architecture, named as NVIDIA names it."""
+    from p2pkit.host.arch import ARCHES
+
     d = root / ".p2pkit-sim/downloads"
     d.mkdir(parents=True, exist_ok=True)
-    p = d / f"NVIDIA-Linux-x86_64-{version}.run"
+    p = d / ARCHES[machine].installer(version)
     payload = PAYLOAD.format(version=version)
-    p.write_text(INSTALLER.format(python=sys.executable, version=version, gsp=gsp,
+    p.write_text(INSTALLER.format(python=sys.executable, version=version, gsp=gsp, name=p.name,
                                   md5=hashlib.md5(payload.encode()).hexdigest()) + PAYLOAD_MARKER + payload)
     p.chmod(0o755)
     return p, hashlib.sha256(p.read_bytes()).hexdigest()

@@ -13,8 +13,8 @@ from p2pkit.host import SIM_MARKER
 from p2pkit.sim import model
 from p2pkit.sim.scenarios import GIB
 
-STANDINS = ["nvidia-smi", "modinfo", "dpkg-query", "apt-mark", "update-initramfs", "depmod", "update-grub",
-            "fuser", "modprobe", "systemctl", "journalctl", "nvcc"]
+STANDINS = ["nvidia-smi", "modinfo", "dpkg", "dpkg-query", "apt-mark", "apt-get", "apt-cache", "update-initramfs",
+            "depmod", "update-grub", "fuser", "modprobe", "systemctl", "journalctl", "nvcc", "uname"]
 AMD, NV = "0x1022", "0x10de"
 
 
@@ -136,12 +136,17 @@ def render(root: Path, state: dict) -> None:
             write(root, f"dev/{dev}", "")
         kind = "Open Kernel Module" if mod.get("open", True) else "Kernel Module"
         write(root, "proc/driver/nvidia/version",
-              f"NVRM version: NVIDIA UNIX {kind} for x86_64  {mod['version']}  Release Build  "
+              f"NVRM version: NVIDIA UNIX {kind} for {state.get('arch', 'x86_64')}  {mod['version']}  Release Build  "
               f"({mod.get('builder', 'dvs-builder@U22-I3-AM02-24-3')})  Tue Nov  3 10:00:00 UTC 2026\n"
               "GCC version:  gcc version 13.3.0 (Ubuntu 13.3.0-6ubuntu2~24.04)\n")
     write(root, "proc/cmdline", state["cmdline"] + "\n")
-    write(root, "proc/cpuinfo", "processor\t: 0\nvendor_id\t: " + state["cpu_vendor"] +
-          "\nmodel name\t: AMD Ryzen 9 9950X3D 16-Core Processor\n")
+    if state.get("arch") == "aarch64":  # arm64's /proc/cpuinfo has no vendor_id (GB10: Cortex-X925, 0x41 is Arm)
+        write(root, "proc/cpuinfo", "processor\t: 0\nBogoMIPS\t: 2000.00\nCPU implementer\t: 0x41\n"
+              "CPU architecture: 8\nCPU part\t: 0xd85\n")
+    else:
+        write(root, "proc/cpuinfo", "processor\t: 0\nvendor_id\t: " + state["cpu_vendor"] +
+              "\nmodel name\t: AMD Ryzen 9 9950X3D 16-Core Processor\n")
+    write(root, "proc/sys/kernel/arch", state.get("arch", "x86_64") + "\n")
     write(root, "proc/sys/kernel/osrelease", state["kernel"] + "\n")
     write(root, "proc/sys/kernel/hostname", "sim-dual5090\n")
     write(root, "proc/sys/kernel/random/boot_id", state["boot_id"] + "\n")
@@ -160,7 +165,7 @@ def render(root: Path, state: dict) -> None:
     write(root, "etc/machine-id", state["machine_id"] + "\n")
     os_ = state["os"]
     write(root, "etc/os-release", "".join(f'{k}="{v}"\n' for k, v in os_.items()) + "ID_LIKE=debian\n")
-    write(root, "var/lib/dpkg/status", "Package: bash\nStatus: install ok installed\nVersion: 5.2.21\n\n")
+    _dpkg_database(root, state)
     write(root, ".p2pkit-sim/README", "SIMULATED host laid out by `p2pkit sim init`. Nothing here is real.\n")
     state["driver"]["userspace"] = userspace_on_disk(root)  # what NVML would load: the files decide
     # the libraries a real host answers through (NVML, the GPUs under load), as this host's stand-ins
@@ -174,6 +179,35 @@ def render(root: Path, state: dict) -> None:
 
 
 LIBRARIES = {"nvml": "p2pkit.sim.nvml", "devices": "p2pkit.sim.devices", "machine": "p2pkit.sim.lifecycle"}
+
+
+def _dpkg_database(root: Path, state: dict) -> None:
+    """A real dpkg database (the simulated host's dpkg, dpkg-query, apt-mark and apt are this machine's
+    real ones pointed at it): the state's packages, each stanza in dpkg's own status format; a hold
+    set by dpkg itself (dpkg --set-selections, ansible's dpkg_selections) survives a re-render."""
+    status = root / "var/lib/dpkg/status"
+    held = set(re.findall(r"^Package: (\S+)\nStatus: hold ", status.read_text(), re.M)) if status.is_file() else set()
+    arch = "arm64" if state.get("arch") == "aarch64" else "amd64"
+    out = ["Package: bash\nStatus: install ok installed\nPriority: required\nSection: shells\n"
+           f"Maintainer: Ubuntu Developers <ubuntu-devel-discuss@lists.ubuntu.com>\nArchitecture: {arch}\n"
+           "Version: 5.2.21-2ubuntu4\nDescription: GNU Bourne Again SHell (SIMULATED)\n"]
+    for name, abbrev in sorted(state.get("packages", {}).items()):
+        want = "hold" if name in held else ("install" if abbrev == "ii" else "deinstall")
+        version = re.search(r"(\d+\.\d+\.\d+)$", name)
+        version = f"{version.group(1)}-0ubuntu1" if version else "1.0-0ubuntu1"
+        installed = abbrev == "ii"
+        out.append(f"Package: {name}\nStatus: {want} ok {'installed' if installed else 'config-files'}\n"
+                   "Priority: optional\nSection: misc\nMaintainer: Ubuntu Developers "
+                   f"<ubuntu-devel-discuss@lists.ubuntu.com>\nArchitecture: {arch}\nVersion: {version}\n"
+                   + ("" if installed else f"Config-Version: {version}\n") + f"Description: {name} (SIMULATED)\n")
+    write(root, "var/lib/dpkg/status", "\n".join(out) + "\n")
+    for d in ("var/lib/dpkg/info", "var/lib/dpkg/updates", "var/lib/dpkg/triggers", "var/lib/apt/lists/partial",
+              "var/cache/apt/archives/partial", "etc/apt/preferences.d", "etc/apt/apt.conf.d",
+              "etc/apt/sources.list.d", "var/log/apt"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    for f in ("var/lib/dpkg/available", "etc/apt/sources.list"):
+        if not (root / f).exists():
+            write(root, f, "")
 
 
 def _storage(root: Path, state: dict) -> None:
@@ -198,13 +232,14 @@ def _storage(root: Path, state: dict) -> None:
     write(root, "proc/self/mountinfo", "\n".join(lines) + "\n")
 
 
-NVML_LIB = "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
-
-
 def userspace_on_disk(root: Path) -> str | None:
-    """The userspace driver version NVML loads: the library libnvidia-ml.so.1 points to, if it is there."""
-    link = Path(root) / NVML_LIB
-    if not link.is_symlink() or not link.exists():
+    """The userspace driver version NVML loads: the library libnvidia-ml.so.1 points to, if it is there
+    (in the multiarch directory of either architecture: an aarch64 Spark node's is aarch64-linux-gnu)."""
+    from p2pkit.host.arch import ARCHES
+
+    links = [Path(root) / a.libdir.lstrip("/") / "libnvidia-ml.so.1" for a in ARCHES.values()]
+    link = next((x for x in links if x.is_symlink() and x.exists()), None)
+    if link is None:
         return None
     m = re.fullmatch(r"libnvidia-ml\.so\.(\d+\.\d+(?:\.\d+)?)", Path(os.readlink(link)).name)
     return m.group(1) if m else None

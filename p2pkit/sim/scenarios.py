@@ -27,13 +27,13 @@ HEALTHY: dict = {
          "bar1_bytes": 32 * GIB, "gpu_max_gen": 5, "gpu_max_width": 16, "slot_gen": 5, "slot_width": 8,
          "switch": False, "monitor": False},
     ],
+    "arch": "x86_64",
     "chipset_p2p": True,
     "driver": {"userspace": None},
     "module": {"installed": None, "loaded": None},
     "cgroup_memory_cap": None,
     "packages": {"linux-image-6.8.0-88-generic": "ii", "linux-firmware": "ii", "nvidia-firmware-580-580.95.05": "ii",
                  "libnvidia-cfg1-580": "rc"},
-    "holds": [],
 }
 
 
@@ -55,11 +55,14 @@ def _gpus(**kw):
 
 
 def _spark(head: bool):
-    """A DGX Spark node (seed 004): one GB10, two ConnectX-7 ports of which the cabled one is up; the
-    RDMA device names differ between the two nodes (P24). The rest is the simulated x86 host: the
-    aarch64 installer and kernel are not simulated."""
+    """A DGX Spark node (seed 004): an aarch64 host (`uname -m`, /usr/lib/aarch64-linux-gnu, NVIDIA's
+    aarch64 installer, iommu.passthrough) with one GB10, two ConnectX-7 ports of which the cabled one
+    is up; the RDMA device names differ between the two nodes (P24)."""
     def apply(s: dict) -> None:
         s["profile"] = "dual-spark-vllm"
+        s["arch"] = "aarch64"
+        s["kernel"] = "6.11.0-1016-nvidia"
+        s["packages"] = {"linux-image-6.11.0-1016-nvidia": "ii", "linux-firmware": "ii"}
         s["gpus"] = [{"bdf": "000f:01:00.0", "root_port": "000f:00:00.0", "device": "0x2e12", "name": "NVIDIA GB10",
                       "vram_gib": 128, "bar1_bytes": 128 * GIB, "gpu_max_gen": 5, "gpu_max_width": 16,
                       "slot_gen": 5, "slot_width": 16, "switch": False, "monitor": False}]

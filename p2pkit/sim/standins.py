@@ -39,10 +39,12 @@ def sim_root() -> Path:
 def main(name: str, args: list[str]) -> int:
     root = sim_root()
     state = load_state(root)
-    fn = {"nvidia-smi": nvidia_smi, "modinfo": modinfo, "dpkg-query": dpkg_query, "apt-mark": apt_mark,
+    if name in REAL_PACKAGE_TOOLS:
+        return real_package_tool(root, name, args)
+    fn = {"nvidia-smi": nvidia_smi, "modinfo": modinfo,
           "update-initramfs": update_initramfs, "depmod": depmod, "update-grub": update_grub,
           "fuser": fuser, "modprobe": modprobe, "systemctl": systemctl, "journalctl": journalctl,
-          "nvcc": nvcc}[name]
+          "nvcc": nvcc, "uname": uname}[name]
     return fn(root, state, args)
 
 
@@ -190,45 +192,50 @@ def update_grub(root: Path, state: dict, args: list[str]) -> int:
 
 # ---------------------------------------------------------------------------------------- packages
 
-def dpkg_query(root: Path, state: dict, args: list[str]) -> int:
-    for name, status in sorted(state.get("packages", {}).items()):
-        print(f"{status:<3} {name}")  # ${db:Status-Abbrev} is three characters
-    return 0
+REAL_PACKAGE_TOOLS = ("dpkg", "dpkg-query", "apt-mark", "apt-get", "apt-cache")
 
 
-def apt_mark(root: Path, state: dict, args: list[str]) -> int:
-    holds = state.setdefault("holds", [])
-    if args == ["showhold"]:
-        print("\n".join(sorted(holds)))
-        return 0
-    if args and args[0] == "unhold":
-        for name in args[1:]:
-            if name in holds:
-                holds.remove(name)
-                print(f"Canceled hold on {name}.")
-        save(root, state)
-        return 0
-    if args and args[0] == "hold":
-        for name in args[1:]:
-            if name not in state.get("packages", {}):
-                print(f"E: Unable to locate package {name}", file=sys.stderr)
-                return 100
-            if name in holds:
-                print(f"{name} was already set on hold.")
-            else:
-                holds.append(name)
-                print(f"{name} set on hold.")
-        save(root, state)
-        return 0
-    print(f"SIMULATED apt-mark: arguments not simulated: {' '.join(args)}", file=sys.stderr)
-    return 100
+def apt_root_options(root: Path) -> list[str]:
+    """apt's options that make it read and change only the simulated root: its sources, preferences,
+    lists, cache and dpkg status, and dpkg through the simulated host's own dpkg (below)."""
+    return ["-o", f"Dir={root}", "-o", f"Dir::State::status={root}/var/lib/dpkg/status",
+            "-o", f"Dir::Bin::dpkg={root}/usr/bin/dpkg"]
+
+
+def real_package_tool(root: Path, name: str, args: list[str]) -> int:
+    """Not a stand-in: this machine's real dpkg and apt, on the simulated host's database (dpkg's
+    --root, apt's Dir options), so holds and pins are judged by the real tools and this machine's
+    own package state is never touched."""
+    real = Path("/usr/bin") / name
+    if not real.is_file():
+        print(f"SIMULATED host: {name} runs this machine's real {real}, which is not installed", file=sys.stderr)
+        return 127
+    opts = {"dpkg": [f"--root={root}"], "dpkg-query": [f"--admindir={root}/var/lib/dpkg"]}.get(name) \
+        or apt_root_options(root)
+    sys.stdout.flush()
+    os.execv(real, [str(real), *opts, *args])
+    return 127  # not reached
 
 
 # ---------------------------------------------------------------------------------------- driver
 
+def uname(root: Path, state: dict, args: list[str]) -> int:
+    """-m and -r answer for the simulated host (its architecture, its kernel); anything else is
+    this machine's real uname."""
+    if args in (["-m"], ["-r"]):
+        print(state.get("arch", "x86_64") if args == ["-m"] else state["kernel"])
+        return 0
+    sys.stdout.flush()
+    os.execv("/usr/bin/uname", ["uname", *args])
+    return 127  # not reached
+
+
 def installer(version: str, gsp: bool, args: list[str], path: str | None = None, md5: str | None = None) -> int:
     """The NVIDIA .run installer: only the userspace part (--no-kernel-modules) is simulated, and
-    makeself's `--check` of the payload's MD5 (its messages as makeself prints them)."""
+    makeself's `--check` of the payload's MD5 (its messages as makeself prints them). It puts
+    libnvidia-ml into the multiarch directory of the simulated host's architecture."""
+    from p2pkit.host.arch import ARCHES
+
     if "--check" in args:
         import hashlib
 
@@ -244,7 +251,8 @@ def installer(version: str, gsp: bool, args: list[str], path: str | None = None,
         return 0
     root = sim_root()
     state = load_state(root)
-    lib = root / "usr/lib/x86_64-linux-gnu"
+    machine = state.get("arch", "x86_64")
+    lib = root / ARCHES[machine].libdir.lstrip("/")
     so1 = lib / "libnvidia-ml.so.1"
     if "--uninstall" in args:  # removes what it installed, its libnvidia-ml.so.1 link with it
         for f in lib.glob(f"libnvidia-ml.so.{version}"):
@@ -257,7 +265,7 @@ def installer(version: str, gsp: bool, args: list[str], path: str | None = None,
                 f.unlink()
             fw.rmdir()
         save(root, state)
-        print(f"Uninstallation of existing driver: NVIDIA Accelerated Graphics Driver for Linux-x86_64 ({version}) "
+        print(f"Uninstallation of existing driver: NVIDIA Accelerated Graphics Driver for Linux-{machine} ({version}) "
               "is complete. (SIMULATED)")
         return 0
     if "--no-kernel-modules" not in args:
@@ -274,7 +282,7 @@ def installer(version: str, gsp: bool, args: list[str], path: str | None = None,
         for name in ("gsp_ga10x.bin", "gsp_tu10x.bin"):
             (fw / name).write_text(f"SIMULATED GSP firmware {version}\n")
     save(root, state)
-    print(f"Installation of the NVIDIA Accelerated Graphics Driver for Linux-x86_64 (version: {version}) is now "
+    print(f"Installation of the NVIDIA Accelerated Graphics Driver for Linux-{machine} (version: {version}) is now "
           "complete. (SIMULATED)")
     return 0
 

@@ -7,19 +7,28 @@ import shlex
 
 from p2pkit.ansible import run_playbook
 from p2pkit.backup import DRIVER_PATHS, P2P_PATHS, Backup, module_paths, userspace_paths
+from p2pkit.checks.driver import installer_arch
 from p2pkit.config import p2p_src_dir
-from p2pkit.errors import P2pkitError
-from p2pkit.host import system
+from p2pkit.errors import P2pkitError, UsageError
+from p2pkit.host import arch, system
 from p2pkit.runner import own_executable
 
 
-def iommu_cmdline(mode: str, cpu_vendor: str) -> str:
-    vendor = "amd_iommu" if "AMD" in cpu_vendor.upper() else "intel_iommu"
-    return f"{vendor}=on iommu=pt" if mode == "passthrough" else f"{vendor}=off"
+def iommu_cmdline(mode: str, cpu_vendor: str, machine: str = "x86_64") -> str:
+    """The kernel options for the profile's IOMMU mode on this architecture (arm64: iommu.passthrough)."""
+    if mode == "passthrough":
+        return arch.of(machine).iommu_passthrough(cpu_vendor)
+    if machine == "aarch64":
+        return "iommu.passthrough=1"  # the SMMU has no generic off switch: passthrough is what P2P needs
+    return f"{'amd_iommu' if 'AMD' in cpu_vendor.upper() else 'intel_iommu'}=off"
 
 
 def driver(ctx) -> dict:
     d = ctx.profile.driver
+    a = arch.host_arch(ctx.host)
+    wrong = installer_arch(a.machine, ctx.profile)
+    if wrong.status != "pass":
+        raise UsageError(f"{wrong.title}: {wrong.measured}, expected {wrong.expected}", hint=wrong.hint)
     held = ctx.host.runner.run(["apt-mark", "showhold"], check=False)
     kernel = system.kernel_release(ctx.host)
     backup = Backup(ctx.store.dir, "driver", ctx.host)
@@ -33,6 +42,7 @@ def driver(ctx) -> dict:
             "p2pkit_driver_installer_url": d.installer_url,
             "p2pkit_driver_installer_sha256": d.installer_sha256,
             "p2pkit_driver_cache_dir": d.cache_dir,
+            "p2pkit_driver_libdir": a.libdir,
         })
     finally:  # what the installer added (even when a later task failed): rollback removes it
         backup.record_added(userspace_paths(ctx.host), kernel, d.version)
@@ -76,7 +86,7 @@ def _p2p_module(ctx, kernel: str | None = None) -> dict:
         "p2pkit_p2p_module_commit": m.commit,
         "p2pkit_p2p_module_src_dir": p2p_src_dir(ctx.profile),
         "p2pkit_p2p_module_kernel": kernel,
-        "p2pkit_p2p_module_cmdline": iommu_cmdline(m.iommu, system.cpu_vendor(ctx.host)),
+        "p2pkit_p2p_module_cmdline": iommu_cmdline(m.iommu, system.cpu_vendor(ctx.host), arch.machine(ctx.host)),
         "p2pkit_p2p_module_p2pkit": own_executable(),
         "p2pkit_p2p_module_profile_args": shlex.join(ctx.profile.cli_args()),
     })

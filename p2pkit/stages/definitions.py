@@ -26,7 +26,7 @@ STAGES: list[Stage] = [
     Stage("preflight", "host matches the profile", inputs=("host", "gpus", "p2p_module.iommu"),
           facts=PREFLIGHT_FACTS, check=preflight.check),
     Stage("driver", "pinned userspace driver", inputs=("driver",),
-          facts=("userspace_driver", "driver_guards"), check=driver.check, precheck=driver.precheck,
+          facts=("userspace_driver", "driver_guards", "arch"), check=driver.check, precheck=driver.precheck,
           act=acting.driver),
     Stage("p2p-module", "open kernel modules (the P2P fork for a GPU pair)", inputs=("driver", "p2p_module"),
           facts=P2P_FACTS, check=p2p_module.check, precheck=p2p_module.precheck, act=acting.p2p_module,
