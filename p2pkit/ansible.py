@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from p2pkit.errors import MissingError, P2pkitError
+from p2pkit.output import follow_cmd
 
 RECAP = re.compile(r"ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+skipped=(\d+)")
 
@@ -63,10 +64,10 @@ def run_playbook(ctx, stage: str, extra: dict, check_mode: bool = False) -> dict
         "ANSIBLE_FORCE_COLOR": "0",
         "ANSIBLE_CONFIG": str(share_dir() / "playbooks" / "ansible.cfg"),
     }
-    with ctx.out.working(f"[{stage}] ansible-playbook {book.name}"):
-        res = ctx.host.runner.run(argv, check=False, env=env, timeout=3600)
     log = logs / f"{stage}.log"
-    log.write_text(res.stdout + res.stderr)
+    log.write_text("")  # this run's output only, streamed there as ansible-playbook prints it
+    with ctx.out.working(f"[{stage}] ansible-playbook {book.name}", log=str(log), follow=follow_cmd(stage)):
+        res = ctx.host.runner.run(argv, check=False, env=env, timeout=3600, output_log=log)
     m = RECAP.search(res.stdout)
     summary = {"playbook": book.name, "log": str(log), "returncode": res.returncode, "check_mode": check_mode}
     if m:

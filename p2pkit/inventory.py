@@ -106,10 +106,9 @@ def run(inventory: Path, action: str, command: list[str], out, wheel: Path | Non
             str(share_dir() / "playbooks" / "inventory.yml")]
     env = ansible_env(dict(os.environ), Path.cwd(), tree)
     log = work / "ansible.log"
-    with out.working(f"{action} on {len(hosts)} host(s) of {inventory} (ansible-playbook, in parallel; "
-                     f"log: {log})"):
-        r = runner.run(argv, check=False, env=env, timeout=timeout + 3600)
-    log.write_text(r.stdout + r.stderr)
+    with out.working(f"{action} on {len(hosts)} host(s) of {inventory} (ansible-playbook, in parallel)",
+                     log=str(log), follow=f"tail -f {log}"):
+        runner.run(argv, check=False, env=env, timeout=timeout + 3600, output_log=log)
     report = {"inventory": str(inventory), "action": action, "hosts": {}, "log": str(log)}
     for h in hosts:
         f = results / f"{h}.json"

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,6 +61,20 @@ STATUS_STYLE = {
 }
 
 
+HEARTBEAT_S = 30.0  # without a terminal (a CI log, journald), a long step says it is alive this often
+
+
+def follow_cmd(stage: str) -> str:
+    """The command that shows a stage's log as it grows."""
+    return f"p2pkit logs {stage} --follow"
+
+
+def elapsed(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s" if s >= 3600 else (
+        f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{seconds:.1f}s")
+
+
 @dataclass
 class Output:
     json_mode: bool = False
@@ -86,14 +102,41 @@ class Output:
         self.err.print(text, style="red")
 
     @contextmanager
-    def working(self, what: str):
-        """A spinner on a terminal, one plain line otherwise."""
+    def working(self, what: str, log: str | None = None, follow: str | None = None):
+        """A long step: a spinner with the elapsed time on a terminal; otherwise a line when it starts,
+        one every HEARTBEAT_S while it runs, and one with its time when it ends. `log` names the
+        file its output streams to, `follow` the command that shows it as it grows."""
+        where = f" (output: {log}" + (f"; follow it with `{follow}`" if follow else "") + ")" if log else ""
+        start = time.monotonic()
+        done = threading.Event()
         if self.err.is_terminal and not self.json_mode:
-            with self.err.status(f"{self.tag}{escape(what)}"):
-                yield
-        else:
-            self.log(what)
+            with self.err.status(f"{self.tag}{escape(what)}") as status:
+                def tick() -> None:
+                    while not done.wait(1):
+                        status.update(f"{self.tag}{escape(what)} [dim]{elapsed(time.monotonic() - start)}[/]")
+                t = threading.Thread(target=tick, daemon=True)
+                t.start()
+                try:
+                    yield
+                finally:
+                    done.set()
+                    t.join()
+            self.log(f"{what}: {elapsed(time.monotonic() - start)}{where}")
+            return
+        self.log(what + where)
+
+        def beat() -> None:
+            while not done.wait(HEARTBEAT_S):
+                self.log(f"{what}: still running, {elapsed(time.monotonic() - start)}")
+        t = threading.Thread(target=beat, daemon=True)
+        t.start()
+        try:
             yield
+        finally:
+            done.set()
+            t.join()
+            if time.monotonic() - start >= 5:
+                self.log(f"{what}: {elapsed(time.monotonic() - start)}")
 
     def document(self, doc: dict[str, Any]) -> None:
         """The machine-readable result: only this goes to stdout under --json."""

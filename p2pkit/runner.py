@@ -99,14 +99,18 @@ class Result:
 
 
 class _Capped(threading.Thread):
-    """Reads one pipe to its end, keeping the first HEAD_CAP and the last TAIL_CAP bytes."""
+    """Reads one pipe to its end, keeping the first HEAD_CAP and the last TAIL_CAP bytes; with a
+    sink, every chunk is also written there as it arrives (a stage's log that a user can follow)."""
 
-    def __init__(self, pipe):
+    def __init__(self, pipe, sink=None):
         super().__init__(daemon=True)
         self.pipe, self.head, self.tail, self.dropped = pipe, bytearray(), bytearray(), 0
+        self.sink = sink
 
     def run(self) -> None:
         while chunk := self.pipe.read1(65536) if hasattr(self.pipe, "read1") else self.pipe.read(65536):
+            if self.sink is not None:
+                self.sink(chunk)
             room = HEAD_CAP - len(self.head)
             if room > 0:
                 self.head += chunk[:room]
@@ -130,6 +134,26 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+
+class _LogSink:
+    """Appends to a log file from both pipes' reader threads, flushed at once so `tail -f` and
+    `p2pkit logs STAGE --follow` see each line as the command prints it."""
+
+    def __init__(self, path: Path, argv: list[str]):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.fh = open(path, "ab")  # noqa: SIM115 - closed by close() when the command ends
+        self.lock = threading.Lock()
+        self(f"$ {shlex.join(argv)}\n".encode())
+
+    def __call__(self, chunk: bytes) -> None:
+        with self.lock:
+            self.fh.write(chunk)
+            self.fh.flush()
+
+    def close(self) -> None:
+        with self.lock:
+            self.fh.close()
 
 
 @dataclass
@@ -162,7 +186,10 @@ class Runner:
         cwd: Path | None = None,
         env: dict[str, str] | None = None,
         capture: bool = True,
+        output_log: Path | None = None,
     ) -> Result:
+        """`output_log`: a file the command line and then its output (stdout and stderr, as they come) are
+        appended to while it runs; the output is still captured and returned."""
         exe = self.which(argv[0]) if "/" not in argv[0] else argv[0]
         if exe is not None and "/" in exe and not os.access(exe, os.X_OK):  # a path that is not there
             raise MissingError(f"{exe} does not exist or is not executable",
@@ -183,7 +210,8 @@ class Runner:
         proc = subprocess.Popen([exe, *argv[1:]], stdin=subprocess.DEVNULL, stdout=pipe, stderr=pipe, env=full_env,
                                 cwd=cwd, preexec_fn=_die_with_parent)
         children.started(proc.pid, argv, token)
-        readers = [_Capped(p) for p in (proc.stdout, proc.stderr) if p is not None]
+        sink = _LogSink(output_log, argv) if output_log is not None and capture else None
+        readers = [_Capped(p, sink) for p in (proc.stdout, proc.stderr) if p is not None]
         for r in readers:
             r.start()
         finished = False
@@ -209,17 +237,19 @@ class Runner:
         for p in (proc.stdout, proc.stderr):
             if p is not None:
                 p.close()
+        if sink is not None:
+            sink.close()
         result = Result(argv, proc.returncode, out, err)
         log.debug("exit %s after %.1f s: %s", proc.returncode, time.monotonic() - start, shlex.join(argv))
         if check and proc.returncode != 0:
             raise CommandError(argv, proc.returncode, result.stdout, result.stderr)
         return result
 
-    def json_result(self, argv: list[str], what: str, timeout: float) -> dict:
+    def json_result(self, argv: list[str], what: str, timeout: float, output_log: Path | None = None) -> dict:
         """Run a helper that prints its result as a JSON line last (the load worker, a probe run in
         another Python): that document, or {"error": ...} naming `what`, its exit and its last lines."""
         try:
-            r = self.run(argv, check=False, timeout=timeout)
+            r = self.run(argv, check=False, timeout=timeout, output_log=output_log)
         except P2pkitError as e:
             return {"error": e.message}
         lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]

@@ -322,6 +322,52 @@ def facts_record(file: Annotated[Path, typer.Argument(help="JSON file to write")
     out.log(f"facts of {h.root} written to {file}")
 
 
+def logs(
+    stage: Annotated[str, typer.Argument(help="a stage: its log in <state>/logs (the engine's: its last build log)")],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing as the log grows, until the run "
+                                         "writing it ends (Ctrl-C stops)")] = False,
+    lines: Annotated[int, typer.Option("--lines", "-n", help="start with only the last N lines (0: all)")] = 0,
+) -> None:
+    """A stage's log: ansible-playbook's output, the engine build, the conversion, the load, as they
+    are written (a 20-minute build can be followed with --follow)."""
+    import sys
+    import time
+
+    from p2pkit.lock import lock_holder
+    from p2pkit.stages.engine import build_logs
+
+    st = get(stage).name
+    ctx = common.context()
+    d = ctx.store.dir / "logs"
+    path = (build_logs(ctx) or [d / "engine-build.log"])[-1] if st == "engine" else d / f"{st}.log"
+    while not path.is_file():
+        if not follow or lock_holder(ctx.store.dir) is None:
+            raise UsageError(f"no log for {st} yet ({path})", hint=f"run the stage: `p2pkit up --to {st}`")
+        time.sleep(0.5)
+    with open(path, "rb") as fh:
+        text = fh.read()
+        if lines > 0:
+            text = b"".join(text.splitlines(keepends=True)[-lines:])
+        sys.stdout.buffer.write(text)
+        sys.stdout.flush()
+        idle = 0
+        try:
+            while follow:
+                chunk = fh.read()
+                if chunk:
+                    sys.stdout.buffer.write(chunk)
+                    sys.stdout.flush()
+                    idle = 0
+                    continue
+                idle = idle + 1 if lock_holder(ctx.store.dir) is None else 0
+                if idle >= 2:  # no run holds the lock and nothing more came: the log is complete
+                    break
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            pass
+    raise typer.Exit(0)
+
+
 def register(app: typer.Typer) -> None:
     app.command()(up)
     app.command()(plan)
@@ -330,4 +376,5 @@ def register(app: typer.Typer) -> None:
     app.command()(doctor)
     app.command()(restore)
     app.command()(rollback)
+    app.command()(logs)
     app.add_typer(facts_app, name="facts")

@@ -9,12 +9,14 @@ from __future__ import annotations
 import hashlib
 import re
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from p2pkit.ansible import run_playbook
 from p2pkit.checks.engine import PKG_MODULES
 from p2pkit.engine_cmd import binary
 from p2pkit.errors import P2pkitError
+from p2pkit.output import follow_cmd
 from p2pkit.parse import build as pb
 from p2pkit.stages import llamacpp
 
@@ -22,9 +24,14 @@ CONFIGURE_MARK = "\n$ cmake -S "  # how _run records the configure command in th
 
 
 def _run(ctx, argv, log, cwd=None, env=None):
-    r = ctx.host.runner.run(argv, check=False, cwd=cwd, env=env, timeout=7200)
+    """A build step, its output streamed into the run's build log as it comes (`p2pkit logs engine
+    --follow`); a long one (configure, build) shows its elapsed time."""
+    long = argv[0] == "cmake"
+    with ctx.out.working(f"[engine] {' '.join(Path(a).name if i == 0 else a for i, a in enumerate(argv[:3]))}",
+                         log=str(log), follow=follow_cmd("engine")) if long else nullcontext():
+        r = ctx.host.runner.run(argv, check=False, cwd=cwd, env=env, timeout=7200, output_log=log)
     with open(log, "a") as fh:
-        fh.write(f"$ {' '.join(argv)}\n{r.stdout}{r.stderr}\n")
+        fh.write("\n")
     return r
 
 
@@ -63,7 +70,7 @@ def _env(ctx) -> dict:
 KEEP_LOGS = 20  # build logs kept in <state>/logs, one per run, the oldest deleted first
 
 
-def _logs(ctx) -> list[Path]:
+def build_logs(ctx) -> list[Path]:
     """This engine's build logs, oldest first (engine-build-NNNN-<UTC time>.log: one per run)."""
     d = ctx.store.dir / "logs"
     found = [x for x in d.glob("engine-build-*.log") if re.match(r"engine-build-\d+-", x.name)] if d.is_dir() else []
@@ -74,7 +81,7 @@ def _new_log(ctx) -> Path:
     """A new log for this run; earlier runs' logs are kept (the last KEEP_LOGS)."""
     logs = ctx.store.dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    old = _logs(ctx)
+    old = build_logs(ctx)
     n = int(old[-1].name.split("-")[2]) + 1 if old else 1
     for x in old[:max(0, len(old) - KEEP_LOGS + 1)]:
         x.unlink()
@@ -84,7 +91,7 @@ def _new_log(ctx) -> Path:
 def _last_build_log(ctx) -> Path | None:
     """The log of the last run that reached CMake (a run refused before configuring proves nothing
     about what is built)."""
-    for x in reversed(_logs(ctx)):
+    for x in reversed(build_logs(ctx)):
         if CONFIGURE_MARK in x.read_text(errors="replace"):
             return x
     legacy = ctx.store.dir / "logs/engine-build.log"  # before logs were kept per run

@@ -8,6 +8,7 @@ import json
 import sys
 
 from p2pkit.errors import MissingError
+from p2pkit.output import follow_cmd
 
 
 def measure(ctx) -> dict:
@@ -20,5 +21,10 @@ def measure(ctx) -> dict:
     cfg = {"load_seconds": lk.load_seconds, "poll_ms": lk.poll_ms, "sample_mib": lk.sample_mib,
            "samples": lk.samples, "min_gen": pc.min_gen, "min_width": pc.min_width, "backend": backend}
     argv = [sys.executable, "-m", "p2pkit.load.worker", json.dumps(cfg)]
-    with ctx.out.working("[link] real load on every GPU (torch matmuls and copies), NVML polled"):
-        return {"link_load": ctx.host.runner.json_result(argv, "the load worker", lk.load_seconds + 600)}
+    log = ctx.store.dir / "logs/link.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("")
+    with ctx.out.working("[link] real load on every GPU (torch matmuls and copies), NVML polled", log=str(log),
+                         follow=follow_cmd("link")):
+        return {"link_load": ctx.host.runner.json_result(argv, "the load worker", lk.load_seconds + 600,
+                                                         output_log=log)}

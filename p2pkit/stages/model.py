@@ -13,6 +13,7 @@ from p2pkit.artifacts import atomic_write
 from p2pkit.engine_cmd import binary
 from p2pkit.host import model as hm
 from p2pkit.host import system
+from p2pkit.output import follow_cmd
 from p2pkit.parse import artifact as pa
 
 HEADROOM = 1.10
@@ -154,8 +155,12 @@ def convert(ctx) -> dict:
         stale.unlink(missing_ok=True)
     argv = convert_argv(ctx, str(host.path(m.source)), str(tmp))
     res["convert_argv"] = argv
-    with ctx.out.working(f"[model] converting {m.source} -> {m.output}"):
-        r = host.runner.run(argv, check=False, cwd=host.path(p.engine.build_dir), timeout=24 * 3600)
+    log = ctx.store.dir / "logs/model.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("")
+    with ctx.out.working(f"[model] converting {m.source} -> {m.output}", log=str(log), follow=follow_cmd("model")):
+        r = host.runner.run(argv, check=False, cwd=host.path(p.engine.build_dir), timeout=24 * 3600,
+                            output_log=log)
     res["convert_rc"] = r.returncode
     res["convert_tail"] = (r.stderr or r.stdout).strip().splitlines()[-4:]
     if r.returncode != 0 or not tmp.is_file():
