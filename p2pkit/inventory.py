@@ -32,10 +32,12 @@ TREE = "ansible.builtin.tree"  # ansible-core's own callback: each host's last r
 
 def operator_config(env: dict[str, str], cwd: Path) -> Path | None:
     """The ansible.cfg Ansible itself would read, in its order: ANSIBLE_CONFIG (a file, or a directory
-    holding ansible.cfg), ./ansible.cfg, ~/.ansible.cfg, /etc/ansible/ansible.cfg."""
+    holding ansible.cfg), ./ansible.cfg (not in a world-writable directory: Ansible ignores it there),
+    ~/.ansible.cfg, /etc/ansible/ansible.cfg."""
     given = env.get("ANSIBLE_CONFIG")
     home = Path(env.get("HOME", str(Path.home())))
-    for c in ([Path(given).expanduser()] if given else []) + [cwd / "ansible.cfg", home / ".ansible.cfg",
+    here = [] if cwd.stat().st_mode & 0o002 else [cwd / "ansible.cfg"]
+    for c in ([Path(given).expanduser()] if given else []) + [*here, home / ".ansible.cfg",
                                                             Path("/etc/ansible/ansible.cfg")]:
         c = c / "ansible.cfg" if c.is_dir() else c
         if c.is_file():
