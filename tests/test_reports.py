@@ -127,7 +127,7 @@ def test_prometheus_carries_link_figures(cli, sim, tmp_path):
     assert r.code == 0
     fams = accepted_by_node_exporter(textfile)
     assert {s.labels["gpu"]: s.value for s in fams["p2pkit_link_gen_under_load"].samples} == {"0": 5, "1": 5}
-    assert {s.value for s in fams["p2pkit_p2p_bytes_per_second"].samples} == {28.5e9}
+    assert [s.value for s in fams["p2pkit_p2p_bytes_per_second"].samples] == pytest.approx([28.5e9, 28.5e9])
     assert {(s.labels["src"], s.labels["dst"]) for s in fams["p2pkit_p2p_latency_seconds"].samples} == \
         {("0", "1"), ("1", "0")}
     ratios = {s.labels["check"]: s.value for s in fams["p2pkit_bandwidth_ratio"].samples}
