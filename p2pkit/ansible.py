@@ -7,13 +7,17 @@ in them is prefixed with p2pkit_root. The full log goes to <state>/logs/<stage>.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sys
 from pathlib import Path
 
+from p2pkit import logfiles, writers
+from p2pkit.artifacts import atomic_write
 from p2pkit.errors import MissingError, P2pkitError
 from p2pkit.output import follow_cmd
+from p2pkit.secrets import redact_doc
 
 RECAP = re.compile(r"ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+skipped=(\d+)")
 
@@ -50,8 +54,13 @@ def run_playbook(ctx, stage: str, extra: dict, check_mode: bool = False) -> dict
     book = share_dir() / "playbooks" / f"{stage}.yml"
     logs = ctx.store.dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    vars_file = logs / f"{stage}.vars.json"
-    vars_file.write_text(json.dumps({**base_vars(ctx), **extra}, indent=2))
+    doc = {**base_vars(ctx), **extra}
+    # What the playbook was given, for the reader (secrets redacted); Ansible itself reads a 0600 copy
+    # whose every string is !unsafe (a {{ ... }} from a profile is never evaluated), removed afterwards.
+    atomic_write(logs / f"{stage}.vars.json", writers.json_text(redact_doc(doc)).encode())
+    tmp = ctx.store.dir / ".ansible/tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    vars_file = atomic_write(tmp / f"{stage}.vars.{os.getpid()}.yml", writers.ansible_vars(doc).encode(), mode=0o600)
     argv = [playbook_binary(), "-i", "localhost,", "-c", "local", "-e", f"@{vars_file}", str(book)]
     if check_mode:
         argv += ["--check", "--diff"]
@@ -65,9 +74,13 @@ def run_playbook(ctx, stage: str, extra: dict, check_mode: bool = False) -> dict
         "ANSIBLE_CONFIG": str(share_dir() / "playbooks" / "ansible.cfg"),
     }
     log = logs / f"{stage}.log"
-    log.write_text("")  # this run's output only, streamed there as ansible-playbook prints it
-    with ctx.out.working(f"[{stage}] ansible-playbook {book.name}", log=str(log), follow=follow_cmd(stage)):
-        res = ctx.host.runner.run(argv, check=False, env=env, timeout=3600, output_log=log)
+    logfiles.rotate(log)  # the last runs' logs kept as .1 .. .3
+    log.write_text("")  # this run's output only, streamed there as ansible-playbook prints it (capped, redacted)
+    try:
+        with ctx.out.working(f"[{stage}] ansible-playbook {book.name}", log=str(log), follow=follow_cmd(stage)):
+            res = ctx.host.runner.run(argv, check=False, env=env, timeout=3600, output_log=log)
+    finally:
+        vars_file.unlink(missing_ok=True)
     m = RECAP.search(res.stdout)
     summary = {"playbook": book.name, "log": str(log), "returncode": res.returncode, "check_mode": check_mode}
     if m:

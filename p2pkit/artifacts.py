@@ -7,6 +7,7 @@ changed or re-run earlier stage breaks the chain and makes the later ones stale.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -14,7 +15,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from p2pkit.errors import P2pkitError, UsageError, state_dir_unwritable
+from p2pkit import writers
+from p2pkit.errors import P2pkitError, UsageError, immutable_hint, state_dir_unwritable
+from p2pkit.secrets import redact_doc
 
 SCHEMA = 1
 
@@ -23,25 +26,41 @@ class CorruptArtifact(P2pkitError):
     pass
 
 
-def atomic_write(final: Path, data: bytes) -> Path:
+def atomic_write(final: Path, data: bytes, mode: int = 0o644) -> Path:
     """temp file in the same directory, fsync, rename, fsync the directory: all or nothing. A path
-    that cannot be written is a UsageError naming it, never a traceback."""
+    that cannot be written is a UsageError naming it, never a traceback. The file has `mode` from
+    its first byte (a 0600 file is never readable by others, not even for a moment)."""
     try:
-        return _atomic_write(Path(final), data)
+        return _atomic_write(Path(final), data, mode)
     except OSError as e:
-        raise UsageError(f"cannot write {final}: {e.strerror or e}",
-                         hint=f"check that {Path(final).parent} exists and is writable, and that its disk is not "
-                              "full; nothing was written there") from e
+        raise UsageError(f"cannot write {final}: {e.strerror or e}", hint=unwritable_hint(Path(final).parent, e)) from e
 
 
-def _atomic_write(final: Path, data: bytes) -> Path:
-    fd, tmp = tempfile.mkstemp(prefix=f".{final.stem}.", suffix=".tmp", dir=final.parent)
+def unwritable_hint(d: Path, e: OSError) -> str:
+    if e.errno == errno.EPERM and os.geteuid() == 0:  # what root gets from an immutable (chattr +i) directory
+        return immutable_hint(d)
+    return f"check that {d} exists and is writable, and that its disk is not full; nothing was written there"
+
+
+def read_json(path: Path, what: str, fix: str) -> Any:
+    """A JSON file p2pkit wrote earlier, read defensively: missing is None; unreadable, not UTF-8 or
+    not JSON is a CorruptArtifact naming the file and the fix (never a traceback)."""
+    try:
+        return json.loads(Path(path).read_bytes().decode("utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise CorruptArtifact(f"{what} {path} cannot be read: {e}", hint=fix) from e
+
+
+def _atomic_write(final: Path, data: bytes, mode: int = 0o644) -> Path:
+    fd, tmp = tempfile.mkstemp(prefix=f".{final.stem}.", suffix=".tmp", dir=final.parent)  # 0600
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, mode)
         os.replace(tmp, final)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -110,10 +129,10 @@ class Store:
         """The artifact with its own digest inside (an edit is seen by whoever reads it, the last
         stage's too: no later artifact's chain is needed for that)."""
         self.ensure()
-        plain = json.loads(json.dumps(doc, default=str))
+        plain = redact_doc(json.loads(writers.json_text(doc)))  # no NaN, no secret
         plain.pop("digest", None)
         plain["digest"] = self_digest(plain)
-        return atomic_write(self.path(stage), (json.dumps(plain, indent=2) + "\n").encode())
+        return atomic_write(self.path(stage), writers.json_text(plain).encode())
 
     def leftovers(self) -> list[Path]:
         """Temp files a killed run left behind (never read as artifacts)."""

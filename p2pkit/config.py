@@ -221,8 +221,11 @@ class Profile:
         """`--profile SOURCE --set K=V ...`: how a unit or hook p2pkit writes loads this same profile.
         A secret given with --set (serve.env.HF_TOKEN=...) is left out: units and hooks are
         world-readable, so a secret belongs in the profile file (root-only) or the engine's own file."""
-        keep = [o for o in self.overrides if not _secret_override(o, self.serve.secret_env)]
-        return ["--profile", self.source, *[a for o in keep for a in ("--set", o)]]
+        return ["--profile", self.source, *[a for o in self.public_overrides() for a in ("--set", o)]]
+
+    def public_overrides(self) -> list[str]:
+        """The --set overrides without secrets: what may be recorded or written where others read it."""
+        return [o for o in self.overrides if not _secret_override(o, self.serve.secret_env)]
 
     @property
     def name(self) -> str:

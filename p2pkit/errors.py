@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from enum import IntEnum
 
@@ -87,7 +88,16 @@ class ProbeError(P2pkitError):
 
 def state_dir_unwritable(state_dir, e: OSError) -> UsageError:
     """The state directory cannot be written: a user that is not root, most often."""
+    if os.geteuid() == 0 and e.errno == errno.EPERM:
+        return UsageError(f"cannot write the state directory {state_dir}: {e.strerror or e} (it refuses even root)",
+                          hint=immutable_hint(state_dir))
     why = "p2pkit is not running as root" if os.geteuid() != 0 else "it is read-only or its disk is full"
     return UsageError(f"cannot write the state directory {state_dir}: {e.strerror or e} ({why})",
                       hint="run it as root (`sudo p2pkit ...`), or pass --state-dir DIR naming a directory you "
                            "can write; nothing was changed")
+
+
+def immutable_hint(d) -> str:
+    """EPERM for root: an immutable (chattr +i) or append-only (+a) file or directory."""
+    return (f"{d} is probably immutable (`lsattr -d {d}` shows an i): if you did not mean that, run "
+            f"`chattr -i {d}`, else give p2pkit another --state-dir; nothing was written there")

@@ -10,7 +10,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from p2pkit import writers
 from p2pkit.ansible import share_dir
 from p2pkit.artifacts import atomic_write
-from p2pkit.runner import own_executable, unit_command
+from p2pkit.runner import own_executable
 
 UNIT = "p2pkit-resume.service"
 
@@ -21,8 +21,8 @@ def render_resume_unit(profile, state_dir: Path) -> str:
     env = Environment(loader=FileSystemLoader(share_dir() / "templates"), undefined=StrictUndefined,
                       keep_trailing_newline=True)
     argv = [own_executable(), *profile.cli_args(), "--state-dir", str(state_dir), "--yes", "up", "--reboot",
-            "--resumed"]  # one command line, quoted whole (a unit_command of the arguments alone starts with -)
-    return env.get_template(f"{UNIT}.j2").render(exec_start=unit_command(argv),
+            "--resumed"]  # one command line, quoted whole by the systemd writer
+    return env.get_template(f"{UNIT}.j2").render(exec_start=writers.unit_exec(argv),
                                                  state_dir=writers.unit_path("the state directory", str(state_dir)))
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from p2pkit import children
 from p2pkit.errors import CommandError, MissingError, P2pkitError
+from p2pkit.secrets import redact
 
 log = logging.getLogger("p2pkit.runner")
 
@@ -43,18 +44,13 @@ TIMEOUTS_S = {  # how long each command may take before p2pkit calls it hung
 }
 HEAD_CAP = 256 << 10  # captured output keeps its first 256 KiB ...
 TAIL_CAP = 4 << 20  # ... and its last 4 MiB; what lies between is dropped and counted
+LOG_CAP = 64 << 20  # a streamed log (output_log) stops growing here
 PR_SET_PDEATHSIG = 1
 
 
 def own_executable() -> str:
     """This p2pkit's console script (beside the running Python): what units, hooks and remote runs call."""
     return str(Path(sys.executable).parent / "p2pkit")
-
-
-def unit_command(argv: list[str]) -> str:
-    """A command line for a systemd Exec*= setting: one list, quoted; % and $ escaped for systemd."""
-    from p2pkit import writers
-    return writers.unit_exec(argv)
 
 
 def timeout_for(name: str, given: float | None = None) -> float:
@@ -144,15 +140,24 @@ class _LogSink:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.fh = open(path, "ab")  # noqa: SIM115 - closed by close() when the command ends
         self.lock = threading.Lock()
+        self.written = self.dropped = 0
         self(f"$ {shlex.join(argv)}\n".encode())
 
     def __call__(self, chunk: bytes) -> None:
         with self.lock:
+            if self.written >= LOG_CAP:  # a runaway log never fills the disk (captured output keeps the tail)
+                self.dropped += len(chunk)
+                return
+            chunk = redact(chunk.decode(errors="replace")).encode()
+            self.written += len(chunk)
             self.fh.write(chunk)
             self.fh.flush()
 
     def close(self) -> None:
         with self.lock:
+            if self.dropped:
+                self.fh.write(f"\n[... p2pkit logged the first {LOG_CAP >> 20} MiB: {self.dropped} more bytes not "
+                              "logged ...]\n".encode())
             self.fh.close()
 
 

@@ -96,6 +96,23 @@ def env_line(name: str, value: str, what: str = "") -> str:
     return f'{name}="{escaped}"'
 
 
+def env_value(raw: str) -> str:
+    """Read back one value as systemd's EnvironmentFile= parser does (src/basic/env-file.c): inside
+    double quotes a backslash escapes \\ " $ and backquote; outside, any one character."""
+    out, quoted, i = [], False, 0
+    while i < len(raw):
+        ch = raw[i]
+        if ch == '"':
+            quoted = not quoted
+        elif ch == "\\" and i + 1 < len(raw) and (not quoted or raw[i + 1] in '\\"$`'):
+            i += 1
+            out.append(raw[i])
+        else:
+            out.append(ch)
+        i += 1
+    return "".join(out)
+
+
 def env_file(env: dict[str, str], header: str = "", what: str = "") -> str:
     lines = [f"# {refuse_controls('the header', ln, 'a comment')}" for ln in header.splitlines()]
     lines += [env_line(k, v, f"{what}.{k}" if what else k) for k, v in env.items()]

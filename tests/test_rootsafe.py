@@ -4,15 +4,23 @@ reads, secrets stay in the one root-only file, numbers are finite, pins are full
 from __future__ import annotations
 
 import copy
+import json
 import re
 import shlex
 import subprocess
 import tomllib
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from p2pkit import config, secrets, writers
+from p2pkit import config, pipeline, secrets, writers
+from p2pkit.artifacts import Store
 from p2pkit.errors import ProfileError
+from p2pkit.host import Host
+from p2pkit.output import Output
+from p2pkit.sim import lifecycle
+from p2pkit.stages import get, service
 
 BASE = tomllib.loads(config.builtin_path("dual-5090-ninfer").read_text())
 INJECT = "x\nExecStartPre=+/bin/sh -c 'touch /tmp/pwned'"
@@ -80,6 +88,7 @@ def test_unit_exec_words_read_back_as_written():
 
 def test_env_file_reads_back_inert_through_a_shell(tmp_path):
     """The environment file, sourced by a real shell: each value comes back as written, nothing runs."""
+    assert writers.env_value(writers.env_line("A", 'a\\b"c$d`e').partition("=")[2]) == 'a\\b"c$d`e'
     env = {"A": "$(touch pwned)", "B": '`touch pwned` "q" \\', "C": "{{ 7*7 }}"}
     f = tmp_path / "engine.env"
     f.write_text(writers.env_file(env))
@@ -175,3 +184,332 @@ def test_secret_flag_is_refused_and_secret_env_is_redacted():
     assert [n for n in ("HF_TOKEN", "api-key", "DB_PASSWORD", "max-num-batched-tokens", "KEYBOARD", "MINE",
                         "long-prefill-token-threshold")
             if secrets.is_secret(n)] == ["HF_TOKEN", "api-key", "DB_PASSWORD"]
+
+
+# 1, 5: the service stage on a simulated host, with values that would inject if pasted -----------
+
+@pytest.fixture
+def engine_host(sim):
+    roots = []
+
+    def make(env: dict) -> pipeline.Ctx:
+        root = sim("healthy")
+        h = Host.at(root)
+        prof = config.load(h.sim["profile"])
+        prof = replace(prof, serve=replace(prof.serve, health_timeout_s=30.0, env=env))  # past validation
+        lifecycle.place_engine(root, prof)
+        roots.append(root)
+        for k, v in env.items():
+            if secrets.is_secret(k):
+                secrets.register(v)
+        return pipeline.Ctx(profile=prof, host=h, store=Store(root / "var/lib/p2pkit"), out=Output())
+
+    yield make
+    for root in roots:
+        subprocess.run([str(root / "usr/bin/systemctl"), "stop", service.UNIT], check=False)
+
+
+@pytest.mark.slow
+def test_service_files_hold_injections_inert_and_the_secret_only_in_its_0600_file(engine_host, tmp_path):
+    """A [serve.env] that slipped past validation: Jinja, $(...), backquotes and % reach the real
+    playbook and come back literally in the environment file (nothing ran); the token is only in
+    engine.secrets.env (0600), nowhere else under the host or in any artifact or log."""
+    pwned = tmp_path / "pwned"
+    token = "hf_S3cretT0kenValue"
+    env = {"JINJA": "{{ lookup('pipe', 'touch " + str(pwned) + "') }}", "SUBST": f"$(touch {pwned})",
+           "TICKS": f"`touch {pwned}`", "PCT": "50%n", "HF_TOKEN": token}
+    ctx = engine_host(env)
+    doc = pipeline.run_stage(ctx, get("service"), "model")
+    assert doc["status"] == "passed", [c for c in doc["checks"] if c["status"] == "fail"]
+    root = ctx.host.root
+    assert not pwned.exists()
+    env_file = (root / "etc/p2pkit/engine.env").read_text()
+    back = dict(ln.split("=", 1) for ln in env_file.splitlines() if ln and not ln.startswith("#"))
+    for k in ("JINJA", "SUBST", "TICKS", "PCT"):
+        assert writers.env_value(back[k]) == env[k], (k, back[k])
+    got = subprocess.run(["sh", "-c", f". {root / 'etc/p2pkit/engine.env'}; printf %s \"$JINJA|$SUBST|$TICKS\""],
+                         capture_output=True, text=True, check=True).stdout
+    assert got == f"{env['JINJA']}|{env['SUBST']}|{env['TICKS']}" and not pwned.exists()
+    secret_file = root / "etc/p2pkit/engine.secrets.env"
+    assert secret_file.stat().st_mode & 0o777 == 0o600
+    assert f'HF_TOKEN="{token}"' in secret_file.read_text()
+    holders = [str(p.relative_to(root)) for p in root.rglob("*")
+               if p.is_file() and not p.is_symlink() and token.encode() in p.read_bytes()]
+    assert holders == ["etc/p2pkit/engine.secrets.env"], holders
+    unit = (root / "etc/systemd/system/p2pkit-engine.service").read_text()
+    assert "EnvironmentFile=/etc/p2pkit/engine.secrets.env" in unit
+    assert 'HF_TOKEN=' not in env_file and 'HF_TOKEN=' not in unit
+
+
+def test_a_newline_that_slipped_past_validation_never_reaches_a_file(sim):
+    root = sim("healthy")
+    h = Host.at(root)
+    prof = config.load(h.sim["profile"])
+    prof = replace(prof, serve=replace(prof.serve, env={"FOO": "x\nLD_PRELOAD=/tmp/evil.so"}))
+    ctx = pipeline.Ctx(profile=prof, host=h, store=Store(root / "var/lib/p2pkit"), out=Output())
+    with pytest.raises(writers.UnsafeValue, match=r"serve\.env\.FOO holds a newline"):
+        service.service_vars(ctx)
+
+
+# 2. hooks and units carry no pasted paths ----------------------------------------------------------
+
+def test_restore_hook_and_unit_quote_a_hostile_state_dir(tmp_path, monkeypatch):
+    """A --state-dir with $(...), ; and %: the kernel hook (run by a real sh) calls p2pkit with exactly
+    those words and runs nothing else; the restore unit's Exec= line and condition read back to the
+    same path with % escaped for systemd."""
+    from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+    from p2pkit.ansible import share_dir
+    from p2pkit.stages import acting
+
+    pwned = tmp_path / "pwned"  # the hook runs in tmp_path: a $(touch${IFS}pwned) that ran leaves it there
+    state = tmp_path / "st$(touch${IFS}pwned)`touch${IFS}pwned`x%i"
+    record = tmp_path / "argv"
+    fake = tmp_path / "bin/p2pkit"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {record}\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(acting, "own_executable", lambda: str(fake))
+    ctx = pipeline.Ctx(profile=config.load("dual-5090-ninfer"), host=Host.at("/"), store=Store(state), out=Output())
+    v = acting.restore_command_vars(ctx)
+    env = Environment(loader=FileSystemLoader(share_dir() / "templates"), undefined=StrictUndefined)
+    hook = tmp_path / "zz-p2pkit"
+    hook.write_text(env.get_template("p2pkit-kernel-postinst.j2").render(**v))
+    subprocess.run(["sh", str(hook), "6.8.0-99-generic"], check=True, cwd=tmp_path)
+    assert not pwned.exists()
+    assert record.read_text().splitlines() == ["--root", "/", "--profile", "dual-5090-ninfer", "--state-dir",
+                                               str(state), "--yes", "restore", "--kernel", "6.8.0-99-generic"]
+    unit = env.get_template("p2pkit-restore.service.j2").render(**v)
+    cond = next(ln for ln in unit.splitlines() if ln.startswith("ConditionPathExists="))
+    assert cond.partition("=")[2].replace("%%", "%") == str(state) and "%%i" in cond
+    exec_ = next(ln for ln in unit.splitlines() if ln.startswith("ExecStart=")).partition("=")[2]
+    words = [w.replace("%%", "%").replace("$$", "$") for w in shlex.split(exec_)]
+    assert words == [str(fake), "--root", "/", "--profile", "dual-5090-ninfer", "--state-dir", str(state), "--yes",
+                     "restore"]
+    assert "$(" not in exec_.replace("$$(", "")  # the $ is $$: systemd never expands it
+    semicolon = pipeline.Ctx(profile=ctx.profile, host=ctx.host, store=Store(tmp_path / "a;b"), out=Output())
+    with pytest.raises(writers.UnsafeValue, match="';'"):
+        acting.restore_command_vars(semicolon)
+
+
+def test_resume_unit_escapes_its_state_dir(tmp_path):
+    from p2pkit.reboot import render_resume_unit
+
+    state = tmp_path / "a%b c"
+    with pytest.raises(writers.UnsafeValue, match="' '"):
+        render_resume_unit(config.load("dual-5090-ninfer"), state)
+    unit = render_resume_unit(config.load("dual-5090-ninfer"), tmp_path / "a%b")
+    assert f"ConditionPathExists={tmp_path}/a%%b" in unit and f"{tmp_path}/a%%b --yes up --reboot --resumed" in unit
+
+
+# 12. model: the record before the rename ----------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("when", ["after the rename", "before the rename"])
+def test_a_model_run_killed_at_its_rename_is_finished_by_the_next(sim, monkeypatch, when):
+    """Killed right after (or right before) the rename of the converted file: the next run knows the
+    output as its own (or renames the recorded partial file) and passes; it never refuses its own model."""
+    import os as os_
+
+    from p2pkit.stages import model as model_stage
+
+    root = sim("healthy")
+    h = Host.at(root)
+    ctx = pipeline.Ctx(profile=config.load(h.sim["profile"]), host=h, store=Store(root / "var/lib/p2pkit"),
+                       out=Output())
+    assert pipeline.run_stage(ctx, get("engine"), "link")["status"] == "passed"
+    out = str(h.path(ctx.profile.model.output))
+    real = os_.replace
+
+    def killed(src, dst):
+        if str(dst) == out:
+            if when == "after the rename":
+                real(src, dst)
+            raise KeyboardInterrupt  # SIGINT/SIGKILL at that instant: nothing after it runs
+        return real(src, dst)
+
+    monkeypatch.setattr(model_stage.os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.run_stage(ctx, get("model"), "engine")
+    monkeypatch.setattr(model_stage.os, "replace", real)
+    doc = pipeline.run_stage(ctx, get("model"), "engine")
+    built = doc["facts"]["model_build"]
+    assert doc["status"] == "passed", [c for c in doc["checks"] if c["status"] == "fail"]
+    assert built["kept"] is True and ("finished_interrupted" in built) == (when == "before the rename")
+
+
+# 13. restore puts the engine back -------------------------------------------------------------------
+
+@pytest.fixture
+def restore_ctx(tmp_path, monkeypatch):
+    """restore's own logic with the host seams replaced: a running engine unit (systemctl calls
+    recorded), a p2p-module gate that drifted, and a rebuild that is interrupted."""
+    from p2pkit import restore as rs
+    from p2pkit.checks import FAIL, Check
+    from p2pkit.stages import service as svc
+
+    root = tmp_path / "host"
+    (root / "etc/systemd/system").mkdir(parents=True)
+    (root / f"etc/systemd/system/{svc.UNIT}").write_text("[Service]\n")
+    calls: list[str] = []
+    state = {"active": True}
+    monkeypatch.setattr(rs.system, "kernel_release", lambda h: "6.8.0-90-generic")
+    monkeypatch.setattr(rs, "gate_checks", lambda ctx, t, r: {"p2p-module": [Check("m", "m", FAIL)]})
+    monkeypatch.setattr(svc, "unit_alive", lambda h: state["active"])
+
+    def systemctl(argv, **kw):
+        calls.append(" ".join(argv))
+        state["active"] = argv[1] == "start"
+
+    ctx = pipeline.Ctx(profile=config.load("dual-5090-ninfer"), host=Host.at(root), store=Store(tmp_path / "st"),
+                       out=Output())
+    monkeypatch.setattr(ctx.host.runner, "run", systemctl)
+    return rs, ctx, calls, state
+
+
+def test_restore_interrupted_mid_rebuild_starts_the_engine_again(restore_ctx, monkeypatch):
+    rs, ctx, calls, state = restore_ctx
+
+    def interrupted(*a, **kw):
+        assert rs.engine_mark(ctx).is_file()  # what to return to is recorded before the engine stops
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rs.pipeline, "run_stage", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        rs.restore(ctx)
+    assert calls == [f"systemctl stop {service.UNIT}", f"systemctl start {service.UNIT}"] and state["active"]
+    assert not rs.engine_mark(ctx).exists()
+
+
+def test_a_restore_killed_with_the_engine_stopped_is_undone_by_the_next(restore_ctx, monkeypatch):
+    """SIGKILL runs no finally: the mark stays; the next restore starts the engine before anything."""
+    rs, ctx, calls, state = restore_ctx
+    rs.engine_mark(ctx).parent.mkdir(parents=True)
+    rs.engine_mark(ctx).write_text("stopped by a restore that was killed\n")
+    state["active"] = False
+    monkeypatch.setattr(rs, "gate_checks", lambda ctx, t, r: {})  # no drift this time
+    _code, record = rs.restore(ctx)
+    assert calls == [f"systemctl start {service.UNIT}"] and state["active"] and not rs.engine_mark(ctx).exists()
+    assert "killed restore" in json.dumps(record["actions"])
+
+
+# 9. artifacts read defensively, an immutable state directory --------------------------------------
+
+@pytest.mark.parametrize("data,fragment", [(b"\xff\xfe{", "cannot be read"), (b"[1, 2]", "not a p2pkit model record"),
+                                           (b'{"path": "/srv/x"}', "not a p2pkit model record")])
+def test_a_broken_model_record_is_a_clear_error(tmp_path, data, fragment):
+    from p2pkit.artifacts import CorruptArtifact
+    from p2pkit.stages import model as model_stage
+
+    rec = tmp_path / "model-output.json"
+    rec.write_bytes(data)
+    with pytest.raises(CorruptArtifact, match=fragment) as e:
+        model_stage._record(rec)
+    assert str(rec) in e.value.hint and "--from model --force" in e.value.hint
+
+
+def test_an_immutable_state_directory_is_a_usage_error_naming_chattr(cli, sim):
+    root = sim("healthy")
+    state = root / "var/lib/p2pkit"
+    state.mkdir(parents=True, exist_ok=True)
+    if subprocess.run(["chattr", "+i", str(state)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i needs root on a file system that has it")
+    try:
+        r = cli("--root", str(root), "up", "--to", "preflight")
+    finally:
+        subprocess.run(["chattr", "-i", str(state)], check=True)
+    assert r.code == 2, r.err
+    assert f"chattr -i {state}" in r.err and "internal error" not in r.err
+
+
+# 11. the engine's user reaches its working directory, engine and model -----------------------------
+
+def test_the_engine_user_reaches_what_it_reads_as_the_kernel_says(tmp_path):
+    """The access probe against the kernel itself: the engine's start (cd into the working directory,
+    read the model, run the engine) run as the unit's user with setpriv, on a host tree. With the
+    working directory root:root 0750 (what the playbook made before) both say no; owned by the user,
+    both say yes."""
+    import os
+    import shutil
+    import tempfile
+
+    from p2pkit.host import access
+
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv (util-linux)")
+    top = Path(tempfile.mkdtemp(prefix="p2pkit-access-", dir="/tmp"))
+    try:
+        top.chmod(0o755)
+        (top / "etc").mkdir()
+        (top / "etc/passwd").write_text("root:x:0:0::/root:/bin/sh\np2pkit-engine:x:65534:65534::/:/usr/sbin/nologin\n")
+        (top / "etc/group").write_text("root:x:0:\nvideo:x:44:p2pkit-engine\n")
+        work, model, exe = top / "var/lib/p2pkit/engine", top / "srv/models/m.gguf", top / "opt/e/serve"
+        for d in (work, model.parent, exe.parent):
+            d.mkdir(parents=True)
+            for up in [d, *d.parents]:
+                if up == top:
+                    break
+                up.chmod(0o755)
+        work.chmod(0o750)
+        model.write_text("GGUF")
+        model.chmod(0o644)
+        exe.write_text("#!/bin/sh\nexit 0\n")
+        exe.chmod(0o755)
+        host = Host.at(top)
+        wants = {"/var/lib/p2pkit/engine": "x", "/srv/models/m.gguf": "r", "/opt/e/serve": "x"}
+
+        def kernel_says() -> bool:
+            start = f"cd {shlex.quote(str(work))} && test -r {shlex.quote(str(model))} && {shlex.quote(str(exe))}"
+            return subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", start],
+                                  capture_output=True).returncode == 0
+
+        got = access.engine_reach(host, "p2pkit-engine", wants)
+        assert list(got["blocked"]) == ["/var/lib/p2pkit/engine"] and "cannot be entered" in \
+            got["blocked"]["/var/lib/p2pkit/engine"]
+        assert kernel_says() is False
+        os.chown(work, 65534, 65534)  # what the service role now does on a real host
+        assert access.engine_reach(host, "p2pkit-engine", wants)["blocked"] == {}
+        assert kernel_says() is True
+        model.chmod(0o600)
+        assert list(access.engine_reach(host, "p2pkit-engine", wants)["blocked"]) == ["/srv/models/m.gguf"]
+        assert kernel_says() is False
+    finally:
+        shutil.rmtree(top)
+
+
+# 10. playbooks set a directory's mode only when they create it -------------------------------------
+
+@pytest.mark.slow
+def test_the_driver_playbook_leaves_an_existing_directory_mode_alone(sim):
+    from p2pkit.stages import acting
+
+    root = sim("healthy")
+    h = Host.at(root)
+    ctx = pipeline.Ctx(profile=config.load(h.sim["profile"]), host=h, store=Store(root / "var/lib/p2pkit"),
+                       out=Output())
+    cache = h.path(ctx.profile.driver.cache_dir)
+    cache.mkdir(parents=True, exist_ok=True)
+    cache.chmod(0o700)  # the user's choice
+    assert acting.driver(ctx)["failed"] == 0
+    assert cache.stat().st_mode & 0o777 == 0o700
+
+
+# 4. profile paths stay under their directory -------------------------------------------------------
+
+def test_a_model_output_that_is_a_symlink_leading_out_is_refused(tmp_path):
+    """`..` is refused when the profile is read (above); a link planted where the model goes is
+    refused before p2pkit reads or writes through it (root hashing /etc/shadow, or /dev/zero forever)."""
+    from p2pkit.stages import model as model_stage
+
+    host = Host.at(tmp_path)
+    models = tmp_path / "srv/models"
+    models.mkdir(parents=True)
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/shadow").write_text("root:secret\n")
+    (models / "m.gguf").symlink_to("/etc/shadow")
+    why = model_stage.leaves_its_directory(host, "/srv/models/m.gguf")
+    assert why and "/etc/shadow" in why and "outside /srv/models" in why
+    (tmp_path / "data").mkdir()
+    (tmp_path / "srv/linked").symlink_to("/data")  # a models directory that is itself a link: fine
+    assert model_stage.leaves_its_directory(host, "/srv/linked/m.gguf") is None
+    assert model_stage.leaves_its_directory(host, "/srv/models/new.gguf") is None

@@ -70,6 +70,7 @@ def check(f: dict, p: Profile) -> list[Check]:
                              "the cap of the terminal p2pkit was started from", "P12"))
     if "nccl_transports" in s:
         out.append(_nccl(s["nccl_transports"], p))
+    out += _user_access(s.get("user_access"))
     if s.get("listen") is None:
         return out + _spec(s, p)
     ln = s["listen"]
@@ -151,3 +152,16 @@ def _llamacpp_requests(s: dict, p: Profile, spec) -> list[Check]:
                      "missing (`-md` alone leaves drafting off; the model stage checks the nextn layers)",
                      pitfall="P19"))
     return out
+
+
+def _user_access(u: dict | None) -> list[Check]:
+    if not u:
+        return []
+    if "error" in u:
+        return [unknown("service.user_access", "the engine's user reaches what the engine reads", u,
+                        "the unit's User= exists", needed=False)]
+    blocked = u["blocked"]
+    return [judge("service.user_access", "the engine's user reaches what the engine reads", not blocked,
+                  "; ".join(blocked.values()) or f"{u['user']} reaches all", "working directory, engine and model "
+                  f"reachable by {u['user']}", f"give {u['user']} search (x) on each directory named and read on the "
+                  "model (chown/chmod that path, never the whole tree); re-run `p2pkit up --from service`")]

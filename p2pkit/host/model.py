@@ -73,12 +73,22 @@ def sha256_cached(host: Host, path: Path, cache_file: Path, progress=None) -> st
             if progress:
                 progress(done, st.st_size)
     digest = h.hexdigest()
+    remember_sha256(path, cache_file, digest)
+    return digest
+
+
+def remember_sha256(path: Path, cache_file: Path, digest: str) -> None:
+    """Record a digest already known for `path` (a file renamed into place keeps size and mtime)."""
+    st = path.stat()
+    try:
+        cache = json.loads(cache_file.read_text()) if cache_file.is_file() else {}
+    except ValueError:
+        cache = {}
     cache = {k: v for k, v in cache.items() if not k.startswith(f"{path}:")}
-    cache[key] = digest
+    cache[f"{path}:{st.st_size}:{st.st_mtime_ns}"] = digest
     tmp = cache_file.with_suffix(".tmp")
     tmp.write_text(json.dumps(cache, indent=1))
     os.replace(tmp, cache_file)
-    return digest
 
 
 def read_head(path: Path, n: int = 64 << 20) -> bytes:

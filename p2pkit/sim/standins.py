@@ -9,6 +9,7 @@ import re
 import sys
 from pathlib import Path
 
+from p2pkit import writers
 from p2pkit.parse.smi import TOPO_LEGEND
 from p2pkit.sim import model
 from p2pkit.sim.render import load_state, save
@@ -362,8 +363,8 @@ def _unit(root: Path, unit: str) -> dict:
             if envf.is_file():
                 for ln in envf.read_text().splitlines():
                     if "=" in ln and not ln.lstrip().startswith("#"):
-                        a, _, b = ln.partition("=")
-                        out["env"][a.strip()] = b.strip()
+                        a, _, b = ln.partition("=")  # NAME="value" with \ " $ ` escaped, as systemd reads it
+                        out["env"][a.strip()] = writers.env_value(b.strip())
         elif k == "MemoryMax":
             out["memory_max"] = v
         elif k == "Slice":
@@ -401,8 +402,9 @@ def _start(root: Path, state: dict, unit: str) -> int:
         return 5
 
     def host_argv(line: str) -> list[str]:  # paths that exist in the simulated root point into it
+        words = [a.replace("%%", "%").replace("$$", "$") for a in shlex.split(line)]  # systemd's escapes
         return [str(root / a.lstrip("/")) if a.startswith("/") and (root / a.lstrip("/")).exists() else a
-                for a in shlex.split(line)]
+                for a in words]
 
     for pre in u.get("pre", []):  # ExecStartPre, in order; "-" tolerates a failure, "+" is privileges
         optional = pre.startswith("-")

@@ -3,8 +3,9 @@ profile and the host give them."""
 
 from __future__ import annotations
 
-import shlex
+from pathlib import Path
 
+from p2pkit import writers
 from p2pkit.ansible import run_playbook
 from p2pkit.backup import DRIVER_PATHS, P2P_PATHS, Backup, module_paths, userspace_paths
 from p2pkit.checks.driver import installer_arch
@@ -87,6 +88,19 @@ def _p2p_module(ctx, kernel: str | None = None) -> dict:
         "p2pkit_p2p_module_src_dir": p2p_src_dir(ctx.profile),
         "p2pkit_p2p_module_kernel": kernel,
         "p2pkit_p2p_module_cmdline": iommu_cmdline(m.iommu, system.cpu_vendor(ctx.host), arch.machine(ctx.host)),
-        "p2pkit_p2p_module_p2pkit": own_executable(),
-        "p2pkit_p2p_module_profile_args": shlex.join(ctx.profile.cli_args()),
+        **restore_command_vars(ctx),
     })
+
+
+def restore_command_vars(ctx) -> dict:
+    """The restore service's and the kernel hook's command lines, each written whole by the writer of
+    its format (systemd Exec= line, shell words): no path is pasted into a file root runs."""
+    root = str(ctx.host.root) if ctx.host.root != Path("/") else "/"
+    exe = own_executable()
+    argv = [exe, "--root", root, *ctx.profile.cli_args(), "--state-dir", str(ctx.store.dir), "--yes", "restore"]
+    return {
+        "p2pkit_p2p_module_unit_exec": writers.unit_exec(argv, "the restore command"),
+        "p2pkit_p2p_module_unit_state_dir": writers.unit_path("the state directory", str(ctx.store.dir)),
+        "p2pkit_p2p_module_hook_exe": writers.shell_word("the p2pkit executable", exe),
+        "p2pkit_p2p_module_hook_command": writers.shell_command(argv, "the restore command"),
+    }

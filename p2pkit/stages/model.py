@@ -4,12 +4,12 @@ out, record its sha256. An existing output p2pkit did not write is never overwri
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 
-from p2pkit.artifacts import atomic_write
+from p2pkit import writers
+from p2pkit.artifacts import CorruptArtifact, atomic_write, read_json
 from p2pkit.engine_cmd import binary
 from p2pkit.host import model as hm
 from p2pkit.host import system
@@ -88,12 +88,24 @@ def engine_support(ctx) -> dict:
     return out
 
 
+def leaves_its_directory(host, path: str) -> str | None:
+    """model.output must stay in the directory the profile names: a symlink (the file itself, or a
+    link that replaced a directory of it) that leads elsewhere is refused, never written through."""
+    parent = os.path.dirname(path)
+    real_parent = host.realpath(parent)
+    real = host.realpath(path)
+    if os.path.dirname(real) != real_parent or host.path(path).is_symlink():
+        return (f"{path} resolves to {real}, outside {parent} (a symlink leads out): p2pkit writes a model only "
+                f"inside the directory the profile names; remove the link or point model.output at the real place")
+    return None
+
+
 def existing(ctx, res: dict) -> dict:
     """Read-only: the output on disk is the one p2pkit recorded (sha256), and what it holds."""
     m, host = ctx.profile.model, ctx.host
     out = host.path(m.output)
     record_file = ctx.store.dir / "model-output.json"
-    rec = json.loads(record_file.read_text()) if record_file.is_file() else {}
+    rec = _record(record_file)
     digest = hm.sha256_cached(host, out, ctx.store.dir / "sha256-cache.json")
     if rec.get("path") == m.output and rec.get("sha256") == digest:
         res.update(kept=True, sha256=digest, size=out.stat().st_size, verify=verify_file(ctx, out))
@@ -140,7 +152,16 @@ def convert(ctx) -> dict:
     out = host.path(m.output)
     record_file = ctx.store.dir / "model-output.json"
     cache = ctx.store.dir / "sha256-cache.json"
+    escape = leaves_its_directory(host, m.output)
+    if escape:
+        res["refused"] = escape
+        return res
     if out.exists():
+        return existing(ctx, res)
+    tmp = out.with_name(f".{out.name}.partial")
+    if finish_interrupted(ctx, tmp, out, record_file, cache):
+        res["finished_interrupted"] = f"{tmp.name} was converted, verified and recorded by a run that stopped " \
+                                      "before its rename: renamed now"
         return existing(ctx, res)
     if not source_ok(res["source"]):
         return res
@@ -150,7 +171,6 @@ def convert(ctx) -> dict:
     if free < need:
         return res
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.partial")
     for stale in (tmp, Path(f"{tmp}.conversion.json")):
         stale.unlink(missing_ok=True)
     argv = convert_argv(ctx, str(host.path(m.source)), str(tmp))
@@ -170,15 +190,47 @@ def convert(ctx) -> dict:
     if "error" in res["verify"]:
         tmp.unlink(missing_ok=True)  # a broken conversion never takes the model's name
         return res
-    os.replace(tmp, out)
+    # The record first, the rename last: a run killed in between leaves no output and a partial file
+    # the record vouches for (the next run renames it), one killed after it an output it recognises.
+    res["sha256"] = hm.sha256_cached(host, tmp, cache, progress=_progress(ctx))
+    res["size"] = tmp.stat().st_size
+    atomic_write(record_file, writers.json_text({"path": m.output, "sha256": res["sha256"], "size": res["size"],
+                                                 "partial": tmp.name}).encode())
+    _rename(tmp, out, cache, res["sha256"])
+    return res
+
+
+def _rename(tmp: Path, out: Path, cache: Path, digest: str) -> None:
     side = Path(f"{tmp}.conversion.json")
     if side.is_file():
         os.replace(side, Path(f"{out}.conversion.json"))
-    res["sha256"] = hm.sha256_cached(host, out, cache, progress=_progress(ctx))
-    res["size"] = out.stat().st_size
-    atomic_write(record_file, (json.dumps({"path": m.output, "sha256": res["sha256"], "size": res["size"]},
-                                          indent=2) + "\n").encode())
-    return res
+    os.replace(tmp, out)
+    hm.remember_sha256(out, cache, digest)  # the same bytes under their final name: no second hash
+
+
+def _record(record_file: Path) -> dict:
+    """The model record: {} when there is none; a broken one is an error naming it and the fix."""
+    rec = read_json(record_file, "the model record", f"remove {record_file} and run `p2pkit up --from model "
+                    "--force`: p2pkit then treats an existing output as not its own and refuses it")
+    if rec is not None and not (isinstance(rec, dict) and isinstance(rec.get("path"), str)
+                                and isinstance(rec.get("sha256"), str)):
+        raise CorruptArtifact(f"the model record {record_file} is not a p2pkit model record (path, sha256)",
+                              hint=f"remove {record_file} and run `p2pkit up --from model --force`")
+    return rec or {}
+
+
+def finish_interrupted(ctx, tmp: Path, out: Path, record_file: Path, cache: Path) -> bool:
+    """A partial file whose record was written (a run killed before its rename): rename it when its
+    digest is still the recorded one. Anything else about it is left to the normal path."""
+    if not tmp.is_file():
+        return False
+    rec = _record(record_file)
+    if rec.get("path") != ctx.profile.model.output or rec.get("partial") != tmp.name:
+        return False
+    if hm.sha256_cached(ctx.host, tmp, cache) != rec.get("sha256"):
+        return False
+    _rename(tmp, out, cache, rec["sha256"])
+    return True
 
 
 def _progress(ctx):

@@ -13,14 +13,14 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from p2pkit import engine_cmd
+from p2pkit import engine_cmd, secrets, writers
 from p2pkit.ansible import run_playbook
 from p2pkit.errors import Exit, P2pkitError
-from p2pkit.host import Host, engine_api, system
+from p2pkit.host import Host, access, engine_api, system
 from p2pkit.parse import engine_api as pe
 from p2pkit.parse import nccl
 from p2pkit.parse.system import proc_cgroup
-from p2pkit.runner import own_executable, unit_command
+from p2pkit.runner import own_executable
 
 UNIT = "p2pkit-engine.service"
 CAUSES = (
@@ -34,7 +34,7 @@ CAUSES = (
 
 
 def exec_start(profile) -> str:
-    return unit_command(engine_cmd.argv(profile))
+    return writers.unit_exec(engine_cmd.argv(profile))
 
 
 NCCL_ENV = "/run/p2pkit-engine/nccl.env"
@@ -45,7 +45,8 @@ def exec_start_pre(profile) -> str:
     are this boot's (P24). Empty when the profile does not use RoCE."""
     if not profile.network.require_roce:
         return ""
-    return unit_command([own_executable(), "--root", "/", *profile.cli_args(), "net", "hca", "--env-file", NCCL_ENV])
+    return writers.unit_exec([own_executable(), "--root", "/", *profile.cli_args(), "net", "hca", "--env-file",
+                              NCCL_ENV])
 
 
 def ip_filter(p) -> tuple[str, str]:
@@ -72,18 +73,7 @@ def act(ctx) -> dict:
                      "fails (P27); in an inventory run p2pkit waits for the head by itself")
     if p.engine.recipe == "llamacpp":
         acted["flags_checked"] = flags_accepted(ctx)
-    deny, allow = ip_filter(p)
-    acted.update(run_playbook(ctx, "service", {
-        "p2pkit_service_recipe": p.engine.recipe,
-        "p2pkit_service_profile": p.source,
-        "p2pkit_service_exec_start": exec_start(p),
-        "p2pkit_service_exec_start_pre": exec_start_pre(p),
-        "p2pkit_service_work_dir": f"{ctx.host.host_path(ctx.store.dir)}/engine",
-        "p2pkit_service_nccl_root": p.engine.nccl_root,
-        "p2pkit_service_env": {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in p.serve.env.items()},
-        "p2pkit_service_ip_deny": deny,
-        "p2pkit_service_ip_allow": allow,
-    }))
+    acted.update(run_playbook(ctx, "service", service_vars(ctx)))
     acted["started_at"] = time.time()
     return acted
 
@@ -107,6 +97,31 @@ def flags_accepted(ctx) -> list[str]:
             hint="remove or rename them in serve.flags (`p2pkit --unset serve.flags.NAME ...`), or build the engine "
                  "commit that has them", code=Exit.USAGE)
     return sorted(used)
+
+
+def service_vars(ctx) -> dict:
+    """The service role's variables: every value from the profile already written by the writer of
+    the file it lands in (p2pkit.writers), secrets only in the text of the 0600 file."""
+    p = ctx.profile
+    deny, allow = ip_filter(p)
+    env = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in p.serve.env.items()}
+    plain, secret = secrets.split_env(env, p.serve.secret_env)
+    nccl = p.engine.nccl_root
+    return {
+        "p2pkit_service_recipe": p.engine.recipe,
+        "p2pkit_service_profile": writers.unit_value("the profile's name", p.source),
+        "p2pkit_service_exec_start": exec_start(p),
+        "p2pkit_service_exec_start_pre": exec_start_pre(p),
+        "p2pkit_service_work_dir": writers.unit_path("the state directory", f"{ctx.host.host_path(ctx.store.dir)}"
+                                                                            "/engine"),
+        "p2pkit_service_nccl_lib_line": writers.env_line("LD_LIBRARY_PATH", f"{nccl}/lib", "engine.nccl_root")
+        if nccl else "",
+        "p2pkit_service_env_lines": [writers.env_line(k, v, f"serve.env.{k}") for k, v in plain.items()],
+        "p2pkit_service_secret_env": writers.env_file(secret, "Written by p2pkit: the engine's secrets (root only)",
+                                                      "serve.env"),
+        "p2pkit_service_ip_deny": writers.unit_value("the IP filter", deny),
+        "p2pkit_service_ip_allow": writers.unit_value("the IP filter", allow),
+    }
 
 
 def poll(probe, timeout: float, *, alive=None, interval: float = 0.25, note=None, every: float = 5.0) -> dict:
@@ -290,4 +305,17 @@ def measure(ctx) -> dict:
         res["nccl_transports"] = nccl_transports(logs(host, 400))
     text = "\n".join(res["log_tail"])
     res["likely_cause"] = next((c for needle, c in CAUSES if needle in text), None)
+    res["user_access"] = user_access(ctx)
     return {"service": res}
+
+
+SERVICE_USER = "p2pkit-engine"
+
+
+def user_access(ctx) -> dict:
+    """What the unit's User= must reach: its working directory (enter), the engine (run), the model (read)."""
+    p = ctx.profile
+    wants = {f"{ctx.host.host_path(ctx.store.dir)}/engine": "x", engine_cmd.binary(p): "x"}
+    if p.model.format != "hf" and p.model.output:
+        wants[p.model.output] = "r"
+    return access.engine_reach(ctx.host, SERVICE_USER, wants)
