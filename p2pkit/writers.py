@@ -7,8 +7,8 @@ string formatting anywhere else (DESIGN: "Seams that keep it simple").
 - environment files: NAME="value" with `\\`, `"`, `$` and backquote escaped (systemd's
   EnvironmentFile= parser, src/basic/env-file.c, and a POSIX shell read them the same way).
 - shell words: shlex.quote.
-- Ansible variables: a YAML document whose every string is tagged `!unsafe`, so Jinja never
-  evaluates a `{{ ... }}` that came from a user (JSON extra-vars are templated).
+- Ansible variables: a YAML document whose every string that holds a `{` is tagged `!unsafe`, so
+  Jinja never evaluates a `{{ ... }}` that came from a user (JSON extra-vars are templated).
 - TOML: p2pkit.tomlwrite writes values and documents; `toml_set` here changes one key of a
   user's file in place and keeps its comments (what `p2pkit pin` needs).
 - JSON: no NaN or infinity (not JSON): such a number is written as null.
@@ -139,12 +139,14 @@ def _yaml(v: Any, where: str) -> str:
             raise UnsafeValue(f"{where} is {v}, not a number Ansible can be given", hint=f"give {where} a finite value")
         return json.dumps(v)
     if isinstance(v, str):
-        return "!unsafe " + json.dumps(v)
+        # Jinja needs a {: a string without one is never templated and stays a plain quoted string.
+        # (ansible-core 2.19 re-resolves a !unsafe scalar: "000" would turn into the integer 0.)
+        return ("!unsafe " if "{" in v else "") + json.dumps(v)
     if isinstance(v, dict):
-        return "{" + ", ".join(f"!unsafe {json.dumps(str(k))}: {_yaml(x, f'{where}.{k}')}" for k, x in v.items()) + "}"
+        return "{" + ", ".join(f"{_yaml(str(k), where)}: {_yaml(x, f'{where}.{k}')}" for k, x in v.items()) + "}"
     if isinstance(v, list | tuple):
         return "[" + ", ".join(_yaml(x, where) for x in v) + "]"
-    return "!unsafe " + json.dumps(str(v))
+    return _yaml(str(v), where)
 
 
 def ansible_vars(doc: dict[str, Any]) -> str:
