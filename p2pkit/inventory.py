@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from p2pkit import __version__
+from p2pkit import __version__, writers
 from p2pkit.ansible import playbook_binary, share_dir
 from p2pkit.errors import Exit, MissingError, UsageError
 from p2pkit.runner import Runner, own_executable
@@ -99,11 +99,12 @@ def run(inventory: Path, action: str, command: list[str], out, wheel: Path | Non
     timeout = HOST_TIMEOUT_S[action]
     extra = {"p2pkit_action": action, "p2pkit_command": command, "p2pkit_results_dir": str(results),
              "p2pkit_bin": own_executable(), "p2pkit_version": __version__,
+             "p2pkit_lock": str(Path(__file__).parent / "requirements.lock"),
              "p2pkit_controller_python": sys.executable, "p2pkit_host_timeout_default": timeout}
     if wheel is not None:
         extra["p2pkit_wheel"] = str(wheel.resolve())
-    vars_file = work / "vars.json"
-    vars_file.write_text(json.dumps(extra))
+    vars_file = work / "vars.yml"
+    vars_file.write_text(writers.ansible_vars(extra))  # a {{ }} in a value is never evaluated
     argv = [playbook_binary(), "-i", str(inventory), "-f", str(max(5, len(hosts))), "-e", f"@{vars_file}",
             str(share_dir() / "playbooks" / "inventory.yml")]
     env = ansible_env(dict(os.environ), Path.cwd(), tree)

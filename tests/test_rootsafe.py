@@ -513,3 +513,30 @@ def test_a_model_output_that_is_a_symlink_leading_out_is_refused(tmp_path):
     (tmp_path / "srv/linked").symlink_to("/data")  # a models directory that is itself a link: fine
     assert model_stage.leaves_its_directory(host, "/srv/linked/m.gguf") is None
     assert model_stage.leaves_its_directory(host, "/srv/models/new.gguf") is None
+
+
+def test_the_remote_install_checks_every_dependency_against_a_locked_sha256():
+    """p2pkit/requirements.lock pins every runtime dependency (and theirs) with sha256s, and the
+    inventory playbook installs from it in pip's hash-checking mode, nothing unpinned besides."""
+    from importlib import resources
+
+    import yaml
+
+    from tests.conftest import REPO
+
+    lock = (resources.files("p2pkit") / "requirements.lock").read_text()
+    reqs = {}
+    body = "\n".join(ln for ln in lock.splitlines() if not ln.lstrip().startswith("#"))
+    for block in re.split(r"\n(?=[a-z0-9])", body):
+        m = re.match(r"([a-z0-9_.-]+)==([0-9][^ ;\\]*)", block.strip())
+        if m:
+            reqs[m.group(1)] = re.findall(r"--hash=sha256:([0-9a-f]{64})\b", block)
+    runtime = [re.match(r"[A-Za-z0-9_.-]+", d).group().lower()
+               for d in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]]
+    assert set(runtime) <= set(reqs), set(runtime) - set(reqs)
+    assert all(reqs.values()), [k for k, v in reqs.items() if not v]
+    book = yaml.safe_load((REPO / "playbooks/inventory.yml").read_text())
+    tasks = [t for b in book[0]["tasks"] for t in b.get("block", [b])]
+    pips = [t["ansible.builtin.pip"] for t in tasks if "ansible.builtin.pip" in t]
+    assert [p.get("extra_args") for p in pips] == ["--require-hashes --no-deps", "--no-deps"], pips
+    assert pips[0]["requirements"].endswith("requirements.lock")
