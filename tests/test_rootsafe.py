@@ -299,7 +299,7 @@ def test_resume_unit_escapes_its_state_dir(tmp_path):
     with pytest.raises(writers.UnsafeValue, match="' '"):
         render_resume_unit(config.load("dual-5090-ninfer"), state)
     unit = render_resume_unit(config.load("dual-5090-ninfer"), tmp_path / "a%b")
-    assert f"ConditionPathExists={tmp_path}/a%%b" in unit and f"{tmp_path}/a%%b --yes up --reboot --resumed" in unit
+    assert f"ConditionPathExists={tmp_path}/a%%b" in unit and f"\"{tmp_path}/a%%b\" --yes up --reboot --resumed" in unit
 
 
 # 12. model: the record before the rename ----------------------------------------------------------
