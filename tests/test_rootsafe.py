@@ -540,3 +540,20 @@ def test_the_remote_install_checks_every_dependency_against_a_locked_sha256():
     pips = [t["ansible.builtin.pip"] for t in tasks if "ansible.builtin.pip" in t]
     assert [p.get("extra_args") for p in pips] == ["--require-hashes --no-deps", "--no-deps"], pips
     assert pips[0]["requirements"].endswith("requirements.lock")
+
+
+# 14. logs capped and rotated ---------------------------------------------------------------------
+
+def test_playbook_logs_are_capped_rotated_and_redacted(tmp_path):
+    from p2pkit import logfiles
+
+    secrets.register("tok_ABCDEFGH")
+    log = tmp_path / "driver.log"
+    for run in range(5):
+        logfiles.write(log, f"run {run} tok_ABCDEFGH\n" + "x" * (3 * logfiles.CAP), cap=logfiles.CAP)
+    kept = sorted(p.name for p in tmp_path.iterdir())
+    assert kept == ["driver.log", "driver.log.1", "driver.log.2", "driver.log.3"]  # the oldest dropped
+    assert log.read_text().startswith("run 4 <redacted>")
+    assert (tmp_path / "driver.log.3").read_text().startswith("run 1")
+    assert all((tmp_path / n).stat().st_size <= logfiles.CAP + 100 for n in kept)
+    assert "p2pkit cut" in log.read_text() and "tok_ABCDEFGH" not in "".join((tmp_path / n).read_text() for n in kept)
