@@ -209,7 +209,7 @@ class Runner:
             full_env.update(env)
         token = full_env[children.TOKEN] = children.new_token()
         limit = timeout_for(argv[0], timeout)
-        log.debug("run (timeout %g s): %s", limit, shlex.join(argv))
+        log.debug("run (timeout %g s): %s", limit, redact(shlex.join(argv)))
         start = time.monotonic()
         pipe = subprocess.PIPE if capture else None
         proc = subprocess.Popen([exe, *argv[1:]], stdin=subprocess.DEVNULL, stdout=pipe, stderr=pipe, env=full_env,
@@ -245,7 +245,7 @@ class Runner:
         if sink is not None:
             sink.close()
         result = Result(argv, proc.returncode, out, err)
-        log.debug("exit %s after %.1f s: %s", proc.returncode, time.monotonic() - start, shlex.join(argv))
+        log.debug("exit %s after %.1f s: %s", proc.returncode, time.monotonic() - start, redact(shlex.join(argv)))
         if check and proc.returncode != 0:
             raise CommandError(argv, proc.returncode, result.stdout, result.stderr)
         return result

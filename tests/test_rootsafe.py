@@ -557,3 +557,12 @@ def test_playbook_logs_are_capped_rotated_and_redacted(tmp_path):
     assert (tmp_path / "driver.log.3").read_text().startswith("run 1")
     assert all((tmp_path / n).stat().st_size <= logfiles.CAP + 100 for n in kept)
     assert "p2pkit cut" in log.read_text() and "tok_ABCDEFGH" not in "".join((tmp_path / n).read_text() for n in kept)
+
+
+def test_profile_show_redacts_a_secret(cli, tmp_path):
+    f = tmp_path / "p.toml"
+    f.write_text(config.builtin_path("dual-5090-ninfer").read_text() + '\n[serve.env]\nHF_TOKEN = "hf_0123456789"\n')
+    for args in (["profile", "show", str(f)], ["profile", "show", "--toml", str(f)], ["--json", "profile", "show",
+                                                                                        str(f)]):
+        r = cli(*args)
+        assert r.code == 0 and "hf_0123456789" not in r.out + r.err and "<redacted>" in r.out, (args, r.err)

@@ -49,7 +49,7 @@ def show(
     elif common.OPTS.json:
         out.document({"source": p.source, "overrides": list(p.overrides), "profile": p.as_dict()})
     else:
-        print(json.dumps(p.as_dict(), indent=2))
+        print(redact(json.dumps(p.as_dict(), indent=2)))
 
 
 @app.command()
