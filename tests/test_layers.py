@@ -22,7 +22,7 @@ LAYERS = [
     ("base", ["p2pkit.runner", "p2pkit.artifacts", "p2pkit.output", "p2pkit.errors", "p2pkit.config",
               "p2pkit.ansible", "p2pkit.lock", "p2pkit.children", "p2pkit.pitfalls", "p2pkit.load",
               "p2pkit.profiles", "p2pkit.schemas", "p2pkit.writers", "p2pkit.secrets", "p2pkit.tomlwrite",
-              "p2pkit.hoststate", "p2pkit"]),
+              "p2pkit.hoststate", "p2pkit.logfiles", "p2pkit"]),
 ]
 SIM = "p2pkit.sim"
 SIM_DOORS = {"p2pkit.cli.sim_cmd"}  # the sim commands: outside the product's layers, plugged into the CLI
