@@ -125,6 +125,8 @@ class Engine:
     recipe: str = f(choices=("ninfer", "llamacpp", "vllm"))
     repo: str = f("", chars="url")
     commit: str = f("", pattern=COMMIT, expect="a full git commit id (40 hex digits)")
+    branch: str = f("", chars="path", expect="the branch the engine's source tree is on (vLLM on a Spark: the PR "
+                    "branch), or empty")
     cuda_min: str = f("13.1", pattern=r"^\d+\.\d+$")
     cuda_architectures: str = f("120a", chars="word")
     pkg_config_path: str = f("", chars="path")

@@ -221,6 +221,20 @@ def _vllm(p: Profile, f: dict) -> list[Check]:
                          "localhost and network.fabric_cidr", "" if p.network.fabric_cidr else
                          "the rendezvous and NCCL's bootstrap cross hosts, so loopback-only would cut them: set "
                          "network.fabric_cidr (like 10.10.0.0/24) and the unit allows only that and loopback"))
+    table = p.serve.env.get("VLLM_PLE_MMAP_DIR")
+    if table:
+        on = str(p.serve.env.get("VLLM_PLE_MMAP", "")).lower() in ("1", "true")
+        out.append(judge("service.ple_mmap", "the n-gram table is served by mmap", on,
+                         f"VLLM_PLE_MMAP={p.serve.env.get('VLLM_PLE_MMAP', '(unset)')}", "VLLM_PLE_MMAP=1",
+                         f"set serve.env.VLLM_PLE_MMAP = \"1\": the table at {table} must be mmapped from local NVMe "
+                         "with MADV_RANDOM (seed 004)", pitfall="P26"))
+    if "speculative-config" in f:
+        seqs = _int(f.get("max-num-seqs"), None)
+        out.append(Check("service.spec_slots", "speculative decoding with one sequence", PASS if seqs == 1 else WARN,
+                         f.get("max-num-seqs", "vLLM's default (several)"), 1, "" if seqs == 1 else
+                         "MTP pays per stream at one sequence; with more, each stream decodes slower (seed 004: 45.9 "
+                         "tok/s at 1 stream, 20.5 at 13): keep max-num-seqs > 1 only for aggregate throughput, and "
+                         "benchmark wall throughput both ways", "P20"))
     if p.gpus.count * p.profile.nodes >= 2 and "speculative-config" in f:
         eager = bool(f.get("enforce-eager"))
         out.append(Check("service.eager", "MTP at TP2 runs eager", PASS if eager else WARN,

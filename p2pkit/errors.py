@@ -23,10 +23,11 @@ class P2pkitError(Exception):
 
     code: Exit = Exit.CHECK_FAILED
 
-    def __init__(self, message: str, hint: str = "", code: Exit | None = None):
+    def __init__(self, message: str, hint: str = "", code: Exit | None = None, pitfall: str = ""):
         super().__init__(message)
         self.message = message
         self.hint = hint
+        self.pitfall = pitfall  # the PITFALLS id a refusal guards against, carried into its finding
         if code is not None:
             self.code = code
 

@@ -71,7 +71,26 @@ def _built_module(h: Host, profile):
     return {"path": ko, "srcversion": r.stdout.strip() or None}
 
 
+def _head(h: Host, profile):
+    """A worker node's view of its head (P27): whether the head's rendezvous port accepts a connection
+    now. Read-only; nothing on the head changes. Only a worker of a multi-node engine has a head."""
+    import socket
+
+    from p2pkit.engine_cmd import node
+
+    n = node(profile)
+    if n["role"] != "worker":
+        return {"role": n["role"]}
+    addr = f"{n['master_addr']}:{n['master_port']}"
+    try:
+        with socket.create_connection((n["master_addr"], n["master_port"]), timeout=2):
+            return {"role": "worker", "address": addr, "up": True}
+    except (OSError, TypeError, ValueError) as e:
+        return {"role": "worker", "address": addr, "up": False, "why": str(e) or type(e).__name__}
+
+
 PROFILE_COLLECTORS: dict[str, Callable[[Host, object], object]] = {
+    "head_rendezvous": _head,
     "built_module": _built_module,
     "storage": storage.nvme_paths,
 }
@@ -79,6 +98,8 @@ PROFILE_COLLECTORS: dict[str, Callable[[Host, object], object]] = {
 COLLECTORS: dict[str, Callable[[Host], object]] = {
     "driver_guards": _guards,
     "arch": arch.machine,
+    "package_holds": system.package_holds,
+    "restore_guards": system.restore_guards,
     "identity": system.identity,
     "os": _os,
     "kernel": system.kernel_release,

@@ -123,7 +123,8 @@ def _state_of(ctx: Ctx, st: Stage, prev: StageState | None, ident: dict, recheck
         f = facts.collect(ctx.host, st.facts, ctx.profile)
         bad = [c for c in st.check(f, ctx.profile) if c.status == FAIL]
         if bad:
-            return StageState(st.name, STALE, f"re-check failed: {bad[0].id}: {bad[0].measured}", doc)
+            why = f" ({bad[0].pitfall}): {bad[0].hint}" if bad[0].pitfall else ""
+            return StageState(st.name, STALE, f"re-check failed: {bad[0].id}: {bad[0].measured}{why}", doc)
     return StageState(st.name, DONE, "", doc)
 
 
@@ -201,12 +202,12 @@ def _run_stage(ctx: Ctx, st: Stage, prev_name: str | None, started: str, resumed
             try:
                 acted = st.act(ctx)
             except P2pkitError as e:
-                acted = {"error": e.message, "hint": e.hint}
+                acted = {"error": e.message, "hint": e.hint, **({"pitfall": e.pitfall} if e.pitfall else {})}
         ctx.options["acted"] = acted  # this stage's, never an earlier stage's
         if "error" in acted:
             found = {}
             checks = [Check(f"{st.name}.act", f"{st.title}: act", FAIL, acted["error"], "the playbook to succeed",
-                            acted.get("hint", ""))]
+                            acted.get("hint", ""), acted.get("pitfall", ""))]
         else:
             found, checks = prove(ctx, st)
             pending = st.reboot(found, ctx) if st.reboot is not None else None

@@ -28,7 +28,8 @@ def junit(results: list[dict], simulated: bool) -> bytes:
                 props = ET.SubElement(case, "properties")
                 for k in ("value", "unit", "op", "limit"):
                     ET.SubElement(props, "property", name=k, value=str(c.get(k)))
-            msg = f"measured {c['measured']}; expected {c['expected']}"
+            msg = (f"[{c['pitfall']}] " if c.get("pitfall") else "") + \
+                f"measured {c['measured']}; expected {c['expected']}"
             if c["status"] == "fail":
                 f = ET.SubElement(case, "failure", message=msg)
                 f.text = f"{c['title']}: {msg}\nfix: {c.get('hint') or ''}" + (
@@ -68,9 +69,9 @@ def prometheus(results: list[dict], facts: dict, simulated: bool, profile: str):
            [({"stage": r["stage"]}, STAGE_STATE.get(r["status"], 0)) for r in results])
     family("p2pkit_stage_could_not_run", "1 for a stage whose proof could not run here (a tool or extra missing)",
            [({"stage": r["stage"]}, 1) for r in results if r["status"] == ERROR])
-    family("p2pkit_check_failed", "1 for each failed check",
-           [({"stage": r["stage"], "check": c["id"]}, 1) for r in results for c in r["checks"]
-            if c["status"] == "fail"])
+    family("p2pkit_check_failed", "1 for each failed check (pitfall: its PITFALLS id, empty when none applies)",
+           [({"stage": r["stage"], "check": c["id"], "pitfall": c.get("pitfall") or ""}, 1) for r in results
+            for c in r["checks"] if c["status"] == "fail"])
     family("p2pkit_bandwidth_ratio", "measured bandwidth over the link's raw ceiling",
            [({"check": c["id"]}, c["value"]) for r in results for c in r["checks"]
             if isinstance(c.get("value"), int | float) and c["id"].startswith(("link.p2p_bw", "link.h2d", "link.d2h"))])

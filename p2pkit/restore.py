@@ -20,11 +20,13 @@ from p2pkit.host import kmod, system
 from p2pkit.lock import state_lock
 from p2pkit.stages import acting, get
 
+SAFEGUARDS = ("driver.guards", "driver.holds")  # put back by the driver stage alone: no module rebuild
+
 
 def module_for_kernel(ctx, kernel: str) -> list[Check]:
     """The p2p-module install checks for a kernel that is not running (what modprobe would load)."""
     f = {"kernel": kernel, "module": kmod.modinfo(ctx.host, kernel),
-         **facts.collect(ctx.host, ["built_module"], ctx.profile)}
+         **facts.collect(ctx.host, ["built_module", "restore_guards"], ctx.profile)}
     return p2p_module.install_checks(f, ctx.profile)
 
 
@@ -53,7 +55,7 @@ def restore(ctx, kernel: str | None = None) -> tuple[Exit, dict]:
         before = gate_checks(ctx, target, running)
         record["drift"] = {n: [c.as_dict() for c in cs if c.status == FAIL] for n, cs in before.items()}
         drifted = [n for n, cs in before.items() if worst(cs) == FAIL]
-        if "driver" in drifted:
+        if "driver" in drifted and any(c["id"] not in SAFEGUARDS for c in record["drift"]["driver"]):
             drifted = ["driver", "p2p-module"]  # a new userspace driver needs its module rebuilt too
         if not drifted:
             ctx.out.step("restore", f"no drift: the pinned driver and the patched module hold for kernel {target}")
@@ -82,7 +84,8 @@ def _act(ctx, record: dict, drifted: list[str], target: str, running: str) -> tu
     if target == running:
         # act and prove the way the stages do; their artifacts stay true (later stages go stale)
         for name in drifted:
-            ctx.out.step("restore", f"{name} drifted: running the {name} stage again for kernel {target}")
+            why = ", ".join(c["id"] for c in record["drift"].get(name, [])) or "the driver before it"
+            ctx.out.step("restore", f"{name} drifted ({why}): running the {name} stage again for kernel {target}")
             doc = pipeline.run_stage(ctx, get(name), "preflight" if name == "driver" else "driver")
             record["actions"].append({name: doc["acted"]})
             pipeline.report_checks(ctx.out, name, doc["checks"])

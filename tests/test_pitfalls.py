@@ -55,3 +55,265 @@ def test_build_log_check_names_p07_and_the_rebuild():
     c = {x.id: x for x in ec.check({"engine_build": b}, config.load(None))}
     assert c["engine.build_log"].status == "fail" and c["engine.build_log"].pitfall == "P07"
     assert "--from engine --force" in c["engine.build_log"].hint
+
+
+# ------------------------------------------------------------------------------------------- P02
+
+def test_dpkg_query_status_abbrev_read_as_the_driver_playbook_reads_it():
+    from p2pkit.parse import system as ps
+
+    # `dpkg-query -W -f='${db:Status-Abbrev} ${Package}\n'` on Debian 12 (two spaces: the third
+    # column of the abbreviation is blank); 'hi' is a held package (dpkg-query(1)), 'rc' removed
+    text = "ii  adduser\nhi  nvidia-firmware-580-580.95.05\nrc  nvidia-dkms-570\nun  nvidia-kernel-common\n"
+    assert ps.dpkg_installed(text) == ["adduser", "nvidia-firmware-580-580.95.05"]
+    held = "Package: nvidia-firmware-580\nStatus: hold ok installed\n\nPackage: nvidia-dkms-580\nStatus: install ok " \
+           "half-configured\n"
+    assert ps.dpkg_nvidia_problems(held) == [("nvidia-dkms-580", "install ok half-configured")]
+
+
+def test_an_unheld_nvidia_package_is_p02_with_restore_as_the_fix():
+    from p2pkit.checks import driver
+
+    h = {"installed": ["adduser", "libnvidia-compute-615", "nvidia-firmware-580-580.95.05"],
+         "held": ["nvidia-firmware-580-580.95.05"]}
+    c = driver.holds(h)
+    assert c.status == "fail" and c.pitfall == "P02" and "libnvidia-compute-615" in c.measured
+    assert "p2pkit restore" in c.hint
+    assert driver.holds({**h, "held": h["installed"]}).status == "pass"
+    assert driver.holds({"error": "apt-mark: not found"}).status == "fail"
+
+
+def test_guarded_packages_are_the_driver_playbooks():
+    import yaml
+
+    from p2pkit.checks import driver
+    from tests.conftest import REPO
+
+    d = yaml.safe_load((REPO / "playbooks/roles/p2pkit_driver/defaults/main.yml").read_text())
+    assert tuple(d["p2pkit_driver_guarded_packages"]) == driver.GUARDED_PACKAGES
+
+
+def test_restore_guards_read_from_the_files_systemctl_and_the_stage_write(tmp_path):
+    from p2pkit.checks import p2p_module
+    from p2pkit.host import Host, system
+
+    root = tmp_path
+    units = root / "etc/systemd/system"
+    (units / "timers.target.wants").mkdir(parents=True)
+    (units / "p2pkit-restore.service").write_text("ExecStart=/usr/bin/p2pkit restore\n")
+    (units / "p2pkit-restore.timer").write_text("[Timer]\n")
+    # what `systemctl --root enable` writes: an absolute link, meaning the host's /, not this machine's
+    (units / "timers.target.wants/p2pkit-restore.timer").symlink_to("/etc/systemd/system/p2pkit-restore.timer")
+    hook = root / "etc/kernel/postinst.d/zz-p2pkit"
+    hook.parent.mkdir(parents=True)
+    hook.write_text("#!/bin/sh\np2pkit restore --kernel \"$1\"\n")
+    hook.chmod(0o755)
+    apt = root / "etc/apt/apt.conf.d/99p2pkit-restore"
+    apt.parent.mkdir(parents=True)
+    apt.write_text('DPkg::Post-Invoke { "systemctl start --no-block p2pkit-restore.service"; };\n')
+    h = Host(root=root)
+    assert all(system.restore_guards(h).values())
+    assert p2p_module.safeguards(system.restore_guards(h)).status == "pass"
+    hook.chmod(0o644)  # a hook that is not executable never runs
+    (units / "p2pkit-restore.timer").unlink()
+    (units / "p2pkit-restore.timer").symlink_to("/dev/null")  # masked
+    g = system.restore_guards(h)
+    assert not g["kernel postinst hook"] and not g["restore timer enabled"] and g["apt hook"]
+    c = p2p_module.safeguards(g)
+    assert c.status == "fail" and c.pitfall == "P02" and "p2pkit restore" in c.hint
+    assert c.measured == "missing: restore timer enabled, kernel postinst hook"
+
+
+# ------------------------------------------------------------------------------------ P16 (path)
+
+def test_nccl_install_path_compared_by_path_not_by_string():
+    from dataclasses import replace
+
+    from p2pkit import config
+
+    p = config.load("dual-5090-llamacpp")
+    p = replace(p, engine=replace(p.engine, nccl_root="/opt/nccl"))
+
+    def check(path):
+        libs = [{"name": "libnccl.so.2", "path": path}]
+        b = {"source": {"head": "x"}, "cuda": {"version": "13.1"}, "pkg_config": {}, "log": "/l", "configure_rc": 0,
+             "build_rc": 0, "binary": {"runs": True}, "libraries": libs, "nccl_links": {"llama-server": libs}}
+        return {c.id: c for c in ec.check({"engine_build": b}, p)}["engine.nccl.llama-server"]
+
+    assert check("/opt/nccl/lib/libnccl.so.2").status == "pass"
+    bad = check("/opt/nccl-2.18.3/lib/libnccl.so.2")  # a string prefix of /opt/nccl, another directory
+    assert bad.status == "fail" and bad.pitfall == "P16"
+    assert check("/opt/nccl/../nccl-2.18.3/lib/libnccl.so.2").status == "fail"
+    assert ec.under("/opt/nccl/lib/libnccl.so.2", "/opt/nccl/") and not ec.under("/opt/nccl2/x", "/opt/nccl")
+
+
+# ------------------------------------------------------------------------------------------- P27
+
+def test_p27_refusal_carries_its_id_in_junit_and_prometheus():
+    from p2pkit import reports
+
+    refusal = {"id": "service.act", "title": "service: act", "status": "fail", "pitfall": "P27",
+               "measured": "the head's rendezvous port 10.0.0.1:29500 did not answer within 1800 s",
+               "expected": "the playbook to succeed", "hint": "start the head node first"}
+    results = [{"stage": "service", "status": "fail", "checks": [refusal]}]
+    xml = reports.junit(results, simulated=False).decode()
+    assert 'message="[P27] measured' in xml and "pitfall P27" in xml
+    prom = reports.prometheus(results, {}, simulated=False, profile="dual-spark-vllm")
+    assert 'p2pkit_check_failed{simulated="false",profile="dual-spark-vllm",stage="service",' \
+           'check="service.act",pitfall="P27"} 1' in prom
+
+
+def test_worker_whose_head_is_down_is_p27_in_doctor():
+    import socket
+
+    from p2pkit import config, facts
+    from p2pkit.checks import service
+    from p2pkit.host import Host
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = config.load("dual-spark-vllm", ["serve.flags.node-rank=1", "serve.flags.headless=true",
+                                        "serve.flags.master-addr=127.0.0.1", f"serve.flags.master-port={port}"])
+    h = facts.collect(Host(), ["head_rendezvous"], p)["head_rendezvous"]
+    assert h["role"] == "worker" and h["up"] is False
+    c = service.head_up(h)[0]
+    assert c.status == "fail" and c.pitfall == "P27"
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", port))
+        srv.listen()
+        assert service.head_up(facts.collect(Host(), ["head_rendezvous"], p)["head_rendezvous"])[0].status == "pass"
+    assert service.head_up({"role": "head"}) == []
+
+
+# ------------------------------------------------------------------------------------------- P21
+
+def spark(**engine):
+    from dataclasses import replace
+
+    from p2pkit import config
+
+    p = config.load("dual-spark-vllm")
+    return replace(p, engine=replace(p.engine, **engine))
+
+
+def tree(**kw):
+    lists = pb.cmake_arch_lists((FIXTURES / "vllm/CMakeLists-main-excerpt.txt").read_text())
+    return {"path": "/opt/vllm-src", "head": "a" * 40, "branch": "release/qwen38next", "branches_with_head": [],
+            "arch_lists": lists, "sm121_e2m1": True, **kw}
+
+
+def test_vllm_arch_lists_read_from_the_real_cmakelists():
+    lists = pb.cmake_arch_lists((FIXTURES / "vllm/CMakeLists-main-excerpt.txt").read_text())
+    assert lists["CUDA_SUPPORTED_ARCHS"][0][-1] == "12.0" and lists["CUDA_SUPPORTED_ARCHS"][1][-1] == "12.1"
+    assert lists["SCALED_MM_ARCHS"] == [["9.0a"], ["12.0f"], ["12.0a", "12.1a"]]
+    assert pb.names_arch(["12.0a", "12.1a"], "12.1") and not pb.names_arch(["12.0f"], "12.1")
+    assert not pb.names_arch(["12.10"], "12.1")
+
+
+def test_vllm_tree_branch_commit_and_sm121_patch():
+    p = spark(commit="a" * 40)
+    c = {x.id: x for x in ec.vllm_tree(tree(), p)}
+    assert c["engine.vllm_source"].status == "pass" and c["engine.vllm_sm121"].status == "pass"
+    # main's lists name 12.1 only in the pre-CUDA-13 branches, but the E2M1 fallback is the patch's own
+    c = {x.id: x for x in ec.vllm_tree(tree(sm121_e2m1=False), p)}
+    assert c["engine.vllm_sm121"].status == "fail" and c["engine.vllm_sm121"].pitfall == "P21"
+    assert "E2M1" in c["engine.vllm_sm121"].measured
+    cuda13 = {k: v[:1] if k == "CUDA_SUPPORTED_ARCHS" else [x for x in v if "12.1a" not in x]
+              for k, v in tree()["arch_lists"].items()}  # what a CUDA 13 build's lists leave
+    bad = {x.id: x for x in ec.vllm_tree(tree(arch_lists=cuda13), p)}["engine.vllm_sm121"]
+    assert bad.status == "fail" and "CUDA_SUPPORTED_ARCHS" in bad.measured and "FP4_SM120_ARCHS" in bad.measured
+    wrong = {x.id: x for x in ec.vllm_tree(tree(branch="main"), p)}["engine.vllm_source"]
+    assert wrong.status == "fail" and wrong.pitfall == "P21" and "main" in wrong.measured
+    other = {x.id: x for x in ec.vllm_tree(tree(head="b" * 40), p)}["engine.vllm_source"]
+    assert other.status == "fail"
+    assert [x.id for x in ec.vllm_tree(tree(), spark(commit="a" * 40, cuda_architectures="120a"))] == \
+        ["engine.vllm_source"]  # no GB10: no sm_121 patch asked for
+    assert ec.vllm_tree({"path": "/opt/vllm-src", "error": "not a git checkout"}, p)[0].status == "fail"
+
+
+def test_builtin_spark_profile_cannot_prove_its_vllm_tree():
+    """The seed's vLLM commit is not public: the built-in profile pins none, and the stage says the
+    tree cannot be proven (a failure, not the warning it was)."""
+    p = spark()
+    assert p.engine.commit == "" and p.engine.branch == "release/qwen38next"
+    env = {"vllm": {"version": "0.11.1.dev53896+gabc1234", "file": "/opt/vllm/x"}, "pins": {}}
+    c = {x.id: x for x in ec._vllm(env, p)}["engine.vllm_tree"]
+    assert c.status == "fail" and "cannot be proven" in c.measured and c.pitfall == "P21"
+    assert {x.id: x for x in ec.vllm_tree(tree(), p)}["engine.vllm_source"].status == "fail"
+
+
+# ------------------------------------------------------------------------------------------- P20
+
+def test_llamacpp_several_slots_with_speculative_decoding_warns():
+    from p2pkit import config, engine_cmd
+
+    p = config.load("dual-5090-llamacpp")
+    assert {c.id: c for c in engine_cmd.validate(p)}["service.spec_slots"].status == "pass"  # --parallel 1
+    c = {c.id: c for c in engine_cmd.validate(config.load("dual-5090-llamacpp", ["serve.flags.parallel=4"]))}
+    assert c["service.spec_slots"].status == "warn" and c["service.spec_slots"].pitfall == "P20"
+    assert c["service.spec_slots"].measured == 4 and "one concurrent slot" in c["service.spec_slots"].hint
+    off = config.load("dual-5090-llamacpp", ["serve.flags.parallel=4"])
+    from dataclasses import replace
+
+    off = replace(off, serve=replace(off.serve, flags={k: v for k, v in off.serve.flags.items() if k != "spec-type"}))
+    assert "service.spec_slots" not in {c.id for c in engine_cmd.validate(off)}  # no drafting: nothing to warn
+
+
+def test_vllm_max_num_seqs_with_mtp_warns():
+    from p2pkit import config, engine_cmd
+
+    c = {c.id: c for c in engine_cmd.validate(config.load("dual-spark-vllm"))}["service.spec_slots"]
+    assert c.status == "warn" and c.pitfall == "P20" and c.measured == 13  # the seed's own setting
+    one = config.load("dual-spark-vllm", ["serve.flags.max-num-seqs=1"])
+    assert {c.id: c for c in engine_cmd.validate(one)}["service.spec_slots"].status == "pass"
+
+
+# ------------------------------------------------------------------------------------------- P26
+
+def test_madv_random_read_from_real_smaps():
+    from p2pkit.checks import service
+    from p2pkit.parse import system as ps
+
+    maps = ps.smaps_mappings((FIXTURES / "smaps/smaps_madv_random.txt").read_text())
+    assert [m["path"] for m in maps] == ["[heap]", "/tmp/ple-table.bin", "/tmp/ple-table.bin"]
+    assert sorted("rr" in m["flags"] for m in maps[1:]) == [False, True]  # one advised, one plain
+    table = [{"pid": 7, **m} for m in maps if m["path"].startswith("/tmp/")]
+    advised = [m for m in table if "rr" in m["flags"]]
+    c = service.madv_random({"pid": 7, "directory": "/tmp", "mappings": advised})
+    assert c.status == "pass" and c.pitfall == "P26"
+    c = service.madv_random({"pid": 7, "directory": "/tmp", "mappings": table})  # one mapping without rr
+    assert c.status == "fail" and c.pitfall == "P26" and "/tmp/ple-table.bin" in c.measured
+    c = service.madv_random({"pid": 7, "directory": "/var/lib/vllm/ple-table", "mappings": []})
+    assert c.status == "fail" and "VLLM_PLE_MMAP" in c.hint
+
+
+def test_madv_random_on_a_live_process(tmp_path):
+    """The probe reads a real process's smaps through the host root: MADV_RANDOM shows, plain does not."""
+    import mmap
+
+    from p2pkit.host import Host, system
+
+    d = tmp_path / "ple-table"
+    d.mkdir()
+    (d / "a.bin").write_bytes(b"x" * 8192)
+    with open(d / "a.bin", "rb") as fh:
+        m = mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ)
+    import os
+
+    pid = os.getpid()
+    got = system.mapped_under(Host(), pid, str(d))
+    assert got["mappings"] and all("rr" not in x["flags"] for x in got["mappings"])
+    m.madvise(mmap.MADV_RANDOM)
+    got = system.mapped_under(Host(), pid, str(d))
+    assert got["mappings"] and all("rr" in x["flags"] for x in got["mappings"])
+    m.close()
+
+
+def test_ple_mmap_off_is_refused_before_start():
+    from p2pkit import config, engine_cmd
+
+    on = {c.id: c for c in engine_cmd.validate(config.load("dual-spark-vllm"))}["service.ple_mmap"]
+    assert on.status == "pass"
+    off = {c.id: c for c in engine_cmd.validate(config.load("dual-spark-vllm", ["serve.env.VLLM_PLE_MMAP=0"]))}
+    assert off["service.ple_mmap"].status == "fail" and off["service.ple_mmap"].pitfall == "P26"

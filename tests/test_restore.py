@@ -27,6 +27,21 @@ def brought_up(cli, root):
     return root
 
 
+def safeguards_drift(root):
+    """P02's safeguards undone by hand or by an upgrade: the restore timer disabled, the kernel and
+    apt hooks deleted, the package holds removed. Returns the packages that were held."""
+    from p2pkit.sim.render import load_state
+    from p2pkit.sim.standins import apt_mark
+
+    subprocess.run(["systemctl", f"--root={root}", "disable", "p2pkit-restore.timer"], check=True,
+                   capture_output=True)
+    (root / "etc/kernel/postinst.d/zz-p2pkit").unlink()
+    (root / "etc/apt/apt.conf.d/99p2pkit-restore").unlink()
+    held = load_state(root)["holds"]
+    assert held and apt_mark(root, load_state(root), ["unhold", *held]) == 0
+    return held
+
+
 def test_stock_module_after_upgrade_then_restore(cli, sim):
     """An unattended upgrade brought a new kernel and a stock DKMS module, and the hook did not run:
     after the reboot P2P is gone; `p2pkit restore` rebuilds, swaps the module live (nothing holds the
@@ -55,7 +70,7 @@ def test_stock_module_after_upgrade_then_restore(cli, sim):
     assert len(records) == 2
     first = json.loads(records[0].read_text())
     assert first["exit_code"] == 0 and first["drift"]["p2p-module"]
-    assert first["actions"] and "p2p-module" in first["actions"][0]
+    assert any("p2p-module" in a for a in first["actions"])  # (and the driver stage: the dkms package held)
 
 
 def test_kernel_hook_builds_for_the_new_kernel_before_the_reboot(cli, sim):
@@ -67,13 +82,27 @@ def test_kernel_hook_builds_for_the_new_kernel_before_the_reboot(cli, sim):
     state = lifecycle.reboot(root)
     assert state["module"]["loaded"]["patched"] is True
     r = cli("--root", str(root), "restore")
-    assert r.code == 0 and "no drift" in r.err
+    # the module held; the stock nvidia-dkms package the upgrade brought is held now (P02), nothing rebuilt
+    assert r.code == 0 and "p2p-module drifted" not in r.err and "driver.holds" in r.err
     r = cli("--root", str(root), "up", "--to", "link")
     assert r.code == 0 and "kernel changed since" in r.err
 
 
 def test_restore_reinstalls_a_replaced_userspace_driver(cli, sim):
+    """And the upgrade safeguards undone too (P02): doctor and status name them with `p2pkit restore`
+    as the fix; restore puts them back."""
     root = brought_up(cli, sim("healthy"))
+    held = safeguards_drift(root)
+    r = cli("--root", str(root), "--json", "doctor")
+    checks = {c["id"]: c for g in r.json()["groups"] for c in g["checks"]}
+    for cid, needle in (("p2p.safeguards", "restore timer enabled, kernel postinst hook, apt hook"),
+                        ("driver.holds", held[0])):
+        assert checks[cid]["status"] == "fail" and checks[cid]["pitfall"] == "P02", checks[cid]
+        assert needle in checks[cid]["measured"] and "p2pkit restore" in checks[cid]["hint"]
+    r = cli("--root", str(root), "--json", "status")
+    driver = {s["stage"]: s for s in r.json()["stages"]}["driver"]
+    assert r.code == 1 and driver["state"] == "stale" and "driver.holds" in driver["reason"]
+    assert "p2pkit restore" in driver["reason"]
     lib = root / "usr/lib/x86_64-linux-gnu"
     for f in lib.glob("libnvidia-ml.so.*"):
         f.unlink()
@@ -82,6 +111,10 @@ def test_restore_reinstalls_a_replaced_userspace_driver(cli, sim):
     assert r.code == 0, r.err
     assert sorted(p.name for p in lib.glob("libnvidia-ml.so.*")) == ["libnvidia-ml.so.1", "libnvidia-ml.so.615.71.09"]
     assert (lib / "libnvidia-ml.so.1").readlink().name == "libnvidia-ml.so.615.71.09"
+    r = cli("--root", str(root), "--json", "doctor")  # restore put every safeguard back
+    checks = {c["id"]: c for g in r.json()["groups"] for c in g["checks"]}
+    assert checks["p2p.safeguards"]["status"] == checks["driver.holds"]["status"] == "pass"
+    assert (root / "etc/systemd/system/timers.target.wants/p2pkit-restore.timer").is_symlink()
 
 
 def test_units_and_hooks_are_installed_and_verify(cli, sim, tmp_path):
@@ -127,3 +160,4 @@ def test_restore_stops_the_engine_around_the_rebuild_and_starts_it_after(cli, si
     assert {"engine_service": "stopped for the rebuild"} in rec["actions"]
     assert {"engine_service": "started again"} in rec["actions"]
     assert model.read_bytes() == before and engine_bin.read_bytes() == engine_sha  # never touched
+

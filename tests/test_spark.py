@@ -29,8 +29,11 @@ def test_spark_pair_from_one_inventory(cli, sim, tmp_path):
     assert r.code == 1, r.err
     c = json.loads((worker / "var/lib/p2pkit/service.json").read_text())["checks"][-1]
     assert c["id"] == "service.act" and f"127.0.0.1:{master_port(head)} did not answer within 2 s" in c["measured"]
-    assert "P27" in c["hint"]
+    assert "P27" in c["hint"] and c["pitfall"] == "P27"  # the refusal carries its id (JUnit, Prometheus too)
     assert not (worker / "etc/systemd/system/p2pkit-engine.service").exists()  # nothing installed, nothing ran
+    r = cli("--json", "--root", str(worker), *[a for x in worker_sets for a in ("--set", x)], "doctor")
+    head_up = {c["id"]: c for g in r.json()["groups"] for c in g["checks"]}["service.head_up"]
+    assert head_up["status"] == "fail" and head_up["pitfall"] == "P27" and "service.head_up" in r.json()["failed"]
     # then both nodes from one inventory, the worker's own values from its host vars
     inv = tmp_path / "hosts.yml"
     inv.write_text(f"""all:
@@ -81,6 +84,7 @@ def test_spark_pair_from_one_inventory(cli, sim, tmp_path):
 @pytest.mark.parametrize("scenario, stop, check, pitfall", [
     ("spark-fabric-down", "topology", "topology.roce", "P24"),
     ("spark-old-flashinfer", "engine", "engine.pin.flashinfer-python", "P25"),
+    ("spark-unpatched-vllm", "engine", "engine.vllm_sm121", "P21"),
 ])
 def test_spark_node_failures(cli, sim, scenario, stop, check, pitfall):
     root = sim(scenario)

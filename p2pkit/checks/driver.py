@@ -72,5 +72,25 @@ def check(f: dict, p: Profile) -> list[Check]:
         missing = [k for k, v in g.items() if not v]
         out.append(Check("driver.guards", "apt and unattended-upgrades guards", FAIL if missing else PASS,
                          ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in g.items()), "all in place",
-                         "rerun `p2pkit up --from driver --force` to put the guards back" if missing else "", "P02"))
+                         RESTORE_FIX if missing else "", "P02"))
+    if "package_holds" in f:  # absent from facts recorded by older versions
+        out.append(holds(f["package_holds"]))
     return out
+
+
+RESTORE_FIX = ("an upgrade can now replace the pinned driver or the patched module: run `p2pkit restore` (it puts "
+               "the safeguards back and proves the driver and module again)")
+# the package name prefixes the driver playbook holds (playbooks/roles/p2pkit_driver/defaults/main.yml)
+GUARDED_PACKAGES = ("nvidia-", "libnvidia-", "linux-modules-nvidia-", "linux-objects-nvidia-",
+                    "linux-signatures-nvidia-")
+
+
+def holds(h: dict) -> Check:
+    """P02: every installed NVIDIA package is held (`apt-mark hold`), so apt cannot replace it."""
+    if failed(h):
+        return unknown("driver.holds", "installed NVIDIA packages held", h, "every one held", pitfall="P02")
+    guarded = [n for n in h["installed"] if n.startswith(GUARDED_PACKAGES)]
+    unheld = [n for n in guarded if n not in h["held"]]
+    return judge("driver.holds", "installed NVIDIA packages held", not unheld,
+                 f"not held: {', '.join(unheld)}" if unheld else f"{len(guarded)} held", "every one held",
+                 RESTORE_FIX, pitfall="P02")

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import posixpath
+from pathlib import PurePosixPath
+
 from p2pkit.checks import FAIL, WARN, Check, failed, judge, not_measured, unknown
 from p2pkit.config import Profile
-from p2pkit.parse.build import ldd_problems, version_tuple
+from p2pkit.parse.build import ldd_problems, names_arch, version_tuple
 
 CMAKE_FIXES = (
     ("CMAKE_CUDA_ARCHITECTURES", "P05", "NInfer builds only for 120a (RTX 5090, Blackwell): set "
@@ -107,7 +110,7 @@ def check(f: dict, p: Profile) -> list[Check]:
         return [*out, missing]
     b = f["engine_build"]
     if p.engine.recipe == "vllm":
-        return out + _vllm(b.get("vllm_env", {}), p)
+        return out + _vllm(b.get("vllm_env", {}), p) + vllm_tree(b.get("vllm_tree"), p)
     out.append(_source(b, p))
     out += _cuda(b, p)
     for mod, r in b.get("pkg_config", {}).items():
@@ -159,12 +162,56 @@ def _result(b: dict, p: Profile) -> list[Check]:
     if p.engine.recipe == "llamacpp":
         for target, lst in b.get("nccl_links", {}).items():
             nccl = [x["path"] for x in lst if x["name"].startswith("libnccl")]
-            ok = bool(nccl) and all(n and n.startswith(p.engine.nccl_root) for n in nccl)
+            ok = bool(nccl) and all(n and under(n, p.engine.nccl_root) for n in nccl)
             out.append(judge(f"engine.nccl.{target}", f"{target} links the profile's NCCL", ok,
                              ", ".join(n or "not found" for n in nccl) or "no libnccl", f"under {p.engine.nccl_root}",
                              "the system libnccl (2.18.3) hangs at init on SM120: rebuild with NCCL_ROOT and RUNPATH "
                              "set to the profile's NCCL", pitfall="P16"))
     return out
+
+
+# the lists seed 004's patch adds 12.1 to; its tree calls the NVFP4 SM12x list FP4_SM120_ARCHS, main FP4_ARCHS
+SM121_VARS = (("CUDA_SUPPORTED_ARCHS",), ("SCALED_MM_ARCHS",), ("CUTLASS_MOE_DATA_ARCHS",),
+              ("FP4_SM120_ARCHS", "FP4_ARCHS"))
+
+
+def vllm_tree(t: dict | None, p: Profile) -> list[Check]:
+    """P21: the tree vLLM was built from is the pinned commit on the profile's branch; for GB10 (sm_121)
+    it carries the seed's two-file patch (12.1 in the four arch lists of CMakeLists.txt, the software
+    E2M1 conversion) and the profile builds for 12.1."""
+    if t is None:
+        return []
+    if failed(t) or "error" in t:
+        return [unknown("engine.vllm_source", "the vLLM source tree", t, p.engine.build_dir, pitfall="P21")]
+    out = []
+    where = [x for x in (t.get("branch"), *t.get("branches_with_head", [])) if x]
+    head = t.get("head") or ""
+    out.append(judge("engine.vllm_source", "the vLLM tree is the pinned commit on the pinned branch",
+                     bool(p.engine.commit) and head == p.engine.commit and (not p.engine.branch or
+                                                                            p.engine.branch in where),
+                     f"{head[:12] or 'no commit'} on {', '.join(where) or 'no branch'}",
+                     f"{p.engine.commit[:12] or '(engine.commit empty)'} on {p.engine.branch or 'any branch'}",
+                     f"check out the pinned commit of {p.engine.branch or 'the pinned branch'} in {p.engine.build_dir} "
+                     "and build vLLM from it (main does not have this model)", pitfall="P21"))
+    if "121" not in p.engine.cuda_architectures.replace(".", ""):
+        return out
+    lists = t.get("arch_lists", {})
+    lacking = [v[0] for v in SM121_VARS if not any(names_arch(x, "12.1") for n in v for x in lists.get(n, []))]
+    if not t.get("sm121_e2m1"):
+        lacking.append("software E2M1 conversion (__CUDA_ARCH__ == 1210 in nvfp4_utils.cuh)")
+    out.append(judge("engine.vllm_sm121", "the tree carries the sm_121 (GB10) patch", not lacking,
+                     f"lacks: {'; '.join(lacking)}" if lacking else "12.1 in all four arch lists, E2M1 fallback",
+                     "12.1 in " + ", ".join(v[0] for v in SM121_VARS) + " and the E2M1 fallback",
+                     "apply the seed's two-file sm_121 patch (CMakeLists.txt arch lists, "
+                     "csrc/libtorch_stable/quantization/fp4/nvfp4_utils.cuh) and rebuild vLLM for arch 12.1",
+                     pitfall="P21"))
+    return out
+
+
+def under(path: str, root: str) -> bool:
+    """Whether path lies in the directory root, component by component: /opt/nccl-2.18.3/lib/libnccl.so.2
+    is not under /opt/nccl (a string prefix says it is), and /opt/nccl/../nccl-2.18.3 is not either."""
+    return bool(root) and PurePosixPath(posixpath.normpath(path)).is_relative_to(posixpath.normpath(root))
 
 
 def _vllm(env: dict, p: Profile) -> list[Check]:
@@ -187,8 +234,10 @@ def _vllm(env: dict, p: Profile) -> list[Check]:
                          "this model needs a specific vLLM branch, not main: install the tree engine.commit names",
                          pitfall="P21"))
     else:
-        out.append(Check("engine.vllm_tree", "the installed vLLM is the pinned tree", WARN, "engine.commit is empty",
-                         "a pinned commit", "set engine.commit to the tree you built, so p2pkit can tell", "P21"))
+        out.append(Check("engine.vllm_tree", "the installed vLLM is the pinned tree", FAIL,
+                         "cannot be proven: engine.commit is empty", "a pinned commit",
+                         "this model needs the PR branch's tree, not a release: set engine.commit to the HEAD of the "
+                         f"tree you built (`git -C {p.engine.build_dir} rev-parse HEAD`)", "P21"))
     for name, want in sorted(p.engine.python_pins.items()):
         got = env.get("pins", {}).get(name)
         flashinfer = "flashinfer" in name

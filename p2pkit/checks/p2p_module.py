@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from p2pkit.checks import Check, failed, judge, unknown
+from p2pkit.checks.driver import RESTORE_FIX
 from p2pkit.config import Profile
 
 
@@ -29,7 +30,18 @@ def install_checks(f: dict, p: Profile) -> list[Check]:
         judge("p2p.installed_srcversion", "installed module is the one built", m.get("modinfo_srcversion") ==
               built["srcversion"], m.get("modinfo_srcversion"), built["srcversion"],
               "the installed nvidia.ko is not this build: rerun `p2pkit up --from p2p-module --force`"),
+        *([safeguards(f["restore_guards"])] if "restore_guards" in f else []),
     ]
+
+
+def safeguards(g: dict) -> Check:
+    """P02: the restore service and timer, the kernel postinst hook and the apt hook are in place."""
+    title = "upgrade safeguards (restore timer, kernel and apt hooks)"
+    if failed(g):
+        return unknown("p2p.safeguards", title, g, "all in place", pitfall="P02")
+    missing = [k for k, v in g.items() if not v]
+    return judge("p2p.safeguards", title, not missing, f"missing: {', '.join(missing)}" if missing else
+                 "all in place", ", ".join(g), RESTORE_FIX, pitfall="P02")
 
 
 def runtime_checks(f: dict, p: Profile) -> list[Check]:

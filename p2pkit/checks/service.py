@@ -15,7 +15,7 @@ def precheck(p: Profile) -> list[Check]:
 
 
 def check(f: dict, p: Profile) -> list[Check]:
-    out = precheck(p)
+    out = precheck(p) + head_up(f.get("head_rendezvous"))
     missing = not_measured(f, "service", "service.running", "engine service proven",
                            "doctor does not wait on the service", "a run of `p2pkit verify service`")
     if missing:
@@ -71,6 +71,8 @@ def check(f: dict, p: Profile) -> list[Check]:
     if "nccl_transports" in s:
         out.append(_nccl(s["nccl_transports"], p))
     out += _user_access(s.get("user_access"))
+    if "table_maps" in s:
+        out.append(madv_random(s["table_maps"]))
     if s.get("listen") is None:
         return out + _spec(s, p)
     ln = s["listen"]
@@ -81,6 +83,36 @@ def check(f: dict, p: Profile) -> list[Check]:
                      ", ".join(addrs) or ("connected" if ln["connect"] else ln.get("connect_error", "no answer")),
                      want, "the engine listens elsewhere: check serve.host and serve.port"))
     return out + _spec(s, p)
+
+
+def madv_random(t: dict) -> Check:
+    """P26 on the running engine: every mapping of the n-gram table carries MADV_RANDOM (`rr` in its
+    VmFlags); an environment variable alone proves nothing (the tree may ignore it, or map it plainly)."""
+    title = "the n-gram table is mapped with MADV_RANDOM"
+    maps = t.get("mappings", [])
+    plain = sorted({m["path"] for m in maps if "rr" not in m["flags"]})
+    if not maps:
+        why = "; ".join(t.get("unread", [])) or f"no process of the engine maps a file under {t['directory']}"
+        return Check("service.madv_random", title, FAIL, why, "rr in VmFlags", "the engine does not mmap the table: "
+                     "set serve.env.VLLM_PLE_MMAP = \"1\" and VLLM_PLE_MMAP_DIR to the local copy, on a vLLM tree "
+                     "that has the mmap path (seed 004)", "P26")
+    return judge("service.madv_random", title, not plain, f"without rr: {', '.join(plain)}" if plain else
+                 f"{len(maps)} mapping(s), all rr (pid {t['pid']})", "rr in VmFlags",
+                 "the table is mapped without MADV_RANDOM: reads amplify about 30x on hash-scattered lookups; use "
+                 "the seed's vLLM tree, whose mmap path advises MADV_RANDOM", pitfall="P26")
+
+
+def head_up(h: dict | None) -> list[Check]:
+    """P27 on a worker node: its head must be up (its rendezvous port answering) before it starts;
+    the service stage refuses to start it otherwise. doctor reads the same, without waiting."""
+    if not h or h.get("role") != "worker":
+        return []
+    if failed(h):
+        return [unknown("service.head_up", "the head node is up before this worker", h, "answering", pitfall="P27")]
+    return [judge("service.head_up", "the head node is up before this worker", h["up"],
+                  f"{h['address']} answers" if h["up"] else f"{h['address']}: {h.get('why')}", "answering",
+                  "start the head node first (its `p2pkit up`), then this worker, about 30 s later: a worker started "
+                  "before its head fails; an inventory run waits for the head by itself", pitfall="P27")]
 
 
 def _nccl(seen: list[str], p: Profile) -> Check:

@@ -121,3 +121,65 @@ def _walk(host: Host, mount: str, path: str, fname: str) -> list[tuple[str, int]
             if limit is not None:
                 caps.append((f, limit))
     return caps
+
+
+def package_holds(host: Host) -> dict:
+    """Installed packages and the held ones, read as the driver playbook reads them (dpkg-query,
+    `apt-mark showhold`): what apt may replace on the next upgrade (P02)."""
+    q = host.runner.run(["dpkg-query", "-W", "-f=${db:Status-Abbrev} ${Package}\n"], check=False)
+    held = host.runner.run(["apt-mark", "showhold"], check=False)
+    if q.returncode not in (0, 1) or held.returncode:
+        raise ProbeError("package holds", (q.stderr or held.stderr).strip()[-300:] or "dpkg-query or apt-mark failed")
+    return {"installed": ps.dpkg_installed(q.stdout), "held": held.stdout.split()}
+
+
+RESTORE_UNIT = "/etc/systemd/system/p2pkit-restore.service"
+RESTORE_TIMER = "/etc/systemd/system/p2pkit-restore.timer"
+TIMER_WANTS = "/etc/systemd/system/timers.target.wants/p2pkit-restore.timer"  # what `systemctl enable` links
+KERNEL_HOOK = "/etc/kernel/postinst.d/zz-p2pkit"
+APT_HOOK = "/etc/apt/apt.conf.d/99p2pkit-restore"
+
+
+def restore_guards(host: Host) -> dict[str, bool]:
+    """What the p2p-module stage installs so that upgrades cannot leave the host without the patched
+    module (P02): the restore service, its timer enabled (its timers.target.wants link, the unit not
+    masked), the kernel postinst hook (executable) and the apt hook."""
+    def has(path: str, needle: str) -> bool:
+        return host.path(path).is_file() and needle in host.read(path)
+    hook = host.path(KERNEL_HOOK)
+    return {
+        "restore service": has(RESTORE_UNIT, "restore"),
+        "restore timer enabled": host.path(host.realpath(TIMER_WANTS)).is_file()
+        and host.realpath(RESTORE_TIMER) != "/dev/null",
+        "kernel postinst hook": hook.is_file() and os.access(hook, os.X_OK) and "restore --kernel" in hook.read_text(),
+        "apt hook": has(APT_HOOK, "p2pkit-restore.service"),
+    }
+
+
+def process_tree(host: Host, pid: int) -> list[int]:
+    """pid and its descendants, from /proc/PID/task/TID/children (the engine's workers too)."""
+    out, todo = [], [pid]
+    while todo and len(out) < 512:
+        p = todo.pop(0)
+        out.append(p)
+        for tid in host.listdir(f"/proc/{p}/task"):
+            try:
+                todo += [int(c) for c in host.read(f"/proc/{p}/task/{tid}/children").split()]
+            except ProbeError:
+                continue
+    return out
+
+
+def mapped_under(host: Host, pid: int, directory: str) -> dict:
+    """The mappings of files under directory in the engine's processes, with their VmFlags (P26)."""
+    d = directory.rstrip("/") + "/"
+    maps, unread = [], []
+    for p in process_tree(host, pid):
+        try:
+            text = host.read(f"/proc/{p}/smaps", f"the mappings of pid {p}")
+        except ProbeError as e:
+            unread.append(e.message)
+            continue
+        maps += [{"pid": p, **m} for m in ps.smaps_mappings(text) if host.host_path(Path(m["path"])).startswith(d)
+                 or m["path"].startswith(d)]
+    return {"pid": pid, "directory": directory, "mappings": maps, **({"unread": unread} if unread else {})}

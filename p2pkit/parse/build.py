@@ -95,6 +95,24 @@ def ninja_no_work(text: str) -> bool:
     return "ninja: no work to do." in text
 
 
+ARCH_LIST = re.compile(r'\b(?:set|cuda_archs_loose_intersection)\(\s*([A-Z0-9_]+)\s+"([^"]*)"')
+
+
+def cmake_arch_lists(text: str) -> dict[str, list[list[str]]]:
+    """vLLM's CMakeLists.txt: every list a variable is given, `set(CUDA_SUPPORTED_ARCHS "7.5;...;12.0")`
+    or `cuda_archs_loose_intersection(SCALED_MM_ARCHS "12.0a;12.1a" "${CUDA_ARCHS}")` (one per CUDA
+    version branch) -> {variable: [[arch, ...], ...]}."""
+    out: dict[str, list[list[str]]] = {}
+    for m in ARCH_LIST.finditer(text):
+        out.setdefault(m.group(1), []).append([a for a in m.group(2).split(";") if a])
+    return out
+
+
+def names_arch(archs: list[str], arch: str) -> bool:
+    """'12.1' in ['12.0a', '12.1a'] (a, f and +PTX suffixes count)."""
+    return any(re.match(rf"^{re.escape(arch)}(?:[af]|\+PTX)?$", a) for a in archs)
+
+
 LDD_VERSION = re.compile(r"^(?P<by>\S+): (?P<lib>\S+): version `(?P<version>[^']+)' not found \(required by (\S+)\)")
 
 

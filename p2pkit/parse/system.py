@@ -103,6 +103,33 @@ def dpkg_nvidia_problems(status_text: str) -> list[tuple[str, str]]:
     return problems
 
 
+def dpkg_installed(text: str) -> list[str]:
+    """`dpkg-query -W -f='${db:Status-Abbrev} ${Package}\\n'`: the packages whose abbreviation starts
+    with 'i' (want install) and whose state is 'i' (installed); 'hi' is held, still installed."""
+    out = []
+    for line in text.splitlines():
+        m = re.match(r"^([a-z])([a-zA-Z])\S?\s+(\S+)$", line.strip())
+        if m and m.group(2) == "i" and m.group(1) in "ih":
+            out.append(m.group(3))
+    return out
+
+
+SMAPS_HEADER = re.compile(r"^[0-9a-f]+-[0-9a-f]+ \S+ [0-9a-f]+ \S+ \d+\s*(.*)$")
+
+
+def smaps_mappings(text: str) -> list[dict]:
+    """/proc/PID/smaps: each mapping's file (empty for anonymous) and its VmFlags (`rr` is
+    madvise(MADV_RANDOM), proc(5))."""
+    out: list[dict] = []
+    for line in text.splitlines():
+        m = SMAPS_HEADER.match(line)
+        if m:
+            out.append({"path": m.group(1).strip(), "flags": []})
+        elif line.startswith("VmFlags:") and out:
+            out[-1]["flags"] = line.split()[1:]
+    return out
+
+
 @dataclass(frozen=True)
 class ProcCgroup:
     v2_path: str | None

@@ -116,6 +116,24 @@ def _nccl_lines(rank: int, peer: int) -> list[str]:
             f"{tag} NCCL INFO Channel 00/0 : {rank}[0] -> {peer}[0] [send] via {via}"]
 
 
+def _map_ple_table() -> list:
+    """The seed's tree with VLLM_PLE_MMAP=1 mmaps the n-gram table and advises MADV_RANDOM (P26): done
+    here for real, so /proc/PID/smaps shows the mapping with `rr` as the real engine's would."""
+    import mmap
+
+    d = os.environ.get("VLLM_PLE_MMAP_DIR")
+    if os.environ.get("VLLM_PLE_MMAP") != "1" or not d or not os.path.isdir(d):
+        return []
+    maps = []
+    for name in sorted(os.listdir(d)):
+        with open(os.path.join(d, name), "rb") as fh:
+            m = mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ)
+        m.madvise(mmap.MADV_RANDOM)
+        maps.append(m)
+    print(f"INFO PLE n-gram table mmapped from {d} (MADV_RANDOM, SIMULATED)", flush=True)
+    return maps
+
+
 def vllm_main() -> None:
     """A SIMULATED `python -m vllm.entrypoints.openai.api_server`: the head (node-rank 0) opens its
     rendezvous port and serves /health 503 until every worker joined and the load time passed; a
@@ -126,6 +144,7 @@ def vllm_main() -> None:
 
     f = parse_vllm(sys.argv[1:])
     print("INFO vLLM API server (SIMULATED) starting", flush=True)
+    table = _map_ple_table()  # noqa: F841 (kept mapped while the server runs)
     model = f.get("model") or ""
     if not os.path.isdir(model):
         raise SystemExit(f"ValueError: model path {model} does not exist")

@@ -26,11 +26,12 @@ def init(root: Path, state: dict) -> None:
     provision.make_ffmpeg(root, state.get("ffmpeg_modules", ("libavformat", "libavcodec", "libavutil",
                                                             "libswscale", "libcurl")))
     state["profile"] = str(provision.write_profile(root, state["profile"], installer, sha, fork, commit,
-                                                   driver_version, engine))
+                                                   driver_version, engine,
+                                                   vllm_patched=state.get("vllm_sm121_patch", True)))
 
     prof = config.load(state["profile"])
     if prof.engine.recipe == "vllm":
-        provision.make_vllm(root, state.get("flashinfer_version", "0.6.18"))
+        provision.make_vllm(root, state.get("flashinfer_version", "0.6.18"), prof.engine.commit)
     if prof.model.source:
         provision.make_hf_model(root, prof.model.source)
     for d in prof.model.nvme_paths:  # the n-gram table's local copy (SIMULATED: a few bytes)

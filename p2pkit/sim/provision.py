@@ -83,7 +83,7 @@ def make_headers(root: Path, kernel: str) -> None:
 
 
 def write_profile(root: Path, base: str, installer: Path, sha: str, fork: Path, commit: str,
-                  driver_version: str, engine: tuple[Path, str] | None = None) -> Path:
+                  driver_version: str, engine: tuple[Path, str] | None = None, vllm_patched: bool = True) -> Path:
     text = (config.builtin_path(base)).read_text()
     data = tomllib.loads(text)
     data["driver"].update(version=driver_version, installer_url=f"file://{installer}", installer_sha256=sha)
@@ -94,7 +94,9 @@ def write_profile(root: Path, base: str, installer: Path, sha: str, fork: Path, 
                               commit=commit)
     data["profile"]["description"] = "SIMULATED host: " + data["profile"]["description"]
     if data["engine"]["recipe"] == "vllm":
-        data["engine"].update(repo="", commit=VLLM_COMMIT, python="/opt/vllm/bin/python")
+        tree = make_vllm_tree(root, data["engine"]["build_dir"], data["engine"].get("branch", ""),
+                              patched=vllm_patched)
+        data["engine"].update(repo="", commit=tree, python="/opt/vllm/bin/python")
         flags = data["serve"].setdefault("flags", {})
         flags.update({"master-addr": "127.0.0.1", "master-port": free_port()})
         data["serve"]["health_timeout_s"] = 120.0
@@ -191,12 +193,41 @@ PYTHONPATH={lib} exec {python} "$@"
 """
 
 
-def make_vllm(root: Path, flashinfer: str = "0.6.18") -> None:
+VLLM_CMAKELISTS = """# SIMULATED vLLM tree: the arch-list lines of vLLM's CMakeLists.txt (tests/fixtures/vllm, real
+# format) as seed 004's sm_121 patch leaves them: 12.1 added to the four lists (P21).
+set(CUDA_SUPPORTED_ARCHS "7.5;8.0;8.6;8.7;8.9;9.0;10.0;10.1;10.3;12.0;12.1")
+cuda_archs_loose_intersection(SCALED_MM_ARCHS "12.0a;12.1a" "${CUDA_ARCHS}")
+cuda_archs_loose_intersection(CUTLASS_MOE_DATA_ARCHS "9.0a;10.0a;10.1a;10.3a;12.0a;12.1a" "${CUDA_ARCHS}")
+cuda_archs_loose_intersection(FP4_SM120_ARCHS "12.0a;12.1a" "${CUDA_ARCHS}")
+"""
+NVFP4_UTILS = """// SIMULATED: the sm_121 patch's software E2M1 conversion (GB10 has no cvt.rn.satfinite.e2m1x2.f32)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 1210
+// software E2M1 conversion
+#endif
+"""
+
+
+def make_vllm_tree(root: Path, tree: str, branch: str, patched: bool = True) -> str:
+    """The SIMULATED source tree vLLM was built from: a real git checkout on the PR branch, with (or
+    without) the sm_121 patch. Returns its commit."""
+    work = root / tree.lstrip("/")
+    cuh = work / "csrc/libtorch_stable/quantization/fp4/nvfp4_utils.cuh"
+    cuh.parent.mkdir(parents=True, exist_ok=True)
+    cml = VLLM_CMAKELISTS if patched else VLLM_CMAKELISTS.replace(";12.1a", "").replace(";12.1", "")
+    (work / "CMakeLists.txt").write_text(cml)
+    cuh.write_text(NVFP4_UTILS if patched else "// SIMULATED: no sm_121 patch\n")
+    _git(work, "init", "-q", "-b", branch or "main")
+    _git(work, "add", "-A")
+    _git(work, "commit", "-q", "-m", "SIMULATED vLLM PR #53896" + (" with the sm_121 patch" if patched else ""))
+    return _git(work, "rev-parse", "HEAD")
+
+
+def make_vllm(root: Path, flashinfer: str = "0.6.18", commit: str = "") -> None:
     """A SIMULATED Python environment at /opt/vllm: `vllm` (whose api_server is sim.engine's vLLM),
     and flashinfer-python at the given version, both with dist-info metadata like pip leaves."""
     env = root / "opt/vllm"
     lib = env / "lib"
-    version = f"0.11.1.dev53896+g{VLLM_COMMIT[:7]}"
+    version = f"0.11.1.dev53896+g{(commit or VLLM_COMMIT)[:7]}"
     api = lib / "vllm/entrypoints/openai"
     api.mkdir(parents=True, exist_ok=True)
     (lib / "vllm/__init__.py").write_text(f"# SIMULATED vLLM\n__version__ = {version!r}\n")

@@ -159,6 +159,8 @@ def render(root: Path, state: dict) -> None:
         if svc.get("started") and svc.get("pid"):
             cgpath = f"/{svc.get('slice') or 'system.slice'}/{unit}"
             write(root, f"proc/{svc['pid']}/cgroup", f"0::{cgpath}\n")
+            # the engine is a real process here: its mappings are the kernel's own (P26's VmFlags)
+            (root / f"proc/{svc['pid']}/smaps").symlink_to(f"/proc/{svc['pid']}/smaps")
             write(root, f"sys/fs/cgroup/{svc.get('slice') or 'system.slice'}/memory.max", "max\n")
             mm = svc.get("memory_max", "max")
             write(root, f"sys/fs/cgroup{cgpath}/memory.max", ("max" if mm in ("infinity", "max") else mm) + "\n")

@@ -107,6 +107,8 @@ SCENARIOS: dict[str, tuple[str, list]] = {
                           [_spark(head=True), lambda s: s["roce"][0].update(state="DOWN")]),
     "spark-old-flashinfer": ("a DGX Spark node whose vLLM venv has flashinfer 0.6.17 (P25)",
                              [_spark(head=True), _set("flashinfer_version", "0.6.17")]),
+    "spark-unpatched-vllm": ("a DGX Spark node whose vLLM tree lacks seed 004's sm_121 patch (P21)",
+                             [_spark(head=True), _set("vllm_sm121_patch", False)]),
     "spark-table-on-nfs": ("a DGX Spark node whose n-gram table directory is an NFS mount (P26)",
                            [_spark(head=True), _set("mounts", [{"mount_point": "/var/lib/vllm", "fstype": "nfs4",
                                                                 "source": "nas:/export/vllm", "device": "0:51"}])]),

@@ -419,7 +419,8 @@ def _start(root: Path, state: dict, unit: str) -> int:
     argv = host_argv(u["exec"])
     log = root / "var/log/p2pkit" / f"{unit}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    env = {"PATH": "/usr/bin:/bin", **u["env"], **state.get("engine_env", {})}
+    env = {"PATH": "/usr/bin:/bin", **{k: (host_argv(v) or [v])[0] if v.startswith("/") else v
+                                       for k, v in u["env"].items()}, **state.get("engine_env", {})}
     with open(log, "ab") as fh:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
                                 env=env, start_new_session=True)

@@ -12,7 +12,7 @@ from p2pkit.stages.stage import Stage
 
 PREFLIGHT_FACTS = ("os", "kernel", "is_root", "disk", "secure_boot", "pci_gpus", "iommu", "dpkg_nvidia", "cgroup",
                    "tools")
-P2P_FACTS = ("kernel", "nvidia_version", "module", "built_module", "nvml", "secure_boot", "iommu")
+P2P_FACTS = ("kernel", "nvidia_version", "module", "built_module", "nvml", "secure_boot", "iommu", "restore_guards")
 
 def one_gpu_per_host(p) -> str | None:
     """BAR1 P2P is between two GPUs of one host; a host with one GPU (a DGX Spark node) has none."""
@@ -26,7 +26,8 @@ STAGES: list[Stage] = [
     Stage("preflight", "host matches the profile", inputs=("host", "gpus", "p2p_module.iommu"),
           facts=PREFLIGHT_FACTS, check=preflight.check),
     Stage("driver", "pinned userspace driver", inputs=("driver",),
-          facts=("userspace_driver", "driver_guards", "arch"), check=driver.check, precheck=driver.precheck,
+          facts=("userspace_driver", "driver_guards", "arch", "package_holds"), check=driver.check,
+          precheck=driver.precheck,
           act=acting.driver),
     Stage("p2p-module", "open kernel modules (the P2P fork for a GPU pair)", inputs=("driver", "p2p_module"),
           facts=P2P_FACTS, check=p2p_module.check, precheck=p2p_module.precheck, act=acting.p2p_module,
@@ -43,6 +44,6 @@ STAGES: list[Stage] = [
     Stage("model", "model converted and verified", inputs=("engine", "model"), facts=("storage",),
           check=model.check, precheck=model.precheck, act=model_stage.act, measure=model_stage.measure),
     Stage("service", "systemd service healthy, no memory cap", inputs=("serve", "engine", "model"),
-          facts=("cgroup",), check=service.check, precheck=service.precheck, act=service_stage.act,
+          facts=("cgroup", "head_rendezvous"), check=service.check, precheck=service.precheck, act=service_stage.act,
           measure=service_stage.measure),
 ]

@@ -225,10 +225,35 @@ def vllm_env(ctx) -> dict:
     return ctx.host.runner.json_result([engine_python(ctx), "-c", VLLM_PROBE, *pins], ctx.profile.engine.python, 600)
 
 
+SM121_E2M1 = "csrc/libtorch_stable/quantization/fp4/nvfp4_utils.cuh"  # the patch's second file (seed 004)
+
+
+def vllm_tree(ctx) -> dict:
+    """Read-only: the source tree vLLM was built from (engine.build_dir): its commit, its branch, the
+    arch lists of its CMakeLists.txt and the software E2M1 conversion the sm_121 patch adds (P21)."""
+    d = ctx.profile.engine.build_dir
+    src = ctx.host.path(d)
+    if not (src / ".git").exists():
+        return {"path": d, "error": f"{d} is not a git checkout (engine.build_dir names the tree vLLM was built "
+                                    "from)"}
+
+    def git(*args: str) -> str:
+        return ctx.host.runner.run(["git", "-C", str(src), *args], check=False).stdout.strip()
+    cm, cuh = src / "CMakeLists.txt", src / SM121_E2M1
+    return {"path": d, "head": git("rev-parse", "HEAD") or None, "branch": git("branch", "--show-current") or None,
+            "branches_with_head": git("branch", "--format=%(refname:short)", "--contains", "HEAD").split(),
+            "arch_lists": pb.cmake_arch_lists(cm.read_text(errors="replace")) if cm.is_file() else {},
+            "sm121_e2m1": cuh.is_file() and "__CUDA_ARCH__ == 1210" in cuh.read_text(errors="replace")}
+
+
+def _vllm_facts(ctx) -> dict:
+    return {"vllm_env": vllm_env(ctx), "vllm_tree": vllm_tree(ctx)}
+
+
 def act(ctx) -> dict:
     e = ctx.profile.engine
     if e.recipe == "vllm":  # nothing to build yet: the recipe of seed 004 is not automated (P21)
-        ctx.options["engine_build"] = {"vllm_env": vllm_env(ctx)}
+        ctx.options["engine_build"] = _vllm_facts(ctx)
         return {"built": False, "note": f"vLLM is used as installed at {e.python}; p2pkit proves it"}
     deps = run_playbook(ctx, "engine", {"p2pkit_engine_recipe": e.recipe, "p2pkit_engine_build_dir": e.build_dir})
     ctx.options["engine_build"] = build(ctx)
@@ -239,7 +264,7 @@ def measure(ctx) -> dict:
     """The build's own record when the stage just built it, and always what is there now."""
     built = ctx.options.pop("engine_build", None)
     if ctx.profile.engine.recipe == "vllm":
-        return {"engine_build": built or {"vllm_env": vllm_env(ctx)}}
+        return {"engine_build": built or _vllm_facts(ctx)}
     if built is not None and built.get("refused"):
         return {"engine_build": built}  # nothing was built: what an earlier build left is not this run's result
     now = installed(ctx)

@@ -70,7 +70,7 @@ def act(ctx) -> dict:
                 f"the head's rendezvous port {n['master_addr']}:{n['master_port']} did not answer within "
                 f"{p.serve.head_wait_s:g} s, so this worker was not started",
                 hint="start the head node first (its `p2pkit up`), then this one: a worker started before its head "
-                     "fails (P27); in an inventory run p2pkit waits for the head by itself")
+                     "fails (P27); in an inventory run p2pkit waits for the head by itself", pitfall="P27")
     if p.engine.recipe == "llamacpp":
         acted["flags_checked"] = flags_accepted(ctx)
     acted.update(run_playbook(ctx, "service", service_vars(ctx)))
@@ -303,6 +303,9 @@ def measure(ctx) -> dict:
     res["log_tail"] = logs(host)
     if p.network.require_roce or role != "single":
         res["nccl_transports"] = nccl_transports(logs(host, 400))
+    table = p.serve.env.get("VLLM_PLE_MMAP_DIR")
+    if table and pid:  # P26: the n-gram table mapped with MADV_RANDOM in the running engine
+        res["table_maps"] = system.mapped_under(host, pid, str(table))
     text = "\n".join(res["log_tail"])
     res["likely_cause"] = next((c for needle, c in CAUSES if needle in text), None)
     res["user_access"] = user_access(ctx)
