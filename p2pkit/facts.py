@@ -89,7 +89,30 @@ def _head(h: Host, profile):
         return {"role": "worker", "address": addr, "up": False, "why": str(e) or type(e).__name__}
 
 
+def _vram_fit(h: Host, profile):
+    """P18's inputs: the model's size and KV shape, each GPU's free VRAM (plus what the running engine
+    already holds: it gives that back on a restart), and for llama.cpp which KV types its tree accepts
+    with tensor split."""
+    from p2pkit.host import model
+    from p2pkit.stages.service import main_pid
+
+    nv = nvml.facts(h)
+    pid = main_pid(h) if h.path("/etc/systemd/system/p2pkit-engine.service").is_file() else None
+    mine = set(system.process_tree(h, pid)) if pid else set()
+    gpus: list | dict = {"error": nv["error"]} if "error" in nv else []
+    for g in [] if isinstance(gpus, dict) else nv.get("gpus", []):
+        procs = g.get("processes") if isinstance(g.get("processes"), list) else []
+        free = g.get("memory_free", g.get("memory_total"))  # a recorded document without free: nothing runs
+        gpus.append({"index": g["index"], "total": g.get("memory_total"), "free": free if isinstance(free, int)
+                     else None, "engine_used": sum(x["used"] or 0 for x in procs if x["pid"] in mine)})
+    out = {"model": model.model_shape(h, profile), "gpus": gpus}
+    if profile.engine.recipe == "llamacpp":
+        out["tp_quant_kv_refused"] = model.tp_quant_kv_refused(h, profile.engine.build_dir)
+    return out
+
+
 PROFILE_COLLECTORS: dict[str, Callable[[Host, object], object]] = {
+    "vram_fit": _vram_fit,
     "head_rendezvous": _head,
     "built_module": _built_module,
     "storage": storage.nvme_paths,

@@ -317,3 +317,128 @@ def test_ple_mmap_off_is_refused_before_start():
     assert on.status == "pass"
     off = {c.id: c for c in engine_cmd.validate(config.load("dual-spark-vllm", ["serve.env.VLLM_PLE_MMAP=0"]))}
     assert off["service.ple_mmap"].status == "fail" and off["service.ple_mmap"].pitfall == "P26"
+
+
+# ------------------------------------------------------------------------------------------- P18
+
+def gib(x):
+    return int(x * (1 << 30))
+
+
+SHAPE = {"layers": 64, "kv_heads": 4, "head_dim_k": 256, "head_dim_v": 256, "draft_layers": 1,
+         "weights_bytes": gib(50), "context_length": 262144}
+
+
+FREE = (gib(31.5), gib(31.5))
+
+
+def fit_checks(shape=None, free=FREE, sets=(), refused=False):
+    from p2pkit import config
+    from p2pkit.checks import fit
+
+    p = config.load("dual-5090-llamacpp", list(sets))
+    f = {"model": shape or SHAPE, "gpus": [{"index": i, "total": gib(32), "free": x, "engine_used": 0}
+                                           for i, x in enumerate(free)], "tp_quant_kv_refused": refused}
+    return {c.id: c for c in fit.check(f, p)}
+
+
+def test_fit_counts_weights_kv_at_the_context_and_type_and_draft_layers():
+    # 64 layers x 4 KV heads x 256 x 2 (K, V) x q4_0 (18/32 B) = 73.7 KB a token (+1 draft layer)
+    ok = fit_checks()["service.vram_fit.gpu0"]  # the profile: 95000 tokens, q4_0 K and V, MTP on
+    assert ok.status == "pass" and "at 95000 tokens q4_0/q4_0" in ok.measured and ok.pitfall == "P18"
+    bad = fit_checks(sets=["serve.flags.ctx-size=200000"])["service.vram_fit.gpu0"]
+    assert bad.status == "fail" and "ctx-size to at most" in bad.hint
+    n = int(bad.hint.split("at most ")[1].split(",")[0])
+    assert fit_checks(sets=[f"serve.flags.ctx-size={n}"])["service.vram_fit.gpu0"].status == "pass"
+    assert fit_checks(sets=[f"serve.flags.ctx-size={n + 2000}"])["service.vram_fit.gpu0"].status == "fail"
+    f16 = fit_checks(sets=["serve.flags.cache-type-k=f16", "serve.flags.cache-type-v=f16"])
+    assert f16["service.vram_fit.gpu0"].status == "fail"  # the same context in f16 KV does not fit
+    # draft layers count: without MTP the same context leaves more room
+    no_draft = fit_checks(shape={**SHAPE, "draft_layers": 0}, sets=[f"serve.flags.ctx-size={n + 1200}"])
+    assert no_draft["service.vram_fit.gpu0"].status == "pass"
+    # the profile's headroom is held back, and each GPU is judged on its own free memory
+    assert fit_checks(sets=["serve.vram_headroom_gib=6"])["service.vram_fit.gpu0"].status == "fail"
+    one = fit_checks(free=(gib(31.5), gib(24)))
+    assert one["service.vram_fit.gpu0"].status == "pass" and one["service.vram_fit.gpu1"].status == "fail"
+
+
+def test_fit_knows_which_kv_types_the_built_llamacpp_takes_with_tensor_split():
+    c = fit_checks()["service.kv_split"]
+    assert c.status == "pass"  # q4_0 after PR #23792
+    old = fit_checks(refused=True)["service.kv_split"]  # a tree from before PR #23792
+    assert old.status == "fail" and old.pitfall == "P18" and "#23792" in old.hint
+    iq4 = fit_checks(sets=["serve.flags.cache-type-k=iq4_nl", "serve.flags.cache-type-v=iq4_nl"])["service.kv_split"]
+    assert iq4.status == "fail" and "#27116" in iq4.hint
+    layer = fit_checks(sets=["serve.flags.split-mode=layer", "serve.flags.cache-type-k=iq4_nl"], refused=True)
+    assert "service.kv_split" not in layer  # layer split takes every KV type
+
+
+def test_tree_guard_and_gguf_shape_read_from_files(tmp_path):
+    import numpy as np
+    from gguf import GGUFWriter
+
+    from p2pkit import config
+    from p2pkit.host import Host, model
+
+    src = tmp_path / "opt/p2pkit/llama.cpp/src"
+    src.mkdir(parents=True)
+    (src / "llama-context.cpp").write_text('LLAMA_LOG_ERROR("%s: simultaneous use of SPLIT_MODE_TENSOR and KV cache '
+                                           'quantization not implemented\\n", __func__);\n')
+    h = Host(root=tmp_path)
+    assert model.tp_quant_kv_refused(h, "/opt/p2pkit/llama.cpp") is True
+    (src / "llama-context.cpp").write_text("// after PR #23792\n")
+    assert model.tp_quant_kv_refused(h, "/opt/p2pkit/llama.cpp") is False
+    assert model.tp_quant_kv_refused(h, "/nowhere") is None
+    p = config.load("dual-5090-llamacpp")
+    out = tmp_path / p.model.output.lstrip("/")
+    out.parent.mkdir(parents=True)
+    w = GGUFWriter(str(out), "qwen3")
+    w.add_block_count(4)
+    w.add_head_count(8)
+    w.add_head_count_kv(2)
+    w.add_embedding_length(512)
+    w.add_context_length(4096)
+    w.add_uint32("qwen3.nextn_predict_layers", 1)
+    w.add_tensor("token_embd.weight", np.zeros((16, 512), dtype=np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    shape = model.model_shape(h, p)
+    assert shape["layers"] == 4 and shape["kv_heads"] == 2 and shape["head_dim_k"] == 64
+    assert shape["draft_layers"] == 1 and shape["weights_bytes"] == out.stat().st_size
+
+
+def test_headroom_after_start_and_oom_cause():
+    from p2pkit import config
+    from p2pkit.checks import fit
+    from p2pkit.stages.service import CAUSES
+
+    p = config.load("dual-5090-llamacpp")
+    c = fit.headroom({"gpus": [{"index": 0, "free": gib(3)}, {"index": 1, "free": gib(1)}]}, p)[0]
+    assert c.status == "warn" and c.pitfall == "P18" and "GPU 1: 1.0 GiB free" in c.measured
+    assert fit.headroom({"gpus": [{"index": 0, "free": gib(3)}]}, p)[0].status == "pass"
+    # llama.cpp's own line (ggml-cuda.cu: "%s: allocating %.2f MiB on device %d: cudaMalloc failed: %s")
+    line = "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 4096.00 MiB on device 1: cudaMalloc failed: " \
+           "out of memory"
+    cause = next(c for needle, c in CAUSES if needle in line)
+    assert "(P18)" in cause
+
+
+def test_service_refuses_to_start_a_model_that_does_not_fit(monkeypatch):
+    from types import SimpleNamespace
+
+    import pytest
+
+    from p2pkit import config, facts
+    from p2pkit.errors import P2pkitError
+    from p2pkit.stages import service as ss
+
+    p = config.load("dual-5090-llamacpp", ["serve.flags.ctx-size=400000"])
+    f = {"model": SHAPE, "gpus": [{"index": i, "total": gib(32), "free": gib(31.5), "engine_used": 0} for i in (0, 1)],
+         "tp_quant_kv_refused": False}
+    monkeypatch.setattr(facts, "collect", lambda host, names, profile: {"vram_fit": f})
+    with pytest.raises(P2pkitError) as e:
+        ss.fit_before_start(SimpleNamespace(host=None, profile=p))
+    assert e.value.pitfall == "P18" and "was not started" in e.value.message
+    ss.fit_before_start(SimpleNamespace(host=None, profile=config.load("dual-5090-llamacpp")))  # fits: no error

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from p2pkit import engine_cmd
-from p2pkit.checks import FAIL, PASS, WARN, Check, failed, figure, judge, not_measured, unknown
+from p2pkit.checks import FAIL, PASS, WARN, Check, failed, figure, fit, judge, not_measured, unknown
 from p2pkit.config import Profile
 from p2pkit.parse import nccl
 
@@ -15,7 +15,7 @@ def precheck(p: Profile) -> list[Check]:
 
 
 def check(f: dict, p: Profile) -> list[Check]:
-    out = precheck(p) + head_up(f.get("head_rendezvous"))
+    out = precheck(p) + head_up(f.get("head_rendezvous")) + fit.check(f.get("vram_fit"), p)
     missing = not_measured(f, "service", "service.running", "engine service proven",
                            "doctor does not wait on the service", "a run of `p2pkit verify service`")
     if missing:
@@ -49,7 +49,7 @@ def check(f: dict, p: Profile) -> list[Check]:
                          "(`p2pkit up` on each, or one inventory run for all nodes)", "P27")
         else:
             hint = f"likely cause: {cause}" if cause else "read `p2pkit serve logs`"
-            pit = "P11" if cause and "fit" in cause else ""
+            pit = "P18" if cause and "(P18)" in cause else "P11" if cause and "fit" in cause else ""
         out.append(Check("service.health", "/health answers 200", FAIL, f"{why}; last log lines: {tail}", 200,
                          hint, pit))
     pc = s.get("pid_cgroup", {})
@@ -71,6 +71,7 @@ def check(f: dict, p: Profile) -> list[Check]:
     if "nccl_transports" in s:
         out.append(_nccl(s["nccl_transports"], p))
     out += _user_access(s.get("user_access"))
+    out += fit.headroom(s.get("vram_after"), p)
     if "table_maps" in s:
         out.append(madv_random(s["table_maps"]))
     if s.get("listen") is None:

@@ -101,3 +101,82 @@ def read_head(path: Path, n: int = 64 << 20) -> bytes:
             return head
     except OSError as e:
         raise ProbeError(f"the model file {path}", e.strerror or str(e)) from e
+
+
+TP_QUANT_KV_GUARD = "simultaneous use of SPLIT_MODE_TENSOR and KV cache quantization"  # llama.cpp before #23792
+
+
+def _gguf_shape(path: Path) -> dict:
+    try:
+        from gguf import GGUFReader
+    except ImportError:
+        return {"error": "reading GGUF needs the gguf package: pip install gguf"}
+    try:
+        r = GGUFReader(str(path))
+    except Exception as e:  # the reader raises plain ValueErrors and struct errors on bad files
+        return {"error": f"not a readable GGUF file: {e}"}
+
+    def val(key: str):
+        f = r.fields.get(key)
+        if f is None:
+            return None
+        v = f.contents()
+        return v.decode() if isinstance(v, bytes) else v
+    arch = val("general.architecture")
+    layers, heads = val(f"{arch}.block_count"), val(f"{arch}.attention.head_count")
+    kvh = val(f"{arch}.attention.head_count_kv") or heads
+    emb = val(f"{arch}.embedding_length")
+    hd = emb // heads if emb and heads else None
+    return {"arch": arch, "layers": layers, "kv_heads": kvh, "head_dim_k": val(f"{arch}.attention.key_length") or hd,
+            "head_dim_v": val(f"{arch}.attention.value_length") or hd,
+            "draft_layers": val(f"{arch}.nextn_predict_layers") or 0,
+            "context_length": val(f"{arch}.context_length")}
+
+
+def _hf_shape(host: Host, source: str) -> dict:
+    try:
+        c = json.loads(host.read(f"{source.rstrip('/')}/config.json", "the model's config.json"))
+    except ValueError as e:
+        return {"error": f"{source}/config.json is not JSON: {e}"}
+    c = c.get("text_config", c)
+    heads = c.get("num_attention_heads")
+    hd = c.get("head_dim") or (c["hidden_size"] // heads if c.get("hidden_size") and heads else None)
+    return {"layers": c.get("num_hidden_layers"), "kv_heads": c.get("num_key_value_heads") or heads,
+            "head_dim_k": hd, "head_dim_v": hd,
+            "draft_layers": c.get("num_nextn_predict_layers") or c.get("mtp_num_hidden_layers") or 0,
+            "context_length": c.get("max_position_embeddings")}
+
+
+def model_shape(host: Host, profile) -> dict:
+    """What the fit check needs of the model: its size in bytes (what loading puts in VRAM) and the
+    shape of its KV cache (layers, KV heads, head dims, draft layers)."""
+    m = profile.model
+    fmt = m.format
+    if fmt == "gguf":
+        path = host.path(m.output)
+        if not path.is_file():
+            return {"error": f"{m.output} does not exist yet (the model stage writes it)"}
+        shape = {**_gguf_shape(path), "weights_bytes": path.stat().st_size}
+    else:
+        shape = _hf_shape(host, m.source)
+        if fmt == "hf":
+            shape["weights_bytes"] = hf_source(host, m.source).get("total_bytes") or 0
+        else:
+            out = host.path(m.output)
+            shape["weights_bytes"] = sum(x.stat().st_size for x in out.parent.glob(out.name + "*")
+                                         if not x.name.endswith(".json")) if out.parent.is_dir() else 0
+    if "error" in shape:
+        return shape
+    missing = [k for k in ("layers", "kv_heads", "head_dim_k", "head_dim_v") if not shape.get(k)]
+    if missing or not shape.get("weights_bytes"):
+        return {"error": f"the model does not say its {', '.join(missing) or 'size'}"}
+    return {k: int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for k, v in shape.items()}
+
+
+def tp_quant_kv_refused(host: Host, build_dir: str) -> bool | None:
+    """Whether the llama.cpp tree predates PR #23792 (tensor split refuses quantized KV); None when
+    the tree is not there to read."""
+    src = host.path(build_dir) / "src"
+    if not src.is_dir():
+        return None
+    return any(TP_QUANT_KV_GUARD in x.read_text(errors="replace") for x in src.glob("llama*.cpp"))

@@ -84,6 +84,8 @@ def _gather(nv) -> dict:
             "bus_id": (pci.busId.decode() if isinstance(pci.busId, bytes) else pci.busId)
             if not isinstance(pci, dict) else pci,
             "memory_total": mem.total if not isinstance(mem, dict) else mem,
+            "memory_free": mem.free if not isinstance(mem, dict) else mem,
+            "processes": _processes(nv, h),
             "bar1_total": bar1.bar1Total if not isinstance(bar1, dict) else bar1,
             "link": {
                 "current_gen": _call((nv, "nvmlDeviceGetCurrPcieLinkGeneration"), h),
@@ -120,3 +122,11 @@ def _locked(nv, h) -> dict | None:
         return reasons
     app_setting = getattr(nv, "nvmlClocksEventReasonApplicationsClocksSetting", 0x2)
     return {"applications_clocks_setting": bool(reasons & app_setting)}
+
+
+def _processes(nv, h) -> list | dict:
+    """The compute processes on a GPU and the memory each holds (P18: what the engine itself uses)."""
+    procs = _call(nv.nvmlDeviceGetComputeRunningProcesses, h)
+    if isinstance(procs, dict):
+        return procs
+    return [{"pid": x.pid, "used": x.usedGpuMemory} for x in procs]

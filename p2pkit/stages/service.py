@@ -15,15 +15,24 @@ from pathlib import Path
 
 from p2pkit import engine_cmd, secrets, writers
 from p2pkit.ansible import run_playbook
+from p2pkit.checks import fit
 from p2pkit.errors import Exit, P2pkitError
-from p2pkit.host import Host, access, engine_api, system
+from p2pkit.host import Host, access, engine_api, nvml, system
 from p2pkit.parse import engine_api as pe
 from p2pkit.parse import nccl
 from p2pkit.parse.system import proc_cgroup
 from p2pkit.runner import own_executable
 
 UNIT = "p2pkit-engine.service"
+OOM_CAUSE = ("out of GPU memory at start (P18): the weights, the KV cache at this context and KV type and the draft "
+             "layers do not fit with headroom; see service.vram_fit for the numbers and the context that fits")
 CAUSES = (
+    # out of memory at start, as each engine says it: llama.cpp's ggml-cuda.cu and llama-kv-cache.cpp, torch
+    # (vLLM), vLLM's KV profiler
+    ("cudaMalloc failed: out of memory", OOM_CAUSE),
+    ("failed to allocate buffer for kv cache", OOM_CAUSE),
+    ("CUDA out of memory", OOM_CAUSE),
+    ("No available memory for the cache blocks", OOM_CAUSE),
     ("does not fit", "the KV cache does not fit the free VRAM: lower max-context or the KV dtype, keep "
                      "--kv-capacity auto, leave headroom for draft layers (P11, P18)"),
     ("p2p off", "the engine fell back to host-staged copies: P2P is not working; see the topology and link stages"),
@@ -71,6 +80,7 @@ def act(ctx) -> dict:
                 f"{p.serve.head_wait_s:g} s, so this worker was not started",
                 hint="start the head node first (its `p2pkit up`), then this one: a worker started before its head "
                      "fails (P27); in an inventory run p2pkit waits for the head by itself", pitfall="P27")
+    fit_before_start(ctx)
     if p.engine.recipe == "llamacpp":
         acted["flags_checked"] = flags_accepted(ctx)
     acted.update(run_playbook(ctx, "service", service_vars(ctx)))
@@ -219,6 +229,25 @@ def wait_health(ctx, url: str, timeout: float, alive=None) -> dict:
     return {**res, "codes": codes}
 
 
+def vram_after(host: Host) -> dict:
+    nv = nvml.facts(host)
+    if "error" in nv:
+        return {"error": nv["error"]}
+    return {"gpus": [{"index": g["index"], "free": g.get("memory_free") if isinstance(g.get("memory_free"), int)
+                      else None} for g in nv.get("gpus", [])]}
+
+
+def fit_before_start(ctx) -> None:
+    """P18 before the service starts: refuse a model that does not fit, naming the numbers."""
+    from p2pkit import facts
+
+    bad = [c for c in fit.check(facts.collect(ctx.host, ["vram_fit"], ctx.profile)["vram_fit"], ctx.profile)
+           if c.status == "fail" and not str(c.measured).startswith("could not determine")]
+    if bad:
+        raise P2pkitError(f"{bad[0].title}: {bad[0].measured}; the service was not started", hint=bad[0].hint,
+                          pitfall="P18")
+
+
 def main_pid(host: Host) -> int | None:
     r = _systemctl(host, "show", "-p", "MainPID", "--value", UNIT)
     v = r.stdout.strip()
@@ -303,6 +332,8 @@ def measure(ctx) -> dict:
     res["log_tail"] = logs(host)
     if p.network.require_roce or role != "single":
         res["nccl_transports"] = nccl_transports(logs(host, 400))
+    if health.get("ok"):
+        res["vram_after"] = vram_after(host)  # P18: the headroom the running engine left
     table = p.serve.env.get("VLLM_PLE_MMAP_DIR")
     if table and pid:  # P26: the n-gram table mapped with MADV_RANDOM in the running engine
         res["table_maps"] = system.mapped_under(host, pid, str(table))
