@@ -1,0 +1,177 @@
+"""Which checks a test guards: force each check function of p2pkit/checks to pass, in turn, and run
+the tests that should catch it. A check is guarded when at least one of them then fails.
+
+    python3 bench/check_guard.py                 # fast tests only (the default; minutes on 2 cores)
+    python3 bench/check_guard.py --slow          # end-to-end tests too, for checks no fast test catches
+    python3 bench/check_guard.py --only engine   # the check functions of one module (or module:function)
+    python3 bench/check_guard.py --json out.json
+
+A check function is a function in p2pkit/checks/*.py whose return annotation names Check. Forcing it
+to pass (tests/guard_plugin.py) turns every fail, warn or pending it returns into a pass with no
+hint. Its tests are the test functions (decorators included) that name one of the check ids the
+function writes (the literal first argument of its judge/Check/unknown calls, the constant part of
+an f-string id) or the function itself; every such test must pass unmutated (a baseline run drops
+those that do not, and says so). Checks judged only inside a subprocess (an Ansible-run `p2pkit
+verify` on a lab host) are out of this plugin's reach and count as unguarded unless a test in this
+process catches them too.
+
+Prints "N of M checks guarded", then each unguarded function with the ids it writes. Exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CHECKS = REPO / "p2pkit/checks"
+TESTS = REPO / "tests"
+MAKERS = {"judge", "Check", "unknown", "not_measured"}
+GENERIC = {"check", "precheck", "judge", "unknown", "failed", "worst", "not_measured"}
+
+
+def check_functions(only: str | None = None) -> list[dict]:
+    """Every function of p2pkit/checks whose return annotation names Check, with the ids it writes."""
+    out = []
+    for path in sorted(CHECKS.glob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        src = path.read_text()
+        for node in ast.parse(src).body:
+            if not isinstance(node, ast.FunctionDef) or node.returns is None:
+                continue
+            if "Check" not in ast.unparse(node.returns):
+                continue
+            ids = set()
+            for call in ast.walk(node):
+                if isinstance(call, ast.Call) and getattr(call.func, "id", None) in MAKERS and call.args:
+                    ids |= _literal_prefix(call.args[0])
+            calls = {c.func.id for c in ast.walk(node) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+            name = f"p2pkit.checks.{path.stem}:{node.name}"
+            if only and only not in (path.stem, name.split(":", 1)[1], name, f"{path.stem}:{node.name}"):
+                continue
+            out.append({"target": name, "module": path.stem, "function": node.name, "ids": sorted(ids),
+                        "calls": calls})
+    by_name = {(f["module"], f["function"]): f for f in out}
+    for f in out:  # a function that gathers others (check, precheck) is caught by what catches them
+        for c in sorted(f.pop("calls")):
+            if (f["module"], c) in by_name and c != f["function"]:
+                f["ids"] = sorted(set(f["ids"]) | set(by_name[(f["module"], c)]["ids"]))
+    return out
+
+
+def _literal_prefix(arg: ast.expr) -> set[str]:
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return {arg.value}
+    if isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+        prefix = str(arg.values[0].value)
+        return {prefix} if len(prefix) > 4 else set()
+    return set()
+
+
+def test_functions() -> list[dict]:
+    """Every test function: its node id, whether it is slow, and its source (decorators included)."""
+    out = []
+    for path in sorted(TESTS.glob("test_*.py")):
+        src = path.read_text()
+        tree = ast.parse(src)
+        module_slow = "pytestmark = pytest.mark.slow" in src
+        lines = src.splitlines()
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+                start = min([d.lineno for d in node.decorator_list] + [node.lineno]) - 1
+                text = "\n".join(lines[start:node.end_lineno])
+                slow = module_slow or "mark.slow" in text.split("def ", 1)[0]
+                out.append({"node": f"tests/{path.name}::{node.name}", "slow": slow, "text": text})
+    return out
+
+
+def tests_for(fn: dict, tests: list[dict]) -> list[dict]:
+    needles = list(fn["ids"])
+    if fn["function"] not in GENERIC:
+        needles.append(re.escape(fn["function"]) + r"\(")
+    pats = [re.compile(re.escape(n) if not n.endswith(r"\(") else n) for n in needles]
+    return [t for t in tests if any(p.search(t["text"]) for p in pats)]
+
+
+def pytest(nodes: list[str], mutate: str | None, timeout: int) -> tuple[int, str, float]:
+    env = {**os.environ, "COLUMNS": "200"}
+    if mutate:
+        env["P2PKIT_GUARD_MUTATE"] = mutate
+    else:
+        env.pop("P2PKIT_GUARD_MUTATE", None)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-p", "tests.guard_plugin",
+           "-n", "0", "--no-header", "-rN", *nodes]
+    t0 = time.monotonic()
+    try:
+        r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+        return r.returncode, r.stdout[-2000:], time.monotonic() - t0
+    except subprocess.TimeoutExpired:
+        return 124, "timed out", time.monotonic() - t0
+
+
+def baseline(nodes: list[str], timeout: int) -> set[str]:
+    """The selected tests that fail unmutated (one run without -x; their results mean nothing)."""
+    if not nodes:
+        return set()
+    env = {**os.environ, "COLUMNS": "200"}
+    env.pop("P2PKIT_GUARD_MUTATE", None)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-rf",
+                        "--no-header", *nodes], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    return {m.group(1) for m in re.finditer(r"^FAILED (\S+)", r.stdout, re.M)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--slow", action="store_true", help="also run end-to-end tests for checks no fast test catches")
+    ap.add_argument("--only", help="one module of p2pkit/checks (engine) or module:function")
+    ap.add_argument("--json", type=Path, help="write the result here as JSON")
+    ap.add_argument("--timeout", type=int, default=900, help="seconds for one pytest run")
+    a = ap.parse_args(argv)
+    fns = check_functions(a.only)
+    tests = test_functions()
+    for fn in fns:
+        fn["tests"] = tests_for(fn, tests)
+    fast = sorted({t["node"] for fn in fns for t in fn["tests"] if not t["slow"]})
+    slow = sorted({t["node"] for fn in fns for t in fn["tests"] if t["slow"]}) if a.slow else []
+    print(f"{len(fns)} check functions; baseline over {len(fast)} fast and {len(slow)} slow tests", file=sys.stderr)
+    broken = baseline(fast + slow, a.timeout * 4)
+    if broken:
+        print("left out (they fail unmutated): " + ", ".join(sorted(broken)), file=sys.stderr)
+    t_all = time.monotonic()
+    for fn in fns:
+        fn["guarded_by"] = None
+        for kind in ("fast", "slow"):
+            nodes = [t["node"] for t in fn["tests"] if t["slow"] == (kind == "slow") and t["node"] not in broken]
+            if not nodes or (kind == "slow" and not a.slow):
+                continue
+            rc, out, secs = pytest(nodes, fn["target"], a.timeout)
+            fn.setdefault("runs", []).append({"kind": kind, "tests": len(nodes), "rc": rc, "seconds": round(secs, 1)})
+            if rc not in (0, 5):  # 5: nothing collected
+                failed = re.search(r"^FAILED (\S+)", out, re.M)
+                fn["guarded_by"] = failed.group(1) if failed else f"{kind} tests (exit {rc})"
+                break
+        mark = "guarded" if fn["guarded_by"] else "UNGUARDED"
+        print(f"{mark:9} {fn['target']}  {fn['guarded_by'] or ''}", file=sys.stderr)
+    guarded = [f for f in fns if f["guarded_by"]]
+    print(f"{len(guarded)} of {len(fns)} checks guarded ({'fast and slow' if a.slow else 'fast'} tests, "
+          f"{time.monotonic() - t_all:.0f} s)")
+    for f in fns:
+        if not f["guarded_by"]:
+            why = "no test names it" if not f["tests"] else "its tests still pass when it always passes"
+            print(f"  unguarded: {f['target']} ({', '.join(f['ids']) or 'no literal id'}): {why}")
+    if a.json:
+        doc = [{k: v for k, v in f.items() if k != "tests"} | {"tests": [t["node"] for t in f["tests"]]} for f in fns]
+        a.json.write_text(json.dumps({"guarded": len(guarded), "total": len(fns), "functions": doc}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
