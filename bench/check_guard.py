@@ -108,7 +108,7 @@ def pytest(nodes: list[str], mutate: str | None, timeout: int) -> tuple[int, str
     else:
         env.pop("P2PKIT_GUARD_MUTATE", None)
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-p", "tests.guard_plugin",
-           "-n", "0", "--no-header", "-rN", *nodes]
+           "-n", "0", "--no-header", "-rf", *nodes]
     t0 = time.monotonic()
     try:
         r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)

@@ -161,10 +161,11 @@ def model_shape(host: Host, profile) -> dict:
         shape = _hf_shape(host, m.source)
         if fmt == "hf":
             shape["weights_bytes"] = hf_source(host, m.source).get("total_bytes") or 0
-        else:
+        else:  # the converted artifact (with its .part volumes); before the model stage, its source's size
             out = host.path(m.output)
-            shape["weights_bytes"] = sum(x.stat().st_size for x in out.parent.glob(out.name + "*")
-                                         if not x.name.endswith(".json")) if out.parent.is_dir() else 0
+            shape["weights_bytes"] = (sum(x.stat().st_size for x in out.parent.glob(out.name + "*")
+                                          if not x.name.endswith(".json")) if out.parent.is_dir() else 0) or \
+                hf_source(host, m.source).get("total_bytes") or 0
     if "error" in shape:
         return shape
     missing = [k for k in ("layers", "kv_heads", "head_dim_k", "head_dim_v") if not shape.get(k)]

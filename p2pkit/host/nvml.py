@@ -126,7 +126,7 @@ def _locked(nv, h) -> dict | None:
 
 def _processes(nv, h) -> list | dict:
     """The compute processes on a GPU and the memory each holds (P18: what the engine itself uses)."""
-    procs = _call(nv.nvmlDeviceGetComputeRunningProcesses, h)
+    procs = _call((nv, "nvmlDeviceGetComputeRunningProcesses"), h)
     if isinstance(procs, dict):
         return procs
     return [{"pid": x.pid, "used": x.usedGpuMemory} for x in procs]

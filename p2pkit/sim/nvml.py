@@ -110,6 +110,9 @@ class SimNvml:
         used = 512 << 20
         return pynvml.c_nvmlMemory_t(total=total, free=total - used, used=used)
 
+    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list:
+        return []  # the simulated engine holds no GPU memory
+
     def nvmlDeviceGetBAR1MemoryInfo(self, h: int):
         total = self._gpu(h)["bar1_bytes"]
         return pynvml.c_nvmlBAR1Memory_t(bar1Total=total, bar1Free=total - (2 << 20), bar1Used=2 << 20)

@@ -165,6 +165,8 @@ def make_hf_model(root: Path, path: str, layers: int = 4, shards: int = 2) -> No
     d = root / path.lstrip("/")
     d.mkdir(parents=True, exist_ok=True)
     (d / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": layers,
+                                               "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
+                                               "hidden_size": 512, "max_position_embeddings": 32768,
                                                "simulated": True}))
     weight_map = {}
     per = max(1, layers // shards)

@@ -1,0 +1,97 @@
+"""Checks that no other fast test guarded (bench/check_guard.py found them): each judged over the
+facts recorded on a real H200 (tests/fixtures/h200-device/facts.json), once as recorded and once
+with the one fact changed that the check is about, so forcing the check to pass fails a test."""
+
+import copy
+import json
+from dataclasses import replace
+
+from p2pkit import config
+from p2pkit.checks import model, p2p_module, preflight, topology
+from tests.conftest import FIXTURES
+
+FACTS = json.loads((FIXTURES / "h200-device/facts.json").read_text())["facts"]
+P = config.load(None)
+
+
+def by_id(checks):
+    return {c.id: c for c in checks}
+
+
+def with_(**kw):
+    f = copy.deepcopy(FACTS)
+    f.update(kw)
+    return f
+
+
+def test_preflight_kernel_root_disk_gpu_model_on_the_recorded_host():
+    c = by_id(preflight.check(FACTS, P))
+    assert c["preflight.kernel"].status == "pass" and c["preflight.root"].status == "pass"
+    # recorded: 64 GiB free under /var/lib, one H200 (0x2335) where the profile wants RTX 5090s (0x2b85)
+    assert c["preflight.disk"].status == "fail" and "64.0 GiB free under /var/lib" in c["preflight.disk"].measured
+    assert c["preflight.gpu_model"].status == "fail" and "0x2335" in c["preflight.gpu_model"].measured
+    c = by_id(preflight.check(with_(kernel="5.15.0-91-generic", is_root=False,
+                                    disk={"path": "/var/lib", "free_bytes": 900 << 30}), P))
+    assert c["preflight.kernel"].status == "fail" and c["preflight.root"].status == "fail"
+    assert c["preflight.disk"].status == "pass"
+
+
+def test_preflight_iommu_and_half_installed_packages():
+    c = by_id(preflight.check(FACTS, P))
+    assert c["preflight.iommu"].status == "pass" and c["preflight.nvidia_packages"].status == "pass"
+    io = {**FACTS["iommu"], "intent": "translating", "detail": "intel_iommu=on without iommu=pt"}
+    bad = by_id(preflight.check(with_(iommu=io, dpkg_nvidia=[{"package": "nvidia-dkms-580",
+                                                               "status": "install ok half-configured"}]), P))
+    assert bad["preflight.iommu"].status == "warn" and "IO_PAGE_FAULT" in bad["preflight.iommu"].hint
+    assert bad["preflight.nvidia_packages"].status == "fail"
+    assert "nvidia-dkms-580 (install ok half-configured)" in bad["preflight.nvidia_packages"].measured
+
+
+def test_topology_iommu_per_gpu_and_nvml_p2p():
+    g = {**FACTS["pci_gpus"][0], "iommu_group": "passthrough"}
+    assert topology._iommu(g).status == "pass"
+    bad = topology._iommu({**g, "iommu_group": "translating"})
+    assert bad.status == "fail" and bad.id == f"topology.iommu.{g['bdf']}"
+    nv = {**FACTS["nvml"], "p2p": [{"from": 0, "to": 1, "read": "OK", "write": "OK"},
+                                   {"from": 1, "to": 0, "read": "OK", "write": "OK"}]}
+    assert topology._nvml_p2p({"nvml": nv}).status == "pass"
+    cns = {**nv, "p2p": [{"from": 0, "to": 1, "read": "CNS", "write": "CNS"}, nv["p2p"][1]]}
+    c = topology._nvml_p2p({"nvml": cns})
+    assert c.status == "fail" and c.pitfall == "P17" and "0->1 read CNS" in c.measured
+    assert topology._nvml_p2p({"nvml": FACTS["nvml"]}).status == "fail"  # one H200: no pair to read
+
+
+def test_model_and_module_prechecks_refuse_an_unpinned_profile():
+    assert by_id(model.precheck(P))["model.paths"].status == "pass"
+    bare = replace(P, model=replace(P.model, output="", convert_recipe=""))
+    c = by_id(model.precheck(bare))
+    assert c["model.paths"].status == "fail" and c["model.convert_recipe"].status == "fail"
+    assert p2p_module.precheck(P)[0].status == "fail"  # the built-in profile pins no fork commit
+    pinned = replace(P, p2p_module=replace(P.p2p_module, commit="a" * 40))
+    assert p2p_module.precheck(pinned)[0].status == "pass"
+
+
+def test_module_install_and_runtime_on_the_recorded_host():
+    """The H200 runs a stock 580 open module p2pkit did not build: nothing is installed, the loaded
+    one is not the pin."""
+    built = {"path": "/x/nvidia.ko", "srcversion": "06B987C9B8B712FF4E7FB47"}
+    f = with_(built_module=built, module={**FACTS["module"], "modinfo_filename":
+                                          f"/lib/modules/{FACTS['kernel']}/kernel/drivers/video/nvidia.ko",
+                                          "modinfo_srcversion": built["srcversion"]})
+    c = by_id(p2p_module.install_checks(f, P))
+    assert c["p2p.modinfo_file"].status == "pass" and c["p2p.installed_srcversion"].status == "pass"
+    dkms = copy.deepcopy(f)
+    dkms["module"].update(modinfo_filename=f"/lib/modules/{FACTS['kernel']}/updates/dkms/nvidia.ko",
+                          modinfo_srcversion="0000")
+    c = by_id(p2p_module.install_checks(dkms, P))
+    assert c["p2p.modinfo_file"].status == "fail" and c["p2p.modinfo_file"].pitfall == "P02"
+    assert c["p2p.installed_srcversion"].status == "fail"
+    r = by_id(p2p_module.runtime_checks(f, P))
+    assert r["p2p.loaded_version"].status == "fail" and "580.159.04" in r["p2p.loaded_version"].measured
+    assert r["p2p.loaded_srcversion"].status == "pass" and r["p2p.nvml"].status == "pass"
+    assert r["p2p.iommu"].status == "fail"  # the recorded command line has no iommu=pt
+    ok = copy.deepcopy(f)
+    ok["nvidia_version"].update(version=P.driver.version)
+    ok["iommu"].update(intent="passthrough")
+    r = by_id(p2p_module.runtime_checks(ok, P))
+    assert r["p2p.loaded_version"].status == "pass" and r["p2p.iommu"].status == "pass"
