@@ -37,6 +37,39 @@ MAKERS = {"judge", "Check", "unknown", "not_measured"}
 GENERIC = {"check", "precheck", "judge", "unknown", "failed", "worst", "not_measured"}
 
 
+def _ids_in(path: Path, fn_name: str, seen: set | None = None) -> set[str]:
+    """The check ids a function of another p2pkit module writes, with the local helpers it calls
+    (service.precheck is engine_cmd.validate: its ids are there)."""
+    seen = set() if seen is None else seen
+    if (path, fn_name) in seen or not path.is_file():
+        return set()
+    seen.add((path, fn_name))
+    funcs = {n.name: n for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef)}
+    node = funcs.get(fn_name)
+    if node is None:
+        return set()
+    ids: set[str] = set()
+    for call in ast.walk(node):
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name):
+            if call.func.id in MAKERS and call.args:
+                ids |= _literal_prefix(call.args[0])
+            elif call.func.id in funcs:
+                ids |= _ids_in(path, call.func.id, seen)
+    return ids
+
+
+def _module_aliases(tree: ast.Module) -> dict[str, Path]:
+    """`from p2pkit import engine_cmd` / `import p2pkit.x as y`: the alias and the module's file."""
+    out = {}
+    for n in tree.body:
+        if isinstance(n, ast.ImportFrom) and n.module and n.module.startswith("p2pkit"):
+            for a in n.names:
+                f = REPO / (n.module.replace(".", "/") + f"/{a.name}.py")
+                if f.is_file():
+                    out[a.asname or a.name] = f
+    return out
+
+
 def check_functions(only: str | None = None) -> list[dict]:
     """Every function of p2pkit/checks whose return annotation names Check, with the ids it writes."""
     out = []
@@ -44,7 +77,9 @@ def check_functions(only: str | None = None) -> list[dict]:
         if path.name == "__init__.py":
             continue
         src = path.read_text()
-        for node in ast.parse(src).body:
+        tree = ast.parse(src)
+        aliases = _module_aliases(tree)
+        for node in tree.body:
             if not isinstance(node, ast.FunctionDef) or node.returns is None:
                 continue
             if "Check" not in ast.unparse(node.returns):
@@ -54,6 +89,10 @@ def check_functions(only: str | None = None) -> list[dict]:
                 if isinstance(call, ast.Call) and getattr(call.func, "id", None) in MAKERS and call.args:
                     ids |= _literal_prefix(call.args[0])
             calls = {c.func.id for c in ast.walk(node) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+            for c in ast.walk(node):  # engine_cmd.validate(p) and the like: the other module's ids
+                if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and \
+                        isinstance(c.func.value, ast.Name) and c.func.value.id in aliases:
+                    ids |= _ids_in(aliases[c.func.value.id], c.func.attr)
             name = f"p2pkit.checks.{path.stem}:{node.name}"
             if only and only not in (path.stem, name.split(":", 1)[1], name, f"{path.stem}:{node.name}"):
                 continue

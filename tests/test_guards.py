@@ -95,3 +95,41 @@ def test_module_install_and_runtime_on_the_recorded_host():
     ok["iommu"].update(intent="passthrough")
     r = by_id(p2p_module.runtime_checks(ok, P))
     assert r["p2p.loaded_version"].status == "pass" and r["p2p.iommu"].status == "pass"
+
+
+def test_driver_pin_checksum_userspace_firmware_and_guards():
+    from p2pkit.checks import driver
+
+    c = by_id(driver.precheck(P))
+    assert c["driver.pin"].status == "pass" and c["driver.installer_sha256"].status == "fail"  # built-in: unpinned
+    old = by_id(driver.precheck(replace(P, driver=replace(P.driver, version="595.71.05", installer_sha256="a" * 64))))
+    assert old["driver.pin"].status == "fail" and old["driver.pin"].pitfall == "P01"
+    assert old["driver.installer_sha256"].status == "pass"
+    want = P.driver.version
+    good = {"userspace_driver": {"versions": [want], "gsp_firmware": {want: ["gsp_ga10x.bin"]}},
+            "driver_guards": {"nouveau_blacklisted": True, "apt_pin": True, "unattended_upgrades_blacklist": True}}
+    c = by_id(driver.check(good, P))
+    assert [c[k].status for k in ("driver.userspace_version", "driver.gsp_firmware", "driver.guards")] == ["pass"] * 3
+    # the recorded H200: a stock 580 userspace driver, no firmware of the pin, none of the guards
+    c = by_id(driver.check(FACTS, P))
+    assert c["driver.userspace_version"].status == "fail" and "580.159.04" in c["driver.userspace_version"].measured
+    assert c["driver.gsp_firmware"].status == "fail" and c["driver.guards"].status == "fail"
+
+
+def test_engine_prechecks_and_configure_failures_named():
+    from p2pkit.checks import engine
+
+    c = by_id(engine.precheck(P))
+    assert c["engine.commit"].status == "fail" and c["engine.cuda_arch"].status == "pass"
+    arch = by_id(engine.precheck(replace(P, engine=replace(P.engine, cuda_architectures="90", commit="a" * 40,
+                                                           repo="https://x/y.git"))))
+    assert arch["engine.cuda_arch"].status == "fail" and arch["engine.commit"].status == "pass"
+    llama = config.load("dual-5090-llamacpp")
+    assert by_id(engine.precheck(llama))["engine.nccl_root"].status == "pass"
+    bare = replace(llama, engine=replace(llama.engine, nccl_root=""))
+    assert by_id(engine.precheck(bare))["engine.nccl_root"].pitfall == "P16"
+    err = "CMake Error at CMakeLists.txt:5 (message): NInfer supports only CMAKE_CUDA_ARCHITECTURES=120a"
+    c = by_id(engine._configure({"configure_rc": 1, "first_error": err, "log": "/l"}))
+    assert c["engine.configure"].status == "fail" and c["engine.configure"].pitfall == "P05"
+    c = by_id(engine._configure({"configure_rc": 0, "build_rc": 1, "build_tail": "ninja: build stopped", "log": "/l"}))
+    assert c["engine.configure"].status == "pass" and c["engine.build"].status == "fail"

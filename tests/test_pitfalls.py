@@ -442,3 +442,14 @@ def test_service_refuses_to_start_a_model_that_does_not_fit(monkeypatch):
         ss.fit_before_start(SimpleNamespace(host=None, profile=p))
     assert e.value.pitfall == "P18" and "was not started" in e.value.message
     ss.fit_before_start(SimpleNamespace(host=None, profile=config.load("dual-5090-llamacpp")))  # fits: no error
+
+
+def test_fit_that_cannot_be_read_yet_is_could_not_check_never_a_pass():
+    from p2pkit import config
+    from p2pkit.checks import fit
+
+    p = config.load("dual-5090-llamacpp")
+    for f in ({"model": {"error": "/srv/x.gguf does not exist yet"}, "gpus": []},
+              {"model": SHAPE, "gpus": {"error": "NVML did not initialise: Driver Not Loaded"}}):
+        c = {x.id: x for x in fit.check({**f, "tp_quant_kv_refused": False}, p)}["service.vram_fit"]
+        assert c.status == "skip" and c.measured.startswith("could not determine") and c.pitfall == "P18"

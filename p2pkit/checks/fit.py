@@ -1,4 +1,6 @@
 """P18: does the model fit the GPUs before the service starts, and what headroom is left after.
+What cannot be read yet (no NVML before the driver stage, no model before the model stage) is a
+"could not check", never a pass.
 
 Weights, the KV cache at the configured context and KV type, and the draft (MTP) layers' KV, split
 over the GPUs the engine uses, against each GPU's free VRAM (plus what the engine itself already
@@ -61,16 +63,18 @@ def check(fit: dict | None, p: Profile) -> list[Check]:
     if fit is None:
         return []
     if failed(fit) or "error" in fit:
-        return [unknown("service.vram_fit", "the model fits the GPUs' free VRAM", fit, "fits", pitfall="P18")]
+        return [unknown("service.vram_fit", "the model fits the GPUs' free VRAM", fit, "fits", needed=False,
+                        pitfall="P18")]
     pl = plan(p)
     out = _kv_types(fit, p, pl)
     m, gpus = fit.get("model", {}), fit.get("gpus", [])
     if failed(m) or "error" in m:
-        return [*out, unknown("service.vram_fit", "the model fits the GPUs' free VRAM", m, "fits", pitfall="P18")]
+        return [*out, unknown("service.vram_fit", "the model fits the GPUs' free VRAM", m, "fits", needed=False,
+                              pitfall="P18")]
     if failed(gpus) or not isinstance(gpus, list) or not gpus:
         return [*out, unknown("service.vram_fit", "the model fits the GPUs' free VRAM",
                               gpus if isinstance(gpus, dict) else {"error": "no GPU free-memory reading"}, "fits",
-                              pitfall="P18")]
+                              needed=False, pitfall="P18")]
     if pl["k"] not in KV_BYTES or pl["v"] not in KV_BYTES:
         return [*out, Check("service.vram_fit", "the model fits the GPUs' free VRAM", FAIL,
                             f"unknown KV type {pl['k']}/{pl['v']}", "/".join(sorted(KV_BYTES)), "use a KV type the "
