@@ -133,3 +133,90 @@ def test_engine_prechecks_and_configure_failures_named():
     assert c["engine.configure"].status == "fail" and c["engine.configure"].pitfall == "P05"
     c = by_id(engine._configure({"configure_rc": 0, "build_rc": 1, "build_tail": "ninja: build stopped", "log": "/l"}))
     assert c["engine.configure"].status == "pass" and c["engine.build"].status == "fail"
+
+
+def test_preflight_os_secure_boot_and_capped_cgroup_on_the_recorded_host():
+    c = by_id(preflight.check(FACTS, P))
+    assert c["preflight.os"].status == "pass" and c["preflight.secure_boot"].status == "pass"
+    # recorded: the VM's sandbox caps memory at 128 GiB (memory.max of its cgroup)
+    assert c["preflight.cgroup"].status == "warn" and "128.0 GiB" in c["preflight.cgroup"].measured
+    debian = {**FACTS["os"], "ID": "debian", "VERSION_ID": "12"}
+    c = by_id(preflight.check(with_(os=debian, secure_boot="on", cgroup={**FACTS["cgroup"], "memory_caps": []}), P))
+    assert c["preflight.os"].status == "fail" and c["preflight.secure_boot"].status == "fail"
+    assert c["preflight.cgroup"].status == "pass"
+
+
+def h200_load(**pair):
+    """The one-GPU link run recorded on the H200 (verify_link_one_gpu.json: Gen5 x16 after 0.04 s,
+    54.6/55.1 GB/s, no replays), as two GPUs with the reference box's P2P figures."""
+    gpu = {"max_seen": {"gen": 5, "width": 16}, "idle": {"gen": 5, "width": 16}, "trained_after_s": 0.04,
+           "replay_before": 0, "replay_after": 0, "app_clocks_reason_under_load": False,
+           "host": {"h2d_gbps": 54.6, "d2h_gbps": 55.1}}
+    x = {"from": 0, "to": 1, "peer_access": True, "unidir_gbps": 55.0, "staged_gbps": 20.0, "bidir_gbps": 100.0,
+         "latency_us": 0.4, "integrity": {"equal": True, "mismatches": 0, "elements": 1 << 20, "zeros": 0}, **pair}
+    return {"link_load": {"gpus": [{**gpu, "index": 0}, {**gpu, "index": 1}], "device_count": 2, "pairs": [x],
+                          "load_seconds": 5.0}}
+
+
+def test_link_under_load_judged_from_the_recorded_figures():
+    from p2pkit.checks import link
+
+    c = by_id(link.check(h200_load(), P))
+    assert all(x.status == "pass" for x in c.values()), [x for x in c.values() if x.status != "pass"]
+    bad = by_id(link.check(h200_load(unidir_gbps=3.0, latency_us=14.0, peer_access=False,
+                                      integrity={"equal": False, "mismatches": 10, "elements": 100, "zeros": 10}), P))
+    for k in ("link.p2p_bw.gpu0-gpu1", "link.p2p_latency.gpu0-gpu1", "link.p2p_access.gpu0-gpu1",
+              "link.p2p_integrity.gpu0-gpu1"):
+        assert bad[k].status == "fail", k
+    slow = h200_load()
+    g = slow["link_load"]["gpus"][0]
+    g.update(trained_after_s=None, replay_after=50, app_clocks_reason_under_load=True, host={"h2d_gbps": 5.0,
+                                                                                            "d2h_gbps": 5.0})
+    c = by_id(link.check(slow, P))
+    assert c["link.trained.gpu0"].status == "fail" and c["link.replays.gpu0"].status == "fail"
+    assert c["link.clocks.gpu0"].status == "warn" and c["link.h2d.gpu0"].status == "fail"
+    one = h200_load()
+    one["link_load"]["device_count"] = 1
+    assert by_id(link.check(one, P))["link.p2p_pair"].status == "fail"
+
+
+def test_fabric_rate_of_the_resolved_roce_port():
+    from p2pkit.checks import link
+
+    sp = config.load("dual-spark-vllm")
+    port = {"device": "rocep1s0f0", "port": 1, "state": "ACTIVE", "link_layer": "Ethernet",
+            "netdevs": ["enp1s0f0np0"], "rate": "200 Gb/sec (2X NDR)", "rate_gbps": 200.0}
+    assert by_id(link.fabric({"roce": [port]}, sp))["link.fabric_rate.rocep1s0f0:1"].status == "pass"
+    slow = {**port, "rate": "100 Gb/sec (2X HDR)", "rate_gbps": 100.0}
+    assert by_id(link.fabric({"roce": [slow]}, sp))["link.fabric_rate.rocep1s0f0:1"].status == "fail"
+    down = by_id(link.fabric({"roce": [{**port, "state": "DOWN"}]}, sp))["link.fabric"]
+    assert down.status == "fail" and down.pitfall == "P24"
+
+
+def test_model_source_completeness():
+    from p2pkit.checks import model as mc
+
+    whole = {"path": "/srv/m", "config": True, "shards": {"a.safetensors": {"present": True, "size": 10}},
+             "total_bytes": 10}
+    assert mc._source(whole).status == "pass"
+    for broken in ({**whole, "config": False}, {**whole, "shards": {"a.safetensors": {"present": False}}},
+                   {**whole, "shards": {"a.safetensors": {"present": True, "truncated": True}}}):
+        assert mc._source(broken).status == "fail"
+
+
+def test_model_build_record_judged():
+    from p2pkit.checks import model as mc
+
+    src = {"path": "/srv/m", "config": True, "shards": {"a.safetensors": {"present": True, "size": 10}},
+           "total_bytes": 10}
+    b = {"source": src, "convert_rc": 0, "verify": {"container_version": 3, "components": list(P.model.components),
+                                                    "formats": ["nvfp4"]},
+         "engine": {"reads": [2, 3], "dflash2_tp2": True}, "sha256": "a" * 64}
+    c = by_id(mc.check({"model_build": b}, P))
+    assert all(x.status == "pass" for x in c.values()), [x for x in c.values() if x.status != "pass"]
+    bad = {**b, "convert_rc": 1, "convert_tail": ["ImportError: attempted relative import"]}
+    c = by_id(mc.check({"model_build": bad}, P))
+    assert c["model.convert"].status == "fail" and c["model.convert"].pitfall == "P08"
+    old = {**b, "verify": {**b["verify"], "container_version": 2, "components": ["text"]}, "engine": {"reads": [3]}}
+    c = by_id(mc.check({"model_build": old}, P))
+    assert c["model.container"].status == "fail" and c["model.components"].status == "fail"
