@@ -220,3 +220,32 @@ def test_model_build_record_judged():
     old = {**b, "verify": {**b["verify"], "container_version": 2, "components": ["text"]}, "engine": {"reads": [3]}}
     c = by_id(mc.check({"model_build": old}, P))
     assert c["model.container"].status == "fail" and c["model.components"].status == "fail"
+
+
+def test_service_proofs_judged_and_an_oom_start_named_with_its_cause():
+    from p2pkit.checks import service as sc
+    from p2pkit.stages.service import CAUSES
+
+    p = config.load("dual-5090-llamacpp")
+    line = "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 4096.00 MiB on device 1: cudaMalloc failed: " \
+           "out of memory"  # llama.cpp's own format (ggml-cuda.cu)
+    s = {"role": "single", "analyze": {"verify_rc": 0, "verify_issues": [], "exposure": 1.9, "exposure_label": "OK"},
+         "health": {"ok": True, "seconds": 2.0, "codes": [503, 200], "exited": False},
+         "pid_cgroup": {"v2_path": "/p2pkit.slice/p2pkit-engine.service", "v1_memory_path": None, "memory_caps": []},
+         "listen": {"connect": True, "addresses": [f"127.0.0.1:{p.serve.port}"]}, "log_tail": [],
+         "likely_cause": None}
+    c = by_id(sc.check({"service": s}, p))
+    for k in ("service.unit_verify", "service.exposure", "service.health", "service.memory_cap",
+              "service.listen_where"):
+        assert c[k].status == "pass", k
+    oom = {**s, "health": {"ok": False, "seconds": 3.0, "codes": [], "exited": True}, "log_tail": [line],
+           "likely_cause": next(x for needle, x in CAUSES if needle in line),
+           "pid_cgroup": {**s["pid_cgroup"], "memory_caps": [{"file": "memory.max", "limit_bytes": 8 << 30}]},
+           "analyze": {**s["analyze"], "exposure": 9.6}}
+    c = by_id(sc.check({"service": oom}, p))
+    assert c["service.health"].status == "fail" and c["service.health"].pitfall == "P18"
+    h = c["service.health"]
+    assert "out of GPU memory at start" in h.hint and "cudaMalloc failed" in h.measured
+    assert c["service.memory_cap"].status == "fail" and c["service.exposure"].status == "fail"
+    assert by_id(sc.precheck(config.load("dual-5090-llamacpp", ["serve.flags.bogus=1"])))[
+        "service.flags_known"].status == "fail"
