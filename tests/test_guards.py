@@ -95,6 +95,8 @@ def test_module_install_and_runtime_on_the_recorded_host():
     ok["iommu"].update(intent="passthrough")
     r = by_id(p2p_module.runtime_checks(ok, P))
     assert r["p2p.loaded_version"].status == "pass" and r["p2p.iommu"].status == "pass"
+    whole = by_id(p2p_module.check(f, P))  # the stage's check: precheck, install and runtime together
+    assert whole["p2p.commit"].status == "fail" and whole["p2p.loaded_version"].status == "fail"
 
 
 def test_driver_pin_checksum_userspace_firmware_and_guards():
@@ -249,3 +251,18 @@ def test_service_proofs_judged_and_an_oom_start_named_with_its_cause():
     assert c["service.memory_cap"].status == "fail" and c["service.exposure"].status == "fail"
     assert by_id(sc.precheck(config.load("dual-5090-llamacpp", ["serve.flags.bogus=1"])))[
         "service.flags_known"].status == "fail"
+
+
+def test_topology_p2p_matrices_from_nvidia_smi_and_link_capability():
+    from p2pkit.parse import smi
+
+    ok = {"matrix": smi.topo_matrix((FIXTURES / "constructed/topo_p2p_r_2gpu_ok.txt").read_text())}
+    cns = {"matrix": smi.topo_matrix((FIXTURES / "constructed/topo_p2p_r_2gpu_cns.txt").read_text())}
+    assert topology._smi({"smi_p2p_read": ok}, "read", "smi_p2p_read").status == "pass"
+    c = topology._smi({"smi_p2p_read": cns}, "read", "smi_p2p_read")
+    assert c.status == "fail" and c.pitfall == "P17" and "GPU0->GPU1 CNS" in c.measured and "CNS:" in c.hint
+    g = FACTS["pci_gpus"][0]  # the H200: Gen5 x16 GPU and slot
+    assert topology._capability(g, P).status == "pass"
+    x4 = {**g, "parent_link": {**(g.get("parent_link") or {}), "max_gen": 4, "max_width": 4}}
+    bad = topology._capability(x4, P)
+    assert bad.status == "fail" and bad.measured == "Gen4 x4"
