@@ -46,7 +46,8 @@ def test_spark_pair_from_one_inventory(cli, sim, tmp_path):
         serve.flags.node-rank: 1
         serve.flags.headless: true
         serve.flags.master-port: {master_port(head)}
-""")
+        serve.head_wait_s: 1800
+""")  # head_wait_s: the refused run above recorded 2 s as this host's state (overrides persist)
     r = cli("--json", "up", "--inventory", str(inv), "--reboot")
     assert r.code == 0, r.out + r.err
     hosts = r.json()["hosts"]
