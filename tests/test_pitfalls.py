@@ -158,9 +158,11 @@ def test_p27_refusal_carries_its_id_in_junit_and_prometheus():
     results = [{"stage": "service", "status": "fail", "checks": [refusal]}]
     xml = reports.junit(results, simulated=False).decode()
     assert 'message="[P27] measured' in xml and "pitfall P27" in xml
-    prom = reports.prometheus(results, {}, simulated=False, profile="dual-spark-vllm")
-    assert 'p2pkit_check_failed{simulated="false",profile="dual-spark-vllm",stage="service",' \
-           'check="service.act",pitfall="P27"} 1' in prom
+    from prometheus_client import generate_latest
+
+    prom = generate_latest(reports.prometheus(results, {}, simulated=False, profile="dual-spark-vllm")).decode()
+    line = next(x for x in prom.splitlines() if x.startswith("p2pkit_check_failed{"))
+    assert 'check="service.act"' in line and 'pitfall="P27"' in line and line.endswith(" 1.0")
 
 
 def test_worker_whose_head_is_down_is_p27_in_doctor():
