@@ -97,6 +97,9 @@ class P2pModule:
     iommu: str = f("passthrough", choices=("passthrough", "off"))
     signing_key: str = f("", chars="path")
     live_reload: bool = f(True, expect="true to swap the module without a reboot when nothing holds the GPUs")
+    registry_dwords: str = f("RMForceStaticBar1=1", chars="url", pattern=r"^(\w+=[0-9A-Fa-fx]+(;\w+=[0-9A-Fa-fx]+)*)?$",
+                             expect="NVreg_RegistryDwords for the patched module, like RMForceStaticBar1=1: without "
+                             "the static full-VRAM BAR1 mapping NCCL hangs while topo says OK (P28)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,6 +134,9 @@ class Engine:
     cuda_architectures: str = f("120a", chars="word")
     pkg_config_path: str = f("", chars="path")
     nccl_root: str = f("", chars="path", pattern=r"^(/.*)?$", expect="an absolute path (or empty)")
+    nccl_min: str = f("", chars="word", pattern=r"^(\d+\.\d+\.\d+)?$", expect="the lowest NCCL version the engine "
+                      "may map, like 2.26.2 (P16: older ones fail on the 5090; P37: before 2.29.3 aarch64 leaks proxy "
+                      "slots)")
     build_dir: str = f("/opt/p2pkit/engine", chars="path", pattern=r"^/", expect="an absolute path")
     source_url: str = f("", chars="url", pattern=r"^((https://|file://|/).+)?$",
                         expect="a source archive: an https:// URL or a local path (instead of repo and commit)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from p2pkit import facts as facts_mod
 from p2pkit.checks import FAIL, SKIP
+from p2pkit.checks import field as field_checks
 from p2pkit.config import Profile
 from p2pkit.output import Output
 from p2pkit.pipeline import not_applicable
@@ -12,7 +13,7 @@ from p2pkit.stages import registry
 
 
 def run(ctx) -> dict:
-    needed = sorted({n for st in registry() for n in st.facts})
+    needed = sorted({n for st in registry() for n in st.facts} | set(field_checks.FACTS))
     found = facts_mod.collect(ctx.host, needed, ctx.profile)
     return judge(found, ctx.profile, simulated=ctx.host.simulated)
 
@@ -29,9 +30,13 @@ def judge(found: dict, profile: Profile, simulated: bool) -> dict:
             if c["pitfall"]:
                 c["pitfall_text"] = PITFALLS.get(c["pitfall"], "")
         groups.append({"stage": st.name, "checks": checks})
+    field = [c.as_dict() for c in field_checks.check(found, profile)]  # P28-P39: what owners of such boxes hit
+    for c in field:
+        c["pitfall_text"] = PITFALLS.get(c["pitfall"], "")
+    groups.append({"stage": "field", "checks": field})
     failed = [c["id"] for g in groups for c in g["checks"] if c["status"] == FAIL]
     not_checked = [{"id": c["id"], "why": c["measured"]} for g in groups for c in g["checks"]
-                   if c["status"] == SKIP or str(c["measured"]).startswith("could not determine")]
+                   if c["status"] == SKIP or str(c["measured"]).startswith(("could not determine", "could not check"))]
     return {"kind": "p2pkit-doctor", "profile": profile.name, "simulated": simulated, "groups": groups,
             "failed": failed, "not_checked": not_checked}
 

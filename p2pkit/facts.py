@@ -10,14 +10,16 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import re
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from p2pkit import __version__, hoststate
 from p2pkit.errors import P2pkitError, UsageError
 from p2pkit.host import Host, arch, kmod, nvml, pci, roce, smi, storage, system
+from p2pkit.host import field_facts as hfield
 from p2pkit.parse import system as ps
 from p2pkit.secrets import REDACTED, is_secret
 
@@ -109,6 +111,63 @@ def _vram_fit(h: Host, profile):
     if profile.engine.recipe == "llamacpp":
         out["tp_quant_kv_refused"] = model.tp_quant_kv_refused(h, profile.engine.build_dir)
     return out
+def _engine_nccl(h: Host, profile):
+    """The NCCL the running engine has mapped (P37), or that it is not running."""
+    from p2pkit.stages.service import main_pid
+
+    pid = main_pid(h)
+    return {"running": False} if pid is None else hfield.process_nccl(h, pid)
+
+
+def _profile_nccl(h: Host, profile):
+    """The version of the NCCL the profile points the engine at (P16)."""
+    root = profile.engine.nccl_root
+    if not root or not profile.engine.nccl_min:
+        return None
+    lib = f"{root}/lib/libnccl.so.2"
+    if not h.exists(lib):
+        return {"path": lib, "error": f"{lib} does not exist", "by_hand": f"ls -l {root}/lib"}
+    v = hfield.library_nccl_version(h, lib)
+    return {"path": lib, "version": ".".join(map(str, v)) if v else None}
+
+
+ENGINE_KERNELS = {"llamacpp": ("build", "libggml-cuda.so*"), "ninfer": ("build", "ninfer-serve")}
+
+
+def _engine_archs(h: Host, profile):
+    """The architectures the engine's CUDA kernels were built for (P39)."""
+    e = profile.engine
+    if e.recipe == "vllm":
+        base, pattern = str(PurePosixPath(e.python).parent.parent), "lib/python3*/site-packages/vllm/_C*.so"
+    else:
+        base, pattern = e.build_dir, "**/" + ENGINE_KERNELS[e.recipe][1]
+    found = sorted(h.path(base).glob(pattern)) if h.exists(base) else []
+    if not found:
+        return {"missing": f"no engine kernel library ({pattern}) under {base}: the engine is not built yet"}
+    return hfield.cuobjdump_archs(h, h.host_path(found[0]))
+
+
+def _engine_env_file(h: Host):
+    path = "/etc/p2pkit/engine.env"
+    if not h.exists(path):
+        return {"path": path, "env": None}
+    env = {}
+    for line in h.read(path, "the engine's environment file").splitlines():
+        k, sep, v = line.partition("=")
+        if sep and not line.lstrip().startswith("#"):
+            env[k.strip()] = v.strip().strip('"')
+    return {"path": path, "env": env}
+
+
+def _boot_hold(h: Host):
+    """The kernel hook's hold on the boot default (P36): which kernel it keeps booting, for which new one."""
+    from p2pkit.stages.acting import BOOT_HOLD
+
+    if not h.exists(BOOT_HOLD):
+        return {"held": None}
+    text = h.read(BOOT_HOLD, "the boot-default hold")
+    kv = dict(m.groups() for m in re.finditer(r"^# p2pkit-(kernel|new_kernel)=(\S+)", text, re.M))
+    return {"held": {"kernel": kv.get("kernel", "?"), "new_kernel": kv.get("new_kernel", "?")}}
 
 
 PROFILE_COLLECTORS: dict[str, Callable[[Host, object], object]] = {
@@ -116,6 +175,9 @@ PROFILE_COLLECTORS: dict[str, Callable[[Host, object], object]] = {
     "head_rendezvous": _head,
     "built_module": _built_module,
     "storage": storage.nvme_paths,
+    "engine_nccl": _engine_nccl,
+    "engine_archs": _engine_archs,
+    "profile_nccl": _profile_nccl,
 }
 
 COLLECTORS: dict[str, Callable[[Host], object]] = {
@@ -143,6 +205,14 @@ COLLECTORS: dict[str, Callable[[Host], object]] = {
     "smi_topo_m": smi.topo_m,
     "smi_q": smi.query,
     "roce": roce.ports,
+    "driver_params": hfield.driver_params,
+    "acs": hfield.acs,
+    "kernel_log": hfield.kernel_log,
+    "drm": hfield.drm_connectors,
+    "module_sources": hfield.module_sources,
+    "roce_gids": hfield.roce_gids,
+    "engine_env_file": _engine_env_file,
+    "boot_hold": _boot_hold,
 }
 
 

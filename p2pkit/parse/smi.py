@@ -153,6 +153,8 @@ def smi_q_gpus(text: str) -> list[dict]:
             "width_max": _int(width.get("Max", "").rstrip("x")),
             "width_current": _int(width.get("Current", "").rstrip("x")),
             "replays": _int(pci.get("Replays Since Reset")),
+            "util_gpu_pct": _int(str(gpu.get("Utilization", {}).get("GPU", "")).rstrip(" %")),
+            "processes": 0 if gpu.get("Processes") == "None" else (None if "Processes" not in gpu else 1),
         })
     return out
 

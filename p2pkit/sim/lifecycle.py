@@ -56,6 +56,9 @@ def init(root: Path, state: dict) -> None:
         (lib / "libnvidia-ml.so.1").symlink_to(f"libnvidia-ml.so.{stock}")
         state["packages"]["nvidia-dkms-580"] = "ii"
         load_module(root, state)
+    from p2pkit.sim.standins import write_initramfs
+
+    write_initramfs(root, state["kernel"])  # every install has one; it holds whatever nvidia.ko resolves now
     etc_grub = root / "etc/default/grub"
     etc_grub.parent.mkdir(parents=True, exist_ok=True)
     etc_grub.write_text('GRUB_DEFAULT=0\nGRUB_CMDLINE_LINUX_DEFAULT="quiet splash"\nGRUB_CMDLINE_LINUX=""\n')

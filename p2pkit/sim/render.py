@@ -14,7 +14,8 @@ from p2pkit.sim import model
 from p2pkit.sim.scenarios import GIB
 
 STANDINS = ["nvidia-smi", "modinfo", "dpkg", "dpkg-query", "apt-mark", "apt-get", "apt-cache", "update-initramfs",
-            "depmod", "update-grub", "fuser", "modprobe", "systemctl", "journalctl", "nvcc", "uname"]
+            "depmod", "update-grub", "fuser", "modprobe", "systemctl", "journalctl", "nvcc", "uname", "dmesg",
+            "lsinitramfs", "cuobjdump"]
 AMD, NV = "0x1022", "0x10de"
 
 
@@ -30,9 +31,14 @@ def write(root: Path, rel: str, text: str | bytes, mode: int | None = None) -> P
     return p
 
 
-def config_space(port_type: int) -> bytes:
-    """256 bytes with a capability list holding one PCIe capability of the given port type."""
-    cfg = bytearray(256)
+def config_space(port_type: int, acs_ctl: int | None = None) -> bytes:
+    """256 bytes with a capability list holding one PCIe capability of the given port type; a bridge
+    gets the 4 KiB root reads, with an ACS extended capability at 0x100 (control word `acs_ctl`)."""
+    cfg = bytearray(256 if acs_ctl is None else 4096)
+    if acs_ctl is not None:
+        cfg[0x100:0x104] = (0x000D | 1 << 16).to_bytes(4, "little")  # ACS, version 1, no next capability
+        cfg[0x104:0x106] = (0x005F).to_bytes(2, "little")  # capabilities: SV TB RR CR UF DT
+        cfg[0x106:0x108] = acs_ctl.to_bytes(2, "little")
     cfg[0x06] = 0x10
     cfg[0x34] = 0x40
     cfg[0x40] = 0x10
@@ -50,14 +56,15 @@ def _link(root: Path, bdf: str, target: Path) -> None:
 
 
 def _pci_dev(root: Path, path: Path, bdf: str, vendor: str, device: str, cls: str, port_type: int,
-             max_gen: int, max_width: int, cur_gen: int, cur_width: int, resource: str = "") -> None:
+             max_gen: int, max_width: int, cur_gen: int, cur_width: int, resource: str = "",
+             acs_ctl: int | None = None) -> None:
     path.mkdir(parents=True, exist_ok=True)
     files = {"vendor": vendor, "device": device, "class": cls,
              "max_link_speed": model.speed_text(max_gen), "max_link_width": str(max_width),
              "current_link_speed": model.speed_text(cur_gen), "current_link_width": str(cur_width)}
     for k, v in files.items():
         (path / k).write_text(v + "\n")
-    (path / "config").write_bytes(config_space(port_type))
+    (path / "config").write_bytes(config_space(port_type, acs_ctl))
     (path / "resource").write_text(resource or ("0x0000000000000000 0x0000000000000000 0x0000000000000000\n" * 13))
     _link(root, bdf, path)
 
@@ -89,7 +96,8 @@ def render(root: Path, state: dict) -> None:
         dom = f"pci0000:{g['root_port'][5:7]}"
         rp = sysdev / dom / g["root_port"]
         _gen, width = model.link_max(g)
-        _pci_dev(root, rp, g["root_port"], AMD, "0x14db", "0x060400", 4, g["slot_gen"], g["slot_width"], 1, width)
+        _pci_dev(root, rp, g["root_port"], AMD, "0x14db", "0x060400", 4, g["slot_gen"], g["slot_width"], 1, width,
+                 acs_ctl=state.get("acs_ctl", {}).get(g["root_port"], 0))
         parent = rp
         if g["switch"]:
             bus = int(g["bdf"][5:7], 16)
@@ -105,12 +113,18 @@ def render(root: Path, state: dict) -> None:
             (gdir / "resource1_resize").write_text("0000000000007fc0\n")  # 64 MiB .. 32 GiB
         else:
             (gdir / "resource1_resize").write_text("0000000000003fc0\n")
+        card = root / f"sys/class/drm/card{i + 1}"  # a display output per GPU: connected when a monitor is
+        card.mkdir(parents=True, exist_ok=True)
+        (card / "device").symlink_to(os.path.relpath(gdir, card))
+        write(root, f"sys/class/drm/card{i + 1}-DP-1/status",
+              "connected\n" if g.get("monitor") else "disconnected\n")
         if group_type:
             grp = root / f"sys/kernel/iommu_groups/{12 + i}"
             grp.mkdir(parents=True, exist_ok=True)
             (grp / "type").write_text(group_type + "\n")
             (gdir / "iommu_group").symlink_to(os.path.relpath(grp, gdir))
     for nic in state.get("roce", []):  # ConnectX ports: an RDMA device per port, its netdev beside it
+        write(root, f"sys/class/net/{nic['netdev']}/mtu", f"{nic.get('mtu', 9000)}\n")
         pci = root / "sys/devices" / f"pci0000:{nic['bdf'][5:7]}" / nic["bdf"]
         _pci_dev(root, pci, nic["bdf"], "0x15b3", "0x1021", "0x020000", 0, 5, 4, 5, 4)
         (pci / "net" / nic["netdev"]).mkdir(parents=True, exist_ok=True)
@@ -119,6 +133,10 @@ def render(root: Path, state: dict) -> None:
         port.mkdir(parents=True, exist_ok=True)
         (ib / "device").symlink_to(os.path.relpath(pci, ib))
         active = nic.get("state", "ACTIVE") == "ACTIVE"
+        for idx, (gid, kind) in enumerate(roce_gids(nic)):
+            write(root, str(port.relative_to(root) / f"gids/{idx}"), gid + "\n")
+            write(root, str(port.relative_to(root) / f"gid_attrs/types/{idx}"), kind + "\n")
+            write(root, str(port.relative_to(root) / f"gid_attrs/ndevs/{idx}"), nic["netdev"] + "\n")
         for name, text in (("state", "4: ACTIVE" if active else "1: DOWN"),
                            ("phys_state", "5: LinkUp" if active else "3: Disabled"),
                            ("link_layer", "Ethernet"), ("rate", nic.get("rate", "200 Gb/sec (4X HDR)"))):
@@ -134,6 +152,11 @@ def render(root: Path, state: dict) -> None:
             write(root, f"sys/module/{extra}/refcnt", "0\n")
         for dev in ("nvidiactl", "nvidia-uvm", *(f"nvidia{i}" for i in range(len(state["gpus"])))):
             write(root, f"dev/{dev}", "")
+        write(root, "proc/driver/nvidia/params", "ResmanDebugLevel: 4294967295\nEnableResizableBar: 0\n"
+              f"DynamicPowerManagement: 3\nRegistryDwords: \"{mod.get('registry_dwords', '')}\"\n"
+              "RegistryDwordsPerDevice: \"\"\n")
+        for holder in state.get("module_holders", []):
+            write(root, f"sys/module/nvidia/holders/{holder}", "")
         kind = "Open Kernel Module" if mod.get("open", True) else "Kernel Module"
         write(root, "proc/driver/nvidia/version",
               f"NVRM version: NVIDIA UNIX {kind} for {state.get('arch', 'x86_64')}  {mod['version']}  Release Build  "
@@ -164,6 +187,8 @@ def render(root: Path, state: dict) -> None:
             write(root, f"sys/fs/cgroup/{svc.get('slice') or 'system.slice'}/memory.max", "max\n")
             mm = svc.get("memory_max", "max")
             write(root, f"sys/fs/cgroup{cgpath}/memory.max", ("max" if mm in ("infinity", "max") else mm) + "\n")
+    for rel, text in state.get("files", {}).items():  # files a scenario's earlier life left behind
+        write(root, rel, text)
     write(root, "etc/machine-id", state["machine_id"] + "\n")
     os_ = state["os"]
     write(root, "etc/os-release", "".join(f'{k}="{v}"\n' for k, v in os_.items()) + "ID_LIKE=debian\n")
@@ -181,6 +206,14 @@ def render(root: Path, state: dict) -> None:
 
 
 LIBRARIES = {"nvml": "p2pkit.sim.nvml", "devices": "p2pkit.sim.devices", "machine": "p2pkit.sim.lifecycle"}
+def roce_gids(nic: dict) -> list[tuple[str, str]]:
+    """The GID table of a ConnectX port as the kernel shows it: link-local IPv6 as RoCE v1 and v2, then
+    the IPv4-mapped address as v1 and v2 (index 3 here; `gid_shift` moves it, as interface events do)."""
+    ll = "fe80:0000:0000:0000:0eaf:0bff:fe1c:2a00"
+    v4 = "0000:0000:0000:0000:0000:ffff:0a0a:00" + f"{nic.get('ip_last', 1):02x}"
+    table = [(ll, "IB/RoCE v1"), (ll, "RoCE v2")] + [("0000:0000:0000:0000:0000:0000:0000:0000", "")] * \
+        nic.get("gid_shift", 0) + ([(v4, "IB/RoCE v1"), (v4, "RoCE v2")] if nic.get("ipv4", True) else [])
+    return table
 
 
 def _dpkg_database(root: Path, state: dict) -> None:

@@ -72,6 +72,18 @@ def _spark(head: bool):
     return apply
 
 
+def _p2p_up(dwords: str = "RMForceStaticBar1=1"):
+    """A box p2pkit has brought up to the link stage: the patched 615.71.09 module loaded with the
+    profile's driver parameters, iommu=pt. The field scenarios each break one thing on top of it."""
+    def apply(s: dict) -> None:
+        s["cmdline"] = READY
+        s["driver"]["userspace"] = "615.71.09"
+        s["module"]["loaded"] = {"version": "615.71.09", "srcversion": "6C1D0E2F3A4B5C6D7E8F9A0B", "patched": True,
+                                 "builder": "p2pkit-sim@build", "path": "/lib/modules/6.8.0-88-generic/kernel/drivers"
+                                 "/video/nvidia.ko", "registry_dwords": dwords}
+    return apply
+
+
 READY = "BOOT_IMAGE=/boot/vmlinuz-6.8.0-88-generic root=UUID=5d0c7a51 ro quiet splash amd_iommu=on iommu=pt"
 
 SCENARIOS: dict[str, tuple[str, list]] = {
@@ -114,6 +126,30 @@ SCENARIOS: dict[str, tuple[str, list]] = {
                                                                 "source": "nas:/export/vllm", "device": "0:51"}])]),
     "other-bootloader": ("systemd-boot, not GRUB, boots the box: update-grub's kernel command line never takes "
                          "effect", [_set("bootloader", "systemd-boot")]),
+    "p2p-up": ("the patched module loaded with the profile's parameters, iommu=pt: what the field scenarios break",
+               [_p2p_up()]),
+    "field-no-static-bar1": ("P28: the patched module loaded without RMForceStaticBar1=1 (topo OK, NCCL hangs)",
+                             [_p2p_up(dwords="")]),
+    "field-acs-redirect": ("P29: ACS request/completion redirect on the first GPU's root port (ACSCtl 0x001d)",
+                           [_p2p_up(), _set("acs_ctl", {"0000:00:01.1": 0x1D})]),
+    "field-intel-phb": ("P30: an Intel host whose GPUs meet at the CPU (topo PHB): NCCL's default takes SHM",
+                        [_p2p_up(), _set("cpu_vendor", "GenuineIntel"), _set("topo_relation", "PHB"),
+                         _set("files", {"etc/p2pkit/engine.env": "CUDA_DEVICE_ORDER=PCI_BUS_ID\n"})]),
+    "field-bar-no-space": ("P31: the firmware left no room for BAR1: 256 MiB, the kernel could not assign it",
+                           [_gpus(bar1_bytes=256 << 20), _set("dmesg", [
+                               "[    2.831115] pci 0000:41:00.0: BAR 1 [mem size 0x800000000 64bit pref]: can't "
+                               "assign; no space",
+                               "[    2.831120] pci 0000:41:00.0: BAR 1 [mem size 0x800000000 64bit pref]: failed to "
+                               "assign"])]),
+    "field-display": ("P33: a monitor on the first GPU", [_p2p_up(), _set("gpus.0.monitor", True)]),
+    "field-wedged": ("P35: a GPU left spinning by a hung collective, GSP cannot boot again (WPR2 already up)",
+                     [_p2p_up(), _set("gpus.1.util", 100), _set("dmesg", [
+                         "[  115.083711] NVRM: GPU1 _kgspBootGspRm: unexpected WPR2 already up, cannot proceed with "
+                         "booting GSP"])]),
+    "field-dmesg-restricted": ("kernel.dmesg_restrict=1 and p2pkit not root: the kernel log cannot be read",
+                               [_p2p_up(), _set("dmesg_restrict", True)]),
+    "field-roce-mtu-1500": ("P38: a Spark node whose fabric port fell back to MTU 1500 and lost its IPv4 GID",
+                            [_spark(head=True), lambda s: s["roce"][0].update(mtu=1500, ipv4=False)]),
     "capped-cgroup": ("p2pkit itself runs in a memory-capped cgroup (P12)", [_set("cgroup_memory_cap", 8 * GIB)]),
 }
 

@@ -45,7 +45,7 @@ def main(name: str, args: list[str]) -> int:
     fn = {"nvidia-smi": nvidia_smi, "modinfo": modinfo,
           "update-initramfs": update_initramfs, "depmod": depmod, "update-grub": update_grub,
           "fuser": fuser, "modprobe": modprobe, "systemctl": systemctl, "journalctl": journalctl,
-          "nvcc": nvcc, "uname": uname}[name]
+          "nvcc": nvcc, "uname": uname, "dmesg": dmesg, "lsinitramfs": lsinitramfs, "cuobjdump": cuobjdump}[name]
     return fn(root, state, args)
 
 
@@ -71,6 +71,17 @@ def resolve_module(root: Path, kver: str, name: str = "nvidia") -> tuple[str, di
     return "/" + str(best.relative_to(root)), read_ko(best)
 
 
+def modprobe_option(root: Path, name: str) -> str:
+    """The value modprobe.d gives the nvidia module's option `name` when it loads (the last one wins)."""
+    value = ""
+    for conf in sorted((root / "etc/modprobe.d").glob("*.conf")):
+        for line in conf.read_text().splitlines():
+            m = re.match(rf'^\s*options\s+nvidia\s+.*\b{name}=("[^"]*"|\S+)', line)
+            if m:
+                value = m.group(1).strip('"')
+    return value
+
+
 def load_module(root: Path, state: dict) -> str | None:
     """What `modprobe nvidia` does: load the module depmod resolves, or fail the way the kernel does."""
     state["module"]["load_error"] = None
@@ -87,7 +98,7 @@ def load_module(root: Path, state: dict) -> str | None:
     else:
         state["module"]["loaded"] = {"version": info["version"], "srcversion": info["srcversion"],
                                      "patched": info.get("patched") == "1", "builder": info.get("builder"),
-                                     "path": path}
+                                     "path": path, "registry_dwords": modprobe_option(root, "NVreg_RegistryDwords")}
     return state["module"]["load_error"]
 
 
@@ -166,9 +177,57 @@ def depmod(root: Path, state: dict, args: list[str]) -> int:
 
 
 def update_initramfs(root: Path, state: dict, args: list[str]) -> int:
+    """update-initramfs -u [-k KVER]: the image holds the nvidia.ko modprobe resolves now, and modprobe.d."""
+    kver = args[args.index("-k") + 1] if "-k" in args else state["kernel"]
     state["initramfs_updates"] = state.get("initramfs_updates", 0) + 1
     save(root, state)
-    print("update-initramfs: Generating /boot/initrd.img-" + state["kernel"] + " (SIMULATED)")
+    write_initramfs(root, kver)
+    print(f"update-initramfs: Generating /boot/initrd.img-{kver} (SIMULATED)")
+    return 0
+
+
+def write_initramfs(root: Path, kver: str) -> None:
+    """/boot/initrd.img-KVER as a SIMULATED image: the listing lsinitramfs prints."""
+    files = ["usr/lib/modprobe.d/blacklist_linux_" + kver + ".conf", "usr/lib/modules/" + kver + "/modules.dep"]
+    hit = resolve_module(root, kver)
+    if hit is not None:
+        files.append("usr" + hit[0])
+    files += [f"etc/modprobe.d/{c.name}" for c in sorted((root / "etc/modprobe.d").glob("*.conf"))]
+    img = root / "boot" / f"initrd.img-{kver}"
+    img.parent.mkdir(parents=True, exist_ok=True)
+    img.write_text("P2PKIT-SIM-INITRAMFS\n" + "\n".join(files) + "\n")
+
+
+def lsinitramfs(root: Path, state: dict, args: list[str]) -> int:
+    img = Path(args[-1]) if args else None
+    if img is None or not img.is_file():
+        print(f"lsinitramfs: {img}: No such file or directory", file=sys.stderr)
+        return 1
+    lines = img.read_text().splitlines()
+    print("\n".join(lines[1:] if lines[:1] == ["P2PKIT-SIM-INITRAMFS"] else []))
+    return 0
+
+
+def dmesg(root: Path, state: dict, args: list[str]) -> int:
+    """The kernel ring buffer: the scenario's lines; refused as the real one is under dmesg_restrict=1."""
+    if state.get("dmesg_restrict"):
+        print("dmesg: read kernel buffer failed: Operation not permitted", file=sys.stderr)
+        return 1
+    lines = ["[    0.000000] Linux version " + state["kernel"] + " (SIMULATED)", *state.get("dmesg", [])]
+    print("\n".join(lines))
+    return 0
+
+
+def cuobjdump(root: Path, state: dict, args: list[str]) -> int:
+    """cuobjdump --list-elf LIB: the simulated library names its architectures on lines `sass=sm_NNN`."""
+    lib = Path(args[-1]) if args else None
+    if args[:1] != ["--list-elf"] or lib is None or not lib.is_file():
+        print(f"cuobjdump fatal   : Could not open input file '{lib}'", file=sys.stderr)
+        return 1
+    archs = [ln[5:] for ln in lib.read_text(errors="replace").splitlines() if ln.startswith("sass=")]
+    stem = lib.name.split(".so")[0]
+    for i, a in enumerate(archs, 1):
+        print(f"ELF file {i:>4}: {stem}.{i}.{a}.cubin")
     return 0
 
 
@@ -313,7 +372,7 @@ def nvidia_smi(root: Path, state: dict, args: list[str]) -> int:
         return 0
     if args == ["topo", "-m"]:  # the layout of the real one (tests/fixtures/topo_m): a switch reads PIX
         n = len(gpus)
-        rel = "PIX" if any(g.get("switch") for g in gpus) else "PHB"
+        rel = "PIX" if any(g.get("switch") for g in gpus) else state.get("topo_relation", "PHB")
         cols = [*(f"GPU{i}" for i in range(n)), "CPU Affinity", "NUMA Affinity", "GPU NUMA ID"]
         head = "\t\x1b[4m" + "\t".join(cols) + "\x1b[0m\n"
         rows = "".join(f"GPU{i}\t" + "\t".join(" X " if i == j else rel for j in range(n)) + "\t0-31\t0\t\tN/A\n"
@@ -337,7 +396,9 @@ def nvidia_smi(root: Path, state: dict, args: list[str]) -> int:
                     f"                Current{' ' * 32}: {width}x",
                     f"        Replays Since Reset{' ' * 24}: 0",
                     "    FB Memory Usage", f"        Total{' ' * 38}: {g['vram_gib'] * 1024 - 375} MiB",
-                    "    BAR1 Memory Usage", f"        Total{' ' * 38}: {g['bar1_bytes'] >> 20} MiB"]
+                    "    BAR1 Memory Usage", f"        Total{' ' * 38}: {g['bar1_bytes'] >> 20} MiB",
+                    "    Utilization", f"        GPU{' ' * 44}: {g.get('util', 0)} %",
+                    f"    Processes{' ' * 42}: None"]
         print("\n".join(out))
         return 0
     print(f"SIMULATED nvidia-smi: arguments not simulated: {' '.join(args)}", file=sys.stderr)

@@ -1,0 +1,55 @@
+"""The engine's environment, from the profile and the pair's topology: what the service's environment
+file holds and what the link stage's NCCL all-reduce runs with, so the two cannot differ."""
+
+from __future__ import annotations
+
+from p2pkit.parse import field as pf
+
+# Kept in every child p2pkit starts that may touch NCCL: NVLink multicast stays off.
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def p2p_level(relation: str | None, cpu_vendor: str, gpu_count: int) -> str | None:
+    """NCCL_P2P_LEVEL where NCCL's default would not take P2P across the pair (P30): an Intel host whose
+    GPUs meet at the CPU (PHB/NODE) takes SHM otherwise; None where the default does, or no pair."""
+    if gpu_count < 2 or not relation:
+        return None
+    return pf.nccl_level_needed(relation, cpu_vendor, gpu_count)
+
+
+def engine_env(profile, level: str | None) -> dict[str, str]:
+    """Every variable of the engine's environment file, in order; the profile's [serve.env] last, so
+    it wins (and is judged: a P2P-disabling value is a finding, P17)."""
+    p = profile
+    env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    if p.engine.recipe == "llamacpp":
+        if level:
+            env["NCCL_P2P_LEVEL"] = level
+        env["NCCL_IB_DISABLE"] = "1"
+        if p.gpus.count >= 2:  # llama.cpp enables peer access outside NCCL only with this set (P17)
+            env["GGML_CUDA_P2P"] = "1"
+        if p.engine.nccl_root:  # the profile's NCCL, never the system's 2.18.3 that hangs on SM120 (P16)
+            env["LD_LIBRARY_PATH"] = f"{p.engine.nccl_root}/lib"
+    elif level:
+        env["NCCL_P2P_LEVEL"] = level
+    if p.engine.recipe == "vllm":  # "via NET/IB" is RoCE, "via NET/Socket" the silent TCP fallback (P23)
+        env["NCCL_DEBUG"] = "INFO"
+        env["NCCL_DEBUG_SUBSYS"] = "INIT,NET"
+    for k, v in p.serve.env.items():
+        env[k] = str(v).lower() if isinstance(v, bool) else str(v)
+    return env
+
+
+def p2p_blockers(env: dict[str, str], relation: str | None) -> list[str]:
+    """What in the engine's environment keeps NCCL off P2P across the pair (P17): NCCL_P2P_DISABLE, or an
+    NCCL_P2P_LEVEL below the pair's relation."""
+    out = []
+    if env.get("NCCL_P2P_DISABLE", "0").strip().lower() not in ("0", "", "false", "no"):
+        out.append(f"NCCL_P2P_DISABLE={env['NCCL_P2P_DISABLE']}")
+    level = env.get("NCCL_P2P_LEVEL")
+    if level and relation and not relation.startswith("NV"):
+        if level.upper() not in pf.P2P_LEVELS:
+            out.append(f"NCCL_P2P_LEVEL={level} (not a level name NCCL knows: {', '.join(pf.P2P_LEVELS)})")
+        elif not pf.nccl_level_allows(level, relation):
+            out.append(f"NCCL_P2P_LEVEL={level} (the GPUs are {relation} apart)")
+    return out

@@ -1,0 +1,190 @@
+"""Probes for the field pitfalls (P28-P39): the driver's live parameters, ACS control of the bridges
+above the GPUs, the kernel log, DRM connectors, every place an nvidia module can come from, RoCE GIDs
+and MTUs, the NCCL an engine process has mapped, and the architectures its kernels were built for.
+
+A fact that cannot be read says why and what to run by hand ({"error": ..., "by_hand": ...}): the
+checks turn it into "could not check", never into a pass."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+
+from p2pkit.errors import P2pkitError, ProbeError
+from p2pkit.host import Host
+from p2pkit.host import pci as hpci
+from p2pkit.parse import field as pf
+from p2pkit.parse import pci as pp
+
+PARAMS = "/proc/driver/nvidia/params"
+DRM = "/sys/class/drm"
+IB = "/sys/class/infiniband"
+
+
+def cannot(why: str, by_hand: str) -> dict:
+    return {"error": why, "by_hand": by_hand}
+
+
+def driver_params(host: Host) -> dict:
+    """The loaded driver's live parameters. The sysfs copy of NVreg_RegistryDwords reads empty even when
+    the setting is live (club-3090 PR #885): /proc/driver/nvidia/params is the one to read."""
+    if not host.exists("/proc/driver/nvidia/version"):
+        return {"loaded": False}
+    if not host.exists(PARAMS):
+        return cannot(f"{PARAMS} does not exist (an older driver, or the module is not fully loaded)",
+                      "grep -i registrydwords /proc/driver/nvidia/params")
+    try:
+        params = pf.driver_params(host.read(PARAMS, "the driver parameters"))
+    except ProbeError as e:
+        return cannot(e.why, "sudo grep -i registrydwords /proc/driver/nvidia/params")
+    return {"loaded": True, "params": params,
+            "registry_dwords": pf.registry_dwords(params.get("RegistryDwords", ""))}
+
+
+def bridges(host: Host) -> dict[str, list[str]]:
+    """Each GPU's upstream bridges (root port first), from sysfs."""
+    out = {}
+    for bdf in hpci.gpu_bdfs(host):
+        chain = pp.upstream_chain(host.realpath(f"{hpci.DEVICES}/{bdf}"))
+        out[bdf] = chain[:-1]
+    return out
+
+
+def acs(host: Host) -> dict:
+    """ACS Control of every bridge between the GPUs, from config space (root reads the extended part)."""
+    ports = []
+    for gpu, chain in bridges(host).items():
+        for b in chain:
+            if any(p["bdf"] == b for p in ports):
+                continue
+            entry: dict = {"bdf": b, "gpu": gpu}
+            try:
+                ctl = pf.acs_ctl_from_config(host.read_bytes(f"{hpci.DEVICES}/{b}/config"))
+                entry.update(ctl=ctl, flags=None if ctl is None else pf.acs_flags(ctl))
+            except (ProbeError, ValueError) as e:
+                entry.update(cannot(str(getattr(e, "why", e)), f"sudo lspci -vvv -s {b} | grep ACSCtl"))
+            ports.append(entry)
+    return {"ports": ports}
+
+
+def kernel_log(host: Host) -> dict:
+    """The kernel ring buffer's lines that name a field pitfall. dmesg_restrict=1 refuses non-root."""
+    try:
+        r = host.runner.run(["dmesg"], check=False, timeout=30)
+    except P2pkitError as e:
+        return cannot(e.message, "sudo dmesg | grep -E 'BAR|NVRM|IO_PAGE_FAULT'")
+    if r.returncode != 0:
+        why = (r.stderr or r.stdout).strip().splitlines()
+        return cannot(f"dmesg exited {r.returncode}: {why[-1] if why else 'no output'} (kernel.dmesg_restrict=1 "
+                      "lets only root read the kernel log)", "sudo dmesg | grep -E 'BAR|NVRM|IO_PAGE_FAULT'")
+    return pf.kernel_log(r.stdout)
+
+
+def drm_connectors(host: Host) -> dict:
+    """Connected display outputs and the PCI device that drives each (/sys/class/drm/cardN-*/status)."""
+    out = []
+    for name in host.listdir(DRM):
+        m = re.fullmatch(r"(card\d+)-(.+)", name)
+        if not m or not host.exists(f"{DRM}/{name}/status"):
+            continue
+        status = host.read(f"{DRM}/{name}/status").strip()
+        dev = host.realpath(f"{DRM}/{m.group(1)}/device")
+        out.append({"connector": m.group(2), "card": m.group(1), "status": status,
+                    "bdf": os.path.basename(dev)})
+    return {"connectors": out}
+
+
+def module_sources(host: Host) -> dict:
+    """Every place an nvidia module can come from for the running kernel: what modprobe picks, the DKMS
+    copies under updates/, the copy in the initramfs, and which modules hold nvidia (unload order)."""
+    kernel = host.read("/proc/sys/kernel/osrelease", "the kernel release").strip()
+    base = f"/lib/modules/{kernel}"
+    out: dict = {"kernel": kernel, "updates": [], "holders": host.listdir("/sys/module/nvidia/holders")}
+    for d, _dirs, files in os.walk(host.path(f"{base}/updates")):
+        out["updates"] += [host.host_path(os.path.join(d, f)) for f in files if pf.NVIDIA_KO.search(f)]
+    installed = host.path(f"{base}/kernel/drivers/video/nvidia.ko")
+    out["installed_mtime"] = installed.stat().st_mtime if installed.exists() else None
+    initrd = f"/boot/initrd.img-{kernel}"
+    if not host.exists(initrd):
+        out["initramfs"] = cannot(f"{initrd} does not exist", f"ls -l /boot; lsinitramfs {initrd} | grep nvidia")
+        return out
+    try:
+        r = host.runner.run(["lsinitramfs", str(host.path(initrd))], check=False, timeout=120)
+    except P2pkitError as e:
+        out["initramfs"] = cannot(e.message, f"sudo lsinitramfs {initrd} | grep nvidia")
+        return out
+    if r.returncode != 0:
+        out["initramfs"] = cannot(f"lsinitramfs exited {r.returncode}: {(r.stderr or r.stdout).strip()[-200:]}",
+                                  f"sudo lsinitramfs {initrd} | grep nvidia")
+        return out
+    out["initramfs"] = {"path": initrd, "nvidia": pf.initramfs_nvidia(r.stdout),
+                        "mtime": host.path(initrd).stat().st_mtime}
+    return out
+
+
+def roce_gids(host: Host) -> dict:
+    """Per port: the RoCE v2 IPv4 GIDs with their index (they differ per node and drift, P38), and the
+    MTU of each netdev beside it."""
+    ports = []
+    for dev in host.listdir(IB):
+        for port in host.listdir(f"{IB}/{dev}/ports"):
+            base = f"{IB}/{dev}/ports/{port}"
+            gids = []
+            for idx in host.listdir(f"{base}/gids"):
+                try:
+                    gid = host.read(f"{base}/gids/{idx}").strip()
+                    kind = host.read(f"{base}/gid_attrs/types/{idx}").strip()
+                except ProbeError:  # unused entries cannot be read (EINVAL)
+                    continue
+                ndev = host.read(f"{base}/gid_attrs/ndevs/{idx}").strip() if host.exists(
+                    f"{base}/gid_attrs/ndevs/{idx}") else ""
+                if gid.replace(":", "").strip("0"):
+                    gids.append({"index": int(idx), "gid": gid, "type": kind, "netdev": ndev})
+            state = host.read(f"{base}/state").strip() if host.exists(f"{base}/state") else "unknown"
+            netdevs = host.listdir(f"{IB}/{dev}/device/net")
+            mtus = {n: int(host.read(f"/sys/class/net/{n}/mtu").strip()) for n in netdevs
+                    if host.exists(f"/sys/class/net/{n}/mtu")}
+            ports.append({"device": dev, "port": port, "state": state.split(":", 1)[-1].strip(),
+                          "netdevs": netdevs, "mtu": mtus, "gids": sorted(gids, key=lambda g: g["index"])})
+    return {"ports": ports}
+
+
+def library_nccl_version(host: Host, path: str) -> tuple[int, int, int] | None:
+    """An NCCL library's version: from its resolved file name, else from the version string inside it
+    (the pip wheel ships one file named libnccl.so.2, vllm PR #3661)."""
+    real = host.realpath(path)
+    v = pf.nccl_version(real)
+    if v:
+        return v
+    try:
+        with open(host.path(real), "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            m = re.search(rb"(\d+\.\d+\.\d+)\+cuda\d+\.\d+", mm)
+    except (OSError, ValueError):
+        return None
+    return pf.nccl_version(m.group(0).decode()) if m else None
+
+
+def process_nccl(host: Host, pid: int) -> dict:
+    """The libnccl files process `pid` has mapped, each with its version."""
+    try:
+        maps = host.read(f"/proc/{pid}/maps", "the engine's mapped libraries")
+    except ProbeError as e:
+        return cannot(e.why, f"sudo grep libnccl /proc/{pid}/maps")
+    libs = [{"path": p, "version": ".".join(map(str, v)) if (v := library_nccl_version(host, p)) else None}
+            for p in pf.maps_nccl(maps)]
+    return {"pid": pid, "libraries": libs}
+
+
+def cuobjdump_archs(host: Host, lib: str) -> dict:
+    """The SM architectures of the SASS in `lib` (cuobjdump --list-elf)."""
+    exe = host.runner.which("cuobjdump") or next(
+        (str(host.path(p)) for p in ("/usr/local/cuda/bin/cuobjdump",) if host.exists(p)), None)
+    if exe is None:
+        return cannot("cuobjdump is not installed (it comes with the CUDA toolkit)",
+                      f"/usr/local/cuda/bin/cuobjdump --list-elf {lib}")
+    r = host.runner.run([exe, "--list-elf", str(host.path(lib))], check=False, timeout=300)
+    if r.returncode != 0:
+        return cannot(f"cuobjdump exited {r.returncode}: {(r.stderr or r.stdout).strip()[-200:]}",
+                      f"cuobjdump --list-elf {lib}")
+    return {"library": lib, "archs": pf.cuobjdump_archs(r.stdout)}

@@ -1,0 +1,229 @@
+"""The field pitfalls P28-P39 (shared/PITFALLS.md): parsers and checks on real outputs quoted from the
+public threads (fixtures/field/README.md), the "could not check" findings, and doctor over the
+simulated scenarios that show each fault at the files and commands a real host would."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from p2pkit import config, engine_env
+from p2pkit.checks import field as fc
+from p2pkit.parse import field as pf
+from tests.conftest import FIXTURES
+
+FX = FIXTURES / "field"
+NINFER = config.load("dual-5090-ninfer")
+LLAMA = config.load("dual-5090-llamacpp")
+SPARK = config.load("dual-spark-vllm")
+
+
+def fx(name: str) -> str:
+    return (FX / name).read_text()
+
+
+def status(checks, id_: str) -> str:
+    return next(c.status for c in checks if c.id == id_)
+
+
+# ------------------------------------------------------------------------------------------- P28
+
+def params_fact(text: str) -> dict:
+    params = pf.driver_params(text)
+    return {"loaded": True, "params": params, "registry_dwords": pf.registry_dwords(params.get("RegistryDwords", ""))}
+
+
+def test_p28_static_bar1_from_the_live_params_file():
+    other = fc.static_bar1({"driver_params": params_fact(fx("params_other_dwords.txt"))}, NINFER)
+    assert other[0].status == "fail" and "RMIntrLockingMode=1" in other[0].measured and other[0].pitfall == "P28"
+    assert pf.driver_params(fx("params_dynamic_power.txt")) == {"DynamicPowerManagement": "3"}
+    # club-3090 PR #885's live value, in the params file's line format
+    live = fc.static_bar1({"driver_params": params_fact(
+        'RegistryDwords: "RMForceStaticBar1=1;PeerMappingOverride=1"\n')}, NINFER)
+    assert live[0].status == "pass"
+
+
+def test_p28_params_missing_on_an_older_driver_is_could_not_check():
+    c = fc.static_bar1({"driver_params": {"error": "/proc/driver/nvidia/params does not exist", "by_hand": "grep"}},
+                       NINFER)[0]
+    assert c.status == "warn" and c.measured.startswith("could not check, because") and "run by hand" in c.hint
+
+
+# ------------------------------------------------------------------------------------------- P29
+
+def acs_config(ctl: int) -> bytes:
+    """A 4 KiB config space dump with the ACS extended capability at 0x100 holding `ctl` (nccl#2079's 0x001d)."""
+    cfg = bytearray(4096)
+    cfg[0x100:0x104] = (0x000D | 1 << 16 | 0x000 << 20).to_bytes(4, "little")
+    cfg[0x106:0x108] = ctl.to_bytes(2, "little")
+    return bytes(cfg)
+
+
+def test_p29_acs_redirect_from_lspci_and_from_config_space():
+    redirecting = [x for x in pf.lspci_acs(fx("lspci_acsctl_nccl523.txt")) if pf.redirects(x["flags"])]
+    assert len(redirecting) == 2 and not [x for x in pf.lspci_acs(fx("lspci_acsctl_off_nccl1405.txt"))
+                                          if pf.redirects(x["flags"])]
+    ctl = pf.acs_ctl_from_config(acs_config(0x001D))
+    assert [k for k, v in pf.acs_flags(ctl).items() if v] == ["SrcValid", "ReqRedir", "CmpltRedir", "UpstreamFwd"]
+    facts = {"acs": {"ports": [{"bdf": "0000:00:03.1", "ctl": ctl, "flags": pf.acs_flags(ctl)}]}}
+    c = fc.acs_redirect(facts, NINFER)[0]
+    assert c.status == "fail" and "ReqRedir+ CmpltRedir+" in c.measured and "pci=noacs" in c.hint
+    off = {"acs": {"ports": [{"bdf": "0000:00:03.1", "ctl": 0, "flags": pf.acs_flags(0)}]}}
+    assert fc.acs_redirect(off, NINFER)[0].status == "pass"
+
+
+def test_p29_config_space_unreadable_without_root_is_could_not_check():
+    with pytest.raises(ValueError, match="root only"):
+        pf.acs_ctl_from_config(bytes(64))  # what a non-root read of sysfs config returns
+    assert pf.lspci_acs("00:01.1 PCI bridge: AMD\n\tCapabilities: <access denied>\n")[0]["denied"]
+    facts = {"acs": {"ports": [{"bdf": "0000:00:01.1", "error": "readable by root only", "by_hand": "sudo lspci"}]}}
+    checks = fc.acs_redirect(facts, NINFER)
+    assert [c.status for c in checks] == ["warn"] and checks[0].measured.startswith("could not check")
+
+
+# ------------------------------------------------------------------------------------- P30, P17
+
+def topo(rel: str) -> dict:
+    return {"matrix": {"GPU0": {"GPU0": "X", "GPU1": rel}, "GPU1": {"GPU0": rel, "GPU1": "X"}}}
+
+
+def test_p30_nccl_default_level_from_ncclparhs():
+    assert pf.nccl_level_needed("PHB", "GenuineIntel", 2) == "PHB"
+    assert pf.nccl_level_needed("NODE", "GenuineIntel", 2) == "PHB"
+    assert pf.nccl_level_needed("SYS", "AuthenticAMD", 2) is None  # AMD with two GPUs: SYS by default
+    assert pf.nccl_level_needed("SYS", "AuthenticAMD", 4) == "SYS"
+    assert pf.nccl_level_needed("PXB", "GenuineIntel", 2) is None
+    assert engine_env.engine_env(LLAMA, engine_env.p2p_level("PHB", "GenuineIntel", 2))["NCCL_P2P_LEVEL"] == "PHB"
+    assert "NCCL_P2P_LEVEL" not in engine_env.engine_env(LLAMA, engine_env.p2p_level("NODE", "AuthenticAMD", 2))
+
+
+def test_p30_installed_env_without_the_level_fails_and_rendered_one_passes():
+    base = {"smi_topo_m": topo("PHB"), "iommu": {"cpu_vendor": "GenuineIntel"}}
+    bare = {**base, "engine_env_file": {"path": "/etc/p2pkit/engine.env", "env": {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}}}
+    c = fc.nccl_p2p_level(bare, LLAMA)
+    assert status(c, "field.nccl_p2p_level") == "fail" and "NCCL_P2P_LEVEL=PHB" in c[0].hint
+    rendered = {**base, "engine_env_file": {"env": None}}
+    assert status(fc.nccl_p2p_level(rendered, LLAMA), "field.nccl_p2p_level") == "pass"
+
+
+def test_p30_shm_and_p2p_channel_lines_read_as_such():
+    assert {pf.transport_kind(t) for t in pf.nccl_transports(fx("nccl_shm_nccl1516.txt").splitlines())} == \
+        {"shm", "net"}
+    assert pf.nccl_transports(fx("nccl_shm_old_nccl1190.txt").splitlines()) == ["direct shared memory"]
+    assert pf.transport_kind("direct shared memory") == "shm"
+    assert pf.nccl_transports(fx("nccl_p2p_direct_nccl1817.txt").splitlines()) == ["P2P/direct pointer"]
+
+
+@pytest.mark.parametrize("env, bad", [({"NCCL_P2P_DISABLE": "1"}, "NCCL_P2P_DISABLE=1"),
+                                      ({"NCCL_P2P_LEVEL": "PIX"}, "NCCL_P2P_LEVEL=PIX"),
+                                      ({"NCCL_P2P_LEVEL": "SYS"}, None)])
+def test_p17_engine_env_that_turns_nccl_p2p_off_is_named(env, bad):
+    prof = config.load("dual-5090-llamacpp", [f"serve.env.{k}={v}" for k, v in env.items()])
+    facts = {"smi_topo_m": topo("NODE"), "iommu": {"cpu_vendor": "AuthenticAMD"}, "engine_env_file": {"env": None}}
+    c = next(x for x in fc.nccl_p2p_level(facts, prof) if x.id == "field.engine_nccl_p2p")
+    assert c.pitfall == "P17"
+    assert (c.status == "fail" and bad in c.measured) if bad else c.status == "pass"
+
+
+def test_p17_llamacpp_service_env_has_ggml_cuda_p2p():
+    facts = {"smi_topo_m": topo("NODE"), "iommu": {"cpu_vendor": "AuthenticAMD"}, "engine_env_file": {"env": None}}
+    assert status(fc.nccl_p2p_level(facts, LLAMA), "field.ggml_cuda_p2p") == "pass"
+    stale = {**facts, "engine_env_file": {"path": "/etc/p2pkit/engine.env", "env": {"NCCL_P2P_LEVEL": "SYS"}}}
+    assert status(fc.nccl_p2p_level(stale, LLAMA), "field.ggml_cuda_p2p") == "fail"
+
+
+# ------------------------------------------------------------------------------------- P31, P35
+
+def test_p31_bar_lines_in_both_kernel_formats():
+    for name in ("dmesg_bar_nospace_rk3588.txt", "dmesg_bar_old_format_kata4211.txt"):
+        c = fc.bar_assignment({"kernel_log": pf.kernel_log(fx(name))}, NINFER)[0]
+        assert c.status == "fail" and "BAR 1" in c.measured and "Above 4G" in c.hint, name
+    assert fc.bar_assignment({"kernel_log": pf.kernel_log(fx("dmesg_bar_ok_aikitoria9.txt"))}, NINFER)[0].status == \
+        "pass"
+    fatal = pf.kernel_log("[    5.1] NVRM: Fatal Error while attempting to resize PCIe BARs.\n")  # nv-pci.c, PR #1109
+    assert fc.bar_assignment({"kernel_log": fatal}, NINFER)[0].status == "fail"
+
+
+def test_p35_wpr2_line_and_busy_gpu_without_process():
+    c = fc.wedged({"kernel_log": pf.kernel_log(fx("dmesg_wpr2_ogkm1230.txt")), "smi_q": {"gpus": []}}, NINFER)[0]
+    assert c.status == "fail" and "WPR2 already up" in c.measured and "reboot" in c.hint
+    busy = {"gpus": [{"bus_id": "00000000:01:00.0", "util_gpu_pct": 100, "processes": 0}]}
+    assert fc.wedged({"kernel_log": pf.kernel_log(""), "smi_q": busy}, NINFER)[0].status == "fail"
+    idle = {"gpus": [{"bus_id": "00000000:01:00.0", "util_gpu_pct": 0, "processes": 0}]}
+    assert fc.wedged({"kernel_log": pf.kernel_log(""), "smi_q": idle}, NINFER)[0].status == "pass"
+
+
+def test_dmesg_restrict_is_could_not_check_never_a_pass():
+    k = {"error": "dmesg exited 1: dmesg: read kernel buffer failed: Operation not permitted", "by_hand": "sudo dmesg"}
+    c = fc.bar_assignment({"kernel_log": k}, NINFER)[0]
+    assert c.status == "warn" and c.measured.startswith("could not check") and "sudo dmesg" in c.hint
+
+
+# ------------------------------------------------------------------------------------- P37, P16
+
+def test_p37_nccl_mapped_by_the_engine_against_the_floor():
+    maps = ("ffff8a000000-ffff8b000000 r-xp 00000000 103:02 3414 /usr/local/lib/python3.12/dist-packages/nvidia/"
+            "nccl/lib/libnccl.so.2\n"
+            "ffff8c000000-ffff8c200000 rw-s 00000000 00:1a 77 /dev/shm/nccl-Ab12Cd\n")
+    assert pf.maps_nccl(maps) == ["/usr/local/lib/python3.12/dist-packages/nvidia/nccl/lib/libnccl.so.2"]
+    assert pf.nccl_version("2.28.9+cuda13.0") == (2, 28, 9)  # the wheel's file carries no version in its name
+    e = {"pid": 4242, "libraries": [{"path": pf.maps_nccl(maps)[0], "version": "2.28.9"}]}
+    c = fc.nccl_floor({"engine_nccl": e}, SPARK)[-1]
+    assert c.status == "fail" and c.pitfall == "P37" and c.expected == ">= 2.29.3"
+    ok = {"pid": 4242, "libraries": [{"path": "/usr/lib/aarch64-linux-gnu/libnccl.so.2.29.3", "version": "2.29.3"}]}
+    assert fc.nccl_floor({"engine_nccl": ok}, SPARK)[-1].status == "pass"
+
+
+def test_p16_floor_of_the_llamacpp_profile():
+    assert LLAMA.engine.nccl_min == "2.26.2"
+    v = pf.nccl_version(fx("nccl_2251_5090_nccl1637.txt"))
+    c = fc.nccl_floor({"profile_nccl": {"path": "/opt/nccl/lib/libnccl.so.2", "version": ".".join(map(str, v))}},
+                      LLAMA)[0]
+    assert c.status == "fail" and c.pitfall == "P16" and "2.25.1" in c.measured
+
+
+# ------------------------------------------------------------------------------------------- P39
+
+def test_p39_built_architectures_include_the_gpus():
+    vllm_archs = pf.cuobjdump_archs(fx("cuobjdump_vllm1936.txt"))
+    assert vllm_archs == ["sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_90"]
+    c = fc.kernel_archs({"engine_archs": {"library": "_C.abi3.so", "archs": vllm_archs}}, SPARK)[0]
+    assert c.status == "fail" and c.expected == "includes sm_121" and c.pitfall == "P39"
+    assert pf.cuobjdump_archs(fx("cuobjdump_sdcpp604.txt")) == ["sm_86"]
+    assert not pf.arch_covers(["sm_120a"], "sm_121") and pf.arch_covers(["sm_120", "sm_121a"], "sm_121")
+    assert fc.kernel_archs({"engine_archs": {"library": "x", "archs": ["sm_121a"]}}, SPARK)[0].status == "pass"
+
+
+# ------------------------------------------------------------------------- doctor over the scenarios
+
+SCENARIO_FINDS = {
+    "field-no-static-bar1": ("field.static_bar1", "fail"),
+    "field-acs-redirect": ("field.acs", "fail"),
+    "field-intel-phb": ("field.nccl_p2p_level", "fail"),
+    "field-bar-no-space": ("field.bar_assign", "fail"),
+    "iommu-translating": ("field.iommu_domain", "fail"),
+    "field-display": ("field.display", "warn"),
+    "stock-driver": ("field.module_sources", "fail"),
+    "field-wedged": ("field.gpu_wedged", "fail"),
+    "field-dmesg-restricted": ("field.bar_assign", "warn"),
+    "field-roce-mtu-1500": ("field.roce.gid.rocep1s0f0:1", "fail"),
+}
+
+
+def field_checks(cli, root) -> dict:
+    r = cli("--root", str(root), "--json", "doctor")
+    doc = json.loads(r.out)
+    return {c["id"]: c for g in doc["groups"] if g["stage"] == "field" for c in g["checks"]}
+
+
+def test_doctor_names_each_field_fault_on_its_scenario(cli, sim):
+    healthy = field_checks(cli, sim("p2p-up"))
+    for scenario, (id_, want) in SCENARIO_FINDS.items():
+        got = field_checks(cli, sim(scenario))
+        assert got[id_]["status"] == want, (scenario, got[id_])
+        assert got[id_]["pitfall"] and got[id_]["pitfall_text"]
+        if not scenario.startswith("field-roce"):  # the same check passes on the box without the fault
+            assert healthy[id_]["status"] == "pass", (id_, healthy[id_])
+    assert "could not check" in field_checks(cli, sim("field-dmesg-restricted", name="r"))["field.gpu_wedged"
+                                                                                          ".kernel_log"]["measured"]
