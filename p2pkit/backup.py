@@ -26,6 +26,7 @@ DRIVER_PATHS = [
 ]
 P2P_PATHS = [
     "/etc/default/grub.d/60-p2pkit-iommu.cfg",
+    "/etc/modprobe.d/p2pkit-nvidia.conf",
     "/etc/kernel/postinst.d/zz-p2pkit",
     "/etc/apt/apt.conf.d/99p2pkit-restore",
     "/etc/systemd/system/p2pkit-restore.service",

@@ -113,6 +113,8 @@ class Pcie:
 @dataclass(frozen=True, kw_only=True)
 class Link:
     load_seconds: float = f(15.0, lo=1, hi=600)
+    nccl_timeout_s: float = f(120.0, lo=5, hi=1800, expect="seconds the NCCL all-reduce across the pair may take "
+                              "before it counts as hung (P28)")
     train_within_s: float = f(10.0, lo=0.1, hi=600)
     poll_ms: int = f(50, lo=10, hi=1000)
     sample_mib: int = f(256, lo=1, hi=8192)

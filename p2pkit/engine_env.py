@@ -17,6 +17,18 @@ def p2p_level(relation: str | None, cpu_vendor: str, gpu_count: int) -> str | No
     return pf.nccl_level_needed(relation, cpu_vendor, gpu_count)
 
 
+def pair_level(host, p) -> str | None:
+    """NCCL_P2P_LEVEL for this host's GPU pair (P30), from the CPU vendor and `nvidia-smi topo -m`'s
+    relation; None with one GPU per host or where NCCL's default reaches. Where topo -m cannot be read
+    here, SYS: it lets NCCL take P2P across any relation, and the link stage's all-reduce proves it."""
+    from p2pkit.host import smi, system
+
+    if p.gpus.count < 2:
+        return None
+    rel = smi.topo_m(host).get("pair")
+    return "SYS" if rel is None else p2p_level(rel, system.cpu_vendor(host), p.gpus.count)
+
+
 def engine_env(profile, level: str | None) -> dict[str, str]:
     """Every variable of the engine's environment file, in order; the profile's [serve.env] last, so
     it wins (and is judged: a P2P-disabling value is a finding, P17)."""

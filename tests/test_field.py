@@ -227,3 +227,81 @@ def test_doctor_names_each_field_fault_on_its_scenario(cli, sim):
             assert healthy[id_]["status"] == "pass", (id_, healthy[id_])
     assert "could not check" in field_checks(cli, sim("field-dmesg-restricted", name="r"))["field.gpu_wedged"
                                                                                           ".kernel_log"]["measured"]
+
+
+# ------------------------------------------------------------------------------------------- P36
+
+def hook(tmp_path, p2pkit_exit: int) -> tuple:
+    """The kernel postinst hook as the p2p-module role renders it, against a root in tmp_path."""
+    import subprocess
+
+    import jinja2
+
+    root = tmp_path / "root"
+    (root / "proc/sys/kernel").mkdir(parents=True, exist_ok=True)
+    (root / "proc/sys/kernel/osrelease").write_text("6.8.0-88-generic\n")
+    (root / "etc/default/grub.d").mkdir(parents=True, exist_ok=True)
+    fake = tmp_path / "p2pkit"
+    fake.write_text(f"#!/bin/sh\nexit {p2pkit_exit}\n")
+    fake.chmod(0o755)
+    tpl = (FIXTURES.parent.parent / "templates/p2pkit-kernel-postinst.j2").read_text()
+    text = jinja2.Template(tpl).render(
+        p2pkit_p2p_module_hook_exe=str(fake), p2pkit_p2p_module_hook_command=f"{fake} --yes restore",
+        p2pkit_p2p_module_hook_hold=str(root / "etc/default/grub.d/61-p2pkit-boot-default.cfg"),
+        p2pkit_p2p_module_hook_osrelease=str(root / "proc/sys/kernel/osrelease"))
+    script = tmp_path / "zz-p2pkit"
+    script.write_text(text)
+    r = subprocess.run(["sh", str(script), "6.14.0-1-generic"], capture_output=True, text=True)
+    return root, r
+
+
+def test_p36_kernel_hook_keeps_the_working_kernel_as_boot_default(tmp_path):
+    from p2pkit import facts
+    from p2pkit.host import Host
+
+    root, r = hook(tmp_path, 1)
+    assert r.returncode == 0 and "boot default stays 6.8.0-88-generic (P36)" in r.stderr
+    hold = (root / "etc/default/grub.d/61-p2pkit-boot-default.cfg").read_text()
+    assert 'GRUB_DEFAULT="Advanced options for Ubuntu>Ubuntu, with Linux 6.8.0-88-generic"' in hold
+    found = facts.collect(Host(root=root), ["boot_hold"])
+    c = fc.boot_default(found, NINFER)[0]
+    assert c.status == "warn" and "6.14.0-1-generic" in c.measured and c.pitfall == "P36"
+    root, r = hook(tmp_path, 0)  # the build succeeds for that kernel: the hold is lifted
+    assert not (root / "etc/default/grub.d/61-p2pkit-boot-default.cfg").exists()
+    assert fc.boot_default(facts.collect(Host(root=root), ["boot_hold"]), NINFER)[0].status == "pass"
+
+
+# ------------------------------------------------------------------ P28/P30 end to end: the link stage
+
+@pytest.mark.slow
+def test_link_stage_fails_when_nccl_hangs_or_takes_shm_although_topo_says_ok(cli, sim):
+    """The one new `up`: a box brought up without the fork's driver parameter (P28) passes topology
+    (P2P OK) and fails the link stage's NCCL all-reduce as hung; `verify link` then judges the same
+    box with the parameter live on an Intel host whose GPUs meet at the CPU (P30): P2P with the
+    rendered NCCL_P2P_LEVEL=PHB, SHM when [serve.env] disables P2P (P17)."""
+    from p2pkit.artifacts import Store
+    from p2pkit.sim import lifecycle
+    from p2pkit.sim.render import load_state, render
+
+    root = sim("healthy")
+    unset = ("--set", "p2p_module.registry_dwords=", "--set", "link.nccl_timeout_s=8")
+    r = cli("--root", str(root), "up", "--to", "link", *unset)
+    if r.code == 4:
+        lifecycle.reboot(root)
+        r = cli("--root", str(root), "up", "--to", "link", *unset)
+    assert r.code == 1 and "link failed" in r.err, r.err
+    assert Store(root / "var/lib/p2pkit").read("topology")["status"] == "passed"  # topo -p2p r says OK
+    checks = {c["id"]: c for c in Store(root / "var/lib/p2pkit").read("link")["checks"]}
+    hung = checks["link.nccl_allreduce"]
+    assert hung["status"] == "fail" and hung["pitfall"] == "P28" and "NCCL hung" in hung["measured"]
+    assert "RMForceStaticBar1=1" in hung["hint"]
+    st = load_state(root)
+    st["module"]["loaded"]["registry_dwords"] = "RMForceStaticBar1=1"
+    st.update(cpu_vendor="GenuineIntel", topo_relation="PHB")
+    render(root, st)
+    r = cli("--root", str(root), "--json", "verify", "link", *unset)
+    nccl = {c["id"]: c for c in r.json()["stages"][0]["checks"]}["link.nccl_allreduce"]
+    assert nccl["status"] == "pass" and "NCCL_P2P_LEVEL=PHB" in nccl["measured"], nccl
+    r = cli("--root", str(root), "--json", "verify", "link", *unset, "--set", "serve.env.NCCL_P2P_DISABLE=1")
+    nccl = {c["id"]: c for c in r.json()["stages"][0]["checks"]}["link.nccl_allreduce"]
+    assert nccl["status"] == "fail" and "via SHM/direct/direct" in nccl["measured"] and nccl["pitfall"] == "P17"

@@ -76,6 +76,13 @@ def test_iommu_translating_is_fixed_by_the_p2p_module_stage(cli, sim):
     assert r.code == 0, r.err
     topo = Store(root / "var/lib/p2pkit").read("topology")
     assert all(c["status"] == "pass" for c in topo["checks"] if c["id"].startswith("topology.iommu"))
+    # P28/P34 prevented: the fork's driver parameter in modprobe.d and the initramfs, live after the boot
+    assert 'NVreg_RegistryDwords="RMForceStaticBar1=1"' in (root / "etc/modprobe.d/p2pkit-nvidia.conf").read_text()
+    initrd = (root / "boot/initrd.img-6.8.0-88-generic").read_text()
+    assert "kernel/drivers/video/nvidia.ko" in initrd and "etc/modprobe.d/p2pkit-nvidia.conf" in initrd
+    assert 'RegistryDwords: "RMForceStaticBar1=1"' in (root / "proc/driver/nvidia/params").read_text()
+    link = {c["id"]: c for c in Store(root / "var/lib/p2pkit").read("link")["checks"]}
+    assert link["link.nccl_allreduce"]["status"] == "pass" and "via P2P/" in link["link.nccl_allreduce"]["measured"]
 
 
 def test_translating_iommu_left_in_place_fails_link_integrity(cli, sim):

@@ -240,8 +240,9 @@ def boot_default(f: dict, p: Profile) -> list[Check]:
     return [judge("field.boot_default", "boot default not held back by a failed module build", not held,
                   f"booting {held['kernel']}: the P2P module did not build for {held['new_kernel']}" if held else
                   "no hold", "no hold", f"the new kernel {held['new_kernel'] if held else ''} breaks the module build "
-                  "(a kernel API removed): wait for a fork commit that builds, then `p2pkit restore --kernel "
-                  "<new>`, which lifts the hold", pitfall="P36", severity=WARN)]
+                  "(a kernel API removed): pin a fork commit that builds for it, then rerun the hook "
+                  f"(`sudo /etc/kernel/postinst.d/zz-p2pkit {held['new_kernel'] if held else '<new>'}`: it lifts "
+                  "the hold when the build succeeds) and `sudo update-grub`", pitfall="P36", severity=WARN)]
 
 
 def floor_check(id_: str, title: str, found: list[tuple[str, str | None]], p: Profile) -> Check:

@@ -96,7 +96,52 @@ def check(f: dict, p: Profile) -> list[Check]:
                           "count", "a broken P2P path: zero-filled data is the IOMMU translating "
                           "(IO_PAGE_FAULT in dmesg): set iommu=pt (p2p-module stage) and reboot", "P17",
                           context=f"int32 of {it['elements']} differ; {it['zeros']} zero"))
-    return out
+    return out + nccl_allreduce(f, p)
+
+
+def nccl_allreduce(f: dict, p: Profile) -> list[Check]:
+    """P28/P30: NCCL itself, in the engine's environment, all-reduces across the pair over P2P, exactly,
+    within the timeout: "topo says OK, NCCL hangs or takes SHM" fails here, not at the first request."""
+    from p2pkit.engine_env import p2p_blockers
+    from p2pkit.parse.field import transport_kind
+
+    id_, title, want = "link.nccl_allreduce", "NCCL all-reduce across the pair, engine's environment", "via P2P, exact"
+    n = f.get("nccl_allreduce")
+    if n is None:
+        return [Check(id_, title, SKIP, "not measured here: doctor runs no NCCL", want, "run `p2pkit verify link`",
+                      "P28")]
+    if failed(n):
+        return [unknown(id_, title, n, want, pitfall="P28")]
+    env = ", ".join(f"{k}={v}" for k, v in n["env"].items()) or "no NCCL variables"
+    last = (n["tail"] or ["no output"])[-1]
+    if n["timed_out"]:
+        return [Check(id_, title, FAIL, f"no result within {n['timeout_s']:g} s: NCCL hung (last line: {last}; {env})",
+                      want, "topo -p2p says OK but no bytes move: the driver is not using the static full-VRAM BAR1 "
+                      "mapping (check `grep -i registrydwords /proc/driver/nvidia/params` for RMForceStaticBar1=1, "
+                      "p2pkit's modprobe.d file and initramfs; reboot), or ACS redirects P2P (see `p2pkit doctor`, "
+                      "P29); reboot before the next run: the hung GPUs stay busy (P35)", "P28")]
+    res = n.get("result") or {}
+    if "error" in res or not res:
+        return [Check(id_, title, FAIL, f"exit {n['exit']}: {res.get('error') or last}", want,
+                      "the all-reduce did not complete: read the error; `p2pkit doctor` names field pitfalls "
+                      "(P28-P39)", "P28")]
+    kinds = {transport_kind(t) for t in n["transports"]}
+    via = ", ".join(n["transports"]) or "no channel line"
+    if kinds != {"p2p"}:
+        told = p2p_blockers(n["env"], None)
+        return [Check(id_, title, FAIL, f"via {via} ({env})", want,
+                      "NCCL did not take P2P: " + (
+                          f"the engine's environment says {', '.join(told)}: remove it from [serve.env] (P17)" if told
+                          else "NCCL's default P2P level stops short of this pair's relation on this CPU (P30): the "
+                          "service must set NCCL_P2P_LEVEL at or above it, and a lower one in [serve.env] wins "
+                          "(P17); if the topology stage's P2P status is not OK, fix that first"),
+                      "P17" if told else "P30")]
+    wrong = res.get("wrong", [])
+    if any(wrong):
+        return [Check(id_, title, FAIL, f"via {via}: {wrong} of {res['elements']} floats wrong per GPU", want,
+                      "P2P moved wrong data with no error: a translating IOMMU (set iommu=pt), see P32", "P32")]
+    return [Check(id_, title, "pass", f"via {via}: {res['elements']} floats exact on both GPUs, NCCL "
+                  f"{res.get('nccl_version')}, {res.get('seconds')} s ({env})", want, "", "P28")]
 
 
 def fabric(f: dict, p: Profile) -> list[Check]:

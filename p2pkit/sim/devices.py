@@ -88,3 +88,20 @@ class SimDevices:
 
 def open(root: Path) -> SimDevices:
     return SimDevices(root)
+
+
+def nccl_allreduce(root: str, env: dict[str, str]) -> dict:
+    """The simulated pair under the link stage's NCCL all-reduce (p2pkit/load/nccl_allreduce.py): NCCL's
+    lines on stdout as the real one prints them, then the result; a hang is a hang (the parent's timeout
+    ends it, as on a real box)."""
+    import sys
+    import time
+
+    lines, hangs = model.nccl_lines(load_state(Path(root)), env)
+    print("\n".join(lines), flush=True)
+    if hangs:
+        sys.stdout.flush()
+        while True:
+            time.sleep(3600)
+    return {"nccl_version": "2.27.7", "elements": 2097152, "wrong": [0, 0], "init_s": 0.41, "seconds": 0.52,
+            "simulated": True}

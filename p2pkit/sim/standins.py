@@ -179,10 +179,13 @@ def depmod(root: Path, state: dict, args: list[str]) -> int:
 def update_initramfs(root: Path, state: dict, args: list[str]) -> int:
     """update-initramfs -u [-k KVER]: the image holds the nvidia.ko modprobe resolves now, and modprobe.d."""
     kver = args[args.index("-k") + 1] if "-k" in args else state["kernel"]
+    mods = root / "lib/modules"
+    kernels = sorted(p.name for p in mods.iterdir() if p.is_dir()) if kver == "all" and mods.is_dir() else [kver]
     state["initramfs_updates"] = state.get("initramfs_updates", 0) + 1
     save(root, state)
-    write_initramfs(root, kver)
-    print(f"update-initramfs: Generating /boot/initrd.img-{kver} (SIMULATED)")
+    for k in kernels:
+        write_initramfs(root, k)
+        print(f"update-initramfs: Generating /boot/initrd.img-{k} (SIMULATED)")
     return 0
 
 

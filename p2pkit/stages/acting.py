@@ -92,6 +92,8 @@ def _p2p_module(ctx, kernel: str | None = None) -> dict:
         "p2pkit_p2p_module_kernel": kernel,
         "p2pkit_p2p_module_cmdline": iommu_cmdline(m.iommu, system.cpu_vendor(ctx.host), arch.machine(ctx.host)),
         **restore_command_vars(ctx),
+        # the fork's driver parameters (P28): only for the patched module of a GPU pair
+        "p2pkit_p2p_module_registry_dwords": m.registry_dwords if m.patched else "",
     })
 
 
@@ -99,6 +101,7 @@ def restore_command_vars(ctx) -> dict:
     """The restore service's and the kernel hook's command lines, each written whole by the writer of
     its format (systemd Exec= line, shell words): no path is pasted into a file root runs."""
     root = str(ctx.host.root) if ctx.host.root != Path("/") else "/"
+    prefix = "" if root == "/" else root
     exe = own_executable()
     argv = [exe, "--root", root, *ctx.profile.cli_args(), "--state-dir", str(ctx.store.dir), "--yes", "restore"]
     return {
@@ -106,4 +109,8 @@ def restore_command_vars(ctx) -> dict:
         "p2pkit_p2p_module_unit_state_dir": writers.unit_path("the state directory", str(ctx.store.dir)),
         "p2pkit_p2p_module_hook_exe": writers.shell_word("the p2pkit executable", exe),
         "p2pkit_p2p_module_hook_command": writers.shell_command(argv, "the restore command"),
+        # P36: the boot-default hold the hook writes when the module does not build for a new kernel
+        "p2pkit_p2p_module_hook_hold": writers.shell_word("the boot-default hold", prefix + BOOT_HOLD),
+        "p2pkit_p2p_module_hook_osrelease": writers.shell_word("the kernel release",
+                                                               prefix + "/proc/sys/kernel/osrelease"),
     }

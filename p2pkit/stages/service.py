@@ -13,7 +13,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from p2pkit import engine_cmd, secrets, writers
+from p2pkit import engine_cmd, engine_env, secrets, writers
 from p2pkit.ansible import run_playbook
 from p2pkit.checks import fit
 from p2pkit.errors import Exit, P2pkitError
@@ -114,9 +114,9 @@ def service_vars(ctx) -> dict:
     the file it lands in (p2pkit.writers), secrets only in the text of the 0600 file."""
     p = ctx.profile
     deny, allow = ip_filter(p)
-    env = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in p.serve.env.items()}
+    # the whole environment (P16 NCCL, P17 GGML_CUDA_P2P, P30 NCCL_P2P_LEVEL, [serve.env] last): p2pkit/engine_env.py
+    env = engine_env.engine_env(p, engine_env.pair_level(ctx.host, p))
     plain, secret = secrets.split_env(env, p.serve.secret_env)
-    nccl = p.engine.nccl_root
     return {
         "p2pkit_service_recipe": p.engine.recipe,
         "p2pkit_service_profile": writers.unit_value("the profile's name", p.source),
@@ -124,9 +124,8 @@ def service_vars(ctx) -> dict:
         "p2pkit_service_exec_start_pre": exec_start_pre(p),
         "p2pkit_service_work_dir": writers.unit_path("the state directory", f"{ctx.host.host_path(ctx.store.dir)}"
                                                                             "/engine"),
-        "p2pkit_service_nccl_lib_line": writers.env_line("LD_LIBRARY_PATH", f"{nccl}/lib", "engine.nccl_root")
-        if nccl else "",
-        "p2pkit_service_env_lines": [writers.env_line(k, v, f"serve.env.{k}") for k, v in plain.items()],
+        "p2pkit_service_env_lines": [writers.env_line(k, v, f"serve.env.{k}" if k in p.serve.env else k)
+                                     for k, v in plain.items()],
         "p2pkit_service_secret_env": writers.env_file(secret, "Written by p2pkit: the engine's secrets (root only)",
                                                       "serve.env"),
         "p2pkit_service_ip_deny": writers.unit_value("the IP filter", deny),
