@@ -138,7 +138,7 @@ def _engine_archs(h: Host, profile):
     """The architectures the engine's CUDA kernels were built for (P39)."""
     e = profile.engine
     if e.recipe == "vllm":
-        base, pattern = str(PurePosixPath(e.python).parent.parent), "lib/python3*/site-packages/vllm/_C*.so"
+        base, pattern = str(PurePosixPath(e.python).parent.parent), "**/vllm/_C*.so"
     else:
         base, pattern = e.build_dir, "**/" + ENGINE_KERNELS[e.recipe][1]
     found = sorted(h.path(base).glob(pattern)) if h.exists(base) else []

@@ -208,6 +208,7 @@ SCENARIO_FINDS = {
     "field-wedged": ("field.gpu_wedged", "fail"),
     "field-dmesg-restricted": ("field.bar_assign", "warn"),
     "field-roce-mtu-1500": ("field.roce.gid.rocep1s0f0:1", "fail"),
+    "field-spark-sm120-only": ("field.kernel_archs", "fail"),
 }
 
 
@@ -218,13 +219,13 @@ def field_checks(cli, root) -> dict:
 
 
 def test_doctor_names_each_field_fault_on_its_scenario(cli, sim):
-    healthy = field_checks(cli, sim("p2p-up"))
+    healthy, spark = field_checks(cli, sim("p2p-up")), field_checks(cli, sim("spark-head"))
     for scenario, (id_, want) in SCENARIO_FINDS.items():
         got = field_checks(cli, sim(scenario))
         assert got[id_]["status"] == want, (scenario, got[id_])
         assert got[id_]["pitfall"] and got[id_]["pitfall_text"]
-        if not scenario.startswith("field-roce"):  # the same check passes on the box without the fault
-            assert healthy[id_]["status"] == "pass", (id_, healthy[id_])
+        base = spark if "spark" in scenario or "roce" in scenario else healthy  # without the fault: a pass
+        assert base[id_]["status"] == "pass", (id_, base[id_])
     assert "could not check" in field_checks(cli, sim("field-dmesg-restricted", name="r"))["field.gpu_wedged"
                                                                                           ".kernel_log"]["measured"]
 
@@ -305,3 +306,28 @@ def test_link_stage_fails_when_nccl_hangs_or_takes_shm_although_topo_says_ok(cli
     r = cli("--root", str(root), "--json", "verify", "link", *unset, "--set", "serve.env.NCCL_P2P_DISABLE=1")
     nccl = {c["id"]: c for c in r.json()["stages"][0]["checks"]}["link.nccl_allreduce"]
     assert nccl["status"] == "fail" and "via SHM/direct/direct" in nccl["measured"] and nccl["pitfall"] == "P17"
+
+
+def test_p37_nccl_the_running_engine_has_mapped_on_the_simulated_spark(cli, sim):
+    """The pip wheel's NCCL (one file, libnccl.so.2, version inside it) mapped by the running engine."""
+    import subprocess
+
+    from p2pkit.sim.render import load_state, render
+
+    root = sim("spark-head")
+    engine = subprocess.Popen(["sleep", "120"])  # a live process stands in for the engine's main PID
+    wheel = "/usr/local/lib/python3.12/dist-packages/nvidia/nccl/lib/libnccl.so.2"
+    st = load_state(root)
+    st["services"] = {"p2pkit-engine.service": {"started": True, "pid": engine.pid}}
+    st["engine_nccl"] = [wheel]
+    st["files"] = {wheel.lstrip("/"): "\x7fELF SIMULATED libnccl NCCL version 2.28.9+cuda13.0\n"}
+    render(root, st)
+    c = field_checks(cli, root)["field.nccl_floor.engine"]
+    assert c["status"] == "fail" and "2.28.9" in c["measured"] and c["pitfall"] == "P37", c
+    st["files"] = {wheel.lstrip("/"): "\x7fELF SIMULATED libnccl NCCL version 2.29.3+cuda13.0\n"}
+    render(root, st)
+    try:
+        assert field_checks(cli, root)["field.nccl_floor.engine"]["status"] == "pass"
+    finally:
+        engine.kill()
+        engine.wait()

@@ -101,7 +101,8 @@ def test_what_the_playbooks_leave_on_the_host(sim, tmp_path):
     assert hashlib.sha256(Path("/var/lib/dpkg/status").read_bytes()).hexdigest() == own_dpkg  # this machine's
     assert "Package-Blacklist" in (root / "etc/apt/apt.conf.d/51p2pkit-unattended-upgrades").read_text()
     assert "blacklist nouveau" in (root / "etc/modprobe.d/p2pkit-blacklist-nouveau.conf").read_text()
-    assert state["initramfs_updates"] == 1
+    assert state["initramfs_updates"] == 2  # the driver (nouveau blacklisted), the p2p module (P28, P34)
+    assert "RMForceStaticBar1=1" in (root / "etc/modprobe.d/p2pkit-nvidia.conf").read_text()
     ko = root / "lib/modules/6.8.0-88-generic/kernel/drivers/video/nvidia.ko"
     assert "version=615.71.09" in ko.read_text() and "patched=1" in ko.read_text()
     assert "iommu=pt" in state["next_cmdline"]

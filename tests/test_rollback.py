@@ -30,6 +30,9 @@ def test_install_rollback_install_again(cli, sim):
     leftover = root / f"lib/modules/{KERNEL}/updates/dkms/nvidia.ko"  # a stock DKMS copy from before
     leftover.parent.mkdir(parents=True)
     leftover.write_text(STOCK_KO.format(kernel=KERNEL))
+    from p2pkit.sim.standins import write_initramfs
+
+    write_initramfs(root, KERNEL)  # DKMS rebuilds the initramfs when it installs a module
     before = tree(root)
     assert cli("--root", str(root), "up", "--reboot", "--to", "link").code == 0
     assert not leftover.exists() and tree(root) != before

@@ -7,7 +7,6 @@ checks turn it into "could not check", never into a pass."""
 
 from __future__ import annotations
 
-import mmap
 import os
 import re
 
@@ -157,12 +156,17 @@ def library_nccl_version(host: Host, path: str) -> tuple[int, int, int] | None:
     v = pf.nccl_version(real)
     if v:
         return v
+    pattern, tail = re.compile(rb"(\d+\.\d+\.\d+)\+cuda\d+\.\d+"), b""
     try:
-        with open(host.path(real), "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            m = re.search(rb"(\d+\.\d+\.\d+)\+cuda\d+\.\d+", mm)
-    except (OSError, ValueError):
+        with open(host.path(real), "rb") as fh:  # 200 MB and more: read in pieces, overlapping at the seams
+            while chunk := fh.read(8 << 20):
+                m = pattern.search(tail + chunk)
+                if m:
+                    return pf.nccl_version(m.group(0).decode())
+                tail = chunk[-64:]
+    except OSError:
         return None
-    return pf.nccl_version(m.group(0).decode()) if m else None
+    return None
 
 
 def process_nccl(host: Host, pid: int) -> dict:

@@ -31,7 +31,8 @@ def init(root: Path, state: dict) -> None:
 
     prof = config.load(state["profile"])
     if prof.engine.recipe == "vllm":
-        provision.make_vllm(root, state.get("flashinfer_version", "0.6.18"), prof.engine.commit)
+        provision.make_vllm(root, state.get("flashinfer_version", "0.6.18"), prof.engine.commit,
+                            tuple(state.get("vllm_sass", ("sm_120a", "sm_121a"))))
     if prof.model.source:
         provision.make_hf_model(root, prof.model.source)
     for d in prof.model.nvme_paths:  # the n-gram table's local copy (SIMULATED: a few bytes)

@@ -224,7 +224,8 @@ def make_vllm_tree(root: Path, tree: str, branch: str, patched: bool = True) -> 
     return _git(work, "rev-parse", "HEAD")
 
 
-def make_vllm(root: Path, flashinfer: str = "0.6.18", commit: str = "") -> None:
+def make_vllm(root: Path, flashinfer: str = "0.6.18", commit: str = "",
+              sass: tuple[str, ...] = ("sm_120a", "sm_121a")) -> None:
     """A SIMULATED Python environment at /opt/vllm: `vllm` (whose api_server is sim.engine's vLLM),
     and flashinfer-python at the given version, both with dist-info metadata like pip leaves."""
     env = root / "opt/vllm"
@@ -237,6 +238,8 @@ def make_vllm(root: Path, flashinfer: str = "0.6.18", commit: str = "") -> None:
     (api / "__init__.py").write_text("")
     (api / "api_server.py").write_text("# SIMULATED\nfrom p2pkit.sim.engine import vllm_main\n\n"
                                        "if __name__ == '__main__':\n    vllm_main()\n")
+    # the compiled kernels: the stand-in cuobjdump lists these architectures (P39)
+    (lib / "vllm/_C.abi3.so").write_text("SIMULATED vLLM kernels\n" + "".join(f"sass={a}\n" for a in sass))
     (lib / "flashinfer").mkdir(exist_ok=True)
     (lib / "flashinfer/__init__.py").write_text(f"# SIMULATED\n__version__ = {flashinfer!r}\n")
     for name, ver in (("vllm", version), ("flashinfer_python", flashinfer)):

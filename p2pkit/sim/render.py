@@ -184,6 +184,12 @@ def render(root: Path, state: dict) -> None:
             write(root, f"proc/{svc['pid']}/cgroup", f"0::{cgpath}\n")
             # the engine is a real process here: its mappings are the kernel's own (P26's VmFlags)
             (root / f"proc/{svc['pid']}/smaps").symlink_to(f"/proc/{svc['pid']}/smaps")
+            if state.get("engine_nccl"):  # a scenario's NCCL libraries in the engine's mappings (P37)
+                base = 0xFFFF8A000000
+                maps = [f"{base + i * 0x1000000:012x}-{base + i * 0x1000000 + 0xE00000:012x} r-xp 00000000 103:02 "
+                        f"{3414 + i} {lib}" for i, lib in enumerate(state["engine_nccl"])]
+                maps.append(f"{base - 0x200000:012x}-{base:012x} rw-s 00000000 00:1a 77 /dev/shm/nccl-Ab12Cd")
+                write(root, f"proc/{svc['pid']}/maps", "\n".join(maps) + "\n")
             write(root, f"sys/fs/cgroup/{svc.get('slice') or 'system.slice'}/memory.max", "max\n")
             mm = svc.get("memory_max", "max")
             write(root, f"sys/fs/cgroup{cgpath}/memory.max", ("max" if mm in ("infinity", "max") else mm) + "\n")

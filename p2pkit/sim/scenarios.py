@@ -150,6 +150,8 @@ SCENARIOS: dict[str, tuple[str, list]] = {
                                [_p2p_up(), _set("dmesg_restrict", True)]),
     "field-roce-mtu-1500": ("P38: a Spark node whose fabric port fell back to MTU 1500 and lost its IPv4 GID",
                             [_spark(head=True), lambda s: s["roce"][0].update(mtu=1500, ipv4=False)]),
+    "field-spark-sm120-only": ("P39: a DGX Spark node whose vLLM was built with CUDA 13 and lost sm_121",
+                               [_spark(head=True), _set("vllm_sass", ["sm_100a", "sm_120a"])]),
     "capped-cgroup": ("p2pkit itself runs in a memory-capped cgroup (P12)", [_set("cgroup_memory_cap", 8 * GIB)]),
 }
 
