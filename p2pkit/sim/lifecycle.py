@@ -43,6 +43,16 @@ def init(root: Path, state: dict) -> None:
     for d in ("etc/modprobe.d", "etc/apt/apt.conf.d", "etc/apt/preferences.d", "etc/default/grub.d",
               "etc/kernel/postinst.d", "etc/systemd/system", "var/cache", "lib/firmware"):
         (root / d).mkdir(parents=True, exist_ok=True)  # present on every Ubuntu 24.04 install
+    user = state["driver"].get("userspace")
+    if user and not state.get("stock_driver"):  # a box the scenario says was brought up: its installer's files
+        lib = root / "usr/lib/x86_64-linux-gnu"
+        lib.mkdir(parents=True, exist_ok=True)
+        (lib / f"libnvidia-ml.so.{user}").write_text(f"SIMULATED libnvidia-ml {user}\n")
+        (lib / "libnvidia-ml.so.1").unlink(missing_ok=True)
+        (lib / "libnvidia-ml.so.1").symlink_to(f"libnvidia-ml.so.{user}")
+        fw = root / "lib/firmware/nvidia" / user
+        fw.mkdir(parents=True, exist_ok=True)
+        (fw / "gsp_ga10x.bin").write_text(f"SIMULATED GSP firmware {user}\n")
     stock = state.get("stock_driver")
     if stock:  # a stock DKMS driver installed from Ubuntu's packages, loaded at boot
         dkms = root / "lib/modules" / state["kernel"] / "updates/dkms"
