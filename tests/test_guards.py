@@ -130,7 +130,8 @@ def test_engine_prechecks_and_configure_failures_named():
     llama = config.load("dual-5090-llamacpp")
     assert by_id(engine.precheck(llama))["engine.nccl_root"].status == "pass"
     bare = replace(llama, engine=replace(llama.engine, nccl_root=""))
-    assert by_id(engine.precheck(bare))["engine.nccl_root"].pitfall == "P16"
+    nr = by_id(engine.precheck(bare))["engine.nccl_root"]
+    assert nr.status == "fail" and nr.pitfall == "P16"
     err = "CMake Error at CMakeLists.txt:5 (message): NInfer supports only CMAKE_CUDA_ARCHITECTURES=120a"
     c = by_id(engine._configure({"configure_rc": 1, "first_error": err, "log": "/l"}))
     assert c["engine.configure"].status == "fail" and c["engine.configure"].pitfall == "P05"
