@@ -67,7 +67,8 @@ def test_spark_pair_from_one_inventory(cli, sim, tmp_path):
     assert "net hca --env-file /run/p2pkit-engine/nccl.env" in unit and "--set serve.flags.node-rank=1" in unit
     assert "--headless" in unit and "--port" not in unit  # a headless worker serves no API
     engine_env = (head / "etc/p2pkit/engine.env").read_text()  # the profile's [serve.env] (P26), NCCL's debug (P23)
-    assert "VLLM_PLE_MMAP_DIR=/var/lib/vllm/ple-table" in engine_env and "NCCL_DEBUG=INFO" in engine_env
+    assert re.search(r'^VLLM_PLE_MMAP_DIR="?/var/lib/vllm/ple-table"?$', engine_env, re.M)  # the env writer quotes
+    assert re.search(r'^NCCL_DEBUG="?INFO"?$', engine_env, re.M)
     model = {c["id"]: c for c in json.loads((head / "var/lib/p2pkit/model.json").read_text())["checks"]}
     assert model["model.nvme./var/lib/vllm/ple-table"]["status"] == "pass"
     # P23 on both nodes; the head's /health only after the worker joined; the worker joined by NCCL
