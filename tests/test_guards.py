@@ -165,8 +165,9 @@ def h200_load(**pair):
 def test_link_under_load_judged_from_the_recorded_figures():
     from p2pkit.checks import link
 
-    c = by_id(link.check(h200_load(), P))
-    assert all(x.status == "pass" for x in c.values()), [x for x in c.values() if x.status != "pass"]
+    c = by_id(link.check(h200_load(), P))  # (the NCCL all-reduce is not in this record: skipped, P28)
+    assert all(x.status in ("pass", "skip") for x in c.values()), [x for x in c.values() if x.status != "pass"]
+    assert c["link.p2p_bw.gpu0-gpu1"].status == c["link.trained.gpu0"].status == "pass"
     bad = by_id(link.check(h200_load(unidir_gbps=3.0, latency_us=14.0, peer_access=False,
                                       integrity={"equal": False, "mismatches": 10, "elements": 100, "zeros": 10}), P))
     for k in ("link.p2p_bw.gpu0-gpu1", "link.p2p_latency.gpu0-gpu1", "link.p2p_access.gpu0-gpu1",
