@@ -14,11 +14,16 @@ from __future__ import annotations
 
 import ctypes
 import json
+import struct
 import sys
 import time
 
 NCCL_FLOAT32, NCCL_SUM = 7, 0
-ONE, TWO = 0x3F800000, 0x40000000  # 1.0f and 2.0f as bits
+ONE = 0x3F800000  # 1.0f as bits
+
+
+def f32_bits(x: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", x))[0]
 
 
 def _cu(lib, name: str, *args) -> None:
@@ -53,13 +58,16 @@ def main(cfg: dict) -> dict:
     _cu(cuda, "cuInit", 0)
     n = ctypes.c_int()
     _cu(cuda, "cuDeviceGetCount", ctypes.byref(n))
-    if n.value < 2:
-        return {"error": f"{n.value} GPU(s) visible: the all-reduce needs the pair"}
+    gpus = int(cfg.get("gpus", 2))  # the pair; 1 proves the bindings on a one-GPU machine
+    if n.value < gpus:
+        return {"error": f"{n.value} GPU(s) visible: the all-reduce needs {gpus}"}
+    devs = tuple(range(gpus))
+    want = f32_bits(float(gpus))  # a sum of ones over every GPU
     version = ctypes.c_int()
     _nccl(nccl, "ncclGetVersion", ctypes.byref(version))
     count = max(1, cfg.get("bytes", 8 << 20) // 4)
     ctxs, bufs, streams = [], [], []
-    for d in (0, 1):
+    for d in devs:
         dev, ctx, buf, st = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64(), ctypes.c_void_p()
         _cu(cuda, "cuDeviceGet", ctypes.byref(dev), d)
         _cu(cuda, "cuDevicePrimaryCtxRetain", ctypes.byref(ctx), dev)
@@ -70,25 +78,25 @@ def main(cfg: dict) -> dict:
         ctxs.append(ctx)
         bufs.append(buf)
         streams.append(st)
-    comms = (ctypes.c_void_p * 2)()
-    devlist = (ctypes.c_int * 2)(0, 1)
-    _nccl(nccl, "ncclCommInitAll", comms, 2, devlist)
+    comms = (ctypes.c_void_p * gpus)()
+    devlist = (ctypes.c_int * gpus)(*devs)
+    _nccl(nccl, "ncclCommInitAll", comms, gpus, devlist)
     init_s = time.monotonic() - t0
     _nccl(nccl, "ncclGroupStart")
-    for d in (0, 1):
+    for d in devs:
         _cu(cuda, "cuCtxSetCurrent", ctxs[d])
         _nccl(nccl, "ncclAllReduce", ctypes.c_void_p(bufs[d].value), ctypes.c_void_p(bufs[d].value),
               ctypes.c_size_t(count), NCCL_FLOAT32, NCCL_SUM, ctypes.c_void_p(comms[d]), streams[d])
     _nccl(nccl, "ncclGroupEnd")
     wrong = []
-    for d in (0, 1):
+    for d in devs:
         _cu(cuda, "cuCtxSetCurrent", ctxs[d])
         _cu(cuda, "cuStreamSynchronize", streams[d])
         host = (ctypes.c_uint32 * count)()
         _cu(cuda, "cuMemcpyDtoH_v2", host, bufs[d], ctypes.c_size_t(count * 4))
-        bad = sum(1 for v in host if v != TWO)
+        bad = sum(1 for v in host if v != want)
         wrong.append(bad)
-    for d in (0, 1):
+    for d in devs:
         nccl.ncclCommDestroy(ctypes.c_void_p(comms[d]))
     v = version.value
     return {"nccl_version": f"{v // 10000}.{v // 100 % 100}.{v % 100}", "elements": count, "wrong": wrong,
