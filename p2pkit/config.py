@@ -197,6 +197,14 @@ class Serve:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Bench:
+    prompt_tokens: int = f(128, lo=1, hi=1_000_000, expect="the fixed prompt length of every bench request (P13)")
+    output_tokens: int = f(64, lo=1, hi=100_000, expect="the fixed output length of every bench request (P13)")
+    requests: int = f(5, lo=1, hi=10_000, expect="timed requests per arm")
+    warmup: int = f(1, lo=0, hi=100, expect="warm-up requests per arm, left out of the figures")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Profile:
     profile: Meta
     host: Host
@@ -209,6 +217,7 @@ class Profile:
     model: Model
     serve: Serve
     network: Network
+    bench: Bench = field(default_factory=Bench)
     source: str = "builtin"
     overrides: tuple[str, ...] = ()  # `--set KEY=VALUE` applied on top of the source, in order
 

@@ -151,3 +151,58 @@ def test_gpu_recipe_configures_for_real_and_names_the_missing_cublas(tmp_path):
     assert c["engine.cuda"].status == "pass" and c["engine.nccl_layout"].status == "pass"
     assert c["engine.configure"].status == "fail" and "cuBLAS" in c["engine.configure"].hint
     assert "libcublas-dev" in c["engine.configure"].hint
+
+
+# ------------------------------------------------------------------ what the real llama-server says
+# tests/fixtures/llamacpp: recorded from the real llama-server built by tests/llama_real.py over the
+# tiny checkpoint (tests/tiny_checkpoint.py); README.md there says how.
+
+def _first_completion(rec: dict) -> dict:
+    from p2pkit.parse import engine_api as pe
+
+    before = pe.prometheus(rec["metrics_before"], "llamacpp:") if rec["metrics_before_status"] == 200 else {}
+    after = pe.prometheus(rec["metrics_after"], "llamacpp:") if rec["metrics_after_status"] == 200 else {}
+    return {"status": rec["completion_status"], "timings": rec["response"]["timings"], "alive_after": True,
+            "metrics_status": rec["metrics_after_status"],
+            "metrics_delta": pe.deltas(before, after) if rec["metrics_after_status"] == 200 else {}}
+
+
+def test_help_of_the_real_llama_server_lists_the_flags_p2pkit_writes():
+    from p2pkit.parse import engine_api as pe
+
+    flags = pe.help_flags((FIX / "llama-server-help.txt").read_text())
+    assert {"ctx-size", "n-gpu-layers", "split-mode", "tensor-split", "spec-type", "spec-draft-n-max",
+            "model-draft", "metrics", "cache-type-k", "flash-attn", "kv-unified", "threads", "no-webui"} <= flags
+    assert "no-such-flag" not in flags and len(flags) > 150
+
+
+@pytest.mark.parametrize("name,status", [("spec_on", "pass"), ("md_alone", "fail"), ("no_metrics", "fail")])
+def test_spec_running_from_the_real_servers_counters(name, status):
+    """P19 the real way: `--spec-type` on gives draft counts in the response and growing spec_decode
+    counters; `-md` alone loads the draft and drafts nothing; without --metrics /metrics is 501."""
+    from p2pkit.checks import service as sc
+
+    rec = json.loads((FIX / f"{name}.json").read_text())
+    assert rec["health_codes"][-1][0] == 200
+    p = config.load("dual-5090-llamacpp", ["serve.flags.spec-type=draft-simple"])
+    s = {"health": {"ok": True}, "first_completion": _first_completion(rec), "log_tail": ["(recorded)"]}
+    c = {x.id: x for x in sc.check_llamacpp_requests(s, p)}
+    assert c["service.first_completion"].status == "pass"
+    assert c["service.spec_running"].status == status, c["service.spec_running"]
+    if name == "no_metrics":
+        assert rec["metrics_after_status"] == 501 and "--metrics" in c["service.spec_running"].hint
+    # the same counters exist without a draft too, at 0: a counter's presence proves nothing
+    if name == "md_alone":
+        assert "spec_decode_num_draft_tokens_total" in rec["metrics_after"]
+        assert "draft_n" not in rec["response"]["timings"]
+
+
+def test_a_crash_at_the_first_decode_fails_the_service_with_p19():
+    from p2pkit.checks import service as sc
+
+    p = config.load("dual-5090-llamacpp")
+    fc = {"status": None, "error": "RemoteDisconnected: Remote end closed connection without response",
+          "alive_after": False, "metrics_status": None}
+    s = {"health": {"ok": True}, "first_completion": fc, "log_tail": ["GGML_ASSERT(...) failed"]}
+    c = {x.id: x for x in sc.check_llamacpp_requests(s, p)}["service.first_completion"]
+    assert c.status == "fail" and c.pitfall == "P19" and "GGML_ASSERT" in c.measured

@@ -134,7 +134,7 @@ def _nccl(seen: list[str], p: Profile) -> Check:
 def _spec(s: dict, p: Profile) -> list[Check]:
     spec = p.serve.flags.get("spec") or p.serve.flags.get("spec-type")
     if p.engine.recipe == "llamacpp":
-        return _llamacpp_requests(s, p, spec)
+        return check_llamacpp_requests(s, p)
     out: list[Check] = []
     if spec:  # NInfer and vLLM: their start-up line (no per-request proof is read for them yet)
         text = "\n".join(s.get("log_tail", [])).lower()
@@ -146,11 +146,12 @@ def _spec(s: dict, p: Profile) -> list[Check]:
     return out
 
 
-def _llamacpp_requests(s: dict, p: Profile, spec) -> list[Check]:
+def check_llamacpp_requests(s: dict, p: Profile) -> list[Check]:
     """llama-server: one real completion once /health is 200 (MTP under tensor split can crash at the
     first decode with /health already 200), and with a speculative type the draft counts of that
     response and of /metrics' spec_decode counters must have grown (P19). `-md` alone leaves
     drafting off and the start-up log does not say either way: only the counters tell."""
+    spec = p.serve.flags.get("spec-type")
     fc = s.get("first_completion")
     if fc is None:
         return []  # /health never answered 200: the health check already failed

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from p2pkit import __version__, children
-from p2pkit.cli import common, net_cmd, pin_cmd, profile_cmd, serve_cmd, sim_cmd, stages_cmd
+from p2pkit.cli import bench_cmd, common, net_cmd, pin_cmd, profile_cmd, serve_cmd, sim_cmd, stages_cmd
 from p2pkit.errors import Exit, P2pkitError
 
 app = typer.Typer(
@@ -62,6 +62,7 @@ def main_options(
 
 stages_cmd.register(app)
 app.command()(pin_cmd.pin)
+app.command()(bench_cmd.bench)
 app.add_typer(profile_cmd.app, name="profile")
 app.add_typer(sim_cmd.app, name="sim")
 app.add_typer(serve_cmd.app, name="serve")

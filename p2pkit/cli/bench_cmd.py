@@ -1,0 +1,115 @@
+"""`p2pkit bench`: the served engine's throughput from its own accounting; an A/B with --ab."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from p2pkit.cli import common
+from p2pkit.errors import Exit, MissingError
+
+
+def _fmt(s: dict | None, unit: str = "") -> str:
+    if not s:
+        return "-"
+    return f"{s['median']:g}{unit} ({s['min']:g}-{s['max']:g})"
+
+
+def rows(doc: dict) -> list[list]:
+    out = []
+    for a in doc["arms"]:
+        s = a.get("summary", {})
+        out.append([a["arm"], len(a["requests"]), _fmt(s.get("decode_tps")), s.get("metrics_decode_tps", "-"),
+                    _fmt(s.get("prefill_tps")), _fmt(s.get("ttft_ms")), _fmt(s.get("client_tps")),
+                    s.get("draft_acceptance", "-"), a.get("error", "")])
+    return out
+
+
+def prometheus_text(doc: dict) -> str:
+    """The bench figures as Prometheus text (one HELP/TYPE per family, an arm label per sample)."""
+    fams = (("p2pkit_bench_decode_tokens_per_second", "decode_tps", "median decode tok/s from the server's timings"),
+            ("p2pkit_bench_prefill_tokens_per_second", "prefill_tps", "median prefill tok/s from the server's timings"),
+            ("p2pkit_bench_time_to_first_token_seconds", "ttft_ms", "median time to first token (server prompt_ms)"))
+    lines = []
+    for name, key, help_ in fams:
+        lines += [f"# HELP {name} {help_}", f"# TYPE {name} gauge"]
+        for a in doc["arms"]:
+            st = (a.get("summary") or {}).get(key)
+            if st:
+                v = st["median"] / 1000 if key == "ttft_ms" else st["median"]
+                arm = a["arm"].replace("\\", "\\\\").replace('"', '\\"')
+                lines.append(f'{name}{{arm="{arm}",engine="{doc["engine"]}"}} {v:g}')
+    return "\n".join(lines) + "\n"
+
+
+def plot(doc: dict, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise MissingError("the PNG plot needs matplotlib", hint="pip install 'p2pkit[plot]'") from e
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for a in doc["arms"]:
+        ax.plot([r.get("decode_tps") for r in a["requests"]], marker="o", label=a["arm"])
+    ax.set_xlabel("request")
+    ax.set_ylabel("decode tok/s (server timings)")
+    ax.legend()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def bench(
+    requests: Annotated[int | None, typer.Option("--requests", "-n", help="timed requests per arm")] = None,
+    warmup: Annotated[int | None, typer.Option("--warmup", help="warm-up requests, left out")] = None,
+    prompt_tokens: Annotated[int | None, typer.Option("--prompt-tokens")] = None,
+    output_tokens: Annotated[int | None, typer.Option("--output-tokens")] = None,
+    ab: Annotated[str | None, typer.Option("--ab", metavar="SECTION.KEY=VALUE",
+                                           help="a second arm with this one setting changed, like "
+                                                "serve.env.NCCL_P2P_DISABLE=1; the unit is put back after")] = None,
+    prometheus: Annotated[Path | None, typer.Option("--prometheus", help="write the figures as Prometheus "
+                                                                            "text")] = None,
+    png: Annotated[Path | None, typer.Option("--plot", help="a PNG of per-request tok/s per arm (matplotlib)")] = None,
+) -> None:
+    """Benchmark the served engine (it gates nothing): fixed lengths, warm-up left out, the server's own figures."""
+    from p2pkit import bench as b
+    from p2pkit.artifacts import atomic_write
+    from p2pkit.stages import service
+
+    ctx = common.context()
+    b.gate(ctx)
+    cfg = ctx.profile.bench
+    doc = b.run(ctx, prompt_tokens or cfg.prompt_tokens, output_tokens or cfg.output_tokens,
+                cfg.warmup if warmup is None else warmup, requests or cfg.requests, ab)
+    failed = [a for a in doc["arms"] if a.get("error")]
+    if failed:
+        doc["server_log_tail"] = service.logs(ctx.host, 12)
+    doc["artifact"] = str(ctx.store.write("bench", doc))
+    if prometheus:
+        atomic_write(prometheus, prometheus_text(doc).encode())
+    if png:
+        plot(doc, png)
+    if ctx.out.json_mode:
+        ctx.out.document(doc)
+    else:
+        sh = doc["shape"]
+        ctx.out.table(f"bench: {doc['engine']}, prompt {sh['prompt_tokens']} / output {sh['output_tokens']} tokens, "
+                      f"{sh['warmup']} warm-up + {sh['requests']} timed",
+                      ["arm", "done", "decode tok/s median (min-max)", "/metrics decode tok/s", "prefill tok/s",
+                       "TTFT ms (server)", "client tok/s (not the measure)", "draft acceptance", "error"], rows(doc))
+        if "ab_ratio_decode" in doc:
+            ctx.out.line(f"A/B decode ratio ({ab} / baseline): {doc['ab_ratio_decode']}")
+        if "restored" in doc:
+            ctx.out.line(f"unit restored byte for byte: {doc['restored']['files_identical']}, healthy again: "
+                         f"{doc['restored']['health']}")
+        ctx.out.line(f"artifact: {doc['artifact']}")
+    if failed:
+        ctx.out.error("; ".join(f"{a['arm']}: {a['error']}" for a in failed) + ". The server's last lines: "
+                      + " | ".join(doc["server_log_tail"][-6:]), "read `p2pkit serve logs`; the requests done so far "
+                      f"are kept in {doc['artifact']}")
+        raise typer.Exit(int(Exit.CHECK_FAILED))
+    if "restored" in doc and not doc["restored"]["files_identical"]:
+        raise typer.Exit(int(Exit.CHECK_FAILED))
