@@ -172,8 +172,10 @@ def test_help_of_the_real_llama_server_lists_the_flags_p2pkit_writes():
 
     flags = pe.help_flags((FIX / "llama-server-help.txt").read_text())
     assert {"ctx-size", "n-gpu-layers", "split-mode", "tensor-split", "spec-type", "spec-draft-n-max",
-            "model-draft", "metrics", "cache-type-k", "flash-attn", "kv-unified", "threads", "no-webui"} <= flags
+            "model-draft", "metrics", "cache-type-k", "flash-attn", "kv-unified", "threads", "no-kv-unified",
+            "spec-draft-n-min", "parallel", "host", "port", "gpu-layers", "no-webui"} <= flags
     assert "no-such-flag" not in flags and len(flags) > 150
+    assert "removed" not in flags  # words of the descriptions are not options
 
 
 @pytest.mark.parametrize("name,status", [("spec_on", "pass"), ("md_alone", "fail"), ("no_metrics", "fail")])

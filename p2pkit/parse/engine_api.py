@@ -42,7 +42,11 @@ def help_flags(text: str) -> set[str]:
     a negated form (`--no-webui`) counts too."""
     out = set()
     for line in text.splitlines():
-        head = line.strip().split("  ", 1)[0]
+        # the options column ends at the first run of 2+ spaces not right after a comma
+        # ("-ngl,  --gpu-layers, --n-gpu-layers N   max. number of layers ...")
+        head = re.split(r"(?<=[^,\s])\s{2,}", line.strip(), maxsplit=1)[0]
+        if not head.startswith("-"):
+            continue
         for m in re.finditer(r"(?:^|[ ,])--([a-z0-9][a-z0-9-]*)", head):
             out.add(m.group(1))
     return out
