@@ -152,7 +152,7 @@ def run(ctx, n_prompt: int, n_out: int, warmup: int, requests: int, ab: str | No
     if p.engine.recipe not in ACCOUNTING:
         raise P2pkitError(f"bench does not read {p.engine.recipe}'s own accounting yet, and client timing alone "
                           "is not a measurement (P15)", hint="bench measures llama.cpp's service today")
-    doc: dict = {"schema": SCHEMA, "kind": "bench", "simulated": ctx.host.simulated, "profile": p.name,
+    doc: dict = {"schema": SCHEMA, "kind": "p2pkit-bench", "simulated": ctx.host.simulated, "profile": p.name,
                  "engine": p.engine.recipe, "shape": {"prompt_tokens": n_prompt, "output_tokens": n_out,
                                                       "warmup": warmup, "requests": requests},
                  "accounting": ACCOUNTING[p.engine.recipe], "arms": []}

@@ -44,18 +44,26 @@ def llama_sim(root: Path) -> Path:
     build = root / "opt/p2pkit/llama.cpp"
     build.parent.mkdir(parents=True, exist_ok=True)
     build.symlink_to(llama_real.build_dir())
-    tiny_checkpoint.make(root / MODEL.lstrip("/"))
+    # head size 32: the profile's q4_0 KV cache needs it divisible by q4_0's block of 32
+    # ("K cache type q4_0 with block size 32 does not divide n_embd_head_k=16" at hidden 64)
+    tiny_checkpoint.make(root / MODEL.lstrip("/"), hidden=128)
     return root
 
 
 def up(cli, root: Path, *more: str):
     """`up` to the end: the first run stops for the p2p-module reboot, the simulated host reboots,
     the second run resumes."""
+    import fcntl
+
     args = [a for s in SETS for a in ("--set", s)]
-    r = cli("--root", str(root), *args, *more, "--yes", "up")
-    if "reboot, then run p2pkit up again" in r.err:
-        lifecycle.reboot(root)
+    # the simulated hosts of these tests share one real build dir (a link to the cache): one `up` at
+    # a time, as p2pkit's own lock keeps one run at a time on a real host
+    with open(llama_real.CACHE / "llama-up.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         r = cli("--root", str(root), *args, *more, "--yes", "up")
+        if "reboot, then run p2pkit up again" in r.err:
+            lifecycle.reboot(root)
+            r = cli("--root", str(root), *args, *more, "--yes", "up")
     return r
 
 
@@ -165,7 +173,11 @@ def test_bad_flag_refused_before_start_and_converter_failure_leaves_nothing(tmp_
     (root / GGUF.lstrip("/")).unlink()
     (root / "var/lib/p2pkit/model-output.json").unlink(missing_ok=True)
     args = [a for s in SETS for a in ("--set", s)]
-    r = cli("--root", str(root), *args, "--yes", "up", "--from", "model", "--to", "model", "--force")
+    with open(llama_real.CACHE / "llama-up.lock", "w") as lock:
+        import fcntl
+
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        r = cli("--root", str(root), *args, "--yes", "up", "--from", "model", "--to", "model", "--force")
     assert r.code == 1
     model = json.loads((root / "var/lib/p2pkit/model.json").read_text())
     c = {x["id"]: x for x in model["checks"]}["model.convert"]
