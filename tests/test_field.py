@@ -331,3 +331,17 @@ def test_p37_nccl_the_running_engine_has_mapped_on_the_simulated_spark(cli, sim)
     finally:
         engine.kill()
         engine.wait()
+
+
+def test_static_bar1_on_the_real_h200_params_file():
+    """P28 over the live /proc/driver/nvidia/params of a real host (tests/fixtures/h200-device/field-run):
+    a stock driver with RegistryDwords empty, judged for the pair profile, is named P28."""
+    import json
+
+    from p2pkit import config
+    from p2pkit.checks import field
+
+    facts = json.loads((FIXTURES / "h200-device/field-run/facts.json").read_text())["facts"]
+    assert facts["driver_params"]["loaded"] and len(facts["driver_params"]["params"]) == 42
+    (c,) = field.static_bar1(facts, config.load(None))
+    assert c.status == "fail" and c.pitfall == "P28" and 'RegistryDwords: ""' in c.measured
