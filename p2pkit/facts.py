@@ -96,10 +96,8 @@ def _vram_fit(h: Host, profile):
     already holds: it gives that back on a restart), and for llama.cpp which KV types its tree accepts
     with tensor split."""
     from p2pkit.host import model
-    from p2pkit.stages.service import main_pid
-
     nv = nvml.facts(h)
-    pid = main_pid(h) if h.path("/etc/systemd/system/p2pkit-engine.service").is_file() else None
+    pid = system.service_main_pid(h) if h.path(f"/etc/systemd/system/{system.ENGINE_UNIT}").is_file() else None
     mine = set(system.process_tree(h, pid)) if pid else set()
     gpus: list | dict = {"error": nv["error"]} if "error" in nv else []
     for g in [] if isinstance(gpus, dict) else nv.get("gpus", []):
@@ -113,9 +111,7 @@ def _vram_fit(h: Host, profile):
     return out
 def _engine_nccl(h: Host, profile):
     """The NCCL the running engine has mapped (P37), or that it is not running."""
-    from p2pkit.stages.service import main_pid
-
-    pid = main_pid(h)
+    pid = system.service_main_pid(h)
     return {"running": False} if pid is None else hfield.process_nccl(h, pid)
 
 
@@ -161,11 +157,9 @@ def _engine_env_file(h: Host):
 
 def _boot_hold(h: Host):
     """The kernel hook's hold on the boot default (P36): which kernel it keeps booting, for which new one."""
-    from p2pkit.stages.acting import BOOT_HOLD
-
-    if not h.exists(BOOT_HOLD):
+    if not h.exists(system.BOOT_HOLD):
         return {"held": None}
-    text = h.read(BOOT_HOLD, "the boot-default hold")
+    text = h.read(system.BOOT_HOLD, "the boot-default hold")
     kv = dict(m.groups() for m in re.finditer(r"^# p2pkit-(kernel|new_kernel)=(\S+)", text, re.M))
     return {"held": {"kernel": kv.get("kernel", "?"), "new_kernel": kv.get("new_kernel", "?")}}
 

@@ -16,7 +16,7 @@ LAYERS = [
                    "p2pkit.inventory", "p2pkit.bench",
                    "p2pkit.reboot", "p2pkit.reports"]),
     ("stages", ["p2pkit.stages"]),
-    ("checks and facts", ["p2pkit.checks", "p2pkit.facts", "p2pkit.engine_cmd"]),
+    ("checks and facts", ["p2pkit.checks", "p2pkit.facts", "p2pkit.engine_cmd", "p2pkit.engine_env"]),
     ("host probes", ["p2pkit.host", "p2pkit.backup"]),
     ("parsers", ["p2pkit.parse"]),
     ("base", ["p2pkit.runner", "p2pkit.artifacts", "p2pkit.output", "p2pkit.errors", "p2pkit.config",

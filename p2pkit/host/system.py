@@ -183,3 +183,14 @@ def mapped_under(host: Host, pid: int, directory: str) -> dict:
         maps += [{"pid": p, **m} for m in ps.smaps_mappings(text) if host.host_path(Path(m["path"])).startswith(d)
                  or m["path"].startswith(d)]
     return {"pid": pid, "directory": directory, "mappings": maps, **({"unread": unread} if unread else {})}
+
+
+ENGINE_UNIT = "p2pkit-engine.service"
+BOOT_HOLD = "/etc/default/grub.d/61-p2pkit-boot-default.cfg"  # the kernel hook's boot default (P36)
+
+
+def service_main_pid(host: Host, unit: str = ENGINE_UNIT) -> int | None:
+    """The running unit's main PID as systemd reports it, or None."""
+    r = host.runner.run(["systemctl", "show", "-p", "MainPID", "--value", unit], check=False)
+    v = r.stdout.strip()
+    return int(v) if v.isdigit() and int(v) > 0 else None

@@ -15,7 +15,7 @@ from p2pkit.host import arch, system
 from p2pkit.runner import own_executable
 
 # The kernel hook pins the boot default here when the module does not build for a new kernel (P36).
-BOOT_HOLD = "/etc/default/grub.d/61-p2pkit-boot-default.cfg"
+BOOT_HOLD = system.BOOT_HOLD
 
 
 def iommu_cmdline(mode: str, cpu_vendor: str, machine: str = "x86_64") -> str:

@@ -23,7 +23,7 @@ from p2pkit.parse import nccl
 from p2pkit.parse.system import proc_cgroup
 from p2pkit.runner import own_executable
 
-UNIT = "p2pkit-engine.service"
+UNIT = system.ENGINE_UNIT
 OOM_CAUSE = ("out of GPU memory at start (P18): the weights, the KV cache at this context and KV type and the draft "
              "layers do not fit with headroom; see service.vram_fit for the numbers and the context that fits")
 CAUSES = (
@@ -248,9 +248,7 @@ def fit_before_start(ctx) -> None:
 
 
 def main_pid(host: Host) -> int | None:
-    r = _systemctl(host, "show", "-p", "MainPID", "--value", UNIT)
-    v = r.stdout.strip()
-    return int(v) if v.isdigit() and int(v) > 0 else None
+    return system.service_main_pid(host, UNIT)
 
 
 def pid_caps(host: Host, pid: int) -> dict:
