@@ -140,8 +140,10 @@ class Engine:
                       "may map, like 2.26.2 (P16: older ones fail on the 5090; P37: before 2.29.3 aarch64 leaks proxy "
                       "slots)")
     build_dir: str = f("/opt/p2pkit/engine", chars="path", pattern=r"^/", expect="an absolute path")
-    source_url: str = f("", chars="url", pattern=r"^((https://|file://|/).+)?$",
-                        expect="a source archive: an https:// URL or a local path (instead of repo and commit)")
+    source_url: str = f("", chars="url", pattern=r"^((https://|file://|/).+|pypi:[A-Za-z0-9._-]+==[A-Za-z0-9.+!-]+)?$",
+                        expect="a source archive: pypi:NAME==VERSION (the source distribution, through pip and "
+                        "the package index it is set up for), an https:// URL or a local path (instead of repo "
+                        "and commit)")
     source_sha256: str = f("", pattern=SHA256, expect="the archive's sha256, 64 lowercase hex digits")
     source_subdir: str = f("", chars="path", pattern=r"^(\w[\w.+-]*(/\w[\w.+-]*)*)?$",
                            expect="the engine's directory inside the archive, like "

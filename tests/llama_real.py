@@ -36,7 +36,9 @@ def build_dir() -> Path:
 
 
 def archive() -> Path:
-    return CACHE / "dl" / pinned()[0].rsplit("/", 1)[-1]
+    from p2pkit.stages.llamacpp import archive_name
+
+    return CACHE / "dl" / archive_name(pinned()[0])
 
 
 def done_file() -> Path:

@@ -208,3 +208,34 @@ def test_a_crash_at_the_first_decode_fails_the_service_with_p19():
     s = {"health": {"ok": True}, "first_completion": fc, "log_tail": ["GGML_ASSERT(...) failed"]}
     c = {x.id: x for x in sc.check_llamacpp_requests(s, p)}["service.first_completion"]
     assert c.status == "fail" and c.pitfall == "P19" and "GGML_ASSERT" in c.measured
+
+
+def test_a_pypi_source_is_named_like_its_sdist_and_found_in_the_cache(tmp_path):
+    """pypi:NAME==VERSION: the source distribution through pip (no index host in the profile); an
+    archive already in the cache is used as it is, its sha256 still checked."""
+    assert llamacpp.archive_name("pypi:llama-cpp-python==0.3.36") == "llama_cpp_python-0.3.36.tar.gz"
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    real = make_archive(cache / "some_pkg-1.0.tar.gz", {"some_pkg-1.0/x": "y\n"})
+    ctx = ctx_for(tmp_path, ["engine.source_url=pypi:some-pkg==1.0", f"engine.source_sha256={real}",
+                             f"driver.cache_dir={cache}"])
+    got = llamacpp.fetch(ctx, tmp_path / "fetch.log")
+    assert "error" not in got and got["sha256"] == real and got["archive"] == str(cache / "some_pkg-1.0.tar.gz")
+
+
+def test_a_pypi_source_that_pip_cannot_find_is_an_error_and_leaves_nothing(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    ctx = ctx_for(tmp_path, ["engine.source_url=pypi:p2pkit-no-such-package-here==0.0.0",
+                             f"engine.source_sha256={'0' * 64}", f"driver.cache_dir={cache}"])
+    got = llamacpp.fetch(ctx, tmp_path / "fetch.log")
+    assert got["error"].startswith("pip download of p2pkit-no-such-package-here==0.0.0 failed")
+    assert list(cache.iterdir()) == []
+
+
+@pytest.mark.parametrize("bad", ["pypi:llama-cpp-python", "pypi:llama cpp==1", "pypi:x==1;rm"])
+def test_a_malformed_pypi_source_is_refused_by_the_profile(bad):
+    from p2pkit.errors import ProfileError
+
+    with pytest.raises(ProfileError):
+        config.load("dual-5090-llamacpp", [f"engine.source_url={bad}"])

@@ -15,8 +15,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
+import sys
 import tarfile
+import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -36,16 +39,38 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def archive_name(url: str) -> str:
+    """The archive's file name: a URL's last part, or a source distribution's (PEP 625) for pypi:NAME==V."""
+    m = re.fullmatch(r"pypi:([A-Za-z0-9._-]+)==(\S+)", url)
+    if m:
+        return f"{re.sub(r'[-_.]+', '_', m.group(1)).lower()}-{m.group(2)}.tar.gz"
+    return url.rsplit("/", 1)[-1]
+
+
 def archive_path(ctx) -> Path:
     """Where the archive is on this machine: a local path through the host root, or the download
-    cache (driver.cache_dir) for an https:// URL."""
+    cache (driver.cache_dir) for an https:// URL or a pypi: source distribution."""
     e, host = ctx.profile.engine, ctx.host
     url = e.source_url
     if url.startswith("file://"):
         return host.path(url.removeprefix("file://"))
     if url.startswith("/"):
         return host.path(url)
-    return host.path(ctx.profile.driver.cache_dir) / url.rsplit("/", 1)[-1]
+    return host.path(ctx.profile.driver.cache_dir) / archive_name(url)
+
+
+def _pip_download(ctx, spec: str, path: Path) -> str | None:
+    """The source distribution of spec (NAME==VERSION) through pip, as the package index it is set up
+    for serves it, into path; an error text on failure. The sha256 pin is checked after."""
+    with tempfile.TemporaryDirectory(prefix="p2pkit-sdist-", dir=path.parent) as tmp:
+        r = ctx.host.runner.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                                 "--disable-pip-version-check", "-q", spec, "-d", tmp], check=False, timeout=1800)
+        got = sorted(Path(tmp).glob("*.tar.gz"))
+        if r.returncode != 0 or len(got) != 1:
+            tail = " ".join((r.stderr or r.stdout).strip().splitlines()[-2:])
+            return f"pip download of {spec} failed (exit {r.returncode}): {tail or 'no source archive'}"
+        os.replace(got[0], path)
+    return None
 
 
 def fetch(ctx, log: Path) -> dict:
@@ -53,6 +78,12 @@ def fetch(ctx, log: Path) -> dict:
     e = ctx.profile.engine
     path = archive_path(ctx)
     out: dict = {"archive": str(path), "url": e.source_url, "sha256_expected": e.source_sha256}
+    if e.source_url.startswith("pypi:") and not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        err = _pip_download(ctx, e.source_url.removeprefix("pypi:"), path)
+        if err:
+            out["error"] = err
+            return out
     if e.source_url.startswith("https://") and not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         part = path.with_name(path.name + ".part")
