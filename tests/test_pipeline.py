@@ -114,7 +114,6 @@ def test_status_json_for_ci(cli, sim):
     state = json.loads((root / ".p2pkit-sim/state.json").read_text())
     for g in state["gpus"]:
         g["bar1_bytes"] = 256 << 20
-    state.pop("nvml")
     from p2pkit.sim.render import render
 
     render(root, state)

@@ -30,15 +30,14 @@ def brought_up(cli, root):
 def safeguards_drift(root):
     """P02's safeguards undone by hand or by an upgrade: the restore timer disabled, the kernel and
     apt hooks deleted, the package holds removed. Returns the packages that were held."""
-    from p2pkit.sim.render import load_state
-    from p2pkit.sim.standins import apt_mark
-
     subprocess.run(["systemctl", f"--root={root}", "disable", "p2pkit-restore.timer"], check=True,
                    capture_output=True)
     (root / "etc/kernel/postinst.d/zz-p2pkit").unlink()
     (root / "etc/apt/apt.conf.d/99p2pkit-restore").unlink()
-    held = load_state(root)["holds"]
-    assert held and apt_mark(root, load_state(root), ["unhold", *held]) == 0
+    apt_mark = str(root / "usr/bin/apt-mark")  # the real apt-mark on the simulated root's dpkg database
+    held = subprocess.run([apt_mark, "showhold"], check=True, capture_output=True, text=True).stdout.split()
+    assert held
+    subprocess.run([apt_mark, "unhold", *held], check=True, capture_output=True)
     return held
 
 

@@ -13,13 +13,17 @@ from p2pkit.sim.lifecycle import STOCK_KO
 pytestmark = pytest.mark.slow
 KERNEL = "6.8.0-88-generic"
 SKIP = (".p2pkit-sim", "var/lib/p2pkit", "var/cache/p2pkit", "proc", "sys", "dev")
+# what the real dpkg and apt-mark write for their own bookkeeping when they run on the simulated root
+# (locks, the previous status, the database format): not host state a rollback puts back
+DPKG_BOOKKEEPING = {"var/lib/dpkg/lock", "var/lib/dpkg/lock-frontend", "var/lib/dpkg/triggers/Lock",
+                    "var/lib/dpkg/status-old", "var/lib/dpkg/info/format"}
 
 
 def tree(root: Path) -> dict[str, str]:
     out = {}
     for p in sorted(root.rglob("*")):
         rel = str(p.relative_to(root))
-        if rel.startswith(SKIP) or p.is_dir():
+        if rel.startswith(SKIP) or rel in DPKG_BOOKKEEPING or p.is_dir():
             continue
         out[rel] = "link:" + str(p.readlink()) if p.is_symlink() else hashlib.sha256(p.read_bytes()).hexdigest()
     return out
