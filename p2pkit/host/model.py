@@ -106,15 +106,22 @@ def read_head(path: Path, n: int = 64 << 20) -> bytes:
 TP_QUANT_KV_GUARD = "simultaneous use of SPLIT_MODE_TENSOR and KV cache quantization"  # llama.cpp before #23792
 
 
-def _gguf_shape(path: Path) -> dict:
+def open_gguf(path: Path):
+    """A GGUF file through the gguf package's reader, or {"error": ...} (no package, not readable)."""
     try:
         from gguf import GGUFReader
     except ImportError:
         return {"error": "reading GGUF needs the gguf package: pip install gguf"}
     try:
-        r = GGUFReader(str(path))
+        return GGUFReader(str(path))
     except Exception as e:  # the reader raises plain ValueErrors and struct errors on bad files
         return {"error": f"not a readable GGUF file: {e}"}
+
+
+def _gguf_shape(path: Path) -> dict:
+    r = open_gguf(path)
+    if isinstance(r, dict):
+        return r
 
     def val(key: str):
         f = r.fields.get(key)

@@ -50,14 +50,9 @@ def verify_file(ctx, path: Path) -> dict:
         return {"container_version": c["version"], "components": h.get("components", []),
                 "tensor_count": len(h.get("tensors", [])),
                 "formats": sorted({t.get("format") for t in h.get("tensors", []) if t.get("format")})}
-    try:
-        from gguf import GGUFReader
-    except ImportError:
-        return {"error": "reading GGUF needs the gguf package: pip install gguf"}
-    try:
-        r = GGUFReader(str(path))
-    except Exception as e:  # the reader raises plain ValueErrors and struct errors on bad files
-        return {"error": f"not a readable GGUF file: {e}"}
+    r = hm.open_gguf(path)
+    if isinstance(r, dict):
+        return r
     names = [t.name for t in r.tensors]
     arch = _gguf_field(r, "general.architecture")
     return {"tensor_count": len(names), "formats": sorted({t.tensor_type.name for t in r.tensors}),
