@@ -13,7 +13,6 @@ the result validated as a profile, and the diff shown before anything is written
 from __future__ import annotations
 
 import difflib
-import hashlib
 import re
 import shutil
 import tomllib
@@ -21,18 +20,12 @@ import urllib.request
 from pathlib import Path
 
 from p2pkit import config, tomlwrite, writers
+from p2pkit.backup import sha256 as sha256_file
 from p2pkit.errors import Exit, P2pkitError, UsageError
 from p2pkit.runner import Runner
 
 COMMIT40 = re.compile(r"^[0-9a-f]{40}$")
 
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def fetch(url: str, workdir: Path) -> Path:

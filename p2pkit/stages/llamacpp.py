@@ -12,7 +12,6 @@ not unpacked again and a directory p2pkit did not unpack is never touched."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -25,18 +24,11 @@ import urllib.request
 from pathlib import Path
 
 from p2pkit.artifacts import atomic_write
+from p2pkit.backup import sha256 as sha256_file
 
 MARKER = ".p2pkit-source.json"
 BASE_OPTIONS = ("-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_USE_PREBUILT_UI=OFF",
                 "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF")
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(8 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def archive_name(url: str) -> str:
