@@ -140,7 +140,8 @@ class Engine:
                       "may map, like 2.26.2 (P16: older ones fail on the 5090; P37: before 2.29.3 aarch64 leaks proxy "
                       "slots)")
     build_dir: str = f("/opt/p2pkit/engine", chars="path", pattern=r"^/", expect="an absolute path")
-    source_url: str = f("", chars="url", pattern=r"^((https://|file://|/).+|pypi:[A-Za-z0-9._-]+==[A-Za-z0-9.+!-]+)?$",
+    source_url: str = f("", chars="url",
+                        pattern=r"^((https://|file://|/).+|pypi:[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9][A-Za-z0-9.+!-]*)?$",
                         expect="a source archive: pypi:NAME==VERSION (the source distribution, through pip and "
                         "the package index it is set up for), an https:// URL or a local path (instead of repo "
                         "and commit)")

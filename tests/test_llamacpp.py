@@ -233,7 +233,8 @@ def test_a_pypi_source_that_pip_cannot_find_is_an_error_and_leaves_nothing(tmp_p
     assert list(cache.iterdir()) == []
 
 
-@pytest.mark.parametrize("bad", ["pypi:llama-cpp-python", "pypi:llama cpp==1", "pypi:x==1;rm"])
+@pytest.mark.parametrize("bad", ["pypi:llama-cpp-python", "pypi:llama cpp==1", "pypi:x==1;rm",
+                                 "pypi:-r==1", "pypi:x==-e"])  # never an option to pip
 def test_a_malformed_pypi_source_is_refused_by_the_profile(bad):
     from p2pkit.errors import ProfileError
 
