@@ -146,12 +146,18 @@ def test_p31_bar_lines_in_both_kernel_formats():
 
 
 def test_p35_wpr2_line_and_busy_gpu_without_process():
-    c = fc.wedged({"kernel_log": pf.kernel_log(fx("dmesg_wpr2_ogkm1230.txt")), "smi_q": {"gpus": []}}, NINFER)[0]
+    c = fc.wedged({"kernel_log": pf.kernel_log(fx("dmesg_wpr2_ogkm1230.txt")), "nvml": {"gpus": []}}, NINFER)[0]
     assert c.status == "fail" and "WPR2 already up" in c.measured and "reboot" in c.hint
-    busy = {"gpus": [{"bus_id": "00000000:01:00.0", "util_gpu_pct": 100, "processes": 0}]}
-    assert fc.wedged({"kernel_log": pf.kernel_log(""), "smi_q": busy}, NINFER)[0].status == "fail"
-    idle = {"gpus": [{"bus_id": "00000000:01:00.0", "util_gpu_pct": 0, "processes": 0}]}
-    assert fc.wedged({"kernel_log": pf.kernel_log(""), "smi_q": idle}, NINFER)[0].status == "pass"
+    gpu = {"bus_id": "00000000:01:00.0", "util_gpu_pct": 100, "processes": []}
+    quiet = pf.kernel_log("")
+    assert fc.wedged({"kernel_log": quiet, "nvml": {"gpus": [gpu]}}, NINFER)[0].status == "fail"
+    assert fc.wedged({"kernel_log": quiet, "nvml": {"gpus": [{**gpu, "util_gpu_pct": 0}]}}, NINFER)[0].status == "pass"
+    # busy with its own process is a GPU at work, not a wedged one
+    working = {**gpu, "processes": [{"pid": 4242, "used": 1 << 30}]}
+    assert fc.wedged({"kernel_log": quiet, "nvml": {"gpus": [working]}}, NINFER)[0].status == "pass"
+    # where NVML cannot list processes (NOT_SUPPORTED), "no process" is not claimed
+    unlisted = {**gpu, "processes": {"error": "Not Supported"}}
+    assert fc.wedged({"kernel_log": quiet, "nvml": {"gpus": [unlisted]}}, NINFER)[0].status == "pass"
 
 
 def test_dmesg_restrict_is_could_not_check_never_a_pass():

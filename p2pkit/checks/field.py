@@ -214,13 +214,15 @@ def module_sources(f: dict, p: Profile) -> list[Check]:
 
 
 def wedged(f: dict, p: Profile) -> list[Check]:
-    """P35: no GPU busy with no process, no "WPR2 already up" in the kernel log."""
+    """P35: no GPU busy with no process (NVML's utilization and compute processes, what `nvidia-smi -q`
+    prints as Utilization/GPU and Processes), no "WPR2 already up" in the kernel log."""
     id_, title = "field.gpu_wedged", "no GPU left wedged by a hung collective"
-    q, k = f.get("smi_q"), f.get("kernel_log")
-    busy = [] if unreadable(q) else [f"{g['bus_id']} {g['util_gpu_pct']}% busy, no process" for g in q["gpus"]
-                                     if (g.get("util_gpu_pct") or 0) >= 90 and g.get("processes") == 0]
+    n, k = f.get("nvml"), f.get("kernel_log")
+    busy = [] if unreadable(n) else [f"{g['bus_id']} {g['util_gpu_pct']}% busy, no process" for g in n["gpus"]
+                                     if isinstance(g.get("util_gpu_pct"), int) and g["util_gpu_pct"] >= 90
+                                     and g.get("processes") == []]
     lines = [] if unreadable(k) else k["wpr2"]
-    if unreadable(k) and unreadable(q):
+    if unreadable(k) and unreadable(n):
         return [could_not(id_, title, k, "idle GPUs, no WPR2 line", "P35")]
     out = [judge(id_, title, not busy and not lines, "; ".join(busy + lines[:2]) or "no busy GPU without a process, "
                  "no WPR2 line", "idle GPUs, no WPR2 line", "a hung NCCL collective leaves the GPU spinning until a "
@@ -341,7 +343,7 @@ def kernel_archs(f: dict, p: Profile) -> list[Check]:
 
 
 # What doctor reads for these checks (p2pkit.facts names them).
-FACTS = ("driver_params", "acs", "kernel_log", "drm", "module_sources", "roce_gids", "smi_topo_m", "smi_q", "iommu",
+FACTS = ("driver_params", "acs", "kernel_log", "drm", "module_sources", "roce_gids", "smi_topo_m", "nvml", "iommu",
          "pci_gpus", "module", "built_module", "boot_hold", "engine_env_file", "engine_nccl", "engine_archs",
          "profile_nccl")
 

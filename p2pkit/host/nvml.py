@@ -86,6 +86,7 @@ def _gather(nv) -> dict:
             "memory_total": mem.total if not isinstance(mem, dict) else mem,
             "memory_free": mem.free if not isinstance(mem, dict) else mem,
             "processes": _processes(nv, h),
+            "util_gpu_pct": _utilization(nv, h),
             "bar1_total": bar1.bar1Total if not isinstance(bar1, dict) else bar1,
             "link": {
                 "current_gen": _call((nv, "nvmlDeviceGetCurrPcieLinkGeneration"), h),
@@ -122,6 +123,12 @@ def _locked(nv, h) -> dict | None:
         return reasons
     app_setting = getattr(nv, "nvmlClocksEventReasonApplicationsClocksSetting", 0x2)
     return {"applications_clocks_setting": bool(reasons & app_setting)}
+
+
+def _utilization(nv, h) -> int | dict:
+    """Percent of the last sample period a kernel ran (what `nvidia-smi -q` prints as Utilization/GPU)."""
+    u = _call((nv, "nvmlDeviceGetUtilizationRates"), h)
+    return u if isinstance(u, dict) else u.gpu
 
 
 def _processes(nv, h) -> list | dict:

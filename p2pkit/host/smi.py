@@ -41,13 +41,3 @@ def topo_m(host: Host) -> dict:
         except ValueError as e:
             out["pair_error"] = str(e)
     return out
-
-
-def query(host: Host) -> dict:
-    text = _run(host, ["-q"])
-    if isinstance(text, dict):
-        return text
-    gpus = psmi.smi_q_gpus(text)
-    if not gpus:
-        return {"error": "`nvidia-smi -q` listed no GPU"}
-    return {"gpus": gpus}

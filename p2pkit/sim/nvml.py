@@ -113,6 +113,10 @@ class SimNvml:
     def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list:
         return []  # the simulated engine holds no GPU memory
 
+    def nvmlDeviceGetUtilizationRates(self, h: int):
+        util = int(self._gpu(h).get("util", 0))  # a scenario's GPU left spinning (P35) sets it
+        return pynvml.c_nvmlUtilization_t(gpu=util, memory=0)
+
     def nvmlDeviceGetBAR1MemoryInfo(self, h: int):
         total = self._gpu(h)["bar1_bytes"]
         return pynvml.c_nvmlBAR1Memory_t(bar1Total=total, bar1Free=total - (2 << 20), bar1Used=2 << 20)
