@@ -1,0 +1,157 @@
+"""The typer application: every command and the global options. `p2pkit.cli.main` answers
+`--version` and the top-level `--help` without it and hands every other command line to run()."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import traceback
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from p2pkit import __version__, children
+from p2pkit.cli import bench_cmd, common, net_cmd, pin_cmd, profile_cmd, serve_cmd, sim_cmd, stages_cmd
+from p2pkit.errors import Exit, P2pkitError
+
+app = typer.Typer(
+    name="p2pkit",
+    help="Bring a dual-GPU PCIe P2P host up, stage by stage, with a proof at every stage.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=True,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"p2pkit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    profile: Annotated[str | None, typer.Option("--profile", "-p", help="built-in profile name or a TOML file",
+                                                envvar="P2PKIT_PROFILE")] = None,
+    overrides: Annotated[list[str] | None, typer.Option("--set", metavar="SECTION.KEY=VALUE",
+                                                        help="override one profile key (repeatable), "
+                                                        "like --set serve.flags.node-rank=1; `up` records "
+                                                        "them: later commands on this host use them")] = None,
+    unset: Annotated[list[str] | None, typer.Option("--unset", metavar="SECTION.KEY",
+                                                    help="drop an override the host's state recorded (repeatable)")]
+    = None,
+    root: Annotated[Path, typer.Option("--root", help="host root: / or a simulated host directory",
+                                       envvar="P2PKIT_ROOT")] = Path("/"),
+    state_dir: Annotated[Path | None, typer.Option("--state-dir", help="artifacts directory "
+                                                   "(default <root>/var/lib/p2pkit)")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print only a JSON document on stdout")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask; act")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="log every command; show tracebacks")] = False,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True)] = False,
+) -> None:
+    common.OPTS.profile = profile
+    common.OPTS.overrides = tuple(overrides or ())
+    common.OPTS.unset = tuple(unset or ())
+    common.OPTS.root = root
+    common.OPTS.state_dir = state_dir
+    common.OPTS.json = json_out
+    common.OPTS.yes = yes
+    common.OPTS.debug = debug
+    common.setup_logging(debug)
+
+
+stages_cmd.register(app)
+app.command()(pin_cmd.pin)
+app.command()(bench_cmd.bench)
+app.add_typer(profile_cmd.app, name="profile")
+app.add_typer(sim_cmd.app, name="sim")
+app.add_typer(serve_cmd.app, name="serve")
+app.add_typer(net_cmd.app, name="net")
+
+
+GLOBAL_FLAGS = {"--json", "--yes", "-y", "--debug"}
+GLOBAL_VALUES = {"--profile", "-p", "--set", "--unset", "--root", "--state-dir"}
+
+
+def hoist_global_options(argv: list[str]) -> list[str]:
+    """Let global options stand after the command too (`p2pkit doctor --json`): move them first."""
+    front, rest, i = [], [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--":
+            rest += argv[i:]
+            break
+        name = a.split("=", 1)[0]
+        if a in GLOBAL_FLAGS or (name in GLOBAL_VALUES and "=" in a):
+            front.append(a)
+        elif a in GLOBAL_VALUES and i + 1 < len(argv):
+            front += [a, argv[i + 1]]
+            i += 1
+        else:
+            rest.append(a)
+        i += 1
+    return front + rest
+
+
+def _terminated(signum, _frame) -> None:
+    """SIGTERM/SIGHUP: end the commands p2pkit runs with it, then exit like Ctrl-C does."""
+    children.kill_all()
+    raise SystemExit(128 + signum)
+
+
+def _fail(code: int, message: str, hint: str) -> None:
+    out = common.output()
+    out.error(message, hint)
+    out.error_document(code, message, hint)
+    sys.exit(int(code))
+
+
+GROUPS = {"sim", "serve", "net", "profile"}
+
+
+def command_path(argv: list[str]) -> list[str]:
+    """The command words of a hoisted command line: ["sim", "init"], ["status"]."""
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        i += 1 + (argv[i] in GLOBAL_VALUES)
+    words = [a for a in argv[i:i + 2] if not a.startswith("-")]
+    return words[:2] if words and words[0] in GROUPS else words[:1]
+
+
+def _usage_error(e: Exception) -> bool:
+    """An error the CLI framework raised for a bad command line (click's UsageError and kin, in
+    whichever click typer runs on): it has an exit code and shows itself."""
+    return hasattr(e, "exit_code") and hasattr(e, "show") and hasattr(e, "format_message")
+
+
+def run() -> None:
+    from p2pkit import output
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _terminated)
+    argv = hoist_global_options(sys.argv[1:])
+    output.COMMAND[:] = command_path(argv)
+    try:
+        rc = app(args=argv, prog_name="p2pkit", standalone_mode=False)
+    except P2pkitError as e:
+        if common.OPTS.debug:
+            traceback.print_exc()
+        _fail(e.code, e.message, e.hint)
+    except KeyboardInterrupt:
+        _fail(130, "interrupted", "run the same command again: p2pkit resumes where it stopped")
+    except Exception as e:
+        if _usage_error(e):  # an unknown command or option, a bad choice: typer's message, exit 2
+            e.show()
+            if "--json" in argv:
+                common.OPTS.json = True
+                common.output().error_document(e.exit_code, e.format_message(), "see `p2pkit --help`")
+            sys.exit(e.exit_code)
+        if type(e).__name__ == "Abort":  # the framework's Ctrl-C at a prompt
+            _fail(130, "interrupted", "run the same command again: p2pkit resumes where it stopped")
+        # a bug: one paragraph, traceback only with --debug
+        if common.OPTS.debug:
+            traceback.print_exc()
+        _fail(Exit.INTERNAL, f"internal error: {type(e).__name__}: {e}",
+              "rerun with --debug for the traceback and report it")
+    sys.exit(rc if isinstance(rc, int) else 0)
