@@ -462,6 +462,56 @@ def public_address(host: str) -> str:
     return f"resolves to {', '.join(public)}" if public else ""
 
 
+# Profile paths that must resolve inside the directory they are named in (their parent as written):
+# what p2pkit writes into or creates as root, reads as root and hands on, or gives the engine's user.
+# A symlink there that leads out (to /etc, another disk) is refused before anything is written.
+CONTAINED = ("driver.cache_dir", "p2p_module.signing_key", "engine.build_dir", "model.source", "model.output",
+             "model.draft_source")
+# Path keys left out, each for its reason: places a tool is only used from, where a link is how they are
+# installed, and p2pkit writes nothing there.
+NOT_CONTAINED = {
+    "engine.python": "a virtual environment's python is a link to the system's",
+    "engine.nccl_root": "a read-only prefix NCCL is used from (/opt/nccl -> nccl-2.26.2 is how it is installed)",
+    "engine.pkg_config_path": "a read-only search path",
+    "engine.branch": "a git branch name, not a path",
+    "engine.source_subdir": "a directory inside the archive, checked when it is unpacked",
+    "model.nvme_paths": "a link to the NVMe copy is the copy (P26); the storage check follows it",
+}
+# Paths under the state directory (--state-dir) that the playbooks write or give the engine's user.
+STATE_PATHS = {"the service's working directory": "engine", "the stages' logs": "logs"}
+
+
+def leads_out(realpath, path: str, under: str) -> str | None:
+    """Why `path` does not stay inside `under` once symlinks are followed (`realpath` resolves a path
+    as the host sees it), or None when it stays. `under` may itself be a link: where it leads is the
+    directory."""
+    real, base = realpath(path), realpath(under)
+    if real.startswith(base.rstrip("/") + "/"):
+        return None
+    return (f"{path} leads to {real}, outside {under}" + (f" ({base})" if base != under else "") +
+            " (a symlink leads out)")
+
+
+def escaping_paths(p: Profile, realpath, state_dir: str | None = None) -> list[tuple[str, str]]:
+    """(key, why) for every profile path in CONTAINED, and each of STATE_PATHS under `state_dir`, that
+    a symlink leads out of the directory it belongs to. `realpath`: the host's (Host.realpath)."""
+    out = []
+    named = [(k, getattr(getattr(p, k.split(".")[0]), k.split(".")[1]), None) for k in CONTAINED]
+    if state_dir:
+        named += [(what, f"{state_dir.rstrip('/')}/{sub}", state_dir) for what, sub in STATE_PATHS.items()]
+    for key, path, under in named:
+        if not path:
+            continue
+        path = path.rstrip("/") or "/"
+        why = leads_out(realpath, path, under or path.rpartition("/")[0] or "/")
+        if why:
+            fix = (f"remove the link, or write where it is meant to be in {key} itself" if under is None
+                   else "remove the link, or give a --state-dir whose own directories are real")
+            out.append((key, f"{why}: p2pkit writes and reads as root only inside the directory a path names; "
+                             f"{fix}"))
+    return out
+
+
 def builtin_names() -> list[str]:
     return sorted(p.name.removesuffix(".toml") for p in resources.files("p2pkit.profiles").iterdir()
                   if p.name.endswith(".toml"))

@@ -24,12 +24,16 @@ GGUF = "/srv/models/tiny-llama-BF16.gguf"
 SETS = ["engine.cuda=false", f"model.source={MODEL}", f"model.output={GGUF}", 'model.components=["text"]',
         "serve.flags.split-mode=none", "serve.flags.ctx-size=2048", "serve.flags.spec-type=draft-simple",
         f"serve.flags.model-draft={GGUF}", "serve.flags.threads=2", "bench.prompt_tokens=32",
-        "bench.output_tokens=32", "bench.requests=3"]
+        "bench.output_tokens=32", "bench.requests=3",
+        # the real build, shared by the tests' hosts: /opt/p2pkit-tests is a link to its cache, so the
+        # build dir is a real directory inside it (a build dir that is itself a link out is refused)
+        f"engine.build_dir=/opt/p2pkit-tests/{llama_real.build_dir().name}"]
 
 
 def llama_sim(root: Path) -> Path:
     """A simulated host for the llama.cpp profile, with the pinned archive in its download cache,
-    its engine build dir on the real build's cache and the tiny checkpoint as its model source."""
+    its engine build dir in the real build's cache (engine.build_dir in SETS) and the tiny checkpoint
+    as its model source."""
     state = scenarios.build("healthy")
     state["profile"] = "dual-5090-llamacpp"
     root.mkdir(parents=True)
@@ -41,9 +45,8 @@ def llama_sim(root: Path) -> Path:
         os.link(arc, cached)
     except OSError:
         shutil.copy(arc, cached)
-    build = root / "opt/p2pkit/llama.cpp"
-    build.parent.mkdir(parents=True, exist_ok=True)
-    build.symlink_to(llama_real.build_dir())
+    (root / "opt").mkdir(exist_ok=True)
+    (root / "opt/p2pkit-tests").symlink_to(llama_real.build_dir().parent)
     # head size 32: the profile's q4_0 KV cache needs it divisible by q4_0's block of 32
     # ("K cache type q4_0 with block size 32 does not divide n_embd_head_k=16" at hidden 64)
     tiny_checkpoint.make(root / MODEL.lstrip("/"), hidden=128)

@@ -566,3 +566,58 @@ def test_profile_show_redacts_a_secret(cli, tmp_path):
                                                                                         str(f)]):
         r = cli(*args)
         assert r.code == 0 and "hf_0123456789" not in r.out + r.err and "<redacted>" in r.out, (args, r.err)
+
+
+@pytest.mark.parametrize("key", [*config.CONTAINED, *config.STATE_PATHS])
+def test_every_contained_path_refuses_a_symlink_leading_out(tmp_path, key):
+    """Each path that belongs under a directory, planted as a link to the host's /etc: refused naming
+    the key, the path and where it leads. A directory above it that is a link, or a link that stays
+    inside, is fine. (Removing a key from the check fails its case here.)"""
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "data/real").mkdir(parents=True)
+    state = "/var/lib/p2pkit"
+    if key in config.STATE_PATHS:
+        prof, path = config.from_dict(profile_with(), "ok.toml"), f"{state}/{config.STATE_PATHS[key]}"
+    else:
+        sec, name = key.split(".")
+        path = f"/srv/{name}/item"
+        prof = config.from_dict(profile_with(**{f"{sec}__{name}": path}), "ok.toml")
+    host = Host.at(tmp_path)
+    link = host.path(path)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    assert config.escaping_paths(prof, host.realpath, state) == []
+    link.symlink_to("/etc")
+    got = dict(config.escaping_paths(prof, host.realpath, state))
+    assert list(got) == [key] and f"{path} leads to /etc, outside {path.rpartition('/')[0]}" in got[key], got
+    link.unlink()
+    link.symlink_to("real-inside")  # a link that stays in its directory
+    assert config.escaping_paths(prof, host.realpath, state) == []
+    link.unlink()
+    parent = link.parent
+    parent.rmdir()
+    parent.symlink_to("/data/real")  # the directory itself elsewhere: where it leads is the directory
+    assert config.escaping_paths(prof, host.realpath, state) == []
+
+
+def test_every_path_key_is_contained_or_left_out_for_a_reason():
+    keys = {f"{sec}.{fl.name}" for sec, cls in config.SECTIONS.items() for fl in config.fields(cls)
+            if fl.metadata.get("chars") == "path" or str(fl.metadata.get("pattern") or "").startswith(r"^/")
+            or "(/.*)" in str(fl.metadata.get("pattern") or "")} | {"model.source"}  # a local directory
+    assert keys == set(config.CONTAINED) | set(config.NOT_CONTAINED), keys ^ (set(config.CONTAINED)
+                                                                            | set(config.NOT_CONTAINED))
+
+
+def test_profile_validate_and_up_refuse_a_model_output_linked_out(cli, sim):
+    """On a simulated host: the model's output planted as a link to /etc/shadow. `profile validate
+    --root` exits 2 naming the key, the path and where it leads; `up` refuses before it writes anything."""
+    root = sim("healthy")
+    prof = config.load(Host.at(root).sim["profile"])
+    out = Host.at(root).path(prof.model.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.symlink_to("/etc/shadow")
+    r = cli("--root", str(root), "profile", "validate", prof.name)
+    assert r.code == 2 and f"model.output: {prof.model.output} leads to /etc/shadow, outside " in r.err, r.err
+    before = sorted(p.relative_to(root) for p in root.rglob("*"))
+    r = cli("--root", str(root), "--yes", "up", "--to", "preflight")
+    assert r.code == 2 and "model.output" in r.err, r.err
+    assert sorted(p.relative_to(root) for p in root.rglob("*")) == before

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from p2pkit import config, hoststate
 from p2pkit.artifacts import Store
-from p2pkit.errors import UsageError
+from p2pkit.errors import ProfileError, UsageError
 from p2pkit.host import SIM_MARKER, Host
 from p2pkit.output import Output
 from p2pkit.pipeline import Ctx, state_dir_default
@@ -64,7 +64,16 @@ def profile(h: Host | None = None) -> config.Profile:
         return config.load(OPTS.profile, OPTS.overrides)
     fallback = h.sim.get("profile") if h.simulated else None
     source, overrides = hoststate.resolve(state_dir(h), OPTS.profile, OPTS.overrides, OPTS.unset, fallback)
-    return config.load(source, overrides)
+    return contained(config.load(source, overrides), h)
+
+
+def contained(p: config.Profile, h: Host) -> config.Profile:
+    """The profile's paths (and the state directory's) checked on this host: a symlink that leads
+    out of the directory a path belongs to is refused before anything is written (exit 2)."""
+    problems = config.escaping_paths(p, h.realpath, h.host_path(state_dir(h)))
+    if problems:
+        raise ProfileError(p.source, problems)
+    return p
 
 
 def context(h: Host | None = None) -> Ctx:

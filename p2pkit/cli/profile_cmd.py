@@ -57,7 +57,7 @@ def validate(path: Annotated[str, typer.Argument(help="profile TOML file (or bui
     """Check a profile; every problem with its key path. Exit 2 when it is not valid."""
     out = common.output()
     try:
-        p = config.load(path, common.OPTS.overrides)
+        p = common.contained(config.load(path, common.OPTS.overrides), common.host())
     except ProfileError as e:
         if common.OPTS.json:
             out.document({"valid": False, "source": e.source,

@@ -8,7 +8,7 @@ import os
 import re
 from pathlib import Path
 
-from p2pkit import writers
+from p2pkit import config, writers
 from p2pkit.artifacts import CorruptArtifact, atomic_write, read_json
 from p2pkit.engine_cmd import binary
 from p2pkit.host import model as hm
@@ -84,15 +84,11 @@ def engine_support(ctx) -> dict:
 
 
 def leaves_its_directory(host, path: str) -> str | None:
-    """model.output must stay in the directory the profile names: a symlink (the file itself, or a
-    link that replaced a directory of it) that leads elsewhere is refused, never written through."""
-    parent = os.path.dirname(path)
-    real_parent = host.realpath(parent)
-    real = host.realpath(path)
-    if os.path.dirname(real) != real_parent or host.path(path).is_symlink():
-        return (f"{path} resolves to {real}, outside {parent} (a symlink leads out): p2pkit writes a model only "
-                f"inside the directory the profile names; remove the link or point model.output at the real place")
-    return None
+    """model.output must stay in the directory the profile names (config.leads_out): a symlink that
+    leads elsewhere is refused here too, at the write (the CLI refused it when it loaded the profile)."""
+    why = config.leads_out(host.realpath, path, os.path.dirname(path))
+    return why and (f"{why}: p2pkit writes a model only inside the directory the profile names; remove the link "
+                    "or point model.output at the real place")
 
 
 def existing(ctx, res: dict) -> dict:
