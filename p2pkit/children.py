@@ -6,15 +6,22 @@ ansible-playbook's workers call setsid(), so only their inherited environment sa
 While a run holds the state lock the groups are listed in <state>/.children (with the owner's pid
 and start time). A p2pkit killed with SIGKILL cannot clean up: its direct children die with it
 (PR_SET_PDEATHSIG), but their own children (ansible's workers, make's compilers) would run on
-outside the lock. The next p2pkit reads the file before it takes the lock and kills what is left.
+outside the lock. So the lock holder starts a guard (guard()): a small process in its own session
+that waits on a pipe only p2pkit holds. When p2pkit is gone, however it died (SIGKILL included), the
+pipe reads end-of-file, and the guard takes the lock, kills what the record names at once and leaves
+a note (<state>/.reaped) that the next run says. If the guard was killed too, the next p2pkit reads
+the record before it takes the lock and kills what is left itself.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -24,6 +31,7 @@ log = logging.getLogger("p2pkit.children")
 _mu = threading.Lock()
 _live: dict[int, dict] = {}
 _file: Path | None = None
+_guard_pid: int | None = None
 
 
 def start_time(pid: int) -> int | None:
@@ -44,10 +52,20 @@ def _pgid(pid: int) -> int | None:
         return None
 
 
+def alive(pid: int) -> bool:
+    """A process with this pid exists and is not a zombie."""
+    return _pgid(pid) is not None
+
+
+def running(pid: int, start: int | None) -> bool:
+    """The process that had this pid and start time is still running (a zombie is not)."""
+    return _pgid(pid) is not None and start_time(pid) == start
+
+
 def _save() -> None:
     if _file is None:
         return
-    doc = {"owner": os.getpid(), "owner_start": start_time(os.getpid()),
+    doc = {"owner": os.getpid(), "owner_start": start_time(os.getpid()), "guard": _guard_pid,
            "groups": [{"pgid": pgid, **info} for pgid, info in _live.items()]}
     tmp = _file.with_name(f".{_file.name}.{os.getpid()}.tmp")
     try:  # no fsync: after a power loss no process is left to find
@@ -147,7 +165,7 @@ def reap_leftovers(path: Path) -> list[str]:
     except (OSError, ValueError, KeyError, TypeError):
         path.unlink(missing_ok=True)
         return []
-    if owner == os.getpid() or (start_time(owner) is not None and start_time(owner) == owner_start):
+    if owner == os.getpid() or running(owner, owner_start):
         return []  # that p2pkit is alive (it released the lock without cleaning up: not a leftover)
     said = []
     for g in groups:
@@ -161,3 +179,78 @@ def reap_leftovers(path: Path) -> list[str]:
         said.append(f"killed {len(pids)} process(es) of `{' '.join(g.get('argv', []))}` (process group {pgid})")
     path.unlink(missing_ok=True)
     return said
+
+
+REAPED = ".reaped"  # beside the record: what a guard killed after its p2pkit died, for the next run to say
+GUARD = "import sys; from p2pkit import children; children.guard_main(*sys.argv[1:])"
+
+
+def guard(record: Path, lock: Path) -> tuple[subprocess.Popen, int] | None:
+    """Start the guard of this run's children; returns it and the pipe end to close at the end (or None
+    when it cannot start: the next run still cleans up)."""
+    global _guard_pid
+    r, w = os.pipe()  # both ends close-on-exec: no command p2pkit runs holds the write end
+    env = {k: v for k, v in os.environ.items() if k != TOKEN}
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", GUARD, str(r), str(record), str(lock)], pass_fds=(r,),
+                                start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, env=env)
+    except OSError as e:
+        log.debug("could not start the guard of the running commands: %s", e)
+        os.close(w)
+        return None
+    finally:
+        os.close(r)
+    with _mu:
+        _guard_pid = proc.pid
+        _save()
+    return proc, w
+
+
+def unguard(guarded: tuple[subprocess.Popen, int] | None) -> None:
+    """The run ends normally (its record already removed): the guard wakes, finds nothing, exits."""
+    global _guard_pid
+    if guarded is None:
+        return
+    proc, w = guarded
+    _guard_pid = None
+    os.close(w)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def guard_main(fd: str, record: str, lock: str) -> None:
+    """The guard: wait for the pipe's end (p2pkit is gone), then, holding the lock so that no new run
+    starts meanwhile, kill what the record names and note it. A new run that already holds the lock
+    has cleaned up itself."""
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    while os.read(int(fd), 64):
+        pass
+    os.close(int(fd))
+    try:
+        lfd = os.open(lock, os.O_RDWR)
+        fcntl.flock(lfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return
+    said = reap_leftovers(Path(record))
+    if said:
+        note = Path(record).with_name(REAPED)
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        with open(note, "a") as fh:
+            fh.writelines(f"{line} (at {stamp}, by the guard of the p2pkit run that was killed)\n" for line in said)
+    os.close(lfd)
+
+
+def reaped(record: Path) -> list[str]:
+    """What a guard killed since the last run (and forget it)."""
+    note = record.with_name(REAPED)
+    try:
+        lines = note.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    note.unlink(missing_ok=True)
+    return [ln for ln in lines if ln.strip()]

@@ -1,7 +1,8 @@
 """One run at a time: an flock on the state directory's lock file.
 
-Before it takes the lock, a run kills what a dead run left behind (p2pkit.children) and says so;
-while it holds the lock, the commands it runs are recorded in <state>/.children.
+Before it takes the lock, a run kills what a dead run left behind (p2pkit.children) and says so, or
+says what that run's guard already killed; while it holds the lock, the commands it runs are
+recorded in <state>/.children and its guard waits to clean up if it dies.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -28,7 +30,7 @@ def state_lock(state_dir: Path, say=None):
         raise state_dir_unwritable(state_dir, e) from e
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _flock(fd)
         except BlockingIOError:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
             raise LockedError(
@@ -37,18 +39,37 @@ def state_lock(state_dir: Path, say=None):
                      "running, the lock is released automatically: run again",
             ) from None
         record = state_dir / ".children"
+        for line in children.reaped(record):
+            (say or log.warning)(f"a p2pkit run that was killed left commands running: {line}")
         for line in children.reap_leftovers(record):
             (say or log.warning)(f"a p2pkit run that was killed left commands running: {line}, before this run "
                                  "took the lock")
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         children.track(record)
+        guarded = children.guard(record, path)
         try:
             yield
         finally:
             children.track(None)
+            children.unguard(guarded)
     finally:
         os.close(fd)
+
+
+def _flock(fd: int) -> None:
+    """The lock, or BlockingIOError while a live run holds it. A holder that is no longer running is
+    the guard of a killed run, cleaning up what it left (children.guard_main): wait for it (seconds)."""
+    end = time.monotonic() + 15
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+            if not holder.isdigit() or children.alive(int(holder)) or time.monotonic() > end:
+                raise
+            time.sleep(0.05)
 
 
 def lock_holder(state_dir: Path) -> str | None:

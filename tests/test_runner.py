@@ -84,9 +84,9 @@ with state_lock(Path(sys.argv[1])):
 
 @pytest.mark.parametrize("kind", ["make", "ansible-playbook"])
 def test_kill_9_leaves_no_process_and_the_next_run_goes_through(tmp_path, kind):
-    """p2pkit killed with SIGKILL during a build (make) and during a playbook: its direct child
-    dies with it, the next run kills the rest before it takes the lock and says so, and nothing
-    of the killed run is left."""
+    """p2pkit killed with SIGKILL during a build (make) and during a playbook, its guard killed
+    first (so that only the next run can clean up): its direct child dies with it, the next run kills
+    the rest before it takes the lock and says so, and nothing of the killed run is left."""
     state, pidfile = tmp_path / "state", tmp_path / "grandchild.pid"
     if kind == "make":
         (tmp_path / "Makefile").write_text(f"all:\n\tsh -c 'echo $$$$ > {pidfile}; exec sleep 600'\n")
@@ -102,7 +102,10 @@ def test_kill_9_leaves_no_process_and_the_next_run_goes_through(tmp_path, kind):
     try:
         assert _wait(lambda: pidfile.is_file() and pidfile.read_text().strip(), 60), "the command never started"
         grandchild = int(pidfile.read_text())
-        [group] = json.loads((state / ".children").read_text())["groups"]
+        record = json.loads((state / ".children").read_text())
+        [group] = record["groups"]
+        os.kill(record["guard"], signal.SIGKILL)
+        assert _wait(lambda: not _alive(record["guard"]))
         holder.send_signal(signal.SIGKILL)
         holder.wait()
         assert _wait(lambda: not _alive(group["pgid"])), "the direct child outlived p2pkit"
@@ -139,3 +142,42 @@ def test_captured_output_is_capped():
     out = Runner().run([sys.executable, "-c", code]).stdout
     assert len(out) <= HEAD_CAP + TAIL_CAP + 200
     assert out.startswith("FIRST LINE") and out.endswith("LAST LINE\n") and "p2pkit dropped" in out
+
+
+def test_a_sigkilled_p2pkit_takes_its_setsid_grandchild_with_it(sim, cli):
+    """The real p2pkit on a simulated host, its `uname` a stand-in that starts a grandchild in a session
+    of its own (setsid) and hangs. p2pkit killed with SIGKILL: the grandchild is gone at once (its guard
+    killed it, no other p2pkit ran), and the next run says what was killed."""
+    root = sim("healthy")
+    pidfile = root / "grandchild.pid"
+    standin = root / "usr/local/bin/uname"
+    standin.parent.mkdir(parents=True, exist_ok=True)
+    standin.write_text("#!/bin/sh\nsetsid sh -c 'echo $$ > " + str(pidfile) + "; exec sleep 600' "
+                       "</dev/null >/dev/null 2>&1 &\nexec sleep 600\n")
+    standin.chmod(0o755)
+    exe = Path(sys.executable).parent / "p2pkit"
+    run = subprocess.Popen([str(exe), "--root", str(root), "--yes", "up", "--to", "driver"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    grandchild = None
+    try:
+        assert _wait(lambda: pidfile.is_file() and pidfile.read_text().strip(), 60), "uname never ran"
+        grandchild = int(pidfile.read_text())
+        record = json.loads((root / "var/lib/p2pkit/.children").read_text())
+        assert Path(f"/proc/{grandchild}/stat").read_text().split()[5] == str(grandchild)  # its own session
+        assert _alive(record["guard"]) and record["groups"][0]["argv"] == ["uname", "-m"]
+        run.send_signal(signal.SIGKILL)
+        run.wait()
+        assert _wait(lambda: not _alive(grandchild), 15), "the setsid grandchild outlived p2pkit"
+        assert _wait(lambda: not _alive(record["guard"]))
+    finally:
+        if run.poll() is None:
+            run.kill()
+        if grandchild and _alive(grandchild):
+            os.kill(grandchild, signal.SIGKILL)
+    standin.unlink()
+    r = cli("--root", str(root), "--yes", "up", "--to", "preflight")
+    assert r.code == 0, r.err
+    said = "a p2pkit run that was killed left commands running: killed 1 process(es) of `uname -m`"  # the grandchild
+    assert said in r.err, r.err
+    assert "by the guard of the p2pkit run that was killed" in r.err
+    assert not (root / "var/lib/p2pkit/.reaped").exists() and not (root / "var/lib/p2pkit/.children").exists()
