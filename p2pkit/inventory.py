@@ -15,6 +15,7 @@ from pathlib import Path
 
 from p2pkit import __version__, writers
 from p2pkit.ansible import playbook_binary, share_dir
+from p2pkit.backup import sha256
 from p2pkit.errors import Exit, MissingError, UsageError
 from p2pkit.runner import Runner, own_executable
 from p2pkit.stages import names
@@ -83,7 +84,8 @@ def host_names(inventory: Path, runner: Runner) -> list[str]:
 
 def run(inventory: Path, action: str, command: list[str], out, wheel: Path | None = None) -> tuple[Exit, dict]:
     """`wheel`: this p2pkit as a wheel, installed on the hosts that are not reached locally (or that
-    set p2pkit_install); without it they install this version from the package index.
+    set p2pkit_install), checked there against its sha256; without it such a host reports that it
+    needs one.
 
     ansible-playbook runs through the one runner, with the operator's environment (SSH_AUTH_SOCK,
     proxies, ANSIBLE_*) and Ansible configuration; each host's result is read from structured data:
@@ -102,7 +104,7 @@ def run(inventory: Path, action: str, command: list[str], out, wheel: Path | Non
              "p2pkit_lock": str(Path(__file__).parent / "requirements.lock"),
              "p2pkit_controller_python": sys.executable, "p2pkit_host_timeout_default": timeout}
     if wheel is not None:
-        extra["p2pkit_wheel"] = str(wheel.resolve())
+        extra.update(wheel_vars(wheel))
     vars_file = work / "vars.yml"
     vars_file.write_text(writers.ansible_vars(extra))  # a {{ }} in a value is never evaluated
     argv = [playbook_binary(), "-i", str(inventory), "-f", str(max(5, len(hosts))), "-e", f"@{vars_file}",
@@ -142,6 +144,12 @@ def run(inventory: Path, action: str, command: list[str], out, wheel: Path | Non
         Exit.REBOOT if all(c in (0, 4) for c in codes) else Exit.CHECK_FAILED)
     report["exit_code"] = int(code)
     return code, report
+
+
+def wheel_vars(wheel: Path) -> dict:
+    """The controller's wheel for the hosts that install p2pkit, with its sha256: the host installs it
+    in pip's hash-checking mode, so a wheel changed on the way (or on the host) is refused."""
+    return {"p2pkit_wheel": str(wheel.resolve()), "p2pkit_wheel_sha256": sha256(wheel)}
 
 
 def shown_state(s: dict) -> str:

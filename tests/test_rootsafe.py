@@ -8,6 +8,7 @@ import json
 import re
 import shlex
 import subprocess
+import sys
 import tomllib
 from dataclasses import replace
 from pathlib import Path
@@ -538,8 +539,67 @@ def test_the_remote_install_checks_every_dependency_against_a_locked_sha256():
     book = yaml.safe_load((REPO / "playbooks/inventory.yml").read_text())
     tasks = [t for b in book[0]["tasks"] for t in b.get("block", [b])]
     pips = [t["ansible.builtin.pip"] for t in tasks if "ansible.builtin.pip" in t]
-    assert [p.get("extra_args") for p in pips] == ["--require-hashes --no-deps", "--no-deps"], pips
-    assert pips[0]["requirements"].endswith("requirements.lock")
+    assert [p.get("extra_args") for p in pips] == ["--require-hashes --no-deps"] * 2, pips
+    assert pips[0]["requirements"].endswith("requirements.lock") and "name" not in pips[1]
+    assert pips[1]["requirements"].endswith("/p2pkit.requirement")
+
+
+def _pip_dry_run(req: Path, extra_args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed",
+                           *extra_args.split(), "-r", str(req)], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_the_remote_install_refuses_a_tampered_wheel_or_lock_entry(tmp_path):
+    """The playbook's own tasks, rendered as the host gets them, run by the real pip: the controller's
+    wheel with the sha256 the controller took of it installs; the same wheel changed by one byte is
+    refused, and so is a lock entry whose sha256 was changed; without a wheel the install is refused."""
+    import shutil
+
+    import yaml
+    from jinja2 import Environment
+
+    from p2pkit import inventory
+    from tests.conftest import REPO
+
+    book = yaml.safe_load((REPO / "playbooks/inventory.yml").read_text())
+    tasks = {t["name"]: t for b in book[0]["tasks"] for t in b.get("block", [b])}
+    write = next(t["ansible.builtin.copy"] for n, t in tasks.items() if "requirement with its sha256" in n)
+    pip = next(t["ansible.builtin.pip"] for t in tasks.values() if "ansible.builtin.pip" in t
+               and t["ansible.builtin.pip"]["requirements"] == write["dest"])
+    refuse = next(t for n, t in tasks.items() if n.startswith("Refuse to install p2pkit without"))
+    env = Environment()
+    dist = tmp_path / "dist"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(REPO)], check=True,
+                   capture_output=True)
+    wheel = next(dist.glob("p2pkit-*.whl"))
+    hv = inventory.wheel_vars(wheel)
+    assert env.compile_expression(refuse["when"])(**hv) is False
+    assert env.compile_expression(refuse["when"])() is True and "--wheel" in refuse["ansible.builtin.fail"]["msg"]
+    # on the host: the wheel copied byte for byte to p2pkit_wheel_dest, the requirement beside it
+    host_wheel = tmp_path / "host/opt/p2pkit/dist" / wheel.name
+    host_wheel.parent.mkdir(parents=True)
+    shutil.copy(wheel, host_wheel)
+    req = tmp_path / "host/opt/p2pkit/p2pkit.requirement"
+    req.write_text(env.from_string(write["content"]).render(**hv, p2pkit_wheel_dest=str(host_wheel)))
+    ok = _pip_dry_run(req, pip["extra_args"])
+    assert ok.returncode == 0 and "Would install p2pkit" in ok.stdout, ok.stderr[-2000:]
+    with open(host_wheel, "ab") as fh:  # changed on the way or on the host
+        fh.write(b"\0")
+    bad = _pip_dry_run(req, pip["extra_args"])
+    assert bad.returncode != 0 and "DO NOT MATCH THE HASHES" in bad.stderr, bad.stderr[-2000:]
+    # a lock entry whose sha256 was changed (the smallest locked package, fetched as the host would)
+    lock = (REPO / "p2pkit/requirements.lock").read_text()
+    entry = re.search(r"^annotated-types==.*?(?=^\S)", lock, re.M | re.S).group()
+    first = re.search(r"sha256:([0-9a-f]{64})", entry).group(1)
+    good_lock = tmp_path / "good.lock"
+    good_lock.write_text(entry)
+    if _pip_dry_run(good_lock, "--require-hashes --no-deps").returncode != 0:
+        pytest.skip("the package index that serves the lock's files cannot be reached here")
+    tampered = tmp_path / "tampered.lock"
+    tampered.write_text(re.sub(r"sha256:[0-9a-f]{64}", "sha256:" + first[::-1], entry))
+    bad = _pip_dry_run(tampered, "--require-hashes --no-deps")
+    assert bad.returncode != 0 and "DO NOT MATCH THE HASHES" in bad.stderr, bad.stderr[-2000:]
 
 
 # 14. logs capped and rotated ---------------------------------------------------------------------
