@@ -151,3 +151,19 @@ def test_an_installer_for_another_architecture_is_refused():
     assert c.status == "fail" and c.expected == "NVIDIA-Linux-aarch64-615.71.09.run"
     assert installer_arch("x86_64", x86_profile).status == "pass"
     assert installer_arch("aarch64", config.load("dual-spark-vllm")).status == "pass"
+
+
+def test_modinfo_fields_first_value_of_each():
+    # `modinfo -k 6.8.0-88-generic nvidia` as kmod prints it (modinfo.c: the name and its colon padded to
+    # 16 columns; alias and parm repeat; the signature goes on over tab-indented lines)
+    text = ("filename:       /lib/modules/6.8.0-88-generic/updates/dkms/nvidia.ko.zst\n"
+            "alias:          char-major-195-*\nversion:        580.95.05\nlicense:        Dual MIT/GPL\n"
+            "srcversion:     6F7E32C2A1D9FA4E0B4C2C8\nalias:          pci:v000010DEd*sv*sd*bc03sc02i00*\n"
+            "depends:        \nname:           nvidia\n"
+            "vermagic:       6.8.0-88-generic SMP preempt mod_unload modversions \n"
+            "signature:      30:2E:1B:6C\n\t\t7A:9B:0C\nparm:           NVreg_EnableGpuFirmware:int\n")
+    f = system.modinfo_fields(text)
+    assert f["filename"] == "/lib/modules/6.8.0-88-generic/updates/dkms/nvidia.ko.zst"
+    assert f["srcversion"] == "6F7E32C2A1D9FA4E0B4C2C8" and f["alias"] == "char-major-195-*"
+    assert f["depends"] == "" and f["vermagic"].endswith("modversions")
+    assert "srcversion" not in system.modinfo_fields("modinfo: ERROR: Module nvidia not found.\n")

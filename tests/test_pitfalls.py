@@ -66,6 +66,10 @@ def test_dpkg_query_status_abbrev_read_as_the_driver_playbook_reads_it():
     # column of the abbreviation is blank); 'hi' is a held package (dpkg-query(1)), 'rc' removed
     text = "ii  adduser\nhi  nvidia-firmware-580-580.95.05\nrc  nvidia-dkms-570\nun  nvidia-kernel-common\n"
     assert ps.dpkg_installed(text) == ["adduser", "nvidia-firmware-580-580.95.05"]
+    # the held ones, as `apt-mark showhold` lists them from the same database (tests/test_playbooks.py
+    # reads the real apt-mark on the simulated host: the same one package); 'rc' kept its hold too
+    assert ps.dpkg_held(text) == ["nvidia-firmware-580-580.95.05"]
+    assert ps.dpkg_held(text + "hc  nvidia-dkms-580\n") == ["nvidia-firmware-580-580.95.05", "nvidia-dkms-580"]
     held = "Package: nvidia-firmware-580\nStatus: hold ok installed\n\nPackage: nvidia-dkms-580\nStatus: install ok " \
            "half-configured\n"
     assert ps.dpkg_nvidia_problems(held) == [("nvidia-dkms-580", "install ok half-configured")]

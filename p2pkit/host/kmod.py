@@ -27,14 +27,15 @@ def module(host: Host) -> dict:
 
 
 def modinfo(host: Host, kernel: str) -> dict:
-    """What modprobe would load for `kernel`: the nvidia module's file and srcversion."""
+    """What modprobe would load for `kernel`: the nvidia module's file and srcversion (one modinfo
+    prints both)."""
     out: dict = {}
     try:
-        r = host.runner.run(["modinfo", "-k", kernel, "-F", "filename", "nvidia"], check=False)
-        out["modinfo_filename"] = r.stdout.strip() if r.returncode == 0 else None
+        r = host.runner.run(["modinfo", "-k", kernel, "nvidia"], check=False)
+        fields = ps.modinfo_fields(r.stdout) if r.returncode == 0 else {}
+        out["modinfo_filename"] = fields.get("filename") if r.returncode == 0 else None
         if r.returncode == 0:
-            s = host.runner.run(["modinfo", "-k", kernel, "-F", "srcversion", "nvidia"], check=False)
-            out["modinfo_srcversion"] = s.stdout.strip() or None
+            out["modinfo_srcversion"] = fields.get("srcversion") or None
         else:
             out["modinfo_error"] = (r.stderr or r.stdout).strip()
     except P2pkitError as e:

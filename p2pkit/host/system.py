@@ -124,13 +124,14 @@ def _walk(host: Host, mount: str, path: str, fname: str) -> list[tuple[str, int]
 
 
 def package_holds(host: Host) -> dict:
-    """Installed packages and the held ones, read as the driver playbook reads them (dpkg-query,
-    `apt-mark showhold`): what apt may replace on the next upgrade (P02)."""
+    """Installed packages and the held ones, read as the driver playbook reads them: what apt may
+    replace on the next upgrade (P02). One dpkg-query answers both: the abbreviation's first letter
+    is the selection dpkg keeps, 'h' the hold `apt-mark showhold` lists (dpkg-query(1)) for every
+    installed package; apt-mark itself would load apt's whole cache to print those names."""
     q = host.runner.run(["dpkg-query", "-W", "-f=${db:Status-Abbrev} ${Package}\n"], check=False)
-    held = host.runner.run(["apt-mark", "showhold"], check=False)
-    if q.returncode not in (0, 1) or held.returncode:
-        raise ProbeError("package holds", (q.stderr or held.stderr).strip()[-300:] or "dpkg-query or apt-mark failed")
-    return {"installed": ps.dpkg_installed(q.stdout), "held": held.stdout.split()}
+    if q.returncode not in (0, 1):
+        raise ProbeError("package holds", q.stderr.strip()[-300:] or "dpkg-query failed")
+    return {"installed": ps.dpkg_installed(q.stdout), "held": ps.dpkg_held(q.stdout)}
 
 
 RESTORE_UNIT = "/etc/systemd/system/p2pkit-restore.service"

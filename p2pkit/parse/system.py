@@ -72,6 +72,17 @@ class NvidiaVersion:
     raw: str
 
 
+def modinfo_fields(text: str) -> dict[str, str]:
+    """`modinfo MODULE`: each field's first value ("filename:       /lib/modules/.../nvidia.ko"; kmod
+    pads the name to 16 columns; a signature goes on over tab-indented lines, alias and parm repeat)."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        m = re.match(r"^([a-z_]+):\s*(.*?)\s*$", line)
+        if m:
+            out.setdefault(m.group(1), m.group(2))
+    return out
+
+
 def nvidia_version(text: str) -> NvidiaVersion:
     """/proc/driver/nvidia/version: 'NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04
     Release Build  (nixbld@)  <date>'."""
@@ -103,15 +114,28 @@ def dpkg_nvidia_problems(status_text: str) -> list[tuple[str, str]]:
     return problems
 
 
-def dpkg_installed(text: str) -> list[str]:
-    """`dpkg-query -W -f='${db:Status-Abbrev} ${Package}\\n'`: the packages whose abbreviation starts
-    with 'i' (want install) and whose state is 'i' (installed); 'hi' is held, still installed."""
+def _dpkg_abbrev(text: str) -> list[tuple[str, str, str]]:
+    """`dpkg-query -W -f='${db:Status-Abbrev} ${Package}\\n'`: (selection, state, package) per line."""
     out = []
     for line in text.splitlines():
         m = re.match(r"^([a-z])([a-zA-Z])\S?\s+(\S+)$", line.strip())
-        if m and m.group(2) == "i" and m.group(1) in "ih":
-            out.append(m.group(3))
+        if m:
+            out.append((m.group(1), m.group(2), m.group(3)))
     return out
+
+
+def dpkg_installed(text: str) -> list[str]:
+    """The packages whose abbreviation starts with 'i' (want install) and whose state is 'i'
+    (installed); 'hi' is held, still installed."""
+    return [p for want, state, p in _dpkg_abbrev(text) if state == "i" and want in "ih"]
+
+
+def dpkg_held(text: str) -> list[str]:
+    """The packages whose selection is hold ('h'): for every package dpkg-query lists (installed, or
+    its configuration left), what `apt-mark showhold` prints from the same database. apt-mark also
+    names a hold on a package never installed, which dpkg-query -W does not list; P02 asks only
+    about installed ones."""
+    return [p for want, _state, p in _dpkg_abbrev(text) if want == "h"]
 
 
 SMAPS_HEADER = re.compile(r"^[0-9a-f]+-[0-9a-f]+ \S+ [0-9a-f]+ \S+ \d+\s*(.*)$")

@@ -3,13 +3,15 @@ which IOMMU mode is in effect, what NVML answers. Pure functions over the state.
 
 from __future__ import annotations
 
-from p2pkit.parse.pci import GEN_TO_GTS
-from p2pkit.parse.system import iommu_intent
 from p2pkit.sim.scenarios import GIB
+
+# the parsers are imported where they are used: nvidia-smi's stand-in imports this module for one answer
 
 
 def iommu_effective(state: dict) -> str:
     """passthrough | translating | off, from the firmware setting and the running command line."""
+    from p2pkit.parse.system import iommu_intent
+
     if not state["iommu_firmware"]:
         return "off"
     mode = iommu_intent(state["cmdline"], state["cpu_vendor"]).mode
@@ -54,6 +56,8 @@ def link_max(g: dict) -> tuple[int, int]:
 
 
 def speed_text(gen: int) -> str:
+    from p2pkit.parse.pci import GEN_TO_GTS
+
     return f"{GEN_TO_GTS[gen]:.1f} GT/s PCIe"
 
 

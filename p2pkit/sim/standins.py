@@ -4,15 +4,13 @@ real host, and fails the way the real one fails."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
 from pathlib import Path
 
-from p2pkit import writers
-from p2pkit.parse.smi import TOPO_LEGEND
-from p2pkit.sim import model
-from p2pkit.sim.render import load_state, save
+STATE = ".p2pkit-sim/state.json"  # p2pkit.host.SIM_MARKER
 
 LEGEND_P2P = """
 Legend:
@@ -25,23 +23,42 @@ Legend:
   NS   = Not supported
   U    = Unknown
 """
-LEGEND_TOPO = "\nLegend:\n\n  X    = Self\n" + "".join(f"  {k:<4} = {v}\n" for k, v in TOPO_LEGEND.items())
+
+
+def legend_topo() -> str:
+    from p2pkit.parse.smi import TOPO_LEGEND
+
+    return "\nLegend:\n\n  X    = Self\n" + "".join(f"  {k:<4} = {v}\n" for k, v in TOPO_LEGEND.items())
 
 
 def sim_root() -> Path:
     """The simulated host this stand-in belongs to: the nearest parent holding the state file."""
     here = Path(sys.argv[0]).resolve()
     for d in here.parents:
-        if (d / ".p2pkit-sim/state.json").is_file():
+        if (d / STATE).is_file():
             return d
     raise SystemExit(f"SIMULATED stand-in {here} is not inside a simulated host")
 
 
+def load_state(root: Path) -> dict:
+    """The state as p2pkit.sim.render.load_state reads it, without importing the renderer: a stand-in
+    imports only what it prints (each runs in a Python of its own)."""
+    doc = json.loads((root / STATE).read_text())
+    doc.pop("libraries", None)
+    return doc
+
+
+def save(root: Path, state: dict) -> None:
+    from p2pkit.sim.render import save as render_save
+
+    render_save(root, state)
+
+
 def main(name: str, args: list[str]) -> int:
     root = sim_root()
-    state = load_state(root)
     if name in REAL_PACKAGE_TOOLS:
         return real_package_tool(root, name, args)
+    state = load_state(root)
     fn = {"nvidia-smi": nvidia_smi, "modinfo": modinfo,
           "update-initramfs": update_initramfs, "depmod": depmod, "update-grub": update_grub,
           "fuser": fuser, "modprobe": modprobe, "systemctl": systemctl, "journalctl": journalctl,
@@ -136,6 +153,8 @@ def modinfo(root: Path, state: dict, args: list[str]) -> int:
 
 def fuser(root: Path, state: dict, args: list[str]) -> int:
     """fuser -v FILE...: the processes holding the GPU device nodes (to stderr, as the real one)."""
+    from p2pkit.sim import model
+
     holders = state.get("gpu_holders", []) if model.loaded(state) else []
     if not holders:
         return 1
@@ -147,6 +166,7 @@ def fuser(root: Path, state: dict, args: list[str]) -> int:
 
 def modprobe(root: Path, state: dict, args: list[str]) -> int:
     """modprobe -r MODULES... (fails while something holds the GPU) and modprobe nvidia."""
+    from p2pkit.sim import model
 
     if args and args[0] == "-r":
         if model.loaded(state) is None:
@@ -353,6 +373,8 @@ def installer(version: str, gsp: bool, args: list[str], path: str | None = None,
 # ---------------------------------------------------------------------------------------- nvidia-smi
 
 def nvidia_smi(root: Path, state: dict, args: list[str]) -> int:
+    from p2pkit.sim import model
+
     if state["driver"].get("userspace") is None:
         print("nvidia-smi: command not found", file=sys.stderr)
         return 127
@@ -380,7 +402,7 @@ def nvidia_smi(root: Path, state: dict, args: list[str]) -> int:
         head = "\t\x1b[4m" + "\t".join(cols) + "\x1b[0m\n"
         rows = "".join(f"GPU{i}\t" + "\t".join(" X " if i == j else rel for j in range(n)) + "\t0-31\t0\t\tN/A\n"
                        for i in range(n))
-        sys.stdout.write(head + rows + LEGEND_TOPO)
+        sys.stdout.write(head + rows + legend_topo())
         return 0
     if args == ["-q"]:
         mod = model.loaded(state)
@@ -412,6 +434,8 @@ def nvidia_smi(root: Path, state: dict, args: list[str]) -> int:
 
 def _unit(root: Path, unit: str) -> dict:
     """ExecStart and EnvironmentFile of a unit under the simulated /etc/systemd/system."""
+    from p2pkit import writers
+
     path = root / "etc/systemd/system" / unit
     out: dict = {"path": path, "exists": path.is_file(), "env": {}}
     if not path.is_file():
