@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import signal
 import sys
-import traceback
 from pathlib import Path
 from typing import Annotated
 
@@ -100,6 +99,12 @@ def _terminated(signum, _frame) -> None:
     raise SystemExit(128 + signum)
 
 
+def _traceback() -> None:
+    import traceback  # only with --debug: not every run pays its import
+
+    traceback.print_exc()
+
+
 def _fail(code: int, message: str, hint: str) -> None:
     out = common.output()
     out.error(message, hint)
@@ -136,7 +141,7 @@ def run() -> None:
         rc = app(args=argv, prog_name="p2pkit", standalone_mode=False)
     except P2pkitError as e:
         if common.OPTS.debug:
-            traceback.print_exc()
+            _traceback()
         _fail(e.code, e.message, e.hint)
     except KeyboardInterrupt:
         _fail(130, "interrupted", "run the same command again: p2pkit resumes where it stopped")
@@ -151,7 +156,7 @@ def run() -> None:
             _fail(130, "interrupted", "run the same command again: p2pkit resumes where it stopped")
         # a bug: one paragraph, traceback only with --debug
         if common.OPTS.debug:
-            traceback.print_exc()
+            _traceback()
         _fail(Exit.INTERNAL, f"internal error: {type(e).__name__}: {e}",
               "rerun with --debug for the traceback and report it")
     sys.exit(rc if isinstance(rc, int) else 0)

@@ -8,12 +8,8 @@ from typing import Annotated
 
 import typer
 
-from p2pkit import config
-from p2pkit import pin as pin_mod
-from p2pkit.artifacts import atomic_write
 from p2pkit.cli import common
 from p2pkit.errors import Exit, UsageError
-from p2pkit.runner import Runner
 
 
 def pin(
@@ -30,6 +26,11 @@ def pin(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="write it (without: show the diff only)")] = False,
 ) -> None:
     """Fill the profile's three pins for a real box; the diff is shown first, --yes writes it."""
+    from p2pkit import config
+    from p2pkit import pin as pin_mod
+    from p2pkit.artifacts import atomic_write
+    from p2pkit.runner import Runner
+
     prof = config.load(common.OPTS.profile, common.OPTS.overrides)
     if out is None:
         if prof.source in config.builtin_names():

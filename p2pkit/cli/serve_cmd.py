@@ -6,7 +6,6 @@ from typing import Annotated
 
 import typer
 
-from p2pkit import engine_cmd
 from p2pkit.cli import common
 from p2pkit.errors import Exit
 
@@ -16,6 +15,7 @@ app = typer.Typer(help="The inference engine's system service.", no_args_is_help
 @app.command()
 def status() -> None:
     """systemctl status of the engine, and whether /health answers."""
+    from p2pkit import engine_cmd
     from p2pkit.stages import service
 
     ctx = common.context()
@@ -43,6 +43,7 @@ def logs(lines: Annotated[int, typer.Option("--lines", "-n")] = 50) -> None:
 @app.command()
 def restart() -> None:
     """Restart the engine and wait until /health answers 200."""
+    from p2pkit import engine_cmd
     from p2pkit.stages import service
 
     ctx = common.context()

@@ -9,7 +9,6 @@ from typing import Annotated
 import typer
 
 from p2pkit import config, facts, hoststate, pipeline
-from p2pkit import doctor as doctor_mod
 from p2pkit.artifacts import atomic_write
 from p2pkit.cli import common
 from p2pkit.errors import Exit, UsageError
@@ -233,6 +232,8 @@ def doctor(
     facts_file: Annotated[Path | None, typer.Option("--facts", help="judge a recorded facts file")] = None,
 ) -> None:
     """Every read-only check p2pkit has, grouped by stage, with PITFALLS ids and fixes."""
+    from p2pkit import doctor as doctor_mod
+
     if facts_file is not None:
         recorded = facts.load_recorded(facts_file)
         rec = recorded.get("profile")

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
 
 from p2pkit.parse import engine_api as pe
 
@@ -15,6 +13,9 @@ PROMPT = "The two GPUs talk to each other over the PCIe bus, and the"
 
 def get(url: str, timeout: float = 10) -> tuple[int | None, str]:
     """(HTTP status, body) of a GET; status None when nothing answers."""
+    import urllib.error  # here: a read-only command (status) does not pay for urllib
+    import urllib.request
+
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
             return r.status, r.read().decode(errors="replace")
@@ -26,6 +27,9 @@ def get(url: str, timeout: float = 10) -> tuple[int | None, str]:
 
 def post_json(url: str, body: dict, timeout: float = 600) -> tuple[int | None, dict | str, float]:
     """(HTTP status, parsed JSON or the error text, seconds the client waited)."""
+    import urllib.error
+    import urllib.request
+
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     t0 = time.monotonic()
     try:

@@ -19,8 +19,6 @@ import shutil
 import sys
 import tarfile
 import tempfile
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from p2pkit.artifacts import atomic_write
@@ -67,6 +65,9 @@ def _pip_download(ctx, spec: str, path: Path) -> str | None:
 
 def fetch(ctx, log: Path) -> dict:
     """The archive, downloaded when it is a URL and not cached yet; its sha256 against the pin."""
+    import urllib.error  # here: a read-only command (status) does not pay for urllib
+    import urllib.request
+
     e = ctx.profile.engine
     path = archive_path(ctx)
     out: dict = {"archive": str(path), "url": e.source_url, "sha256_expected": e.source_sha256}

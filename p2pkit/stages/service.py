@@ -9,8 +9,6 @@ import shlex
 import socket
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from p2pkit import engine_cmd, engine_env, secrets, writers
@@ -206,6 +204,9 @@ def unit_alive(host: Host) -> bool:
 
 def wait_health(ctx, url: str, timeout: float, alive=None) -> dict:
     """Poll /health until 200, the server dies, or the timeout; progress every 5 s while loading."""
+    import urllib.error  # here: a read-only command (status) does not pay for urllib
+    import urllib.request
+
     codes: list[int] = []
     now: dict = {"code": None}
 
