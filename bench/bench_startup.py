@@ -1,11 +1,29 @@
-"""Start-up and no-op wall times: `p2pkit --help`, `p2pkit status`, and `p2pkit up` on a simulated
-host where every gate holds (no ansible-playbook may start). Aims: --help under 0.3 s, no-op up
-under 1 s. Run by hand: `python3 bench/bench_startup.py [--runs 5]`."""
+"""Start-up cost of p2pkit, before and after, in one run (issue 20): `--help`, `--version`, `status`
+and a no-op `up` on a simulated host where `up --reboot` has finished, each beside `python -c pass`.
+
+Each run is a whole process timed from outside: CPU-seconds are user+sys of the process and every
+process it waited for (the simulated host's stand-in commands included), as the kernel accounts
+them at exit (wait4); wall is a monotonic clock around it. The commands run in turn, pass / before /
+after / pass / before / after ..., and each ratio is taken pair by pair within a round, so it holds
+while the machine's speed drifts (a shared machine: quote ratios and medians, not single runs).
+
+"before" is p2pkit from another source tree (a checkout of the commit to compare with, e.g.
+`git worktree add /tmp/p2pkit-before <commit>`), "after" this tree; both run through the same
+launcher (the console script's two lines) with PYTHONPATH naming their tree, so the simulated host's
+stand-ins of each import their own simulator. Byte code is allowed (PYTHONDONTWRITEBYTECODE is
+dropped) and a warm-up round writes it.
+
+    python3 bench/bench_startup.py --before /tmp/p2pkit-before [--runs 9] [--host DIR]
+
+--host reuses a simulated host already brought up (`p2pkit sim init DIR`, `p2pkit --root DIR up --reboot`);
+without it one is laid out and brought up first (about a minute). Prints one JSON document.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -13,34 +31,88 @@ import tempfile
 import time
 from pathlib import Path
 
-EXE = str(Path(sys.executable).parent / "p2pkit")
+REPO = Path(__file__).resolve().parent.parent
+LAUNCHER = "import sys\nfrom p2pkit.cli.main import main\nsys.argv[0] = 'p2pkit'\nsys.exit(main())"
+AIMS = {"help_wall_s": 0.15, "version_wall_s": 0.15, "status_cpu_s": 0.3}
 
 
-def wall(argv: list[str], runs: int) -> float:
-    out = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-        out.append(time.perf_counter() - t0)
-    return round(statistics.median(out), 3)
+def env_for(tree: Path | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
+    return env
+
+
+def timed(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float, int]:
+    """(CPU-s of the process and what it waited for, wall s, exit code)."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    _, status, ru = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return ru.ru_utime + ru.ru_stime, wall, proc.returncode
+
+
+def stats(xs: list[float]) -> dict:
+    return {"min": round(min(xs), 4), "median": round(statistics.median(xs), 4), "max": round(max(xs), 4)}
+
+
+def measure(args: list[str], trees: dict[str, Path], runs: int) -> dict:
+    """Rounds of pass / each tree, in turn; medians and pairwise ratios."""
+    py = sys.executable
+    # each in its own tree's directory: `python -c` puts the working directory first on sys.path
+    cmds = {"python -c pass": ([py, "-c", "pass"], env_for(None), REPO)}
+    cmds.update({name: ([py, "-c", LAUNCHER, *args], env_for(tree), tree) for name, tree in trees.items()})
+    got: dict[str, dict[str, list]] = {n: {"cpu": [], "wall": [], "rc": []} for n in cmds}
+    for i in range(runs + 1):
+        for name, (argv, env, cwd) in cmds.items():
+            cpu, wall, rc = timed(argv, env, cwd)
+            if i:  # round 0 is the warm-up: byte code written, caches filled
+                got[name]["cpu"].append(cpu)
+                got[name]["wall"].append(wall)
+                got[name]["rc"].append(rc)
+    out: dict = {}
+    base = got["python -c pass"]
+    for name, g in got.items():
+        row = {"cpu_s": stats(g["cpu"]), "wall_s": stats(g["wall"]), "exit": sorted(set(g["rc"]))}
+        if name != "python -c pass":
+            row["cpu_vs_python"] = round(statistics.median(a / b for a, b in zip(g["cpu"], base["cpu"])), 2)
+            row["wall_vs_python"] = round(statistics.median(a / b for a, b in zip(g["wall"], base["wall"])), 2)
+        out[name] = row
+    if "before" in got and "after" in got:
+        out["after_vs_before_cpu"] = round(statistics.median(
+            a / b for a, b in zip(got["after"]["cpu"], got["before"]["cpu"])), 3)
+    return out
+
+
+def done_host(exe: str) -> Path:
+    root = Path(tempfile.mkdtemp(prefix="p2pkit-bench-")) / "sim"
+    subprocess.run([exe, "sim", "init", str(root)], check=True, capture_output=True)
+    subprocess.run([exe, "--root", str(root), "up", "--reboot"], check=True, capture_output=True)
+    return root
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=5)
-    runs = ap.parse_args().runs
-    root = Path(tempfile.mkdtemp()) / "sim"
-    subprocess.run([EXE, "sim", "init", str(root)], check=True, capture_output=True)
-    subprocess.run([EXE, "--root", str(root), "up", "--reboot", "--to", "link"], check=True, capture_output=True)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--before", type=Path, help="source tree of the p2pkit to compare with")
+    ap.add_argument("--runs", type=int, default=9)
+    ap.add_argument("--host", type=Path, help="a simulated host where `up --reboot` finished")
+    a = ap.parse_args()
+    trees = {**({"before": a.before.resolve()} if a.before else {}), "after": REPO}
+    root = a.host.resolve() if a.host else done_host(str(Path(sys.executable).parent / "p2pkit"))
     log = root / "var/lib/p2pkit/logs/driver.log"
-    before = log.stat().st_mtime_ns
+    mtime = log.stat().st_mtime_ns if log.exists() else None
     res = {
-        "help_s": wall([EXE, "--help"], runs),
-        "status_s": wall([EXE, "--root", str(root), "status"], runs),
-        "noop_up_s": wall([EXE, "--root", str(root), "up", "--to", "link"], runs),
-        "ansible_started_by_noop_up": log.stat().st_mtime_ns != before,
-        "aims": {"help_s": 0.3, "noop_up_s": 1.0},
-        "runs": runs,
+        "runs": a.runs,
+        "trees": {k: str(v) for k, v in trees.items()},
+        "host": str(root),
+        "help": measure(["--help"], trees, a.runs),
+        "version": measure(["--version"], trees, a.runs),
+        "status": measure(["--root", str(root), "status"], trees, a.runs),
+        "noop_up": measure(["--root", str(root), "up"], trees, a.runs),
+        "ansible_started_by_noop_up": log.exists() and log.stat().st_mtime_ns != mtime,
+        "aims": AIMS,
     }
     print(json.dumps(res, indent=2))
 
