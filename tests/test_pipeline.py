@@ -110,6 +110,27 @@ def test_status_json_for_ci(cli, sim):
     doc = r.json()
     assert r.code == 0 and doc["all_done"] is True
     assert [s["state"] for s in doc["stages"]] == ["done"] * 9
+    # the quick re-checks status runs prove what `up` proved: the same checks, and each that passed
+    # passes now (facts read with fewer processes since issue 20: holds from dpkg-query, one modinfo,
+    # uname in-process); preflight's IOMMU warning before the reboot is a pass after it
+    quick = ["preflight", "driver", "p2p-module", "rebar", "topology"]
+    now = {d["stage"]: d for d in cli("--root", str(root), "--json", "verify", *quick[:1]).json()["stages"]}
+    for stage in quick[1:]:
+        now.update({d["stage"]: d for d in cli("--root", str(root), "--json", "verify", stage).json()["stages"]})
+    proved = {s["stage"]: s for s in doc["stages"]}
+    for stage in quick:
+        assert [c["id"] for c in now[stage]["checks"]] == [c["id"] for c in proved[stage]["checks"]], stage
+        verdict = {c["id"]: c["status"] for c in now[stage]["checks"]}
+        assert all(verdict[c["id"]] == "pass" for c in proved[stage]["checks"] if c["status"] == "pass"), stage
+        assert "fail" not in verdict.values(), (stage, verdict)
+    # a package held no longer (`apt-mark unhold` as dpkg records it): status sees it (P02)
+    dpkg = root / "var/lib/dpkg/status"
+    text = dpkg.read_text()
+    assert "Status: hold ok installed" in text
+    dpkg.write_text(text.replace("Status: hold ok installed", "Status: install ok installed"))
+    driver = cli("--root", str(root), "--json", "status").json()["stages"][1]
+    assert driver["state"] == "stale" and "re-check failed: driver.holds" in driver["reason"], driver
+    dpkg.write_text(text)
     # a host change a quick re-check sees: BAR1 shrinks (Resizable BAR turned off, rebooted)
     state = json.loads((root / ".p2pkit-sim/state.json").read_text())
     for g in state["gpus"]:
