@@ -111,8 +111,8 @@ def test_status_json_for_ci(cli, sim):
     assert r.code == 0 and doc["all_done"] is True
     assert [s["state"] for s in doc["stages"]] == ["done"] * 9
     # the quick re-checks status runs prove what `up` proved: the same checks, and each that passed
-    # passes now (facts read with fewer processes since issue 20: holds from dpkg-query, one modinfo,
-    # uname in-process); preflight's IOMMU warning before the reboot is a pass after it
+    # passes now (facts read with fewer processes since issue 20: holds from dpkg-query, one modinfo);
+    # preflight's IOMMU warning before the reboot is a pass after it
     quick = ["preflight", "driver", "p2p-module", "rebar", "topology"]
     now = {d["stage"]: d for d in cli("--root", str(root), "--json", "verify", *quick[:1]).json()["stages"]}
     for stage in quick[1:]:
