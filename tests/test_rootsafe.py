@@ -10,7 +10,7 @@ import shlex
 import subprocess
 import sys
 import tomllib
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -475,6 +475,144 @@ def test_the_engine_user_reaches_what_it_reads_as_the_kernel_says(tmp_path):
         assert list(access.engine_reach(host, "p2pkit-engine", wants)["blocked"]) == ["/srv/models/m.gguf"]
         assert kernel_says() is False
     finally:
+        shutil.rmtree(top)
+
+
+def _unit_settings(text: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        k, eq, v = line.partition("=")
+        if eq and not line.startswith("#"):
+            out.setdefault(k, []).append(v)
+    return out
+
+
+@pytest.mark.slow
+def test_the_rendered_unit_starts_as_its_user_and_answers_health():
+    """The service stage on a simulated host whose /etc/passwd gives the unit's User= the uid of nobody,
+    then the unit's own ExecStart run as that user (setpriv), entering WorkingDirectory as that user as
+    systemd does, with the unit's environment files: the simulated NInfer server answers /health. The
+    model made root's 0700: the same start fails reading it, and service.user_access names it with its
+    fix; the working directory made root's 0750 (what the playbook left before): the start fails to
+    enter it (systemd's CHDIR), named the same way."""
+    import os
+    import shutil
+    import signal
+    import tempfile
+    import time
+    import urllib.error
+    import urllib.request
+
+    from p2pkit.checks import service as service_checks
+    from tests.conftest import REPO, make_sim
+    from tests.test_inventory import free_port
+
+    nobody = 65534
+    # through sh: setpriv's own exec still has root's capabilities; what sh runs has only nobody's
+    drop = ["setpriv", f"--reuid={nobody}", f"--regid={nobody}", "--clear-groups", "sh", "-c"]
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv (util-linux)")
+    load = f"import sys; sys.path.insert(0, {str(REPO)!r}); import p2pkit.sim.engine"
+    # the simulated engine is a Python script: its interpreter must be one nobody can run, as a real
+    # engine's own files are (a venv's python may lead into /root)
+    python = next((py for py in (sys.executable, "/usr/bin/python3") if subprocess.run(
+        [*drop, 'exec "$@"', "sh", py, "-c", load], cwd="/", capture_output=True).returncode == 0), None)
+    if python is None:
+        pytest.skip("p2pkit's checkout or every Python is out of nobody's reach here: the simulated engine "
+                    "cannot run as nobody")
+    top = Path(tempfile.mkdtemp(prefix="p2pkit-user-", dir="/tmp"))  # not under a 0700 pytest directory
+    top.chmod(0o755)
+    root = make_sim(top / "host")
+    procs: list[subprocess.Popen] = []
+    try:
+        (root / "etc/passwd").write_text(f"root:x:0:0::/root:/bin/sh\n{service.SERVICE_USER}:x:{nobody}:{nobody}::/:"
+                                         "/usr/sbin/nologin\n")
+        (root / "etc/group").write_text(f"root:x:0:\nvideo:x:44:{service.SERVICE_USER}\n")
+        h = Host.at(root)
+        prof = config.load(h.sim["profile"])
+        port = free_port()
+        prof = replace(prof, serve=replace(prof.serve, port=port, health_timeout_s=30.0))
+        lifecycle.place_engine(root, prof)
+        exe = h.path(service.engine_cmd.binary(prof))
+        exe.write_text(f"#!{python}\n# SIMULATED engine\n{load}\np2pkit.sim.engine.main()\n")
+        ctx = pipeline.Ctx(profile=prof, host=h, store=Store(root / "var/lib/p2pkit"), out=Output())
+        doc = pipeline.run_stage(ctx, get("service"), "model")
+        assert doc["status"] == "passed", [c for c in doc["checks"] if c["status"] == "fail"]
+        assert next(c for c in doc["checks"] if c["id"] == "service.user_access")["status"] == "pass"
+        subprocess.run([str(root / "usr/bin/systemctl"), "stop", service.UNIT], check=True)
+        unit = _unit_settings((root / "etc/systemd/system" / service.UNIT).read_text())
+        assert unit["User"] == [service.SERVICE_USER]
+        work = root / unit["WorkingDirectory"][0].lstrip("/")
+        assert work.stat().st_uid == nobody  # the playbook gave it to the user
+
+        def on_host(word: str) -> str:  # an absolute path that exists on the simulated host points into it
+            return str(root / word.lstrip("/")) if word.startswith("/") and (root / word.lstrip("/")).exists() \
+                else word
+
+        argv = [on_host(w.replace("%%", "%").replace("$$", "$")) for w in shlex.split(unit["ExecStart"][0])]
+        env = {"PATH": "/usr/bin:/bin"}
+        for envf in unit["EnvironmentFile"]:  # systemd (root) reads them before it drops to User=
+            f = root / envf.lstrip("-").lstrip("/")
+            for ln in f.read_text().splitlines() if f.is_file() else []:
+                if "=" in ln and not ln.startswith("#"):
+                    k, _, v = ln.partition("=")
+                    env[k] = on_host(writers.env_value(v))
+
+        def start() -> tuple[subprocess.Popen, Path]:
+            log = top / f"engine-{len(procs)}.log"
+            with open(log, "wb") as fh:
+                proc = subprocess.Popen([*drop, 'cd "$1" || exit 200; shift; exec "$@"', "sh", str(work), *argv],
+                                        env=env, stdin=subprocess.DEVNULL, stdout=fh,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+            procs.append(proc)
+            return proc, log
+
+        def health(proc) -> int | None:
+            end = time.monotonic() + 30
+            while time.monotonic() < end and proc.poll() is None:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                        return r.status
+                except urllib.error.HTTPError as e:
+                    if e.code != 503:  # 503: still loading
+                        return e.code
+                except OSError:
+                    pass
+                time.sleep(0.1)
+            return None
+
+        proc, log = start()
+        assert health(proc) == 200, log.read_text()
+        status = Path(f"/proc/{proc.pid}/status").read_text()
+        assert re.search(rf"^Uid:\s+{nobody}\s", status, re.M) and os.readlink(f"/proc/{proc.pid}/cwd") == str(work)
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+
+        def finding() -> dict:
+            [check] = service_checks._user_access(service.user_access(ctx))
+            return asdict(check)
+
+        model = root / prof.model.output.lstrip("/")
+        os.chown(model, 0, 0)
+        model.chmod(0o700)
+        proc, log = start()
+        assert health(proc) is None and proc.wait(timeout=10) != 0
+        assert "cannot open artifact" in log.read_text() and "Permission denied" in log.read_text()
+        got = finding()
+        assert got["status"] == "fail" and f"{prof.model.output} (-rwx------ 0:0) cannot be read" in got["measured"]
+        assert "give p2pkit-engine search (x) on each directory named and read on the model" in got["hint"]
+        model.chmod(0o644)
+        os.chown(work, 0, 0)
+        work.chmod(0o750)
+        proc, log = start()
+        assert health(proc) is None and proc.wait(timeout=10) == 200  # systemd's status=200/CHDIR
+        assert "cannot be entered" in finding()["measured"]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        lifecycle.stop_services(root)
         shutil.rmtree(top)
 
 

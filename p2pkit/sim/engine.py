@@ -47,8 +47,11 @@ def parse(argv: list[str]) -> tuple[str, dict]:
 def main() -> None:
     print("ninfer-serve (SIMULATED) starting", flush=True)
     artifact, f = parse(sys.argv[1:])
-    if not os.path.isfile(artifact):
-        raise SystemExit(f"error: cannot open artifact {artifact}")
+    try:  # read as the engine reads it, as the unit's user: a model it may not read stops it here
+        with open(artifact, "rb") as fh:
+            fh.read(8)
+    except OSError as e:
+        raise SystemExit(f"error: cannot open artifact {artifact}: {e.strerror}") from None
     fail = os.environ.get("P2PKIT_SIM_ENGINE_FAIL", "")
     if f.get("tp") == "2" and f.get("spec") == "dflash2" and not f.get("lm-head-draft"):
         raise SystemExit("Engine tp 2 DFlash2 requires the optimized proposal head")

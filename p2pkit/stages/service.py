@@ -36,6 +36,7 @@ CAUSES = (
     ("p2p off", "the engine fell back to host-staged copies: P2P is not working; see the topology and link stages"),
     ("requires the optimized proposal head", "DFlash2 at TP2 needs --lm-head-draft (P10)"),
     ("unknown option", "a flag the engine does not know: check serve.flags"),
+    ("Permission denied", "the engine's user may not read or enter a path it needs: see service.user_access"),
     ("cannot open artifact", "the model artifact is missing: see the model stage"),
 )
 
@@ -120,6 +121,7 @@ def service_vars(ctx) -> dict:
         "p2pkit_service_profile": writers.unit_value("the profile's name", p.source),
         "p2pkit_service_exec_start": exec_start(p),
         "p2pkit_service_exec_start_pre": exec_start_pre(p),
+        "p2pkit_service_owner": service_owner(ctx),
         "p2pkit_service_work_dir": writers.unit_path("the state directory", f"{ctx.host.host_path(ctx.store.dir)}"
                                                                             "/engine"),
         "p2pkit_service_env_lines": [writers.env_line(k, v, f"serve.env.{k}" if k in p.serve.env else k)
@@ -342,6 +344,15 @@ def measure(ctx) -> dict:
 
 
 SERVICE_USER = "p2pkit-engine"
+
+
+def service_owner(ctx) -> str:
+    """Who the engine's working directory belongs to: the unit's user; on a simulated host the uid the
+    host's /etc/passwd gives that user (its name is not this machine's), or "" (left as it is)."""
+    if not ctx.host.simulated:
+        return SERVICE_USER
+    ids = access.user_ids(ctx.host, SERVICE_USER)
+    return str(ids[0]) if ids else ""
 
 
 def user_access(ctx) -> dict:
