@@ -145,26 +145,30 @@ def test_captured_output_is_capped():
 
 
 def test_a_sigkilled_p2pkit_takes_its_setsid_grandchild_with_it(sim, cli):
-    """The real p2pkit on a simulated host, its `uname` a stand-in that starts a grandchild in a session
-    of its own (setsid) and hangs. p2pkit killed with SIGKILL: the grandchild is gone at once (its guard
-    killed it, no other p2pkit ran), and the next run says what was killed."""
+    """The real p2pkit on a simulated host, the first commands its driver stage runs (apt-mark,
+    dpkg-query) stand-ins that start a grandchild in a session of its own (setsid) and hang. p2pkit
+    killed with SIGKILL: the grandchild is gone at once (its guard killed it, no other p2pkit ran),
+    and the next run says what was killed."""
     root = sim("healthy")
     pidfile = root / "grandchild.pid"
-    standin = root / "usr/local/bin/uname"
-    standin.parent.mkdir(parents=True, exist_ok=True)
-    standin.write_text("#!/bin/sh\nsetsid sh -c 'echo $$ > " + str(pidfile) + "; exec sleep 600' "
-                       "</dev/null >/dev/null 2>&1 &\nexec sleep 600\n")
-    standin.chmod(0o755)
+    bin_ = root / "usr/local/bin"  # first on the runner's PATH for this host
+    bin_.mkdir(parents=True, exist_ok=True)
+    names = ("apt-mark", "dpkg-query")
+    for name in names:
+        (bin_ / name).write_text("#!/bin/sh\nsetsid sh -c 'echo $$ > " + str(pidfile) + "; exec sleep 600' "
+                                 "</dev/null >/dev/null 2>&1 &\nexec sleep 600\n")
+        (bin_ / name).chmod(0o755)
     exe = Path(sys.executable).parent / "p2pkit"
     run = subprocess.Popen([str(exe), "--root", str(root), "--yes", "up", "--to", "driver"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     grandchild = None
     try:
-        assert _wait(lambda: pidfile.is_file() and pidfile.read_text().strip(), 60), "uname never ran"
+        assert _wait(lambda: pidfile.is_file() and pidfile.read_text().strip(), 60), "no stand-in ran"
         grandchild = int(pidfile.read_text())
         record = json.loads((root / "var/lib/p2pkit/.children").read_text())
         assert Path(f"/proc/{grandchild}/stat").read_text().split()[5] == str(grandchild)  # its own session
-        assert _alive(record["guard"]) and record["groups"][0]["argv"] == ["uname", "-m"]
+        [group] = record["groups"]
+        assert _alive(record["guard"]) and group["argv"][0] in names
         run.send_signal(signal.SIGKILL)
         run.wait()
         assert _wait(lambda: not _alive(grandchild), 15), "the setsid grandchild outlived p2pkit"
@@ -174,10 +178,11 @@ def test_a_sigkilled_p2pkit_takes_its_setsid_grandchild_with_it(sim, cli):
             run.kill()
         if grandchild and _alive(grandchild):
             os.kill(grandchild, signal.SIGKILL)
-    standin.unlink()
+    for name in names:
+        (bin_ / name).unlink()
     r = cli("--root", str(root), "--yes", "up", "--to", "preflight")
     assert r.code == 0, r.err
-    said = "a p2pkit run that was killed left commands running: killed 1 process(es) of `uname -m`"  # the grandchild
-    assert said in r.err, r.err
+    said = f"a p2pkit run that was killed left commands running: killed 1 process(es) of `{' '.join(group['argv'])}`"
+    assert said in r.err, r.err  # the grandchild (the stand-in itself died with p2pkit)
     assert "by the guard of the p2pkit run that was killed" in r.err
     assert not (root / "var/lib/p2pkit/.reaped").exists() and not (root / "var/lib/p2pkit/.children").exists()
