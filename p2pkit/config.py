@@ -477,6 +477,9 @@ NOT_CONTAINED = {
     "engine.source_subdir": "a directory inside the archive, checked when it is unpacked",
     "model.nvme_paths": "a link to the NVMe copy is the copy (P26); the storage check follows it",
 }
+# Engine flags whose value is a file the engine reads (llama.cpp's draft model and projector): held to
+# the same rule as serve.flags.NAME.
+FLAG_PATHS = ("model-draft", "mmproj")
 # Paths under the state directory (--state-dir) that the playbooks write or give the engine's user.
 STATE_PATHS = {"the service's working directory": "engine", "the stages' logs": "logs"}
 
@@ -493,10 +496,13 @@ def leads_out(realpath, path: str, under: str) -> str | None:
 
 
 def escaping_paths(p: Profile, realpath, state_dir: str | None = None) -> list[tuple[str, str]]:
-    """(key, why) for every profile path in CONTAINED, and each of STATE_PATHS under `state_dir`, that
-    a symlink leads out of the directory it belongs to. `realpath`: the host's (Host.realpath)."""
+    """(key, why) for every profile path in CONTAINED and FLAG_PATHS, and each of STATE_PATHS under
+    `state_dir`, that a symlink leads out of the directory it belongs to. `realpath`: the host's
+    (Host.realpath)."""
     out = []
     named = [(k, getattr(getattr(p, k.split(".")[0]), k.split(".")[1]), None) for k in CONTAINED]
+    named += [(f"serve.flags.{k}", str(p.serve.flags[k]), None) for k in FLAG_PATHS
+              if str(p.serve.flags.get(k, "")).startswith("/")]
     if state_dir:
         named += [(what, f"{state_dir.rstrip('/')}/{sub}", state_dir) for what, sub in STATE_PATHS.items()]
     for key, path, under in named:

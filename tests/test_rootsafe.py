@@ -616,6 +616,24 @@ def test_the_rendered_unit_starts_as_its_user_and_answers_health():
         shutil.rmtree(top)
 
 
+def test_the_engine_user_must_read_the_draft_model_too(tmp_path):
+    """A draft model named in serve.flags is read by the engine as well: one its user may not read is
+    named among what it cannot reach."""
+    tmp_path.chmod(0o755)
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/passwd").write_text(f"{service.SERVICE_USER}:x:65534:65534::/:/usr/sbin/nologin\n")
+    prof = config.load("dual-5090-llamacpp", ["serve.flags.model-draft=/srv/models/draft.gguf"])
+    host = Host.at(tmp_path)
+    for path, mode in ((prof.model.output, 0o644), ("/srv/models/draft.gguf", 0o600)):
+        host.path(path).parent.mkdir(parents=True, exist_ok=True)
+        host.path(path).write_text("GGUF")
+        host.path(path).chmod(mode)
+    ctx = pipeline.Ctx(profile=prof, host=host, store=Store(tmp_path / "var/lib/p2pkit"), out=Output())
+    blocked = service.user_access(ctx)["blocked"]
+    assert "/srv/models/draft.gguf" in blocked and "cannot be read" in blocked["/srv/models/draft.gguf"]
+    assert prof.model.output not in blocked
+
+
 # 10. playbooks set a directory's mode only when they create it -------------------------------------
 
 @pytest.mark.slow
@@ -766,7 +784,8 @@ def test_profile_show_redacts_a_secret(cli, tmp_path):
         assert r.code == 0 and "hf_0123456789" not in r.out + r.err and "<redacted>" in r.out, (args, r.err)
 
 
-@pytest.mark.parametrize("key", [*config.CONTAINED, *config.STATE_PATHS])
+@pytest.mark.parametrize("key", [*config.CONTAINED, *[f"serve.flags.{k}" for k in config.FLAG_PATHS],
+                                 *config.STATE_PATHS])
 def test_every_contained_path_refuses_a_symlink_leading_out(tmp_path, key):
     """Each path that belongs under a directory, planted as a link to the host's /etc: refused naming
     the key, the path and where it leads. A directory above it that is a link, or a link that stays
@@ -777,9 +796,9 @@ def test_every_contained_path_refuses_a_symlink_leading_out(tmp_path, key):
     if key in config.STATE_PATHS:
         prof, path = config.from_dict(profile_with(), "ok.toml"), f"{state}/{config.STATE_PATHS[key]}"
     else:
-        sec, name = key.split(".")
+        *sec, name = key.split(".")
         path = f"/srv/{name}/item"
-        prof = config.from_dict(profile_with(**{f"{sec}__{name}": path}), "ok.toml")
+        prof = config.from_dict(profile_with(**{"__".join([*sec, name]): path}), "ok.toml")
     host = Host.at(tmp_path)
     link = host.path(path)
     link.parent.mkdir(parents=True, exist_ok=True)

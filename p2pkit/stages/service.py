@@ -11,7 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from p2pkit import engine_cmd, engine_env, secrets, writers
+from p2pkit import config, engine_cmd, engine_env, secrets, writers
 from p2pkit.ansible import run_playbook
 from p2pkit.checks import fit
 from p2pkit.errors import Exit, P2pkitError
@@ -361,4 +361,7 @@ def user_access(ctx) -> dict:
     wants = {f"{ctx.host.host_path(ctx.store.dir)}/engine": "x", engine_cmd.binary(p): "x"}
     if p.model.format != "hf" and p.model.output:
         wants[p.model.output] = "r"
+    for flag in config.FLAG_PATHS:  # a draft model, a projector: read by the engine too
+        if str(p.serve.flags.get(flag, "")).startswith("/"):
+            wants[str(p.serve.flags[flag])] = "r"
     return access.engine_reach(ctx.host, SERVICE_USER, wants)
