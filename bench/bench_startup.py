@@ -1,5 +1,6 @@
 """Start-up cost of p2pkit, before and after, in one run (issue 20): `--help`, `--version`, `status`
-and a no-op `up` on a simulated host where `up --reboot` has finished, each beside `python -c pass`.
+and a no-op `up` on a simulated host where `up --reboot` has finished, each beside `python -c pass`; and the
+CLI framework's own import cost (typer, and pydantic, which typer imports to coerce options).
 
 Each run is a whole process timed from outside: CPU-seconds are user+sys of the process and every
 process it waited for (the simulated host's stand-in commands included), as the kernel accounts
@@ -86,6 +87,20 @@ def measure(args: list[str], trees: dict[str, Path], runs: int) -> dict:
     return out
 
 
+def framework_floor(runs: int) -> dict:
+    """What the CLI framework costs before any p2pkit code: importing typer, and the module typer
+    imports to coerce any option that is not a flag (pydantic, from typer 0.2x on), beside `pass`."""
+    py, env = sys.executable, env_for(None)
+    cmds = {"pass": "pass", "import typer": "import typer", "import typer._adapters": "import typer._adapters"}
+    got: dict[str, list[float]] = {n: [] for n in cmds}
+    for i in range(runs + 1):
+        for name, code in cmds.items():
+            cpu, _, _ = timed([py, "-c", code], env, REPO)
+            if i:
+                got[name].append(cpu)
+    return {name: stats(v) for name, v in got.items()}
+
+
 def done_host(exe: str) -> Path:
     root = Path(tempfile.mkdtemp(prefix="p2pkit-bench-")) / "sim"
     subprocess.run([exe, "sim", "init", str(root)], check=True, capture_output=True)
@@ -111,6 +126,7 @@ def main() -> None:
         "version": measure(["--version"], trees, a.runs),
         "status": measure(["--root", str(root), "status"], trees, a.runs),
         "noop_up": measure(["--root", str(root), "up"], trees, a.runs),
+        "framework_floor_cpu_s": framework_floor(a.runs),
         "ansible_started_by_noop_up": log.exists() and log.stat().st_mtime_ns != mtime,
         "aims": AIMS,
     }
