@@ -88,3 +88,22 @@ def test_canned_help_only_where_typer_prints_it(monkeypatch, env, tty, expect):
             return tty
     monkeypatch.setattr(sys, "stdout", Out())
     assert entry.canned_help_applies() is expect
+
+
+def test_uname_m_is_answered_in_process(sim, monkeypatch):
+    """The arch fact starts no process: the simulated host's state on a simulated host (x86_64 and
+    a Spark's aarch64, as its uname stand-in prints them), the kernel's own answer on a real one."""
+    from p2pkit import facts
+    from p2pkit.host import Host
+    from p2pkit.runner import Runner
+
+    def no_process(self, argv, **kw):
+        raise AssertionError(f"started {argv}")
+    monkeypatch.setattr(Runner, "run", no_process)
+    assert facts.collect(Host.at(sim("healthy")), ["arch"]) == {"arch": "x86_64"}
+    assert facts.collect(Host.at(sim("spark-head")), ["arch"]) == {"arch": "aarch64"}
+    assert facts.collect(Host(), ["arch"]) == {"arch": os.uname().machine}
+    monkeypatch.undo()
+    spark = sim("spark-worker")
+    r = subprocess.run([str(spark / "usr/bin/uname"), "-m"], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == Host.at(spark).machine() == "aarch64"

@@ -122,5 +122,12 @@ class Host:
         self.library("machine").reboot()
         return True
 
+    def machine(self) -> str:
+        """What `uname -m` prints, without starting it: the kernel's own answer (os.uname) on a real
+        host; a simulated host's architecture from its state, as its uname stand-in prints it."""
+        if self.simulated:
+            return self.sim.get("arch", "x86_64")
+        return os.uname().machine
+
     def sim_fact(self, key: str, default=None):
         return (self.sim or {}).get("facts", {}).get(key, default)

@@ -42,8 +42,8 @@ def of(machine: str) -> Arch:
 
 
 def machine(host: Host) -> str:
-    """`uname -m` through the runner (a simulated host answers with its own architecture)."""
-    return host.runner.run(["uname", "-m"]).stdout.strip()
+    """`uname -m`, answered by the host object (no process: it is known in-process)."""
+    return host.machine()
 
 
 def host_arch(host: Host) -> Arch:
