@@ -42,21 +42,146 @@ def prompt(n_tokens: int) -> str:
     return "The" + PROMPT_WORD * max(0, n_tokens - 2)
 
 
-def one_request(p, n_prompt: int, n_out: int) -> dict:
-    """One timed request and the server's own accounting of it."""
-    base = engine_cmd.base_url(p)
-    if p.engine.recipe == "llamacpp":
-        r = engine_api.llamacpp_completion(base, n_out, prompt(n_prompt))
-        t = r.get("timings") or {}
+class Reader:
+    """One engine's own accounting, read around each timed request of an arm (P15): never the
+    client's clock, which is kept beside it (client_s, client_tps)."""
+
+    def __init__(self, ctx, p):
+        self.ctx, self.p, self.base = ctx, p, engine_cmd.base_url(p)
+
+    def start(self) -> None:
+        """Before the first timed request (after the warm-up)."""
+
+    def request(self, n_prompt: int, n_out: int) -> dict:
+        raise NotImplementedError
+
+    def finish(self, arm: dict) -> None:
+        """After the last one: the arm's totals from the same accounting."""
+
+    @staticmethod
+    def with_client(figures: dict, client_s: float) -> dict:
+        n = figures.get("predicted_n") or 0
+        return {"ok": True, **figures, "client_s": client_s,
+                "client_tps": round(n / client_s, 3) if client_s else None}
+
+
+class Llamacpp(Reader):
+    """llama-server: each /completion response's `timings`, /metrics llamacpp:* around the arm."""
+
+    def start(self) -> None:
+        self.before = engine_api.metrics(self.base, "llamacpp:")
+
+    def request(self, n_prompt: int, n_out: int) -> dict:
+        r = engine_api.llamacpp_completion(self.base, n_out, prompt(n_prompt))
         if r.get("status") != 200:
             return {"ok": False, "error": r.get("error"), "status": r.get("status")}
-        return {"ok": True, "prompt_n": t.get("prompt_n"), "prompt_ms": t.get("prompt_ms"),
-                "predicted_n": t.get("predicted_n"), "predicted_ms": t.get("predicted_ms"),
-                "prefill_tps": t.get("prompt_per_second"), "decode_tps": t.get("predicted_per_second"),
-                "ttft_ms": t.get("prompt_ms"), "draft_n": t.get("draft_n"), "draft_accepted": t.get("draft_n_accepted"),
-                "client_s": r["client_seconds"],
-                "client_tps": round(t.get("predicted_n", 0) / r["client_seconds"], 3) if r["client_seconds"] else None}
-    raise P2pkitError(f"bench does not read {p.engine.recipe}'s accounting yet", hint="bench measures llama.cpp")
+        return self.with_client(pe.llamacpp_figures(r.get("timings") or {}), r["client_seconds"])
+
+    def finish(self, arm: dict) -> None:
+        after = engine_api.metrics(self.base, "llamacpp:")
+        arm["metrics_status"] = after["status"]
+        if self.before["status"] == 200 and after["status"] == 200:
+            arm["metrics_delta"] = pe.deltas(self.before["values"], after["values"])
+
+
+class Vllm(Reader):
+    """vLLM: its /metrics read before and after each request (one at a time, so each delta is that
+    request's), the response's `usage` checked against the token counters."""
+
+    def __init__(self, ctx, p):
+        super().__init__(ctx, p)
+        self.model = p.serve.flags.get("served-model-name") or engine_cmd.model_path(p)
+        self.first = self.last = None
+
+    def _metrics(self) -> dict:
+        return engine_api.metrics(self.base, "vllm:")
+
+    def start(self) -> None:
+        self.first = self.last = self._metrics()
+
+    def request(self, n_prompt: int, n_out: int) -> dict:
+        before = self.last or self._metrics()
+        r = engine_api.openai_request(self.base, "/v1/completions", {
+            "model": self.model, "prompt": prompt(n_prompt), "max_tokens": n_out, "temperature": 0,
+            "ignore_eos": True})
+        after = self.last = self._metrics()
+        if r.get("status") != 200:
+            return {"ok": False, "error": r.get("error"), "status": r.get("status")}
+        if before["status"] != 200 or after["status"] != 200:
+            return {"ok": False, "status": after["status"],
+                    "error": f"vLLM's /metrics answered {after['status']}: no server-side figures for this request"}
+        f = pe.vllm_figures(pe.deltas(before["values"], after["values"]))
+        if f.pop("requests") != 1:
+            return {"ok": False, "status": 200, "error": "the /metrics deltas around this request cover other "
+                    "requests too: bench needs the server to itself"}
+        return self.with_client({**f, "usage": r.get("usage")}, r["client_seconds"])
+
+    def finish(self, arm: dict) -> None:
+        last = self.last or self._metrics()
+        arm["metrics_status"] = last["status"]
+        if self.first["status"] == 200 and last["status"] == 200:
+            arm["metrics_delta"] = pe.deltas(self.first["values"], last["values"])
+
+
+class Ninfer(Reader):
+    """NInfer: the `request_done` line its JSONL request log (--request-log-jsonl) gains per request."""
+
+    def __init__(self, ctx, p):
+        super().__init__(ctx, p)
+        self.log = request_log(ctx, p)
+        self.model = p.serve.flags.get("model-id") or "qwen3.6-27b"  # ninfer-serve's default --model-id
+        self.offset = engine_api.log_size(self.log)
+        self.done: list[dict] = []
+
+    def start(self) -> None:
+        self.offset = engine_api.log_size(self.log)
+        self.done = []
+
+    def request(self, n_prompt: int, n_out: int) -> dict:
+        r = engine_api.openai_request(self.base, "/v1/chat/completions", {
+            "model": self.model, "messages": [{"role": "user", "content": prompt(n_prompt)}], "max_tokens": n_out,
+            "temperature": 0, "stream": False})
+        recs, self.offset = engine_api.log_since(self.log, self.offset)
+        events = pe.ninfer_done(recs)
+        if r.get("status") != 200:
+            return {"ok": False, "error": r.get("error"), "status": r.get("status")}
+        if len(events) != 1 or events[0]["event"] != "request_done":
+            why = (events[-1].get("error") or {}).get("message") if events else None
+            return {"ok": False, "status": 200, "error": why or f"{len(events)} request_done line(s) in {self.log} "
+                    "for this one request: bench needs the server to itself and its request log on"}
+        self.done.append(events[0])
+        return self.with_client({**pe.ninfer_figures(events[0]), "usage": r.get("usage")}, r["client_seconds"])
+
+    def finish(self, arm: dict) -> None:
+        t = [pe.ninfer_figures(e) for e in self.done]
+        arm["log_totals"] = {"requests": len(t), "prompt_tokens": sum(x["prompt_n"] for x in t),
+                             "completion_tokens": sum(x["predicted_n"] for x in t),
+                             "prefill_seconds": round(sum(x["prompt_ms"] for x in t) / 1000, 6),
+                             "decode_seconds": round(sum(x["predicted_ms"] for x in t) / 1000, 6)}
+
+
+def request_log(ctx, p):
+    """Where NInfer's JSONL request log is on this host: a relative --request-log-jsonl is in the
+    engine's working directory (the service stage's WorkingDirectory, the state directory's engine/)."""
+    from pathlib import PurePosixPath
+
+    name = p.serve.flags.get("request-log-jsonl")
+    if not name or name is True:
+        raise P2pkitError("NInfer keeps its own per-request figures only in its JSONL request log, and "
+                          "serve.flags.request-log-jsonl is not set, so bench has no server-side accounting to read "
+                          "(client timing alone is not a measurement, P15)",
+                          hint='set serve.flags.request-log-jsonl = "requests.jsonl" (the built-in profile does) and '
+                               "run `p2pkit up --from service` to restart the engine with it")
+    path = PurePosixPath(str(name))
+    return ctx.host.path(str(path)) if path.is_absolute() else ctx.store.dir / "engine" / path
+
+
+READERS = {"llamacpp": Llamacpp, "vllm": Vllm, "ninfer": Ninfer}
+
+
+def one_request(reader: Reader, n_prompt: int, n_out: int) -> dict:
+    """One timed request and the server's own accounting of it."""
+    return reader.request(n_prompt, n_out)
 
 
 def _stats(values: list) -> dict | None:
@@ -67,29 +192,24 @@ def _stats(values: list) -> dict | None:
 
 
 def run_arm(ctx, p, name: str, n_prompt: int, n_out: int, warmup: int, requests: int) -> dict:
-    """Warm-up requests (left out), then N timed ones with /metrics read around them. A request that
-    fails stops the arm: what was done so far is kept, with the error."""
-    prefix = "llamacpp:" if p.engine.recipe == "llamacpp" else None
-    base = engine_cmd.base_url(p)
+    """Warm-up requests (left out), then N timed ones with the engine's accounting read around them.
+    A request that fails stops the arm: what was done so far is kept, with the error."""
+    reader = READERS[p.engine.recipe](ctx, p)
     arm: dict = {"arm": name, "overrides": list(p.overrides), "requests": [], "warmup": warmup}
     for _ in range(warmup):
-        w = one_request(p, n_prompt, n_out)
+        w = one_request(reader, n_prompt, n_out)
         if not w.get("ok"):
             arm["error"] = f"warm-up request failed: {w.get('error')}"
             return arm
-    before = engine_api.metrics(base, prefix) if prefix else None
+    reader.start()
     for i in range(requests):
         with ctx.out.working(f"[bench] {name}: request {i + 1}/{requests}"):
-            r = one_request(p, n_prompt, n_out)
+            r = one_request(reader, n_prompt, n_out)
         if not r.get("ok"):
             arm["error"] = f"request {i + 1} failed: HTTP {r.get('status')}: {r.get('error')}"
             break
         arm["requests"].append(r)
-    if before is not None:
-        after = engine_api.metrics(base, prefix)
-        arm["metrics_status"] = after["status"]
-        if before["status"] == 200 and after["status"] == 200:
-            arm["metrics_delta"] = pe.deltas(before["values"], after["values"])
+    reader.finish(arm)
     arm["summary"] = summarize(arm)
     return arm
 
@@ -101,10 +221,17 @@ def summarize(arm: dict) -> dict:
     if drafted:
         out["draft_acceptance"] = round(sum(r.get("draft_accepted") or 0 for r in reqs) / drafted, 4)
     d = arm.get("metrics_delta")
-    if d and d.get("tokens_predicted_seconds_total"):
+    if d and d.get("tokens_predicted_seconds_total"):  # llama-server's counters
         out["metrics_decode_tps"] = round(d["tokens_predicted_total"] / d["tokens_predicted_seconds_total"], 3)
     if d and d.get("prompt_seconds_total"):
         out["metrics_prefill_tps"] = round(d["prompt_tokens_total"] / d["prompt_seconds_total"], 3)
+    if d and "generation_tokens_total" in d:  # vLLM's
+        v = pe.vllm_figures(d)
+        out["metrics_decode_tps"], out["metrics_prefill_tps"] = v["decode_tps"], v["prefill_tps"]
+    t = arm.get("log_totals")
+    if t and t["decode_seconds"]:  # NInfer's request log, summed over the arm
+        out["log_decode_tps"] = round((t["completion_tokens"] - t["requests"]) / t["decode_seconds"], 3)
+        out["log_prefill_tps"] = round(t["prompt_tokens"] / t["prefill_seconds"], 3) if t["prefill_seconds"] else None
     return out
 
 
@@ -149,9 +276,11 @@ def switch(ctx, override: str):
 
 def run(ctx, n_prompt: int, n_out: int, warmup: int, requests: int, ab: str | None) -> dict:
     p = ctx.profile
-    if p.engine.recipe not in ACCOUNTING:
-        raise P2pkitError(f"bench does not read {p.engine.recipe}'s own accounting yet, and client timing alone "
-                          "is not a measurement (P15)", hint="bench measures llama.cpp's service today")
+    if p.engine.recipe not in READERS:
+        raise P2pkitError(f"bench does not read {p.engine.recipe}'s own accounting, and client timing alone is not a "
+                          "measurement (P15)", hint=f"bench measures {', '.join(sorted(READERS))}")
+    if p.engine.recipe == "ninfer":
+        request_log(ctx, p)  # refused before any request when the engine keeps no request log
     doc: dict = {"schema": SCHEMA, "kind": "p2pkit-bench", "simulated": ctx.host.simulated, "profile": p.name,
                  "engine": p.engine.recipe, "shape": {"prompt_tokens": n_prompt, "output_tokens": n_out,
                                                       "warmup": warmup, "requests": requests},
@@ -175,4 +304,12 @@ def run(ctx, n_prompt: int, n_out: int, warmup: int, requests: int, ab: str | No
 ACCOUNTING = {
     "llamacpp": "llama-server's own: each /completion response's `timings` (tools/server/server-common.cpp, "
                 "server_slot_stats::to_json) and /metrics llamacpp:* counters (server-task.cpp, to_metrics)",
+    "vllm": "vLLM's own: /metrics read around each request (vllm:prompt_tokens_total, vllm:generation_tokens_total, "
+            "the _sum and _count of vllm:request_prefill_time_seconds, vllm:request_decode_time_seconds and "
+            "vllm:time_to_first_token_seconds, vllm:spec_decode_num_draft_tokens_total and "
+            "..._accepted_tokens_total; vllm/v1/metrics/loggers.py, vllm/v1/spec_decode/metrics.py), the response's "
+            "`usage` beside them",
+    "ninfer": "NInfer's own: the `request_done` line of its JSONL request log (--request-log-jsonl; result, "
+              "timings_seconds, speculative; Neroued/ninfer src/serve/request_log.cpp), the response's `usage` "
+              "beside it",
 }

@@ -133,11 +133,12 @@ def test_up_builds_converts_serves_and_benches_the_real_llamacpp(served, cli):
     real_one = bench_mod.one_request
     calls = {"n": 0}
 
-    def dying(p, n_prompt, n_out):
+    def dying(reader, n_prompt, n_out):
         calls["n"] += 1
+        p = reader.p
         if p.overrides and p.overrides[-1] == "serve.flags.threads=1" and calls["n"] == 6:
             os.kill(svc_mod.main_pid(svc_mod.Host.at(root)), 9)
-        return real_one(p, n_prompt, n_out)
+        return real_one(reader, n_prompt, n_out)
 
     bench_mod.one_request = dying
     try:
@@ -149,3 +150,58 @@ def test_up_builds_converts_serves_and_benches_the_real_llamacpp(served, cli):
     assert len(doc["arms"][0]["requests"]) == 2 and len(doc["arms"][1]["requests"]) == 1
     assert doc["restored"]["files_identical"] and doc["restored"]["health"]
     assert (root / UNIT).read_bytes() == before
+
+
+def sim_ctx(root: Path, *more: str):
+    from p2pkit import config, pipeline
+    from p2pkit.artifacts import Store
+    from p2pkit.host import Host
+    from p2pkit.output import Output
+
+    h = Host.at(root)
+    ctx = pipeline.Ctx(profile=config.load(h.sim["profile"], [*SETS, *more]), host=h,
+                       store=Store(root / "var/lib/p2pkit"), out=Output())
+    ctx.store.ensure()
+    return ctx
+
+
+def test_the_real_converter_failing_leaves_no_output_file(tmp_path):
+    """llama.cpp's own converter, run by the model stage from the real source (as a module, P08) over a
+    tiny checkpoint whose architecture it does not know: it exits 1 naming it, and neither the output
+    nor a partial file nor an output record is left. The converter alone, not a whole `up`."""
+    from p2pkit.checks import model as model_checks
+    from p2pkit.stages import model as model_stage
+
+    llama_real.wait()
+    root = llama_sim(tmp_path / "host")
+    cfg = root / MODEL.lstrip("/") / "config.json"
+    cfg.write_text(cfg.read_text().replace("LlamaForCausalLM", "NoSuchModelForCausalLM"))
+    ctx = sim_ctx(root)
+    res = model_stage.convert(ctx)
+    assert res["convert_argv"][1:3] == ["-m", "convert_hf_to_gguf"] and res["convert_rc"] == 1, res
+    c = {x.id: x for x in model_checks.check({"model_build": res}, ctx.profile)}["model.convert"]
+    assert c.status == "fail" and "NoSuchModelForCausalLM is not supported" in c.measured
+    out = root / GGUF.lstrip("/")
+    assert not out.exists() and not list(out.parent.glob(f".{out.name}*"))
+    assert not (ctx.store.dir / "model-output.json").exists()
+
+
+def test_a_flag_the_built_server_does_not_list_is_refused_before_a_start(tmp_path, monkeypatch):
+    """A flag p2pkit's own list allows (patched here: a p2pkit newer than the engine commit) that the
+    built llama-server's --help does not list: refused with the usage exit code before anything is
+    installed or started."""
+    from p2pkit import engine_cmd
+    from p2pkit.errors import Exit, P2pkitError
+    from p2pkit.stages import service
+
+    monkeypatch.setattr(engine_cmd, "LLAMACPP_FLAGS", engine_cmd.LLAMACPP_FLAGS | {"no-such-flag"})
+    llama_real.wait()
+    root = llama_sim(tmp_path / "host")
+    assert service.flags_accepted(sim_ctx(root))  # the profile's own flags are all in the real --help
+    ctx = sim_ctx(root, "serve.flags.no-such-flag=1")
+    assert not [c for c in engine_cmd.validate(ctx.profile) if c.status == "fail"]  # p2pkit's list lets it by
+    with pytest.raises(P2pkitError) as e:
+        service.act(ctx)
+    assert e.value.code == Exit.USAGE and "--no-such-flag" in e.value.message
+    assert "refused before a start" in e.value.message and "serve.flags" in e.value.hint
+    assert not (root / UNIT).exists()  # nothing installed, nothing started

@@ -81,6 +81,38 @@ def test_spark_pair_from_one_inventory(cli, sim, tmp_path):
     # status from the same inventory: the host vars apply again, so nothing reads as stale
     r = cli("--json", "status", "--inventory", str(inv))
     assert r.code == 0 and r.json()["hosts"]["spark-2"]["stages"]["service"] == "done", r.out
+    bench_on_the_head(cli, head)
+
+
+def bench_on_the_head(cli, head):
+    """`p2pkit bench` on the head: the simulated vLLM's own /metrics (vLLM's names and shapes, read
+    around each request) are the figures; the deltas the test reads itself agree; not the client's clock."""
+    from p2pkit import engine_cmd
+    from p2pkit.host import engine_api
+    from p2pkit.parse import engine_api as pe
+
+    base = engine_cmd.base_url(config.load(str(head / ".p2pkit-sim/profile.toml")))
+    before = engine_api.metrics(base, "vllm:")
+    r = cli("--root", str(head), "--json", "bench", "--requests", "3", "--warmup", "1", "--prompt-tokens", "16",
+            "--output-tokens", "24")
+    assert r.code == 0, r.err[-2000:]
+    d = pe.deltas(before["values"], engine_api.metrics(base, "vllm:")["values"])
+    doc = r.json()
+    arm, reqs = doc["arms"][0], doc["arms"][0]["requests"]
+    assert doc["engine"] == "vllm" and doc["accounting"].startswith("vLLM's own") and len(reqs) == 3
+    # the whole run moved the counters by the warm-up plus the three timed requests, no more
+    assert d["request_decode_time_seconds_count"] == 4 and d["generation_tokens_total"] == 4 * 24
+    assert d["prompt_tokens_total"] == 4 * 16 == 16 + sum(x["prompt_n"] for x in reqs)
+    m = arm["metrics_delta"]  # the timed requests' own deltas
+    assert m["generation_tokens_total"] == sum(x["predicted_n"] for x in reqs) == 72
+    assert m["request_decode_time_seconds_sum"] * 1000 == pytest.approx(sum(x["predicted_ms"] for x in reqs), rel=1e-3)
+    for x in reqs:
+        assert x["usage"]["completion_tokens"] == x["predicted_n"] and x["usage"]["prompt_tokens"] == x["prompt_n"]
+        assert x["decode_tps"] == pytest.approx(23 / (x["predicted_ms"] / 1000), rel=1e-3)
+        assert x["draft_n"] > 0 and 0 < x["draft_accepted"] <= x["draft_n"]  # MTP k=3 (seed 004)
+        assert x["client_tps"] < x["decode_tps"] / 2  # the server's own clock, never the client's (P15)
+    assert arm["summary"]["metrics_decode_tps"] == pytest.approx(
+        (72 - 3) / m["request_decode_time_seconds_sum"], rel=1e-3)
 
 
 @pytest.mark.parametrize("scenario, stop, check, pitfall", [

@@ -21,7 +21,8 @@ def rows(doc: dict) -> list[list]:
     out = []
     for a in doc["arms"]:
         s = a.get("summary", {})
-        out.append([a["arm"], len(a["requests"]), _fmt(s.get("decode_tps")), s.get("metrics_decode_tps", "-"),
+        out.append([a["arm"], len(a["requests"]), _fmt(s.get("decode_tps")),
+                    s.get("metrics_decode_tps", s.get("log_decode_tps", "-")),
                     _fmt(s.get("prefill_tps")), _fmt(s.get("ttft_ms")), _fmt(s.get("client_tps")),
                     s.get("draft_acceptance", "-"), a.get("error", "")])
     return out
@@ -45,20 +46,28 @@ def prometheus_text(doc: dict) -> str:
 
 
 def plot(doc: dict, path: Path) -> None:
+    """A PNG of each request's decode tok/s (the server's own figure), one line per arm; the arms and
+    their request counts are also in the PNG's text chunks. Needs matplotlib (the `plot` extra)."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:
-        raise MissingError("the PNG plot needs matplotlib", hint="pip install 'p2pkit[plot]'") from e
+        raise MissingError("the PNG plot needs matplotlib, which is not installed",
+                           hint="pip install 'p2pkit[plot]' (the JSON artifact is written without it)") from e
+    sh = doc["shape"]
     fig, ax = plt.subplots(figsize=(7, 4))
     for a in doc["arms"]:
-        ax.plot([r.get("decode_tps") for r in a["requests"]], marker="o", label=a["arm"])
-    ax.set_xlabel("request")
-    ax.set_ylabel("decode tok/s (server timings)")
+        ys = [r.get("decode_tps") for r in a["requests"]]
+        ax.plot(range(1, len(ys) + 1), ys, marker="o", label=f"{a['arm']} ({len(ys)})")
+    ax.set_xlabel("timed request")
+    ax.set_ylabel("decode tok/s (server's own accounting)")
+    ax.set_title(f"{'SIMULATED ' if doc.get('simulated') else ''}{doc['engine']}: prompt {sh['prompt_tokens']} / "
+                 f"output {sh['output_tokens']} tokens")
     ax.legend()
-    fig.savefig(path)
+    arms = "; ".join(f"{a['arm']}={len(a['requests'])}" for a in doc["arms"])
+    fig.savefig(path, format="png", metadata={"Title": "p2pkit bench", "Description": f"arms: {arms}"})
     plt.close(fig)
 
 
@@ -87,11 +96,16 @@ def bench(
     failed = [a for a in doc["arms"] if a.get("error")]
     if failed:
         doc["server_log_tail"] = service.logs(ctx.host, 12)
+    if png:  # optional: without matplotlib bench says so and the JSON is written all the same
+        try:
+            plot(doc, png)
+            doc["plot"] = str(png)
+        except MissingError as e:
+            doc["plot_skipped"] = e.message
+            ctx.out.warn(f"{e.message}: no PNG written ({e.hint})")
     doc["artifact"] = str(ctx.store.write("bench", doc))
     if prometheus:
         atomic_write(prometheus, prometheus_text(doc).encode())
-    if png:
-        plot(doc, png)
     if ctx.out.json_mode:
         ctx.out.document(doc)
     else:

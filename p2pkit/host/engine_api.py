@@ -76,3 +76,36 @@ def first_completion(base: str, n_predict: int = 16) -> dict:
     after = metrics(base, "llamacpp:")
     return {**done, "metrics_status": after["status"],
             "metrics_delta": pe.deltas(before["values"], after["values"]) if after["status"] == 200 else {}}
+
+
+def openai_request(base: str, path: str, body: dict, timeout: float = 600) -> dict:
+    """One OpenAI-compatible request (vLLM's /v1/completions, NInfer's /v1/chat/completions): its
+    `usage` and the seconds the client waited (beside the server's figures, never instead)."""
+    status, doc, waited = post_json(f"{base}{path}", body, timeout)
+    out: dict = {"status": status, "client_seconds": round(waited, 4)}
+    if status == 200 and isinstance(doc, dict):
+        out["usage"] = doc.get("usage") or {}
+    else:
+        out["error"] = (doc if isinstance(doc, str) else json.dumps(doc))[:300]
+    return out
+
+
+def log_size(path) -> int:
+    """Where a server's append-only log ends now (0 when it does not exist yet)."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def log_since(path, offset: int) -> tuple[list[dict], int]:
+    """The JSON lines a server appended to its log after `offset`, and the new end (a line still
+    being written waits for the next read)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read()
+    except OSError:
+        return [], offset
+    whole = data[: data.rfind(b"\n") + 1]
+    return pe.jsonl(whole.decode(errors="replace")), offset + len(whole)

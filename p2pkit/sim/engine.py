@@ -1,6 +1,7 @@
 """A SIMULATED inference engine for the simulated host: refuses bad flags the way ninfer-serve
 does, logs its start-up, then serves /health (503 while "loading", then 200) on the profile's
-address. It stands in for the engine the (not yet built) engine stage would compile."""
+address, and completions with the engine's own accounting of them (p2pkit/sim/serving.py). It
+stands in for the engine the engine stage would compile."""
 
 from __future__ import annotations
 
@@ -63,30 +64,63 @@ def main() -> None:
     if f.get("spec"):
         print(f"spec {f['spec']}: draft tokens {f.get('draft-tokens')}, lm-head-draft "
               f"{'on' if f.get('lm-head-draft') else 'off'}", flush=True)
+    from p2pkit.sim import serving
+
+    log = serving.NinferLog(f.get("request-log-jsonl"), sys.argv[1:], artifact)
+    chat = serving.ninfer_chat(log, f.get("model-id") or "qwen3.6-27b", f.get("spec") or "none",
+                               int(f.get("draft-tokens") or 0) if f.get("spec") else 0)
     serve_health(f.get("host"), f.get("port") or 12435, loading_done(time.monotonic()),
-                 f"listening on {f.get('host')}:{f.get('port')}")
+                 f"listening on {f.get('host')}:{f.get('port')}", post={"/v1/chat/completions": chat})
 
 
-def serve_health(host: str | None, port, ready, announce: str) -> None:
+def serve_health(host: str | None, port, ready, announce: str, post: dict | None = None,
+                 get: dict | None = None) -> None:
     """/health on host:port: 200 once ready() says so, 503 while loading; `announce` printed once
-    the port is bound; forever."""
-    class Health(BaseHTTPRequestHandler):
-        def do_GET(self):
-            if self.path != "/health":
-                self.send_error(404)
-                return
-            ok = ready()
-            body = json.dumps({"status": "ok" if ok else "loading"}).encode()
-            self.send_response(200 if ok else 503)
-            self.send_header("Content-Type", "application/json")
+    the port is bound; forever. `post` and `get` map further paths to handlers: POST ones take the
+    JSON body and return (status, JSON), GET ones return (status, content type, bytes)."""
+    post, get = post or {}, get or {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def _send(self, status: int, ctype: str, body: bytes) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
 
+        def do_GET(self):
+            if self.path in get:
+                self._send(*get[self.path]())
+                return
+            if self.path != "/health":
+                self.send_error(404)
+                return
+            ok = ready()
+            self._send(200 if ok else 503, "application/json",
+                       json.dumps({"status": "ok" if ok else "loading"}).encode())
+
+        def do_POST(self):
+            handle = post.get(self.path)
+            if handle is None:
+                self.send_error(404)
+                return
+            if not ready():
+                self._send(503, "application/json", json.dumps({"error": {"message": "loading"}}).encode())
+                return
+            try:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+            except ValueError:
+                body = None
+            if not isinstance(body, dict):
+                self._send(400, "application/json", json.dumps({"error": {"message": "invalid JSON"}}).encode())
+                return
+            status, doc = handle(body)
+            self._send(status, "application/json", json.dumps(doc).encode())
+
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), Health)
+    server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), Handler)
     print(announce, flush=True)
     server.serve_forever()
 
@@ -201,9 +235,17 @@ def vllm_main() -> None:
 
         threading.Thread(target=accept, daemon=True).start()
 
+    from p2pkit.sim import serving
+
+    name = f.get("served-model-name") or serving.host_view(model)
+    spec = json.loads(f.get("speculative-config") or "{}")
+    window = int(spec.get("num_speculative_tokens") or 0)
+    metrics = serving.VllmMetrics(name, int(f.get("max-model-len") or 8192), window)
     serve_health(f.get("host"), f.get("port") or 8000,
                  lambda: joined["at"] is not None and time.monotonic() - joined["at"] >= LOAD_SECONDS,
-                 f"INFO API on {f.get('host')}:{f.get('port')}")
+                 f"INFO API on {f.get('host')}:{f.get('port')}",
+                 post={"/v1/completions": serving.vllm_completions(metrics, name, window)},
+                 get={"/metrics": lambda: (200, "text/plain; version=0.0.4; charset=utf-8", metrics.text())})
 
 
 if __name__ == "__main__":

@@ -457,6 +457,8 @@ def _unit(root: Path, unit: str) -> dict:
             out["memory_max"] = v
         elif k == "Slice":
             out["slice"] = v
+        elif k == "WorkingDirectory":
+            out["cwd"] = v
     return out
 
 
@@ -509,9 +511,11 @@ def _start(root: Path, state: dict, unit: str) -> int:
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {"PATH": "/usr/bin:/bin", **{k: (host_argv(v) or [v])[0] if v.startswith("/") else v
                                        for k, v in u["env"].items()}, **state.get("engine_env", {})}
+    # WorkingDirectory= as systemd sets it (the engine's relative paths, e.g. NInfer's request log, land there)
+    cwd = root / u["cwd"].lstrip("-/") if u.get("cwd") else None
     with open(log, "ab") as fh:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
-                                env=env, start_new_session=True)
+                                env=env, start_new_session=True, cwd=cwd if cwd and cwd.is_dir() else None)
     state.setdefault("services", {})[unit] = {"pid": proc.pid, "started": True, "slice": u.get("slice"),
                                               "memory_max": u.get("memory_max", "max")}
     save(root, state)
