@@ -86,7 +86,7 @@ class Llamacpp(Reader):
 
 class Vllm(Reader):
     """vLLM: its /metrics read before and after each request (one at a time, so each delta is that
-    request's), the response's `usage` checked against the token counters."""
+    request's), the response's `usage` kept beside them."""
 
     def __init__(self, ctx, p):
         super().__init__(ctx, p)
