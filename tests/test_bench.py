@@ -261,3 +261,21 @@ def test_ab_interrupted_during_the_second_arm_puts_the_unit_back(ninfer_host):
     from p2pkit.host import engine_api
 
     assert engine_api.get(engine_cmd.health_url(config.load(str(root / ".p2pkit-sim/profile.toml"))))[0] == 200
+
+
+def test_no_server_figures_means_a_failed_request_never_the_clients_clock(tmp_path, monkeypatch):
+    """The server answered 200, but its own accounting has nothing for the request (NInfer's log got
+    no line; vLLM's /metrics is off): the request fails, it is not timed by the client instead (P15)."""
+    from p2pkit.host import engine_api
+
+    monkeypatch.setattr(engine_api, "openai_request", lambda *a, **k: {
+        "status": 200, "client_seconds": 0.5, "usage": {"prompt_tokens": 8, "completion_tokens": 8}})
+    ctx = ctx_for("dual-5090-ninfer", store=tmp_path)
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "engine/requests.jsonl").write_text("")
+    r = bench.Ninfer(ctx, ctx.profile).request(8, 8)
+    assert r["ok"] is False and "0 request_done line(s)" in r["error"] and "decode_tps" not in r
+    monkeypatch.setattr(engine_api, "metrics", lambda base, prefix: {"status": 501, "values": {}})
+    ctx = ctx_for("dual-spark-vllm", store=tmp_path)
+    r = bench.Vllm(ctx, ctx.profile).request(8, 8)
+    assert r["ok"] is False and "/metrics answered 501" in r["error"] and "decode_tps" not in r
