@@ -50,14 +50,22 @@ def base_vars(ctx) -> dict:
     }
 
 
+def write_vars(ctx, stage: str, extra: dict) -> dict:
+    """What the playbook is given, for the reader (secrets redacted): <state>/logs/<stage>.vars.json."""
+    logs = ctx.store.dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    doc = {**base_vars(ctx), **extra}
+    atomic_write(logs / f"{stage}.vars.json", writers.json_text(redact_doc(doc)).encode())
+    return doc
+
+
 def run_playbook(ctx, stage: str, extra: dict, check_mode: bool = False) -> dict:
     book = share_dir() / "playbooks" / f"{stage}.yml"
     logs = ctx.store.dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    doc = {**base_vars(ctx), **extra}
-    # What the playbook was given, for the reader (secrets redacted); Ansible itself reads a 0600 copy
-    # whose every string is !unsafe (a {{ ... }} from a profile is never evaluated), removed afterwards.
-    atomic_write(logs / f"{stage}.vars.json", writers.json_text(redact_doc(doc)).encode())
+    doc = write_vars(ctx, stage, extra)
+    # Ansible itself reads a 0600 copy whose every string is !unsafe (a {{ ... }} from a profile is
+    # never evaluated), removed afterwards.
     tmp = ctx.store.dir / ".ansible/tmp"
     tmp.mkdir(parents=True, exist_ok=True)
     vars_file = atomic_write(tmp / f"{stage}.vars.{os.getpid()}.yml", writers.ansible_vars(doc).encode(), mode=0o600)

@@ -3,16 +3,18 @@ profile and the host give them."""
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 from p2pkit import writers
-from p2pkit.ansible import run_playbook
+from p2pkit.ansible import share_dir
 from p2pkit.backup import DRIVER_PATHS, P2P_PATHS, Backup, module_paths, userspace_paths
-from p2pkit.checks.driver import installer_arch
+from p2pkit.checks.driver import GUARDED_PACKAGES, installer_arch
 from p2pkit.config import p2p_src_dir
 from p2pkit.errors import P2pkitError, UsageError
 from p2pkit.host import arch, system
 from p2pkit.runner import own_executable
+from p2pkit.stages import work
 
 # The kernel hook pins the boot default here when the module does not build for a new kernel (P36).
 BOOT_HOLD = system.BOOT_HOLD
@@ -33,23 +35,49 @@ def driver(ctx) -> dict:
     wrong = installer_arch(a.machine, ctx.profile)
     if wrong.status != "pass":
         raise UsageError(f"{wrong.title}: {wrong.measured}, expected {wrong.expected}", hint=wrong.hint)
-    held = ctx.host.runner.run(["apt-mark", "showhold"], check=False)
+    packages = system.package_holds(ctx.host)
+    held = packages["held"]
     kernel = system.kernel_release(ctx.host)
     backup = Backup(ctx.store.dir, "driver", ctx.host)
     backup.snapshot(  # config files and every driver file the installer may replace: rollback puts them back
         [*DRIVER_PATHS, *userspace_paths(ctx.host)], kernel, d.version,
-        extra={"held_before": held.stdout.split() if held.returncode == 0 else [],
-               "installer": f"{d.cache_dir}/{d.installer_url.rsplit('/', 1)[-1]}"})
+        extra={"held_before": held, "installer": f"{d.cache_dir}/{d.installer_url.rsplit('/', 1)[-1]}"})
     try:
-        return run_playbook(ctx, "driver", {
+        return work.run_if_work(ctx, "driver", {
             "p2pkit_driver_version": d.version,
             "p2pkit_driver_installer_url": d.installer_url,
             "p2pkit_driver_installer_sha256": d.installer_sha256,
             "p2pkit_driver_cache_dir": d.cache_dir,
             "p2pkit_driver_libdir": a.libdir,
-        })
+        }, driver_work(ctx, a.libdir, packages), "p2pkit_driver_files", "p2pkit_driver_todo")
     finally:  # what the installer added (even when a later task failed): rollback removes it
         backup.record_added(userspace_paths(ctx.host), kernel, d.version)
+
+
+def driver_work(ctx, libdir: str, packages: dict) -> dict:
+    """What each driver task would change, from p2pkit's own read-only probes."""
+    d, host = ctx.profile.driver, ctx.host
+    installer = host.path(f"{d.cache_dir}/{d.installer_url.rsplit('/', 1)[-1]}")
+    cached = work.sha256_of(installer) == d.installer_sha256
+    version = {"p2pkit_driver_version": d.version, "p2pkit_driver_guarded_packages": list(GUARDED_PACKAGES)}
+    files = {
+        "plain": [work.dir_entry(d.cache_dir),
+                  work.file_entry("/etc/apt/preferences.d/p2pkit-nvidia", work.render("apt-p2pkit-nvidia-pin.j2",
+                                                                                     **version)),
+                  work.file_entry("/etc/apt/apt.conf.d/51p2pkit-unattended-upgrades",
+                                  work.render("unattended-upgrades-p2pkit.j2", **version))],
+        "initramfs": [work.file_entry("/etc/modprobe.d/p2pkit-blacklist-nouveau.conf",
+                                      work.render("modprobe-p2pkit-blacklist-nouveau.conf.j2"))],
+    }
+    return {
+        "files": work.pending(host, files),
+        "download": not cached,
+        "executable": cached and stat.S_IMODE(installer.stat().st_mode) != 0o755,
+        "install": not host.path(f"{libdir}/libnvidia-ml.so.{d.version}").exists(),
+        # installed, not held, and guarded: the holds task's loop (P02)
+        "unheld": sorted(p for p in packages["installed"]
+                         if p not in packages["held"] and p.startswith(GUARDED_PACKAGES)),
+    }
 
 
 BUILD_CAUSES = (
@@ -84,7 +112,7 @@ def _p2p_module(ctx, kernel: str | None = None) -> dict:
     wants = "/etc/systemd/system/timers.target.wants/p2pkit-restore.timer"
     Backup(ctx.store.dir, "p2p-module", ctx.host).snapshot(
         [*P2P_PATHS, wants, *module_paths(ctx.host, kernel)], kernel, ctx.profile.driver.version)
-    return run_playbook(ctx, "p2p-module", {
+    values = {
         "p2pkit_p2p_module_repo": m.repo,
         "p2pkit_p2p_module_branch": m.branch,
         "p2pkit_p2p_module_commit": m.commit,
@@ -94,7 +122,53 @@ def _p2p_module(ctx, kernel: str | None = None) -> dict:
         **restore_command_vars(ctx),
         # the fork's driver parameters (P28): only for the patched module of a GPU pair
         "p2pkit_p2p_module_registry_dwords": m.registry_dwords if m.patched else "",
-    })
+    }
+    return work.run_if_work(ctx, "p2p-module", values, p2p_work(ctx, values), "p2pkit_p2p_module_files",
+                            "p2pkit_p2p_module_todo")
+
+
+def p2p_work(ctx, v: dict) -> dict:
+    """What each p2p-module task would change, from p2pkit's own read-only probes."""
+    host, kernel, commit = ctx.host, v["p2pkit_p2p_module_kernel"], v["p2pkit_p2p_module_commit"]
+    src = host.path(v["p2pkit_p2p_module_src_dir"])
+    head = host.runner.run(["git", "-C", str(src), "rev-parse", "HEAD"], check=False).stdout.strip() \
+        if (src / ".git").is_dir() else ""
+    checkout = head != commit or bool(host.runner.run(["git", "-C", str(src), "status", "--porcelain",
+                                                       "--untracked-files=no"], check=False).stdout.strip())
+    build = checkout or not (src / f".p2pkit-built-{kernel}-{commit}").is_file()
+    target = host.path(f"/lib/modules/{kernel}/kernel/drivers/video/nvidia.ko")
+    ko = work.sha256_of(src / "kernel-open/nvidia.ko")
+    stock_dir = f"/lib/modules/{kernel}/updates"
+    backup = Backup(ctx.store.dir, "p2p-module", host)
+    stock = sorted("/" + str(p.relative_to(host.root)) for p in host.path(stock_dir).rglob("nvidia*.ko*")
+                   if p.is_file() or p.is_symlink())
+    files = {
+        "initramfs": [work.file_entry("/etc/modprobe.d/p2pkit-nvidia.conf", work.render(
+            "modprobe-p2pkit-nvidia.conf.j2", **v))] if v["p2pkit_p2p_module_registry_dwords"] else [],
+        "grub": [work.file_entry("/etc/default/grub.d/60-p2pkit-iommu.cfg", work.render("grub-p2pkit-iommu.cfg.j2",
+                                                                                        **v))],
+        "restore": [
+            work.file_entry(system.RESTORE_UNIT, work.render("p2pkit-restore.service.j2", **v)),
+            work.file_entry(system.RESTORE_TIMER, (share_dir() / "systemd/p2pkit-restore.timer").read_text()),
+            work.file_entry(system.KERNEL_HOOK, work.render("p2pkit-kernel-postinst.j2", **v), mode="0755"),
+            work.file_entry(system.APT_HOOK, work.render("apt-p2pkit-restore.j2", **v)),
+        ],
+    }
+    enabled = host.runner.run(["systemctl", f"--root={host.root}", "is-enabled", "p2pkit-restore.timer"],
+                              check=False).stdout.strip()
+    return {
+        "files": work.pending(host, files),
+        "packages": bool(work.missing_packages(host, ["build-essential", "git", f"linux-headers-{kernel}"]))
+        and not host.simulated,  # the apt task's own condition: real hosts only
+        "checkout": checkout,
+        "headers_missing": not host.path(f"/lib/modules/{kernel}/build/Makefile").is_file(),
+        "build": build,
+        # an earlier build (another kernel or commit) is cleaned first; a fresh checkout has none
+        "clean": build and (ko is not None or any(src.glob(".p2pkit-built-*"))),
+        "install": ko is None or ko != work.sha256_of(target),
+        "stock": [{"path": p, "backed_up": backup.copy_path(p).exists()} for p in stock],
+        "enable_timer": enabled != "enabled",
+    }
 
 
 def restore_command_vars(ctx) -> dict:

@@ -12,13 +12,12 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-from p2pkit.ansible import run_playbook
 from p2pkit.checks.engine import PKG_MODULES
 from p2pkit.engine_cmd import binary
 from p2pkit.errors import P2pkitError
 from p2pkit.output import follow_cmd
 from p2pkit.parse import build as pb
-from p2pkit.stages import llamacpp
+from p2pkit.stages import llamacpp, work
 
 CONFIGURE_MARK = "\n$ cmake -S "  # how _run records the configure command in the log
 
@@ -255,9 +254,30 @@ def act(ctx) -> dict:
     if e.recipe == "vllm":  # nothing to build yet: the recipe of seed 004 is not automated (P21)
         ctx.options["engine_build"] = _vllm_facts(ctx)
         return {"built": False, "note": f"vLLM is used as installed at {e.python}; p2pkit proves it"}
-    deps = run_playbook(ctx, "engine", {"p2pkit_engine_recipe": e.recipe, "p2pkit_engine_build_dir": e.build_dir})
+    deps = dependencies(ctx)
     ctx.options["engine_build"] = build(ctx)
     return {"dependencies": deps, "log": ctx.options["engine_build"]["log"]}
+
+
+def dependencies(ctx) -> dict:
+    """The build dependencies through Ansible's apt, only on a real host where dpkg-query says one is
+    missing (a playbook for nothing costs seconds); the build directory's parent made here, its mode
+    set only when p2pkit creates it."""
+    e = ctx.profile.engine
+    packages = work.role_defaults("p2pkit_engine")["p2pkit_engine_packages"][e.recipe]
+    missing = [] if ctx.host.simulated else work.missing_packages(ctx.host, packages)  # the task's own condition
+    parent = ctx.host.path(e.build_dir).parent
+    made = []
+    for d in reversed([parent, *parent.parents]):
+        if not d.exists():
+            d.mkdir(mode=0o755)
+            d.chmod(0o755)
+            made.append(ctx.host.host_path(d))
+    res = work.run_if_work(ctx, "engine", {"p2pkit_engine_recipe": e.recipe}, {"missing": missing},
+                           "p2pkit_engine_files", "p2pkit_engine_todo") if missing else \
+        {"playbook": "engine.yml", "started": False, "why": "every build dependency is installed"
+         + (" (apt is not used on a simulated host)" if ctx.host.simulated else ""), "changed": 0}
+    return {**res, "created": made}
 
 
 def measure(ctx) -> dict:

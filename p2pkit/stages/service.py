@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 from p2pkit import config, engine_cmd, engine_env, secrets, writers
-from p2pkit.ansible import run_playbook
 from p2pkit.checks import fit
 from p2pkit.errors import Exit, P2pkitError
 from p2pkit.host import Host, access, engine_api, nvml, system
@@ -20,6 +19,7 @@ from p2pkit.parse import engine_api as pe
 from p2pkit.parse import nccl
 from p2pkit.parse.system import proc_cgroup
 from p2pkit.runner import own_executable
+from p2pkit.stages import work
 
 UNIT = system.ENGINE_UNIT
 OOM_CAUSE = ("out of GPU memory at start (P18): the weights, the KV cache at this context and KV type and the draft "
@@ -82,7 +82,9 @@ def act(ctx) -> dict:
     fit_before_start(ctx)
     if p.engine.recipe == "llamacpp":
         acted["flags_checked"] = flags_accepted(ctx)
-    acted.update(run_playbook(ctx, "service", service_vars(ctx)))
+    v = service_vars(ctx)
+    todo, known = service_work(ctx, v)
+    acted.update(work.run_if_work(ctx, "service", v, todo, "p2pkit_service_files", "p2pkit_service_todo", known))
     acted["started_at"] = time.time()
     return acted
 
@@ -131,6 +133,45 @@ def service_vars(ctx) -> dict:
         "p2pkit_service_ip_deny": writers.unit_value("the IP filter", deny),
         "p2pkit_service_ip_allow": writers.unit_value("the IP filter", allow),
     }
+
+
+ENV_FILE, SECRETS_FILE = "/etc/p2pkit/engine.env", "/etc/p2pkit/engine.secrets.env"
+
+
+def service_work(ctx, v: dict) -> tuple[dict, dict]:
+    """What each service task would change, from p2pkit's own read-only probes; and whether the
+    engine runs now (a change to what it reads restarts it, else it is started)."""
+    host, simulated = ctx.host, ctx.host.simulated
+    owner = v["p2pkit_service_owner"] or None  # on a simulated host the uid its /etc/passwd gives the user
+    group, root = (None, None) if simulated else (SERVICE_USER, "root")
+    unit = {"profile": v["p2pkit_service_profile"], "recipe": v["p2pkit_service_recipe"], "user": SERVICE_USER,
+            "env_file": ENV_FILE, "secrets_file": SECRETS_FILE, "exec_start": v["p2pkit_service_exec_start"],
+            "exec_start_pre": v["p2pkit_service_exec_start_pre"], "work_dir": v["p2pkit_service_work_dir"],
+            "ip_deny": v["p2pkit_service_ip_deny"], "ip_allow": v["p2pkit_service_ip_allow"]}
+    files = {
+        "reload": [work.dir_entry(v["p2pkit_service_work_dir"], "0750", owner, group), work.dir_entry("/etc/p2pkit"),
+                   work.file_entry("/etc/systemd/system/p2pkit.slice", work.render("p2pkit.slice.j2"))],
+        "restart": [work.file_entry(ENV_FILE, work.render("p2pkit-engine.env.j2",
+                                                          env_lines=v["p2pkit_service_env_lines"])),
+                    work.file_entry(f"/etc/systemd/system/{UNIT}", work.render("p2pkit-engine.service.j2", **unit))],
+        "secrets": [work.file_entry(SECRETS_FILE, v["p2pkit_service_secret_env"], "0600", root, root)],
+    }
+    state = {k: _systemctl(host, f"is-{k}", UNIT).stdout.strip() for k in ("enabled", "active")}
+    active = state["active"] in ("active", "activating")
+    return {"files": work.pending(host, files), "user": not simulated and not user_ready(host),
+            "start": state["enabled"] != "enabled" or not active}, {"active": active}
+
+
+def user_ready(host: Host) -> bool:
+    """The engine's user exists and is in the video and render groups (what the user task ensures)."""
+    if access.user_ids(host, SERVICE_USER) is None:
+        return False
+    try:
+        groups = host.path("/etc/group").read_text(errors="replace").splitlines()
+    except OSError:
+        return False
+    member = {g.split(":")[0] for g in groups if len(g.split(":")) >= 4 and SERVICE_USER in g.split(":")[3].split(",")}
+    return {"video", "render"} <= member
 
 
 def poll(probe, timeout: float, *, alive=None, interval: float = 0.25, note=None, every: float = 5.0) -> dict:

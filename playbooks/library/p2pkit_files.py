@@ -1,0 +1,133 @@
+#!/usr/bin/python
+"""Ansible module: many files and directories in one module run.
+
+Each ansible.builtin.copy or template task is two module runs (a stat, then the copy), about
+0.3 CPU-s each in the module interpreter alone; a role that writes six files spent four seconds
+on them. This module takes the whole list (contents rendered by p2pkit, every value already
+written by the writer of its format) and writes only what differs, each file atomically, in one
+run. It supports check mode and reports the paths it changed.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import stat
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+
+DOCUMENTATION = r"""
+module: p2pkit_files
+short_description: Ensure files (content, mode, owner) and directories, many in one run
+description:
+  - Writes each file whose content, mode or owner differs, atomically (temp file, fsync, rename).
+  - Creates each missing directory; its mode is set only when the module creates it.
+options:
+  root:
+    description: Prefix for every path (a simulated host's root); empty on a real host.
+    type: str
+    default: ""
+  files:
+    description: Entries with path, and content (a file) or state=directory, mode, owner, group (names or ids).
+    type: list
+    elements: dict
+    required: true
+author: p2pkit
+"""
+
+RETURN = r"""
+changed_paths:
+  description: The paths (without the root prefix) that were written or created.
+  type: list
+  returned: always
+"""
+
+
+def _ids(entry: dict) -> tuple[int, int]:
+    def look(key, by_name):
+        name = str(entry.get(key) or "")
+        return -1 if not name else int(name) if name.isdigit() else by_name(name)
+    return look("owner", lambda n: pwd.getpwnam(n).pw_uid), look("group", lambda n: grp.getgrnam(n).gr_gid)
+
+
+def _owner_differs(st: os.stat_result, uid: int, gid: int) -> bool:
+    return (uid != -1 and st.st_uid != uid) or (gid != -1 and st.st_gid != gid)
+
+
+def _directory(path: str, entry: dict, check: bool) -> bool:
+    uid, gid = _ids(entry)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if not check:
+            os.makedirs(path, exist_ok=True)
+            if entry.get("mode"):
+                os.chmod(path, int(entry["mode"], 8))
+            os.chown(path, uid, gid)
+        return True
+    if not stat.S_ISDIR(st.st_mode):
+        raise ValueError(f"{path} exists and is not a directory")
+    if _owner_differs(st, uid, gid):
+        if not check:
+            os.chown(path, uid, gid)
+        return True
+    return False
+
+
+def _file(path: str, entry: dict, check: bool) -> bool:
+    data = entry.get("content", "").encode()
+    mode = int(entry.get("mode") or "0644", 8)
+    uid, gid = _ids(entry)
+    try:
+        st = os.stat(path)
+        with open(path, "rb") as fh:
+            same = fh.read() == data
+        if same and stat.S_IMODE(st.st_mode) == mode and not _owner_differs(st, uid, gid):
+            return False
+    except FileNotFoundError:
+        pass
+    if check:
+        return True
+    d = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".p2pkit-")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.chown(tmp, uid, gid)
+        os.rename(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return True
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec={"root": {"type": "str", "default": ""},
+                                          "files": {"type": "list", "elements": "dict", "required": True}},
+                           supports_check_mode=True)
+    root = module.params["root"].rstrip("/")
+    changed = []
+    for entry in module.params["files"]:
+        rel = entry.get("path", "")
+        if not rel.startswith("/"):
+            module.fail_json(msg=f"p2pkit_files: path {rel!r} is not absolute")
+        path = root + rel
+        try:
+            if entry.get("state") == "directory":
+                done = _directory(path, entry, module.check_mode)
+            else:
+                done = _file(path, entry, module.check_mode)
+        except (OSError, KeyError, ValueError) as e:
+            module.fail_json(msg=f"{rel}: {e}", changed_paths=changed)
+        if done:
+            changed.append(rel)
+    module.exit_json(changed=bool(changed), changed_paths=changed)
+
+
+if __name__ == "__main__":
+    main()
