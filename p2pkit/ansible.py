@@ -28,6 +28,17 @@ def share_dir() -> Path:
     return installed if (installed / "playbooks").is_dir() else Path(__file__).resolve().parent.parent
 
 
+def render(template: str, **values) -> str:
+    """One of p2pkit's templates (templates/), rendered as Ansible's template module renders it
+    (blocks trimmed, the trailing newline kept); every value in it was already written by the
+    writer of its format, and a {{ }} inside a value is printed, never evaluated."""
+    from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+    env = Environment(loader=FileSystemLoader(share_dir() / "templates"), undefined=StrictUndefined,
+                      trim_blocks=True, keep_trailing_newline=True, autoescape=False)
+    return env.get_template(template).render(**values)
+
+
 def playbook_binary() -> str:
     local = Path(sys.executable).parent / "ansible-playbook"
     found = str(local) if local.exists() else shutil.which("ansible-playbook")

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jinja2 import Environment, FileSystemLoader, StrictUndefined
-
 from p2pkit import writers
-from p2pkit.ansible import share_dir
+from p2pkit.ansible import render
 from p2pkit.artifacts import atomic_write
 from p2pkit.runner import own_executable
 
@@ -18,12 +16,10 @@ UNIT = "p2pkit-resume.service"
 def render_resume_unit(profile, state_dir: Path) -> str:
     """The unit runs `p2pkit up` with this run's profile and its --set overrides, so the stages
     after the reboot see the inputs the stages before it were proven with."""
-    env = Environment(loader=FileSystemLoader(share_dir() / "templates"), undefined=StrictUndefined,
-                      keep_trailing_newline=True)
     argv = [own_executable(), *profile.cli_args(), "--state-dir", str(state_dir), "--yes", "up", "--reboot",
             "--resumed"]  # one command line, quoted whole by the systemd writer
-    return env.get_template(f"{UNIT}.j2").render(exec_start=writers.unit_exec(argv),
-                                                 state_dir=writers.unit_path("the state directory", str(state_dir)))
+    return render(f"{UNIT}.j2", exec_start=writers.unit_exec(argv),
+                  state_dir=writers.unit_path("the state directory", str(state_dir)))
 
 
 def reboot_host(ctx) -> None:

@@ -7,7 +7,7 @@ import stat
 from pathlib import Path
 
 from p2pkit import writers
-from p2pkit.ansible import share_dir
+from p2pkit.ansible import render, share_dir
 from p2pkit.backup import DRIVER_PATHS, P2P_PATHS, Backup, module_paths, userspace_paths
 from p2pkit.checks.driver import GUARDED_PACKAGES, installer_arch
 from p2pkit.config import p2p_src_dir
@@ -62,12 +62,12 @@ def driver_work(ctx, libdir: str, packages: dict) -> dict:
     version = {"p2pkit_driver_version": d.version, "p2pkit_driver_guarded_packages": list(GUARDED_PACKAGES)}
     files = {
         "plain": [work.dir_entry(d.cache_dir),
-                  work.file_entry("/etc/apt/preferences.d/p2pkit-nvidia", work.render("apt-p2pkit-nvidia-pin.j2",
+                  work.file_entry("/etc/apt/preferences.d/p2pkit-nvidia", render("apt-p2pkit-nvidia-pin.j2",
                                                                                      **version)),
                   work.file_entry("/etc/apt/apt.conf.d/51p2pkit-unattended-upgrades",
-                                  work.render("unattended-upgrades-p2pkit.j2", **version))],
+                                  render("unattended-upgrades-p2pkit.j2", **version))],
         "initramfs": [work.file_entry("/etc/modprobe.d/p2pkit-blacklist-nouveau.conf",
-                                      work.render("modprobe-p2pkit-blacklist-nouveau.conf.j2"))],
+                                      render("modprobe-p2pkit-blacklist-nouveau.conf.j2"))],
     }
     return {
         "files": work.pending(host, files),
@@ -143,15 +143,15 @@ def p2p_work(ctx, v: dict) -> dict:
     stock = sorted("/" + str(p.relative_to(host.root)) for p in host.path(stock_dir).rglob("nvidia*.ko*")
                    if p.is_file() or p.is_symlink())
     files = {
-        "initramfs": [work.file_entry("/etc/modprobe.d/p2pkit-nvidia.conf", work.render(
+        "initramfs": [work.file_entry("/etc/modprobe.d/p2pkit-nvidia.conf", render(
             "modprobe-p2pkit-nvidia.conf.j2", **v))] if v["p2pkit_p2p_module_registry_dwords"] else [],
-        "grub": [work.file_entry("/etc/default/grub.d/60-p2pkit-iommu.cfg", work.render("grub-p2pkit-iommu.cfg.j2",
+        "grub": [work.file_entry("/etc/default/grub.d/60-p2pkit-iommu.cfg", render("grub-p2pkit-iommu.cfg.j2",
                                                                                         **v))],
         "restore": [
-            work.file_entry(system.RESTORE_UNIT, work.render("p2pkit-restore.service.j2", **v)),
+            work.file_entry(system.RESTORE_UNIT, render("p2pkit-restore.service.j2", **v)),
             work.file_entry(system.RESTORE_TIMER, (share_dir() / "systemd/p2pkit-restore.timer").read_text()),
-            work.file_entry(system.KERNEL_HOOK, work.render("p2pkit-kernel-postinst.j2", **v), mode="0755"),
-            work.file_entry(system.APT_HOOK, work.render("apt-p2pkit-restore.j2", **v)),
+            work.file_entry(system.KERNEL_HOOK, render("p2pkit-kernel-postinst.j2", **v), mode="0755"),
+            work.file_entry(system.APT_HOOK, render("apt-p2pkit-restore.j2", **v)),
         ],
     }
     enabled = host.runner.run(["systemctl", f"--root={host.root}", "is-enabled", "p2pkit-restore.timer"],

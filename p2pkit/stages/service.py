@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from p2pkit import config, engine_cmd, engine_env, secrets, writers
+from p2pkit.ansible import render
 from p2pkit.checks import fit
 from p2pkit.errors import Exit, P2pkitError
 from p2pkit.host import Host, access, engine_api, nvml, system
@@ -150,10 +151,10 @@ def service_work(ctx, v: dict) -> tuple[dict, dict]:
             "ip_deny": v["p2pkit_service_ip_deny"], "ip_allow": v["p2pkit_service_ip_allow"]}
     files = {
         "reload": [work.dir_entry(v["p2pkit_service_work_dir"], "0750", owner, group), work.dir_entry("/etc/p2pkit"),
-                   work.file_entry("/etc/systemd/system/p2pkit.slice", work.render("p2pkit.slice.j2"))],
-        "restart": [work.file_entry(ENV_FILE, work.render("p2pkit-engine.env.j2",
+                   work.file_entry("/etc/systemd/system/p2pkit.slice", render("p2pkit.slice.j2"))],
+        "restart": [work.file_entry(ENV_FILE, render("p2pkit-engine.env.j2",
                                                           env_lines=v["p2pkit_service_env_lines"])),
-                    work.file_entry(f"/etc/systemd/system/{UNIT}", work.render("p2pkit-engine.service.j2", **unit))],
+                    work.file_entry(f"/etc/systemd/system/{UNIT}", render("p2pkit-engine.service.j2", **unit))],
         "secrets": [work.file_entry(SECRETS_FILE, v["p2pkit_service_secret_env"], "0600", root, root)],
     }
     state = {k: _systemctl(host, f"is-{k}", UNIT).stdout.strip() for k in ("enabled", "active")}

@@ -15,18 +15,8 @@ import pwd
 import stat
 from pathlib import Path
 
-from jinja2 import Environment, FileSystemLoader, StrictUndefined
-
 from p2pkit.ansible import run_playbook, share_dir, write_vars
 from p2pkit.host import Host, system
-
-
-def render(template: str, **values) -> str:
-    """One of p2pkit's templates, rendered as Ansible's template module renders it (blocks trimmed,
-    the trailing newline kept); every value in it was already written by the writer of its format."""
-    env = Environment(loader=FileSystemLoader(share_dir() / "templates"), undefined=StrictUndefined,
-                      trim_blocks=True, keep_trailing_newline=True, autoescape=False)
-    return env.get_template(template).render(**values)
 
 
 def file_entry(path: str, content: str, mode: str = "0644", owner: str | None = None,

@@ -1,0 +1,149 @@
+"""A playbook starts only when one of its tasks has work (p2pkit/stages/work.py): p2pkit's own
+probes decide, and the tasks get only that work. Each skip is proven both ways: on a host where
+everything is in place no playbook starts; on one where a single thing differs the playbook
+starts and puts exactly that right (a probe that missed it would leave it wrong)."""
+
+import os
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from p2pkit import config, pipeline
+from p2pkit.artifacts import Store
+from p2pkit.host import Host
+from p2pkit.output import Output
+from p2pkit.sim import lifecycle
+from p2pkit.stages import acting, work
+from p2pkit.stages import engine as engine_stage
+from p2pkit.stages import service as svc
+
+
+def test_differs_reads_content_mode_and_kind(tmp_path):
+    host = Host.at(tmp_path)
+    (tmp_path / "etc").mkdir()
+    f = work.file_entry("/etc/x.conf", "a = 1\n", "0644")
+    assert work.differs(host, f)  # missing
+    (tmp_path / "etc/x.conf").write_text("a = 1\n")
+    os.chmod(tmp_path / "etc/x.conf", 0o644)
+    assert not work.differs(host, f)
+    (tmp_path / "etc/x.conf").write_text("a = 2\n")  # one byte
+    assert work.differs(host, f)
+    (tmp_path / "etc/x.conf").write_text("a = 1\n")
+    os.chmod(tmp_path / "etc/x.conf", 0o600)  # the mode
+    assert work.differs(host, f)
+    d = work.dir_entry("/etc", "0755")
+    os.chmod(tmp_path / "etc", 0o700)  # an existing directory's mode is the operator's
+    assert not work.differs(host, d)
+    assert work.differs(host, work.dir_entry("/etc/x.conf"))  # a file where a directory belongs
+    assert work.differs(host, {**f, "owner": "p2pkit-no-such-user"})  # the role creates the user first
+
+
+def test_has_work_counts_flags_lists_and_files_only():
+    assert work.has_work({"files": {"a": [], "b": []}, "install": False, "stock": []}) == []
+    assert work.has_work({"files": {"a": [{"path": "/x"}]}, "install": True, "stock": [{"path": "/y"}]}) == \
+        ["files.a", "install", "stock"]
+
+
+def ctx_for(root: Path, profile=None) -> pipeline.Ctx:
+    host = Host.at(root)
+    return pipeline.Ctx(profile=profile or config.load(host.sim["profile"]), host=host,
+                        store=Store(root / "var/lib/p2pkit"), out=Output())
+
+
+def started(res: dict) -> bool:
+    return res.get("started", True) and "returncode" in res
+
+
+@pytest.mark.slow
+def test_driver_and_p2p_module_start_a_playbook_only_for_work_and_fix_what_differs(sim):
+    root = sim("healthy")
+    ctx = ctx_for(root)
+    assert started(acting.driver(ctx)) and started(acting.p2p_module(ctx))
+    again = acting.driver(ctx), acting.p2p_module(ctx)
+    assert [started(r) for r in again] == [False, False], again  # everything in place: no ansible-playbook
+    log = ctx.store.dir / "logs/driver.log"
+    before = log.stat().st_mtime_ns
+
+    # driver: one file one byte off, the installer not executable, a guarded package unheld
+    pin = root / "etc/apt/preferences.d/p2pkit-nvidia"
+    good_pin = pin.read_text()
+    pin.write_text(good_pin.replace("Pin-Priority: -1", "Pin-Priority: 1"))
+    name = ctx.profile.driver.installer_url.rsplit("/", 1)[-1]
+    installer = root / "var/cache/p2pkit" / name
+    installer.chmod(0o644)
+    apt_mark = str(root / "usr/bin/apt-mark")  # the real apt-mark on the simulated root's dpkg database
+    held = subprocess.run([apt_mark, "showhold"], check=True, capture_output=True, text=True).stdout.split()
+    subprocess.run([apt_mark, "unhold", *held], check=True, capture_output=True)
+    res = acting.driver(ctx)
+    assert started(res) and log.stat().st_mtime_ns != before
+    assert res["work"]["files"] == {"plain": ["/etc/apt/preferences.d/p2pkit-nvidia"], "initramfs": []}
+    assert res["work"]["executable"] and res["work"]["unheld"] == held and not res["work"]["download"]
+    assert pin.read_text() == good_pin and installer.stat().st_mode & 0o777 == 0o755
+    assert subprocess.run([apt_mark, "showhold"], check=True, capture_output=True, text=True).stdout.split() == held
+
+    # driver: a cached installer that is not the pinned one is downloaded again; a missing library reinstalled
+    installer.write_bytes(installer.read_bytes() + b"\n")
+    lib = root / "usr/lib/x86_64-linux-gnu" / f"libnvidia-ml.so.{ctx.profile.driver.version}"
+    lib.unlink()
+    res = acting.driver(ctx)
+    assert res["work"]["download"] and res["work"]["install"] and res["work"]["files"]["plain"] == []
+    assert work.sha256_of(installer) == ctx.profile.driver.installer_sha256 and lib.is_file()
+
+    # p2p-module: the GRUB drop-in edited, the restore timer disabled, the installed module replaced
+    grub = root / "etc/default/grub.d/60-p2pkit-iommu.cfg"
+    good_grub = grub.read_text()
+    grub.write_text("# emptied by hand\n")
+    subprocess.run(["systemctl", f"--root={root}", "disable", "p2pkit-restore.timer"], check=True,
+                   capture_output=True)
+    ko = root / "lib/modules/6.8.0-88-generic/kernel/drivers/video/nvidia.ko"
+    good_ko = ko.read_bytes()
+    ko.write_bytes(good_ko.replace(b"patched=1", b"patched=0"))
+    res = acting.p2p_module(ctx)
+    assert started(res), res
+    assert res["work"]["files"] == {"initramfs": [], "grub": ["/etc/default/grub.d/60-p2pkit-iommu.cfg"],
+                                    "restore": []}
+    assert res["work"]["enable_timer"] and res["work"]["install"] and not res["work"]["build"]
+    assert grub.read_text() == good_grub and ko.read_bytes() == good_ko
+    assert (root / "etc/systemd/system/timers.target.wants/p2pkit-restore.timer").is_symlink()
+    p2p_log = (ctx.store.dir / "logs/p2p-module.log").read_text()
+    assert "RUNNING HANDLER [p2pkit_p2p_module : Update grub]" in p2p_log  # the drop-in's handler ran
+    assert "RUNNING HANDLER [p2pkit_p2p_module : Run depmod]" in p2p_log  # the install's handler ran
+    assert started(acting.p2p_module(ctx)) is False  # and now there is nothing left
+
+
+@pytest.mark.slow
+def test_service_starts_its_playbook_only_for_work_and_restarts_on_a_changed_file(sim):
+    root = sim("healthy")
+    ctx = ctx_for(root)
+    ctx = replace(ctx, profile=replace(ctx.profile, serve=replace(ctx.profile.serve, health_timeout_s=30.0)))
+    lifecycle.place_engine(root, ctx.profile)
+    assert started(svc.act(ctx))
+    assert svc.unit_alive(ctx.host)
+    assert not started(svc.act(ctx))  # written, enabled and running: nothing to do
+    env = root / "etc/p2pkit/engine.env"
+    good = env.read_text()
+    env.write_text(good + "EXTRA=1\n")
+    pid = svc.main_pid(ctx.host)
+    res = svc.act(ctx)
+    assert started(res) and res["work"]["files"]["restart"] == ["/etc/p2pkit/engine.env"]
+    assert env.read_text() == good
+    assert svc.main_pid(ctx.host) not in (None, pid)  # restarted: it reads the environment file at start
+    subprocess.run([str(root / "usr/bin/systemctl"), "stop", svc.UNIT], check=True)
+    res = svc.act(ctx)
+    assert started(res) and res["work"]["start"] and res["work"]["files"]["restart"] == []
+    assert svc.unit_alive(ctx.host)
+
+
+def test_engine_stage_starts_no_playbook_and_makes_its_directory(sim):
+    root = sim("healthy")
+    ctx = ctx_for(root)
+    parent = root / Path(ctx.profile.engine.build_dir).parent.relative_to("/")
+    assert not parent.exists()
+    res = engine_stage.dependencies(ctx)
+    assert res["started"] is False and parent.is_dir() and parent.stat().st_mode & 0o777 == 0o755
+    assert not (ctx.store.dir / "logs/engine.log").exists()
+    parent.chmod(0o700)  # an existing directory's mode is the operator's
+    engine_stage.dependencies(ctx)
+    assert parent.stat().st_mode & 0o777 == 0o700
