@@ -13,7 +13,6 @@ from p2pkit import bench
 from p2pkit.cli import bench_cmd
 from p2pkit.errors import P2pkitError
 from p2pkit.parse import engine_api as pe
-from p2pkit.sim import lifecycle
 
 FIX = Path(__file__).parent / "fixtures/llamacpp"
 
@@ -147,17 +146,17 @@ def test_plot_is_a_valid_png_with_both_arms(tmp_path):
 
 # ------------------------------------------------------------------ on a simulated host, end to end
 
-@pytest.fixture(scope="module")
-def ninfer_host(tmp_path_factory):
+@pytest.mark.slow
+def test_bench_on_the_simulated_ninfer(sim, cli, monkeypatch, tmp_path):
     """One simulated host brought up with the default profile (the simulated NInfer serving with its
-    request log), shared by the end-to-end bench tests below."""
-    from tests.conftest import make_sim, p2pkit_proc
-
-    root = make_sim(tmp_path_factory.mktemp("bench") / "ninfer")
-    r = p2pkit_proc("--root", str(root), "up", "--reboot")
-    assert r.returncode == 0, r.stderr[-3000:]
-    yield root
-    lifecycle.stop_services(root)
+    request log), then: an A/B read from the log with its PNG; --plot without matplotlib; an A/B
+    interrupted in its second arm. One test, so that one `up` serves all three (xdist spreads tests)."""
+    root = sim("healthy")
+    r = cli("--root", str(root), "up", "--reboot")
+    assert r.code == 0, r.err[-3000:]
+    ab_read_from_the_request_log(root, cli, tmp_path)
+    without_matplotlib(root, cli, monkeypatch, tmp_path)
+    ab_interrupted_in_the_second_arm(root)
 
 
 def draft_tokens(server_start: dict) -> str | None:
@@ -169,9 +168,7 @@ def log_records(log: Path, offset: int) -> list[dict]:
     return [json.loads(x) for x in log.read_bytes()[offset:].decode().splitlines() if x.strip()]
 
 
-@pytest.mark.slow
-def test_bench_on_the_simulated_ninfer_reads_its_request_log(ninfer_host, cli, tmp_path):
-    root = ninfer_host
+def ab_read_from_the_request_log(root: Path, cli, tmp_path: Path) -> None:
     log = root / "var/lib/p2pkit/engine/requests.jsonl"  # relative to the unit's WorkingDirectory
     offset = log.stat().st_size if log.exists() else 0
     unit = {f: (root / f.lstrip("/")).read_bytes() for f in bench.UNIT_FILES}
@@ -210,11 +207,11 @@ def test_bench_on_the_simulated_ninfer_reads_its_request_log(ninfer_host, cli, t
     assert doc["plot"] == str(png) and "baseline=3" in text and "serve.flags.draft-tokens=3=3" in text
 
 
-@pytest.mark.slow
-def test_bench_without_matplotlib_says_so_and_still_writes_json(ninfer_host, cli, monkeypatch, tmp_path):
+def without_matplotlib(root: Path, cli, monkeypatch, tmp_path: Path) -> None:
+    """--plot without matplotlib: bench says so plainly and still writes the JSON."""
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
-    png = tmp_path / "bench.png"
-    r = cli("--root", str(ninfer_host), "--json", "bench", "--requests", "1", "--warmup", "0", "--plot", str(png))
+    png = tmp_path / "nomatplotlib.png"
+    r = cli("--root", str(root), "--json", "bench", "--requests", "1", "--warmup", "0", "--plot", str(png))
     assert r.code == 0, r.err[-2000:]
     doc = r.json()
     assert "matplotlib" in doc["plot_skipped"] and "matplotlib" in r.err and "p2pkit[plot]" in r.err
@@ -222,14 +219,12 @@ def test_bench_without_matplotlib_says_so_and_still_writes_json(ninfer_host, cli
     assert json.loads(Path(doc["artifact"]).read_text())["arms"][0]["requests"] == doc["arms"][0]["requests"]
 
 
-@pytest.mark.slow
-def test_ab_interrupted_during_the_second_arm_puts_the_unit_back(ninfer_host):
+def ab_interrupted_in_the_second_arm(root: Path) -> None:
     """SIGINT to p2pkit while the B arm runs: the unit files come back byte for byte and the engine
     runs again as it was (the baseline's flags), and p2pkit exits 130 (the interrupt's code)."""
     import signal
     import subprocess
 
-    root = ninfer_host
     log = root / "var/lib/p2pkit/engine/requests.jsonl"
     offset = log.stat().st_size
     unit = {f: (root / f.lstrip("/")).read_bytes() for f in bench.UNIT_FILES}
