@@ -240,6 +240,9 @@ def vllm_main() -> None:
     name = f.get("served-model-name") or serving.host_view(model)
     spec = json.loads(f.get("speculative-config") or "{}")
     window = int(spec.get("num_speculative_tokens") or 0)
+    import prometheus_client
+
+    prometheus_client.disable_created_metrics()  # vLLM's multiprocess registry exposes no _created samples
     metrics = serving.VllmMetrics(name, int(f.get("max-model-len") or 8192), window)
     serve_health(f.get("host"), f.get("port") or 8000,
                  lambda: joined["at"] is not None and time.monotonic() - joined["at"] >= LOAD_SECONDS,

@@ -183,7 +183,6 @@ class VllmMetrics:
     def __init__(self, model_name: str, max_model_len: int, num_spec_tokens: int):
         import prometheus_client as pc
 
-        pc.disable_created_metrics()
         self.reg = pc.CollectorRegistry()
         lab, val = ["model_name", "engine"], [model_name, "0"]
 
