@@ -6,7 +6,7 @@ ansible-playbook's workers call setsid(), so only their inherited environment sa
 While a run holds the state lock the groups are listed in <state>/.children (with the owner's pid
 and start time). A p2pkit killed with SIGKILL cannot clean up: its direct children die with it
 (PR_SET_PDEATHSIG), but their own children (ansible's workers, make's compilers) would run on
-outside the lock. So the lock holder starts a guard (guard()): a small process in its own session
+outside the lock. So the lock holder starts a guard (arm(), at its first command): a process in its own session
 that waits on a pipe only p2pkit holds. When p2pkit is gone, however it died (SIGKILL included), the
 pipe reads end-of-file, and the guard takes the lock, kills what the record names at once and leaves
 a note (<state>/.reaped) that the next run says. If the guard was killed too, the next p2pkit reads
@@ -87,6 +87,8 @@ def new_token() -> str:
 
 
 def started(pid: int, argv: list[str], token: str) -> None:
+    if _armed is not None and _guarded is None:
+        _start_guard()  # the run's first command: from now on something could outlive p2pkit
     with _mu:
         _live[pid] = {"argv": [str(a) for a in argv[:6]], "start": start_time(pid), "token": token}
         _save()
@@ -185,41 +187,52 @@ REAPED = ".reaped"  # beside the record: what a guard killed after its p2pkit di
 GUARD = "import sys; from p2pkit import children; children.guard_main(*sys.argv[1:])"
 
 
-def guard(record: Path, lock: Path) -> tuple[subprocess.Popen, int] | None:
-    """Start the guard of this run's children; returns it and the pipe end to close at the end (or None
-    when it cannot start: the next run still cleans up)."""
-    global _guard_pid
-    r, w = os.pipe()  # both ends close-on-exec: no command p2pkit runs holds the write end
-    env = {k: v for k, v in os.environ.items() if k != TOKEN}
-    try:
-        proc = subprocess.Popen([sys.executable, "-c", GUARD, str(r), str(record), str(lock)], pass_fds=(r,),
-                                start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, env=env)
-    except OSError as e:
-        log.debug("could not start the guard of the running commands: %s", e)
-        os.close(w)
-        return None
-    finally:
-        os.close(r)
-    with _mu:
-        _guard_pid = proc.pid
-        _save()
-    return proc, w
+_armed: Path | None = None  # the lock file of the run that holds it, while it does
+_guarded: tuple[subprocess.Popen, int] | None = None
+_guard_mu = threading.Lock()
 
 
-def unguard(guarded: tuple[subprocess.Popen, int] | None) -> None:
-    """The run ends normally (its record already removed): the guard wakes, finds nothing, exits."""
-    global _guard_pid
-    if guarded is None:
-        return
-    proc, w = guarded
-    _guard_pid = None
+def arm(lock: Path | None) -> None:
+    """While a run holds `lock`, the first command it starts starts its guard; arm(None) at the end of
+    the run (its record already removed) lets the guard go: it wakes, finds nothing, exits."""
+    global _armed, _guarded, _guard_pid
+    with _guard_mu:
+        _armed = lock
+        if lock is not None or _guarded is None:
+            return
+        proc, w = _guarded
+        _guarded = _guard_pid = None
     os.close(w)
     try:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def _start_guard() -> None:
+    """The guard of this run's commands (a run that starts none needs none); if it cannot start, the
+    next run still cleans up."""
+    global _guarded, _guard_pid
+    with _guard_mu:
+        if _armed is None or _guarded is not None or _file is None:
+            return
+        r, w = os.pipe()  # both ends close-on-exec: no command p2pkit runs holds the write end
+        env = {k: v for k, v in os.environ.items() if k != TOKEN}
+        try:
+            proc = subprocess.Popen([sys.executable, "-c", GUARD, str(r), str(_file), str(_armed)], pass_fds=(r,),
+                                    start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, env=env)
+        except OSError as e:
+            log.debug("could not start the guard of the running commands: %s", e)
+            os.close(w)
+            return
+        finally:
+            os.close(r)
+        _guarded = (proc, w)
+        with _mu:
+            _guard_pid = proc.pid
+            _save()
 
 
 def guard_main(fd: str, record: str, lock: str) -> None:
@@ -231,6 +244,14 @@ def guard_main(fd: str, record: str, lock: str) -> None:
     while os.read(int(fd), 64):
         pass
     os.close(int(fd))
+    try:  # its files close before it is a zombie: wait until it is no longer running
+        doc = json.loads(Path(record).read_text())
+        owner, owner_start = int(doc["owner"]), doc.get("owner_start")
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # no record: the run ended normally
+    end = time.monotonic() + 30
+    while running(owner, owner_start) and time.monotonic() < end:
+        time.sleep(0.01)
     try:
         lfd = os.open(lock, os.O_RDWR)
         fcntl.flock(lfd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -47,12 +47,12 @@ def state_lock(state_dir: Path, say=None):
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         children.track(record)
-        guarded = children.guard(record, path)
+        children.arm(path)
         try:
             yield
         finally:
             children.track(None)
-            children.unguard(guarded)
+            children.arm(None)
     finally:
         os.close(fd)
 
