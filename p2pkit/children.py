@@ -178,7 +178,8 @@ def reap_leftovers(path: Path) -> list[str]:
         pids = kill(pgid, g.get("token"), g.get("start"))
         if not pids:
             continue
-        said.append(f"killed {len(pids)} process(es) of `{' '.join(g.get('argv', []))}` (process group {pgid})")
+        shown = " ".join(str(a) for a in g.get("argv", [])).replace("\n", "\\n")  # one line, as said and noted
+        said.append(f"killed {len(pids)} process(es) of `{shown}` (process group {pgid})")
     path.unlink(missing_ok=True)
     return said
 

@@ -182,7 +182,8 @@ def test_a_sigkilled_p2pkit_takes_its_setsid_grandchild_with_it(sim, cli):
         (bin_ / name).unlink()
     r = cli("--root", str(root), "--yes", "up", "--to", "preflight")
     assert r.code == 0, r.err
-    said = f"a p2pkit run that was killed left commands running: killed 1 process(es) of `{' '.join(group['argv'])}`"
-    assert said in r.err, r.err  # the grandchild (the stand-in itself died with p2pkit)
+    said = "a p2pkit run that was killed left commands running: killed 1 process(es) of `" + \
+        " ".join(group["argv"]).replace("\n", "\\n") + "` (process group"
+    assert said in r.err, r.err  # the grandchild (the stand-in itself died with p2pkit), on one line
     assert "by the guard of the p2pkit run that was killed" in r.err
     assert not (root / "var/lib/p2pkit/.reaped").exists() and not (root / "var/lib/p2pkit/.children").exists()
