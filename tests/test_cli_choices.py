@@ -4,6 +4,7 @@ script calls it)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -36,3 +37,29 @@ def test_completion_can_be_shown_for_bash():
     r = subprocess.run([sys.executable, "-m", "p2pkit", "--show-completion", "bash"], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0 and "_P2PKIT_COMPLETE=complete_bash" in r.stdout
+
+
+def test_ctrl_c_says_interrupted_and_exits_130(cli, monkeypatch):
+    """A real SIGINT while a command runs. typer turns the KeyboardInterrupt into a silent exit 130;
+    p2pkit says "interrupted" and how to go on, on stderr and in the JSON error document."""
+    import os
+    import signal
+    import time
+
+    from p2pkit import config
+
+    def ctrl_c(*a, **kw):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)  # the handler raises before this ends
+        raise AssertionError("SIGINT did not interrupt")
+
+    old = signal.getsignal(signal.SIGINT)
+    monkeypatch.setattr(config, "load", ctrl_c)
+    try:
+        r = cli("--json", "profile", "show", "dual-5090-ninfer")
+    finally:
+        signal.signal(signal.SIGINT, old)
+    assert r.code == 130, r.err
+    assert "interrupted" in r.err and "run the same command again" in r.err
+    doc = json.loads(r.out)
+    assert (doc["kind"], doc["exit_code"]) == ("p2pkit-error", 130), doc

@@ -99,6 +99,16 @@ def _terminated(signum, _frame) -> None:
     raise SystemExit(128 + signum)
 
 
+INTERRUPTED: list[int] = []
+
+
+def _interrupted(signum, frame) -> None:
+    """Ctrl-C: noted, then Python's own KeyboardInterrupt (cleanups in `finally` run as before). typer
+    turns the KeyboardInterrupt into a silent exit 130; the note lets run() say what happened."""
+    INTERRUPTED.append(signum)
+    signal.default_int_handler(signum, frame)
+
+
 def _traceback() -> None:
     import traceback  # only with --debug: not every run pays its import
 
@@ -135,6 +145,8 @@ def run() -> None:
 
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _terminated)
+    INTERRUPTED.clear()
+    signal.signal(signal.SIGINT, _interrupted)
     argv = hoist_global_options(sys.argv[1:])
     output.COMMAND[:] = command_path(argv)
     try:
@@ -159,4 +171,6 @@ def run() -> None:
             _traceback()
         _fail(Exit.INTERNAL, f"internal error: {type(e).__name__}: {e}",
               "rerun with --debug for the traceback and report it")
+    if INTERRUPTED:  # typer caught the KeyboardInterrupt and returned 130 without a word
+        _fail(130, "interrupted", "run the same command again: p2pkit resumes where it stopped")
     sys.exit(rc if isinstance(rc, int) else 0)
