@@ -512,16 +512,20 @@ def test_the_rendered_unit_starts_as_its_user_and_answers_health():
     drop = ["setpriv", f"--reuid={nobody}", f"--regid={nobody}", "--clear-groups", "sh", "-c"]
     if os.geteuid() != 0 or not shutil.which("setpriv"):
         pytest.skip("needs root and setpriv (util-linux)")
-    load = f"import sys; sys.path.insert(0, {str(REPO)!r}); import p2pkit.sim.engine"
-    # the simulated engine is a Python script: its interpreter must be one nobody can run, as a real
-    # engine's own files are (a venv's python may lead into /root)
+    top = Path(tempfile.mkdtemp(prefix="p2pkit-user-", dir="/tmp"))  # not under a 0700 pytest directory
+    top.chmod(0o755)
+    # the simulated engine (standard library only) from a copy nobody can read, wherever the checkout
+    # lives (CI's may be under /root, 0700), as a real engine's own files are readable by its user
+    shutil.copytree(REPO / "p2pkit", top / "src/p2pkit", ignore=shutil.ignore_patterns("__pycache__"))
+    for d in (top / "src", *(top / "src").rglob("*")):
+        d.chmod(0o755 if d.is_dir() else 0o644)
+    load = f"import sys; sys.path.insert(0, {str(top / 'src')!r}); import p2pkit.sim.engine"
+    # its interpreter must be one nobody can run (a venv's python may lead into /root)
     python = next((py for py in (sys.executable, "/usr/bin/python3") if subprocess.run(
         [*drop, 'exec "$@"', "sh", py, "-c", load], cwd="/", capture_output=True).returncode == 0), None)
     if python is None:
-        pytest.skip("p2pkit's checkout or every Python is out of nobody's reach here: the simulated engine "
-                    "cannot run as nobody")
-    top = Path(tempfile.mkdtemp(prefix="p2pkit-user-", dir="/tmp"))  # not under a 0700 pytest directory
-    top.chmod(0o755)
+        shutil.rmtree(top)
+        pytest.skip("no Python here that nobody can run: the simulated engine cannot run as nobody")
     root = make_sim(top / "host")
     procs: list[subprocess.Popen] = []
     try:
