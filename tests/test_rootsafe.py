@@ -752,7 +752,7 @@ def test_the_remote_install_refuses_a_tampered_wheel_or_lock_entry(tmp_path):
     assert bad.returncode != 0 and "DO NOT MATCH THE HASHES" in bad.stderr, bad.stderr[-2000:]
     # a lock entry whose sha256 was changed (the smallest locked package, fetched as the host would)
     lock = (REPO / "p2pkit/requirements.lock").read_text()
-    entry = re.search(r"^annotated-types==.*?(?=^\S)", lock, re.M | re.S).group()
+    entry = re.search(r"^annotated-doc==.*?(?=^\S)", lock, re.M | re.S).group()
     first = re.search(r"sha256:([0-9a-f]{64})", entry).group(1)
     good_lock = tmp_path / "good.lock"
     good_lock.write_text(entry)
