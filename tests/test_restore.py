@@ -1,5 +1,7 @@
 """Driver restore after Ubuntu upgrades (P02): the kernel hook, `p2pkit restore`, the units."""
 
+import datetime as dt
+import itertools
 import json
 import shutil
 import subprocess
@@ -17,14 +19,39 @@ NEW = "6.8.0-90-generic"
 
 
 def brought_up(cli, root):
+    t0 = dt.datetime.now(dt.UTC)
     r = cli("--root", str(root), "up", "--reboot", "--to", "link")
+    t1 = dt.datetime.now(dt.UTC)
     assert r.code == 0, r.err
+    every_pass_recorded(root, t0, t1)
     # after the reboot the p2p-module stage proved and did not act again: one playbook run, both passes timed
     assert r.err.count("ansible-playbook p2p-module.yml (output:") == 1  # the line a playbook run starts with
     doc = json.loads((root / "var/lib/p2pkit/p2p-module.json").read_text())
     assert doc["acted"]["after_reboot"].startswith("nothing") and doc["acted"]["before_reboot"]
     assert doc["before_reboot"]["seconds"] > 0 and doc["before_reboot"]["boot_id"] != doc["host"]["boot_id"]
     return root
+
+
+def every_pass_recorded(root, t0, t1):
+    """Each stage's artifact records its time, and the pass before a reboot too: every pass lies
+    inside the run, none overlaps another, and their seconds add up to no more than the run's wall
+    (what is left is p2pkit between stages and the reboot itself). Structural, not a timing bound."""
+    store = Store(root / "var/lib/p2pkit")
+    passes = []
+    for stage in ("preflight", "driver", "p2p-module", "rebar", "topology", "link"):
+        doc = store.read(stage)
+        for p in (doc.get("before_reboot"), doc):
+            if p:
+                start, end = (dt.datetime.fromisoformat(p[k]) for k in ("started", "finished"))
+                assert 0 <= p["seconds"] <= (end - start).total_seconds() + 0.002, (stage, p)  # timed inside it
+                passes.append((start, end, p["seconds"], stage))
+    assert [p[3] for p in passes].count("p2p-module") == 2  # the pass before the reboot and the proof after it
+    passes.sort()
+    slack = dt.timedelta(milliseconds=2)  # the artifacts' times are rounded to milliseconds
+    assert passes[0][0] >= t0 - slack and passes[-1][1] <= t1 + slack
+    for a, b in itertools.pairwise(passes):
+        assert a[1] <= b[0] + slack, (a, b)  # one pass at a time
+    assert sum(p[2] for p in passes) <= (t1 - t0).total_seconds() + 0.01
 
 
 def safeguards_drift(root):
