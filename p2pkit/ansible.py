@@ -111,13 +111,16 @@ def run_playbook(ctx, stage: str, extra: dict, check_mode: bool = False) -> dict
 
 
 def failed_task(text: str) -> str:
-    """The task name and message of the first failure in an ansible-playbook log."""
-    task = ""
+    """The task name and message of the failure that stopped an ansible-playbook run: the last task
+    that failed (one a rescue caught comes before it), its first failed line (a loop's item)."""
+    task, found = "", None
     for line in text.splitlines():
-        if line.startswith("TASK ["):
-            task = line[6:].split("]")[0]
-        if line.startswith(("fatal:", "failed:")):
-            return f"task '{task}': {_failure_detail(line)}"
+        if line.startswith(("TASK [", "RUNNING HANDLER [")):
+            task = line.split("[", 1)[1].split("]")[0]
+        if line.startswith(("fatal:", "failed:")) and (found is None or found[0] != task):
+            found = (task, line)
+    if found:
+        return f"task '{found[0]}': {_failure_detail(found[1])}"
     tail = [ln for ln in text.splitlines() if ln.strip()][-3:]
     return " / ".join(tail) or "no output"
 

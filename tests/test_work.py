@@ -78,7 +78,7 @@ def test_driver_and_p2p_module_start_a_playbook_only_for_work_and_fix_what_diffe
     subprocess.run([apt_mark, "unhold", *held], check=True, capture_output=True)
     res = acting.driver(ctx)
     assert started(res) and log.stat().st_mtime_ns != before
-    assert res["work"]["files"] == {"plain": ["/etc/apt/preferences.d/p2pkit-nvidia"], "initramfs": []}
+    assert res["work"]["files"] == {"all": ["/etc/apt/preferences.d/p2pkit-nvidia"]}
     assert res["work"]["executable"] and res["work"]["unheld"] == held and not res["work"]["download"]
     assert pin.read_text() == good_pin and installer.stat().st_mode & 0o777 == 0o755
     assert subprocess.run([apt_mark, "showhold"], check=True, capture_output=True, text=True).stdout.split() == held
@@ -88,7 +88,7 @@ def test_driver_and_p2p_module_start_a_playbook_only_for_work_and_fix_what_diffe
     lib = root / "usr/lib/x86_64-linux-gnu" / f"libnvidia-ml.so.{ctx.profile.driver.version}"
     lib.unlink()
     res = acting.driver(ctx)
-    assert res["work"]["download"] and res["work"]["install"] and res["work"]["files"]["plain"] == []
+    assert res["work"]["download"] and res["work"]["install"] and res["work"]["files"]["all"] == []
     assert work.sha256_of(installer) == ctx.profile.driver.installer_sha256 and lib.is_file()
 
     # p2p-module: the GRUB drop-in edited, the restore timer disabled, the installed module replaced
@@ -102,14 +102,15 @@ def test_driver_and_p2p_module_start_a_playbook_only_for_work_and_fix_what_diffe
     ko.write_bytes(good_ko.replace(b"patched=1", b"patched=0"))
     res = acting.p2p_module(ctx)
     assert started(res), res
-    assert res["work"]["files"] == {"initramfs": [], "grub": ["/etc/default/grub.d/60-p2pkit-iommu.cfg"],
-                                    "restore": []}
+    assert res["work"]["files"] == {"all": ["/etc/default/grub.d/60-p2pkit-iommu.cfg"]}
     assert res["work"]["enable_timer"] and res["work"]["install"] and not res["work"]["build"]
     assert grub.read_text() == good_grub and ko.read_bytes() == good_ko
     assert (root / "etc/systemd/system/timers.target.wants/p2pkit-restore.timer").is_symlink()
     p2p_log = (ctx.store.dir / "logs/p2p-module.log").read_text()
-    assert "RUNNING HANDLER [p2pkit_p2p_module : Update grub]" in p2p_log  # the drop-in's handler ran
-    assert "RUNNING HANDLER [p2pkit_p2p_module : Run depmod]" in p2p_log  # the install's handler ran
+    # the drop-in's handler and the install's ran; the initramfs's too (the module changed), not systemd's
+    ran = [ln.split(": ")[1].rstrip("] *") for ln in p2p_log.splitlines() if ln.startswith("RUNNING HANDLER")]
+    assert "Update grub" in ran and "Run depmod" in ran and "Update the initramfs" in ran, ran
+    assert "skipping: [localhost]" in p2p_log.split("Reload systemd]")[1].split("PLAY RECAP")[0]
     assert started(acting.p2p_module(ctx)) is False  # and now there is nothing left
 
 
@@ -127,12 +128,12 @@ def test_service_starts_its_playbook_only_for_work_and_restarts_on_a_changed_fil
     env.write_text(good + "EXTRA=1\n")
     pid = svc.main_pid(ctx.host)
     res = svc.act(ctx)
-    assert started(res) and res["work"]["files"]["restart"] == ["/etc/p2pkit/engine.env"]
+    assert started(res) and res["work"]["files"] == {"all": ["/etc/p2pkit/engine.env"], "secrets": []}
     assert env.read_text() == good
     assert svc.main_pid(ctx.host) not in (None, pid)  # restarted: it reads the environment file at start
     subprocess.run([str(root / "usr/bin/systemctl"), "stop", svc.UNIT], check=True)
     res = svc.act(ctx)
-    assert started(res) and res["work"]["start"] and res["work"]["files"]["restart"] == []
+    assert started(res) and res["work"]["start"] and res["work"]["files"]["all"] == []
     assert svc.unit_alive(ctx.host)
 
 
@@ -147,3 +148,19 @@ def test_engine_stage_starts_no_playbook_and_makes_its_directory(sim):
     parent.chmod(0o700)  # an existing directory's mode is the operator's
     engine_stage.dependencies(ctx)
     assert parent.stat().st_mode & 0o777 == 0o700
+
+
+def test_the_failure_named_is_the_one_that_stopped_the_run_not_one_a_rescue_caught():
+    from p2pkit.ansible import failed_task
+
+    log = ("TASK [r : Download the installer and check its pinned sha256] ***\n"
+           'fatal: [localhost]: FAILED! => {"msg": "The checksum did not match"}\n'
+           "TASK [r : Keep the download with the wrong checksum aside] ***\nchanged: [localhost]\n"
+           "TASK [r : Stop on a wrong checksum] ***\n"
+           'fatal: [localhost]: FAILED! => {"msg": "has sha256 ab, not the pinned 00"}\n'
+           "TASK [r : Hold packages] ***\n"
+           'failed: [localhost] (item=a) => {"msg": "no such package a"}\n'
+           'fatal: [localhost]: FAILED! => {"msg": "One or more items failed"}\n')
+    assert failed_task(log) == "task 'r : Hold packages': no such package a"  # a loop: its first item's failure
+    assert failed_task(log.split("TASK [r : Hold")[0]) == "task 'r : Stop on a wrong checksum': " \
+                                                          "has sha256 ab, not the pinned 00"

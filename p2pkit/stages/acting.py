@@ -49,35 +49,34 @@ def driver(ctx) -> dict:
             "p2pkit_driver_installer_sha256": d.installer_sha256,
             "p2pkit_driver_cache_dir": d.cache_dir,
             "p2pkit_driver_libdir": a.libdir,
-        }, driver_work(ctx, a.libdir, packages), "p2pkit_driver_files", "p2pkit_driver_todo")
+        }, *driver_work(ctx, a.libdir, packages), files_var="p2pkit_driver_files", todo_var="p2pkit_driver_todo")
     finally:  # what the installer added (even when a later task failed): rollback removes it
         backup.record_added(userspace_paths(ctx.host), kernel, d.version)
 
 
-def driver_work(ctx, libdir: str, packages: dict) -> dict:
-    """What each driver task would change, from p2pkit's own read-only probes."""
+def driver_work(ctx, libdir: str, packages: dict) -> tuple[dict, dict]:
+    """What each driver task would change, from p2pkit's own read-only probes; and which handler
+    that needs (the initramfs only for nouveau's blacklist)."""
     d, host = ctx.profile.driver, ctx.host
     installer = host.path(f"{d.cache_dir}/{d.installer_url.rsplit('/', 1)[-1]}")
     cached = work.sha256_of(installer) == d.installer_sha256
     version = {"p2pkit_driver_version": d.version, "p2pkit_driver_guarded_packages": list(GUARDED_PACKAGES)}
-    files = {
-        "plain": [work.dir_entry(d.cache_dir),
-                  work.file_entry("/etc/apt/preferences.d/p2pkit-nvidia", render("apt-p2pkit-nvidia-pin.j2",
-                                                                                     **version)),
-                  work.file_entry("/etc/apt/apt.conf.d/51p2pkit-unattended-upgrades",
-                                  render("unattended-upgrades-p2pkit.j2", **version))],
-        "initramfs": [work.file_entry("/etc/modprobe.d/p2pkit-blacklist-nouveau.conf",
-                                      render("modprobe-p2pkit-blacklist-nouveau.conf.j2"))],
-    }
+    blacklist = "/etc/modprobe.d/p2pkit-blacklist-nouveau.conf"
+    files = work.pending(host, [
+        work.dir_entry(d.cache_dir),
+        work.file_entry(blacklist, render("modprobe-p2pkit-blacklist-nouveau.conf.j2")),
+        work.file_entry("/etc/apt/preferences.d/p2pkit-nvidia", render("apt-p2pkit-nvidia-pin.j2", **version)),
+        work.file_entry("/etc/apt/apt.conf.d/51p2pkit-unattended-upgrades",
+                        render("unattended-upgrades-p2pkit.j2", **version))])
     return {
-        "files": work.pending(host, files),
+        "files": {"all": files},
         "download": not cached,
         "executable": cached and stat.S_IMODE(installer.stat().st_mode) != 0o755,
         "install": not host.path(f"{libdir}/libnvidia-ml.so.{d.version}").exists(),
         # installed, not held, and guarded: the holds task's loop (P02)
         "unheld": sorted(p for p in packages["installed"]
                          if p not in packages["held"] and p.startswith(GUARDED_PACKAGES)),
-    }
+    }, {"initramfs": any(f["path"] == blacklist for f in files)}
 
 
 BUILD_CAUSES = (
@@ -123,12 +122,13 @@ def _p2p_module(ctx, kernel: str | None = None) -> dict:
         # the fork's driver parameters (P28): only for the patched module of a GPU pair
         "p2pkit_p2p_module_registry_dwords": m.registry_dwords if m.patched else "",
     }
-    return work.run_if_work(ctx, "p2p-module", values, p2p_work(ctx, values), "p2pkit_p2p_module_files",
-                            "p2pkit_p2p_module_todo")
+    return work.run_if_work(ctx, "p2p-module", values, *p2p_work(ctx, values), files_var="p2pkit_p2p_module_files",
+                            todo_var="p2pkit_p2p_module_todo")
 
 
-def p2p_work(ctx, v: dict) -> dict:
-    """What each p2p-module task would change, from p2pkit's own read-only probes."""
+def p2p_work(ctx, v: dict) -> tuple[dict, dict]:
+    """What each p2p-module task would change, from p2pkit's own read-only probes; and which
+    handlers that work needs."""
     host, kernel, commit = ctx.host, v["p2pkit_p2p_module_kernel"], v["p2pkit_p2p_module_commit"]
     src = host.path(v["p2pkit_p2p_module_src_dir"])
     head = host.runner.run(["git", "-C", str(src), "rev-parse", "HEAD"], check=False).stdout.strip() \
@@ -142,22 +142,20 @@ def p2p_work(ctx, v: dict) -> dict:
     backup = Backup(ctx.store.dir, "p2p-module", host)
     stock = sorted("/" + str(p.relative_to(host.root)) for p in host.path(stock_dir).rglob("nvidia*.ko*")
                    if p.is_file() or p.is_symlink())
-    files = {
-        "initramfs": [work.file_entry("/etc/modprobe.d/p2pkit-nvidia.conf", render(
-            "modprobe-p2pkit-nvidia.conf.j2", **v))] if v["p2pkit_p2p_module_registry_dwords"] else [],
-        "grub": [work.file_entry("/etc/default/grub.d/60-p2pkit-iommu.cfg", render("grub-p2pkit-iommu.cfg.j2",
-                                                                                        **v))],
-        "restore": [
-            work.file_entry(system.RESTORE_UNIT, render("p2pkit-restore.service.j2", **v)),
-            work.file_entry(system.RESTORE_TIMER, (share_dir() / "systemd/p2pkit-restore.timer").read_text()),
-            work.file_entry(system.KERNEL_HOOK, render("p2pkit-kernel-postinst.j2", **v), mode="0755"),
-            work.file_entry(system.APT_HOOK, render("apt-p2pkit-restore.j2", **v)),
-        ],
-    }
+    options, grub = "/etc/modprobe.d/p2pkit-nvidia.conf", "/etc/default/grub.d/60-p2pkit-iommu.cfg"
+    files = work.pending(host, [
+        *([work.file_entry(options, render("modprobe-p2pkit-nvidia.conf.j2", **v))]
+          if v["p2pkit_p2p_module_registry_dwords"] else []),
+        work.file_entry(grub, render("grub-p2pkit-iommu.cfg.j2", **v)),
+        work.file_entry(system.RESTORE_UNIT, render("p2pkit-restore.service.j2", **v)),
+        work.file_entry(system.RESTORE_TIMER, (share_dir() / "systemd/p2pkit-restore.timer").read_text()),
+        work.file_entry(system.KERNEL_HOOK, render("p2pkit-kernel-postinst.j2", **v), mode="0755"),
+        work.file_entry(system.APT_HOOK, render("apt-p2pkit-restore.j2", **v))])
+    written = {f["path"] for f in files}
     enabled = host.runner.run(["systemctl", f"--root={host.root}", "is-enabled", "p2pkit-restore.timer"],
                               check=False).stdout.strip()
-    return {
-        "files": work.pending(host, files),
+    todo = {
+        "files": {"all": files},
         "packages": bool(work.missing_packages(host, ["build-essential", "git", f"linux-headers-{kernel}"]))
         and not host.simulated,  # the apt task's own condition: real hosts only
         "checkout": checkout,
@@ -169,6 +167,10 @@ def p2p_work(ctx, v: dict) -> dict:
         "stock": [{"path": p, "backed_up": backup.copy_path(p).exists()} for p in stock],
         "enable_timer": enabled != "enabled",
     }
+    modules = todo["build"] or todo["install"] or bool(stock)
+    return todo, {  # which handlers the work needs: each runs only for what it is about
+        "modules": modules, "initramfs": modules or options in written, "grub": grub in written,
+        "units": bool({system.RESTORE_UNIT, system.RESTORE_TIMER} & written)}
 
 
 def restore_command_vars(ctx) -> dict:

@@ -274,7 +274,7 @@ def dependencies(ctx) -> dict:
             d.chmod(0o755)
             made.append(ctx.host.host_path(d))
     res = work.run_if_work(ctx, "engine", {"p2pkit_engine_recipe": e.recipe}, {"missing": missing},
-                           "p2pkit_engine_files", "p2pkit_engine_todo") if missing else \
+                           files_var="p2pkit_engine_files", todo_var="p2pkit_engine_todo") if missing else \
         {"playbook": "engine.yml", "started": False, "why": "every build dependency is installed"
          + (" (apt is not used on a simulated host)" if ctx.host.simulated else ""), "changed": 0}
     return {**res, "created": made}

@@ -85,7 +85,8 @@ def act(ctx) -> dict:
         acted["flags_checked"] = flags_accepted(ctx)
     v = service_vars(ctx)
     todo, known = service_work(ctx, v)
-    acted.update(work.run_if_work(ctx, "service", v, todo, "p2pkit_service_files", "p2pkit_service_todo", known))
+    acted.update(work.run_if_work(ctx, "service", v, todo, known, files_var="p2pkit_service_files",
+                                  todo_var="p2pkit_service_todo"))
     acted["started_at"] = time.time()
     return acted
 
@@ -149,18 +150,22 @@ def service_work(ctx, v: dict) -> tuple[dict, dict]:
             "env_file": ENV_FILE, "secrets_file": SECRETS_FILE, "exec_start": v["p2pkit_service_exec_start"],
             "exec_start_pre": v["p2pkit_service_exec_start_pre"], "work_dir": v["p2pkit_service_work_dir"],
             "ip_deny": v["p2pkit_service_ip_deny"], "ip_allow": v["p2pkit_service_ip_allow"]}
-    files = {
-        "reload": [work.dir_entry(v["p2pkit_service_work_dir"], "0750", owner, group), work.dir_entry("/etc/p2pkit"),
-                   work.file_entry("/etc/systemd/system/p2pkit.slice", render("p2pkit.slice.j2"))],
-        "restart": [work.file_entry(ENV_FILE, render("p2pkit-engine.env.j2",
-                                                          env_lines=v["p2pkit_service_env_lines"])),
-                    work.file_entry(f"/etc/systemd/system/{UNIT}", render("p2pkit-engine.service.j2", **unit))],
-        "secrets": [work.file_entry(SECRETS_FILE, v["p2pkit_service_secret_env"], "0600", root, root)],
-    }
+    unit_path = f"/etc/systemd/system/{UNIT}"
+    files = work.pending(host, [
+        work.dir_entry(v["p2pkit_service_work_dir"], "0750", owner, group), work.dir_entry("/etc/p2pkit"),
+        work.file_entry("/etc/systemd/system/p2pkit.slice", render("p2pkit.slice.j2")),
+        work.file_entry(ENV_FILE, render("p2pkit-engine.env.j2", env_lines=v["p2pkit_service_env_lines"])),
+        work.file_entry(unit_path, render("p2pkit-engine.service.j2", **unit))])
+    secret = work.pending(host, [work.file_entry(SECRETS_FILE, v["p2pkit_service_secret_env"], "0600", root, root)])
     state = {k: _systemctl(host, f"is-{k}", UNIT).stdout.strip() for k in ("enabled", "active")}
     active = state["active"] in ("active", "activating")
-    return {"files": work.pending(host, files), "user": not simulated and not user_ready(host),
-            "start": state["enabled"] != "enabled" or not active}, {"active": active}
+    written = {f["path"] for f in files}
+    return {"files": {"all": files, "secrets": secret}, "user": not simulated and not user_ready(host),
+            "start": state["enabled"] != "enabled" or not active}, {
+        # systemd re-reads the units when one is written; the engine restarts when what it reads
+        # changed while it runs (else the start starts it)
+        "daemon_reload": bool({unit_path, "/etc/systemd/system/p2pkit.slice"} & written),
+        "restart": active and bool(secret or {unit_path, ENV_FILE} & written)}
 
 
 def user_ready(host: Host) -> bool:

@@ -71,9 +71,9 @@ def differs(host: Host, entry: dict) -> bool:
         return True
 
 
-def pending(host: Host, groups: dict[str, list[dict]]) -> dict[str, list[dict]]:
-    """Per handler group, the entries that differ on the host: the only ones the playbook gets."""
-    return {name: [e for e in entries if differs(host, e)] for name, entries in groups.items()}
+def pending(host: Host, entries: list[dict]) -> list[dict]:
+    """The entries that differ on the host: the only ones the playbook gets."""
+    return [e for e in entries if differs(host, e)]
 
 
 def has_work(todo: dict) -> list[str]:
@@ -98,8 +98,8 @@ def summary(todo: dict) -> dict:
     return short(todo)
 
 
-def run_if_work(ctx, stage: str, extra: dict, todo: dict, files_var: str, todo_var: str,
-                known: dict | None = None) -> dict:
+def run_if_work(ctx, stage: str, extra: dict, todo: dict, known: dict | None = None, *, files_var: str,
+                todo_var: str) -> dict:
     """Start the stage's playbook only when a task has work; else record why it was not started.
 
     `todo` holds "files" (handler group -> pending entries) and the other tasks' flags and lists;
