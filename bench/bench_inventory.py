@@ -1,0 +1,104 @@
+"""Inventory runs on 1, 4 and 8 simulated hosts (local connection, each its own root): CPU-seconds
+(user+sys of p2pkit and every process it waited for) and wall of `up --inventory --reboot` and of
+`status --inventory`, with the fixed and per-host cost fitted over the sizes (least squares), and
+a plain `p2pkit status` of one host beside them (the part each host's own p2pkit costs).
+
+With --vs-source DIR (another p2pkit source tree, e.g. `git archive <commit> | tar -x -C DIR`),
+`status --inventory` of the same hosts runs A B A B ... against that tree, paired run by run.
+
+Run by hand: `python3 bench/bench_inventory.py [--sizes 1 4 8] [--runs 3] [--vs-source DIR]`.
+Not a test: nothing here asserts a time."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MAIN = "import sys; from p2pkit.cli.main import main; sys.argv[0] = 'p2pkit'; sys.exit(main())"
+
+
+def timed(argv: list[str], env: dict, cwd: Path) -> dict:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    r = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"rc": r.returncode, "wall_s": round(wall, 2),
+            "cpu_s": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 2)}
+
+
+def p2pkit(source: Path | None) -> tuple[list[str], dict]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    if source is not None:
+        env["PYTHONPATH"] = str(source)
+    return [sys.executable, "-c", MAIN], env
+
+
+def fit(points: list[tuple[int, float]]) -> dict:
+    """cost = fixed + per_host * hosts, least squares over the sizes measured."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    slope = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else 0.0
+    return {"fixed_cpu_s": round(my - slope * mx, 2), "per_host_cpu_s": round(slope, 2)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1, 4, 8])
+    ap.add_argument("--runs", type=int, default=3, help="status --inventory runs per size (median)")
+    ap.add_argument("--vs-source", type=Path, help="another p2pkit source tree to pair status --inventory against")
+    a = ap.parse_args()
+    argv, env = p2pkit(None)
+    work = Path(tempfile.mkdtemp(prefix="bench-inventory-"))
+    out: dict = {"sizes": {}}
+    up_points, status_points, vs_points = [], [], []
+    for n in a.sizes:
+        d = work / f"n{n}"
+        d.mkdir()
+        roots = [d / f"h{i}" for i in range(n)]
+        for r in roots:
+            subprocess.run([*argv, "sim", "init", str(r)], env=env, cwd=work, check=True, capture_output=True)
+        inv = d / "hosts.yml"
+        inv.write_text("all:\n  hosts:\n" + "".join(f"    h{i}: {{ansible_connection: local, p2pkit_root: {r}}}\n"
+                                                     for i, r in enumerate(roots)))
+        up = timed([*argv, "--json", "up", "--inventory", str(inv), "--reboot"], env, work)
+        status = [timed([*argv, "--json", "status", "--inventory", str(inv)], env, work) for _ in range(a.runs)]
+        row = {"up": up, "status_inventory": status,
+               "status_inventory_median_cpu_s": statistics.median(s["cpu_s"] for s in status)}
+        if a.vs_source:
+            b_argv, b_env = p2pkit(a.vs_source.resolve())
+            pairs = []
+            for _ in range(a.runs):
+                x = timed([*argv, "--json", "status", "--inventory", str(inv)], env, work)
+                y = timed([*b_argv, "--json", "status", "--inventory", str(inv)], b_env, work)
+                pairs.append({"A": x, "B": y, "ratio_cpu": round(x["cpu_s"] / y["cpu_s"], 3)})
+            row["vs"] = {"pairs": pairs, "median_B_cpu_s": statistics.median(p["B"]["cpu_s"] for p in pairs),
+                         "median_ratio_cpu": statistics.median(p["ratio_cpu"] for p in pairs)}
+            vs_points.append((n, row["vs"]["median_B_cpu_s"]))
+        if n == a.sizes[0]:
+            out["plain_status_one_host"] = [timed([*argv, "--root", str(roots[0]), "--json", "status"], env, work)
+                                            for _ in range(a.runs)]
+        for r in roots:
+            subprocess.run([*argv, "sim", "stop", str(r)], env=env, cwd=work, capture_output=True)
+        out["sizes"][n] = row
+        up_points.append((n, up["cpu_s"]))
+        status_points.append((n, row["status_inventory_median_cpu_s"]))
+    out["up_fit"] = fit(up_points)
+    out["status_fit"] = fit(status_points)
+    if vs_points:
+        out["status_fit_B"] = fit(vs_points)
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
