@@ -16,7 +16,7 @@ from pathlib import Path
 from p2pkit import __version__, writers
 from p2pkit.ansible import playbook_binary, share_dir
 from p2pkit.backup import sha256
-from p2pkit.errors import Exit, MissingError, UsageError
+from p2pkit.errors import Exit, UsageError
 from p2pkit.runner import Runner, own_executable
 from p2pkit.stages import names
 
@@ -28,6 +28,7 @@ CONNECT_TIMEOUT_S = 30  # Ansible's `timeout` (ssh ConnectTimeout, the banner to
 P2PKIT_SETTINGS = {"retry_files_enabled": ("ANSIBLE_RETRY_FILES_ENABLED", "false"),
                    "timeout": ("ANSIBLE_TIMEOUT", str(CONNECT_TIMEOUT_S)),
                    "nocolor": ("ANSIBLE_NOCOLOR", "1")}
+FORKS = 50  # hosts run at once (ansible-playbook -f): the inventory is not read before the run
 TREE = "ansible.builtin.tree"  # ansible-core's own callback: each host's last result as JSON, one file per host
 
 
@@ -68,20 +69,6 @@ def ansible_env(env: dict[str, str], cwd: Path, tree: Path) -> dict[str, str]:
     return add
 
 
-def host_names(inventory: Path, runner: Runner) -> list[str]:
-    exe = Path(playbook_binary()).with_name("ansible-inventory")
-    if not exe.exists():
-        raise MissingError("ansible-inventory is not installed", hint="install ansible-core")
-    r = runner.run([str(exe), "-i", str(inventory), "--list"], check=False)
-    if r.returncode != 0:
-        raise UsageError(f"cannot read the inventory {inventory}: {r.stderr.strip()[-300:]}",
-                         hint="check it with `ansible-inventory -i FILE --list`")
-    hosts = sorted(json.loads(r.stdout).get("_meta", {}).get("hostvars", {}))
-    if not hosts:
-        raise UsageError(f"the inventory {inventory} names no host", hint="add hosts to it")
-    return hosts
-
-
 def run(inventory: Path, action: str, command: list[str], out, wheel: Path | None = None) -> tuple[Exit, dict]:
     """`wheel`: this p2pkit as a wheel, installed on the hosts that are not reached locally (or that
     set p2pkit_install), checked there against its sha256; without it such a host reports that it
@@ -92,7 +79,8 @@ def run(inventory: Path, action: str, command: list[str], out, wheel: Path | Non
     the JSON its p2pkit printed, or, for a host that never got that far, the JSON ansible-core's tree
     callback wrote for it (unreachable, failed, timed out)."""
     runner = Runner()
-    hosts = host_names(inventory, runner)
+    if not inventory.exists():
+        raise UsageError(f"no inventory at {inventory}", hint="give an Ansible inventory file (hosts.yml)")
     if wheel is not None and not wheel.is_file():
         raise UsageError(f"no wheel at {wheel}", hint="build one from the source tree: `pip wheel --no-deps . -w dist`")
     work = Path(tempfile.mkdtemp(prefix="p2pkit-inventory-"))
@@ -107,20 +95,27 @@ def run(inventory: Path, action: str, command: list[str], out, wheel: Path | Non
         extra.update(wheel_vars(wheel))
     vars_file = work / "vars.yml"
     vars_file.write_text(writers.ansible_vars(extra))  # a {{ }} in a value is never evaluated
-    argv = [playbook_binary(), "-i", str(inventory), "-f", str(max(5, len(hosts))), "-e", f"@{vars_file}",
+    argv = [playbook_binary(), "-i", str(inventory), "-f", str(FORKS), "-e", f"@{vars_file}",
             str(share_dir() / "playbooks" / "inventory.yml")]
     env = ansible_env(dict(os.environ), Path.cwd(), tree)
     log = work / "ansible.log"
-    with out.working(f"{action} on {len(hosts)} host(s) of {inventory} (ansible-playbook, in parallel)",
+    with out.working(f"{action} on the hosts of {inventory} (ansible-playbook, in parallel)",
                      log=str(log), follow=f"tail -f {log}"):
-        runner.run(argv, check=False, env=env, timeout=timeout + 3600, output_log=log)
+        run = runner.run(argv, check=False, env=env, timeout=timeout + 3600, output_log=log)
+    # the hosts are the ones Ansible ran (no ansible-inventory before it): each left a result
+    hosts = sorted({f.stem for f in results.glob("*.json")} | ({f.name for f in tree.iterdir()}
+                                                               if tree.is_dir() else set()))
+    if not hosts:
+        tail = [ln for ln in (run.stdout + run.stderr).splitlines() if ln.strip()][-3:]
+        raise UsageError(f"the inventory {inventory} names no host that Ansible could run"
+                         + (f": {' / '.join(tail)}" if run.returncode else ""),
+                         hint="add hosts to it; check it with `ansible-inventory -i FILE --list`")
     report = {"inventory": str(inventory), "action": action, "hosts": {}, "log": str(log)}
     for h in hosts:
-        f = results / f"{h}.json"
-        if not f.is_file():
+        res = host_result(results / f"{h}.json", tree / h)
+        if res is None:
             report["hosts"][h] = {"exit_code": None, "error": ansible_failure(tree / h), "stages": {}}
             continue
-        res = json.loads(f.read_text())
         if res["rc"] is None:  # the host did not get as far as running p2pkit
             report["hosts"][h] = {"exit_code": None, "error": res["stderr"], "stages": {}}
             continue
@@ -150,6 +145,21 @@ def wheel_vars(wheel: Path) -> dict:
     """The controller's wheel for the hosts that install p2pkit, with its sha256: the host installs it
     in pip's hash-checking mode, so a wheel changed on the way (or on the host) is refused."""
     return {"p2pkit_wheel": str(wheel.resolve()), "p2pkit_wheel_sha256": sha256(wheel)}
+
+
+def host_result(rescued: Path, tree_file: Path) -> dict | None:
+    """A host's p2pkit run as {rc, stdout, stderr}: what the install's rescue wrote for it, else its
+    last result in the tree callback's JSON (the run task is each host's last); None when the host
+    never ran p2pkit (unreachable, failed, timed out)."""
+    if rescued.is_file():
+        return json.loads(rescued.read_text())
+    try:
+        res = json.loads(tree_file.read_text())
+    except (OSError, ValueError):
+        return None
+    if res.get("failed") or res.get("unreachable") or not isinstance(res.get("rc"), int) or "stdout" not in res:
+        return None
+    return {"rc": res["rc"], "stdout": res["stdout"], "stderr": res.get("stderr", "")}
 
 
 def shown_state(s: dict) -> str:
