@@ -228,3 +228,24 @@ def test_a_host_with_no_result_is_read_from_the_tree_callbacks_json(tmp_path):
     (tmp_path / "slow").write_text('{"failed": true, "msg": "The task was terminated due to timeout after 5 s"}')
     assert ansible_failure(tmp_path / "slow").startswith("failed: The task was terminated due to timeout")
     assert ansible_failure(tmp_path / "none").startswith("no result came back")
+
+
+def test_a_hosts_result_comes_from_the_tree_callbacks_json_of_its_run_task(tmp_path):
+    """No copy task brings a host's result back: the run task is its last, so the tree callback's JSON
+    holds rc, stdout and stderr; what the install's rescue wrote wins; a failed or unreachable
+    result is no run (its failure is reported instead)."""
+    import json
+
+    from p2pkit.inventory import host_result
+
+    ran = tmp_path / "ran"
+    ran.write_text(json.dumps({"changed": False, "rc": 1, "stdout": "{}", "stderr": "x", "cmd": ["p2pkit"]}))
+    assert host_result(tmp_path / "none.json", ran) == {"rc": 1, "stdout": "{}", "stderr": "x"}
+    (tmp_path / "timed").write_text(json.dumps({"failed": True, "msg": "The task was terminated due to timeout"}))
+    assert host_result(tmp_path / "none.json", tmp_path / "timed") is None
+    (tmp_path / "gone").write_text(json.dumps({"unreachable": True, "msg": "ssh: connect"}))
+    assert host_result(tmp_path / "none.json", tmp_path / "gone") is None
+    assert host_result(tmp_path / "none.json", tmp_path / "missing") is None
+    rescued = tmp_path / "h.json"
+    rescued.write_text(json.dumps({"host": "h", "rc": None, "stdout": "", "stderr": "p2pkit could not be installed"}))
+    assert host_result(rescued, ran)["rc"] is None
