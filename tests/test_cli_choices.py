@@ -63,3 +63,29 @@ def test_ctrl_c_says_interrupted_and_exits_130(cli, monkeypatch):
     assert "interrupted" in r.err and "run the same command again" in r.err
     doc = json.loads(r.out)
     assert (doc["kind"], doc["exit_code"]) == ("p2pkit-error", 130), doc
+
+
+def test_ctrl_c_that_a_command_ends_on_is_not_an_interruption(monkeypatch, capsys):
+    """`logs --follow` stops on Ctrl-C by design and exits 0: no "interrupted", no 130."""
+    import os
+    import signal
+
+    from p2pkit.cli import app
+
+    def follows(*a, **kw):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            signal.sigtimedwait([], 0)  # let the handler run
+        except KeyboardInterrupt:
+            return 0
+        raise AssertionError("SIGINT did not interrupt")
+
+    old = signal.getsignal(signal.SIGINT)
+    monkeypatch.setattr(app, "app", follows)
+    monkeypatch.setattr(sys, "argv", ["p2pkit", "logs", "driver", "--follow"])
+    try:
+        with pytest.raises(SystemExit) as e:
+            app.run()
+    finally:
+        signal.signal(signal.SIGINT, old)
+    assert e.value.code == 0 and "interrupted" not in capsys.readouterr().err

@@ -171,6 +171,7 @@ def run() -> None:
             _traceback()
         _fail(Exit.INTERNAL, f"internal error: {type(e).__name__}: {e}",
               "rerun with --debug for the traceback and report it")
-    if INTERRUPTED:  # typer caught the KeyboardInterrupt and returned 130 without a word
+    if INTERRUPTED and rc == 130:  # typer caught the KeyboardInterrupt and returned 130 without a word
+        # (a command that ends on Ctrl-C by design, `logs --follow`, catches it and exits 0: not this)
         _fail(130, "interrupted", "run the same command again: p2pkit resumes where it stopped")
     sys.exit(rc if isinstance(rc, int) else 0)
