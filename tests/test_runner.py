@@ -102,7 +102,15 @@ def test_kill_9_leaves_no_process_and_the_next_run_goes_through(tmp_path, kind):
     try:
         assert _wait(lambda: pidfile.is_file() and pidfile.read_text().strip(), 60), "the command never started"
         grandchild = int(pidfile.read_text())
-        record = json.loads((state / ".children").read_text())
+
+        def recorded() -> dict | None:  # the command can run before p2pkit has written it (and its guard) down
+            try:
+                doc = json.loads((state / ".children").read_text())
+            except (OSError, ValueError):
+                return None
+            return doc if doc.get("groups") and doc.get("guard") else None
+        assert _wait(recorded), "p2pkit never recorded the command and its guard"
+        record = recorded()
         [group] = record["groups"]
         os.kill(record["guard"], signal.SIGKILL)
         assert _wait(lambda: not _alive(record["guard"]))
