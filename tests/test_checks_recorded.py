@@ -16,9 +16,9 @@ def by_id(checks):
 
 def test_recorded_facts_agree_with_nvidia_smi_on_the_same_machine():
     smi = (FIXTURES / "h200-device/smi.txt").read_text()
-    from p2pkit.parse import smi as psmi
+    from tests.smi_q import smi_q_gpus
 
-    q = psmi.smi_q_gpus(smi.split("== topo -m")[0])[0]
+    q = smi_q_gpus(smi.split("== topo -m")[0])[0]
     g = FACTS["pci_gpus"][0]
     assert g["aperture"]["index"] == 2 and g["aperture"]["size"] == q["bar1_total_mib"] << 20 == 256 << 30
     assert (g["link"]["max_gen"], g["link"]["max_width"]) == (q["gen_max"], q["width_max"]) == (5, 16)

@@ -38,7 +38,10 @@ def test_topo_rejects_unexpected_output(text):
 
 
 def test_smi_q_real_capture():
-    gpus = smi.smi_q_gpus((H200 / "smi_q.txt").read_text())
+    """The test-side reader of `nvidia-smi -q` (tests/smi_q.py) over the real capture."""
+    from tests.smi_q import smi_q_gpus
+
+    gpus = smi_q_gpus((H200 / "smi_q.txt").read_text())
     assert gpus == [{"bus_id": "00000000:00:06.0", "name": "NVIDIA H200", "bar1_total_mib": 262144,
                      "fb_total_mib": 143771, "gen_max": 5, "gen_current": 5, "width_max": 16,
                      "width_current": 16, "replays": 0, "util_gpu_pct": 0, "processes": 0}]

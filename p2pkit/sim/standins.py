@@ -404,28 +404,6 @@ def nvidia_smi(root: Path, state: dict, args: list[str]) -> int:
                        for i in range(n))
         sys.stdout.write(head + rows + legend_topo())
         return 0
-    if args == ["-q"]:
-        mod = model.loaded(state)
-        out = [f"\n==============NVSMI LOG==============\n\nDriver Version{' ' * 41}: {mod['version']}",
-               f"CUDA Version{' ' * 43}: 13.2\n", f"Attached GPUs{' ' * 42}: {len(gpus)}"]
-        for g in gpus:
-            gen, width = model.link_max(g)
-            out += [f"GPU 0000{g['bdf'].upper()}",
-                    f"    Product Name{' ' * 39}: {model.gpu_name(g)}",
-                    "    PCI", "        GPU Link Info", "            PCIe Generation",
-                    f"                Max{' ' * 36}: {gen}", f"                Current{' ' * 32}: 1",
-                    f"                Device Current{' ' * 25}: 1",
-                    f"                Device Max{' ' * 29}: {g['gpu_max_gen']}",
-                    f"                Host Max{' ' * 31}: {g['slot_gen']}",
-                    "            Link Width", f"                Max{' ' * 36}: {width}x",
-                    f"                Current{' ' * 32}: {width}x",
-                    f"        Replays Since Reset{' ' * 24}: 0",
-                    "    FB Memory Usage", f"        Total{' ' * 38}: {g['vram_gib'] * 1024 - 375} MiB",
-                    "    BAR1 Memory Usage", f"        Total{' ' * 38}: {g['bar1_bytes'] >> 20} MiB",
-                    "    Utilization", f"        GPU{' ' * 44}: {g.get('util', 0)} %",
-                    f"    Processes{' ' * 42}: None"]
-        print("\n".join(out))
-        return 0
     print(f"SIMULATED nvidia-smi: arguments not simulated: {' '.join(args)}", file=sys.stderr)
     return 2
 
