@@ -119,3 +119,26 @@ def test_capped_cgroup_is_a_warning_not_a_failure(cli, sim):
     cg = {c["id"]: c for c in doc["checks"]}["preflight.cgroup"]
     assert cg["status"] == "warn" and cg["pitfall"] == "P12" and "8.0 GiB" in cg["measured"]
     assert "does not inherit" in cg["hint"]
+
+
+def test_package_tools_are_the_real_ones_on_the_simulated_database(sim):
+    """dpkg-query, dpkg and apt on a simulated host are shell scripts that run this machine's real
+    tools on the host's own database, found from where the script lies (through a link to the host
+    too); the other stand-ins run without site-packages (-S) and still answer."""
+    import subprocess
+
+    root = sim("p2p-up")
+    link = root.parent / "link-to-host"
+    link.symlink_to(root)
+    q = link / "usr/bin/dpkg-query"
+    assert q.read_text().startswith("#!/bin/sh\n")
+    r = subprocess.run([str(q), "-W", "-f=${Package}\\n"], capture_output=True, text=True)
+    status = (root / "var/lib/dpkg/status").read_text()
+    assert r.returncode == 0 and r.stdout.split() == [ln.split()[1] for ln in status.splitlines()
+                                                      if ln.startswith("Package: ")], r.stderr
+    own = subprocess.run(["dpkg-query", "-W", "-f=${Package}\\n"], capture_output=True, text=True).stdout
+    assert r.stdout != own  # not this machine's packages
+    smi = root / "usr/bin/nvidia-smi"
+    assert smi.read_text().splitlines()[0].endswith(" -S")
+    r = subprocess.run([str(smi), "topo", "-p2p", "r"], capture_output=True, text=True)
+    assert r.returncode == 0 and "GPU0" in r.stdout, r.stderr

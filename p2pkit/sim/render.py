@@ -205,10 +205,23 @@ def render(root: Path, state: dict) -> None:
     state_doc = {**state, "libraries": LIBRARIES}
     write(root, SIM_MARKER, json.dumps(state_doc, indent=2) + "\n")
     for name in STANDINS:
-        write(root, f"usr/bin/{name}",
-              f"#!{sys.executable}\n# SIMULATED stand-in for {name}: p2pkit's simulated host\n"
-              f"import sys\nfrom p2pkit.sim.standins import main\nsys.exit(main({name!r}, sys.argv[1:]))\n",
-              0o755)
+        write_standin(root, name, standin_script(name))
+
+
+def write_standin(root: Path, name: str, text: str) -> None:
+    """A stand-in in usr/bin, replaced only when it changed and then by a rename: a shell stand-in
+    that is being read keeps its own copy."""
+    path = root / "usr/bin" / name
+    try:
+        if path.read_text() == text:
+            return
+    except OSError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{name}.tmp")
+    tmp.write_text(text)
+    tmp.chmod(0o755)
+    os.replace(tmp, path)
 
 
 LIBRARIES = {"nvml": "p2pkit.sim.nvml", "devices": "p2pkit.sim.devices", "machine": "p2pkit.sim.lifecycle"}
@@ -294,3 +307,42 @@ def load_state(root: Path) -> dict:
 
 def save(root: Path, state: dict) -> None:
     render(root, state)
+
+
+REAL_PACKAGE_TOOLS = ("dpkg", "dpkg-query", "apt-mark", "apt-get", "apt-cache")
+
+
+def apt_root_options(root: str) -> list[str]:
+    """apt's options that make it read and change only the simulated root: its sources, preferences,
+    lists, cache and dpkg status, and dpkg through the simulated host's own dpkg (below)."""
+    return ["-o", f"Dir={root}", "-o", f"Dir::State::status={root}/var/lib/dpkg/status",
+            "-o", f"Dir::Bin::dpkg={root}/usr/bin/dpkg"]
+
+
+def real_package_tool(name: str) -> str:
+    """Not a stand-in: a shell script that runs this machine's real dpkg or apt on the simulated host's
+    database (dpkg's --root, apt's Dir options), so holds and pins are judged by the real tools and this
+    machine's own package state is never touched. The host is where the script lies: <root>/usr/bin."""
+    real = f"/usr/bin/{name}"
+    opts = {"dpkg": ["--root=$root"], "dpkg-query": ["--admindir=$root/var/lib/dpkg"]}.get(name) \
+        or apt_root_options("$root")
+    quoted = " ".join(f'"{o}"' for o in opts)  # $root expands in them, nothing else does
+    return ("#!/bin/sh\n"
+            f"# SIMULATED host: this machine's real {real} on the simulated host's package database\n"
+            'self=$(readlink -f "$0")\nroot=${self%/usr/bin/*}\n'
+            f'if [ ! -f {real} ]; then\n'
+            f'  echo "SIMULATED host: {name} runs this machine\'s real {real}, which is not installed" >&2\n'
+            "  exit 127\nfi\n"
+            f'exec {real} {quoted} "$@"\n')
+
+
+def standin_script(name: str) -> str:
+    """The file a stand-in is: a Python that imports only p2pkit's simulator (-S: no site-packages,
+    no .pth hooks; p2pkit's own directory last on the path, so a PYTHONPATH still picks the tree), or
+    for the package tools a shell script that runs this machine's real one (real_package_tool)."""
+    if name in REAL_PACKAGE_TOOLS:
+        return real_package_tool(name)
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return (f"#!{sys.executable} -S\n# SIMULATED stand-in for {name}: p2pkit's simulated host\n"
+            f"import sys\nsys.path.append({here!r})\nfrom p2pkit.sim.standins import main\n"
+            f"sys.exit(main({name!r}, sys.argv[1:]))\n")
