@@ -169,6 +169,10 @@ def test_units_and_hooks_are_installed_and_verify(cli, sim, tmp_path):
 def test_restore_stops_the_engine_around_the_rebuild_and_starts_it_after(cli, sim):
     root = sim("healthy")
     assert cli("--root", str(root), "up", "--reboot").code == 0  # the whole sequence: the engine serves
+    doc = json.loads(cli("--root", str(root), "--json", "doctor").out)  # the healthy host brought up: no finding
+    assert doc["failed"] == [], doc["failed"]
+    archs = next(c for g in doc["groups"] for c in g["checks"] if c["id"] == "field.kernel_archs")
+    assert archs["status"] == "pass" and "sm_120a" in archs["measured"], archs
     model = root / "srv/models/qwen38-27b-nvfp4-dflash2.ninfer"
     before = model.read_bytes()
     engine_bin = root / "opt/p2pkit/ninfer/build/apps/ninfer-serve"

@@ -28,7 +28,10 @@ pkg_check_modules(SWSCALE REQUIRED libswscale)
 pkg_check_modules(CURL REQUIRED libcurl)
 set(CMAKE_CXX_STANDARD 20)
 add_executable(ninfer-serve apps/main.cpp)
-target_compile_definitions(ninfer-serve PRIVATE SIM_PYTHON="${SIM_PYTHON}" NINFER_READS="v2 v3")
+# the real build compiles its CUDA kernels for these architectures; this one writes their names where
+# the simulated cuobjdump --list-elf reads them (a line `sass=sm_NNN`)
+target_compile_definitions(ninfer-serve PRIVATE SIM_PYTHON="${SIM_PYTHON}" NINFER_READS="v2 v3"
+                           NINFER_SASS="sm_${CMAKE_CUDA_ARCHITECTURES}")
 set_target_properties(ninfer-serve PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/apps)
 '''
 
@@ -40,6 +43,11 @@ MAIN_CPP = r'''// SIMULATED ninfer-serve: a real binary that hands over to p2pki
 #ifndef SIM_PYTHON
 #define SIM_PYTHON "python3"
 #endif
+#ifndef NINFER_SASS
+#define NINFER_SASS "sm_120a"
+#endif
+// the architectures the kernels were built for, as lines the simulated cuobjdump lists
+extern "C" __attribute__((used)) const char ninfer_sass[] = "\nsass=" NINFER_SASS "\n";
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "--version") == 0) {
     std::puts("ninfer-serve (SIMULATED) reads artifact " NINFER_READS);
