@@ -13,7 +13,7 @@ import logging
 import re
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 
 from p2pkit import __version__, hoststate
@@ -232,12 +232,30 @@ WAITING = ("package_holds", "smi_topo_m", "smi_p2p_read", "smi_p2p_write", "modu
            "built_module", "module_sources", "engine_archs", "engine_nccl", "kernel")
 
 
+# facts started before they were asked for, by host root and name (start_early)
+_EARLY: dict[tuple[str, str], Future] = {}
+
+
+def start_early(host: Host) -> None:
+    """Start the waiting facts that need no profile now, each in a thread of its own; collect() on
+    the same host takes their results instead of reading them again. For `doctor`, whose command
+    line says early what it will read: the wait on nvidia-smi and NVML then overlaps the import of
+    the rest of p2pkit and the CLI framework (p2pkit.cli.main)."""
+    names = [n for n in WAITING if n in COLLECTORS]
+    pool = ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="p2pkit-early-fact")
+    for n in names:
+        _EARLY[(str(host.root), n)] = pool.submit(_one, host, n, None)
+    pool.shutdown(wait=False)
+
+
 def collect(host: Host, names: tuple[str, ...] | list[str] | None = None, profile=None) -> dict:
     """The named facts, read concurrently (nvidia-smi and NVML each take a while; none waits for another)."""
     names = list(names or [*COLLECTORS, *(PROFILE_COLLECTORS if profile else ())])
-    order = sorted(names, key=lambda n: WAITING.index(n) if n in WAITING else len(WAITING))
-    with ThreadPoolExecutor(max_workers=min(len(WAITING) + 2, len(names) or 1)) as pool:
-        futures = {n: pool.submit(_one, host, n, profile) for n in order}
+    early = {n: _EARLY.pop((str(host.root), n)) for n in names if (str(host.root), n) in _EARLY}
+    order = sorted((n for n in names if n not in early),
+                   key=lambda n: WAITING.index(n) if n in WAITING else len(WAITING))
+    with ThreadPoolExecutor(max_workers=min(len(WAITING) + 2, len(order) or 1)) as pool:
+        futures = {**early, **{n: pool.submit(_one, host, n, profile) for n in order}}
         return {n: futures[n].result() for n in names}
 
 

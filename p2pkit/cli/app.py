@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib
 import signal
 import sys
 from pathlib import Path
@@ -11,16 +12,9 @@ from typing import Annotated
 import typer
 
 from p2pkit import __version__, children
-from p2pkit.cli import bench_cmd, common, net_cmd, pin_cmd, profile_cmd, serve_cmd, sim_cmd, stages_cmd
+from p2pkit.cli import common
+from p2pkit.cli.argv import COMMANDS, GLOBAL_VALUES, hoist_global_options, named_command
 from p2pkit.errors import Exit, P2pkitError
-
-app = typer.Typer(
-    name="p2pkit",
-    help="Bring a dual-GPU PCIe P2P host up, stage by stage, with a proof at every stage.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=True,
-)
 
 
 def _version(value: bool) -> None:
@@ -29,7 +23,6 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
 def main_options(
     profile: Annotated[str | None, typer.Option("--profile", "-p", help="built-in profile name or a TOML file",
                                                 envvar="P2PKIT_PROFILE")] = None,
@@ -60,37 +53,24 @@ def main_options(
     common.setup_logging(debug)
 
 
-stages_cmd.register(app)
-app.command()(pin_cmd.pin)
-app.command()(bench_cmd.bench)
-app.add_typer(profile_cmd.app, name="profile")
-app.add_typer(sim_cmd.app, name="sim")
-app.add_typer(serve_cmd.app, name="serve")
-app.add_typer(net_cmd.app, name="net")
-
-
-GLOBAL_FLAGS = {"--json", "--yes", "-y", "--debug"}
-GLOBAL_VALUES = {"--profile", "-p", "--set", "--unset", "--root", "--state-dir"}
-
-
-def hoist_global_options(argv: list[str]) -> list[str]:
-    """Let global options stand after the command too (`p2pkit doctor --json`): move them first."""
-    front, rest, i = [], [], 0
-    while i < len(argv):
-        a = argv[i]
-        if a == "--":
-            rest += argv[i:]
-            break
-        name = a.split("=", 1)[0]
-        if a in GLOBAL_FLAGS or (name in GLOBAL_VALUES and "=" in a):
-            front.append(a)
-        elif a in GLOBAL_VALUES and i + 1 < len(argv):
-            front += [a, argv[i + 1]]
-            i += 1
-        else:
-            rest.append(a)
-        i += 1
-    return front + rest
+def build(only: str | None = None) -> typer.Typer:
+    """The typer application with every command, or with the one named `only`."""
+    app = typer.Typer(
+        name="p2pkit",
+        help="Bring a dual-GPU PCIe P2P host up, stage by stage, with a proof at every stage.",
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        add_completion=True,
+    )
+    app.callback()(main_options)
+    for word, module, attr in COMMANDS:
+        if only in (None, word):
+            obj = getattr(importlib.import_module(f"p2pkit.cli.{module}"), attr)
+            if isinstance(obj, typer.Typer):
+                app.add_typer(obj, name=word)
+            else:
+                app.command(word)(obj)
+    return app
 
 
 def _terminated(signum, _frame) -> None:
@@ -132,6 +112,11 @@ def command_path(argv: list[str]) -> list[str]:
         i += 1 + (argv[i] in GLOBAL_VALUES)
     words = [a for a in argv[i:i + 2] if not a.startswith("-")]
     return words[:2] if words and words[0] in GROUPS else words[:1]
+
+
+def app(args: list[str], **kw):
+    """Run the command line through typer (standalone_mode=False: the exit code is returned)."""
+    return build(named_command(args))(args=args, **kw)
 
 
 def _usage_error(e: Exception) -> bool:

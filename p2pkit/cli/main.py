@@ -5,13 +5,18 @@ framework (typer, click, rich) or the rest of p2pkit: a tenth of the start-up. T
 typer renders, kept in top_help.txt (`python -m p2pkit.cli.top_help` writes it again; a test fails
 when it drifts from typer's); it is printed only where typer would print exactly it: not on a
 terminal (no colours), 80 columns, none of the variables that change typer's or rich's rendering.
-Everything else goes to the typer application (p2pkit.cli.app).
+Everything else goes to the typer application (p2pkit.cli.app); both read the command line with
+p2pkit.cli.argv (which imports nothing). `doctor` reads every fact of the host: its facts that
+wait on a process or a library start here, before the CLI framework is imported, and run while it
+is (facts.start_early).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+
+from p2pkit.cli.argv import hoist_global_options, named_command, option_value
 
 TOP_HELP = os.path.join(os.path.dirname(__file__), "top_help.txt")
 TOP_HELP_WIDTH = 80
@@ -64,6 +69,22 @@ def main() -> None:
         if text:
             sys.stdout.write(text)
             sys.exit(0)
+    start_early_facts(hoist_global_options(args))
     from p2pkit.cli.app import run
 
     run()
+
+
+def start_early_facts(argv: list[str]) -> None:
+    """For `doctor` on the host it runs on: start the facts that wait (nvidia-smi, NVML, modinfo,
+    dpkg-query) now, so their wait overlaps the import of the CLI framework and the checks; doctor's
+    collect() takes their results. Not with --facts (nothing is read), --help, or --debug (which logs
+    every command after the logging is set up)."""
+    if named_command(argv) != "doctor" or {"--facts", "--help", "--debug"} & {a.split("=", 1)[0] for a in argv}:
+        return
+    from p2pkit import facts
+    from p2pkit.host import Host
+
+    root = option_value(argv, "--root") or os.environ.get("P2PKIT_ROOT") or "/"
+    if os.path.isdir(root):
+        facts.start_early(Host.at(root))

@@ -368,14 +368,3 @@ def logs(
             pass
     raise typer.Exit(0)
 
-
-def register(app: typer.Typer) -> None:
-    app.command()(up)
-    app.command()(plan)
-    app.command()(status)
-    app.command()(verify)
-    app.command()(doctor)
-    app.command()(restore)
-    app.command()(rollback)
-    app.command()(logs)
-    app.add_typer(facts_app, name="facts")
