@@ -14,7 +14,7 @@ launcher (the console script's two lines) with PYTHONPATH naming their tree, so 
 stand-ins of each import their own simulator. Byte code is allowed (PYTHONDONTWRITEBYTECODE is
 dropped) and a warm-up round writes it.
 
-    python3 bench/bench_startup.py --before /tmp/p2pkit-before [--runs 9] [--host DIR]
+    python3 bench/bench_startup.py --before /tmp/p2pkit-before [--runs 9] [--host DIR] [--before-host DIR]
 
 --host reuses a simulated host already brought up (`p2pkit sim init DIR`, `p2pkit --root DIR up --reboot`);
 without it one is laid out and brought up first (about a minute). Prints one JSON document.
@@ -59,12 +59,14 @@ def stats(xs: list[float]) -> dict:
     return {"min": round(min(xs), 4), "median": round(statistics.median(xs), 4), "max": round(max(xs), 4)}
 
 
-def measure(args: list[str], trees: dict[str, Path], runs: int) -> dict:
-    """Rounds of pass / each tree, in turn; medians and pairwise ratios."""
+def measure(args, trees: dict[str, Path], runs: int) -> dict:
+    """Rounds of pass / each tree, in turn; medians and pairwise ratios. `args`: the command line, or a
+    function of the tree's name giving it (each tree on a host of its own)."""
     py = sys.executable
+    args_of = args if callable(args) else (lambda _name: args)
     # each in its own tree's directory: `python -c` puts the working directory first on sys.path
     cmds = {"python -c pass": ([py, "-c", "pass"], env_for(None), REPO)}
-    cmds.update({name: ([py, "-c", LAUNCHER, *args], env_for(tree), tree) for name, tree in trees.items()})
+    cmds.update({name: ([py, "-c", LAUNCHER, *args_of(name)], env_for(tree), tree) for name, tree in trees.items()})
     got: dict[str, dict[str, list]] = {n: {"cpu": [], "wall": [], "rc": []} for n in cmds}
     for i in range(runs + 1):
         for name, (argv, env, cwd) in cmds.items():
@@ -113,19 +115,22 @@ def main() -> None:
     ap.add_argument("--before", type=Path, help="source tree of the p2pkit to compare with")
     ap.add_argument("--runs", type=int, default=9)
     ap.add_argument("--host", type=Path, help="a simulated host where `up --reboot` finished")
+    ap.add_argument("--before-host", type=Path, help="the host `before` runs on, brought up by that tree (its "
+                    "stand-ins and files as that tree lays them out); default: --host")
     a = ap.parse_args()
     trees = {**({"before": a.before.resolve()} if a.before else {}), "after": REPO}
     root = a.host.resolve() if a.host else done_host(str(Path(sys.executable).parent / "p2pkit"))
+    roots = {"after": root, "before": a.before_host.resolve() if a.before_host else root}
     log = root / "var/lib/p2pkit/logs/driver.log"
     mtime = log.stat().st_mtime_ns if log.exists() else None
     res = {
         "runs": a.runs,
         "trees": {k: str(v) for k, v in trees.items()},
-        "host": str(root),
+        "host": str(root), "before_host": str(roots["before"]),
         "help": measure(["--help"], trees, a.runs),
         "version": measure(["--version"], trees, a.runs),
-        "status": measure(["--root", str(root), "status"], trees, a.runs),
-        "noop_up": measure(["--root", str(root), "up"], trees, a.runs),
+        "status": measure(lambda name: ["--root", str(roots[name]), "status"], trees, a.runs),
+        "noop_up": measure(lambda name: ["--root", str(roots[name]), "up"], trees, a.runs),
         "framework_floor_cpu_s": framework_floor(a.runs),
         "ansible_started_by_noop_up": log.exists() and log.stat().st_mtime_ns != mtime,
         "aims": AIMS,
