@@ -237,13 +237,12 @@ _EARLY: dict[tuple[str, str], Future] = {}
 
 
 def start_early(host: Host) -> None:
-    """Start every fact that needs no profile now, the waiting ones first; collect() on the same host
-    takes their results instead of reading them again. For `doctor`, whose command line says early
-    what it will read: the wait on nvidia-smi and NVML, and the sysfs reads, then overlap the import
-    of the rest of p2pkit and the CLI framework (p2pkit.cli.main). On the H200 the waiting facts
-    alone ended 75 ms before the imports did (tests/fixtures/h200-device/doctor-speed)."""
-    names = sorted(COLLECTORS, key=lambda n: WAITING.index(n) if n in WAITING else len(WAITING))
-    pool = ThreadPoolExecutor(max_workers=len(WAITING) + 2, thread_name_prefix="p2pkit-early-fact")
+    """Start the waiting facts that need no profile now, each in a thread of its own; collect() on
+    the same host takes their results instead of reading them again. For `doctor`, whose command
+    line says early what it will read: the wait on nvidia-smi and NVML then overlaps the import of
+    the rest of p2pkit and the CLI framework (p2pkit.cli.main)."""
+    names = [n for n in WAITING if n in COLLECTORS]
+    pool = ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="p2pkit-early-fact")
     for n in names:
         _EARLY[(str(host.root), n)] = pool.submit(_one, host, n, None)
     pool.shutdown(wait=False)
