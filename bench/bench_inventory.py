@@ -4,9 +4,14 @@
 a plain `p2pkit status` of one host beside them (the part each host's own p2pkit costs).
 
 With --vs-source DIR (another p2pkit source tree, e.g. `git archive <commit> | tar -x -C DIR`),
-`status --inventory` of the same hosts runs A B A B ... against that tree, paired run by run.
+that tree brings up hosts of its own (its stand-ins, its files) and `status --inventory` runs A B A B
+... against it, paired run by run, with a fixed and per-host fit for each.
 
-Run by hand: `python3 bench/bench_inventory.py [--sizes 1 4 8] [--runs 3] [--vs-source DIR]`.
+--no-bytecode keeps PYTHONDONTWRITEBYTECODE=1 (this environment sets it; issue 20 measured with it:
+every p2pkit process compiles every module it imports); by default byte code is written, as a
+pip-installed p2pkit has it.
+
+Run by hand: `python3 bench/bench_inventory.py [--sizes 1 4 8] [--runs 3] [--vs-source DIR] [--no-bytecode]`.
 Not a test: nothing here asserts a time."""
 
 from __future__ import annotations
@@ -35,8 +40,13 @@ def timed(argv: list[str], env: dict, cwd: Path) -> dict:
             "cpu_s": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 2)}
 
 
+BYTECODE = True
+
+
 def p2pkit(source: Path | None) -> tuple[list[str], dict]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    if not BYTECODE:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
     if source is not None:
         env["PYTHONPATH"] = str(source)
     return [sys.executable, "-c", MAIN], env
@@ -52,35 +62,46 @@ def fit(points: list[tuple[int, float]]) -> dict:
     return {"fixed_cpu_s": round(my - slope * mx, 2), "per_host_cpu_s": round(slope, 2)}
 
 
+def hosts(d: Path, prefix: str, n: int, argv: list[str], env: dict, work: Path) -> tuple[list[Path], Path]:
+    """n simulated hosts laid out by this p2pkit, and an inventory naming them (local connection)."""
+    roots = [d / f"{prefix}{i}" for i in range(n)]
+    for r in roots:
+        subprocess.run([*argv, "sim", "init", str(r)], env=env, cwd=work, check=True, capture_output=True)
+    inv = d / f"{prefix}-hosts.yml"
+    inv.write_text("all:\n  hosts:\n" + "".join(f"    {prefix}{i}: {{ansible_connection: local, p2pkit_root: {r}}}\n"
+                                                 for i, r in enumerate(roots)))
+    return roots, inv
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", type=int, nargs="+", default=[1, 4, 8])
     ap.add_argument("--runs", type=int, default=3, help="status --inventory runs per size (median)")
     ap.add_argument("--vs-source", type=Path, help="another p2pkit source tree to pair status --inventory against")
+    ap.add_argument("--no-bytecode", action="store_true", help="keep PYTHONDONTWRITEBYTECODE=1, as issue 20 measured")
     a = ap.parse_args()
+    global BYTECODE
+    BYTECODE = not a.no_bytecode
     argv, env = p2pkit(None)
     work = Path(tempfile.mkdtemp(prefix="bench-inventory-"))
-    out: dict = {"sizes": {}}
+    out: dict = {"bytecode_written": BYTECODE, "sizes": {}}
     up_points, status_points, vs_points = [], [], []
     for n in a.sizes:
         d = work / f"n{n}"
         d.mkdir()
-        roots = [d / f"h{i}" for i in range(n)]
-        for r in roots:
-            subprocess.run([*argv, "sim", "init", str(r)], env=env, cwd=work, check=True, capture_output=True)
-        inv = d / "hosts.yml"
-        inv.write_text("all:\n  hosts:\n" + "".join(f"    h{i}: {{ansible_connection: local, p2pkit_root: {r}}}\n"
-                                                     for i, r in enumerate(roots)))
+        roots, inv = hosts(d, "h", n, argv, env, work)
         up = timed([*argv, "--json", "up", "--inventory", str(inv), "--reboot"], env, work)
         status = [timed([*argv, "--json", "status", "--inventory", str(inv)], env, work) for _ in range(a.runs)]
         row = {"up": up, "status_inventory": status,
                "status_inventory_median_cpu_s": statistics.median(s["cpu_s"] for s in status)}
         if a.vs_source:
             b_argv, b_env = p2pkit(a.vs_source.resolve())
+            b_roots, b_inv = hosts(d, "b", n, b_argv, b_env, work)
+            row["vs_up"] = timed([*b_argv, "--json", "up", "--inventory", str(b_inv), "--reboot"], b_env, work)
             pairs = []
             for _ in range(a.runs):
                 x = timed([*argv, "--json", "status", "--inventory", str(inv)], env, work)
-                y = timed([*b_argv, "--json", "status", "--inventory", str(inv)], b_env, work)
+                y = timed([*b_argv, "--json", "status", "--inventory", str(b_inv)], b_env, work)
                 pairs.append({"A": x, "B": y, "ratio_cpu": round(x["cpu_s"] / y["cpu_s"], 3)})
             row["vs"] = {"pairs": pairs, "median_B_cpu_s": statistics.median(p["B"]["cpu_s"] for p in pairs),
                          "median_ratio_cpu": statistics.median(p["ratio_cpu"] for p in pairs)}
@@ -88,6 +109,8 @@ def main() -> None:
         if n == a.sizes[0]:
             out["plain_status_one_host"] = [timed([*argv, "--root", str(roots[0]), "--json", "status"], env, work)
                                             for _ in range(a.runs)]
+            for r in b_roots:
+                subprocess.run([*b_argv, "sim", "stop", str(r)], env=b_env, cwd=work, capture_output=True)
         for r in roots:
             subprocess.run([*argv, "sim", "stop", str(r)], env=env, cwd=work, capture_output=True)
         out["sizes"][n] = row
