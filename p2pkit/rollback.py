@@ -52,9 +52,11 @@ def plan(ctx, stage: str) -> list[str]:
 
 
 def _held_by_p2pkit(ctx, manifest: dict) -> list[str]:
-    r = ctx.host.runner.run(["apt-mark", "showhold"], check=False)
+    """The holds p2pkit added: held now (read as every other reading of holds is, from dpkg's database:
+    system.package_holds; a failed read stops here rather than leaving holds in place unsaid) and not
+    before the stage ran."""
     before = set(manifest.get("held_before") or [])
-    return [p for p in r.stdout.split() if p not in before]
+    return [p for p in system.package_holds(ctx.host)["held"] if p not in before]
 
 
 def apply(ctx, stage: str) -> dict:
