@@ -91,9 +91,9 @@ def run_playbook(ctx, stage: str, extra: dict, check_mode: bool = False) -> dict
         "ANSIBLE_NOCOLOR": "1",
         "ANSIBLE_FORCE_COLOR": "0",
         "ANSIBLE_CONFIG": str(share_dir() / "playbooks" / "ansible.cfg"),
-        # a p2pkit run by an inventory run on a local host inherits its tree callback: each stage
+        # a p2pkit run by an inventory run on a local host inherits its results callback: each stage
         # playbook's results stay here, never among the hosts' results on the controller
-        "ANSIBLE_CALLBACK_TREE_DIR": str(ctx.store.dir / ".ansible/tree"),
+        "P2PKIT_LAST_RESULT_DIR": str(ctx.store.dir / ".ansible/results"),
     }
     log = logs / f"{stage}.log"
     logfiles.rotate(log)  # the last runs' logs kept as .1 .. .3

@@ -29,7 +29,10 @@ P2PKIT_SETTINGS = {"retry_files_enabled": ("ANSIBLE_RETRY_FILES_ENABLED", "false
                    "timeout": ("ANSIBLE_TIMEOUT", str(CONNECT_TIMEOUT_S)),
                    "nocolor": ("ANSIBLE_NOCOLOR", "1")}
 FORKS = 50  # hosts run at once (ansible-playbook -f): the inventory is not read before the run
-TREE = "ansible.builtin.tree"  # ansible-core's own callback: each host's last result as JSON, one file per host
+# p2pkit's callback (playbooks/callback_plugins): each host's last result as JSON, one file per host
+# (ansible-core's `tree` callback did this until 2.19 deprecated it; 2.23 removes it)
+RESULTS_CALLBACK = "p2pkit_last_result"
+RESULTS_DIR_ENV = "P2PKIT_LAST_RESULT_DIR"
 
 
 def operator_config(env: dict[str, str], cwd: Path) -> Path | None:
@@ -49,8 +52,8 @@ def operator_config(env: dict[str, str], cwd: Path) -> Path | None:
 
 def ansible_env(env: dict[str, str], cwd: Path, tree: Path) -> dict[str, str]:
     """What p2pkit adds to the operator's environment for an inventory run: its settings where the
-    operator's environment and ansible.cfg set none, and the tree callback (added to the operator's
-    own callbacks) that leaves each host's result as JSON in `tree`."""
+    operator's environment and ansible.cfg set none, and p2pkit's results callback (added to the
+    operator's own callbacks) that leaves each host's last result as JSON in `tree`."""
     cfg = configparser.ConfigParser(interpolation=None, strict=False)
     path = operator_config(env, cwd)
     if path is not None:
@@ -64,8 +67,8 @@ def ansible_env(env: dict[str, str], cwd: Path, tree: Path) -> dict[str, str]:
     enabled = env.get("ANSIBLE_CALLBACKS_ENABLED") or mine.get("callbacks_enabled") or \
         mine.get("callback_whitelist") or ""
     names = [n.strip() for n in enabled.split(",") if n.strip()]
-    add["ANSIBLE_CALLBACKS_ENABLED"] = ",".join([*names, *([] if TREE in names or "tree" in names else [TREE])])
-    add["ANSIBLE_CALLBACK_TREE_DIR"] = str(tree)
+    add["ANSIBLE_CALLBACKS_ENABLED"] = ",".join([*names, *([] if RESULTS_CALLBACK in names else [RESULTS_CALLBACK])])
+    add[RESULTS_DIR_ENV] = str(tree)
     return add
 
 
@@ -76,7 +79,7 @@ def run(inventory: Path, action: str, command: list[str], out, wheel: Path | Non
 
     ansible-playbook runs through the one runner, with the operator's environment (SSH_AUTH_SOCK,
     proxies, ANSIBLE_*) and Ansible configuration; each host's result is read from structured data:
-    the JSON its p2pkit printed, or, for a host that never got that far, the JSON ansible-core's tree
+    the JSON its p2pkit printed, or, for a host that never got that far, the JSON p2pkit's results
     callback wrote for it (unreachable, failed, timed out)."""
     runner = Runner()
     if not inventory.exists():
@@ -103,8 +106,8 @@ def run(inventory: Path, action: str, command: list[str], out, wheel: Path | Non
                      log=str(log), follow=f"tail -f {log}"):
         run = runner.run(argv, check=False, env=env, timeout=timeout + 3600, output_log=log)
     # the hosts are the ones Ansible ran (no ansible-inventory before it): each left a result
-    hosts = sorted({f.stem for f in results.glob("*.json")} | ({f.name for f in tree.iterdir()}
-                                                               if tree.is_dir() else set()))
+    left = {f.name for f in tree.iterdir() if not f.name.startswith(".")} if tree.is_dir() else set()
+    hosts = sorted({f.stem for f in results.glob("*.json")} | left)
     if not hosts:
         tail = [ln for ln in (run.stdout + run.stderr).splitlines() if ln.strip()][-3:]
         raise UsageError(f"the inventory {inventory} names no host that Ansible could run"
@@ -149,7 +152,7 @@ def wheel_vars(wheel: Path) -> dict:
 
 def host_result(rescued: Path, tree_file: Path) -> dict | None:
     """A host's p2pkit run as {rc, stdout, stderr}: what the install's rescue wrote for it, else its
-    last result in the tree callback's JSON (the run task is each host's last); None when the host
+    last result in the results callback's JSON (the run task is each host's last); None when the host
     never ran p2pkit (unreachable, failed, timed out)."""
     if rescued.is_file():
         return json.loads(rescued.read_text())
@@ -172,7 +175,7 @@ def shown_state(s: dict) -> str:
 
 
 def ansible_failure(tree_file: Path) -> str:
-    """Why a host sent nothing back, from the JSON the tree callback left for it: its last result."""
+    """Why a host sent nothing back, from the JSON the results callback left for it: its last result."""
     try:
         res = json.loads(tree_file.read_text())
     except (OSError, ValueError):

@@ -32,6 +32,10 @@ def test_three_hosts_one_failing_at_topology(cli, sim, tmp_path):
     # exactly the inventory's hosts (read from the run itself; the hosts' own stage playbooks, which
     # inherit its environment on a local host, leave nothing among them)
     assert set(hosts) == set(roots), set(hosts)
+    # the results come back through p2pkit's own callback: nothing Ansible deprecates (its tree
+    # callback is, since ansible-core 2.19; 2.23 removes it)
+    log = Path(doc["log"]).read_text()
+    assert "deprecat" not in log.lower(), [ln for ln in log.splitlines() if "eprecat" in ln]
     for h in ("box-a", "box-b"):
         assert hosts[h]["exit_code"] == 0 and all(hosts[h]["stages"][s] == "done" for s in names()), hosts[h]
     c = hosts["box-c"]
@@ -189,7 +193,7 @@ def test_inventory_over_a_real_sshd(cli, sim, sshd, tmp_path, monkeypatch):
 
 def test_p2pkit_settings_only_where_the_operator_has_none(tmp_path):
     """Ansible's own order (ANSIBLE_CONFIG, ./ansible.cfg, ~/.ansible.cfg): p2pkit's settings are added
-    only for keys that config and the environment leave unset; its tree callback joins the operator's;
+    only for keys that config and the environment leave unset; its results callback joins the operator's;
     host key checking is never among them."""
     from p2pkit.inventory import P2PKIT_SETTINGS, ansible_env, operator_config
 
@@ -208,17 +212,17 @@ def test_p2pkit_settings_only_where_the_operator_has_none(tmp_path):
     assert operator_config(env, cwd) == given
     add = ansible_env(env, cwd, tmp_path / "tree")
     assert "ANSIBLE_TIMEOUT" not in add  # the operator's timeout = 99 stands
-    assert add["ANSIBLE_RETRY_FILES_ENABLED"] == "false" and add["ANSIBLE_CALLBACK_TREE_DIR"] == str(tmp_path / "tree")
+    assert add["ANSIBLE_RETRY_FILES_ENABLED"] == "false" and add["P2PKIT_LAST_RESULT_DIR"] == str(tmp_path / "tree")
     assert not any("HOST_KEY" in k for k in add) and all("host_key" not in k for k in P2PKIT_SETTINGS)
     env["ANSIBLE_NOCOLOR"] = "0"
     env["ANSIBLE_CALLBACKS_ENABLED"] = "ansible.posix.profile_tasks"
     add = ansible_env(env, cwd, tmp_path / "tree")
     assert "ANSIBLE_NOCOLOR" not in add  # set in the environment: the operator's
-    assert add["ANSIBLE_CALLBACKS_ENABLED"] == "ansible.posix.profile_tasks,ansible.builtin.tree"
+    assert add["ANSIBLE_CALLBACKS_ENABLED"] == "ansible.posix.profile_tasks,p2pkit_last_result"
     assert not set(add) & {"https_proxy", "SSH_AUTH_SOCK", "PATH", "HOME"}  # those stay the operator's
 
 
-def test_a_host_with_no_result_is_read_from_the_tree_callbacks_json(tmp_path):
+def test_a_host_with_no_result_is_read_from_the_results_callbacks_json(tmp_path):
     from p2pkit.inventory import ansible_failure
 
     (tmp_path / "gone").write_text('{"changed": false, "msg": "Task failed: Failed to connect to the host via ssh: '
@@ -230,8 +234,8 @@ def test_a_host_with_no_result_is_read_from_the_tree_callbacks_json(tmp_path):
     assert ansible_failure(tmp_path / "none").startswith("no result came back")
 
 
-def test_a_hosts_result_comes_from_the_tree_callbacks_json_of_its_run_task(tmp_path):
-    """No copy task brings a host's result back: the run task is its last, so the tree callback's JSON
+def test_a_hosts_result_comes_from_the_results_callbacks_json_of_its_run_task(tmp_path):
+    """No copy task brings a host's result back: the run task is its last, so the results callback's JSON
     holds rc, stdout and stderr; what the install's rescue wrote wins; a failed or unreachable
     result is no run (its failure is reported instead)."""
     import json
