@@ -179,7 +179,13 @@ def test_a_sigkilled_p2pkit_takes_its_setsid_grandchild_with_it(sim, cli):
         assert _alive(record["guard"]) and group["argv"][0] in names
         run.send_signal(signal.SIGKILL)
         run.wait()
-        assert _wait(lambda: not _alive(grandchild), 15), "the setsid grandchild outlived p2pkit"
+        # the guard waits up to 30 s for its p2pkit to be gone before it takes the lock (children.guard_main)
+        if not _wait(lambda: not _alive(grandchild), 40):
+            note = root / "var/lib/p2pkit/.reaped"
+            left = root / "var/lib/p2pkit/.children"
+            pytest.fail(f"the setsid grandchild outlived p2pkit: guard {record['guard']} alive "
+                        f"{_alive(record['guard'])}; record now {left.read_text() if left.exists() else None}; "
+                        f"note {note.read_text() if note.exists() else None}")
         assert _wait(lambda: not _alive(record["guard"]))
     finally:
         if run.poll() is None:
