@@ -273,8 +273,6 @@ def update_grub(root: Path, state: dict, args: list[str]) -> int:
     return 0
 
 
-# ---------------------------------------------------------------------------------------- packages
-
 # ---------------------------------------------------------------------------------------- driver
 
 def uname(root: Path, state: dict, args: list[str]) -> int:
