@@ -72,9 +72,8 @@ def write_vars(ctx, stage: str, extra: dict) -> dict:
 
 def run_playbook(ctx, stage: str, extra: dict, check_mode: bool = False) -> dict:
     book = share_dir() / "playbooks" / f"{stage}.yml"
+    doc = write_vars(ctx, stage, extra)  # makes <state>/logs too
     logs = ctx.store.dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    doc = write_vars(ctx, stage, extra)
     # Ansible itself reads a 0600 copy whose every string is !unsafe (a {{ ... }} from a profile is
     # never evaluated), removed afterwards.
     tmp = ctx.store.dir / ".ansible/tmp"

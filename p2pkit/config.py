@@ -480,6 +480,12 @@ NOT_CONTAINED = {
 # Engine flags whose value is a file the engine reads (llama.cpp's draft model and projector): held to
 # the same rule as serve.flags.NAME.
 FLAG_PATHS = ("model-draft", "mmproj")
+
+
+def flag_paths(p: Profile) -> dict[str, str]:
+    """serve.flags.NAME -> the file it names, for each of FLAG_PATHS set to a path."""
+    return {f"serve.flags.{k}": str(p.serve.flags[k]) for k in FLAG_PATHS
+            if str(p.serve.flags.get(k, "")).startswith("/")}
 # Paths under the state directory (--state-dir) that the playbooks write or give the engine's user.
 STATE_PATHS = {"the service's working directory": "engine", "the stages' logs": "logs"}
 
@@ -501,8 +507,7 @@ def escaping_paths(p: Profile, realpath, state_dir: str | None = None) -> list[t
     (Host.realpath)."""
     out = []
     named = [(k, getattr(getattr(p, k.split(".")[0]), k.split(".")[1]), None) for k in CONTAINED]
-    named += [(f"serve.flags.{k}", str(p.serve.flags[k]), None) for k in FLAG_PATHS
-              if str(p.serve.flags.get(k, "")).startswith("/")]
+    named += [(key, path, None) for key, path in flag_paths(p).items()]
     if state_dir:
         named += [(what, f"{state_dir.rstrip('/')}/{sub}", state_dir) for what, sub in STATE_PATHS.items()]
     for key, path, under in named:

@@ -32,11 +32,12 @@ def modinfo(host: Host, kernel: str) -> dict:
     out: dict = {}
     try:
         r = host.runner.run(["modinfo", "-k", kernel, "nvidia"], check=False)
-        fields = ps.modinfo_fields(r.stdout) if r.returncode == 0 else {}
-        out["modinfo_filename"] = fields.get("filename") if r.returncode == 0 else None
         if r.returncode == 0:
+            fields = ps.modinfo_fields(r.stdout)
+            out["modinfo_filename"] = fields.get("filename")
             out["modinfo_srcversion"] = fields.get("srcversion") or None
         else:
+            out["modinfo_filename"] = None
             out["modinfo_error"] = (r.stderr or r.stdout).strip()
     except P2pkitError as e:
         out["modinfo_error"] = e.message

@@ -408,7 +408,6 @@ def user_access(ctx) -> dict:
     wants = {f"{ctx.host.host_path(ctx.store.dir)}/engine": "x", engine_cmd.binary(p): "x"}
     if p.model.format != "hf" and p.model.output:
         wants[p.model.output] = "r"
-    for flag in config.FLAG_PATHS:  # a draft model, a projector: read by the engine too
-        if str(p.serve.flags.get(flag, "")).startswith("/"):
-            wants[str(p.serve.flags[flag])] = "r"
+    for path in config.flag_paths(p).values():  # a draft model, a projector: read by the engine too
+        wants[path] = "r"
     return access.engine_reach(ctx.host, SERVICE_USER, wants)
