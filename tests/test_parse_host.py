@@ -167,3 +167,23 @@ def test_modinfo_fields_first_value_of_each():
     assert f["srcversion"] == "6F7E32C2A1D9FA4E0B4C2C8" and f["alias"] == "char-major-195-*"
     assert f["depends"] == "" and f["vermagic"].endswith("modversions")
     assert "srcversion" not in system.modinfo_fields("modinfo: ERROR: Module nvidia not found.\n")
+
+
+def test_modinfo_fields_on_a_real_nvidia_module():
+    # the first lines of `modinfo nvidia` on a real 2x 5090 box (AMD Turin, the P2P-patched 590.44.01 under
+    # DKMS), as posted in aikitoria/open-gpu-kernel-modules#15 (2026-01-08): repeated firmware and alias
+    # lines, an import_ns and a softdep field before srcversion
+    text = ("filename:       /lib/modules/6.8.0-90-generic/updates/dkms/nvidia.ko\n"
+            "import_ns:      DMA_BUF\nalias:          char-major-195-*\nversion:        590.44.01\n"
+            "supported:      external\nlicense:        Dual MIT/GPL\n"
+            "firmware:       nvidia/590.44.01/gsp_tu10x.bin\nfirmware:       nvidia/590.44.01/gsp_ga10x.bin\n"
+            "softdep:        pre: ecdh_generic,ecdsa_generic\nsrcversion:     6AB346C68F15FDDC88B47F1\n"
+            "alias:          of:N*T*Cnvidia,tegra264-displayC*\nalias:          pci:v000010DEd*sv*sd*bc03sc00i00*\n"
+            "depends:        ecc\nretpoline:      Y\nname:           nvidia\n"
+            "vermagic:       6.8.0-90-generic SMP preempt mod_unload modversions\n"
+            "parm:           NvSwitchRegDwords:NvSwitch regkey (charp)\nparm:           NVreg_ResmanDebugLevel:int\n")
+    f = system.modinfo_fields(text)
+    assert f["filename"] == "/lib/modules/6.8.0-90-generic/updates/dkms/nvidia.ko"
+    assert f["srcversion"] == "6AB346C68F15FDDC88B47F1" and f["version"] == "590.44.01"
+    assert f["firmware"] == "nvidia/590.44.01/gsp_tu10x.bin" and f["softdep"] == "pre: ecdh_generic,ecdsa_generic"
+    assert f["parm"] == "NvSwitchRegDwords:NvSwitch regkey (charp)"
