@@ -4,7 +4,10 @@
   here), after NVIDIA's own integrity check of the archive (`--check`, makeself's) passed;
 - p2p_module.commit: HEAD of a local checkout of the fork, or `git ls-remote` of the profile's
   repository at its branch;
-- engine.commit: the same for the engine (the remote's HEAD).
+- engine.commit: the same for the engine (the remote's HEAD);
+- engine.source_url, source_sha256 and source_subdir for a box without network (--engine-offline):
+  the profile's pinned engine archive, verified, packed smaller for carrying (llamacpp.pack), and the
+  profile pointed at the packed file with its own sha256.
 
 The user's profile file is changed key by key (comments and the rest kept; writers.toml_set),
 the result validated as a profile, and the diff shown before anything is written.
@@ -89,6 +92,41 @@ def remote_commit(runner: Runner, repo: str, ref: str) -> dict:
         if name.strip() == ref and COMMIT40.match(commit):
             return {"from": f"git ls-remote {repo} {ref}", "commit": commit}
     raise UsageError(f"{repo} has no {ref}", hint="check the profile's repository and branch")
+
+
+def engine_offline(profile: config.Profile, dest: Path, cache: Path) -> dict:
+    """The profile's pinned engine archive (downloaded into `cache` once, its sha256 checked against
+    the pin before a byte is read), packed for a machine without network at `dest`."""
+    from dataclasses import replace
+
+    from p2pkit.artifacts import Store
+    from p2pkit.host import Host
+    from p2pkit.output import Output
+    from p2pkit.pipeline import Ctx
+    from p2pkit.stages import llamacpp
+
+    e = profile.engine
+    if e.recipe != "llamacpp" or not e.source_url:
+        raise UsageError(f"--engine-offline packs an engine source archive; {profile.name}'s engine ({e.recipe}) "
+                         "has none", hint="use a profile whose engine.source_url names an archive (dual-5090-llamacpp)")
+    if not e.source_sha256:
+        raise UsageError("engine.source_sha256 is empty: p2pkit packs only a pinned archive",
+                         hint="pin the archive you reviewed first (engine.source_sha256)")
+    if dest.exists():
+        raise UsageError(f"{dest} exists: p2pkit does not overwrite it", hint="move it away or name another file")
+    cache.mkdir(parents=True, exist_ok=True)
+    p = replace(profile, driver=replace(profile.driver, cache_dir=str(cache)))
+    ctx = Ctx(profile=p, host=Host.at("/"), store=Store(cache), out=Output())
+    got = llamacpp.fetch(ctx, cache / "fetch.log")
+    if "error" in got:
+        raise P2pkitError(got["error"], code=Exit.CHECK_FAILED,
+                          hint="check the network (or put the pinned archive in " + str(cache) + "); nothing was written")
+    try:
+        packed = llamacpp.pack(Path(got["archive"]), e.source_subdir, dest)
+    except (ValueError, OSError) as err:
+        raise P2pkitError(f"packing {got['archive']} failed: {err}", code=Exit.CHECK_FAILED,
+                          hint="check engine.source_subdir and the free space beside " + str(dest)) from err
+    return {**packed, "from": e.source_url, "from_sha256": got["sha256"]}
 
 
 def profile_text(profile: config.Profile, out: Path) -> str:

@@ -21,6 +21,10 @@ def pin(
     engine: Annotated[Path | None, typer.Option("--engine", help="a local checkout of the engine")] = None,
     engine_remote: Annotated[bool, typer.Option("--engine-remote", help="the engine's commit from `git "
                                                 "ls-remote` of engine.repo (its HEAD)")] = False,
+    engine_offline: Annotated[Path | None, typer.Option(
+        "--engine-offline", help="pack the profile's pinned engine archive for a box without network into this "
+        ".tar.xz (verified, then packed without the models/docs/benches/media it never builds) and pin the "
+        "profile to it")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="the profile file to write (default: the --profile "
                                              "file; a built-in profile needs --out)")] = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="write it (without: show the diff only)")] = False,
@@ -42,9 +46,9 @@ def pin(
     if (fork and fork_remote) or (engine and engine_remote):
         raise UsageError("give a checkout or --*-remote for each of the fork and the engine, not both",
                          hint="`--fork DIR` or `--fork-remote`; `--engine DIR` or `--engine-remote`")
-    if not (installer or fork or fork_remote or engine or engine_remote):
-        raise UsageError("nothing to pin", hint="pass --installer FILE|URL, --fork DIR|--fork-remote and/or "
-                                                "--engine DIR|--engine-remote")
+    if not (installer or fork or fork_remote or engine or engine_remote or engine_offline):
+        raise UsageError("nothing to pin", hint="pass --installer FILE|URL, --fork DIR|--fork-remote, "
+                                                "--engine DIR|--engine-remote and/or --engine-offline FILE")
     runner, found, pins = Runner(), {}, {}
     with tempfile.TemporaryDirectory(prefix="p2pkit-pin-") as tmp:
         if installer:
@@ -58,6 +62,11 @@ def pin(
         found["engine"] = (pin_mod.checkout_commit(runner, engine) if engine else
                            pin_mod.remote_commit(runner, prof.engine.repo, "HEAD"))
         pins[("engine", "commit")] = found["engine"]["commit"]
+    if engine_offline:
+        dest = engine_offline.resolve()
+        found["engine_offline"] = pin_mod.engine_offline(prof, dest, Path(prof.driver.cache_dir))
+        pins.update({("engine", "source_url"): str(dest), ("engine", "source_sha256"): found["engine_offline"]["sha256"],
+                     ("engine", "source_subdir"): found["engine_offline"]["subdir"]})
     text = pin_mod.profile_text(prof, out)
     new, diff = pin_mod.apply(text, pins, out)
     written = bool(yes or common.OPTS.yes) and new != text
@@ -68,6 +77,11 @@ def pin(
         o.document({"profile": str(out), "found": found, "diff": diff, "written": written})
         raise typer.Exit(int(Exit.OK))
     for what, f in found.items():
+        if what == "engine_offline":
+            o.log(f"engine source for a box without network: {f['path']} ({f['bytes'] / 2**20:.1f} MiB, {f['files']} "
+                  f"files, {', '.join(f['dropped'])} left out), packed from {f['from']} (sha256 {f['from_sha256']}); "
+                  f"copy it to the same path on the box")
+            continue
         o.log(f"{what}: " + (f"{f['file']}: NVIDIA's check: {f['check']}; sha256 {f['sha256']}" if what == "installer"
                              else f"{f['commit']} from {f['from']}"))
     o.line(diff.rstrip("\n") if diff else f"{out}: already pinned so; nothing to change")

@@ -259,6 +259,10 @@ def act(ctx) -> dict:
     return {"dependencies": deps, "log": ctx.options["engine_build"]["log"]}
 
 
+TOOLS_OF = {"build-essential": ("gcc", "g++", "make"), "cmake": ("cmake",), "ninja-build": ("ninja",),
+            "git": ("git",), "pkg-config": ("pkg-config",)}  # a package that only brings a tool: the tool will do
+
+
 def dependencies(ctx) -> dict:
     """The build dependencies through Ansible's apt, only on a real host where dpkg-query says one is
     missing (a playbook for nothing costs seconds); the build directory's parent made here, its mode
@@ -266,6 +270,9 @@ def dependencies(ctx) -> dict:
     e = ctx.profile.engine
     packages = work.role_defaults("p2pkit_engine")["p2pkit_engine_packages"][e.recipe]
     missing = [] if ctx.host.simulated else work.missing_packages(ctx.host, packages)  # the task's own condition
+    on_path = {pkg: tools for pkg, tools in TOOLS_OF.items() if pkg in missing
+               and all(ctx.host.runner.which(t) for t in tools)}
+    missing = [x for x in missing if x not in on_path]  # a CUDA image's pip cmake, a lab's own toolchain
     parent = ctx.host.path(e.build_dir).parent
     made = []
     for d in reversed([parent, *parent.parents]):
@@ -277,7 +284,7 @@ def dependencies(ctx) -> dict:
                            files_var="p2pkit_engine_files", todo_var="p2pkit_engine_todo") if missing else \
         {"playbook": "engine.yml", "started": False, "why": "every build dependency is installed"
          + (" (apt is not used on a simulated host)" if ctx.host.simulated else ""), "changed": 0}
-    return {**res, "created": made}
+    return {**res, "created": made, **({"tools_on_path": on_path} if on_path else {})}
 
 
 def measure(ctx) -> dict:

@@ -154,6 +154,54 @@ def source(ctx, src: Path, log: Path) -> dict:
     return {**unpack(ctx, src, fetched), "archive": fetched}
 
 
+OFFLINE_DROP = ("models", "docs", "benches", "media")  # not built: sample models, docs, benchmark scripts, images
+OFFLINE_TOP = "llama.cpp"
+
+
+def pack(archive: Path, subdir: str, out: Path, drop: tuple[str, ...] = OFFLINE_DROP) -> dict:
+    """An archive for a machine without network (a lab's GPU box): engine.source_subdir of the
+    verified archive under one top directory (llama.cpp/), without the directories the build never
+    reads (`drop`), as .tar.xz. Deterministic: members in name order, owners 0, the source's own
+    times and modes, GNU format, xz preset 9, so packing the same pinned archive again gives the same
+    bytes and the same sha256. Written to a temporary name and renamed: never half an archive."""
+    import lzma
+
+    prefix = subdir.strip("/") + "/" if subdir else ""
+    kept, size = 0, 0
+    part = out.with_name(out.name + ".partial")
+    with tarfile.open(archive) as src:
+        members = []
+        for m in src.getmembers():
+            if not m.name.startswith(prefix) or m.name == prefix.rstrip("/"):
+                continue
+            rel = m.name[len(prefix):]
+            if not rel or rel.split("/", 1)[0] in drop or not (m.isfile() or m.isdir() or m.issym()):
+                continue
+            members.append((rel, m))
+        if not members:
+            raise ValueError(f"the archive has nothing under {subdir!r}")
+        members.sort(key=lambda x: x[0])
+        try:
+            with lzma.open(part, "wb", preset=9) as xz, \
+                    tarfile.open(fileobj=xz, mode="w", format=tarfile.GNU_FORMAT) as dst:
+                for rel, m in members:
+                    info = tarfile.TarInfo(f"{OFFLINE_TOP}/{rel}")
+                    info.type, info.mode, info.mtime, info.linkname = m.type, m.mode & 0o755, int(m.mtime), m.linkname
+                    info.uid = info.gid = 0
+                    info.uname = info.gname = ""
+                    if m.isfile():
+                        info.size = m.size
+                        dst.addfile(info, src.extractfile(m))
+                        kept, size = kept + 1, size + m.size
+                    else:
+                        dst.addfile(info)
+            os.replace(part, out)
+        finally:
+            part.unlink(missing_ok=True)
+    return {"path": str(out), "sha256": sha256_file(out), "bytes": out.stat().st_size, "files": kept,
+            "unpacked_bytes": size, "subdir": OFFLINE_TOP, "dropped": list(drop)}
+
+
 def nccl_layout(nccl: Path) -> dict:
     """What CMake's FindNCCL needs under NCCL_ROOT: include/nccl.h and lib/libnccl.so (a pip
     nvidia-nccl wheel ships only libnccl.so.2: the unversioned link is missing there)."""
