@@ -207,10 +207,9 @@ def session_members(sid: int) -> list[int]:
 
 def stop(record: Path, timeout_s: float = 30.0) -> dict:
     """SIGTERM the recorded engine's session, wait up to timeout_s, then SIGKILL what is left of it;
-    the record goes. Says what it did."""
+    the record stays, marked stopped (its log is still the engine's). Says what it did."""
     rec = read_record(record)
     if not is_running(rec):
-        record.unlink(missing_ok=True)
         return {"stopped": False, "why": "not running" if rec else "no engine recorded"}
     pid = rec["pid"]
     for p in session_members(pid):
@@ -232,7 +231,7 @@ def stop(record: Path, timeout_s: float = 30.0) -> dict:
     while time.monotonic() < end and session_members(pid):
         _reap(pid)
         time.sleep(0.02)
-    record.unlink(missing_ok=True)
+    atomic_write(record, (json.dumps({**rec, "stopped_at": time.time()}, indent=1) + "\n").encode())
     return {"stopped": True, "pid": pid, "killed": killed}
 
 

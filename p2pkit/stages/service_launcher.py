@@ -26,6 +26,11 @@ def manager(ctx) -> str:
     return "systemd" if launcher.systemd_booted(ctx.host) else "launcher"
 
 
+def in_use(ctx) -> bool:
+    """The engine here is (or is to be) the launcher's: a record, or serve.manager/the host says so."""
+    return launched(ctx.host) or manager(ctx) == "launcher"
+
+
 def launched(host: Host) -> bool:
     """The engine on this host is the launcher's (its record is there, running or not)."""
     return launcher.record_path(host).is_file()
