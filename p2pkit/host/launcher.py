@@ -173,7 +173,7 @@ def start(host: Host, *, record: Path, log: Path, argv: list[str], env: dict[str
         moved = _move(host, cg, proc.pid) if "dir" in cg else cg["error"]
         rec = {"pid": proc.pid, "start": children.start_time(proc.pid), "started_at": time.time(),
                "argv": list(shown_argv or argv), "log": str(log), "user": user,
-               "cgroup": {k: v for k, v in cg.items() if k != "caps"}, **({"move_error": moved} if moved else {})}
+               "cgroup": cg, **({"move_error": moved} if moved else {})}
         rec["caps"] = system.pid_caps(host, proc.pid)
         atomic_write(record, (json.dumps(rec, indent=1) + "\n").encode())
         os.write(w, b"go\n")  # the record is on disk: from here the engine is p2pkit's to stop by it
