@@ -251,7 +251,7 @@ def test_where_no_uncapped_cgroup_can_be_had_the_cap_is_a_finding_with_its_numbe
     assert checks["service.health"]["status"] == "pass"
     assert checks["service.manager"]["status"] == "warn"
     assert "nothing restarts the engine after a reboot" in checks["service.manager"]["measured"]
-    assert doc["measurements"]["service"]["launcher"]["cgroup"]["dir"] == "/sys/fs/cgroup/p2pkit-engine"
+    assert doc["facts"]["service"]["launcher"]["cgroup"]["dir"] == "/sys/fs/cgroup/p2pkit-engine"
 
 
 @pytest.mark.slow
@@ -267,7 +267,7 @@ def test_up_on_a_host_without_systemd_then_serve_status_restart_stop(sim, cli):
     # the P12 proof read the launcher's pid: its chain is the cgroup the launcher made, without a cap,
     # though p2pkit itself ran capped (128 GiB, the box)
     art = json.loads((root / "var/lib/p2pkit/service.json").read_text())
-    svc = art["measurements"]["service"]
+    svc = art["facts"]["service"]
     assert svc["main_pid"] == rec["pid"] and svc["pid_cgroup"]["v2_path"] == "/p2pkit-engine"
     assert svc["pid_cgroup"]["memory_caps"] == []
     checks = {c["id"]: c for c in art["checks"]}
