@@ -73,7 +73,7 @@ def restart() -> None:
     ctx = common.context()
     name = service.UNIT
     if service_launcher.in_use(ctx):
-        service_launcher.restart(ctx)
+        service_launcher.restart(ctx, service.SERVICE_USER)
         name = "the engine (p2pkit's launcher)"
     else:
         ctx.host.runner.run(["systemctl", "restart", service.UNIT])

@@ -84,7 +84,8 @@ def act(ctx) -> dict:
         acted["flags_checked"] = flags_accepted(ctx)
     v = service_vars(ctx)
     if service_launcher.manager(ctx) == "launcher":  # systemd is not PID 1 here
-        acted.update(service_launcher.act(ctx, v))
+        acted.update(service_launcher.act(ctx, v, env_file=ENV_FILE, secrets_file=SECRETS_FILE, user=SERVICE_USER,
+                                          user_missing=not ctx.host.simulated and not user_ready(ctx.host)))
         acted["started_at"] = time.time()
         return acted
     todo, known = service_work(ctx, v)

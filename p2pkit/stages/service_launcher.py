@@ -54,11 +54,9 @@ def logs(host: Host, n: int = 30) -> list[str]:
     return launcher.log_tail(rec["log"], n) if rec else []
 
 
-def work_todo(ctx, v: dict, env_file: str, secrets_file: str, user: str) -> tuple[dict, dict]:
+def work_todo(ctx, v: dict, env_file: str, secrets_file: str, user: str, user_missing: bool) -> tuple[dict, dict]:
     """The service role's work without a unit: the working directory, the environment files; no
     slice, no unit, no systemd (p2pkit_service_manager = launcher skips that task)."""
-    from p2pkit.stages import service
-
     host, simulated = ctx.host, ctx.host.simulated
     owner = v["p2pkit_service_owner"] or None
     group, root = (None, None) if simulated else (user, "root")
@@ -66,15 +64,14 @@ def work_todo(ctx, v: dict, env_file: str, secrets_file: str, user: str) -> tupl
         work.dir_entry(v["p2pkit_service_work_dir"], "0750", owner, group), work.dir_entry("/etc/p2pkit"),
         work.file_entry(env_file, render("p2pkit-engine.env.j2", env_lines=v["p2pkit_service_env_lines"]))])
     secret = work.pending(host, [work.file_entry(secrets_file, v["p2pkit_service_secret_env"], "0600", root, root)])
-    return ({"files": {"all": files, "secrets": secret}, "user": not simulated and not service.user_ready(host),
+    return ({"files": {"all": files, "secrets": secret}, "user": user_missing,
              "start": False}, {"daemon_reload": False, "restart": False})
 
 
-def act(ctx, v: dict) -> dict:
-    """Write the engine's files, then start it (restart it when what it reads changed while it runs)."""
-    from p2pkit.stages import service
-
-    todo, known = work_todo(ctx, v, service.ENV_FILE, service.SECRETS_FILE, service.SERVICE_USER)
+def act(ctx, v: dict, *, env_file: str, secrets_file: str, user: str, user_missing: bool) -> dict:
+    """Write the engine's files (the service stage's environment files, its user when missing), then
+    start the engine (restart it when what it reads changed while it runs)."""
+    todo, known = work_todo(ctx, v, env_file, secrets_file, user, user_missing)
     changed = bool(todo["files"]["all"] or todo["files"]["secrets"])
     acted = work.run_if_work(ctx, "service", {**v, "p2pkit_service_manager": "launcher"}, todo, known,
                              files_var="p2pkit_service_files", todo_var="p2pkit_service_todo")
@@ -86,12 +83,13 @@ def act(ctx, v: dict) -> dict:
             return acted
         ctx.out.step("service", "what the engine reads changed: stopping it to start it again")
         acted["launcher_stop"] = launcher.stop(rec_path)
-    acted["launcher"] = start(ctx)
+    acted["launcher"] = start(ctx, user)
     return acted
 
 
-def start(ctx) -> dict:
-    """The launcher's start of the engine: the unit's ExecStart argv and environment."""
+def start(ctx, service_user: str) -> dict:
+    """The launcher's start of the engine: the unit's ExecStart argv and environment, as the unit's
+    user where p2pkit runs as root on a real host that has it."""
     p, host = ctx.profile, ctx.host
     shown = engine_cmd.argv(p)
     env = {"PATH": PATH, **engine_env.engine_env(p, engine_env.pair_level(host, p))}
@@ -100,14 +98,12 @@ def start(ctx) -> dict:
     if host.simulated:  # the engine is a process of this machine: host paths point into the simulated root
         env = {k: _into(host, x) for k, x in env.items()} | {k: str(x) for k, x in (host.sim or {}).get(
             "engine_env", {}).items()}
-    from p2pkit.stages import service
-
     work_dir = host.path(f"{host.host_path(ctx.store.dir)}/engine")
     user = None
-    if not host.simulated and access.user_ids(host, service.SERVICE_USER) is not None:
+    if not host.simulated and access.user_ids(host, service_user) is not None:
         import os
 
-        user = service.SERVICE_USER if os.geteuid() == 0 else None
+        user = service_user if os.geteuid() == 0 else None
     ctx.out.step("service", f"no systemd as PID 1 here: starting the engine with p2pkit's launcher "
                             f"(log {ctx.store.dir / LOG})")
     return launcher.start(host, record=launcher.record_path(host), log=ctx.store.dir / LOG,
@@ -126,9 +122,9 @@ def stop(ctx) -> dict:
     return launcher.stop(launcher.record_path(ctx.host))
 
 
-def restart(ctx) -> dict:
+def restart(ctx, service_user: str) -> dict:
     stopped = stop(ctx)
-    return {"stop": stopped, "start": start(ctx)}
+    return {"stop": stopped, "start": start(ctx, service_user)}
 
 
 def measured(host: Host) -> dict:
