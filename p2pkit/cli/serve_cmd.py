@@ -9,7 +9,6 @@ import typer
 
 from p2pkit.cli import common
 from p2pkit.errors import Exit
-from p2pkit.stages import service_launcher
 
 app = typer.Typer(help="The inference engine's system service.", no_args_is_help=True)
 
@@ -18,7 +17,7 @@ app = typer.Typer(help="The inference engine's system service.", no_args_is_help
 def status() -> None:
     """systemctl status of the engine, and whether /health answers."""
     from p2pkit import engine_cmd
-    from p2pkit.stages import service
+    from p2pkit.stages import service, service_launcher
 
     ctx = common.context()
     if service_launcher.in_use(ctx):
@@ -39,6 +38,7 @@ def status() -> None:
 def _launcher_status(ctx) -> bool:
     from p2pkit.checks.service import NO_RESTART
     from p2pkit.host import launcher
+    from p2pkit.stages import service_launcher
 
     st = launcher.state(service_launcher.path_of(ctx))
     rec = st.get("record", {})
@@ -56,7 +56,7 @@ def _launcher_status(ctx) -> bool:
 
 @app.command()
 def logs(lines: Annotated[int, typer.Option("--lines", "-n")] = 50) -> None:
-    """The engine's last log lines (journalctl)."""
+    """The engine's last log lines (journalctl, or the launcher's log file where systemd is not PID 1)."""
     from p2pkit.stages import service
 
     ctx = common.context()
@@ -68,7 +68,7 @@ def logs(lines: Annotated[int, typer.Option("--lines", "-n")] = 50) -> None:
 def restart() -> None:
     """Restart the engine and wait until /health answers 200."""
     from p2pkit import engine_cmd
-    from p2pkit.stages import service
+    from p2pkit.stages import service, service_launcher
 
     ctx = common.context()
     name = service.UNIT
@@ -93,7 +93,7 @@ def restart() -> None:
 @app.command()
 def stop() -> None:
     """Stop the engine (SIGTERM, then SIGKILL of what is left after 30 s where p2pkit's launcher started it)."""
-    from p2pkit.stages import service
+    from p2pkit.stages import service, service_launcher
 
     ctx = common.context()
     if service_launcher.in_use(ctx):
