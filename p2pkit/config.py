@@ -195,6 +195,8 @@ class Serve:
                            "port before it starts (P27)")
     flags: dict = f(factory=dict, expect="a table of engine flags")
     env: dict = f(factory=dict, expect="a table of environment variables for the engine, like VLLM_PLE_MMAP = \"1\"")
+    manager: str = f("auto", choices=("auto", "systemd", "launcher"), expect="what starts the engine: a systemd "
+                     "unit, p2pkit's launcher (where systemd is not PID 1), or auto (systemd when it is PID 1)")
     secret_env: list[str] = f(factory=list, chars="word", expect="names in [serve.env] that are secrets besides "
                               "those named like one (TOKEN, KEY, SECRET, PASSWORD): kept in a root-only file")
 

@@ -22,14 +22,10 @@ def check(f: dict, p: Profile) -> list[Check]:
         return [*out, missing]
     s = f["service"]
     a = s["analyze"]
-    out.append(judge("service.unit_verify", "systemd-analyze verify is clean", a["verify_rc"] == 0 and
-                     not a["verify_issues"], "; ".join(a["verify_issues"]) or f"exit {a['verify_rc']}", "clean",
-                     "fix the unit (templates/p2pkit-engine.service.j2) or the profile values it was rendered from"))
-    exp = a["exposure"]
-    out.append(figure("service.exposure", "systemd-analyze security exposure", exp, "<=",
-                      p.serve.security_max_exposure, "exposure", "the unit's hardening was weakened: restore it, or "
-                      "raise serve.security_max_exposure knowingly", context=a["exposure_label"] or "",
-                      missing="not read"))
+    if a is None:  # no systemd as PID 1: p2pkit's launcher started the engine
+        out += launcher_findings(s)
+    else:
+        out += _unit(a, p)
     h = s["health"]
     cause = s.get("likely_cause")
     tail = " | ".join(s.get("log_tail", [])[-5:])
@@ -57,17 +53,20 @@ def check(f: dict, p: Profile) -> list[Check]:
         out.append(unknown("service.memory_cap", "service's cgroup has no memory cap", pc, "no cap", pitfall="P12"))
     else:
         caps = pc["memory_caps"]
+        fix = LAUNCHER_CAP_FIX if s.get("manager") == "launcher" else (
+            "a memory cap will OOM-kill the engine under load: the unit must run in p2pkit.slice "
+            "(MemoryMax=infinity), not in a user session")
         out.append(judge("service.memory_cap", "service's cgroup has no memory cap", not caps,
-                         ", ".join(f"{c['file']} = {c['limit_bytes'] / GIB:.1f} GiB" for c in caps) or
-                         f"none up from {pc['v2_path'] or pc['v1_memory_path']}", "no cap",
-                         "a memory cap will OOM-kill the engine under load: the unit must run in p2pkit.slice "
-                         "(MemoryMax=infinity), not in a user session", pitfall="P12"))
+                         ", ".join(f"{c['file']} = {c['limit_bytes']} bytes ({c['limit_bytes'] / GIB:.1f} GiB)"
+                                   for c in caps) or
+                         f"none up from {pc['v2_path'] or pc['v1_memory_path']}", "no cap", fix, pitfall="P12"))
         own = f.get("cgroup", {})
         if not failed(own) and own.get("memory_caps") and not caps:
             out.append(Check("service.not_inherited", "p2pkit's own memory cap is not the service's", WARN,
                              f"p2pkit runs capped ({own['memory_caps'][0]['file']}); the service does not",
-                             "service uncapped", "fine: the service runs in p2pkit.slice and does not inherit "
-                             "the cap of the terminal p2pkit was started from", "P12"))
+                             "service uncapped", "fine: the engine runs in p2pkit's own cgroup (its launcher's)"
+                             if s.get("manager") == "launcher" else "fine: the service runs in p2pkit.slice and "
+                             "does not inherit the cap of the terminal p2pkit was started from", "P12"))
     if "nccl_transports" in s:
         out.append(_nccl(s["nccl_transports"], p))
     out += _user_access(s.get("user_access"))
@@ -84,6 +83,41 @@ def check(f: dict, p: Profile) -> list[Check]:
                      ", ".join(addrs) or ("connected" if ln["connect"] else ln.get("connect_error", "no answer")),
                      want, "the engine listens elsewhere: check serve.host and serve.port"))
     return out + _spec(s, p)
+
+
+LAUNCHER_CAP_FIX = (
+    "a memory cap will OOM-kill the engine under load, and p2pkit's launcher could not start it in a cgroup "
+    "without one: run p2pkit from a root shell outside the capped cgroup (one that may write the root of the "
+    "cgroup hierarchy), or give the engine a systemd unit on a host where systemd is PID 1")
+NO_RESTART = "no systemd: nothing restarts the engine after a reboot"
+
+
+def _unit(a: dict, p: Profile) -> list[Check]:
+    """The installed unit: systemd-analyze verify and security."""
+    out = [judge("service.unit_verify", "systemd-analyze verify is clean", a["verify_rc"] == 0 and
+                 not a["verify_issues"], "; ".join(a["verify_issues"]) or f"exit {a['verify_rc']}", "clean",
+                 "fix the unit (templates/p2pkit-engine.service.j2) or the profile values it was rendered from")]
+    exp = a["exposure"]
+    out.append(figure("service.exposure", "systemd-analyze security exposure", exp, "<=",
+                      p.serve.security_max_exposure, "exposure", "the unit's hardening was weakened: restore it, or "
+                      "raise serve.security_max_exposure knowingly", context=a["exposure_label"] or "",
+                      missing="not read"))
+    return out
+
+
+def launcher_findings(s: dict) -> list[Check]:
+    """No systemd as PID 1: the engine is p2pkit's launcher's, and nothing starts it after a reboot."""
+    la = s.get("launcher", {})
+    cg = la.get("cgroup", {})
+    where = cg.get("dir") or cg.get("error", "no cgroup")
+    out = [Check("service.manager", "something restarts the engine after a reboot", WARN,
+                 f"{NO_RESTART} (started by p2pkit's launcher, pid {la.get('pid')}, cgroup {where})",
+                 "a systemd unit", "after a reboot run `p2pkit up` (or `p2pkit serve restart`) again; on a host "
+                 "where systemd is PID 1 p2pkit installs a unit instead")]
+    if la.get("move_error"):
+        out.append(Check("service.launcher_cgroup", "the engine runs in the launcher's own cgroup", FAIL,
+                         la["move_error"], "moved before it started", LAUNCHER_CAP_FIX, "P12"))
+    return out
 
 
 def madv_random(t: dict) -> Check:

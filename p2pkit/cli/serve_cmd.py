@@ -1,4 +1,5 @@
-"""`p2pkit serve status|logs|restart`: the engine service."""
+"""`p2pkit serve status|logs|restart|stop`: the engine service (a systemd unit, or where systemd is not
+PID 1 the engine p2pkit's launcher started)."""
 
 from __future__ import annotations
 
@@ -16,23 +17,46 @@ app = typer.Typer(help="The inference engine's system service.", no_args_is_help
 def status() -> None:
     """systemctl status of the engine, and whether /health answers."""
     from p2pkit import engine_cmd
-    from p2pkit.stages import service
+    from p2pkit.stages import service, service_launcher
 
     ctx = common.context()
-    r = ctx.host.runner.run(["systemctl", "status", "--no-pager", service.UNIT], check=False)
-    ctx.out.line(r.stdout.strip() or r.stderr.strip())
+    if service_launcher.in_use(ctx):
+        ok = _launcher_status(ctx)
+    else:
+        r = ctx.host.runner.run(["systemctl", "status", "--no-pager", service.UNIT], check=False)
+        ctx.out.line(r.stdout.strip() or r.stderr.strip())
+        ok = r.returncode == 0
     p = ctx.profile
     if engine_cmd.node(p)["role"] == "worker":
         ctx.out.line("a headless worker node: it serves no API (the head does)")
     else:
         ln = service.listening(p, service.main_pid(ctx.host))
         ctx.out.line(f"{engine_cmd.client_host(p)}:{p.serve.port}: {'answers' if ln['connect'] else 'no answer'}")
-    raise typer.Exit(int(Exit.OK if r.returncode == 0 else Exit.CHECK_FAILED))
+    raise typer.Exit(int(Exit.OK if ok else Exit.CHECK_FAILED))
+
+
+def _launcher_status(ctx) -> bool:
+    from p2pkit.checks.service import NO_RESTART
+    from p2pkit.host import launcher
+    from p2pkit.stages import service_launcher
+
+    st = launcher.state(service_launcher.path_of(ctx))
+    rec = st.get("record", {})
+    cg = rec.get("cgroup", {})
+    if not rec:
+        ctx.out.line(f"engine (p2pkit's launcher): not started here (no record at {launcher.RECORD}): `p2pkit up`")
+        ctx.out.line(NO_RESTART)
+        return False
+    ctx.out.line(f"engine (p2pkit's launcher): {'running' if st['running'] else 'not running'}, pid {rec.get('pid')}, "
+                 f"log {rec.get('log')}, cgroup {cg.get('dir') or cg.get('error')}")
+    ctx.out.line(f"  {' '.join(rec.get('argv', []))}")
+    ctx.out.line(NO_RESTART)
+    return st["running"]
 
 
 @app.command()
 def logs(lines: Annotated[int, typer.Option("--lines", "-n")] = 50) -> None:
-    """The engine's last log lines (journalctl)."""
+    """The engine's last log lines (journalctl, or the launcher's log file where systemd is not PID 1)."""
     from p2pkit.stages import service
 
     ctx = common.context()
@@ -44,18 +68,42 @@ def logs(lines: Annotated[int, typer.Option("--lines", "-n")] = 50) -> None:
 def restart() -> None:
     """Restart the engine and wait until /health answers 200."""
     from p2pkit import engine_cmd
-    from p2pkit.stages import service
+    from p2pkit.stages import service, service_launcher
 
     ctx = common.context()
-    ctx.host.runner.run(["systemctl", "restart", service.UNIT])
+    name = service.UNIT
+    if service_launcher.in_use(ctx):
+        service_launcher.restart(ctx, service.SERVICE_USER)
+        name = "the engine (p2pkit's launcher)"
+    else:
+        ctx.host.runner.run(["systemctl", "restart", service.UNIT])
     p = ctx.profile
     worker = engine_cmd.node(p)["role"] == "worker"
     h = (service.wait_joined(ctx, p.serve.health_timeout_s) if worker
          else service.wait_health(ctx, engine_cmd.health_url(p), p.serve.health_timeout_s))
     if h["ok"]:
-        ctx.out.line(f"{service.UNIT} restarted; " + (f"joined the head after {h['seconds']} s" if worker
+        ctx.out.line(f"{name} restarted; " + (f"joined the head after {h['seconds']} s" if worker
                                                       else f"/health 200 after {h['seconds']} s"))
         raise typer.Exit(int(Exit.OK))
     tail = " | ".join(service.logs(ctx.host, 5))
-    ctx.out.error(f"{service.UNIT} did not become healthy: {tail}", "read `p2pkit serve logs`")
+    ctx.out.error(f"{name} did not become healthy: {tail}", "read `p2pkit serve logs`")
     raise typer.Exit(int(Exit.CHECK_FAILED))
+
+
+@app.command()
+def stop() -> None:
+    """Stop the engine (SIGTERM, then SIGKILL of what is left after 30 s where p2pkit's launcher started it)."""
+    from p2pkit.stages import service, service_launcher
+
+    ctx = common.context()
+    if service_launcher.in_use(ctx):
+        res = service_launcher.stop(ctx)
+        ctx.out.line(f"the engine (pid {res['pid']}) stopped" + (f"; killed {res['killed']} after the wait"
+                                                                  if res["killed"] else "")
+                     if res["stopped"] else f"the engine was {res['why']}")
+        raise typer.Exit(int(Exit.OK))
+    r = ctx.host.runner.run(["systemctl", "stop", service.UNIT], check=False)
+    if r.returncode:
+        ctx.out.error(f"systemctl stop {service.UNIT} failed: {r.stderr.strip()[-300:]}", "read `p2pkit serve logs`")
+        raise typer.Exit(int(Exit.CHECK_FAILED))
+    ctx.out.line(f"{service.UNIT} stopped")

@@ -183,7 +183,17 @@ def status(
                       status_col=1)
         if spent:
             ctx.out.error(f"{spent['exhausted']['why']} (at {spent['exhausted']['time']})", budget_fix(ctx))
+        _no_systemd_note(ctx)
     raise typer.Exit(int(code))
+
+
+def _no_systemd_note(ctx) -> None:
+    """Where p2pkit's launcher started the engine (systemd is not PID 1), say plainly what that costs."""
+    from p2pkit.checks.service import NO_RESTART
+    from p2pkit.stages import service_launcher
+
+    if service_launcher.launched(ctx.host) or (ctx.store.exists("service") and service_launcher.in_use(ctx)):
+        ctx.out.line(f"{NO_RESTART} (run `p2pkit up` again after one; `p2pkit serve status` shows the engine)")
 
 
 def verify(

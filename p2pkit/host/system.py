@@ -107,6 +107,17 @@ def memory_caps(host: Host, cg: ps.ProcCgroup) -> list[tuple[str, int]]:
     return caps
 
 
+def pid_caps(host: Host, pid: int) -> dict:
+    """A process's own cgroup chain and every memory cap up it (P12): the service's main PID, or the
+    launcher's engine."""
+    try:
+        cg = ps.proc_cgroup(host.read(f"/proc/{pid}/cgroup", f"the cgroup of pid {pid}"))
+    except ProbeError as e:
+        return {"error": e.message}
+    return {"v2_path": cg.v2_path, "v1_memory_path": cg.v1.get("memory"),
+            "memory_caps": [{"file": f, "limit_bytes": n} for f, n in memory_caps(host, cg)]}
+
+
 def _walk(host: Host, mount: str, path: str, fname: str) -> list[tuple[str, int]]:
     caps = []
     parts = [p for p in path.split("/") if p]

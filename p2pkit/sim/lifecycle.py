@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from pathlib import Path
 
@@ -80,6 +81,7 @@ def reboot(root: Path) -> dict:
     """New boot id; the next kernel and command line; load whatever modprobe resolves, if it can load;
     every process of the old boot is gone, and systemd starts the enabled services again."""
     stop_services(root)
+    shutil.rmtree(root / "run", ignore_errors=True)  # a tmpfs: nothing of the old boot's /run is left
     state = load_state(root)
     state["boot_id"] = str(uuid.uuid4())
     state["boots"] = state.get("boots", 1) + 1
@@ -161,6 +163,10 @@ def stop_services(root: Path) -> list[str]:
         if svc.get("started"):
             subprocess.run([str(root / "usr/bin/systemctl"), "stop", unit], check=False, capture_output=True)
             stopped.append(unit)
+    from p2pkit.host import launcher  # an engine p2pkit's launcher started (a host without systemd)
+
+    if launcher.stop(root / launcher.RECORD.lstrip("/")).get("stopped"):
+        stopped.append("the launcher's engine")
     return stopped
 
 

@@ -84,9 +84,25 @@ def _resource_table(g: dict, i: int) -> str:
     return "\n".join(lines + [z] * 7) + "\n"
 
 
+def _moved_into_cgroups(root: Path) -> dict[str, list[int]]:
+    """The simulated kernel keeps what p2pkit wrote into a cgroup.procs (a cgroup it made for the
+    engine and the processes moved there) across a new rendering of /sys and /proc: {cgroup path: pids
+    still running}."""
+    import os
+
+    base = root / "sys/fs/cgroup"
+    out = {}
+    for procs in base.rglob("cgroup.procs") if base.is_dir() else []:
+        pids = [int(x) for x in procs.read_text().split() if x.isdigit() and os.path.exists(f"/proc/{x}")]
+        if pids:
+            out["/" + str(procs.parent.relative_to(base))] = pids
+    return out
+
+
 def render(root: Path, state: dict) -> None:
     root = Path(root)
     sysdev = root / "sys/devices"
+    moved = _moved_into_cgroups(root)
     shutil.rmtree(root / "sys", ignore_errors=True)
     shutil.rmtree(root / "proc", ignore_errors=True)
     shutil.rmtree(root / "dev", ignore_errors=True)
@@ -173,11 +189,18 @@ def render(root: Path, state: dict) -> None:
     write(root, "proc/sys/kernel/osrelease", state["kernel"] + "\n")
     write(root, "proc/sys/kernel/hostname", "sim-dual5090\n")
     write(root, "proc/sys/kernel/random/boot_id", state["boot_id"] + "\n")
+    # PID 1: systemd (and its /run/systemd/system, sd_booted's test) unless the scenario has none (a
+    # container's shell or tini, where p2pkit's launcher starts the engine)
+    write(root, "proc/1/comm", "systemd\n" if state.get("systemd", True) else "sh\n")
+    if state.get("systemd", True):
+        (root / "run/systemd/system").mkdir(parents=True, exist_ok=True)
     cap = state.get("cgroup_memory_cap")
     cg = "/user.slice/user-1000.slice/session-3.scope" if cap else "/system.slice/p2pkit.service"
     write(root, "proc/self/cgroup", f"0::{cg}\n")
     write(root, "sys/fs/cgroup/cgroup.controllers", "cpuset cpu io memory pids\n")
     write(root, f"sys/fs/cgroup{cg}/memory.max", f"{cap}\n" if cap else "max\n")
+    if state.get("cgroup_root_memory_cap"):  # a container's cgroup namespace: its root is a capped cgroup
+        write(root, "sys/fs/cgroup/memory.max", f"{state['cgroup_root_memory_cap']}\n")
     for unit, svc in state.get("services", {}).items():  # what systemd does for a running unit
         if svc.get("started") and svc.get("pid"):
             cgpath = f"/{svc.get('slice') or 'system.slice'}/{unit}"
@@ -193,6 +216,11 @@ def render(root: Path, state: dict) -> None:
             write(root, f"sys/fs/cgroup/{svc.get('slice') or 'system.slice'}/memory.max", "max\n")
             mm = svc.get("memory_max", "max")
             write(root, f"sys/fs/cgroup{cgpath}/memory.max", ("max" if mm in ("infinity", "max") else mm) + "\n")
+    for rel, pids in moved.items():  # the cgroups p2pkit made (its launcher's), with the processes moved there
+        write(root, f"sys/fs/cgroup{rel}/cgroup.procs", "".join(f"{p}\n" for p in pids))
+        write(root, f"sys/fs/cgroup{rel}/memory.max", "max\n")  # a new cgroup's default
+        for pid in pids:
+            write(root, f"proc/{pid}/cgroup", f"0::{rel}\n")
     for rel, text in state.get("files", {}).items():  # files a scenario's earlier life left behind
         write(root, rel, text)
     write(root, "etc/machine-id", state["machine_id"] + "\n")

@@ -153,6 +153,12 @@ SCENARIOS: dict[str, tuple[str, list]] = {
     "field-spark-sm120-only": ("P39: a DGX Spark node whose vLLM was built with CUDA 13 and lost sm_121",
                                [_spark(head=True), _set("vllm_sass", ["sm_100a", "sm_120a"])]),
     "capped-cgroup": ("p2pkit itself runs in a memory-capped cgroup (P12)", [_set("cgroup_memory_cap", 8 * GIB)]),
+    "no-systemd": ("issue 27: PID 1 is a shell, not systemd, and p2pkit runs in a memory-capped cgroup (128 GiB): "
+                   "p2pkit's launcher starts the engine in one without a cap",
+                   [_set("systemd", False), _set("cgroup_memory_cap", 128 * GIB)]),
+    "no-systemd-capped-root": ("no systemd as PID 1, and the cap (128 GiB) on the root of the container's cgroup "
+                               "namespace: no uncapped cgroup can be had (P12)",
+                               [_set("systemd", False), _set("cgroup_root_memory_cap", 128 * GIB)]),
 }
 
 

@@ -18,9 +18,8 @@ from p2pkit.errors import Exit, P2pkitError
 from p2pkit.host import Host, access, engine_api, nvml, system
 from p2pkit.parse import engine_api as pe
 from p2pkit.parse import nccl
-from p2pkit.parse.system import proc_cgroup
 from p2pkit.runner import own_executable
-from p2pkit.stages import work
+from p2pkit.stages import service_launcher, work
 
 UNIT = system.ENGINE_UNIT
 OOM_CAUSE = ("out of GPU memory at start (P18): the weights, the KV cache at this context and KV type and the draft "
@@ -84,6 +83,11 @@ def act(ctx) -> dict:
     if p.engine.recipe == "llamacpp":
         acted["flags_checked"] = flags_accepted(ctx)
     v = service_vars(ctx)
+    if service_launcher.manager(ctx) == "launcher":  # systemd is not PID 1 here
+        acted.update(service_launcher.act(ctx, v, env_file=ENV_FILE, secrets_file=SECRETS_FILE, user=SERVICE_USER,
+                                          user_missing=not ctx.host.simulated and not user_ready(ctx.host)))
+        acted["started_at"] = time.time()
+        return acted
     todo, known = service_work(ctx, v)
     acted.update(work.run_if_work(ctx, "service", v, todo, known, files_var="p2pkit_service_files",
                                   todo_var="p2pkit_service_todo"))
@@ -248,6 +252,8 @@ def analyze(host: Host) -> dict:
 
 
 def unit_alive(host: Host) -> bool:
+    if service_launcher.launched(host):
+        return service_launcher.alive(host)
     return _systemctl(host, "is-active", UNIT).stdout.strip() in ("active", "activating")
 
 
@@ -298,16 +304,13 @@ def fit_before_start(ctx) -> None:
 
 
 def main_pid(host: Host) -> int | None:
+    if service_launcher.launched(host):
+        return service_launcher.main_pid(host)
     return system.service_main_pid(host, UNIT)
 
 
 def pid_caps(host: Host, pid: int) -> dict:
-    try:
-        cg = proc_cgroup(host.read(f"/proc/{pid}/cgroup", f"the cgroup of pid {pid}"))
-    except P2pkitError as e:
-        return {"error": e.message}
-    return {"v2_path": cg.v2_path, "v1_memory_path": cg.v1.get("memory"),
-            "memory_caps": [{"file": f, "limit_bytes": n} for f, n in system.memory_caps(host, cg)]}
+    return system.pid_caps(host, pid)
 
 
 def listening(p, pid: int | None) -> dict:
@@ -330,6 +333,8 @@ def listening(p, pid: int | None) -> dict:
 
 
 def logs(host: Host, n: int = 30) -> list[str]:
+    if service_launcher.launched(host):
+        return service_launcher.logs(host, n)
     r = host.runner.run(["journalctl", "-u", UNIT, "-n", str(n), "--no-pager"], check=False)
     return r.stdout.splitlines()
 
@@ -358,7 +363,8 @@ def nccl_transports(lines: list[str]) -> list[str]:
 def measure(ctx) -> dict:
     p = ctx.profile
     host = ctx.host
-    if not host.path(f"/etc/systemd/system/{UNIT}").is_file():
+    launched = service_launcher.launched(host)
+    if not launched and not host.path(f"/etc/systemd/system/{UNIT}").is_file():
         return {"service": {"error": f"{UNIT} is not installed: run `p2pkit up` (the service stage)"}}
     role = engine_cmd.node(p)["role"]
     if role == "worker":
@@ -369,7 +375,8 @@ def measure(ctx) -> dict:
         with ctx.out.working(f"[service] waiting for {url}"):
             health = wait_health(ctx, url, p.serve.health_timeout_s)
     pid = main_pid(host)
-    res = {"unit": UNIT, "role": role, "analyze": analyze(host), "health": health, "main_pid": pid,
+    res = {"unit": UNIT, "role": role, "analyze": None if launched else analyze(host), "health": health,
+           "main_pid": pid, **(service_launcher.measured(host) if launched else {}),
            "pid_cgroup": pid_caps(host, pid) if pid else {"error": "the service has no main PID (not running)"},
            "listen": listening(p, pid) if role != "worker" else None}
     if p.engine.recipe == "llamacpp" and health.get("ok") and role != "worker":
