@@ -277,7 +277,7 @@ def recorded_profile(profile) -> dict:
     """The profile whole, secrets (serve.env values named or marked as such) shown as <redacted>."""
     values = profile.as_dict()
     env = values["serve"]["env"]
-    values["serve"]["env"] = {k: REDACTED if is_secret(k, profile.serve.secret_env) else v for k, v in env.items()}
+    values["serve"]["env"] = {k: REDACTED if is_secret(k, profile.secret_names()) else v for k, v in env.items()}
     return {"name": profile.name, "source": profile.source, "overrides": hoststate.public_overrides(profile),
             "values": values}
 
