@@ -230,6 +230,12 @@ def grub_default_args(cfg: str, kernel: str) -> list[list[str]]:
     return mine or [args for _image, args in lines]
 
 
+def proc_stat_state(text: str) -> str:
+    """The state letter of /proc/PID/stat (R, S, D, T stopped, t traced, Z zombie): the field after
+    the command name, which may itself hold spaces and parentheses."""
+    return text[text.rindex(")") + 1:].split()[0]
+
+
 def modules_dep_paths(text: str) -> list[str]:
     """The module paths modules.dep maps (relative to /lib/modules/<kernel>), in order."""
     return [ln.split(":", 1)[0].strip() for ln in text.splitlines() if ":" in ln and not ln.startswith("#")]
