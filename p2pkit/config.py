@@ -197,8 +197,9 @@ class Serve:
     env: dict = f(factory=dict, expect="a table of environment variables for the engine, like VLLM_PLE_MMAP = \"1\"")
     manager: str = f("auto", choices=("auto", "systemd", "launcher"), expect="what starts the engine: a systemd "
                      "unit, p2pkit's launcher (where systemd is not PID 1), or auto (systemd when it is PID 1)")
-    secret_env: list[str] = f(factory=list, chars="word", expect="names in [serve.env] that are secrets besides "
-                              "those named like one (TOKEN, KEY, SECRET, PASSWORD): kept in a root-only file")
+    secret_env: list[str] = f(factory=list, chars="word", expect="names in [serve.env] that are secrets (besides "
+                              "those named like one: TOKEN, KEY, SECRET, PASSWORD): kept in a root-only file, "
+                              "a value given with --set kept in the state's 0600 store until --unset")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -225,6 +226,7 @@ class Profile:
     bench: Bench = field(default_factory=Bench)
     source: str = "builtin"
     overrides: tuple[str, ...] = ()  # `--set KEY=VALUE` applied on top of the source, in order
+    stored_secrets: tuple[str, ...] = ()  # serve.env names whose value came from the state's 0600 store
 
     def section(self, name: str) -> Any:
         return getattr(self, name)
@@ -241,6 +243,7 @@ class Profile:
         d = asdict(self)
         d.pop("source")
         d.pop("overrides")
+        d.pop("stored_secrets")
         return d
 
     def cli_args(self) -> list[str]:
@@ -251,7 +254,15 @@ class Profile:
 
     def public_overrides(self) -> list[str]:
         """The --set overrides without secrets: what may be recorded or written where others read it."""
-        return [o for o in self.overrides if not _secret_override(o, self.serve.secret_env)]
+        return [o for o in self.overrides if not _secret_override(o, self.secret_names())]
+
+    def secret_overrides(self) -> list[str]:
+        """The --set overrides that are secrets: what the state's 0600 store keeps (hoststate)."""
+        return [o for o in self.overrides if _secret_override(o, self.secret_names())]
+
+    def secret_names(self) -> tuple[str, ...]:
+        """The serve.env names declared secret: serve.secret_env, and every one read from the 0600 store."""
+        return (*self.serve.secret_env, *self.stored_secrets)
 
     @property
     def name(self) -> str:
@@ -259,7 +270,8 @@ class Profile:
 
 
 SECTIONS: dict[str, type] = {
-    f_.name: typing.get_type_hints(Profile)[f_.name] for f_ in fields(Profile) if f_.name not in ("source", "overrides")
+    f_.name: typing.get_type_hints(Profile)[f_.name] for f_ in fields(Profile)
+    if f_.name not in ("source", "overrides", "stored_secrets")
 }
 
 
@@ -360,7 +372,8 @@ def _check_value(path: str, tp, value, meta: dict) -> str | None:
     return None
 
 
-def from_dict(data: dict, source: str, overrides: tuple[str, ...] = ()) -> Profile:
+def from_dict(data: dict, source: str, overrides: tuple[str, ...] = (),
+              stored_secrets: tuple[str, ...] = ()) -> Profile:
     """Validate a parsed profile; raise ProfileError naming every problem by key path."""
     shown = source + (f" with --set {', '.join(o.partition('=')[0] for o in overrides)}" if overrides else "")
     problems: list[tuple[str, str]] = []
@@ -407,12 +420,12 @@ def from_dict(data: dict, source: str, overrides: tuple[str, ...] = ()) -> Profi
     if problems:
         raise ProfileError(shown, problems)
     profile = Profile(**{sec: cls(**built[sec]) for sec, cls in SECTIONS.items()}, source=source,
-                      overrides=tuple(overrides))
+                      overrides=tuple(overrides), stored_secrets=tuple(stored_secrets))
     cross = _cross_checks(profile)
     if cross:
         raise ProfileError(shown, cross)
     for k, v in profile.serve.env.items():
-        if secrets.is_secret(k, profile.serve.secret_env):
+        if secrets.is_secret(k, profile.secret_names()):
             secrets.register(v)
     return profile
 
@@ -573,9 +586,11 @@ def from_record(rec: dict, overrides: tuple[str, ...] = ()) -> Profile:
                      tuple(rec.get("overrides") or ()) + tuple(overrides))
 
 
-def load(name_or_path: str | None, overrides: tuple[str, ...] | list[str] = ()) -> Profile:
+def load(name_or_path: str | None, overrides: tuple[str, ...] | list[str] = (),
+         stored_secrets: tuple[str, ...] = ()) -> Profile:
     """A built-in profile by name, or a TOML file by path; `overrides` (`section.key=VALUE`) go on
-    top and are validated like the file itself (a host's own values from an inventory)."""
+    top and are validated like the file itself (a host's own values from an inventory);
+    `stored_secrets`: the serve.env names whose override came from the state's 0600 store."""
     name_or_path = name_or_path or DEFAULT_PROFILE
     path = Path(name_or_path)
     if name_or_path in builtin_names():
@@ -596,7 +611,7 @@ def load(name_or_path: str | None, overrides: tuple[str, ...] | list[str] = ()) 
     except tomllib.TOMLDecodeError as e:
         raise ProfileError(source, [("(toml)", f"not valid TOML: {e}")]) from e
     overrides = tuple(overrides)
-    return from_dict(apply_overrides(data, overrides), source, overrides)
+    return from_dict(apply_overrides(data, overrides), source, overrides, stored_secrets)
 
 
 def p2p_src_dir(profile) -> str:

@@ -13,7 +13,8 @@ from p2pkit.stages import registry
 
 
 def run(ctx) -> dict:
-    needed = sorted({n for st in registry() for n in st.facts} | set(field_checks.FACTS))
+    needed = sorted({n for st in registry() for n in st.facts} | {st.live[0] for st in registry() if st.live}
+                    | set(field_checks.FACTS))
     found = facts_mod.collect(ctx.host, needed, ctx.profile)
     return judge(found, ctx.profile, simulated=ctx.host.simulated)
 

@@ -164,7 +164,28 @@ def _boot_hold(h: Host):
     return {"held": {"kernel": kv.get("kernel", "?"), "new_kernel": kv.get("new_kernel", "?")}}
 
 
+LIVE_TIMEOUT_S = 2.0  # status and doctor ask a running engine once, briefly: a frozen one does not answer
+
+
+def _engine_live(h: Host, profile):
+    """The engine as it is now, each probe bounded by a second or two: its main PID, that process's
+    state (T: stopped), and /health once (a headless worker serves none)."""
+    if not h.path(f"/etc/systemd/system/{system.ENGINE_UNIT}").is_file():
+        return {"installed": False}
+    from p2pkit import engine_cmd
+    from p2pkit.host import engine_api
+
+    pid = system.service_main_pid(h, timeout=LIVE_TIMEOUT_S)
+    out = {"installed": True, "pid": pid, "state": system.process_state(h, pid) if pid else None,
+           "role": engine_cmd.node(profile)["role"]}
+    if pid and out["role"] != "worker":
+        code, body = engine_api.get(engine_cmd.health_url(profile), timeout=LIVE_TIMEOUT_S)
+        out["health"] = {"code": code, "text": body.strip()[:160]}
+    return out
+
+
 PROFILE_COLLECTORS: dict[str, Callable[[Host, object], object]] = {
+    "engine_live": _engine_live,
     "vram_fit": _vram_fit,
     "head_rendezvous": _head,
     "built_module": _built_module,
@@ -277,7 +298,7 @@ def recorded_profile(profile) -> dict:
     """The profile whole, secrets (serve.env values named or marked as such) shown as <redacted>."""
     values = profile.as_dict()
     env = values["serve"]["env"]
-    values["serve"]["env"] = {k: REDACTED if is_secret(k, profile.serve.secret_env) else v for k, v in env.items()}
+    values["serve"]["env"] = {k: REDACTED if is_secret(k, profile.secret_names()) else v for k, v in env.items()}
     return {"name": profile.name, "source": profile.source, "overrides": hoststate.public_overrides(profile),
             "values": values}
 

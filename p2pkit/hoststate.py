@@ -5,6 +5,13 @@ the restore timer) judges and acts with the values the stages were brought up wi
 <state>/profile.json: {"source": NAME|PATH, "overrides": ["section.key=VALUE", ...], "recorded": T}.
 `up` writes it; a later command line adds to it (`--set` replaces the same key) or takes a key
 out (`--unset section.key`); naming another profile with --profile starts from that profile alone.
+
+<state>/secrets.json (0600 from its first byte, the one store of secrets given on a command line):
+{"source": ..., "overrides": ["serve.env.NAME=VALUE", ...]}: the --set overrides of env values
+declared secret (serve.secret_env) or named like one, which profile.json leaves out. A secret given
+once stays there, and every later command (the resume unit, the restore path) gets it from there,
+until `--unset serve.env.NAME` (or another --profile) takes it out. Every name read from it is a
+secret whatever it is called.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from p2pkit.config import builtin_names, parse_override
 from p2pkit.errors import UsageError
 
 PROFILE_FILE = "profile.json"
+SECRETS_FILE = "secrets.json"
 
 
 def _key(item: str) -> str:
@@ -48,23 +56,51 @@ def recorded_profile(state_dir: Path) -> dict | None:
     return doc
 
 
+def stored_secrets(state_dir: Path) -> dict | None:
+    """The 0600 store's record, or None (none kept, or this user may not read it)."""
+    path = Path(state_dir) / SECRETS_FILE
+    try:
+        doc = json.loads(path.read_text())
+    except (FileNotFoundError, PermissionError):
+        return None
+    except (OSError, ValueError) as e:
+        raise UsageError(f"the secrets store {path} cannot be read: {e}",
+                         hint=f"give the secrets again with --set serve.env.NAME=VALUE on `p2pkit up`, after "
+                              f"removing {path}") from e
+    if not (isinstance(doc, dict) and isinstance(doc.get("overrides"), list)
+            and all(isinstance(o, str) and o.startswith("serve.env.") for o in doc["overrides"])):
+        raise UsageError(f"the secrets store {path} is not p2pkit's",
+                         hint=f"give the secrets again with --set serve.env.NAME=VALUE on `p2pkit up`, after "
+                              f"removing {path}")
+    return doc
+
+
 def resolve(state_dir: Path, profile: str | None, overrides: tuple[str, ...], unset: tuple[str, ...],
-            fallback: str | None) -> tuple[str | None, tuple[str, ...]]:
-    """The profile source and overrides a command uses: the recorded ones, with the command line's
-    --set on top (the same key replaced) and its --unset keys taken out."""
+            fallback: str | None) -> tuple[str | None, tuple[str, ...], tuple[str, ...]]:
+    """The profile source and overrides a command uses: the recorded ones and the stored secrets,
+    with the command line's --set on top (the same key replaced) and its --unset keys taken out;
+    and the serve.env names whose override the store gave (secrets, whatever their name)."""
     for item in overrides:
         parse_override(item)  # a malformed --set is refused before anything else
     rec = recorded_profile(state_dir)
     source = profile or (rec["source"] if rec else None) or fallback
     kept: dict[str, str] = {}
-    if rec and (profile is None or canonical_source(profile) == rec["source"]):
+    stored: list[str] = []
+    same = profile is None or (rec is not None and canonical_source(profile) == rec["source"])
+    if rec and same:
         kept = {_key(o): o for o in rec["overrides"]}
+    store = stored_secrets(state_dir) if same else None
+    if store and (rec is None or store.get("source") == rec["source"]):
+        for o in store["overrides"]:
+            kept[_key(o)] = o
+            stored.append(_key(o))
     for item in overrides:
         kept.pop(_key(item), None)
         kept[_key(item)] = item
     for key in unset:
         kept.pop(key.strip(), None)
-    return source, tuple(kept.values())
+    names = tuple(k.removeprefix("serve.env.") for k in stored if k in kept)
+    return source, tuple(kept.values()), names
 
 
 def public_overrides(profile) -> list[str]:
@@ -75,9 +111,17 @@ def public_overrides(profile) -> list[str]:
 
 
 def record_profile(state_dir: Path, profile) -> None:
-    doc = {"source": canonical_source(profile.source), "overrides": public_overrides(profile),
+    """profile.json with the public overrides; the secret ones in the 0600 store (none: no store)."""
+    source = canonical_source(profile.source)
+    doc = {"source": source, "overrides": public_overrides(profile),
            "recorded": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
     Path(state_dir).mkdir(parents=True, exist_ok=True)
+    kept = profile.secret_overrides()
+    if kept:
+        atomic_write(Path(state_dir) / SECRETS_FILE, (json.dumps({"source": source, "overrides": kept}, indent=2)
+                                                      + "\n").encode(), mode=0o600)
+    else:
+        (Path(state_dir) / SECRETS_FILE).unlink(missing_ok=True)
     atomic_write(Path(state_dir) / PROFILE_FILE, (json.dumps(doc, indent=2) + "\n").encode())
 
 

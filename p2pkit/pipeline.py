@@ -125,6 +125,11 @@ def _state_of(ctx: Ctx, st: Stage, prev: StageState | None, ident: dict, recheck
         if bad:
             why = f" ({bad[0].pitfall}): {bad[0].hint}" if bad[0].pitfall else ""
             return StageState(st.name, STALE, f"re-check failed: {bad[0].id}: {bad[0].measured}{why}", doc)
+    if recheck and st.live is not None:
+        name, judge_live = st.live
+        bad = [c for c in judge_live(facts.collect(ctx.host, (name,), ctx.profile).get(name)) if c.status == FAIL]
+        if bad:
+            return StageState(st.name, STALE, f"re-check failed: {bad[0].id}: {bad[0].measured}: {bad[0].hint}", doc)
     return StageState(st.name, DONE, "", doc)
 
 

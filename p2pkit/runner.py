@@ -41,6 +41,8 @@ TIMEOUTS_S = {  # how long each command may take before p2pkit calls it hung
     "nvidia-smi": 30.0, "modinfo": 30.0, "fuser": 30.0, "ldd": 60.0, "pkg-config": 60.0, "nvcc": 60.0,
     "journalctl": 60.0, "modprobe": 120.0, "rmmod": 120.0, "systemctl": 120.0, "systemd-analyze": 120.0,
     "apt-mark": 120.0, "git": 600.0, "ansible-playbook": 3600.0, "ansible-inventory": 120.0,
+    # reads one status file: a few seconds, or dpkg's lock or a hung disk holds it (status must not wait)
+    "dpkg-query": 10.0, "lsinitramfs": 120.0, "update-grub": 300.0, "update-initramfs": 600.0, "depmod": 300.0,
 }
 HEAD_CAP = 256 << 10  # captured output keeps its first 256 KiB ...
 TAIL_CAP = 4 << 20  # ... and its last 4 MiB; what lies between is dropped and counted

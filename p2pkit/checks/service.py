@@ -14,8 +14,38 @@ def precheck(p: Profile) -> list[Check]:
     return engine_cmd.validate(p)
 
 
+def alive(live: dict | None) -> list[Check]:
+    """The engine now, asked once within a second or two: its process not stopped (state T) and
+    /health answering. status and doctor judge it; a frozen engine is never "done"."""
+    id_, title = "service.engine_alive", "the engine's process runs and /health answers"
+    if live is None or live.get("installed") is False:
+        return []
+    if failed(live):
+        return [unknown(id_, title, live, "running, /health answering")]
+    want, pid, health = "running (not stopped), /health answering", live.get("pid"), live.get("health")
+    if not pid:
+        return [Check(id_, title, FAIL, "not running: the unit has no main PID", want,
+                      "start it: `p2pkit serve restart`; read why it stopped: `p2pkit serve logs`")]
+    if live.get("state") in ("T", "t"):
+        return [Check(id_, title, FAIL, f"frozen: pid {pid} is stopped (state {live['state']} in /proc/{pid}/stat)",
+                      want, f"something sent it SIGSTOP (a debugger, a job-control stop): `kill -CONT {pid}`, or "
+                      "`p2pkit serve restart`")]
+    if health is None:  # a headless worker: the process is all there is to ask
+        return [Check(id_, title, PASS, f"pid {pid} running (state {live.get('state')})", want)]
+    if health["code"] is None:
+        return [Check(id_, title, FAIL, f"frozen: pid {pid} (state {live.get('state')}) did not answer /health: "
+                      f"{health['text']}", want, "read `p2pkit serve logs`; a hung engine needs "
+                      "`p2pkit serve restart`")]
+    if health["code"] != 200:
+        return [Check(id_, title, WARN, f"pid {pid} answers /health {health['code']} (loading?)", want,
+                      "wait for the model to load: `p2pkit verify service` shows its progress")]
+    return [Check(id_, title, PASS, f"pid {pid} running, /health 200", want)]
+
+
 def check(f: dict, p: Profile) -> list[Check]:
-    out = precheck(p) + head_up(f.get("head_rendezvous")) + fit.check(f.get("vram_fit"), p)
+    # engine_live: read by doctor and status only (a stage's proof waits on /health instead)
+    out = [*precheck(p), *head_up(f.get("head_rendezvous")), *fit.check(f.get("vram_fit"), p),
+           *alive(f.get("engine_live"))]
     missing = not_measured(f, "service", "service.running", "engine service proven",
                            "doctor does not wait on the service", "a run of `p2pkit verify service`")
     if missing:

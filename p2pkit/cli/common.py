@@ -63,8 +63,8 @@ def profile(h: Host | None = None) -> config.Profile:
     if h is None:
         return config.load(OPTS.profile, OPTS.overrides)
     fallback = h.sim.get("profile") if h.simulated else None
-    source, overrides = hoststate.resolve(state_dir(h), OPTS.profile, OPTS.overrides, OPTS.unset, fallback)
-    return contained(config.load(source, overrides), h)
+    source, overrides, stored = hoststate.resolve(state_dir(h), OPTS.profile, OPTS.overrides, OPTS.unset, fallback)
+    return contained(config.load(source, overrides, stored), h)
 
 
 def contained(p: config.Profile, h: Host) -> config.Profile:

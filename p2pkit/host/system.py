@@ -201,8 +201,16 @@ ENGINE_UNIT = "p2pkit-engine.service"
 BOOT_HOLD = "/etc/default/grub.d/61-p2pkit-boot-default.cfg"  # the kernel hook's boot default (P36)
 
 
-def service_main_pid(host: Host, unit: str = ENGINE_UNIT) -> int | None:
+def service_main_pid(host: Host, unit: str = ENGINE_UNIT, timeout: float | None = None) -> int | None:
     """The running unit's main PID as systemd reports it, or None."""
-    r = host.runner.run(["systemctl", "show", "-p", "MainPID", "--value", unit], check=False)
+    r = host.runner.run(["systemctl", "show", "-p", "MainPID", "--value", unit], check=False, timeout=timeout)
     v = r.stdout.strip()
     return int(v) if v.isdigit() and int(v) > 0 else None
+
+
+def process_state(host: Host, pid: int) -> str | None:
+    """The process's state letter from /proc/PID/stat (T: stopped), or None when it is gone."""
+    try:
+        return ps.proc_stat_state(host.path(f"/proc/{pid}/stat").read_text())
+    except (OSError, ValueError, IndexError):
+        return None

@@ -9,7 +9,7 @@ from pathlib import Path
 from p2pkit.host.arch import ARCHES
 from p2pkit.sim import provision
 from p2pkit.sim.render import load_state, render
-from p2pkit.sim.standins import load_module, systemctl
+from p2pkit.sim.standins import load_module, systemctl, write_grub_cfg, write_initramfs, write_modules_dep
 
 
 def init(root: Path, state: dict) -> None:
@@ -68,9 +68,9 @@ def init(root: Path, state: dict) -> None:
         (lib / "libnvidia-ml.so.1").symlink_to(f"libnvidia-ml.so.{stock}")
         state["packages"]["nvidia-dkms-580"] = "ii"
         load_module(root, state)
-    from p2pkit.sim.standins import write_initramfs
-
+    write_modules_dep(root, state["kernel"])
     write_initramfs(root, state["kernel"])  # every install has one; it holds whatever nvidia.ko resolves now
+    write_grub_cfg(root, state["cmdline"])  # what the installer's update-grub wrote for this boot
     etc_grub = root / "etc/default/grub"
     etc_grub.parent.mkdir(parents=True, exist_ok=True)
     etc_grub.write_text('GRUB_DEFAULT=0\nGRUB_CMDLINE_LINUX_DEFAULT="quiet splash"\nGRUB_CMDLINE_LINUX=""\n')
@@ -124,6 +124,8 @@ def upgrade(root: Path, kernel: str, stock_module: bool, run_hooks: bool) -> lis
     cmd = state.get("next_cmdline") or state["cmdline"]
     state["next_cmdline"] = cmd.replace(f"vmlinuz-{state['kernel']}", f"vmlinuz-{kernel}")
     render(root, state)
+    write_modules_dep(root, kernel)  # the kernel package's postinst runs depmod and update-grub
+    write_grub_cfg(root, state["next_cmdline"])
     out = []
     if run_hooks:
         hooks = sorted((root / "etc/kernel/postinst.d").glob("*"))

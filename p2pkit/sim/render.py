@@ -207,6 +207,7 @@ def render(root: Path, state: dict) -> None:
             write(root, f"proc/{svc['pid']}/cgroup", f"0::{cgpath}\n")
             # the engine is a real process here: its mappings are the kernel's own (P26's VmFlags)
             (root / f"proc/{svc['pid']}/smaps").symlink_to(f"/proc/{svc['pid']}/smaps")
+            (root / f"proc/{svc['pid']}/stat").symlink_to(f"/proc/{svc['pid']}/stat")  # its state: T when stopped
             if state.get("engine_nccl"):  # a scenario's NCCL libraries in the engine's mappings (P37)
                 base = 0xFFFF8A000000
                 maps = [f"{base + i * 0x1000000:012x}-{base + i * 0x1000000 + 0xE00000:012x} r-xp 00000000 103:02 "

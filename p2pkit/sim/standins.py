@@ -191,9 +191,21 @@ def modprobe(root: Path, state: dict, args: list[str]) -> int:
 
 
 def depmod(root: Path, state: dict, args: list[str]) -> int:
+    """depmod [-b ROOT] [KVER]: modules.dep lists every module under /lib/modules/KVER, as depmod's map does."""
     state.setdefault("log", []).append("depmod " + " ".join(args))
     save(root, state)
+    kver = next((a for i, a in enumerate(args) if not a.startswith("-") and (i == 0 or args[i - 1] != "-b")),
+                state["kernel"])
+    write_modules_dep(root, kver)
     return 0
+
+
+def write_modules_dep(root: Path, kver: str) -> None:
+    """/lib/modules/KVER/modules.dep: one `path:` line per module (the simulated modules need none)."""
+    base = root / "lib/modules" / kver
+    if base.is_dir():
+        mods = sorted(str(p.relative_to(base)) for p in base.rglob("*.ko*") if p.is_file())
+        (base / "modules.dep").write_text("".join(f"{m}:\n" for m in mods))
 
 
 def update_initramfs(root: Path, state: dict, args: list[str]) -> int:
@@ -268,9 +280,27 @@ def update_grub(root: Path, state: dict, args: list[str]) -> int:
     kernel = state.get("next_kernel") or state["kernel"]
     state["next_cmdline"] = f"BOOT_IMAGE=/boot/vmlinuz-{kernel} root=UUID=5d0c7a51 ro {value}".strip()
     save(root, state)
+    write_grub_cfg(root, state["next_cmdline"])
     print(f"Generating grub configuration file ...\nFound linux image: /boot/vmlinuz-{kernel}\ndone (SIMULATED)",
           file=sys.stderr)
     return 0
+
+
+def write_grub_cfg(root: Path, cmdline: str) -> None:
+    """/boot/grub/grub.cfg as update-grub writes it, reduced to its default entry and the recovery
+    entry (which gets no GRUB_CMDLINE_LINUX_DEFAULT): what GRUB boots from until the next update-grub."""
+    image, _, rest = cmdline.removeprefix("BOOT_IMAGE=").partition(" ")
+    base = " ".join(w for w in rest.split() if w in ("ro",) or w.startswith("root="))
+    kver = image.rsplit("vmlinuz-", 1)[-1]
+    cfg = root / "boot/grub/grub.cfg"
+    cfg.parent.mkdir(parents=True, exist_ok=True)
+    cfg.write_text("# SIMULATED by p2pkit's update-grub stand-in\n"
+                   f"menuentry 'Ubuntu' --class ubuntu --class gnu-linux --class gnu --class os {{\n"
+                   f"\tlinux\t{image} {rest} $vt_handoff\n\tinitrd\t/boot/initrd.img-{kver}\n}}\n"
+                   f"submenu 'Advanced options for Ubuntu' {{\n"
+                   f"\tmenuentry 'Ubuntu, with Linux {kver} (recovery mode)' {{\n"
+                   f"\t\tlinux\t{image} {base} recovery nomodeset dis_ucode_ldr\n"
+                   f"\t\tinitrd\t/boot/initrd.img-{kver}\n\t}}\n}}\n")
 
 
 # ---------------------------------------------------------------------------------------- driver

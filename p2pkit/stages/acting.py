@@ -3,6 +3,7 @@ profile and the host give them."""
 
 from __future__ import annotations
 
+import os
 import stat
 from pathlib import Path
 
@@ -12,9 +13,9 @@ from p2pkit.backup import DRIVER_PATHS, P2P_PATHS, Backup, module_paths, userspa
 from p2pkit.checks.driver import GUARDED_PACKAGES, installer_arch
 from p2pkit.config import p2p_src_dir
 from p2pkit.errors import P2pkitError, UsageError
-from p2pkit.host import arch, system
+from p2pkit.host import arch, boot, system
 from p2pkit.runner import own_executable
-from p2pkit.stages import work
+from p2pkit.stages import followups, work
 
 # The kernel hook pins the boot default here when the module does not build for a new kernel (P36).
 BOOT_HOLD = system.BOOT_HOLD
@@ -55,8 +56,9 @@ def driver(ctx) -> dict:
 
 
 def driver_work(ctx, libdir: str, packages: dict) -> tuple[dict, dict]:
-    """What each driver task would change, from p2pkit's own read-only probes; and which handler
-    that needs (the initramfs only for nouveau's blacklist)."""
+    """What each driver task would change, from p2pkit's own read-only probes; and whether the
+    initramfs must be generated again (nouveau's blacklist changes now, or an earlier run wrote it
+    and never got to update-initramfs)."""
     d, host = ctx.profile.driver, ctx.host
     installer = host.path(f"{d.cache_dir}/{d.installer_url.rsplit('/', 1)[-1]}")
     cached = work.sha256_of(installer) == d.installer_sha256
@@ -76,7 +78,10 @@ def driver_work(ctx, libdir: str, packages: dict) -> tuple[dict, dict]:
         # installed, not held, and guarded: the holds task's loop (P02)
         "unheld": sorted(p for p in packages["installed"]
                          if p not in packages["held"] and p.startswith(GUARDED_PACKAGES)),
-    }, {"initramfs": any(f["path"] == blacklist for f in files)}
+        "initramfs": (["the nouveau blacklist changes in this run"] if any(f["path"] == blacklist for f in files)
+                      else followups.initramfs(boot.initramfs(host, system.kernel_release(host)),
+                                               {blacklist: boot.mtime_ns(host, blacklist)})),
+    }, {}
 
 
 BUILD_CAUSES = (
@@ -167,10 +172,34 @@ def p2p_work(ctx, v: dict) -> tuple[dict, dict]:
         "stock": [{"path": p, "backed_up": backup.copy_path(p).exists()} for p in stock],
         "enable_timer": enabled != "enabled",
     }
-    modules = todo["build"] or todo["install"] or bool(stock)
-    return todo, {  # which handlers the work needs: each runs only for what it is about
-        "modules": modules, "initramfs": modules or options in written, "grub": grub in written,
-        "units": bool({system.RESTORE_UNIT, system.RESTORE_TIMER} & written)}
+    todo.update(p2p_followups(ctx, v, todo, written))
+    return todo, {}
+
+
+def p2p_followups(ctx, v: dict, todo: dict, written: set[str]) -> dict:
+    """Which follow-up commands the p2p-module playbook runs, each with its reasons: what this run
+    changes, or an effect an earlier run left missing (killed between a file and its follow-up)."""
+    host, kernel = ctx.host, v["p2pkit_p2p_module_kernel"]
+    options, grub = "/etc/modprobe.d/p2pkit-nvidia.conf", "/etc/default/grub.d/60-p2pkit-iommu.cfg"
+    ko = boot.mtime_ns(host, f"/lib/modules/{kernel}/{followups.VIDEO_KO}")
+    changes = [why for flag, why in ((todo["build"], "the module is built in this run"),
+                                     (todo["install"], "the module is installed in this run"),
+                                     (bool(todo["stock"]), "stock copies are removed in this run")) if flag]
+    units = sorted({system.RESTORE_UNIT, system.RESTORE_TIMER} & written)
+    return {
+        "depmod": changes or followups.depmod(boot.modules_dep(host, kernel), ko),
+        "initramfs": changes + ([f"{options} changes in this run"] if options in written else [])
+        or followups.initramfs(boot.initramfs(host, kernel),
+                               {followups.VIDEO_KO: ko,
+                                **({options: boot.mtime_ns(host, options)} if v["p2pkit_p2p_module_registry_dwords"]
+                                   else {})}, only_patched=True),
+        "grub": [f"{grub} changes in this run"] if grub in written
+        else followups.grub(boot.grub_args(host, kernel), v["p2pkit_p2p_module_cmdline"].split()),
+        "daemon_reload": [f"{u} changes in this run" for u in units]
+        or (["systemd runs an older copy of the restore units"]
+            if boot.need_daemon_reload(host, [os.path.basename(system.RESTORE_UNIT),
+                                              os.path.basename(system.RESTORE_TIMER)]) else []),
+    }
 
 
 def restore_command_vars(ctx) -> dict:

@@ -44,7 +44,7 @@ STAGES: list[Stage] = [
     Stage("model", "model converted and verified", inputs=("engine", "model"), facts=("storage",),
           check=model.check, precheck=model.precheck, act=model_stage.act, measure=model_stage.measure),
     Stage("service", "systemd service healthy, no memory cap", inputs=("serve", "engine", "model"),
-          facts=("cgroup", "head_rendezvous", "vram_fit"), check=service.check, precheck=service.precheck,
-          act=service_stage.act,
+          facts=("cgroup", "head_rendezvous", "vram_fit"), check=service.check,
+          precheck=service.precheck, act=service_stage.act, live=("engine_live", service.alive),
           measure=service_stage.measure),
 ]

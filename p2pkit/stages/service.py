@@ -123,7 +123,7 @@ def service_vars(ctx) -> dict:
     deny, allow = ip_filter(p)
     # the whole environment (P16 NCCL, P17 GGML_CUDA_P2P, P30 NCCL_P2P_LEVEL, [serve.env] last): p2pkit/engine_env.py
     env = engine_env.engine_env(p, engine_env.pair_level(ctx.host, p))
-    plain, secret = secrets.split_env(env, p.serve.secret_env)
+    plain, secret = secrets.split_env(env, p.secret_names())
     return {
         "p2pkit_service_recipe": p.engine.recipe,
         "p2pkit_service_profile": writers.unit_value("the profile's name", p.source),

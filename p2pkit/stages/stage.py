@@ -24,6 +24,9 @@ class Stage:
     implemented: bool = True
     # profile -> why the stage does not apply to it (one GPU per host: no BAR1 P2P), or None
     applies: Callable[[object], str | None] | None = None
+    # for a stage that measures (status cannot re-run its proof): the one fact status re-reads each time,
+    # within a second or two, and its check (the service: a frozen engine is not "done")
+    live: tuple[str, Callable[[object], list[Check]]] | None = None
 
     def not_applicable(self, profile) -> str | None:
         return self.applies(profile) if self.applies is not None else None
