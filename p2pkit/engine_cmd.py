@@ -46,6 +46,26 @@ def model_path(p: Profile) -> str:
     return p.model.output or (p.model.source if p.model.format == "hf" else "")
 
 
+def served_model(p: Profile) -> str:
+    """The model name an OpenAI request must give: vLLM's --served-model-name (its --model argument as
+    given by default), NInfer's --model-id (ninfer-serve's default qwen3.6-27b)."""
+    if p.engine.recipe == "ninfer":
+        return str(p.serve.flags.get("model-id") or "qwen3.6-27b")
+    return str(p.serve.flags.get("served-model-name") or model_path(p))
+
+
+def request_log(p: Profile, host, state_dir):
+    """Where NInfer's JSONL request log (--request-log-jsonl) is on this host, or None when the engine
+    keeps none: a relative path is in the engine's working directory (the state directory's engine/)."""
+    from pathlib import PurePosixPath
+
+    name = p.serve.flags.get("request-log-jsonl")
+    if not name or name is True:
+        return None
+    path = PurePosixPath(str(name))
+    return host.path(str(path)) if path.is_absolute() else state_dir / "engine" / path
+
+
 def _int(v, default: int | None) -> int | None:
     """A flag's integer value (TOML gives ints; a string of digits is accepted); None when it is not one."""
     if v is None:
