@@ -253,6 +253,8 @@ def check_llamacpp_requests(s: dict, p: Profile) -> list[Check]:
                  pitfall="P19")]
     if not spec:
         return out
+    if "total_slots" in fc:
+        out.append(running_slots(fc["total_slots"], p.serve.flags.get("parallel")))
     if fc.get("metrics_status") != 200:
         out.append(Check("service.spec_running", "speculative decoding is really running", FAIL,
                          f"/metrics answered {fc.get('metrics_status')}", "spec_decode counters growing",
@@ -271,6 +273,18 @@ def check_llamacpp_requests(s: dict, p: Profile) -> list[Check]:
                      "missing (`-md` alone leaves drafting off; the model stage checks the nextn layers)",
                      pitfall="P19"))
     return out
+
+
+def running_slots(n: int | dict, flag) -> Check:
+    """P20 on the running llama-server: its slots as /props says (an omitted --parallel is its automatic
+    default, not 1)."""
+    title = "the running server drafts for one slot"
+    given = f"--parallel {flag}" if flag is not None else "--parallel omitted (auto)"
+    if not isinstance(n, int):
+        return unknown("service.spec_slots_running", title, n, 1, needed=False, pitfall="P20")
+    return judge("service.spec_slots_running", title, n == 1, f"/props total_slots {n} ({given})", 1,
+                 "MTP only pays at one concurrent slot: set serve.flags.parallel = 1 and "
+                 "`p2pkit up --from service --force`", pitfall="P20", severity=WARN)
 
 
 def _user_access(u: dict | None) -> list[Check]:

@@ -75,7 +75,21 @@ def first_completion(base: str, n_predict: int = 16) -> dict:
     done = llamacpp_completion(base, n_predict)
     after = metrics(base, "llamacpp:")
     return {**done, "metrics_status": after["status"],
-            "metrics_delta": pe.deltas(before["values"], after["values"]) if after["status"] == 200 else {}}
+            "metrics_delta": pe.deltas(before["values"], after["values"]) if after["status"] == 200 else {},
+            "total_slots": total_slots(base)}
+
+
+def total_slots(base: str) -> int | dict:
+    """The running llama-server's slots: /props' total_slots (tools/server/server-context.cpp
+    get_res_props: params.n_parallel after -np's auto default was resolved)."""
+    status, text = get(f"{base}/props")
+    if status != 200:
+        return {"error": f"/props answered {status}: {text.strip()[:160]}"}
+    try:
+        n = json.loads(text).get("total_slots")
+    except (ValueError, AttributeError):
+        return {"error": "/props is not a JSON object"}
+    return n if isinstance(n, int) else {"error": f"/props has no total_slots ({n!r})"}
 
 
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
