@@ -90,7 +90,7 @@ class Vllm(Reader):
 
     def __init__(self, ctx, p):
         super().__init__(ctx, p)
-        self.model = p.serve.flags.get("served-model-name") or engine_cmd.model_path(p)
+        self.model = engine_cmd.served_model(p)
         self.first = self.last = None
 
     def _metrics(self) -> dict:
@@ -129,7 +129,7 @@ class Ninfer(Reader):
     def __init__(self, ctx, p):
         super().__init__(ctx, p)
         self.log = request_log(ctx, p)
-        self.model = p.serve.flags.get("model-id") or "qwen3.6-27b"  # ninfer-serve's default --model-id
+        self.model = engine_cmd.served_model(p)
         self.offset = engine_api.log_size(self.log)
         self.done: list[dict] = []
 
@@ -161,19 +161,15 @@ class Ninfer(Reader):
 
 
 def request_log(ctx, p):
-    """Where NInfer's JSONL request log is on this host: a relative --request-log-jsonl is in the
-    engine's working directory (the service stage's WorkingDirectory, the state directory's engine/)."""
-    from pathlib import PurePosixPath
-
-    name = p.serve.flags.get("request-log-jsonl")
-    if not name or name is True:
+    """Where NInfer's JSONL request log is on this host (engine_cmd.request_log); refused when it keeps none."""
+    path = engine_cmd.request_log(p, ctx.host, ctx.store.dir)
+    if path is None:
         raise P2pkitError("NInfer keeps its own per-request figures only in its JSONL request log, and "
                           "serve.flags.request-log-jsonl is not set, so bench has no server-side accounting to read "
                           "(client timing alone is not a measurement, P15)",
                           hint='set serve.flags.request-log-jsonl = "requests.jsonl" (the built-in profile does) and '
                                "run `p2pkit up --from service` to restart the engine with it")
-    path = PurePosixPath(str(name))
-    return ctx.host.path(str(path)) if path.is_absolute() else ctx.store.dir / "engine" / path
+    return path
 
 
 READERS = {"llamacpp": Llamacpp, "vllm": Vllm, "ninfer": Ninfer}

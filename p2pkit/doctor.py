@@ -5,8 +5,11 @@ from __future__ import annotations
 from p2pkit import facts as facts_mod
 from p2pkit.checks import FAIL, SKIP
 from p2pkit.checks import field as field_checks
+from p2pkit.checks import paste as paste_checks
 from p2pkit.config import Profile
+from p2pkit.errors import UsageError
 from p2pkit.output import Output
+from p2pkit.parse import paste
 from p2pkit.pipeline import not_applicable
 from p2pkit.pitfalls import PITFALLS
 from p2pkit.stages import registry
@@ -40,6 +43,24 @@ def judge(found: dict, profile: Profile, simulated: bool) -> dict:
                    if c["status"] == SKIP or str(c["measured"]).startswith(("could not determine", "could not check"))]
     return {"kind": "p2pkit-doctor", "profile": profile.name, "simulated": simulated, "groups": groups,
             "failed": failed, "not_checked": not_checked}
+
+
+def from_paste(text: str, profile: Profile, source: str) -> dict:
+    """A pasted output of a known kind judged like a host's facts: one group, "paste", whose findings
+    name the pitfall and its fix. A paste of no known kind is refused, naming the kinds."""
+    kind = paste.kind(text)
+    if kind is None:
+        known = "; ".join(f"{k}: {v}" for k, v in paste.KINDS.items())
+        raise UsageError(f"{source} is no output p2pkit knows how to read (known kinds: {known})",
+                         hint="paste the whole output of one of those commands into the file, as it printed it")
+    checks = [c.as_dict() for c in paste_checks.check(kind, text, profile)]
+    for c in checks:
+        c["pitfall_text"] = PITFALLS.get(c["pitfall"], "")
+    return {"kind": "p2pkit-doctor", "profile": profile.name, "simulated": False,
+            "groups": [{"stage": "paste", "checks": checks}], "source": source, "paste_kind": kind,
+            "failed": [c["id"] for c in checks if c["status"] == FAIL],
+            "not_checked": [{"id": c["id"], "why": c["measured"]} for c in checks
+                            if c["status"] == SKIP or str(c["measured"]).startswith("could not determine")]}
 
 
 def render(out: Output, report: dict) -> None:

@@ -46,6 +46,26 @@ def model_path(p: Profile) -> str:
     return p.model.output or (p.model.source if p.model.format == "hf" else "")
 
 
+def served_model(p: Profile) -> str:
+    """The model name an OpenAI request must give: vLLM's --served-model-name (its --model argument as
+    given by default), NInfer's --model-id (ninfer-serve's default qwen3.6-27b)."""
+    if p.engine.recipe == "ninfer":
+        return str(p.serve.flags.get("model-id") or "qwen3.6-27b")
+    return str(p.serve.flags.get("served-model-name") or model_path(p))
+
+
+def request_log(p: Profile, host, state_dir):
+    """Where NInfer's JSONL request log (--request-log-jsonl) is on this host, or None when the engine
+    keeps none: a relative path is in the engine's working directory (the state directory's engine/)."""
+    from pathlib import PurePosixPath
+
+    name = p.serve.flags.get("request-log-jsonl")
+    if not name or name is True:
+        return None
+    path = PurePosixPath(str(name))
+    return host.path(str(path)) if path.is_absolute() else state_dir / "engine" / path
+
+
 def _int(v, default: int | None) -> int | None:
     """A flag's integer value (TOML gives ints; a string of digits is accepted); None when it is not one."""
     if v is None:
@@ -178,12 +198,21 @@ def _ninfer(p: Profile, f: dict) -> list[Check]:
     return out
 
 
+# llama-server's -np default: "number of server slots (default: -1, -1 = auto)" (its --help,
+# tests/fixtures/llamacpp/llama-server-help.txt), and auto is 4 slots with a unified KV cache
+# (tools/server/server.cpp of the vendored llama.cpp 0c1e570: "n_parallel is set to auto, using n_parallel = 4")
+LLAMACPP_AUTO_SLOTS = "omitted: llama-server's default -1 = auto (4 slots)"
+
+
 def _llamacpp(p: Profile, f: dict) -> list[Check]:
     out = []
     if f.get("spec-type"):
-        np_ = f.get("parallel", 1)
+        np_ = f.get("parallel")
+        shown = np_ if np_ is not None else LLAMACPP_AUTO_SLOTS
         out.append(Check("service.spec_slots", "speculative decoding with one slot", PASS if np_ == 1 else WARN,
-                         np_, 1, "" if np_ == 1 else "MTP only pays at one concurrent slot (--parallel 1)", "P20"))
+                         shown, 1, "" if np_ == 1 else "MTP only pays at one concurrent slot: set "
+                         "serve.flags.parallel = 1 (the service stage reads the running server's slots from /props)",
+                         "P20"))
     split = f.get("tensor-split")
     if split is not None:
         parts = str(split).split(",")
@@ -237,7 +266,7 @@ def _vllm(p: Profile, f: dict) -> list[Check]:
                          "benchmark wall throughput both ways", "P20"))
     if p.gpus.count * p.profile.nodes >= 2 and "speculative-config" in f:
         eager = bool(f.get("enforce-eager"))
-        out.append(Check("service.eager", "MTP at TP2 runs eager", PASS if eager else WARN,
+        out.append(Check("service.eager", "MTP at TP2 runs eager", PASS if eager else FAIL,
                          "eager" if eager else "CUDA graphs", "--enforce-eager",
                          "" if eager else "CUDA graphs with MTP at TP2 cost about 28% of decode on GB10 (36 vs 50 "
                          "tok/s): set serve.flags.enforce-eager = true", "P22"))

@@ -16,7 +16,7 @@ def by_id(checks):
 
 def test_recorded_facts_agree_with_nvidia_smi_on_the_same_machine():
     smi = (FIXTURES / "h200-device/smi.txt").read_text()
-    from tests.smi_q import smi_q_gpus
+    from p2pkit.parse.smi_q import smi_q_gpus
 
     q = smi_q_gpus(smi.split("== topo -m")[0])[0]
     g = FACTS["pci_gpus"][0]

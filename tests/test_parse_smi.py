@@ -38,8 +38,8 @@ def test_topo_rejects_unexpected_output(text):
 
 
 def test_smi_q_real_capture():
-    """The test-side reader of `nvidia-smi -q` (tests/smi_q.py) over the real capture."""
-    from tests.smi_q import smi_q_gpus
+    """The test-side reader of `nvidia-smi -q` (p2pkit/parse/smi_q.py) over the real capture."""
+    from p2pkit.parse.smi_q import smi_q_gpus
 
     gpus = smi_q_gpus((H200 / "smi_q.txt").read_text())
     assert gpus == [{"bus_id": "00000000:00:06.0", "name": "NVIDIA H200", "bar1_total_mib": 262144,

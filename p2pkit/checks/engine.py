@@ -9,7 +9,17 @@ from p2pkit.checks import FAIL, WARN, Check, failed, judge, not_measured, unknow
 from p2pkit.config import Profile
 from p2pkit.parse.build import ldd_problems, names_arch, version_tuple
 
+NO_CUDA_COMPILER = ("CMake found no CUDA compiler (nvcc is not on PATH, or the toolkit is missing): install CUDA "
+                    "13.1 or newer and put its bin/ first on PATH, or point CUDACXX (CMAKE_CUDA_COMPILER) at "
+                    "/usr/local/cuda/bin/nvcc; then run the engine stage again")
+NO_DEFAULT_ARCH = ("CMake could not compile its CUDA probe, so it found no default architecture (the CUDA compiler "
+                   "identification is unknown: usually an nvcc CMake cannot run, or a stale build directory): point "
+                   "CUDACXX at the toolkit's nvcc, remove the build directory, and always pass "
+                   "CMAKE_CUDA_ARCHITECTURES (120a for the 5090; p2pkit passes engine.cuda_architectures)")
 CMAKE_FIXES = (
+    ("No CMAKE_CUDA_COMPILER could be found", "P05", NO_CUDA_COMPILER),
+    ("CMAKE_CUDA_COMPILER-NOTFOUND", "P05", NO_CUDA_COMPILER),
+    ("Failed to detect a default CUDA architecture", "P05", NO_DEFAULT_ARCH),
     ("CMAKE_CUDA_ARCHITECTURES", "P05", "NInfer builds only for 120a (RTX 5090, Blackwell): set "
                                         "engine.cuda_architectures = \"120a\""),
     ("libavformat", "P06", "pkg-config does not reach the FFmpeg libraries: set engine.pkg_config_path to the "

@@ -137,13 +137,27 @@ def bar_assignment(f: dict, p: Profile) -> list[Check]:
     if unreadable(k):
         return [could_not(id_, title, k, want, "P31")]
     lines = k["bar_no_space"] + k["resize_fatal"]
-    small = [f"{g['bdf']} BAR1 {g['aperture']['size'] >> 20} MiB" for g in (f.get("pci_gpus") or [])
-             if isinstance(g, dict) and g.get("aperture") and g["aperture"]["size"] < (p.gpus.vram_gib << 30)]
-    measured = "; ".join(lines[:3] + small) or "no such kernel line"
-    return [judge(id_, title, not lines, measured, want,
+    small = small_windows(f.get("pci_gpus"), p.gpus.vram_gib << 30)
+    measured = "; ".join(lines[:3] + small) or "no such kernel line, BAR1 and the bridge windows cover VRAM"
+    return [judge(id_, title, not lines and not small, measured, want + f"; BAR1 and bridge window >= "
+                  f"{p.gpus.vram_gib} GiB",
                   "the firmware left too little address space for BAR1 (it boots at 256 MiB and the resize fails; "
                   "a failed resize at probe leaves the GPU unbound): enable Above 4G Decoding and Resizable BAR "
                   "in the BIOS, disable CSM, then reboot", pitfall="P31")]
+
+
+def small_windows(gpus, vram: int) -> list[str]:
+    """P31 from sysfs: a GPU's BAR1 or its upstream bridge's prefetchable window smaller than VRAM."""
+    out = []
+    for g in gpus if isinstance(gpus, list) else []:
+        if not isinstance(g, dict):
+            continue
+        if g.get("aperture") and g["aperture"]["size"] < vram:
+            out.append(f"{g['bdf']} BAR1 {g['aperture']['size'] >> 20} MiB")
+        w = g.get("bridge_window") or {}
+        if isinstance(w.get("prefetch_size"), int) and w["prefetch_size"] < vram:
+            out.append(f"bridge {w['bdf']} above {g['bdf']}: prefetchable window {w['prefetch_size'] >> 20} MiB")
+    return out
 
 
 def iommu_translating(f: dict, p: Profile) -> list[Check]:

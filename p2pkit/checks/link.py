@@ -16,15 +16,46 @@ def ceiling_gbps(gen: int, width: int) -> float:
     return GEN_TO_GTS[gen] * enc * width / 8
 
 
+LOCKED_FIX = ("someone locked the clocks (nvidia-smi -lgc / -ac): a locked clock does not fill the link and skews "
+              "every later benchmark; reset with `sudo nvidia-smi -rgc` and `sudo nvidia-smi -rac`")
+
+
+def locked_clocks(nv: dict | None) -> list[Check]:
+    """P04 without load (doctor too): NVML's clock event reasons name the applications clocks setting
+    (nvmlClocksEventReasonApplicationsClocksSetting, also set by locked clocks) on a GPU."""
+    if nv is None:
+        return []
+    if failed(nv) or "gpus" not in nv:
+        return [unknown("link.clocks_locked", "no GPU has locked clocks", nv, "none locked", needed=False,
+                        pitfall="P04")]
+    out = []
+    for g in nv["gpus"]:
+        i, lc = g.get("index"), g.get("locked_clocks")
+        title = f"GPU{i} clocks not locked (nvidia-smi -lgc / -ac)"
+        if not isinstance(lc, dict) or "applications_clocks_setting" not in lc:
+            out.append(unknown(f"link.clocks_locked.gpu{i}", title, lc if isinstance(lc, dict) else
+                               {"error": "NVML gave no clock event reasons"}, "free", needed=False, pitfall="P04"))
+            continue
+        on = lc["applications_clocks_setting"]
+        out.append(judge(f"link.clocks_locked.gpu{i}", title, not on,
+                         f"applications clocks setting limits the clocks (reasons {g.get('clock_event_reasons')})"
+                         if on else f"free (reasons {g.get('clock_event_reasons')})", "free", LOCKED_FIX,
+                         pitfall="P04"))
+    return out
+
+
 def check(f: dict, p: Profile) -> list[Check]:
+    locked = locked_clocks(f.get("nvml"))
     if "link_load" not in f:
         return [Check("link.load", "real load on every GPU", SKIP, "not measured here: doctor puts no load on "
-                      "the GPUs", "a run of `p2pkit verify link`", "run `p2pkit verify link` to measure", "P03")]
+                      "the GPUs", "a run of `p2pkit verify link`", "run `p2pkit verify link` to measure", "P03"),
+                *locked]
     r = f.get("link_load")
     if failed(r) or r is None:
-        return [unknown("link.load", "real load on every GPU", r or {"error": "no result"}, "a completed run")]
+        return [unknown("link.load", "real load on every GPU", r or {"error": "no result"}, "a completed run"),
+                *locked]
     lk = p.link
-    out: list[Check] = []
+    out: list[Check] = list(locked)
     tgt = (p.pcie.min_gen, p.pcie.min_width)
     for g in r["gpus"]:
         i = g["index"]
@@ -53,8 +84,7 @@ def check(f: dict, p: Profile) -> list[Check]:
                           f"{g['replay_after']}"))
         out.append(judge(f"link.clocks.gpu{i}", f"GPU{i} clocks not locked", not g["app_clocks_reason_under_load"],
                          "applications/locked clocks limit active" if g["app_clocks_reason_under_load"] else "free",
-                         "free", "someone locked clocks (nvidia-smi -lgc / -ac): it does not fill the link and skews "
-                         "benchmarks; reset with `nvidia-smi -rgc` and `nvidia-smi -rac`", pitfall="P04",
+                         "free", LOCKED_FIX, pitfall="P04",
                          severity="warn"))
         gen, width = best["gen"], best["width"]
         if gen:

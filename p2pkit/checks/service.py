@@ -196,18 +196,103 @@ def _nccl(seen: list[str], p: Profile) -> Check:
 
 
 def _spec(s: dict, p: Profile) -> list[Check]:
-    spec = p.serve.flags.get("spec") or p.serve.flags.get("spec-type")
-    if p.engine.recipe == "llamacpp":
-        return check_llamacpp_requests(s, p)
-    out: list[Check] = []
-    if spec:  # NInfer and vLLM: their start-up line (no per-request proof is read for them yet)
-        text = "\n".join(s.get("log_tail", [])).lower()
-        seen = f"spec {str(spec).lower()}" in text or "draft acceptance" in text
-        out.append(judge("service.spec_running", "speculative decoding is really running", seen,
-                         "a start-up line shows it" if seen else "no start-up line shows it",
-                         f"spec {spec} running", "the engine ignored the speculative method: check its log and "
-                         "that the artifact carries the draft components", pitfall="P19"))
+    """P19 from each engine's own counters around the one real request: llama-server's response and
+    /metrics, vLLM's spec-decode counters, NInfer's request log."""
+    by_recipe = {"llamacpp": check_llamacpp_requests, "vllm": check_vllm_requests, "ninfer": check_ninfer_requests}
+    return by_recipe[p.engine.recipe](s, p) if p.engine.recipe in by_recipe else []
+
+
+SPEC_TITLE = "speculative decoding is really running"
+
+
+def _openai_first(fc: dict, s: dict, engine: str) -> Check:
+    """vLLM and NInfer: the one real request answered with generated tokens, the server still running."""
+    u = fc.get("usage") or {}
+    tail = " | ".join(s.get("log_tail", [])[-5:])
+    ok = fc.get("status") == 200 and (u.get("completion_tokens") or 0) > 0 and fc.get("alive_after", True)
+    got = (f"{u.get('completion_tokens')} tokens (usage), {fc.get('client_seconds')} s at the client" if ok else
+           f"HTTP {fc.get('status')}: {str(fc.get('error', ''))[:160]}; alive after: {fc.get('alive_after')}; "
+           f"last log lines: {tail}")
+    return judge("service.first_completion", "one real completion after /health 200", ok, got,
+                 "HTTP 200 with generated tokens, the server still running",
+                 f"{engine} said healthy but failed its first decode: read `p2pkit serve logs`", pitfall="P19")
+
+
+def check_vllm_requests(s: dict, p: Profile) -> list[Check]:
+    """vLLM: one real completion once /health is 200, and with a speculative-config its spec-decode
+    counters (vllm:spec_decode_num_drafts, _num_draft_tokens, _num_accepted_tokens, and the accepted
+    tokens per position) must have grown over it (P19)."""
+    fc = s.get("first_completion")
+    if fc is None:
+        return []
+    out = [_openai_first(fc, s, "vLLM")]
+    if "speculative-config" in p.serve.flags:
+        out.append(vllm_spec_running(fc, str(p.serve.flags["speculative-config"])))
     return out
+
+
+def vllm_spec_running(fc: dict, config: str) -> Check:
+    """P19 on vLLM from its own counters' deltas over one request: drafts made (zero drafts with a
+    speculative config set is speculative decoding not running), and the acceptance per draft
+    position (accepted at that position / drafts)."""
+    want = "vllm:spec_decode_num_drafts and _num_draft_tokens growing"
+    if fc.get("metrics_status") != 200:
+        return Check("service.spec_running", SPEC_TITLE, FAIL, f"/metrics answered {fc.get('metrics_status')}",
+                     want, "vLLM's API server serves /metrics unless something in front of it hides it: read the "
+                     "counters at the engine's own port", "P19")
+    d = fc.get("metrics_delta") or {}
+    if "spec_decode_num_drafts_total" not in d:
+        return Check("service.spec_running", SPEC_TITLE, FAIL, "no vllm:spec_decode_* counters in /metrics", want,
+                     f"vLLM registers the spec-decode counters only when a speculative config is in force: "
+                     f"--speculative-config {config} did not take (read the start-up log for the config it "
+                     "printed)", "P19")
+    drafts = d.get("spec_decode_num_drafts_total", 0)
+    tokens = d.get("spec_decode_num_draft_tokens_total", 0)
+    accepted = d.get("spec_decode_num_accepted_tokens_total", 0)
+    per = fc.get("accepted_per_pos_delta") or {}
+    rates = ", ".join(f"{per[k] / drafts:.2f}" for k in sorted(per, key=int)) if drafts else ""
+    return judge("service.spec_running", SPEC_TITLE, drafts > 0 and tokens > 0,
+                 f"drafts +{drafts:g}, draft tokens +{tokens:g}, accepted +{accepted:g}"
+                 + (f"; acceptance per position {rates}" if rates else ""), want,
+                 f"--speculative-config {config} is set but nothing was drafted: the MTP layers or the draft model "
+                 "are missing from the checkpoint, or the method does not match it", pitfall="P19")
+
+
+def check_ninfer_requests(s: dict, p: Profile) -> list[Check]:
+    """NInfer: one real completion once /health is 200, and with --spec the `speculative` block of its
+    request log's `request_done` line must show drafted tokens (P19)."""
+    fc = s.get("first_completion")
+    if fc is None:
+        return []
+    out = [_openai_first(fc, s, "NInfer")]
+    spec = p.serve.flags.get("spec")
+    if spec:
+        out.append(ninfer_spec_running(fc, str(spec)))
+    return out
+
+
+def ninfer_spec_running(fc: dict, spec: str) -> Check:
+    """P19 on NInfer from its JSONL request log (src/serve/request_log.cpp, the `speculative` block of
+    `request_done`: backend, rounds, drafted_tokens, accepted_tokens, accepted_per_position)."""
+    want = f"request_done with speculative.backend {spec} and drafted tokens"
+    if fc.get("request_log") is None:
+        return Check("service.spec_running", SPEC_TITLE, FAIL, "the engine keeps no request log", want,
+                     'set serve.flags.request-log-jsonl = "requests.jsonl" (the built-in profile does): NInfer '
+                     "counts drafts only there, and nothing else proves drafting", "P19")
+    done = [e for e in fc.get("log_events", []) if e.get("event") == "request_done"]
+    if not done:
+        return Check("service.spec_running", SPEC_TITLE, FAIL, f"no request_done line in {fc['request_log']} "
+                     "for the request", want, "the request log did not record the request: check that the engine "
+                     "writes where serve.flags.request-log-jsonl says (relative to its working directory)", "P19")
+    sp = done[-1].get("speculative") or {}
+    drafted, accepted, rounds = (sp.get("drafted_tokens") or 0), (sp.get("accepted_tokens") or 0), sp.get("rounds")
+    per = sp.get("accepted_per_position") or []
+    rates = ", ".join(f"{n / rounds:.2f}" for n in per) if rounds else ""
+    return judge("service.spec_running", SPEC_TITLE, sp.get("backend") not in (None, "none") and drafted > 0,
+                 f"backend {sp.get('backend')}, rounds {rounds}, drafted {drafted}, accepted {accepted}"
+                 + (f"; acceptance per position {rates}" if rates else ""), want,
+                 f"--spec {spec} is set but NInfer drafted nothing: the artifact lacks the draft components "
+                 "(convert it with the draft head), or the engine ignored the method", pitfall="P19")
 
 
 def check_llamacpp_requests(s: dict, p: Profile) -> list[Check]:
@@ -232,6 +317,8 @@ def check_llamacpp_requests(s: dict, p: Profile) -> list[Check]:
                  pitfall="P19")]
     if not spec:
         return out
+    if "total_slots" in fc:
+        out.append(running_slots(fc["total_slots"], p.serve.flags.get("parallel")))
     if fc.get("metrics_status") != 200:
         out.append(Check("service.spec_running", "speculative decoding is really running", FAIL,
                          f"/metrics answered {fc.get('metrics_status')}", "spec_decode counters growing",
@@ -250,6 +337,18 @@ def check_llamacpp_requests(s: dict, p: Profile) -> list[Check]:
                      "missing (`-md` alone leaves drafting off; the model stage checks the nextn layers)",
                      pitfall="P19"))
     return out
+
+
+def running_slots(n: int | dict, flag) -> Check:
+    """P20 on the running llama-server: its slots as /props says (an omitted --parallel is its automatic
+    default, not 1)."""
+    title = "the running server drafts for one slot"
+    given = f"--parallel {flag}" if flag is not None else "--parallel omitted (auto)"
+    if not isinstance(n, int):
+        return unknown("service.spec_slots_running", title, n, 1, needed=False, pitfall="P20")
+    return judge("service.spec_slots_running", title, n == 1, f"/props total_slots {n} ({given})", 1,
+                 "MTP only pays at one concurrent slot: set serve.flags.parallel = 1 and "
+                 "`p2pkit up --from service --force`", pitfall="P20", severity=WARN)
 
 
 def _user_access(u: dict | None) -> list[Check]:

@@ -240,11 +240,20 @@ def verify(
 
 def doctor(
     facts_file: Annotated[Path | None, typer.Option("--facts", help="judge a recorded facts file")] = None,
+    paste_file: Annotated[Path | None, typer.Option("--from-paste", help="judge a pasted output (lspci -vv, the "
+                                                    "NVIDIA installer's log, CMake's output, nvidia-smi -q)")] = None,
 ) -> None:
     """Every read-only check p2pkit has, grouped by stage, with PITFALLS ids and fixes."""
     from p2pkit import doctor as doctor_mod
 
-    if facts_file is not None:
+    if paste_file is not None:
+        try:
+            text = paste_file.read_text(errors="replace")
+        except OSError as e:
+            raise UsageError(f"cannot read the paste {paste_file}: {e.strerror}",
+                             hint="give the path of a file holding the pasted output") from e
+        report = doctor_mod.from_paste(text, common.profile(), str(paste_file))
+    elif facts_file is not None:
         recorded = facts.load_recorded(facts_file)
         rec = recorded.get("profile")
         if common.OPTS.profile is None and rec:  # judged with the profile the facts were recorded under
@@ -263,7 +272,9 @@ def doctor(
         out.document(report)
     else:
         doctor_mod.render(out, report)
-    raise typer.Exit(int(Exit.CHECK_FAILED if report["failed"] else Exit.OK))
+    # a paste too short to tell is never a pass
+    unsure = paste_file is not None and report["not_checked"]
+    raise typer.Exit(int(Exit.CHECK_FAILED if report["failed"] or unsure else Exit.OK))
 
 
 def restore(

@@ -75,7 +75,54 @@ def first_completion(base: str, n_predict: int = 16) -> dict:
     done = llamacpp_completion(base, n_predict)
     after = metrics(base, "llamacpp:")
     return {**done, "metrics_status": after["status"],
-            "metrics_delta": pe.deltas(before["values"], after["values"]) if after["status"] == 200 else {}}
+            "metrics_delta": pe.deltas(before["values"], after["values"]) if after["status"] == 200 else {},
+            "total_slots": total_slots(base)}
+
+
+def total_slots(base: str) -> int | dict:
+    """The running llama-server's slots: /props' total_slots (tools/server/server-context.cpp
+    get_res_props: params.n_parallel after -np's auto default was resolved)."""
+    status, text = get(f"{base}/props")
+    if status != 200:
+        return {"error": f"/props answered {status}: {text.strip()[:160]}"}
+    try:
+        n = json.loads(text).get("total_slots")
+    except (ValueError, AttributeError):
+        return {"error": "/props is not a JSON object"}
+    return n if isinstance(n, int) else {"error": f"/props has no total_slots ({n!r})"}
+
+
+PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+
+
+def vllm_first_completion(base: str, model: str, n_predict: int = 16) -> dict:
+    """The service proof's one real request on vLLM, with its /metrics read before and after it: the
+    deltas of the `vllm:` counters (the spec-decode ones among them: vllm/v1/spec_decode/metrics.py)
+    and of the accepted tokens per draft position."""
+    b_status, b_text = get(f"{base}/metrics")
+    done = openai_request(base, "/v1/completions", {"model": model, "prompt": PROMPT, "max_tokens": n_predict,
+                                                     "temperature": 0, "ignore_eos": True})
+    a_status, a_text = get(f"{base}/metrics")
+    out = {**done, "metrics_status": a_status if b_status == 200 else b_status, "metrics_delta": {},
+           "accepted_per_pos_delta": {}}
+    if b_status == 200 and a_status == 200:
+        out["metrics_delta"] = pe.deltas(pe.prometheus(b_text, "vllm:"), pe.prometheus(a_text, "vllm:"))
+        out["accepted_per_pos_delta"] = pe.deltas(pe.by_label(b_text, PER_POS, "position"),
+                                                  pe.by_label(a_text, PER_POS, "position"))
+    return out
+
+
+def ninfer_first_completion(base: str, model: str, log_path, n_predict: int = 16) -> dict:
+    """The service proof's one real request on NInfer, with the `request_done` / `request_error` lines
+    its JSONL request log gained meanwhile (log_path None: the engine keeps no request log)."""
+    offset = log_size(log_path) if log_path is not None else 0
+    done = openai_request(base, "/v1/chat/completions", {
+        "model": model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": n_predict,
+        "temperature": 0, "stream": False})
+    out = {**done, "request_log": str(log_path) if log_path is not None else None, "log_events": []}
+    if log_path is not None:
+        out["log_events"] = pe.ninfer_done(log_since(log_path, offset)[0])
+    return out
 
 
 def openai_request(base: str, path: str, body: dict, timeout: float = 600) -> dict:

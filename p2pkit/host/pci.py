@@ -64,6 +64,15 @@ def port_type(host: Host, bdf: str) -> str | None:
     return pp.PORT_TYPES.get(t, f"type {t}") if t is not None else None
 
 
+def bridge_window(host: Host, bdf: str) -> dict:
+    """The upstream bridge's prefetchable window (P31: a window smaller than VRAM leaves BAR1 no room)."""
+    try:
+        w = pp.bridge_prefetch_window(pp.resources(host.read(f"{DEVICES}/{bdf}/resource", f"resource of {bdf}")))
+    except (ProbeError, ValueError) as e:
+        return {"error": getattr(e, "message", str(e))}
+    return {"bdf": bdf, "prefetch_size": w.size if w else None}
+
+
 def gpu(host: Host, bdf: str) -> dict:
     errors: list[str] = []
     device = _get(host, bdf, "device", errors)
@@ -108,6 +117,7 @@ def gpu(host: Host, bdf: str) -> dict:
         ps_, pw = _get(host, parent, "max_link_speed", pe), _get(host, parent, "max_link_width", pe)
         fact["parent_link"] = {"bdf": parent, "max_gen": pp.link_gen(ps_) if ps_ else None,
                                "max_width": pp.link_width(pw) if pw else None}
+        fact["bridge_window"] = bridge_window(host, parent)
     group = f"{DEVICES}/{bdf}/iommu_group"
     if host.exists(group):
         gtype = host.path(group) / "type"

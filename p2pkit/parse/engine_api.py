@@ -119,3 +119,23 @@ def ninfer_done(records: list[dict]) -> list[dict]:
     """The `request_done` and `request_error` events of NInfer's request log, in order."""
     return [r for r in records if r.get("artifact_type") == "ninfer_serve_request_log"
             and r.get("event") in ("request_done", "request_error")]
+
+
+def by_label(text: str, name: str, label: str) -> dict[str, float]:
+    """One family's samples of a Prometheus text by one label's value (vLLM's
+    `vllm:spec_decode_num_accepted_tokens_per_pos_total{...,position="0"}` -> {"0": value}), summed
+    over the other labels."""
+    out: dict[str, float] = {}
+    want = re.compile(rf'(?:^|[{{,])\s*{re.escape(label)}="([^"]*)"')
+    for line in text.splitlines():
+        m = SAMPLE.match(line)
+        if not m or m.group(1) != name or not m.group(2):
+            continue
+        lv = want.search(m.group(2))
+        try:
+            v = float(m.group(3))
+        except ValueError:
+            continue
+        if lv:
+            out[lv.group(1)] = out.get(lv.group(1), 0.0) + v
+    return out

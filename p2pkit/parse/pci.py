@@ -61,6 +61,15 @@ def vram_aperture(res: list[Resource]) -> Resource | None:
     return max(cands, key=lambda r: r.size, default=None)
 
 
+def bridge_prefetch_window(res: list[Resource]) -> Resource | None:
+    """A bridge's prefetchable memory window from its sysfs resource table: the kernel lists a bridge's
+    windows after its own BARs, ROM and the SR-IOV slots (index 7 on, PCI_BRIDGE_RESOURCES: I/O,
+    memory, prefetchable memory); the largest prefetchable memory one is where the GPU's BAR1 must fit."""
+    cands = [r for r in res[7:] if r.size and r.flags & (IORESOURCE_MEM | IORESOURCE_PREFETCH)
+             == IORESOURCE_MEM | IORESOURCE_PREFETCH]
+    return max(cands, key=lambda r: r.size, default=None)
+
+
 def resize_sizes(bitmap_hex: str) -> list[int]:
     """resourceN_resize: bit n set means 2^(n+20) bytes is supported."""
     v = int(bitmap_hex.strip(), 16)

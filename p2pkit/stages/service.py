@@ -360,6 +360,18 @@ def nccl_transports(lines: list[str]) -> list[str]:
     return nccl.transports(lines)
 
 
+def first_completion(ctx) -> dict:
+    """One real request with the engine's own counters around it (P19): llama-server's response and
+    /metrics, vLLM's /metrics, NInfer's request log."""
+    p, base = ctx.profile, engine_cmd.base_url(ctx.profile)
+    if p.engine.recipe == "vllm":
+        return engine_api.vllm_first_completion(base, engine_cmd.served_model(p))
+    if p.engine.recipe == "ninfer":
+        return engine_api.ninfer_first_completion(base, engine_cmd.served_model(p),
+                                                  engine_cmd.request_log(p, ctx.host, ctx.store.dir))
+    return engine_api.first_completion(base)
+
+
 def measure(ctx) -> dict:
     p = ctx.profile
     host = ctx.host
@@ -379,9 +391,9 @@ def measure(ctx) -> dict:
            "main_pid": pid, **(service_launcher.measured(host) if launched else {}),
            "pid_cgroup": pid_caps(host, pid) if pid else {"error": "the service has no main PID (not running)"},
            "listen": listening(p, pid) if role != "worker" else None}
-    if p.engine.recipe == "llamacpp" and health.get("ok") and role != "worker":
+    if health.get("ok") and role != "worker":
         with ctx.out.working("[service] one real completion (the first decode, P19)"):
-            res["first_completion"] = engine_api.first_completion(engine_cmd.base_url(p))
+            res["first_completion"] = first_completion(ctx)
         res["first_completion"]["alive_after"] = unit_alive(host)
     res["log_tail"] = logs(host)
     if p.network.require_roce or role != "single":

@@ -1,7 +1,7 @@
-"""`nvidia-smi -q` read the way a person reads it, for the tests that hold p2pkit's own readings
-(NVML, sysfs) against nvidia-smi's on the same machine (tests/fixtures/h200-device/smi.txt).
-p2pkit itself no longer runs `nvidia-smi -q`: what it judged from it (utilization, processes) comes
-from NVML."""
+"""`nvidia-smi -q` read the way a person reads it: what an owner pastes when NVML is not at hand
+(`p2pkit doctor --from-paste`), and what the tests hold p2pkit's own readings (NVML, sysfs) against
+on the same machine (tests/fixtures/h200-device/smi.txt). p2pkit does not run `nvidia-smi -q` on a
+host: what it judges there (utilization, processes, BAR1) comes from NVML."""
 
 from __future__ import annotations
 

@@ -1,0 +1,138 @@
+"""What owners paste, read and judged (`p2pkit doctor --from-paste`): real pastes from public issue
+threads (tests/fixtures/paste/README.md names each thread) and the lent H200's real `nvidia-smi -q`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from p2pkit import config
+from p2pkit.checks import engine as ec
+from p2pkit.checks import paste as pc
+from p2pkit.parse import build
+from p2pkit.parse import paste as pp
+from tests.conftest import FIXTURES
+
+PASTE = FIXTURES / "paste"
+P = config.load(None)  # the 5090 box: 32 GiB VRAM
+
+
+def text(name: str) -> str:
+    return (PASTE / name).read_text()
+
+
+@pytest.mark.parametrize("name,kind", [
+    ("lspci_4090_bar1_256m_geerlingguy504.txt", "lspci"), ("lspci_4090_bar1_32g_tinygrad28.txt", "lspci"),
+    ("lspci_3090_rebar_cap_rebaruefi11.txt", "lspci"),
+    ("installer_drm_loaded_cuda_samples286.txt", "nvidia-installer"),
+    ("installer_drm_loaded_apollo6308.txt", "nvidia-installer"),
+    ("install_sh_rmmod_in_use_tinygrad20.txt", "nvidia-installer"),
+    ("cmake_no_cuda_compiler_llamacpp13527.txt", "cmake"), ("cmake_no_default_arch_nvbandwidth3.txt", "cmake"),
+])
+def test_each_real_paste_is_recognised(name, kind):
+    assert pp.kind(text(name)) == kind
+    assert pp.kind((FIXTURES / "h200-vm/smi_q.txt").read_text()) == "nvidia-smi-q"
+
+
+# ---------------------------------------------------------------------------------------- lspci
+
+def test_lspci_bar1_256m_fails_p31():
+    d = pp.lspci(text("lspci_4090_bar1_256m_geerlingguy504.txt"))[0]
+    assert d["gpu"] and d["regions"][1] == {"index": 1, "size": 256 << 20, "bits64": True, "prefetchable": True,
+                                            "disabled": True, "unassigned": False}
+    c = pc.lspci(text("lspci_4090_bar1_256m_geerlingguy504.txt"), P)[0]
+    assert c.status == "fail" and c.pitfall == "P31" and "256 MiB (Region 1)" in c.measured
+    assert "Above 4G" in c.hint and "Resizable BAR" in c.hint
+
+
+def test_lspci_v_bar1_32g_passes():
+    c = pc.lspci(text("lspci_4090_bar1_32g_tinygrad28.txt"), P)[0]
+    assert c.status == "pass" and c.measured.startswith("32 GiB")
+
+
+def test_lspci_rebar_capability_current_size_where_regions_were_cut():
+    c = pc.lspci(text("lspci_3090_rebar_cap_rebaruefi11.txt"), P)[0]
+    assert c.status == "fail" and "Resizable BAR capability" in c.measured
+
+
+def test_lspci_truncated_before_the_regions_is_could_not_determine():
+    head = "\n".join(text("lspci_4090_bar1_256m_geerlingguy504.txt").splitlines()[:4])  # cut before Region 0
+    c = pc.lspci(head, P)[0]
+    assert c.status == "skip" and c.measured.startswith("could not determine")
+    assert pc.lspci("", P)[0].measured.startswith("could not determine")
+
+
+# ---------------------------------------------------------------------------------------- installer
+
+@pytest.mark.parametrize("name,held", [
+    ("installer_drm_loaded_cuda_samples286.txt", "nvidia-drm"), ("installer_drm_loaded_apollo6308.txt", "nvidia-drm"),
+    ("install_sh_rmmod_in_use_tinygrad20.txt", "nvidia_drm"),
+])
+def test_installer_module_in_use_is_p34(name, held):
+    c = pc.installer(text(name), P)[0]
+    assert c.status == "fail" and c.pitfall == "P34" and held in c.measured
+    assert "nvidia_drm nvidia_modeset nvidia_uvm nvidia" in c.hint
+
+
+def test_rmmod_lines_say_who_holds_each_module():
+    r = pp.installer(text("install_sh_rmmod_in_use_tinygrad20.txt"))
+    assert {"module": "nvidia", "by": ["nvidia_uvm", "nvidia_modeset"]} in r["rmmod_in_use"]
+
+
+# ---------------------------------------------------------------------------------------- CMake
+
+def test_cmake_no_cuda_compiler_is_p05_in_the_paste_and_in_the_engine_stage():
+    t = text("cmake_no_cuda_compiler_llamacpp13527.txt")
+    c = pc.cmake(t, P)[0]
+    assert c.id == "paste.cuda_compiler" and c.status == "fail" and c.pitfall == "P05" and "CUDACXX" in c.hint
+    # the engine stage's own reading of the same configure log names P05 and the fix, not a generic hint
+    e = ec._configure({"configure_rc": 1, "first_error": build.first_cmake_error(t), "log": "configure.log"})[0]
+    assert e.status == "fail" and e.pitfall == "P05" and ec.NO_CUDA_COMPILER in e.hint
+
+
+def test_cmake_no_default_architecture_is_p05():
+    t = text("cmake_no_default_arch_nvbandwidth3.txt")
+    c = pc.cmake(t, P)[0]
+    assert c.id == "paste.cuda_arch" and c.status == "fail" and c.pitfall == "P05"
+    assert "120a" in c.expected and "CMAKE_CUDA_ARCHITECTURES" in c.hint
+    e = ec._configure({"configure_rc": 1, "first_error": build.first_cmake_error(t), "log": "configure.log"})[0]
+    assert e.pitfall == "P05" and e.hint.startswith(ec.NO_DEFAULT_ARCH)
+
+
+# ---------------------------------------------------------------------------------------- nvidia-smi -q
+
+def test_smi_q_of_the_h200_passes_and_a_cut_paste_cannot_tell():
+    full = (FIXTURES / "h200-vm/smi_q.txt").read_text()
+    c = pc.smi_q(full, P)[0]
+    assert c.status == "pass" and c.measured == "BAR1 262144 MiB" and "143771" in c.expected
+    cut = full[: full.index("BAR1 Memory Usage")]
+    assert pc.smi_q(cut, P)[0].measured.startswith("could not determine")
+
+
+# ---------------------------------------------------------------------------------------- the command
+
+def test_doctor_from_paste_names_the_pitfall(cli):
+    r = cli("--json", "doctor", "--from-paste", str(PASTE / "lspci_4090_bar1_256m_geerlingguy504.txt"))
+    doc = json.loads(r.out)
+    assert r.code == 1 and doc["paste_kind"] == "lspci" and doc["failed"] == ["paste.bar1.01:00.0"]
+    assert doc["groups"][0]["checks"][0]["pitfall_text"]
+    ok = cli("doctor", "--from-paste", str(PASTE / "lspci_4090_bar1_32g_tinygrad28.txt"))
+    assert ok.code == 0 and "0 check(s) failed" in ok.out
+
+
+def test_doctor_from_paste_unknown_kind_lists_the_known_ones(cli, tmp_path):
+    f = tmp_path / "paste.txt"
+    f.write_text("hello, my GPUs do not talk to each other\n")
+    r = cli("doctor", "--from-paste", str(f))
+    assert r.code == 2 and "Traceback" not in r.err
+    for k in pp.KINDS:
+        assert k in r.err
+
+
+def test_doctor_from_a_truncated_paste_is_never_a_pass(cli, tmp_path):
+    f = tmp_path / "cut.txt"
+    f.write_text("\n".join(text("lspci_4090_bar1_256m_geerlingguy504.txt").splitlines()[:4]) + "\n")
+    r = cli("--json", "doctor", "--from-paste", str(f))
+    doc = json.loads(r.out)
+    assert r.code == 1 and not doc["failed"] and doc["not_checked"][0]["why"].startswith("could not determine")
