@@ -286,6 +286,15 @@ def _chars(value: str, kind: str) -> str | None:
     return None
 
 
+def unsafe_path_char(path: str) -> str | None:
+    """The first character of a path p2pkit is given (--root, --state-dir, --profile) that a shell, or
+    Ansible's handling of its temporary directories, would interpret (named), or None. The same
+    characters as a profile's path keys: letters, digits and . _ / + @ , = ~ : -."""
+    allowed = CHARS["path"][0]
+    bad = next((ch for ch in path if not re.fullmatch(allowed, ch)), None)
+    return None if bad is None else writers.char_name(bad)
+
+
 def _table_problems(path: str, table: dict) -> list[tuple[str, str]]:
     """Keys and values of a free-form table ([serve.flags], [serve.env], engine.python_pins)."""
     out = []

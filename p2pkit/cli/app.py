@@ -51,6 +51,7 @@ def main_options(
     common.OPTS.yes = yes
     common.OPTS.debug = debug
     common.setup_logging(debug)
+    common.refuse_unsafe_paths()
 
 
 def build(only: str | None = None) -> typer.Typer:

@@ -1,0 +1,103 @@
+"""Root safety of the paths p2pkit is given (issue 31): no path reaches a shell, one run per host,
+paths stay inside their directory, and bad input is a clear error (never exit 70, never a hang)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from p2pkit import ansible
+from tests.conftest import make_sim
+
+# 1. no path reaches a shell -----------------------------------------------------------------------
+
+# Each path, handed to a shell as it is, runs `touch {tmp}/Y` (as the issue found Ansible doing).
+STATE_FORMS = {"$()": "{tmp}/s$(touch${{IFS}}{tmp}/Y)", ";": "{tmp}/s;touch${{IFS}}{tmp}/Y;x",
+               "\n": "{tmp}/s\ntouch${{IFS}}{tmp}/Y\nx", "&": "{tmp}/s&touch${{IFS}}{tmp}/Y&x"}
+ROOT_FORMS = {";": "{tmp}/h;touch${{IFS}}{tmp}/Y;x", "&": "{tmp}/h&touch${{IFS}}{tmp}/Y&x"}
+
+
+def _named(ch: str) -> str:
+    return "a newline (\\n)" if ch == "\n" else f"the character {ch[0]!r}"
+
+
+@pytest.mark.parametrize("ch", list(STATE_FORMS))
+def test_a_state_dir_holding_shell_syntax_is_refused_before_anything_acts(cli, tmp_path, monkeypatch, ch):
+    root = make_sim(tmp_path / "host")
+    monkeypatch.chdir(tmp_path)
+    state = Path(STATE_FORMS[ch].format(tmp=tmp_path))
+    r = cli("--root", str(root), "--state-dir", str(state), "--yes", "up", "--to", "driver")
+    assert not (tmp_path / "Y").exists()
+    assert r.code == 2 and "--state-dir" in r.err and f"holds {_named(ch)}" in r.err, r.err
+    assert not state.exists() and not (root / "var/lib/p2pkit").exists()
+
+
+@pytest.mark.parametrize("ch", list(ROOT_FORMS))
+def test_a_root_holding_shell_syntax_is_refused_before_anything_acts(cli, tmp_path, monkeypatch, ch):
+    root = Path(ROOT_FORMS[ch].format(tmp=tmp_path))  # laid out under a plain name (its profile's URLs
+    root.parent.mkdir(parents=True)  # name it), moved there, the plain name left as a link to it
+    make_sim(tmp_path / "host").rename(root)
+    (tmp_path / "host").symlink_to(root)
+    monkeypatch.chdir(tmp_path)
+    before = sorted(p.relative_to(root) for p in root.rglob("*"))
+    r = cli("--root", str(root), "--yes", "up", "--to", "driver")
+    assert not (tmp_path / "Y").exists()
+    assert r.code == 2 and "--root" in r.err and f"holds {_named(ch)}" in r.err, r.err
+    assert sorted(p.relative_to(root) for p in root.rglob("*")) == before
+
+
+def test_a_profile_path_holding_shell_syntax_is_refused(cli, tmp_path):
+    r = cli("--profile", str(tmp_path / "p;reboot.toml"), "profile", "validate")
+    assert r.code == 2 and "--profile" in r.err and "the character ';'" in r.err, r.err
+
+
+def test_a_space_in_the_state_dir_is_refused_at_the_door_not_after_the_driver_acted(cli, sim, tmp_path):
+    root = sim("healthy")
+    r = cli("--root", str(root), "--state-dir", str(tmp_path / "a b"), "--yes", "up", "--to", "driver")
+    assert r.code == 2 and "--state-dir" in r.err and "' '" in r.err, r.err
+    assert not (tmp_path / "a b").exists()
+
+
+def test_ansible_temp_is_a_new_directory_of_safe_characters_and_refuses_an_unsafe_state_dir(tmp_path):
+    """Behind the door too: Ansible's temporary directories are made by p2pkit, never named by the user."""
+    from p2pkit.config import unsafe_path_char
+    from p2pkit.errors import UsageError
+
+    a, b = ansible.ansible_temp(tmp_path / "state"), ansible.ansible_temp(tmp_path / "state")
+    assert a != b and a.is_dir() and a.parent == tmp_path / "state/.ansible/tmp"
+    assert a.stat().st_mode & 0o777 == 0o700 and unsafe_path_char(str(a)) is None
+    with pytest.raises(UsageError, match="the character '\\$'"):
+        ansible.ansible_temp(tmp_path / "s$(touch Y)")
+    assert not (tmp_path / "s$(touch Y)").exists()
+
+
+@pytest.mark.slow
+def test_the_playbook_runs_with_its_own_temp_directories_and_removes_them(sim, monkeypatch):
+    """The driver playbook, run for real: Ansible is handed p2pkit's directory for both temps, and
+    it is gone afterwards."""
+    from p2pkit import config, pipeline
+    from p2pkit.artifacts import Store
+    from p2pkit.host import Host
+    from p2pkit.output import Output
+    from p2pkit.stages import acting
+
+    root = sim("healthy")
+    h = Host.at(root)
+    ctx = pipeline.Ctx(profile=config.load(h.sim["profile"]), host=h, store=Store(root / "var/lib/p2pkit"),
+                       out=Output())
+    seen = []
+    real = h.runner.run
+
+    def spy(argv, *a, **kw):
+        if "ansible-playbook" in str(argv[0]):
+            seen.append(dict(kw["env"]))
+            assert Path(kw["env"]["ANSIBLE_LOCAL_TEMP"]).is_dir()
+        return real(argv, *a, **kw)
+    monkeypatch.setattr(h.runner, "run", spy)
+    assert acting.driver(ctx)["failed"] == 0
+    assert seen and seen[0]["ANSIBLE_LOCAL_TEMP"] == seen[0]["ANSIBLE_REMOTE_TEMP"]
+    tmp = Path(seen[0]["ANSIBLE_LOCAL_TEMP"])
+    assert tmp.parent == root / "var/lib/p2pkit/.ansible/tmp" and not tmp.exists()
+    assert os.listdir(tmp.parent) == []
