@@ -101,3 +101,45 @@ def test_the_playbook_runs_with_its_own_temp_directories_and_removes_them(sim, m
     tmp = Path(seen[0]["ANSIBLE_LOCAL_TEMP"])
     assert tmp.parent == root / "var/lib/p2pkit/.ansible/tmp" and not tmp.exists()
     assert os.listdir(tmp.parent) == []
+
+
+# 3. one run per host ------------------------------------------------------------------------------
+
+def _held_by_an_up(root: Path, state: Path):
+    """What `up` holds while it acts (pipeline.up): the host's lock and its state directory's."""
+    from p2pkit.lock import state_lock
+
+    return state_lock(state, root=root)
+
+
+def test_two_state_directories_on_one_host_run_one_at_a_time(cli, sim, tmp_path):
+    root = sim("healthy")
+    with _held_by_an_up(root, tmp_path / "state-a"):
+        r = cli("--root", str(root), "--state-dir", str(tmp_path / "state-b"), "--yes", "up", "--to", "preflight")
+    assert r.code == 5, r.err
+    assert f"another p2pkit run (pid {os.getpid()}, state directory {tmp_path / 'state-a'}) is acting on this host" \
+        in r.err, r.err
+    assert not (tmp_path / "state-b/preflight.json").exists()
+    r = cli("--root", str(root), "--state-dir", str(tmp_path / "state-b"), "--yes", "up", "--to", "preflight")
+    assert r.code == 0, r.err  # released with its holder
+    from p2pkit.lock import host_lock_path
+    assert host_lock_path(root) == root / "run/p2pkit.lock" and host_lock_path(root).is_file()
+
+
+@pytest.mark.parametrize("args", [("serve", "restart"), ("bench", "--ab", "serve.env.NCCL_P2P_DISABLE=1")])
+def test_serve_restart_and_bench_ab_are_refused_while_an_up_holds_the_host(cli, sim, tmp_path, monkeypatch, args):
+    """Both change the engine's unit or restart it: refused (exit 5) before they touch it."""
+    from p2pkit.host import Host
+
+    root = sim("healthy")
+    runs = []
+    real = Host.at(root).runner.__class__.run
+    monkeypatch.setattr(Host.at(root).runner.__class__, "run",
+                        lambda self, argv, *a, **kw: (runs.append(list(argv)), real(self, argv, *a, **kw))[1])
+    with _held_by_an_up(root, root / "var/lib/p2pkit"):
+        r = cli("--root", str(root), *args)
+    assert r.code == 5 and "is acting on this host" in r.err, r.err
+    assert not [a for a in runs if "systemctl" in a[0]], runs
+    with _held_by_an_up(root, tmp_path / "other-state"):  # an up with another state directory: the same
+        r = cli("--root", str(root), *args)
+    assert r.code == 5 and "is acting on this host" in r.err, r.err

@@ -44,14 +44,16 @@ def logs(lines: Annotated[int, typer.Option("--lines", "-n")] = 50) -> None:
 def restart() -> None:
     """Restart the engine and wait until /health answers 200."""
     from p2pkit import engine_cmd
+    from p2pkit.lock import state_lock
     from p2pkit.stages import service
 
     ctx = common.context()
-    ctx.host.runner.run(["systemctl", "restart", service.UNIT])
     p = ctx.profile
     worker = engine_cmd.node(p)["role"] == "worker"
-    h = (service.wait_joined(ctx, p.serve.health_timeout_s) if worker
-         else service.wait_health(ctx, engine_cmd.health_url(p), p.serve.health_timeout_s))
+    with state_lock(ctx.store.dir, say=ctx.out.warn, root=ctx.host.root):  # never beside an `up`
+        ctx.host.runner.run(["systemctl", "restart", service.UNIT])
+        h = (service.wait_joined(ctx, p.serve.health_timeout_s) if worker
+             else service.wait_health(ctx, engine_cmd.health_url(p), p.serve.health_timeout_s))
     if h["ok"]:
         ctx.out.line(f"{service.UNIT} restarted; " + (f"joined the head after {h['seconds']} s" if worker
                                                       else f"/health 200 after {h['seconds']} s"))
