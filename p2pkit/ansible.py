@@ -11,11 +11,12 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
-from p2pkit import logfiles, writers
+from p2pkit import config, logfiles, writers
 from p2pkit.artifacts import atomic_write
-from p2pkit.errors import MissingError, P2pkitError
+from p2pkit.errors import MissingError, P2pkitError, UsageError
 from p2pkit.output import follow_cmd
 from p2pkit.secrets import redact_doc
 
@@ -70,22 +71,37 @@ def write_vars(ctx, stage: str, extra: dict) -> dict:
     return doc
 
 
+def ansible_temp(state_dir: Path) -> Path:
+    """This run's temporary directory for Ansible (local and remote temp, the vars file): a new 0700
+    directory under <state>/.ansible/tmp with a name of letters and digits. Refused (exit 2) when the
+    state directory's path holds a character a shell would interpret (the CLI refuses it at the door)."""
+    base = Path(os.path.abspath(state_dir)) / ".ansible/tmp"
+    why = config.unsafe_path_char(str(base))
+    if why:
+        raise UsageError(f"the state directory {str(state_dir)!r} holds {why}: Ansible makes its temporary "
+                         "directories under it through a shell, which would interpret it",
+                         hint="give --state-dir a path of letters, digits and . _ / + @ , = ~ : -; nothing was done")
+    base.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="run", dir=base))
+
+
 def run_playbook(ctx, stage: str, extra: dict, check_mode: bool = False) -> dict:
     book = share_dir() / "playbooks" / f"{stage}.yml"
     doc = write_vars(ctx, stage, extra)  # makes <state>/logs too
     logs = ctx.store.dir / "logs"
     # Ansible itself reads a 0600 copy whose every string is !unsafe (a {{ ... }} from a profile is
     # never evaluated), removed afterwards.
-    tmp = ctx.store.dir / ".ansible/tmp"
-    tmp.mkdir(parents=True, exist_ok=True)
-    vars_file = atomic_write(tmp / f"{stage}.vars.{os.getpid()}.yml", writers.ansible_vars(doc).encode(), mode=0o600)
+    tmp = ansible_temp(ctx.store.dir)
+    vars_file = atomic_write(tmp / f"{stage}.vars.yml", writers.ansible_vars(doc).encode(), mode=0o600)
     argv = [playbook_binary(), "-i", "localhost,", "-c", "local", "-e", f"@{vars_file}", str(book)]
     if check_mode:
         argv += ["--check", "--diff"]
     env = {
         "ANSIBLE_HOME": str(ctx.store.dir / ".ansible"),
-        "ANSIBLE_LOCAL_TEMP": str(ctx.store.dir / ".ansible/tmp"),
-        "ANSIBLE_REMOTE_TEMP": str(ctx.store.dir / ".ansible/tmp"),
+        # Ansible makes its temporary directories through a shell that expands what they hold: both are
+        # this run's own directory, made here, whose path holds no character a shell interprets
+        "ANSIBLE_LOCAL_TEMP": str(tmp),
+        "ANSIBLE_REMOTE_TEMP": str(tmp),
         "ANSIBLE_RETRY_FILES_ENABLED": "false",
         "ANSIBLE_NOCOLOR": "1",
         "ANSIBLE_FORCE_COLOR": "0",
@@ -101,7 +117,7 @@ def run_playbook(ctx, stage: str, extra: dict, check_mode: bool = False) -> dict
         with ctx.out.working(f"[{stage}] ansible-playbook {book.name}", log=str(log), follow=follow_cmd(stage)):
             res = ctx.host.runner.run(argv, check=False, env=env, timeout=3600, output_log=log)
     finally:
-        vars_file.unlink(missing_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
     m = RECAP.search(res.stdout)
     summary = {"playbook": book.name, "log": str(log), "returncode": res.returncode, "check_mode": check_mode}
     if m:

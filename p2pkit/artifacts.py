@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from p2pkit import writers
-from p2pkit.errors import P2pkitError, UsageError, immutable_hint, state_dir_unwritable
+from p2pkit.errors import P2pkitError, UsageError, disk_full, immutable_hint, state_dir_unwritable
 from p2pkit.secrets import redact_doc
 
 SCHEMA = 1
@@ -33,6 +33,8 @@ def atomic_write(final: Path, data: bytes, mode: int = 0o644) -> Path:
     try:
         return _atomic_write(Path(final), data, mode)
     except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise disk_full(final, e) from e
         raise UsageError(f"cannot write {final}: {e.strerror or e}", hint=unwritable_hint(Path(final).parent, e)) from e
 
 

@@ -11,8 +11,11 @@ import hashlib
 import ipaddress
 import json
 import math
+import os
+import posixpath
 import re
 import socket
+import stat
 import tomllib
 import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields
@@ -28,6 +31,7 @@ SHA256 = r"^([0-9a-f]{64})?$"
 COMMIT = r"^([0-9a-f]{40})?$"  # a full commit id: a prefix is not a pin (it can grow ambiguous, or be chosen)
 PCI_ID = r"^0x[0-9a-f]{4}$"
 DEFAULT_PROFILE = "dual-5090-ninfer"
+NOT_AN_OPTION = r"^(?!-)"  # a value handed to a command as an argument: never read as one of its options
 
 
 # Which characters a string key may hold. Every string (table values and list items too) is one line
@@ -88,7 +92,8 @@ class Driver:
 
 @dataclass(frozen=True, kw_only=True)
 class P2pModule:
-    repo: str = f(chars="url", expect="the fork's git URL")
+    repo: str = f(chars="url", pattern=NOT_AN_OPTION, expect="the fork's git URL (not starting with -: git would "
+                  "read it as an option)")
     branch: str = f(pattern=r"^\d+\.\d+(\.\d+)?(-p2p)?$", expect="the driver version plus -p2p (or the bare "
                     "version for NVIDIA's unpatched tree)")
     patched: bool = f(True, expect="true for the P2P fork (a GPU pair on PCIe); false for NVIDIA's own open modules "
@@ -128,7 +133,8 @@ class Link:
 @dataclass(frozen=True, kw_only=True)
 class Engine:
     recipe: str = f(choices=("ninfer", "llamacpp", "vllm"))
-    repo: str = f("", chars="url")
+    repo: str = f("", chars="url", pattern=NOT_AN_OPTION, expect="the engine's git URL (not starting with -: git "
+                  "would read it as an option)")
     commit: str = f("", pattern=COMMIT, expect="a full git commit id (40 hex digits)")
     branch: str = f("", chars="path", expect="the branch the engine's source tree is on (vLLM on a Spark: the PR "
                     "branch), or empty")
@@ -291,13 +297,22 @@ def _chars(value: str, kind: str) -> str | None:
         bad = next((ch for ch in value if not re.fullmatch(allowed, ch)), None)
         if bad is not None:
             return f"holds {writers.char_name(bad)}, which a {kind} may not hold (use {desc})"
-    if kind == "path":
+    if kind in ("path", "url"):  # a URL's path too: model.source is a local directory, `..` leads out of it
         for part in re.split(r"[:/]", value):
             if part in (".", ".."):
                 return f"holds a {part!r} component: write the path resolved, without . or .. ({value})"
     if "{{" in value or "{%" in value:
         return "holds a Jinja2 expression ({{ or {%): p2pkit never evaluates one from a profile; remove it"
     return None
+
+
+def unsafe_path_char(path: str) -> str | None:
+    """The first character of a path p2pkit is given (--root, --state-dir, --profile) that a shell, or
+    Ansible's handling of its temporary directories, would interpret (named), or None. The same
+    characters as a profile's path keys: letters, digits and . _ / + @ , = ~ : -."""
+    allowed = CHARS["path"][0]
+    bad = next((ch for ch in path if not re.fullmatch(allowed, ch)), None)
+    return None if bad is None else writers.char_name(bad)
 
 
 def _table_problems(path: str, table: dict) -> list[tuple[str, str]]:
@@ -430,8 +445,41 @@ def from_dict(data: dict, source: str, overrides: tuple[str, ...] = (),
     return profile
 
 
+# Engine flags the fit check (checks/fit.py) computes with, per recipe: what each must be. A context
+# beyond 2^24 tokens or a tensor-parallel size beyond 64 GPUs is no engine's.
+MAX_CONTEXT = 1 << 24
+FIT_FLAGS: dict[str, dict[str, tuple[str, float, float]]] = {
+    "llamacpp": {"ctx-size": ("int", 0, MAX_CONTEXT), "tensor-split": ("split", 0, 0)},
+    "ninfer": {"tp": ("int", 1, 64), "max-context": ("int", 0, MAX_CONTEXT)},
+    "vllm": {"tensor-parallel-size": ("int", 1, 64), "max-model-len": ("int", 0, MAX_CONTEXT),
+             "gpu-memory-utilization": ("float", 0.01, 1.0)},
+}
+
+
+def _fit_flag_problem(kind: str, lo: float, hi: float, value) -> str | None:
+    """Why an engine flag the fit check reads cannot be computed with, or None."""
+    if kind == "split":
+        parts = [x.strip() for x in str(value).split(",")]
+        try:
+            shares = [float(x) for x in parts]
+        except ValueError:
+            return f"expected comma-separated shares like 0.5,0.5, got {json.dumps(value)}"
+        if not all(math.isfinite(x) and x >= lo for x in shares) or not sum(shares) > 0:
+            return f"expected shares of at least {lo}, not all 0, like 0.5,0.5, got {json.dumps(value)}"
+        return None
+    want = f"{'an integer' if kind == 'int' else 'a number'} from {lo} to {hi}"
+    if isinstance(value, bool) or not isinstance(value, int | float) or (kind == "int" and not isinstance(value, int)):
+        return f"expected {want}, got {json.dumps(value)}"
+    if not math.isfinite(value) or not lo <= value <= hi:
+        return f"expected {want}, got {value}"
+    return None
+
+
 def _cross_checks(p: Profile) -> list[tuple[str, str]]:
     out = []
+    for name, (kind, lo, hi) in FIT_FLAGS.get(p.engine.recipe, {}).items():
+        if name in p.serve.flags and (why := _fit_flag_problem(kind, lo, hi, p.serve.flags[name])):
+            out.append((f"serve.flags.{name}", f"{why} (the VRAM fit check computes with it, P18)"))
     want_branch = p.driver.version + ("-p2p" if p.p2p_module.patched else "")
     if p.p2p_module.branch != want_branch:
         out.append(("p2p_module.branch", f"expected {want_branch} to match driver.version"
@@ -516,12 +564,25 @@ def leads_out(realpath, path: str, under: str) -> str | None:
             " (a symlink leads out)")
 
 
+def models_dir(p: Profile) -> str:
+    """The models directory model.output must resolve inside: the directory model.source and
+    model.output share (/srv/models for /srv/models/Q and /srv/models/Q.gguf), else model.output's own.
+    The directory itself may be a link (the models on another disk); a link below it leading out
+    (/srv/models/sub -> /etc for /srv/models/sub/x) is refused."""
+    out_dir = p.model.output.rstrip("/").rpartition("/")[0] or "/"
+    if not p.model.source.startswith("/"):
+        return out_dir
+    common = posixpath.commonpath([p.model.source.rstrip("/") or "/", out_dir])
+    return common if common != "/" else out_dir
+
+
 def escaping_paths(p: Profile, realpath, state_dir: str | None = None) -> list[tuple[str, str]]:
     """(key, why) for every profile path in CONTAINED and FLAG_PATHS, and each of STATE_PATHS under
     `state_dir`, that a symlink leads out of the directory it belongs to. `realpath`: the host's
     (Host.realpath)."""
     out = []
     named = [(k, getattr(getattr(p, k.split(".")[0]), k.split(".")[1]), None) for k in CONTAINED]
+    named = [(k, path, models_dir(p) if k == "model.output" else under) for k, path, under in named]
     named += [(key, path, None) for key, path in flag_paths(p).items()]
     if state_dir:
         named += [(what, f"{state_dir.rstrip('/')}/{sub}", state_dir) for what, sub in STATE_PATHS.items()]
@@ -532,7 +593,7 @@ def escaping_paths(p: Profile, realpath, state_dir: str | None = None) -> list[t
         why = leads_out(realpath, path, under or path.rpartition("/")[0] or "/")
         if why:
             fix = (f"remove the link, or write where it is meant to be in {key} itself" if under is None
-                   else "remove the link, or give a --state-dir whose own directories are real")
+                   or key in CONTAINED else "remove the link, or give a --state-dir whose own directories are real")
             out.append((key, f"{why}: p2pkit writes and reads as root only inside the directory a path names; "
                              f"{fix}"))
     return out
@@ -586,6 +647,36 @@ def from_record(rec: dict, overrides: tuple[str, ...] = ()) -> Profile:
                      tuple(rec.get("overrides") or ()) + tuple(overrides))
 
 
+def read_profile_file(path: Path) -> str:
+    """A profile file's text: a regular file (a FIFO or a device is refused, never waited on) of UTF-8
+    text; anything else is a UsageError (exit 2) that says what it is and the fix."""
+    fix = "give a readable TOML file or one of: " + ", ".join(builtin_names())
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO opens at once, never blocks
+    except OSError as e:
+        raise UsageError(f"cannot read profile {path}: {e.strerror or e}", hint=fix) from e
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            what = ("a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else
+                    "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode)
+                    else "not a regular file")
+            raise UsageError(f"profile {path} is {what}, not a file: p2pkit reads a profile only from a regular "
+                             "file", hint=fix)
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            data = fh.read()
+    except OSError as e:
+        raise UsageError(f"cannot read profile {path}: {e.strerror or e}", hint=fix) from e
+    finally:
+        os.close(fd)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"profile {path} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}): a TOML "
+                         "profile is UTF-8", hint=f"save {path} as UTF-8 (`iconv -f latin1 -t utf-8`), or "
+                         "give another profile") from e
+
+
 def load(name_or_path: str | None, overrides: tuple[str, ...] | list[str] = (),
          stored_secrets: tuple[str, ...] = ()) -> Profile:
     """A built-in profile by name, or a TOML file by path; `overrides` (`section.key=VALUE`) go on
@@ -597,11 +688,7 @@ def load(name_or_path: str | None, overrides: tuple[str, ...] | list[str] = (),
         text = (resources.files("p2pkit.profiles") / f"{name_or_path}.toml").read_text()
         source = name_or_path
     elif path.suffix == ".toml" or path.exists():
-        try:
-            text = path.read_text()
-        except OSError as e:
-            raise UsageError(f"cannot read profile {path}: {e.strerror}",
-                             hint="give a readable TOML file or one of: " + ", ".join(builtin_names())) from e
+        text = read_profile_file(path)
         source = str(path)
     else:
         raise UsageError(f"no profile named {name_or_path!r}",

@@ -102,3 +102,12 @@ def immutable_hint(d) -> str:
     """EPERM for root: an immutable (chattr +i) or append-only (+a) file or directory."""
     return (f"{d} is probably immutable (`lsattr -d {d}` shows an i): if you did not mean that, run "
             f"`chattr -i {d}`, else give p2pkit another --state-dir; nothing was written there")
+
+
+def disk_full(path, e: OSError) -> UsageError:
+    """ENOSPC (or a quota, EDQUOT) writing under `path`: the disk, not p2pkit, is what to fix."""
+    what = "its quota is used up" if e.errno == errno.EDQUOT else "the disk it is on is full"
+    return UsageError(f"cannot write {path}: {e.strerror or e} ({what})",
+                      hint=f"free space on the disk that holds {path} (`df -h {path}` shows it), or give "
+                           "--state-dir a directory on another disk; then run the same command again. What was "
+                           "not written was left as it was")

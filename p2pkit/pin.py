@@ -83,7 +83,7 @@ def checkout_commit(runner: Runner, d: Path) -> dict:
 def remote_commit(runner: Runner, repo: str, ref: str) -> dict:
     if not repo:
         raise UsageError("the profile names no repository to ask", hint="give a local checkout instead")
-    r = runner.run(["git", "ls-remote", repo, ref], check=False, timeout=120)
+    r = runner.run(["git", "ls-remote", "--", repo, ref], check=False, timeout=120)
     if r.returncode != 0:
         raise P2pkitError(f"`git ls-remote {repo} {ref}` failed: {(r.stderr or r.stdout).strip()[:300]}",
                           hint="check the network and the repository URL, or give a local checkout")

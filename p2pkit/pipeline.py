@@ -275,7 +275,7 @@ class UpResult:
 def up(ctx: Ctx, start: str | None = None, stop: str | None = None, force: bool = False) -> UpResult:
     selected = select(start, stop)
     order = [s.name for s in registry()]
-    with state_lock(ctx.store.dir, say=ctx.out.warn):
+    with state_lock(ctx.store.dir, say=ctx.out.warn, root=ctx.host.root):
         hoststate.record_profile(ctx.store.dir, ctx.profile)  # later commands use these values
         states = {s.stage: s for s in evaluate(ctx)}
         ran: list[str] = []

@@ -46,7 +46,7 @@ def restore(ctx, kernel: str | None = None) -> tuple[Exit, dict]:
     target = kernel or running
     record: dict = {"kind": "p2pkit-restore", "simulated": ctx.host.simulated, "running_kernel": running,
                     "target_kernel": target, "started": pipeline.now(), "actions": []}
-    with state_lock(ctx.store.dir, say=ctx.out.warn):
+    with state_lock(ctx.store.dir, say=ctx.out.warn, root=ctx.host.root):
         if engine_mark(ctx).is_file():  # a restore killed while the engine was stopped
             ctx.out.warn("a restore that was killed left the engine stopped: starting it again first")
             _engine(ctx, "start")

@@ -60,7 +60,7 @@ def _held_by_p2pkit(ctx, manifest: dict) -> list[str]:
 
 
 def apply(ctx, stage: str) -> dict:
-    with state_lock(ctx.store.dir, say=ctx.out.warn):
+    with state_lock(ctx.store.dir, say=ctx.out.warn, root=ctx.host.root):
         steps = plan(ctx, stage)
         b = Backup(ctx.store.dir, stage, ctx.host)
         m = b.manifest()

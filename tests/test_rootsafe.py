@@ -811,7 +811,8 @@ def test_every_contained_path_refuses_a_symlink_leading_out(tmp_path, key):
     assert config.escaping_paths(prof, host.realpath, state) == []
     link.symlink_to("/etc")
     got = dict(config.escaping_paths(prof, host.realpath, state))
-    assert list(got) == [key] and f"{path} leads to /etc, outside {path.rpartition('/')[0]}" in got[key], got
+    under = config.models_dir(prof) if key == "model.output" else path.rpartition("/")[0]
+    assert list(got) == [key] and f"{path} leads to /etc, outside {under}" in got[key], got
     link.unlink()
     link.symlink_to("real-inside")  # a link that stays in its directory
     assert config.escaping_paths(prof, host.realpath, state) == []
@@ -819,7 +820,10 @@ def test_every_contained_path_refuses_a_symlink_leading_out(tmp_path, key):
     parent = link.parent
     parent.rmdir()
     parent.symlink_to("/data/real")  # the directory itself elsewhere: where it leads is the directory
-    assert config.escaping_paths(prof, host.realpath, state) == []
+    # (but model.output's directory lies below the models directory it shares with model.source, /srv
+    # here: a link there leading out of it is a way out, issue 31)
+    got = dict(config.escaping_paths(prof, host.realpath, state))
+    assert list(got) == (["model.output"] if key == "model.output" else []), got
 
 
 def test_every_path_key_is_contained_or_left_out_for_a_reason():

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import importlib
 import signal
 import sys
@@ -14,7 +15,7 @@ import typer
 from p2pkit import __version__, children
 from p2pkit.cli import common
 from p2pkit.cli.argv import COMMANDS, GLOBAL_VALUES, hoist_global_options, named_command
-from p2pkit.errors import Exit, P2pkitError
+from p2pkit.errors import Exit, P2pkitError, disk_full
 
 
 def _version(value: bool) -> None:
@@ -51,6 +52,7 @@ def main_options(
     common.OPTS.yes = yes
     common.OPTS.debug = debug
     common.setup_logging(debug)
+    common.refuse_unsafe_paths()
 
 
 def build(only: str | None = None) -> typer.Typer:
@@ -93,6 +95,14 @@ def _traceback() -> None:
     import traceback  # only with --debug: not every run pays its import
 
     traceback.print_exc()
+
+
+def _internal(e: Exception) -> None:
+    """A bug: one paragraph, traceback only with --debug."""
+    if common.OPTS.debug:
+        _traceback()
+    _fail(Exit.INTERNAL, f"internal error: {type(e).__name__}: {e}",
+          "rerun with --debug for the traceback and report it")
 
 
 def _fail(code: int, message: str, hint: str) -> None:
@@ -142,6 +152,11 @@ def run() -> None:
         _fail(e.code, e.message, e.hint)
     except KeyboardInterrupt:
         _fail(130, "interrupted", "run the same command again: p2pkit resumes where it stopped")
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            _internal(e)
+        full = disk_full(e.filename or "a file under the state directory", e)  # wherever it was not caught
+        _fail(full.code, full.message, full.hint)
     except Exception as e:
         if _usage_error(e):  # an unknown command or option, a bad choice: typer's message, exit 2
             e.show()
@@ -151,11 +166,7 @@ def run() -> None:
             sys.exit(e.exit_code)
         if type(e).__name__ == "Abort":  # the framework's Ctrl-C at a prompt
             _fail(130, "interrupted", "run the same command again: p2pkit resumes where it stopped")
-        # a bug: one paragraph, traceback only with --debug
-        if common.OPTS.debug:
-            _traceback()
-        _fail(Exit.INTERNAL, f"internal error: {type(e).__name__}: {e}",
-              "rerun with --debug for the traceback and report it")
+        _internal(e)
     if INTERRUPTED and rc == 130:  # typer caught the KeyboardInterrupt and returned 130 without a word
         # (a command that ends on Ctrl-C by design, `logs --follow`, catches it and exits 0: not this)
         _fail(130, "interrupted", "run the same command again: p2pkit resumes where it stopped")

@@ -84,15 +84,20 @@ def bench(
     png: Annotated[Path | None, typer.Option("--plot", help="a PNG of per-request tok/s per arm (matplotlib)")] = None,
 ) -> None:
     """Benchmark the served engine (it gates nothing): fixed lengths, warm-up left out, the server's own figures."""
+    from contextlib import nullcontext
+
     from p2pkit import bench as b
     from p2pkit.artifacts import atomic_write
+    from p2pkit.lock import state_lock
     from p2pkit.stages import service
 
     ctx = common.context()
-    b.gate(ctx)
     cfg = ctx.profile.bench
-    doc = b.run(ctx, prompt_tokens or cfg.prompt_tokens, output_tokens or cfg.output_tokens,
-                cfg.warmup if warmup is None else warmup, requests or cfg.requests, ab)
+    # --ab changes the unit: it holds the host's lock, refused beside an `up` (exit 5) before anything
+    with state_lock(ctx.store.dir, say=ctx.out.warn, root=ctx.host.root) if ab else nullcontext():
+        b.gate(ctx)
+        doc = b.run(ctx, prompt_tokens or cfg.prompt_tokens, output_tokens or cfg.output_tokens,
+                    cfg.warmup if warmup is None else warmup, requests or cfg.requests, ab)
     failed = [a for a in doc["arms"] if a.get("error")]
     if failed:
         doc["server_log_tail"] = service.logs(ctx.host, 12)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +52,31 @@ def host() -> Host:
                          hint="check the path for a typo: --root names / (the default) or a simulated host's "
                               "directory (`p2pkit sim init DIR` lays one out)")
     return h
+
+
+PATH_OPTIONS = (("--root", "root"), ("--state-dir", "state_dir"), ("--profile", "profile"))
+
+
+def refuse_unsafe_paths() -> None:
+    """At the door, before anything acts: a path option holding a character that a shell or Ansible's
+    temporary-directory handling would interpret is refused (exit 2), naming the option and the
+    character. The path checked is the absolute one p2pkit hands on (a relative one joined to the
+    working directory); a built-in profile's name is not a path."""
+    for option, attr in PATH_OPTIONS:
+        value = getattr(OPTS, attr)
+        if value is None or (option == "--profile" and value in config.builtin_names()):
+            continue
+        refuse_unsafe_path(option, str(value))
+
+
+def refuse_unsafe_path(option: str, value: str) -> None:
+    why = config.unsafe_path_char(os.path.abspath(value))
+    if why:
+        raise UsageError(f"{option} {value!r} holds {why}: p2pkit hands this path to Ansible and writes it into "
+                         "units and hooks, where a shell would interpret it, so it may hold only letters, digits "
+                         "and . _ / + @ , = ~ : - (the working directory counts for a relative path)",
+                         hint=f"give {option} a path made of those characters (rename or move the directory); "
+                              "nothing was done")
 
 
 def state_dir(h: Host) -> Path:

@@ -68,19 +68,21 @@ def logs(lines: Annotated[int, typer.Option("--lines", "-n")] = 50) -> None:
 def restart() -> None:
     """Restart the engine and wait until /health answers 200."""
     from p2pkit import engine_cmd
+    from p2pkit.lock import state_lock
     from p2pkit.stages import service, service_launcher
 
     ctx = common.context()
     name = service.UNIT
-    if service_launcher.in_use(ctx):
-        service_launcher.restart(ctx, service.SERVICE_USER)
-        name = "the engine (p2pkit's launcher)"
-    else:
-        ctx.host.runner.run(["systemctl", "restart", service.UNIT])
     p = ctx.profile
     worker = engine_cmd.node(p)["role"] == "worker"
-    h = (service.wait_joined(ctx, p.serve.health_timeout_s) if worker
-         else service.wait_health(ctx, engine_cmd.health_url(p), p.serve.health_timeout_s))
+    with state_lock(ctx.store.dir, say=ctx.out.warn, root=ctx.host.root):  # never beside an `up`
+        if service_launcher.in_use(ctx):
+            service_launcher.restart(ctx, service.SERVICE_USER)
+            name = "the engine (p2pkit's launcher)"
+        else:
+            ctx.host.runner.run(["systemctl", "restart", service.UNIT])
+        h = (service.wait_joined(ctx, p.serve.health_timeout_s) if worker
+             else service.wait_health(ctx, engine_cmd.health_url(p), p.serve.health_timeout_s))
     if h["ok"]:
         ctx.out.line(f"{name} restarted; " + (f"joined the head after {h['seconds']} s" if worker
                                                       else f"/health 200 after {h['seconds']} s"))
@@ -93,16 +95,18 @@ def restart() -> None:
 @app.command()
 def stop() -> None:
     """Stop the engine (SIGTERM, then SIGKILL of what is left after 30 s where p2pkit's launcher started it)."""
+    from p2pkit.lock import state_lock
     from p2pkit.stages import service, service_launcher
 
     ctx = common.context()
-    if service_launcher.in_use(ctx):
-        res = service_launcher.stop(ctx)
-        ctx.out.line(f"the engine (pid {res['pid']}) stopped" + (f"; killed {res['killed']} after the wait"
-                                                                  if res["killed"] else "")
-                     if res["stopped"] else f"the engine was {res['why']}")
-        raise typer.Exit(int(Exit.OK))
-    r = ctx.host.runner.run(["systemctl", "stop", service.UNIT], check=False)
+    with state_lock(ctx.store.dir, say=ctx.out.warn, root=ctx.host.root):  # never beside an `up`
+        if service_launcher.in_use(ctx):
+            res = service_launcher.stop(ctx)
+            ctx.out.line(f"the engine (pid {res['pid']}) stopped" + (f"; killed {res['killed']} after the wait"
+                                                                      if res["killed"] else "")
+                         if res["stopped"] else f"the engine was {res['why']}")
+            raise typer.Exit(int(Exit.OK))
+        r = ctx.host.runner.run(["systemctl", "stop", service.UNIT], check=False)
     if r.returncode:
         ctx.out.error(f"systemctl stop {service.UNIT} failed: {r.stderr.strip()[-300:]}", "read `p2pkit serve logs`")
         raise typer.Exit(int(Exit.CHECK_FAILED))

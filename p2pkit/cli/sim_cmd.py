@@ -50,6 +50,7 @@ def init(
     """Lay out a simulated host (sysfs, /proc, /etc, stand-in commands) in DIRECTORY."""
     from p2pkit.sim import lifecycle
 
+    common.refuse_unsafe_path("sim init DIRECTORY", str(directory))  # it is the --root of every later command
     d = directory.resolve()
     state = scenarios.build(scenario)  # an unknown scenario is refused before anything is touched
     if d.exists() and any(d.iterdir()):

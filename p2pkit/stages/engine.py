@@ -39,7 +39,7 @@ def checkout(ctx, src: Path, log: Path) -> dict:
     if not (src / ".git").is_dir():
         if src.exists() and any(src.iterdir()):
             return {"path": str(src), "error": f"{src} exists and is not a git checkout: p2pkit will not touch it"}
-        r = _run(ctx, ["git", "clone", "--quiet", e.repo, str(src)], log)
+        r = _run(ctx, ["git", "clone", "--quiet", "--", e.repo, str(src)], log)
         if r.returncode:
             return {"path": str(src), "error": f"git clone failed: {r.stderr.strip()[-300:]}"}
     _run(ctx, ["git", "-C", str(src), "fetch", "--quiet", "origin"], log)

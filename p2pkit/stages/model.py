@@ -83,10 +83,11 @@ def engine_support(ctx) -> dict:
     return out
 
 
-def leaves_its_directory(host, path: str) -> str | None:
-    """model.output must stay in the directory the profile names (config.leads_out): a symlink that
-    leads elsewhere is refused here too, at the write (the CLI refused it when it loaded the profile)."""
-    why = config.leads_out(host.realpath, path, os.path.dirname(path))
+def leaves_its_directory(host, path: str, under: str | None = None) -> str | None:
+    """model.output must stay in the models directory (`under`, config.models_dir; its own directory
+    by default) once links are followed (config.leads_out): a symlink that leads elsewhere is refused
+    here too, at the write (the CLI refused it when it loaded the profile)."""
+    why = config.leads_out(host.realpath, path, under or os.path.dirname(path))
     return why and (f"{why}: p2pkit writes a model only inside the directory the profile names; remove the link "
                     "or point model.output at the real place")
 
@@ -143,7 +144,7 @@ def convert(ctx) -> dict:
     out = host.path(m.output)
     record_file = ctx.store.dir / "model-output.json"
     cache = ctx.store.dir / "sha256-cache.json"
-    escape = leaves_its_directory(host, m.output)
+    escape = leaves_its_directory(host, m.output, config.models_dir(p))
     if escape:
         res["refused"] = escape
         return res
