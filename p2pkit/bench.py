@@ -5,6 +5,17 @@ throughput from the server's own accounting (P15): llama.cpp's per-response `tim
 /metrics counters, vLLM's /metrics counters, NInfer's per-request JSONL log line. The client's
 wall time is reported beside them, never instead (seed 000: client SSE timing read 4.5x low).
 
+Seed 000's whole method ("Benchmark" section): the same requests in every arm at temperature 0,
+two workload shapes (decode-heavy: a short prompt, a long output; production: a long prompt, a
+short output), and concurrency levels with per-stream and aggregate figures. A level runs C
+streams at once, each sending its requests one after another; per-stream tok/s is each request's
+own server figure, aggregate tok/s is the output tokens the server counted over the level's wall
+time. The lengths the server really ran (its prompt_n and predicted_n) are checked against the
+lengths asked for (P13). `--reference` (llama.cpp) runs llama-bench on the same GPU, model and
+lengths, decode at the same depth (a served request decodes after its prompt; llama-bench's plain
+tg decodes from an empty context), read by p2pkit.parse.llama_bench, and gives the served figures
+as ratios of it.
+
 `--ab KEY=VALUE` runs a second arm with one profile setting changed (the P2P-off arm is
 `serve.env.NCCL_P2P_DISABLE=1`, P17): the service is re-rendered and restarted with it, the same
 requests run, and the files the service stage writes are put back byte for byte and the service
@@ -13,6 +24,9 @@ restarted as it was, also after a failure or Ctrl-C."""
 from __future__ import annotations
 
 import statistics
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from p2pkit import config, engine_cmd
@@ -24,6 +38,9 @@ SCHEMA = 1
 UNIT_FILES = ("/etc/systemd/system/p2pkit-engine.service", "/etc/p2pkit/engine.env",
               "/etc/systemd/system/p2pkit.slice")
 PROMPT_WORD = " gpu"  # one token per repeat in the tiny tokenizer and in most BPE vocabularies
+# seed 000's two workload shapes: (prompt tokens, output tokens)
+SHAPES = {"decode": (128, 512), "production": (2048, 128)}
+PER_REQUEST_UNDER_CONCURRENCY = ("llamacpp",)  # each response carries its own server figures
 
 
 def gate(ctx) -> None:
@@ -187,27 +204,93 @@ def _stats(values: list) -> dict | None:
     return {"median": round(statistics.median(v), 3), "min": round(min(v), 3), "max": round(max(v), 3), "n": len(v)}
 
 
-def run_arm(ctx, p, name: str, n_prompt: int, n_out: int, warmup: int, requests: int) -> dict:
-    """Warm-up requests (left out), then N timed ones with the engine's accounting read around them.
-    A request that fails stops the arm: what was done so far is kept, with the error."""
+def run_arm(ctx, p, name: str, n_prompt: int, n_out: int, warmup: int, requests: int,
+            levels: list[tuple[str, int, int, int]] | None = None) -> dict:
+    """Warm-up requests (left out), then each level (shape, prompt, output, concurrency): C streams at
+    once, N timed requests each, the engine's accounting read around the level. A request that fails
+    stops the arm: what was done so far is kept, with the error. The arm's own `requests` and
+    `summary` are its first level's (the headline, as before levels existed)."""
+    levels = levels or [("profile", n_prompt, n_out, 1)]
     reader = READERS[p.engine.recipe](ctx, p)
-    arm: dict = {"arm": name, "overrides": list(p.overrides), "requests": [], "warmup": warmup}
+    arm: dict = {"arm": name, "overrides": list(p.overrides), "requests": [], "warmup": warmup, "levels": []}
     for _ in range(warmup):
-        w = one_request(reader, n_prompt, n_out)
+        w = one_request(reader, levels[0][1], levels[0][2])
         if not w.get("ok"):
             arm["error"] = f"warm-up request failed: {w.get('error')}"
             return arm
-    reader.start()
-    for i in range(requests):
-        with ctx.out.working(f"[bench] {name}: request {i + 1}/{requests}"):
-            r = one_request(reader, n_prompt, n_out)
-        if not r.get("ok"):
-            arm["error"] = f"request {i + 1} failed: HTTP {r.get('status')}: {r.get('error')}"
+    for shape, lp, lo, conc in levels:
+        level = run_level(ctx, reader, name, shape, lp, lo, conc, requests)
+        arm["levels"].append(level)
+        if "error" in level:
+            arm["error"] = level["error"]
             break
-        arm["requests"].append(r)
-    reader.finish(arm)
-    arm["summary"] = summarize(arm)
+    first = arm["levels"][0] if arm["levels"] else {"requests": []}
+    arm["requests"] = first["requests"]
+    for k in ("metrics_status", "metrics_delta", "log_totals"):
+        if k in first:
+            arm[k] = first[k]
+    arm["summary"] = first.get("summary") or summarize(arm)
     return arm
+
+
+def run_level(ctx, reader: Reader, arm_name: str, shape: str, n_prompt: int, n_out: int, conc: int,
+              requests: int) -> dict:
+    """C streams at once, each sending `requests` timed requests one after another."""
+    level: dict = {"shape": shape, "prompt_tokens": n_prompt, "output_tokens": n_out, "concurrency": conc,
+                   "requests": []}
+    reader.start()
+    done = [0]
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def stream(i: int) -> list[dict]:
+        out = []
+        for _ in range(requests):
+            if stop.is_set():
+                break
+            r = one_request(reader, n_prompt, n_out)
+            r["stream"] = i
+            out.append(r)
+            with lock:
+                done[0] += 1
+            if not r.get("ok"):
+                stop.set()
+                break
+        return out
+
+    with ctx.out.working(f"[bench] {arm_name}: {shape} {n_prompt}/{n_out} tokens, {conc} stream(s) x {requests}"):
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(max_workers=conc) as pool:
+            results = [r for rs in pool.map(stream, range(conc)) for r in rs]
+        wall = time.monotonic() - t0
+    bad = next((r for r in results if not r.get("ok")), None)
+    level["requests"] = [r for r in results if r.get("ok")]
+    level["wall_s"] = round(wall, 4)
+    if bad is not None:
+        level["error"] = f"a request failed: HTTP {bad.get('status')}: {bad.get('error')}"
+    reader.finish(level)
+    level["summary"] = summarize(level)
+    out_tokens = sum(r.get("predicted_n") or 0 for r in level["requests"])
+    if level["requests"] and wall > 0:
+        level["summary"]["aggregate_decode_tps"] = round(out_tokens / wall, 3)
+        level["summary"]["aggregate_note"] = "output tokens the server counted, over the level's wall time"
+    level["summary"]["lengths"] = lengths_ran(level["requests"], n_prompt, n_out)
+    return level
+
+
+def lengths_ran(reqs: list[dict], n_prompt: int, n_out: int) -> dict:
+    """P13: the prompt and output lengths the server says it ran, against the lengths asked for."""
+    prompts = sorted({r.get("prompt_n") for r in reqs if r.get("prompt_n") is not None})
+    outs = sorted({r.get("predicted_n") for r in reqs if r.get("predicted_n") is not None})
+    return {"asked": [n_prompt, n_out], "prompt_n": prompts, "predicted_n": outs,
+            "match": bool(reqs) and prompts == [n_prompt] and outs == [n_out]}
+
+
+def levels_of(shapes: list[str] | None, concurrency: list[int] | None, n_prompt: int,
+              n_out: int) -> list[tuple[str, int, int, int]]:
+    """The (shape, prompt, output, concurrency) levels: each shape at each concurrency, in order."""
+    named = [(s, *SHAPES[s]) for s in shapes] if shapes else [("profile", n_prompt, n_out)]
+    return [(s, lp, lo, c) for s, lp, lo in named for c in (concurrency or [1])]
 
 
 def summarize(arm: dict) -> dict:
@@ -270,23 +353,36 @@ def switch(ctx, override: str):
     return q
 
 
-def run(ctx, n_prompt: int, n_out: int, warmup: int, requests: int, ab: str | None) -> dict:
+def run(ctx, n_prompt: int, n_out: int, warmup: int, requests: int, ab: str | None,
+        shapes: list[str] | None = None, concurrency: list[int] | None = None, reference: bool = False) -> dict:
     p = ctx.profile
     if p.engine.recipe not in READERS:
         raise P2pkitError(f"bench does not read {p.engine.recipe}'s own accounting, and client timing alone is not a "
                           "measurement (P15)", hint=f"bench measures {', '.join(sorted(READERS))}")
+    if any(c > 1 for c in concurrency or []) and p.engine.recipe not in PER_REQUEST_UNDER_CONCURRENCY:
+        raise P2pkitError(f"{p.engine.recipe}'s own accounting cannot be told apart per request when requests run at "
+                          "once (vLLM's /metrics are read around each request; NInfer's log lines are read in order), "
+                          "so bench runs it one request at a time",
+                          hint="leave --concurrency at 1 for this engine (llama.cpp's responses carry their own "
+                               "figures: it runs at any concurrency)")
+    if reference and p.engine.recipe != "llamacpp":
+        raise P2pkitError(f"--reference runs llama-bench, which measures llama.cpp; this engine is {p.engine.recipe}",
+                          hint="drop --reference for this profile")
+    levels = levels_of(shapes, concurrency, n_prompt, n_out)
     if p.engine.recipe == "ninfer":
         request_log(ctx, p)  # refused before any request when the engine keeps no request log
     doc: dict = {"schema": SCHEMA, "kind": "p2pkit-bench", "simulated": ctx.host.simulated, "profile": p.name,
-                 "engine": p.engine.recipe, "shape": {"prompt_tokens": n_prompt, "output_tokens": n_out,
+                 "engine": p.engine.recipe, "shape": {"prompt_tokens": levels[0][1], "output_tokens": levels[0][2],
                                                       "warmup": warmup, "requests": requests},
+                 "levels": [{"shape": s, "prompt_tokens": lp, "output_tokens": lo, "concurrency": c}
+                            for s, lp, lo, c in levels],
                  "accounting": ACCOUNTING[p.engine.recipe], "arms": []}
-    doc["arms"].append(run_arm(ctx, p, "baseline", n_prompt, n_out, warmup, requests))
+    doc["arms"].append(run_arm(ctx, p, "baseline", n_prompt, n_out, warmup, requests, levels))
     if ab and "error" not in doc["arms"][0]:
         saved = snapshot(ctx.host)
         try:
             q = switch(ctx, ab)
-            doc["arms"].append(run_arm(ctx, q, ab, n_prompt, n_out, warmup, requests))
+            doc["arms"].append(run_arm(ctx, q, ab, n_prompt, n_out, warmup, requests, levels))
         except P2pkitError as e:
             doc["arms"].append({"arm": ab, "requests": [], "error": e.message})
         finally:  # also on Ctrl-C: the unit goes back as it was
@@ -294,7 +390,81 @@ def run(ctx, n_prompt: int, n_out: int, warmup: int, requests: int, ab: str | No
         base, other = (a["summary"].get("decode_tps") if a.get("summary") else None for a in doc["arms"][:2])
         if base and other:
             doc["ab_ratio_decode"] = round(other["median"] / base["median"], 4)
+    if reference:
+        doc["reference"] = reference_arm(ctx, p, sorted({(s, lp, lo) for s, lp, lo, _ in levels},
+                                                        key=lambda x: [lv[0] for lv in levels].index(x[0])))
+        doc["reference_ratios"] = reference_ratios(doc)
     return doc
+
+
+def llama_bench_path(p) -> str:
+    """llama-bench beside the built llama-server (the engine stage builds both: engine.targets)."""
+    from pathlib import PurePosixPath
+
+    return str(PurePosixPath(engine_cmd.binary(p)).with_name("llama-bench"))
+
+
+def llama_bench_argv(ctx, p, n_prompt: int, n_out: int, reps: int = 3) -> list[str]:
+    """llama-bench on the served model with the server's offload and flash-attention settings: prefill of
+    the prompt from an empty context (pp at depth 0) and decode after the prompt (tg at depth n_prompt)."""
+    f = p.serve.flags
+    fa = f.get("flash-attn")
+    argv = [str(ctx.host.path(llama_bench_path(p))), "-m", str(ctx.host.path(engine_cmd.model_path(p))),
+            "-p", str(n_prompt), "-n", str(n_out), "-d", f"0,{n_prompt}", "-r", str(reps), "-o", "json"]
+    if f.get("n-gpu-layers") is not None:
+        argv += ["-ngl", str(f["n-gpu-layers"])]
+    if fa is not None:
+        argv += ["-fa", {True: "on", False: "off"}.get(fa, str(fa))]
+    return argv
+
+
+def reference_arm(ctx, p, shapes: list[tuple[str, int, int]]) -> dict:
+    """llama-bench at each shape's lengths, read by the package's llama-bench reader. A llama-bench that
+    fails or prints nothing leaves the served arms as they are and says why here."""
+    from p2pkit.parse import llama_bench
+
+    out: dict = {"tool": "llama-bench", "shapes": []}
+    for shape, lp, lo in shapes:
+        argv = llama_bench_argv(ctx, p, lp, lo)
+        entry: dict = {"shape": shape, "prompt_tokens": lp, "output_tokens": lo, "argv": argv}
+        try:
+            with ctx.out.working(f"[bench] reference: llama-bench {shape} {lp}/{lo} tokens"):
+                r = ctx.host.runner.run(argv, check=False, timeout=1800)
+            rows = llama_bench.read(r.stdout + ("" if r.returncode == 0 else "\n" + r.stderr))
+            if r.returncode != 0:
+                raise llama_bench.LlamaBenchError(f"llama-bench exited {r.returncode}: "
+                                                  + " | ".join(r.stderr.strip().splitlines()[-3:]))
+        except (llama_bench.LlamaBenchError, P2pkitError) as e:
+            entry["error"] = getattr(e, "message", None) or str(e)
+            out["shapes"].append(entry)
+            continue
+        pp = next((x for x in rows if x.n_prompt == lp and x.n_gen == 0 and x.n_depth == 0), None)
+        tg = next((x for x in rows if x.n_gen == lo and x.n_prompt == 0 and x.n_depth == lp), None)
+        entry["prefill_tps"] = {"test": pp.test, "avg": pp.avg_ts, "stddev": pp.stddev_ts} if pp else None
+        entry["decode_tps"] = {"test": tg.test, "avg": tg.avg_ts, "stddev": tg.stddev_ts} if tg else None
+        entry["rows"] = [{"test": x.test, "avg_ts": x.avg_ts, "stddev_ts": x.stddev_ts} for x in rows]
+        if pp is None or tg is None:
+            entry["error"] = f"llama-bench printed no {'pp' if pp is None else 'tg'} row for these lengths"
+        out["shapes"].append(entry)
+    return out
+
+
+def reference_ratios(doc: dict) -> list[dict]:
+    """The baseline arm at concurrency 1, each shape, as a ratio of llama-bench at the same lengths."""
+    base = doc["arms"][0] if doc["arms"] else {}
+    out = []
+    for ref in doc.get("reference", {}).get("shapes", []):
+        lv = next((x for x in base.get("levels", []) if x["shape"] == ref["shape"] and x["concurrency"] == 1), None)
+        if lv is None or "error" in ref:
+            continue
+        s = lv.get("summary") or {}
+        row = {"shape": ref["shape"], "prompt_tokens": ref["prompt_tokens"], "output_tokens": ref["output_tokens"]}
+        for k in ("decode_tps", "prefill_tps"):
+            served, r = (s.get(k) or {}).get("median"), (ref.get(k) or {}).get("avg")
+            row[k] = {"served_median": served, "llama_bench": r,
+                      "ratio": round(served / r, 4) if served and r else None}
+        out.append(row)
+    return out
 
 
 ACCOUNTING = {

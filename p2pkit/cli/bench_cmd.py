@@ -18,14 +18,48 @@ def _fmt(s: dict | None, unit: str = "") -> str:
 
 
 def rows(doc: dict) -> list[list]:
+    """One row per arm and level (shape x concurrency); an arm without levels is one row."""
     out = []
     for a in doc["arms"]:
-        s = a.get("summary", {})
-        out.append([a["arm"], len(a["requests"]), _fmt(s.get("decode_tps")),
-                    s.get("metrics_decode_tps", s.get("log_decode_tps", "-")),
-                    _fmt(s.get("prefill_tps")), _fmt(s.get("ttft_ms")), _fmt(s.get("client_tps")),
-                    s.get("draft_acceptance", "-"), a.get("error", "")])
+        for lv in a.get("levels") or [{"shape": "-", "concurrency": 1, **a}]:
+            s = lv.get("summary", {})
+            out.append([a["arm"], lv.get("shape", "-"), lv.get("concurrency", 1), len(lv["requests"]),
+                        _fmt(s.get("decode_tps")), s.get("aggregate_decode_tps", "-"),
+                        s.get("metrics_decode_tps", s.get("log_decode_tps", "-")),
+                        _fmt(s.get("prefill_tps")), _fmt(s.get("ttft_ms")), _fmt(s.get("client_tps")),
+                        s.get("draft_acceptance", "-"), lv.get("error", a.get("error", ""))])
     return out
+
+
+def _ints(text: str | None, what: str) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        vals = []
+    if not vals or any(v < 1 or v > 256 for v in vals):
+        from p2pkit.errors import UsageError
+
+        raise UsageError(f"{what} {text!r}: expected a comma-separated list of whole numbers from 1 to 256",
+                         hint=f"for example {what} 1,2,4,8")
+    return vals
+
+
+def _shapes(text: str | None) -> list[str] | None:
+    from p2pkit.bench import SHAPES
+
+    if text is None:
+        return None
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [n for n in names if n not in SHAPES]
+    if not names or bad:
+        from p2pkit.errors import UsageError
+
+        raise UsageError(f"--shapes {text!r}: unknown shape {', '.join(bad) or '(none given)'}",
+                         hint="shapes are " + ", ".join(f"{k} ({v[0]} prompt / {v[1]} output tokens)"
+                                                        for k, v in SHAPES.items()))
+    return names
 
 
 def prometheus_text(doc: dict) -> str:
@@ -46,27 +80,45 @@ def prometheus_text(doc: dict) -> str:
 
 
 def plot(doc: dict, path: Path) -> None:
-    """A PNG of each request's decode tok/s (the server's own figure), one line per arm; the arms and
-    their request counts are also in the PNG's text chunks. Needs matplotlib (the `plot` extra)."""
+    """A PNG of each arm's per-stream decode tok/s (the server's own figure) by concurrency, one panel
+    per shape: the median with its spread (min-max) as error bars, the aggregate as a dashed line;
+    integer axes. The arms and their request counts are also in the PNG's text chunks. Needs
+    matplotlib (the `plot` extra)."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
     except ImportError as e:
         raise MissingError("the PNG plot needs matplotlib, which is not installed",
                            hint="pip install 'p2pkit[plot]' (the JSON artifact is written without it)") from e
-    sh = doc["shape"]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for a in doc["arms"]:
-        ys = [r.get("decode_tps") for r in a["requests"]]
-        ax.plot(range(1, len(ys) + 1), ys, marker="o", label=f"{a['arm']} ({len(ys)})")
-    ax.set_xlabel("timed request")
-    ax.set_ylabel("decode tok/s (server's own accounting)")
-    ax.set_title(f"{'SIMULATED ' if doc.get('simulated') else ''}{doc['engine']}: prompt {sh['prompt_tokens']} / "
-                 f"output {sh['output_tokens']} tokens")
-    ax.legend()
-    arms = "; ".join(f"{a['arm']}={len(a['requests'])}" for a in doc["arms"])
+    shapes = list(dict.fromkeys(lv["shape"] for a in doc["arms"] for lv in a.get("levels", []))) or ["-"]
+    fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 4.2), squeeze=False)
+    for ax, shape in zip(axes[0], shapes):
+        for a in doc["arms"]:
+            lvs = [lv for lv in a.get("levels", [])
+                   if lv["shape"] == shape and (lv.get("summary") or {}).get("decode_tps")]
+            if not lvs:
+                continue
+            xs = [lv["concurrency"] for lv in lvs]
+            st = [lv["summary"]["decode_tps"] for lv in lvs]
+            ys = [x["median"] for x in st]
+            err = [[y - x["min"] for y, x in zip(ys, st)], [x["max"] - y for y, x in zip(ys, st)]]
+            line = ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=f"{a['arm']}: per stream")
+            agg = [lv["summary"].get("aggregate_decode_tps") for lv in lvs]
+            if any(agg):
+                ax.plot(xs, agg, linestyle="--", marker="s", color=line[0].get_color(), label=f"{a['arm']}: aggregate")
+        lv0 = next((lv for a in doc["arms"] for lv in a.get("levels", []) if lv["shape"] == shape), {})
+        ax.set_title(f"{'SIMULATED ' if doc.get('simulated') else ''}{doc['engine']}, {shape}: prompt "
+                     f"{lv0.get('prompt_tokens', '?')} / output {lv0.get('output_tokens', '?')}")
+        ax.set_xlabel("concurrent streams")
+        ax.set_ylabel("decode tok/s (server's own accounting)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    arms = "; ".join(f"{a['arm']}={sum(len(lv['requests']) for lv in a.get('levels', []))}" for a in doc["arms"])
     fig.savefig(path, format="png", metadata={"Title": "p2pkit bench", "Description": f"arms: {arms}"})
     plt.close(fig)
 
@@ -81,7 +133,17 @@ def bench(
                                                 "serve.env.NCCL_P2P_DISABLE=1; the unit is put back after")] = None,
     prometheus: Annotated[Path | None, typer.Option("--prometheus", help="write the figures as Prometheus "
                                                                             "text")] = None,
-    png: Annotated[Path | None, typer.Option("--plot", help="a PNG of per-request tok/s per arm (matplotlib)")] = None,
+    png: Annotated[Path | None, typer.Option("--plot", help="a PNG of tok/s per arm, shape and concurrency "
+                                                             "(matplotlib)")] = None,
+    shapes: Annotated[str | None, typer.Option("--shapes", metavar="decode,production",
+                                               help="seed 000's workload shapes instead of the profile's lengths: "
+                                                    "decode (128 prompt / 512 output tokens), production (2048 / "
+                                                    "128)")] = None,
+    concurrency: Annotated[str | None, typer.Option("--concurrency", metavar="1,2,4,8",
+                                                    help="concurrent streams per level (default 1)")] = None,
+    reference: Annotated[bool, typer.Option("--reference", help="llama.cpp: llama-bench on the same GPU, model and "
+                                                                "lengths (decode at the prompt's depth), and the "
+                                                                "served figures as ratios of it")] = False,
 ) -> None:
     """Benchmark the served engine (it gates nothing): fixed lengths, warm-up left out, the server's own figures."""
     from contextlib import nullcontext
@@ -117,8 +179,23 @@ def bench(
         sh = doc["shape"]
         ctx.out.table(f"bench: {doc['engine']}, prompt {sh['prompt_tokens']} / output {sh['output_tokens']} tokens, "
                       f"{sh['warmup']} warm-up + {sh['requests']} timed",
-                      ["arm", "done", "decode tok/s median (min-max)", "/metrics decode tok/s", "prefill tok/s",
-                       "TTFT ms (server)", "client tok/s (not the measure)", "draft acceptance", "error"], rows(doc))
+                      ["arm", "shape", "streams", "done", "decode tok/s per stream, median (min-max)",
+                       "aggregate decode tok/s", "/metrics decode tok/s", "prefill tok/s", "TTFT ms (server)",
+                       "client tok/s (not the measure)", "draft acceptance", "error"], rows(doc))
+        off = [(a["arm"], lv["shape"], lv["concurrency"], lv["summary"]["lengths"]) for a in doc["arms"]
+               for lv in a.get("levels", []) if not (lv.get("summary") or {}).get("lengths", {}).get("match", True)]
+        for arm, shape, c, ln in off:
+            ctx.out.warn(f"P13: {arm}, {shape} at {c} stream(s): the server ran prompt {ln['prompt_n']} / output "
+                         f"{ln['predicted_n']} tokens where {ln['asked'][0]} / {ln['asked'][1]} were asked: these "
+                         "figures are not at the asked lengths")
+        for r in doc.get("reference_ratios", []):
+            ctx.out.line(f"{r['shape']}: served / llama-bench at {r['prompt_tokens']}/{r['output_tokens']} tokens: "
+                         f"decode {r['decode_tps']['ratio']} ({r['decode_tps']['served_median']} vs "
+                         f"{r['decode_tps']['llama_bench']}), prefill {r['prefill_tps']['ratio']} "
+                         f"({r['prefill_tps']['served_median']} vs {r['prefill_tps']['llama_bench']})")
+        for ref in doc.get("reference", {}).get("shapes", []):
+            if "error" in ref:
+                ctx.out.warn(f"reference (llama-bench) {ref['shape']}: {ref['error']}")
         if "ab_ratio_decode" in doc:
             ctx.out.line(f"A/B decode ratio ({ab} / baseline): {doc['ab_ratio_decode']}")
         if "restored" in doc:
