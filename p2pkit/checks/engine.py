@@ -7,7 +7,7 @@ from pathlib import PurePosixPath
 
 from p2pkit.checks import FAIL, WARN, Check, failed, judge, not_measured, unknown
 from p2pkit.config import Profile
-from p2pkit.parse.build import ldd_problems, names_arch, version_tuple
+from p2pkit.parse.build import archs_unbuildable, ldd_problems, names_arch, version_tuple
 
 NO_CUDA_COMPILER = ("CMake found no CUDA compiler (nvcc is not on PATH, or the toolkit is missing): install CUDA "
                     "13.1 or newer and put its bin/ first on PATH, or point CUDACXX (CMAKE_CUDA_COMPILER) at "
@@ -99,6 +99,7 @@ def _cuda(b: dict, p: Profile) -> list[Check]:
                  version_tuple(p.engine.cuda_min), cuda["version"], f">= {p.engine.cuda_min}",
                  f"{name} requires CUDA {p.engine.cuda_min} or newer: install it and put its nvcc first on PATH",
                  pitfall="P05")]
+    out += _cuda_archs(cuda, p)
     n = b.get("nccl")
     if n is not None:
         out.append(judge("engine.nccl_layout", "NCCL root has include/nccl.h and lib/libnccl.so",
@@ -110,6 +111,21 @@ def _cuda(b: dict, p: Profile) -> list[Check]:
                          "llama.cpp builds with 'NCCL not found' and no error. A pip nvidia-nccl wheel ships only "
                          "libnccl.so.2: add the link (ln -s libnccl.so.2 lib/libnccl.so)", pitfall="P16"))
     return out
+
+
+def _cuda_archs(cuda: dict, p: Profile) -> list[Check]:
+    """P05: every architecture engine.cuda_architectures names is one this toolkit builds (`nvcc
+    --list-gpu-arch`), said before CMake is run (it fails late, in a compiler test, otherwise)."""
+    archs = cuda.get("archs")
+    if not archs:
+        return []  # an nvcc that cannot list them (before CUDA 11): CMake judges, as before
+    bad = archs_unbuildable(p.engine.cuda_architectures, archs)
+    return [judge("engine.cuda_arch_supported", "the CUDA toolkit builds engine.cuda_architectures", not bad,
+                  p.engine.cuda_architectures + (f" ({', '.join(bad)} not in nvcc --list-gpu-arch)" if bad else ""),
+                  f"one of {', '.join(archs)} (nvcc --list-gpu-arch; an a/f suffix is the same number)",
+                  f"CUDA {cuda.get('version')} cannot build for {', '.join(bad)}: set engine.cuda_architectures to "
+                  f"the GPUs' architecture from that list (RTX 5090: 120a, H200: 90), or install a CUDA toolkit that "
+                  f"lists it, then run the engine stage again", pitfall="P05")]
 
 
 def check(f: dict, p: Profile) -> list[Check]:

@@ -11,6 +11,44 @@ def nvcc_release(text: str) -> str | None:
     return m.group(1) if m else None
 
 
+def nvcc_arch_list(text: str) -> list[str]:
+    """`nvcc --list-gpu-arch` (or --list-gpu-code): the architectures the toolkit builds, as their
+    numbers, ascending (compute_75, compute_80, ... -> ['75', '80', ...]). nvcc prints one per line
+    (compute_XX for the virtual ones, sm_XX for --list-gpu-code); with both options it prints the
+    --generate-code form (arch=compute_XX,code=sm_XX): every compute_/sm_ name counts, an a/f suffix
+    is the same number (tests/fixtures/nvcc: nvcc 13.0.88)."""
+    found = {m.group(1) for m in re.finditer(r"\b(?:compute|sm)_(\d+)[af]?\b", text)}
+    return sorted(found, key=int)
+
+
+CUDA_ARCH_KEYWORDS = ("native", "all", "all-major")  # CMake's own values: nothing to look up in the list
+
+
+def cuda_arch_numbers(value: str) -> list[str] | None:
+    """CMAKE_CUDA_ARCHITECTURES ("120a", "90", "90;120a", "86-real", "12.0a") -> the numbers nvcc's list
+    holds (['120'], ['90'], ['90', '120']); None for CMake's keywords (native, all, all-major), which
+    name no number. A value that is no architecture is kept as it is (it is in no list)."""
+    parts = [x.strip() for x in re.split(r"[;,]", value) if x.strip()]
+    if not parts or any(x in CUDA_ARCH_KEYWORDS for x in parts):
+        return None
+    out = []
+    for x in parts:
+        m = re.fullmatch(r"(\d+)(?:\.(\d))?[af]?(?:-real|-virtual)?", x)
+        out.append((m.group(1) + m.group(2) if m.group(2) else m.group(1)) if m else x)
+    return out
+
+
+def archs_unbuildable(value: str, archs: list[str] | None) -> list[str]:
+    """The entries of CMAKE_CUDA_ARCHITECTURES (engine.cuda_architectures) this toolkit cannot build:
+    their number is not in `nvcc --list-gpu-arch` (120a and 120f are 120). Nothing when the list is
+    unknown or the value is a CMake keyword (native, all)."""
+    nums = cuda_arch_numbers(value)
+    if not archs or nums is None:
+        return []
+    parts = [x.strip() for x in value.replace(",", ";").split(";") if x.strip()]
+    return [part for part, n in zip(parts, nums, strict=True) if n not in archs]
+
+
 def version_tuple(v: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", v))
 

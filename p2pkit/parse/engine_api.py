@@ -37,19 +37,44 @@ def deltas(before: dict[str, float], after: dict[str, float]) -> dict[str, float
     return {k: round(after[k] - before.get(k, 0.0), 6) for k in after}
 
 
-def help_flags(text: str) -> set[str]:
-    """Long option names (without dashes) an engine's --help lists: `-c,    --ctx-size N` -> ctx-size;
-    a negated form (`--no-webui`) counts too."""
-    out = set()
-    for line in text.splitlines():
+REMOVED = "the argument has been removed"  # llama.cpp common/arg.cpp: arg_removed(), and the option's help text
+
+
+def help_options(text: str) -> list[tuple[set[str], str]]:
+    """Each option an engine's --help lists: its long names (without dashes; `-c,    --ctx-size N` ->
+    ctx-size, a negated form like `--no-webui` too) and its description, which common_arg::to_string
+    starts after the names (or on the next line when the names fill the column, like `-ctxcp,
+    --ctx-checkpoints, --swa-checkpoints N`) and wraps onto indented lines; its "(env: ...)" line is
+    left out."""
+    out: list[tuple[set[str], str]] = []
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
         # the options column ends at the first run of 2+ spaces not right after a comma
         # ("-ngl,  --gpu-layers, --n-gpu-layers N   max. number of layers ...")
-        head = re.split(r"(?<=[^,\s])\s{2,}", line.strip(), maxsplit=1)[0]
-        if not head.startswith("-"):
+        head, *rest = re.split(r"(?<=[^,\s])\s{2,}", line.strip(), maxsplit=1)
+        names = {m.group(1) for m in re.finditer(r"(?:^|[ ,])--([a-z0-9][a-z0-9-]*)", head)} \
+            if head.startswith("-") else set()
+        if not names:
             continue
-        for m in re.finditer(r"(?:^|[ ,])--([a-z0-9][a-z0-9-]*)", head):
-            out.add(m.group(1))
+        desc = rest[:1]
+        for nxt in lines[i + 1:]:
+            if not nxt.startswith(" ") or not nxt.strip() or nxt.strip().startswith("(env: "):
+                break
+            desc.append(nxt.strip())
+        out.append((names, " ".join(desc)))
     return out
+
+
+def help_flags(text: str) -> set[str]:
+    """Long option names an engine's --help lists and still accepts: an option whose help says "the
+    argument has been removed" (llama.cpp keeps the old names only to say what replaced them) is not one."""
+    return {n for names, desc in help_options(text) if not desc.startswith(REMOVED) for n in names}
+
+
+def help_removed(text: str) -> dict[str, str]:
+    """The options --help lists as removed -> what it says instead ("the argument has been removed. use
+    --spec-draft-n-max or --spec-ngram-mod-n-max")."""
+    return {n: desc for names, desc in help_options(text) if desc.startswith(REMOVED) for n in names}
 
 
 def jsonl(text: str) -> list[dict]:

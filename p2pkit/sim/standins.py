@@ -574,9 +574,16 @@ def journalctl(root: Path, state: dict, args: list[str]) -> int:
     return 0
 
 
+SIM_CUDA_ARCHS = ("75", "80", "86", "87", "88", "89", "90", "100", "103", "110", "120", "121")
+
+
 def nvcc(root: Path, state: dict, args: list[str]) -> int:
-    """nvcc --version: the simulated CUDA toolkit (13.1 unless the scenario says otherwise)."""
+    """nvcc --version and --list-gpu-arch: the simulated CUDA toolkit (13.1 unless the scenario says
+    otherwise; the architectures it builds, one compute_XX a line, from the state's cuda_archs)."""
     v = state.get("cuda_version", "13.1")
+    if args == ["--list-gpu-arch"]:
+        print("\n".join(f"compute_{a}" for a in state.get("cuda_archs", SIM_CUDA_ARCHS)))
+        return 0
     if args != ["--version"]:
         print("SIMULATED nvcc compiles nothing", file=sys.stderr)
         return 1

@@ -140,10 +140,18 @@ def archived(p) -> bool:
 def toolchain_ok(res: dict, p) -> bool:
     cuda = res["cuda"]
     cuda_ok = cuda.get("off") or (cuda["version"] is not None
-                                  and pb.version_tuple(cuda["version"]) >= pb.version_tuple(p.engine.cuda_min))
+                                  and pb.version_tuple(cuda["version"]) >= pb.version_tuple(p.engine.cuda_min)
+                                  and not pb.archs_unbuildable(p.engine.cuda_architectures, cuda.get("archs")))
     nccl = res.get("nccl")
     return bool(cuda_ok) and all(m["ok"] for m in res["pkg_config"].values()) and \
         (nccl is None or (nccl["header"] and nccl["library"] is not None))
+
+
+def gpu_archs(ctx) -> list[str] | None:
+    """The architectures this CUDA toolkit builds (`nvcc --list-gpu-arch`), or None when nvcc cannot
+    list them (before CUDA 11): then CMake is the judge, as before."""
+    r = ctx.host.runner.run(["nvcc", "--list-gpu-arch"], check=False)
+    return (pb.nvcc_arch_list(r.stdout) or None) if r.returncode == 0 else None
 
 
 def toolchain(ctx) -> dict:
@@ -153,6 +161,7 @@ def toolchain(ctx) -> dict:
     try:
         nv = ctx.host.runner.run(["nvcc", "--version"], check=False)
         cuda = {"version": pb.nvcc_release(nv.stdout), "raw": nv.stdout.strip().splitlines()[-1:]}
+        cuda["archs"] = gpu_archs(ctx)
     except P2pkitError as err:
         cuda = {"version": None, "error": err.message}
     out = {"cuda": cuda, "pkg_config": pkg_config(ctx, _env(ctx))}

@@ -105,12 +105,14 @@ def flags_accepted(ctx) -> list[str]:
                           hint="run the engine stage first: `p2pkit up --from engine`")
     r = ctx.host.runner.run([str(exe), "--help"], check=False, timeout=60)
     known = pe.help_flags(r.stdout + r.stderr)
+    removed = pe.help_removed(r.stdout + r.stderr)  # listed by --help only to say what replaced them
     used = [k for k, v in engine_cmd.flags_of(p).items() if v is not False and v is not None]
     unknown = sorted(set(used) - known)
     if not known or unknown:
+        said = "".join(f"; --{k}: {removed[k]}" for k in unknown if k in removed)
         raise P2pkitError(
             f"serve flag(s) {', '.join('--' + k for k in unknown) or '(none listed)'} are not accepted by the built "
-            f"{engine_cmd.binary(p)} (its --help lists {len(known)} options): refused before a start",
+            f"{engine_cmd.binary(p)} (its --help lists {len(known)} options){said}: refused before a start",
             hint="remove or rename them in serve.flags (`p2pkit --unset serve.flags.NAME ...`), or build the engine "
                  "commit that has them", code=Exit.USAGE)
     return sorted(used)
