@@ -204,9 +204,15 @@ def _ninfer(p: Profile, f: dict) -> list[Check]:
 LLAMACPP_AUTO_SLOTS = "omitted: llama-server's default -1 = auto (4 slots)"
 
 
+def llamacpp_spec(flags: dict) -> str | None:
+    """llama-server's --spec-type when it turns drafting on: "none" (its default) and an empty value do not."""
+    v = flags.get("spec-type")
+    return None if v in (None, False, "", "none") else str(v)
+
+
 def _llamacpp(p: Profile, f: dict) -> list[Check]:
     out = []
-    if f.get("spec-type"):
+    if llamacpp_spec(f):
         np_ = f.get("parallel")
         shown = np_ if np_ is not None else LLAMACPP_AUTO_SLOTS
         out.append(Check("service.spec_slots", "speculative decoding with one slot", PASS if np_ == 1 else WARN,

@@ -120,7 +120,7 @@ def engine_offline(profile: config.Profile, dest: Path, cache: Path) -> dict:
     got = llamacpp.fetch(ctx, cache / "fetch.log")
     if "error" in got:
         raise P2pkitError(got["error"], code=Exit.CHECK_FAILED,
-                          hint="check the network (or put the pinned archive in " + str(cache) + "); nothing was written")
+                          hint=f"check the network (or put the pinned archive in {cache}); nothing was written")
     try:
         packed = llamacpp.pack(Path(got["archive"]), e.source_subdir, dest)
     except (ValueError, OSError) as err:

@@ -16,6 +16,7 @@ GGML_ASSERT(ret.axis != GGML_BACKEND_SPLIT_AXIS_UNKNOWN) (issue #27116). The bui
 
 from __future__ import annotations
 
+from p2pkit import engine_cmd
 from p2pkit.checks import FAIL, PASS, WARN, Check, failed, judge, unknown
 from p2pkit.config import Profile
 
@@ -36,7 +37,7 @@ def plan(p: Profile) -> dict:
     r = p.engine.recipe
     if r == "llamacpp":
         ctx, kt, vt = f.get("ctx-size"), f.get("cache-type-k", "f16"), f.get("cache-type-v", "f16")
-        draft = bool(f.get("spec-type"))
+        draft = bool(engine_cmd.llamacpp_spec(f))
         split = str(f.get("split-mode", "layer"))
         shares = [float(x) for x in str(f.get("tensor-split", "")).split(",") if x.strip()] or [1.0] * p.gpus.count
         if split == "none":

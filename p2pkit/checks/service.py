@@ -300,7 +300,7 @@ def check_llamacpp_requests(s: dict, p: Profile) -> list[Check]:
     first decode with /health already 200), and with a speculative type the draft counts of that
     response and of /metrics' spec_decode counters must have grown (P19). `-md` alone leaves
     drafting off and the start-up log does not say either way: only the counters tell."""
-    spec = p.serve.flags.get("spec-type")
+    spec = engine_cmd.llamacpp_spec(p.serve.flags)
     fc = s.get("first_completion")
     if fc is None:
         return []  # /health never answered 200: the health check already failed

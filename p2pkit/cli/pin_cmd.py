@@ -65,8 +65,9 @@ def pin(
     if engine_offline:
         dest = engine_offline.resolve()
         found["engine_offline"] = pin_mod.engine_offline(prof, dest, Path(prof.driver.cache_dir))
-        pins.update({("engine", "source_url"): str(dest), ("engine", "source_sha256"): found["engine_offline"]["sha256"],
-                     ("engine", "source_subdir"): found["engine_offline"]["subdir"]})
+        packed = found["engine_offline"]
+        pins.update({("engine", "source_url"): str(dest), ("engine", "source_sha256"): packed["sha256"],
+                     ("engine", "source_subdir"): packed["subdir"]})
     text = pin_mod.profile_text(prof, out)
     new, diff = pin_mod.apply(text, pins, out)
     written = bool(yes or common.OPTS.yes) and new != text
