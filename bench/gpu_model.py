@@ -40,7 +40,8 @@ def main(argv: list[str]) -> int:
     cfg = json.loads((out / "config.json").read_text())
     params = idx["metadata"]["total_size"] // 2  # float16
     print(json.dumps({"size": argv[0], "dir": str(out), "parameters": params, "vocab": cfg["vocab_size"],
-                      "bytes": sum(f.stat().st_size for f in out.iterdir()), "seconds": round(time.monotonic() - t0, 1)}))
+                      "bytes": sum(f.stat().st_size for f in out.iterdir()),
+                      "seconds": round(time.monotonic() - t0, 1)}))
     return 0
 
 
