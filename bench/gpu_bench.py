@@ -1,0 +1,62 @@
+"""`p2pkit bench` on a GPU machine whose hardware stages cannot pass (issue 27, the lent H200), past
+its gate: bench.run as the command runs it (the same arms, levels, reference and plot), its JSON
+written as the bench artifact of that state directory and to --out.
+
+    python3 bench/gpu_bench.py --profile bench/h200-llamacpp.toml --state-dir DIR [--set K=V ...] \\
+        --shapes decode,production --concurrency 1,2,4,8 --requests 2 --reference [--ab K=V] \\
+        --out bench.json --plot bench.png"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+
+    from p2pkit import bench, config, pipeline
+    from p2pkit.artifacts import Store
+    from p2pkit.cli import bench_cmd
+    from p2pkit.errors import P2pkitError
+    from p2pkit.host import Host
+    from p2pkit.output import Output
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--profile", required=True)
+    ap.add_argument("--state-dir", required=True, type=Path)
+    ap.add_argument("--set", action="append", default=[], dest="overrides")
+    ap.add_argument("--shapes")
+    ap.add_argument("--concurrency")
+    ap.add_argument("--requests", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--reference", action="store_true")
+    ap.add_argument("--ab")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--plot", type=Path)
+    a = ap.parse_args(argv)
+    p = config.load(a.profile, a.overrides)
+    ctx = pipeline.Ctx(profile=p, host=Host.at("/"), store=Store(a.state_dir), out=Output())
+    try:
+        doc = bench.run(ctx, p.bench.prompt_tokens, p.bench.output_tokens, a.warmup, a.requests, a.ab,
+                        bench_cmd._shapes(a.shapes), bench_cmd._ints(a.concurrency, "--concurrency"), a.reference)
+    except P2pkitError as e:
+        print(f"error: {e.message}\nfix: {e.hint}", file=sys.stderr)
+        return 1
+    if a.plot:
+        bench_cmd.plot(doc, a.plot)
+        doc["plot"] = str(a.plot)
+    doc["artifact"] = str(ctx.store.write("bench", doc))
+    a.out.write_text(json.dumps(doc, indent=1))
+    for row in bench_cmd.rows(doc):
+        print(" | ".join(str(x) for x in row))
+    for r in doc.get("reference_ratios", []):
+        print(json.dumps(r))
+    return 1 if any(x.get("error") for x in doc["arms"]) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
