@@ -10,9 +10,9 @@ from p2pkit.config import Profile
 def precheck(p: Profile) -> list[Check]:
     return [judge("p2p.commit", "fork commit pinned", len(p.p2p_module.commit) >= 7,
                   p.p2p_module.commit or "(empty)", "a commit id",
-                  f"set p2p_module.commit to the commit of {p.p2p_module.branch} you reviewed "
-                  f"(`git ls-remote {p.p2p_module.repo} {p.p2p_module.branch}`); p2pkit never builds an unpinned "
-                  "kernel module")]
+                  f"set p2p_module.commit to the commit of {p.p2p_module.branch} you reviewed: `sudo p2pkit up "
+                  "--pin` or `p2pkit pin --fork DIR|--fork-remote --out PROFILE.toml --yes` writes it; p2pkit never "
+                  "builds an unpinned kernel module")]
 
 
 def install_checks(f: dict, p: Profile) -> list[Check]:
