@@ -24,6 +24,8 @@ class Stage:
     implemented: bool = True
     # profile -> why the stage does not apply to it (one GPU per host: no BAR1 P2P), or None
     applies: Callable[[object], str | None] | None = None
+    # checks whose warning `status` shows beside a done stage (a module waiting for the reboot into a new kernel)
+    notes: tuple[str, ...] = ()
 
     def not_applicable(self, profile) -> str | None:
         return self.applies(profile) if self.applies is not None else None
