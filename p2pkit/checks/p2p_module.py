@@ -127,9 +127,9 @@ def runtime_checks(f: dict, p: Profile) -> list[Check]:
                      "ok", "a 'Driver/library version mismatch' means the loaded module and the userspace driver "
                      "differ: reboot after the p2p-module stage"))
     sb = f.get("secure_boot")
-    out.append(judge("p2p.secure_boot", "Secure Boot off (or module signed)",
-                     sb in ("off", "legacy-bios") or bool(p.p2p_module.signing_key), sb, "off",
-                     "Secure Boot refuses the unsigned patched module: turn it off in firmware setup"))
+    out.append(judge("p2p.secure_boot", "Secure Boot off", sb in ("off", "legacy-bios"), sb, "off",
+                     "Secure Boot refuses the unsigned patched module (p2pkit does not sign it yet, whatever "
+                     "p2p_module.signing_key says): turn it off in firmware setup"))
     io = f.get("iommu", {})
     if failed(io):
         out.append(unknown("p2p.iommu", "IOMMU mode on the running command line", io, p.p2p_module.iommu))

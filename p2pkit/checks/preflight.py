@@ -15,7 +15,7 @@ def check(f: dict, p: Profile) -> list[Check]:
     # GPUs first: on a machine without them nothing else matters, and the first failure is the headline
     return [
         _gpu_count(f, p), _gpu_model(f, p), _os(f, p), _kernel(f, p), _root(f, p), _disk(f, p),
-        _secure_boot(f), _iommu(f, p), _dpkg(f), _cgroup(f), _tools(f, p), _pins(p),
+        _secure_boot(f, p), _iommu(f, p), _dpkg(f), _cgroup(f), _tools(f, p), _pins(p),
     ]
 
 
@@ -153,13 +153,19 @@ def _disk(f, p) -> Check:
                   context=f"free under {d['path']}")
 
 
-def _secure_boot(f) -> Check:
+SECURE_BOOT_OFF = ("Secure Boot refuses the unsigned P2P-patched modules, and p2pkit does not sign them yet: "
+                   "turn it off in the firmware setup (`mokutil --sb-state` then prints \"SecureBoot disabled\"), "
+                   "then run `p2pkit up` again")
+
+
+def _secure_boot(f, p) -> Check:
     sb = f.get("secure_boot")
     if failed(sb):
         return unknown("preflight.secure_boot", "Secure Boot", sb, "off", needed=False)
-    return judge("preflight.secure_boot", "Secure Boot", sb in ("off", "legacy-bios"), sb, "off",
-                 "Secure Boot refuses the unsigned P2P-patched modules: turn it off in the firmware setup, "
-                 "or set p2p_module.signing_key to a MOK you enrolled", severity=FAIL)
+    key = p.p2p_module.signing_key
+    return judge("preflight.secure_boot", "Secure Boot", sb in ("off", "legacy-bios"),
+                 sb + (f" (p2p_module.signing_key = {key} is not used: nothing signs the modules)" if key else ""),
+                 "off", SECURE_BOOT_OFF, severity=FAIL)
 
 
 def _gpu_count(f, p) -> Check:
