@@ -66,11 +66,17 @@ def _guards(h: Host):
 def _built_module(h: Host, profile):
     from p2pkit.config import p2p_src_dir
 
-    ko = f"{p2p_src_dir(profile)}/kernel-open/nvidia.ko"
+    src = p2p_src_dir(profile)
+    ko = f"{src}/kernel-open/nvidia.ko"
     if not h.exists(ko):
         return {"path": ko, "srcversion": None, "error": f"{ko} has not been built"}
     r = h.runner.run(["modinfo", "-F", "srcversion", str(h.path(ko))], check=False)
-    return {"path": ko, "srcversion": r.stdout.strip() or None}
+    # the kernel the tree was last built for: the newest build stamp (.p2pkit-built-<kernel>-<commit>,
+    # written after each build; a build for another kernel leaves the earlier stamps)
+    head, tail = ".p2pkit-built-", f"-{profile.p2p_module.commit}"
+    stamps = sorted((h.path(f"{src}/{n}").stat().st_mtime_ns, n[len(head):-len(tail)]) for n in h.listdir(src)
+                    if n.startswith(head) and n.endswith(tail) and len(n) > len(head) + len(tail))
+    return {"path": ko, "srcversion": r.stdout.strip() or None, "kernel": stamps[-1][1] if stamps else None}
 
 
 def _head(h: Host, profile):
@@ -213,6 +219,7 @@ COLLECTORS: dict[str, Callable[[Host], object]] = {
     "pci_gpus": pci.gpus,
     "nvidia_version": kmod.proc_version,
     "module": kmod.module,
+    "pending_kernel": kmod.pending_kernel,
     "userspace_driver": kmod.userspace_driver,
     "nvml": nvml.facts,
     "smi_p2p_read": lambda h: smi.topo_p2p(h, "r"),

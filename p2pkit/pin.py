@@ -138,12 +138,82 @@ def profile_text(profile: config.Profile, out: Path) -> str:
     return "\n".join(tomlwrite.comment(x) for x in head) + "\n" + tomlwrite.dumps(profile.as_dict())
 
 
-def apply(text: str, pins: dict[tuple[str, str], str], out: Path) -> tuple[str, str]:
-    """The new text with every pin set, checked as a profile, and its unified diff from the old."""
+def apply(text: str, pins: dict[tuple[str, str], str], out: Path,
+          notes: dict[tuple[str, str], str] | None = None) -> tuple[str, str]:
+    """The new text with every pin set (each with its note, where it came from, as a comment),
+    checked as a profile, and its unified diff from the old."""
     new = text
     for keys, value in pins.items():
-        new = writers.toml_set(new, list(keys), value)
+        new = writers.toml_set(new, list(keys), value, (notes or {}).get(keys, ""))
     config.from_dict(tomllib.loads(new), str(out))  # a profile that does not validate is never written
     diff = "".join(difflib.unified_diff(text.splitlines(True) if out.is_file() else [], new.splitlines(True),
                                         fromfile=str(out) if out.is_file() else "/dev/null", tofile=str(out)))
     return new, diff
+
+
+def resolve(runner: Runner, profile: config.Profile, keys: list[str], workdir: Path) -> dict[str, dict]:
+    """`up --pin`: the pins preflight named, each resolved from the profile's own sources (the
+    installer at driver.installer_url after NVIDIA's check; the fork's branch and the engine's HEAD
+    from `git ls-remote`): {key: {"value", "from"}}. A pin p2pkit cannot resolve is refused."""
+    found = {}
+    for key in keys:
+        if key == "driver.installer_sha256":
+            got = installer_pin(runner, profile.driver.installer_url, workdir)
+            found[key] = {"value": got["sha256"],
+                          "from": f"sha256 of {profile.driver.installer_url} (NVIDIA's check: {got['check']})"}
+        elif key == "p2p_module.commit":
+            got = remote_commit(runner, profile.p2p_module.repo, f"refs/heads/{profile.p2p_module.branch}")
+            found[key] = {"value": got["commit"], "from": got["from"]}
+        elif key == "engine.commit":
+            got = remote_commit(runner, profile.engine.repo, "HEAD")
+            found[key] = {"value": got["commit"], "from": got["from"]}
+        else:
+            raise UsageError(f"p2pkit cannot resolve {key} for you",
+                             hint=f"set {key} in your profile file to the value you reviewed, then run "
+                                  "`p2pkit --profile FILE up`")
+    return found
+
+
+def host_profile_file(profile: config.Profile, state_dir: Path) -> Path:
+    """Where `up --pin` writes: the profile's own file, or for a built-in profile a copy of it in the
+    host's state directory (recorded there, so every later command uses it)."""
+    if profile.source in config.builtin_names():
+        return Path(state_dir) / "profile.toml"
+    return Path(profile.source).resolve()
+
+
+def pin_for_up(ctx) -> config.Profile | None:
+    """`up --pin`: resolve every empty pin preflight would name, show each value and its source,
+    write them into the host's profile (a comment beside each says where it came from) and record
+    that file as the host's profile. Returns the pinned profile, or None when nothing was empty."""
+    import datetime as dt
+    import tempfile
+
+    from p2pkit import hoststate
+    from p2pkit.artifacts import atomic_write
+    from p2pkit.checks.preflight import missing_pins
+
+    prof = ctx.profile
+    keys = missing_pins(prof)
+    if not keys:
+        return None
+    shadowed = [o for o in prof.overrides if o.partition("=")[0].strip() in keys]
+    if shadowed:
+        raise UsageError(f"--set {', '.join(shadowed)} overrides a pin `up --pin` would write",
+                         hint="drop that --set (`--unset KEY`), then run `p2pkit up --pin` again")
+    with tempfile.TemporaryDirectory(prefix="p2pkit-pin-") as tmp:
+        found = resolve(ctx.host.runner, prof, keys, Path(tmp))
+    out = host_profile_file(prof, ctx.store.dir)
+    day = dt.date.today().isoformat()
+    pins = {tuple(k.split(".")): v["value"] for k, v in found.items()}
+    notes = {tuple(k.split(".")): f"pinned by `p2pkit up --pin` on {day}: {v['from']}" for k, v in found.items()}
+    text = profile_text(prof, out)
+    new, _ = apply(text, pins, out, notes)
+    for k, v in found.items():
+        ctx.out.log(f"pinned {k} = {v['value']} ({v['from']})")
+    ctx.store.ensure()
+    atomic_write(out, new.encode())
+    ctx.out.log(f"wrote the pins into {out}; later commands on this host use it")
+    pinned = config.load(str(out), prof.overrides)
+    hoststate.record_profile(ctx.store.dir, pinned)
+    return pinned

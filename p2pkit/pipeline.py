@@ -15,7 +15,7 @@ from pathlib import Path
 
 from p2pkit import __version__, facts, hoststate
 from p2pkit.artifacts import SCHEMA, CorruptArtifact, Store, atomic_write
-from p2pkit.checks import ERROR, FAIL, PENDING, SKIP, Check, worst
+from p2pkit.checks import ERROR, FAIL, PENDING, SKIP, WARN, Check, worst
 from p2pkit.config import Profile
 from p2pkit.errors import Exit, GateError, P2pkitError
 from p2pkit.host import Host
@@ -121,16 +121,20 @@ def _state_of(ctx: Ctx, st: Stage, prev: StageState | None, ident: dict, recheck
         return StageState(st.name, DONE, f"not applicable: {st.not_applicable(ctx.profile)}", doc)
     if recheck and st.check is not None and st.measure is None:
         f = facts.collect(ctx.host, st.facts, ctx.profile)
-        bad = [c for c in st.check(f, ctx.profile) if c.status == FAIL]
+        checks = st.check(f, ctx.profile)
+        bad = [c for c in checks if c.status == FAIL]
         if bad:
             why = f" ({bad[0].pitfall}): {bad[0].hint}" if bad[0].pitfall else ""
             return StageState(st.name, STALE, f"re-check failed: {bad[0].id}: {bad[0].measured}{why}", doc)
+    notes = ""
+    if recheck and st.check is not None and st.measure is None:
+        notes = "; ".join(f"{c.id}: {c.hint}" for c in checks if c.status == WARN and c.id in st.notes)
     if recheck and st.live is not None:
         name, judge_live = st.live
         bad = [c for c in judge_live(facts.collect(ctx.host, (name,), ctx.profile).get(name)) if c.status == FAIL]
         if bad:
             return StageState(st.name, STALE, f"re-check failed: {bad[0].id}: {bad[0].measured}: {bad[0].hint}", doc)
-    return StageState(st.name, DONE, "", doc)
+    return StageState(st.name, DONE, notes, doc)
 
 
 # ---------------------------------------------------------------------------------------- run

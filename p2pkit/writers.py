@@ -168,12 +168,15 @@ def _get(doc: dict, keys: list[str]):
     return doc
 
 
-def toml_set(text: str, keys: list[str], value: Any) -> str:
+def toml_set(text: str, keys: list[str], value: Any, comment: str = "") -> str:
     """Set one key (keys = table path + key, like ["p2p_module", "commit"]) in a TOML document's
     text, keeping every other line and comment; the key's line is replaced (or added to its table,
-    or the table is added). The result is parsed back and must hold exactly the new value."""
+    or the table is added). With a comment, the key's line carries it (`key = value  # comment`).
+    The result is parsed back and must hold exactly the new value."""
     *table, key = keys
     line = f"{tomlwrite.key(key)} = {tomlwrite.value(value)}"
+    if comment:
+        line += "  " + tomlwrite.comment(comment)
     lines = text.splitlines()
     want = ".".join(table)
     start = None if table else 0

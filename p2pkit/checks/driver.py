@@ -21,9 +21,9 @@ def precheck(p: Profile) -> list[Check]:
                        "allowed by driver.allow_other_version, but " + P01, "P01")
     out.append(judge("driver.installer_sha256", "installer checksum pinned", len(p.driver.installer_sha256) == 64,
                      p.driver.installer_sha256 or "(empty)", "64 hex digits",
-                     f"set driver.installer_sha256 to the sha256 of {p.driver.installer_url.rsplit('/', 1)[-1]} "
-                     "(from NVIDIA's download page, or `sha256sum` of a file you trust); p2pkit never runs an "
-                     "unpinned installer"))
+                     "`sudo p2pkit up --pin` pins the installer at driver.installer_url after NVIDIA's own check "
+                     "(or `p2pkit pin --installer FILE|URL --out PROFILE.toml --yes` for a file you downloaded); "
+                     "p2pkit never runs an unpinned installer"))
     return out
 
 

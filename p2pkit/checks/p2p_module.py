@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from p2pkit.checks import Check, failed, judge, unknown
+from p2pkit.checks import FAIL, PASS, WARN, Check, failed, judge, unknown
 from p2pkit.checks.driver import RESTORE_FIX
 from p2pkit.config import Profile
 
@@ -10,9 +10,9 @@ from p2pkit.config import Profile
 def precheck(p: Profile) -> list[Check]:
     return [judge("p2p.commit", "fork commit pinned", len(p.p2p_module.commit) >= 7,
                   p.p2p_module.commit or "(empty)", "a commit id",
-                  f"set p2p_module.commit to the commit of {p.p2p_module.branch} you reviewed "
-                  f"(`git ls-remote {p.p2p_module.repo} {p.p2p_module.branch}`); p2pkit never builds an unpinned "
-                  "kernel module")]
+                  f"set p2p_module.commit to the commit of {p.p2p_module.branch} you reviewed: `sudo p2pkit up "
+                  "--pin` or `p2pkit pin --fork DIR|--fork-remote --out PROFILE.toml --yes` writes it; p2pkit never "
+                  "builds an unpinned kernel module")]
 
 
 def install_checks(f: dict, p: Profile) -> list[Check]:
@@ -22,16 +22,70 @@ def install_checks(f: dict, p: Profile) -> list[Check]:
     want_file = f"/lib/modules/{kernel}/kernel/drivers/video/nvidia.ko"
     if failed(built) or not built.get("srcversion"):
         return [unknown("p2p.built", "patched nvidia.ko built", built or {"error": "no build"}, "a built module")]
+    pending = built_for_pending(f)
     return [
         judge("p2p.modinfo_file", "modprobe picks the patched module", m.get("modinfo_filename") == want_file,
               m.get("modinfo_filename") or m.get("modinfo_error", "none"), want_file,
               "another nvidia.ko wins (a stock DKMS copy under updates/dkms?): rerun `p2pkit up --from p2p-module "
               "--force`; `p2pkit restore` does the same after upgrades", pitfall="P02"),
+        Check("p2p.installed_srcversion", "installed module is the one built", WARN, m.get("modinfo_srcversion"),
+              built["srcversion"], pending) if pending else
         judge("p2p.installed_srcversion", "installed module is the one built", m.get("modinfo_srcversion") ==
               built["srcversion"], m.get("modinfo_srcversion"), built["srcversion"],
               "the installed nvidia.ko is not this build: rerun `p2pkit up --from p2p-module --force`"),
         *([safeguards(f["restore_guards"])] if "restore_guards" in f else []),
+        *([pending_kernel(f["pending_kernel"], built)] if "pending_kernel" in f else []),
     ]
+
+
+def built_for_pending(f: dict) -> str:
+    """The fork's tree was last built for the pending kernel (the kernel hook's rebuild before the
+    reboot into it): the running kernel's module cannot be held to that build. Returns the note
+    that says so, or "" when the tree was built for the running kernel."""
+    built, pk, running = f.get("built_module", {}), f.get("pending_kernel"), f.get("kernel")
+    if failed(pk) or not isinstance(pk, dict) or not pk.get("kernel") or failed(built):
+        return ""
+    k = pk["kernel"]
+    if built.get("kernel") != k or k == running:
+        return ""
+    if pk.get("modinfo_filename") == module_file(k) and pk.get("modinfo_srcversion") == built.get("srcversion"):
+        return pending_note(k)
+    return (f"the fork's tree holds a build for the pending kernel {k} that modprobe does not find for it "
+            "(see p2p.pending_kernel); the running kernel's module is not compared with it")
+
+
+def module_file(kernel: str) -> str:
+    return f"/lib/modules/{kernel}/kernel/drivers/video/nvidia.ko"
+
+
+def pending_note(kernel: str) -> str:
+    return f"module built for the pending kernel {kernel}; reboot to load it"
+
+
+def pending_kernel(pk: dict, built: dict) -> Check:
+    """An upgrade installed a kernel the next boot starts: it must have the patched module before the
+    reboot (the kernel hook builds it), or the box boots without P2P (P02)."""
+    title = "the pending kernel has the patched module"
+    if failed(pk):
+        return unknown("p2p.pending_kernel", title, pk, "no pending kernel, or one with the patched module",
+                       needed=False, pitfall="P02")
+    k = pk.get("kernel")
+    if not k:
+        return Check("p2p.pending_kernel", title, PASS, f"none: the next boot starts {pk.get('running')} "
+                     + (f"(held back from {pk['held_for']}, P36)" if pk.get("held_for") else "(running now)"),
+                     "no pending kernel, or one with the patched module", pitfall="P02")
+    want = module_file(k)
+    got = pk.get("modinfo_filename")
+    same_build = built.get("kernel") != k or pk.get("modinfo_srcversion") == built.get("srcversion")
+    if got == want and same_build:
+        return Check("p2p.pending_kernel", title, WARN, f"{k}: {got} ({pk.get('modinfo_srcversion')})", want,
+                     pending_note(k), "P02")
+    return Check("p2p.pending_kernel", title, FAIL,
+                 f"{k} ({pk.get('boot_image')}): modprobe would load {got or pk.get('modinfo_error') or 'nothing'}"
+                 + ("" if same_build or got != want else f", srcversion {pk.get('modinfo_srcversion')} is not "
+                    f"the build's {built.get('srcversion')}"), want,
+                 f"the kernel hook did not build the patched module for {k} (it failed or did not run): run "
+                 f"`sudo p2pkit restore --kernel {k}` before you reboot, or the box boots {k} without P2P", "P02")
 
 
 def safeguards(g: dict) -> Check:
@@ -56,19 +110,26 @@ def runtime_checks(f: dict, p: Profile) -> list[Check]:
             else "no nvidia module loaded"
         out.append(judge("p2p.loaded_version", "loaded driver version", got == want, got, want,
                          "the patched module is not loaded yet: reboot (or see `p2pkit doctor`)"))
-    out.append(judge("p2p.loaded_srcversion", "loaded module is the patched build",
-                     m.get("loaded_srcversion") is not None and m.get("loaded_srcversion") == built.get("srcversion"),
-                     m.get("loaded_srcversion") or "not loaded", built.get("srcversion"),
-                     "a different nvidia module is loaded: reboot so the patched one loads (install.sh's rmmod "
-                     "fails silently on a busy module: p2pkit checks what is loaded)"))
+    pending = built_for_pending(f)
+    loaded = m.get("loaded_srcversion")
+    if pending and loaded is not None and loaded == m.get("modinfo_srcversion"):
+        # the running kernel's installed module is the loaded one; the tree now holds the pending kernel's build
+        out.append(Check("p2p.loaded_srcversion", "loaded module is the patched build", WARN, loaded,
+                         built.get("srcversion"), pending))
+    else:
+        out.append(judge("p2p.loaded_srcversion", "loaded module is the patched build",
+                         loaded is not None and loaded == built.get("srcversion"),
+                         loaded or "not loaded", built.get("srcversion"),
+                         "a different nvidia module is loaded: reboot so the patched one loads (install.sh's rmmod "
+                         "fails silently on a busy module: p2pkit checks what is loaded)"))
     nv = f.get("nvml", {})
     out.append(judge("p2p.nvml", "NVML initialises", not failed(nv), nv.get("error", "ok") if failed(nv) else "ok",
                      "ok", "a 'Driver/library version mismatch' means the loaded module and the userspace driver "
                      "differ: reboot after the p2p-module stage"))
     sb = f.get("secure_boot")
-    out.append(judge("p2p.secure_boot", "Secure Boot off (or module signed)",
-                     sb in ("off", "legacy-bios") or bool(p.p2p_module.signing_key), sb, "off",
-                     "Secure Boot refuses the unsigned patched module: turn it off in firmware setup"))
+    out.append(judge("p2p.secure_boot", "Secure Boot off", sb in ("off", "legacy-bios"), sb, "off",
+                     "Secure Boot refuses the unsigned patched module (p2pkit does not sign it yet, whatever "
+                     "p2p_module.signing_key says): turn it off in firmware setup"))
     io = f.get("iommu", {})
     if failed(io):
         out.append(unknown("p2p.iommu", "IOMMU mode on the running command line", io, p.p2p_module.iommu))

@@ -15,8 +15,57 @@ def check(f: dict, p: Profile) -> list[Check]:
     # GPUs first: on a machine without them nothing else matters, and the first failure is the headline
     return [
         _gpu_count(f, p), _gpu_model(f, p), _os(f, p), _kernel(f, p), _root(f, p), _disk(f, p),
-        _secure_boot(f), _iommu(f, p), _dpkg(f), _cgroup(f), _tools(f, p),
+        _secure_boot(f, p), _iommu(f, p), _dpkg(f), _cgroup(f), _tools(f, p), _pins(p),
     ]
+
+
+# every pin a later stage refuses to act without: (key, the stage that needs it, where `p2pkit pin` gets it)
+PIN_SOURCES = {
+    "driver.installer_sha256": ("driver", "--installer FILE|URL"),
+    "p2p_module.commit": ("p2p-module", "--fork DIR|--fork-remote"),
+    "engine.commit": ("engine", "--engine DIR|--engine-remote"),
+    "engine.source_sha256": ("engine", ""),
+}
+
+
+def missing_pins(p: Profile) -> list[str]:
+    """The pins this profile's stages need and leave empty, in stage order (the stages' own
+    prechecks refuse the same: driver.precheck, p2p_module.precheck, engine.precheck)."""
+    out = []
+    if len(p.driver.installer_sha256) != 64:
+        out.append("driver.installer_sha256")
+    if len(p.p2p_module.commit) < 7:
+        out.append("p2p_module.commit")
+    if p.engine.recipe == "llamacpp" and p.engine.source_url:
+        if not p.engine.source_sha256:
+            out.append("engine.source_sha256")
+    elif p.engine.recipe in BUILT_ENGINES and len(p.engine.commit) < 7:
+        out.append("engine.commit")
+    return out
+
+
+def pin_command(p: Profile, keys: list[str]) -> str:
+    """The one `p2pkit pin` line that resolves the keys it can (the remotes for the commits)."""
+    opts = {"driver.installer_sha256": f"--installer {p.driver.installer_url or 'FILE'}",
+            "p2p_module.commit": "--fork-remote", "engine.commit": "--engine-remote"}
+    args = " ".join(opts[k] for k in keys if k in opts)
+    return f"p2pkit pin {args} --out ./{p.name}.toml --yes"
+
+
+def _pins(p) -> Check:
+    """Every empty pin the run will need, named before anything changes (not one stage at a time)."""
+    keys = missing_pins(p)
+    title = "every pin the stages need is set"
+    measured = "empty: " + ", ".join(f"{k} ({PIN_SOURCES[k][0]})" for k in keys) if keys else "all pinned"
+    hint = ""
+    if keys:
+        hint = (f"`sudo p2pkit up --pin` resolves them and writes them into this host's profile (the installer "
+                "from driver.installer_url after NVIDIA's own --check, the commits from `git ls-remote`), showing "
+                f"each value and where it came from; or pin a copy yourself: `{pin_command(p, keys)}`, then "
+                f"`sudo p2pkit --profile ./{p.name}.toml up`")
+        if "engine.source_sha256" in keys:
+            hint += "; engine.source_sha256 is yours to set: the sha256 of the source archive you reviewed"
+    return judge("preflight.pins", title, not keys, measured, "every pin set (installer sha256, commits)", hint)
 
 
 # the commands later stages run, why, and the Debian/Ubuntu package that brings each
@@ -104,13 +153,19 @@ def _disk(f, p) -> Check:
                   context=f"free under {d['path']}")
 
 
-def _secure_boot(f) -> Check:
+SECURE_BOOT_OFF = ("Secure Boot refuses the unsigned P2P-patched modules, and p2pkit does not sign them yet: "
+                   "turn it off in the firmware setup (`mokutil --sb-state` then prints \"SecureBoot disabled\"), "
+                   "then run `p2pkit up` again")
+
+
+def _secure_boot(f, p) -> Check:
     sb = f.get("secure_boot")
     if failed(sb):
         return unknown("preflight.secure_boot", "Secure Boot", sb, "off", needed=False)
-    return judge("preflight.secure_boot", "Secure Boot", sb in ("off", "legacy-bios"), sb, "off",
-                 "Secure Boot refuses the unsigned P2P-patched modules: turn it off in the firmware setup, "
-                 "or set p2p_module.signing_key to a MOK you enrolled", severity=FAIL)
+    key = p.p2p_module.signing_key
+    return judge("preflight.secure_boot", "Secure Boot", sb in ("off", "legacy-bios"),
+                 sb + (f" (p2p_module.signing_key = {key} is not used: nothing signs the modules)" if key else ""),
+                 "off", SECURE_BOOT_OFF, severity=FAIL)
 
 
 def _gpu_count(f, p) -> Check:

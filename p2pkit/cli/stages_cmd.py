@@ -51,13 +51,17 @@ def up(
     max_reboots: Annotated[int, typer.Option("--max-reboots", min=0, help="with --reboot: how many reboots this "
                                              "bring-up may take, counted on disk across boots")]
     = hoststate.DEFAULT_MAX_REBOOTS,
+    pin: Annotated[bool, typer.Option("--pin", help="resolve the pins the profile leaves empty (the installer's "
+                                      "sha256 after NVIDIA's own check, the fork's and engine's commits from "
+                                      "`git ls-remote`), show them and write them into this host's profile first")]
+    = False,
     resumed: Annotated[bool, typer.Option("--resumed", hidden=True, help="run by the resume unit after a reboot: "
                                           "spends the recorded reboot budget instead of starting one")] = False,
 ) -> None:
     """Run every stage that is not done, in order; each proves its result and writes an artifact."""
     if inventory is not None:
         cmd = ["up", *(["--from", start] if start else []), *(["--to", stop] if stop else []),
-               *(["--force"] if force else []), *(["--reboot"] if reboot else [])]
+               *(["--force"] if force else []), *(["--reboot"] if reboot else []), *(["--pin"] if pin else [])]
         if reboot:
             cmd = ["--yes", *cmd]
         _inventory(inventory, "up", cmd, wheel)
@@ -66,6 +70,12 @@ def up(
         ctx.out.log(f"host root {ctx.host.root} is a simulated host (scenario "
                     f"{ctx.host.sim.get('scenario')}): nothing real is changed or measured")
     ctx.out.log(f"profile {ctx.profile.name}; state in {ctx.store.dir}")
+    if pin:
+        from p2pkit.pin import pin_for_up
+
+        pinned = pin_for_up(ctx)
+        if pinned is not None:
+            ctx.profile = common.contained(pinned, ctx.host)
     if reboot and not resumed:  # a person asked: a new budget (the resume unit spends the recorded one)
         ctx.store.ensure()
         hoststate.start_reboot_budget(ctx.store.dir, max_reboots)

@@ -26,6 +26,34 @@ def module(host: Host) -> dict:
     return {"loaded_srcversion": loaded, **modinfo(host, kernel)}
 
 
+BOOT_IMAGE = "/boot/vmlinuz"  # linux-base keeps it at the newest kernel, the one GRUB's default entry boots
+
+
+def pending_kernel(host: Host) -> dict:
+    """The kernel the next boot starts when it is not the running one (an upgrade installed it, the
+    reboot has not come yet), and what modprobe would load for it. The /boot/vmlinuz symlink names
+    it, unless p2pkit's kernel hook held the boot default at the running kernel (P36)."""
+    import os
+
+    from p2pkit.host.system import BOOT_HOLD
+
+    running = host.read("/proc/sys/kernel/osrelease", "the kernel release").strip()
+    try:
+        target = os.readlink(host.path(BOOT_IMAGE))
+    except OSError as e:
+        raise ProbeError("the next boot's kernel", f"{BOOT_IMAGE} is not a symlink ({e.strerror or e})") from None
+    name = target.rsplit("/", 1)[-1]
+    if not name.startswith("vmlinuz-"):
+        raise ProbeError("the next boot's kernel", f"{BOOT_IMAGE} points at {target}, not a vmlinuz-<release>")
+    kernel = name[len("vmlinuz-"):]
+    out = {"running": running, "boot_image": f"{BOOT_IMAGE} -> {target}"}
+    if kernel == running:
+        return {**out, "kernel": None}
+    if host.exists(BOOT_HOLD) and f"# p2pkit-kernel={running}" in host.read(BOOT_HOLD, "the boot-default hold"):
+        return {**out, "kernel": None, "held_for": kernel}  # the next boot stays on the running kernel (P36)
+    return {**out, "kernel": kernel, **modinfo(host, kernel)}
+
+
 def modinfo(host: Host, kernel: str) -> dict:
     """What modprobe would load for `kernel`: the nvidia module's file and srcversion (one modinfo
     prints both)."""

@@ -188,6 +188,7 @@ def render(root: Path, state: dict) -> None:
     write(root, "proc/sys/kernel/arch", state.get("arch", "x86_64") + "\n")
     write(root, "proc/sys/kernel/osrelease", state["kernel"] + "\n")
     write(root, "proc/sys/kernel/hostname", "sim-dual5090\n")
+    _boot(root, state)
     write(root, "proc/sys/kernel/random/boot_id", state["boot_id"] + "\n")
     # PID 1: systemd (and its /run/systemd/system, sd_booted's test) unless the scenario has none (a
     # container's shell or tini, where p2pkit's launcher starts the engine)
@@ -235,6 +236,20 @@ def render(root: Path, state: dict) -> None:
     write(root, SIM_MARKER, json.dumps(state_doc, indent=2) + "\n")
     for name in STANDINS:
         write_standin(root, name, standin_script(name))
+
+
+def _boot(root: Path, state: dict) -> None:
+    """/boot as Ubuntu keeps it: a vmlinuz-<k> per installed kernel and the /boot/vmlinuz symlink
+    (linux-base's linux-update-symlinks) at the newest one, the kernel GRUB's default entry boots next
+    (lifecycle.reboot's next_kernel)."""
+    kernels = [state["kernel"], *([state["next_kernel"]] if state.get("next_kernel") else [])]
+    for k in kernels:
+        if not (root / f"boot/vmlinuz-{k}").exists():
+            write(root, f"boot/vmlinuz-{k}", f"SIMULATED Linux kernel image {k}\n")
+    link = root / "boot/vmlinuz"
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(f"vmlinuz-{kernels[-1]}")
 
 
 def write_standin(root: Path, name: str, text: str) -> None:

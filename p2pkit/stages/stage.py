@@ -27,6 +27,8 @@ class Stage:
     # for a stage that measures (status cannot re-run its proof): the one fact status re-reads each time,
     # within a second or two, and its check (the service: a frozen engine is not "done")
     live: tuple[str, Callable[[object], list[Check]]] | None = None
+    # checks whose warning `status` shows beside a done stage (a module waiting for the reboot into a new kernel)
+    notes: tuple[str, ...] = ()
 
     def not_applicable(self, profile) -> str | None:
         return self.applies(profile) if self.applies is not None else None
