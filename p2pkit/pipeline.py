@@ -119,6 +119,7 @@ def _state_of(ctx: Ctx, st: Stage, prev: StageState | None, ident: dict, recheck
         return StageState(st.name, STALE, f"chain broken: {prev.stage}'s artifact changed since", doc)
     if doc.get("applicable") is False:
         return StageState(st.name, DONE, f"not applicable: {st.not_applicable(ctx.profile)}", doc)
+    notes = ""
     if recheck and st.check is not None and st.measure is None:
         f = facts.collect(ctx.host, st.facts, ctx.profile)
         checks = st.check(f, ctx.profile)
@@ -126,8 +127,6 @@ def _state_of(ctx: Ctx, st: Stage, prev: StageState | None, ident: dict, recheck
         if bad:
             why = f" ({bad[0].pitfall}): {bad[0].hint}" if bad[0].pitfall else ""
             return StageState(st.name, STALE, f"re-check failed: {bad[0].id}: {bad[0].measured}{why}", doc)
-    notes = ""
-    if recheck and st.check is not None and st.measure is None:
         notes = "; ".join(f"{c.id}: {c.hint}" for c in checks if c.status == WARN and c.id in st.notes)
     if recheck and st.live is not None:
         name, judge_live = st.live
