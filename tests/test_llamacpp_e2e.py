@@ -30,11 +30,11 @@ SETS = ["engine.cuda=false", f"model.source={MODEL}", f"model.output={GGUF}", 'm
         f"engine.build_dir=/opt/p2pkit-tests/{llama_real.build_dir().name}"]
 
 
-def llama_sim(root: Path) -> Path:
+def llama_sim(root: Path, scenario: str = "healthy") -> Path:
     """A simulated host for the llama.cpp profile, with the pinned archive in its download cache,
     its engine build dir in the real build's cache (engine.build_dir in SETS) and the tiny checkpoint
     as its model source."""
-    state = scenarios.build("healthy")
+    state = scenarios.build(scenario)
     state["profile"] = "dual-5090-llamacpp"
     root.mkdir(parents=True)
     lifecycle.init(root, state)
@@ -205,3 +205,43 @@ def test_a_flag_the_built_server_does_not_list_is_refused_before_a_start(tmp_pat
     assert e.value.code == Exit.USAGE and "--no-such-flag" in e.value.message
     assert "refused before a start" in e.value.message and "serve.flags" in e.value.hint
     assert not (root / UNIT).exists()  # nothing installed, nothing started
+
+
+def test_bench_by_the_seeds_method_under_the_launcher(tmp_path, cli):
+    """Issue 27 on the CPU: a host without systemd as PID 1 (the launcher starts the real llama-server),
+    then bench by seed 000's whole method: both workload shapes at 1 and 2 streams, per-stream and
+    aggregate figures from the server's own accounting, the lengths the server ran equal to the asked
+    (P13), llama-bench at the same lengths and depth as the reference arm (read by the package's reader),
+    the draft's acceptance per level, and the plot; then serve stop through p2pkit."""
+    llama_real.wait()
+    root = llama_sim(tmp_path / "host", "no-systemd")
+    try:
+        r = up(cli, root, "--set", "serve.flags.ctx-size=8192", "--set", "serve.flags.parallel=2")
+        assert r.code == 0, r.err[-3000:]
+        assert "starting the engine with p2pkit's launcher" in r.out + r.err
+        png = tmp_path / "bench.png"
+        r = cli("--root", str(root), "--json", "bench", "--shapes", "decode,production", "--concurrency", "1,2",
+                "--requests", "1", "--warmup", "1", "--reference", "--plot", str(png))
+        assert r.code == 0, r.err[-3000:]
+        doc = r.json()
+        lv = doc["arms"][0]["levels"]
+        assert [(x["shape"], x["concurrency"]) for x in lv] == [("decode", 1), ("decode", 2), ("production", 1),
+                                                                 ("production", 2)]
+        for x in lv:
+            assert len(x["requests"]) == x["concurrency"] and {q["stream"] for q in x["requests"]} == \
+                set(range(x["concurrency"]))
+            s = x["summary"]
+            assert s["lengths"]["match"], s["lengths"]  # P13: what the server ran is what was asked
+            assert s["decode_tps"]["median"] > 0 and s["aggregate_decode_tps"] > 0
+            assert s["draft_acceptance"] >= 0  # the draft is on (spec-type draft-simple in SETS)
+            assert x["metrics_delta"]["tokens_predicted_total"] == sum(q["predicted_n"] for q in x["requests"])
+        ref = {x["shape"]: x for x in doc["reference"]["shapes"]}
+        assert ref["decode"]["decode_tps"]["test"] == "tg512 @ d128" and ref["decode"]["prefill_tps"]["test"] == "pp128"
+        assert ref["production"]["decode_tps"]["test"] == "tg128 @ d2048"
+        ratios = {x["shape"]: x for x in doc["reference_ratios"]}
+        assert set(ratios) == {"decode", "production"} and ratios["decode"]["decode_tps"]["ratio"] > 0
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        r = cli("--root", str(root), "serve", "stop")
+        assert r.code == 0 and "stopped" in r.out, r.out + r.err
+    finally:
+        lifecycle.stop_services(root)

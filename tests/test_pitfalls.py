@@ -368,6 +368,21 @@ def test_fit_counts_weights_kv_at_the_context_and_type_and_draft_layers():
     assert one["service.vram_fit.gpu0"].status == "pass" and one["service.vram_fit.gpu1"].status == "fail"
 
 
+def test_fit_counts_a_separate_draft_model_and_refuses_one_it_cannot_read():
+    """Issue 27: a draft model given with -md (llama-server loads it, drafting on or off) counts with its
+    weights and its own f16 KV; one that cannot be read is "could not determine", never a pass."""
+    draft = {"path": "/srv/models/draft.gguf", "layers": 4, "kv_heads": 4, "head_dim_k": 128, "head_dim_v": 128,
+             "weights_bytes": gib(6)}
+    assert fit_checks()["service.vram_fit.gpu0"].status == "pass"
+    with_draft = fit_checks(shape={**SHAPE, "draft_model": draft})["service.vram_fit.gpu0"]
+    assert with_draft.status == "fail" and "draft model's 3.00" in with_draft.measured  # 3 GiB a GPU at 0.5/0.5
+    small = fit_checks(shape={**SHAPE, "draft_model": {**draft, "weights_bytes": gib(0.5)}})["service.vram_fit.gpu0"]
+    assert small.status == "pass"
+    gone = fit_checks(shape={**SHAPE, "draft_model": {"path": "/x.gguf", "error": "the draft model /x.gguf does "
+                                                      "not exist"}})["service.vram_fit"]
+    assert gone.status != "pass" and "does not exist" in gone.measured
+
+
 def test_fit_knows_which_kv_types_the_built_llamacpp_takes_with_tensor_split():
     c = fit_checks()["service.kv_split"]
     assert c.status == "pass"  # q4_0 after PR #23792

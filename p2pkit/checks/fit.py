@@ -85,6 +85,15 @@ def check(fit: dict | None, p: Profile) -> list[Check]:
     kv = m["layers"] * ctx * per_tok
     draft_kv = (m.get("draft_layers") or 0) * ctx * per_tok if pl["draft"] else 0.0
     weights = float(m["weights_bytes"])
+    dm = m.get("draft_model")
+    if dm is not None:
+        if "error" in dm or not all(dm.get(k) for k in ("layers", "kv_heads", "head_dim_k", "head_dim_v")):
+            return [*out, unknown("service.vram_fit", "the model and its draft model fit the GPUs' free VRAM",
+                                  {"error": dm.get("error") or f"the draft model {dm.get('path')} does not say its "
+                                   "shape"}, "fits", needed=False, pitfall="P18")]
+        # the draft's own KV cache: f16 unless --spec-draft-type-k/-v say otherwise (llama-server --help)
+        draft_kv += int(dm["layers"]) * ctx * kv_per_token(dm, "f16", "f16")
+        weights += float(dm["weights_bytes"])
     head = p.serve.vram_headroom_gib * GIB
     for i, share in enumerate(pl["shares"]):
         if share <= 0:
@@ -98,9 +107,12 @@ def check(fit: dict | None, p: Profile) -> list[Check]:
         if "utilization" in pl:
             avail = min(avail, pl["utilization"] * float(g.get("total") or avail))
         need = share * (weights + kv + draft_kv)
-        per_ctx = share * (m["layers"] + ((m.get("draft_layers") or 0) if pl["draft"] else 0)) * per_tok
+        per_ctx = share * ((m["layers"] + ((m.get("draft_layers") or 0) if pl["draft"] else 0)) * per_tok
+                           + (int(dm["layers"]) * kv_per_token(dm, "f16", "f16") if dm else 0))
         max_ctx = int(max(0.0, avail - head - share * weights) // per_ctx) if per_ctx else 0
-        measured = (f"needs {need / GIB:.1f} GiB (weights {share * weights / GIB:.1f} + KV {share * kv / GIB:.1f} "
+        measured = (f"needs {need / GIB:.1f} GiB (weights {share * weights / GIB:.1f}"
+                    + (f" with the draft model's {share * float(dm['weights_bytes']) / GIB:.2f}" if dm else "")
+                    + f" + KV {share * kv / GIB:.1f} "
                     f"at {ctx} tokens {pl['k']}/{pl['v']} + draft KV {share * draft_kv / GIB:.1f}) + headroom "
                     f"{head / GIB:.1f} of {avail / GIB:.1f} free; fits up to {max_ctx} tokens")
         out.append(judge(f"service.vram_fit.gpu{i}", f"GPU {i}: the model fits its free VRAM", need + head <= avail,

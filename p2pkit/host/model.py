@@ -178,7 +178,14 @@ def model_shape(host: Host, profile) -> dict:
     missing = [k for k in ("layers", "kv_heads", "head_dim_k", "head_dim_v") if not shape.get(k)]
     if missing or not shape.get("weights_bytes"):
         return {"error": f"the model does not say its {', '.join(missing) or 'size'}"}
-    return {k: int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for k, v in shape.items()}
+    out = {k: int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for k, v in shape.items()}
+    draft = profile.serve.flags.get("model-draft") if profile.engine.recipe == "llamacpp" else None
+    if draft:  # llama-server loads a draft model it is given (-md), drafting on or off: its weights and KV count
+        dpath = host.path(str(draft))
+        d = {**_gguf_shape(dpath), "weights_bytes": dpath.stat().st_size} if dpath.is_file() else \
+            {"error": f"the draft model {draft} does not exist"}
+        out["draft_model"] = {"path": str(draft), **d}
+    return out
 
 
 def tp_quant_kv_refused(host: Host, build_dir: str) -> bool | None:
