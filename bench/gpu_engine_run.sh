@@ -4,10 +4,11 @@
 # machine keeps /tmp while it stays warm between calls):
 #   bash bench/gpu_engine_run.sh build    the engine stage twice (first build; re-configure + no-op rebuild)
 #   bash bench/gpu_engine_run.sh models   a 0.76B and a 7M random-weight Llama made there, converted by the
-#                                         model stage (llama.cpp's own converter), llama-bench references
+#                                         model stage (llama.cpp's own converter)
 #   bash bench/gpu_engine_run.sh serve    the service stage (the launcher: no systemd there), bench with an
 #                                         A/B (drafting off / on), status, serve status and stop
-#   bash bench/gpu_engine_run.sh all      the three in one call (a machine does not keep /tmp once given back)
+#   bash bench/gpu_engine_run.sh all      all of it in one call (a machine does not keep /tmp once given back):
+#                                         the conversion beside the build, then llama-bench's four formats
 # The source travels as the packed archive of `p2pkit pin --engine-offline` in .devcarry/, ansible-core
 # and pyudev as wheels in .whl/ (both carried). Each phase tars its records into $OUT/rec-PHASE.tar.gz
 # when it ends, so a call cut short still brings back the phases it finished.
@@ -60,23 +61,28 @@ phase_build() {
   end build
 }
 
-phase_models() {
+phase_models() {  # needs only the unpacked source (the converter and gguf-py), not the built binaries
   begin models
   log "making the checkpoints"
   python3 bench/gpu_model.py main "$W/src/main" | tee "$REC/model-main.json"
   python3 bench/gpu_model.py draft "$W/src/draft" | tee "$REC/model-draft.json"
   log "model stage: main"; t0=$(date +%s)
-  stages --state-dir "$W/state" model 2>&1 | tee "$REC/model-stage-main.txt"
+  stages --state-dir "$W/state-model" model 2>&1 | tee "$REC/model-stage-main.txt"
   log "model stage main took $(( $(date +%s) - t0 )) s"
   stages --state-dir "$W/state-draft" --set "model.source=$W/src/draft" \
     --set "model.output=$W/models/draft-bf16.gguf" model 2>&1 | tee "$REC/model-stage-draft.txt"
-  cp "$W/state/model.json" "$REC/model.artifact.json"
+  cp "$W/state-model/model.json" "$REC/model.artifact.json"
+  end models
+}
+
+phase_bench_formats() {  # llama-bench's four formats from the GPU build, for the package's reader
+  begin formats
   lb=$W/llama.cpp/build/bin/llama-bench
-  for fmt in md json jsonl csv; do  # every format the package reader reads, from the GPU build
+  for fmt in md json jsonl csv; do
     "$lb" -m "$W/models/main-bf16.gguf" -ngl 99 -fa on -p 64 -n 32 -d 0,64 -r 2 -o $fmt >"$REC/llama-bench.$fmt" 2>&1
   done
   "$lb" -m "$W/models/missing.gguf" -o json >"$REC/llama-bench-missing.txt" 2>&1; echo "exit $?" >>"$REC/llama-bench-missing.txt"
-  end models
+  end formats
 }
 
 phase_serve() {
@@ -108,8 +114,14 @@ phase_serve() {
 case "${1:-}" in
 build) phase_build ;;
 models) phase_models ;;
-serve) phase_serve ;;
-all) phase_build; phase_models; phase_serve ;;
+serve) phase_bench_formats; phase_serve ;;
+all)  # the conversion runs beside the build (it needs the unpacked source only): one call fits in 10 minutes
+  phase_build & bpid=$!
+  for _ in $(seq 120); do [ -f "$W/llama.cpp/convert_hf_to_gguf.py" ] && break; sleep 1; done
+  phase_models
+  wait "$bpid"
+  phase_bench_formats
+  phase_serve ;;
 *) echo "usage: gpu_engine_run.sh build|models|serve|all" >&2; exit 2 ;;
 esac
 ls -la "$OUT"
