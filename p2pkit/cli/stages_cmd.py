@@ -123,7 +123,8 @@ def _inventory(inventory: Path, action: str, command: list[str], wheel: Path | N
     from p2pkit import reports
 
     out = common.output()
-    code, report = inv.run(inventory, action, command, out, wheel)
+    logs = common.state_dir(common.host()) / "logs"  # the controller's: ansible-playbook's log goes there
+    code, report = inv.run(inventory, action, command, out, logs, wheel)
     if junit is not None:  # one file for the lab: a suite per host and stage; a host with no result fails
         results = [{**r, "stage": f"{h}/{r['stage']}"} for h, v in sorted(report["hosts"].items())
                    for r in v.get("results", [])]
