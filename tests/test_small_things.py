@@ -1,0 +1,34 @@
+"""The small things a new user met (issue 29, item 7): each fix, with the words and exit code the
+user sees."""
+
+from __future__ import annotations
+
+import shlex
+
+
+def test_a_bad_set_names_a_validate_command_that_runs(cli, sim):
+    r = cli("--set", "serve.port=abc", "--set", "serve.env.HF_TOKEN=hf_x1y2z3", "plan")
+    assert r.code == 2 and "serve.port: expected an integer" in r.err
+    hint = r.err.split("check it with `", 1)[1].split("`", 1)[0]
+    assert hint == "p2pkit --set serve.port=abc --set 'serve.env.HF_TOKEN=<your value>' profile validate " \
+                   "dual-5090-ninfer"
+    args = shlex.split(hint)[1:]
+    r = cli(*args)  # the hint runs: it validates the same profile with the same override, and says why
+    assert r.code == 2 and "serve.port: expected an integer" in r.err and "No such command" not in r.err
+
+
+def test_a_truncated_profile_record_is_fixed_the_way_its_hint_says(cli, sim):
+    root = sim("healthy")
+    state = root / "var/lib/p2pkit"
+    assert cli("--root", str(root), "--set", "host.min_free_disk_gib=10", "up", "--to", "preflight").code == 0
+    (state / "profile.json").write_text('{"source": "dual-5090-nin')  # cut short
+    r = cli("--root", str(root), "status")
+    assert r.code == 2 and "cannot be read" in r.err
+    assert "`p2pkit --profile NAME|FILE [--set SECTION.KEY=VALUE ...] up`" in r.err
+    r = cli("--root", str(root), "--profile", "dual-5090-ninfer", "--set", "host.min_free_disk_gib=10", "up",
+            "--to", "preflight")
+    assert r.code == 0, r.err
+    assert cli("--root", str(root), "status").code in (0, 1)  # readable again (stages after preflight not run)
+    assert '"host.min_free_disk_gib=10"' in (state / "profile.json").read_text()
+
+
