@@ -304,8 +304,10 @@ def rollback(
     else:
         for f in record["files"]:
             ctx.out.log(f"[rollback] {f['action']} {f['path']}")
-        hint = f"`p2pkit sim reboot {ctx.host.root}`" if ctx.host.simulated else "reboot to load the stock driver"
-        ctx.out.error(f"{stage} rolled back; stages {', '.join(record['invalidated'])} are invalidated", hint)
+        nxt = f"`p2pkit sim reboot {ctx.host.root}`" if ctx.host.simulated else "reboot to load the stock driver"
+        # it worked: not an error, though the exit code (4) says a reboot is still due
+        ctx.out.line(f"{stage} rolled back; stages {', '.join(record['invalidated'])} are invalidated")
+        ctx.out.log(f"next: {nxt}")
     raise typer.Exit(int(Exit.REBOOT))
 
 
