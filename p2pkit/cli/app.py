@@ -23,9 +23,17 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
+def _complete_profile(incomplete: str) -> list[str]:
+    """The built-in profiles, then the TOML files in the current directory."""
+    from p2pkit.config import builtin_names
+
+    files = sorted(str(f) for f in Path().glob(f"{incomplete}*.toml"))
+    return [n for n in builtin_names() if n.startswith(incomplete)] + files
+
+
 def main_options(
     profile: Annotated[str | None, typer.Option("--profile", "-p", help="built-in profile name or a TOML file",
-                                                envvar="P2PKIT_PROFILE")] = None,
+                                                envvar="P2PKIT_PROFILE", autocompletion=_complete_profile)] = None,
     overrides: Annotated[list[str] | None, typer.Option("--set", metavar="SECTION.KEY=VALUE",
                                                         help="override one profile key (repeatable), "
                                                         "like --set serve.flags.node-rank=1; `up` records "
