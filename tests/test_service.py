@@ -56,11 +56,23 @@ def test_each_refusal(changes, check, fragment):
 
 @pytest.mark.parametrize("changes,check,pitfall", [
     ({"kv_capacity": 60000}, "service.kv_capacity", "P11"),
-    ({"max_concurrency": 4}, "service.spec_slots", "P20"),
+    ({"max_concurrency": 4, "spec": "mtp"}, "service.spec_slots", "P20"),
 ])
 def test_warnings(changes, check, pitfall):
     c = {c.id: c for c in engine_cmd.validate(flags(**changes))}[check]
     assert c.status == "warn" and c.pitfall == pitfall
+
+
+def test_the_builtin_profiles_do_not_warn_on_their_own_slots():
+    """The default profile serves DFlash2 at --max-concurrency 8 (seed 000's production setting): P20
+    (MTP pays at one slot, seed 003) is not its warning; MTP at several slots still is."""
+    from p2pkit import config
+
+    for name in ("dual-5090-ninfer", "dual-5090-llamacpp"):
+        found = {c.id: c for c in engine_cmd.validate(config.load(name))}
+        assert "service.spec_slots" not in found or found["service.spec_slots"].status == "pass", name
+    mtp = {c.id: c for c in engine_cmd.validate(config.load(None, ["serve.flags.spec=mtp"]))}
+    assert mtp["service.spec_slots"].status == "warn" and mtp["service.spec_slots"].measured == 8
 
 
 def test_default_profile_passes_validation_and_builds_the_command_as_a_list():
