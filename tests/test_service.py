@@ -146,6 +146,19 @@ def test_engine_that_exits_at_start_shows_its_log_and_the_likely_cause(service_h
 
 
 @pytest.mark.slow
+def test_verify_after_the_engine_was_stopped_says_it_had_started(service_host):
+    """Stopped on purpose after it served: verify names that (and the last log line), not "the engine
+    exited at start", whose log would say it was listening."""
+    ctx = service_host({"P2PKIT_SIM_LOAD_POLLS": "0", "P2PKIT_SIM_LOAD_SECONDS": "0"})
+    assert pipeline.run_stage(ctx, get("service"), "model")["status"] == "passed"
+    subprocess.run([str(ctx.host.root / "usr/bin/systemctl"), "stop", svc.UNIT], check=True)
+    results, _ = pipeline.verify(ctx, ["service"])
+    h = {c["id"]: c for c in results[0]["checks"]}["service.health"]
+    assert h["status"] == "fail" and "exited at start" not in h["measured"]
+    assert "the engine is not running (stopped after it had started: last log line " in h["measured"]
+
+
+@pytest.mark.slow
 def test_flags_refused_before_anything_is_installed(service_host):
     ctx = service_host()
     ctx.profile = flags(lm_head_draft=None)
