@@ -32,3 +32,13 @@ def test_a_truncated_profile_record_is_fixed_the_way_its_hint_says(cli, sim):
     assert '"host.min_free_disk_gib=10"' in (state / "profile.json").read_text()
 
 
+
+
+def test_a_state_dir_that_names_a_file_is_refused_as_such(cli, sim, tmp_path):
+    root = sim("healthy")
+    f = tmp_path / "notes.txt"
+    f.write_text("mine")
+    for cmd in (["status"], ["up", "--to", "preflight"], ["report", str(tmp_path / "r.tar.gz")]):
+        r = cli("--root", str(root), "--state-dir", str(f), *cmd)
+        assert r.code == 2 and f"--state-dir {f} is not a directory" in r.err, (cmd, r.err)
+        assert "Not a directory" not in r.err and f.read_text() == "mine"

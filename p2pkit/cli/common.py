@@ -54,7 +54,15 @@ def host() -> Host:
 
 
 def state_dir(h: Host) -> Path:
-    return OPTS.state_dir or state_dir_default(h.root)
+    """--state-dir, else <root>/var/lib/p2pkit; refused when it names something that is not a
+    directory (every path under it would fail with "Not a directory" of a file inside it)."""
+    d = OPTS.state_dir or state_dir_default(h.root)
+    if d.exists() and not d.is_dir():
+        given = "--state-dir " if OPTS.state_dir else "the state directory "
+        raise UsageError(f"{given}{d} is not a directory",
+                         hint="name a directory (p2pkit makes it when it is missing), or leave --state-dir out "
+                              "for <root>/var/lib/p2pkit")
+    return d
 
 
 def profile(h: Host | None = None) -> config.Profile:
