@@ -42,3 +42,30 @@ def test_a_state_dir_that_names_a_file_is_refused_as_such(cli, sim, tmp_path):
         r = cli("--root", str(root), "--state-dir", str(f), *cmd)
         assert r.code == 2 and f"--state-dir {f} is not a directory" in r.err, (cmd, r.err)
         assert "Not a directory" not in r.err and f.read_text() == "mine"
+
+
+def test_up_and_status_as_a_user_on_a_host_without_gpus_name_the_simulated_host(cli, tmp_path, monkeypatch):
+    """A host root that is not simulated (os-release, /proc, /sys) and has no NVIDIA GPU; the user is
+    not root, so `up` stops at the state directory, before preflight's GPU check could say it."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    root = tmp_path / "box"
+    for d in ("etc", "proc", "sys/bus/pci/devices"):
+        (root / d).mkdir(parents=True)
+    shutil.copy("/etc/os-release", root / "etc/os-release")
+    state = tmp_path / "state"
+    r = cli("--root", str(root), "--state-dir", str(state), "status")
+    assert r.code == 1 and "this host has no NVIDIA GPU; to try p2pkit without GPUs: `p2pkit sim init" in r.err
+    real_mkdir = Path.mkdir
+
+    def mkdir(self, *a, **kw):
+        if self == state:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_mkdir(self, *a, **kw)
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    r = cli("--root", str(root), "--state-dir", str(state), "up")
+    assert r.code == 2 and "p2pkit is not running as root" in r.err
+    assert "this host has no NVIDIA GPU; to try p2pkit without GPUs: `p2pkit sim init" in r.err

@@ -147,7 +147,8 @@ def run() -> None:
     except P2pkitError as e:
         if common.OPTS.debug:
             _traceback()
-        _fail(e.code, e.message, e.hint)
+        hint = common.with_sim_hint(e.hint) if output.COMMAND in (["up"], ["status"]) else e.hint
+        _fail(e.code, e.message, hint)
     except KeyboardInterrupt:
         _fail(130, "interrupted", "run the same command again: p2pkit resumes where it stopped")
     except Exception as e:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from p2pkit import config, hoststate
 from p2pkit.artifacts import Store
-from p2pkit.errors import ProfileError, UsageError
+from p2pkit.errors import P2pkitError, ProfileError, UsageError
 from p2pkit.host import SIM_MARKER, Host
 from p2pkit.output import Output
 from p2pkit.pipeline import Ctx, state_dir_default
@@ -51,6 +51,31 @@ def host() -> Host:
                          hint="check the path for a typo: --root names / (the default) or a simulated host's "
                               "directory (`p2pkit sim init DIR` lays one out)")
     return h
+
+
+def sim_hint(h: Host) -> str:
+    """On a host that is not simulated and has no NVIDIA GPU: how to try p2pkit on a simulated one
+    (what doctor's and preflight's GPU check say); "" elsewhere."""
+    from p2pkit.checks.preflight import SIM_HINT
+    from p2pkit.host import pci
+
+    if h.simulated:
+        return ""
+    try:
+        found = pci.gpu_bdfs(h)
+    except (P2pkitError, OSError):
+        return ""
+    return "" if found else f"this host has no NVIDIA GPU; {SIM_HINT}"
+
+
+def with_sim_hint(hint: str) -> str:
+    """An error's fix, and the simulated host's where this host has no NVIDIA GPU (`up` and `status`
+    fail before preflight as a user that is not root: nothing else would say it)."""
+    try:
+        extra = sim_hint(host())
+    except P2pkitError:
+        return hint
+    return f"{hint}; {extra}" if extra and extra not in hint else hint
 
 
 def state_dir(h: Host) -> Path:

@@ -193,6 +193,8 @@ def status(
                       status_col=1)
         if spent:
             ctx.out.error(f"{spent['exhausted']['why']} (at {spent['exhausted']['time']})", budget_fix(ctx))
+        if code != Exit.OK and common.sim_hint(ctx.host):
+            ctx.out.log(common.sim_hint(ctx.host))
     raise typer.Exit(int(code))
 
 
