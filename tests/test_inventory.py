@@ -2,6 +2,7 @@
 at topology; the other two finish; the table and the JSON say exactly that."""
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -82,10 +83,29 @@ def test_unreadable_inventory(cli, tmp_path):
     assert r.code == 2 and "names no host" in r.err
 
 
+SSH_TOOLS = ("/usr/sbin/sshd", "ssh", "ssh-keygen", "ssh-agent", "ssh-add")
+
+
+def require_sshd() -> None:
+    """Skip, naming the package, where OpenSSH's server or tools are not installed (.ci/run installs
+    them; a developer's machine may lack the server)."""
+    missing = [t for t in SSH_TOOLS if shutil.which(t) is None]
+    if missing:
+        pytest.skip(f"needs the OpenSSH server and tools ({', '.join(missing)} not found): install Debian's "
+                    "openssh-server (`apt-get install openssh-server`; .ci/run does)")
+
+
+def test_without_sshd_the_ssh_tests_skip_naming_the_package(monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "/usr/sbin/sshd" else name)
+    with pytest.raises(pytest.skip.Exception, match=r"/usr/sbin/sshd not found.*apt-get install openssh-server"):
+        require_sshd()
+
+
 @pytest.fixture
 def sshd(tmp_path):
     """The real OpenSSH server (Debian's openssh-server) on 127.0.0.1 at a free port, a throwaway host
     key, root's logins by a user key held only by a real ssh-agent; stopped afterwards."""
+    require_sshd()
     d = tmp_path / "sshd"
     d.mkdir()
     for name in ("host", "user"):
