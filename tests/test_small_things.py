@@ -69,3 +69,47 @@ def test_up_and_status_as_a_user_on_a_host_without_gpus_name_the_simulated_host(
     r = cli("--root", str(root), "--state-dir", str(state), "up")
     assert r.code == 2 and "p2pkit is not running as root" in r.err
     assert "this host has no NVIDIA GPU; to try p2pkit without GPUs: `p2pkit sim init" in r.err
+
+
+def moved(standin, here: str, to: str) -> None:
+    """A stand-in as an earlier install laid it out: it names p2pkit's old directory."""
+    text = standin.read_text()
+    assert f"sys.path.append({here!r})" in text
+    standin.write_text(text.replace(f"sys.path.append({here!r})", f"sys.path.append({to!r})"))
+
+
+def test_a_simulated_host_laid_out_by_another_install_keeps_working(sim, tmp_path):
+    """`pip install .` laid the host out (its stand-ins name site-packages), `pip install -e .` replaced
+    it: the stand-ins find p2pkit through the interpreter's own site-packages and .pth hooks."""
+    import subprocess
+    from pathlib import Path
+
+    import p2pkit
+
+    root = sim("healthy")
+    here = str(Path(p2pkit.__file__).resolve().parent.parent)
+    before = subprocess.run([str(root / "usr/bin/modinfo"), "-F", "version", "nvidia"], capture_output=True, text=True)
+    moved(root / "usr/bin/modinfo", here, str(tmp_path / "gone/site-packages"))
+    after = subprocess.run([str(root / "usr/bin/modinfo"), "-F", "version", "nvidia"], capture_output=True, text=True)
+    assert (after.returncode, after.stdout, after.stderr) == (before.returncode, before.stdout, before.stderr)
+    assert "Traceback" not in after.stderr
+
+
+def test_a_stand_in_that_cannot_find_p2pkit_says_sim_init_force(sim, tmp_path):
+    import subprocess
+    from pathlib import Path
+
+    import pytest
+
+    import p2pkit
+
+    other = "/usr/bin/python3"  # an interpreter without this p2pkit: as if it were uninstalled
+    if subprocess.run([other, "-c", "import p2pkit"], capture_output=True, cwd=tmp_path).returncode == 0:
+        pytest.skip(f"{other} imports a p2pkit of its own here")
+    root = sim("healthy")
+    standin = root / "usr/bin/modinfo"
+    moved(standin, str(Path(p2pkit.__file__).resolve().parent.parent), str(tmp_path / "gone"))
+    standin.write_text(f"#!{other} -S\n" + standin.read_text().split("\n", 1)[1])
+    r = subprocess.run([str(standin), "-F", "version", "nvidia"], capture_output=True, text=True)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "no longer finds" in r.stderr and "`p2pkit sim init --force DIR`" in r.stderr
