@@ -299,5 +299,9 @@ def test_an_inventory_runs_log_lives_in_the_state_directory_rotated(cli, tmp_pat
         assert "PLAY [" in (logs / "inventory-status.log").read_text()  # ansible-playbook's own output
     assert (logs / "inventory-status.log.1").is_file() and not (logs / "inventory-status.log.2").exists()
     assert list(scratch.iterdir()) == []
-    r = cli("--state-dir", str(bad), "status", "--inventory", str(bad))  # a state directory that cannot hold logs
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / "logs").write_text("")  # a state directory that cannot hold logs
+    r = cli("--state-dir", str(blocked), "status", "--inventory", str(bad))
     assert r.code == 2 and "cannot write the inventory run's log" in r.err and "--state-dir" in r.err
+    assert "no NVIDIA GPU" not in r.err  # the controller's own GPUs are not what an inventory run is about

@@ -147,7 +147,9 @@ def run() -> None:
     except P2pkitError as e:
         if common.OPTS.debug:
             _traceback()
-        hint = common.with_sim_hint(e.hint) if output.COMMAND in (["up"], ["status"]) else e.hint
+        on_this_host = output.COMMAND in (["up"], ["status"]) and not any(
+            a in ("--inventory", "-i") or a.startswith("--inventory=") for a in argv)
+        hint = common.with_sim_hint(e.hint) if on_this_host else e.hint
         _fail(e.code, e.message, hint)
     except KeyboardInterrupt:
         _fail(130, "interrupted", "run the same command again: p2pkit resumes where it stopped")
