@@ -14,6 +14,7 @@ import math
 import os
 import posixpath
 import re
+import shlex
 import socket
 import stat
 import tomllib
@@ -387,14 +388,26 @@ def _check_value(path: str, tp, value, meta: dict) -> str | None:
     return None
 
 
+def validate_command(source: str, overrides: tuple[str, ...] | list[str]) -> str:
+    """The command line that validates a profile with its overrides (global options before the
+    command; a secret's value left for the user to type)."""
+    sets = []
+    for o in overrides:
+        key, _, value = o.partition("=")
+        shown = "<your value>" if secrets.is_secret(key.rsplit(".", 1)[-1]) else value
+        sets += ["--set", shlex.quote(f"{key}={shown}")]
+    return " ".join(["p2pkit", *sets, "profile", "validate", shlex.quote(source)])
+
+
 def from_dict(data: dict, source: str, overrides: tuple[str, ...] = (),
               stored_secrets: tuple[str, ...] = ()) -> Profile:
     """Validate a parsed profile; raise ProfileError naming every problem by key path."""
     shown = source + (f" with --set {', '.join(o.partition('=')[0] for o in overrides)}" if overrides else "")
+    check = validate_command(source, overrides)
     problems: list[tuple[str, str]] = []
     built: dict[str, Any] = {}
     if not isinstance(data, dict):
-        raise ProfileError(shown, [("(top)", "expected a TOML document of tables")])
+        raise ProfileError(shown, [("(top)", "expected a TOML document of tables")], check)
     for key in data:
         if key not in SECTIONS:
             problems.append((key, f"unknown section; expected one of {', '.join(SECTIONS)}"))
@@ -433,12 +446,12 @@ def from_dict(data: dict, source: str, overrides: tuple[str, ...] = (),
                 values[fl.name] = float(v) if tp is float else v
         built[sec] = values
     if problems:
-        raise ProfileError(shown, problems)
+        raise ProfileError(shown, problems, check)
     profile = Profile(**{sec: cls(**built[sec]) for sec, cls in SECTIONS.items()}, source=source,
                       overrides=tuple(overrides), stored_secrets=tuple(stored_secrets))
     cross = _cross_checks(profile)
     if cross:
-        raise ProfileError(shown, cross)
+        raise ProfileError(shown, cross, check)
     for k, v in profile.serve.env.items():
         if secrets.is_secret(k, profile.secret_names()):
             secrets.register(v)

@@ -41,11 +41,14 @@ class ProfileError(P2pkitError):
 
     code = Exit.USAGE
 
-    def __init__(self, source: str, problems: list[tuple[str, str]]):
+    def __init__(self, source: str, problems: list[tuple[str, str]], check: str = ""):
+        """`check`: the command that validates it again, where `profile validate {source}` would not
+        (a profile with --set overrides: the overrides go before the command)."""
         lines = "; ".join(f"{path}: {msg}" for path, msg in problems)
         super().__init__(
             f"profile {source} is not valid ({len(problems)} problem(s)): {lines}",
-            hint=f"fix the keys named above in {source}, then check it with `p2pkit profile validate {source}`",
+            hint=f"fix the keys named above in {source}, then check it with "
+                 f"`{check or f'p2pkit profile validate {source}'}`",
         )
         self.source = source
         self.problems = problems

@@ -26,6 +26,9 @@ from p2pkit.errors import UsageError
 
 PROFILE_FILE = "profile.json"
 SECRETS_FILE = "secrets.json"
+REWRITE_HINT = ("record it anew: `p2pkit --profile NAME|FILE [--set SECTION.KEY=VALUE ...] up` with the profile and "
+                "every --set you mean (a command that names --profile does not read the broken record), or remove "
+                "{path}")
 
 
 def _key(item: str) -> str:
@@ -47,12 +50,11 @@ def recorded_profile(state_dir: Path) -> dict | None:
         return None  # a user that cannot read the state reads no recorded profile (and cannot act)
     except (OSError, ValueError) as e:
         raise UsageError(f"the recorded profile {path} cannot be read: {e}",
-                         hint=f"run `p2pkit up` again with --profile and every --set you mean, or remove {path}")\
-            from e
+                         hint=REWRITE_HINT.format(path=path)) from e
     if not (isinstance(doc, dict) and isinstance(doc.get("source"), str) and isinstance(doc.get("overrides"), list)
             and all(isinstance(o, str) for o in doc["overrides"])):
         raise UsageError(f"the recorded profile {path} is not a p2pkit profile record",
-                         hint=f"run `p2pkit up` again with --profile and every --set you mean, or remove {path}")
+                         hint=REWRITE_HINT.format(path=path))
     return doc
 
 
@@ -82,7 +84,12 @@ def resolve(state_dir: Path, profile: str | None, overrides: tuple[str, ...], un
     and the serve.env names whose override the store gave (secrets, whatever their name)."""
     for item in overrides:
         parse_override(item)  # a malformed --set is refused before anything else
-    rec = recorded_profile(state_dir)
+    try:
+        rec = recorded_profile(state_dir)
+    except UsageError:
+        if profile is None:
+            raise
+        rec = None  # a record cut short or edited: --profile starts anew (`up` records it again)
     source = profile or (rec["source"] if rec else None) or fallback
     kept: dict[str, str] = {}
     stored: list[str] = []

@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from p2pkit import __version__, writers
+from p2pkit import __version__, logfiles, writers
 from p2pkit.ansible import playbook_binary, share_dir
 from p2pkit.backup import sha256
 from p2pkit.errors import Exit, UsageError
@@ -72,21 +72,44 @@ def ansible_env(env: dict[str, str], cwd: Path, tree: Path) -> dict[str, str]:
     return add
 
 
-def run(inventory: Path, action: str, command: list[str], out, wheel: Path | None = None) -> tuple[Exit, dict]:
-    """`wheel`: this p2pkit as a wheel, installed on the hosts that are not reached locally (or that
-    set p2pkit_install), checked there against its sha256; without it such a host reports that it
-    needs one.
+def run(inventory: Path, action: str, command: list[str], out, logs: Path,
+        wheel: Path | None = None) -> tuple[Exit, dict]:
+    """`logs`: the controller's <state>/logs, where ansible-playbook's output goes (inventory-<action>.log,
+    the earlier runs' rotated like the stage logs); the run's other files live in a temporary
+    directory removed after it. `wheel`: this p2pkit as a wheel, installed on the hosts that are not
+    reached locally (or that set p2pkit_install), checked there against its sha256; without it such a
+    host reports that it needs one.
 
     ansible-playbook runs through the one runner, with the operator's environment (SSH_AUTH_SOCK,
     proxies, ANSIBLE_*) and Ansible configuration; each host's result is read from structured data:
     the JSON its p2pkit printed, or, for a host that never got that far, the JSON p2pkit's results
     callback wrote for it (unreachable, failed, timed out)."""
-    runner = Runner()
     if not inventory.exists():
         raise UsageError(f"no inventory at {inventory}", hint="give an Ansible inventory file (hosts.yml)")
     if wheel is not None and not wheel.is_file():
         raise UsageError(f"no wheel at {wheel}", hint="build one from the source tree: `pip wheel --no-deps . -w dist`")
-    work = Path(tempfile.mkdtemp(prefix="p2pkit-inventory-"))
+    log = inventory_log(logs, action)
+    with tempfile.TemporaryDirectory(prefix="p2pkit-inventory-") as work:  # the run's files, gone after it
+        return _run(inventory, action, command, out, log, Path(work), wheel)
+
+
+def inventory_log(logs: Path, action: str) -> Path:
+    """This run's log, <state>/logs/inventory-<action>.log, empty; the last runs' kept as .1 .. .3.
+    Refused before anything runs where it cannot be written."""
+    log = Path(logs) / f"inventory-{action}.log"
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        logfiles.rotate(log)
+        log.write_text("")
+    except OSError as e:
+        raise UsageError(f"cannot write the inventory run's log {log}: {e.strerror or e}",
+                         hint="run as root, or give a state directory you can write with --state-dir DIR") from e
+    return log
+
+
+def _run(inventory: Path, action: str, command: list[str], out, log: Path, work: Path,
+         wheel: Path | None) -> tuple[Exit, dict]:
+    runner = Runner()
     results, tree = work / "results", work / "tree"
     results.mkdir()
     timeout = HOST_TIMEOUT_S[action]
@@ -101,7 +124,6 @@ def run(inventory: Path, action: str, command: list[str], out, wheel: Path | Non
     argv = [playbook_binary(), "-i", str(inventory), "-f", str(FORKS), "-e", f"@{vars_file}",
             str(share_dir() / "playbooks" / "inventory.yml")]
     env = ansible_env(dict(os.environ), Path.cwd(), tree)
-    log = work / "ansible.log"
     with out.working(f"{action} on the hosts of {inventory} (ansible-playbook, in parallel)",
                      log=str(log), follow=f"tail -f {log}"):
         run = runner.run(argv, check=False, env=env, timeout=timeout + 3600, output_log=log)

@@ -153,6 +153,13 @@ class Output:
             self.document({"kind": "p2pkit-error", "exit_code": int(code), "message": message, "fix": hint})
 
     def table(self, title: str, columns: list[str], rows: list[list[Any]], status_col: int | None = None) -> None:
+        """A rich table on a terminal; piped (a CI log, `| grep`), the plain layout: never wrapped or
+        cut at the console's width, so an id, a host name or a value stays whole on its line."""
+        if not self.out.is_terminal:
+            text = plain_table(f"{self.tag}{title}".strip(), columns,
+                               [[redact("" if v is None else str(v)) for v in row] for row in rows])
+            self.out.print(text, markup=False, highlight=False, soft_wrap=True, emoji=False)
+            return
         t = Table(title=f"{self.tag}{title}".strip(), title_justify="left", show_lines=False)
         for c in columns:
             t.add_column(c, overflow="fold")
@@ -169,3 +176,15 @@ class Output:
 
     def line(self, msg: str, style: str | None = None) -> None:
         self.out.print(f"{self.tag}{escape(redact(msg))}", style=style)
+
+
+def plain_table(title: str, columns: list[str], rows: list[list[str]]) -> str:
+    """A table as plain text: the title, the header, a rule, one line per row; each column as wide as
+    its widest cell, two spaces between columns; nothing wrapped or cut (a newline in a cell
+    becomes a space)."""
+    cells = [[" ".join(str(c).split("\n")) for c in r] for r in [columns, *rows]]
+    widths = [max(len(r[i]) if i < len(r) else 0 for r in cells) for i in range(len(columns))]
+
+    def line(r: list[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
+    return "\n".join([title, line(cells[0]), line(["-" * w for w in widths]), *map(line, cells[1:])])

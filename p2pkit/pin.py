@@ -1,7 +1,8 @@
 """`p2pkit pin`: fill a profile's three pins for a real box, from what the user has in hand.
 
 - driver.installer_sha256: of an installer the user downloaded (or a URL they give, fetched
-  here), after NVIDIA's own integrity check of the archive (`--check`, makeself's) passed;
+  here), after the archive's own checksums (its makeself header's) held; the archive is read,
+  never run (running it would run whatever the file is, as root);
 - p2p_module.commit: HEAD of a local checkout of the fork, or `git ls-remote` of the profile's
   repository at its branch;
 - engine.commit: the same for the engine (the remote's HEAD);
@@ -16,6 +17,7 @@ the result validated as a profile, and the diff shown before anything is written
 from __future__ import annotations
 
 import difflib
+import hashlib
 import re
 import shutil
 import tomllib
@@ -25,6 +27,7 @@ from pathlib import Path
 from p2pkit import config, tomlwrite, writers
 from p2pkit.backup import sha256 as sha256_file
 from p2pkit.errors import Exit, P2pkitError, UsageError
+from p2pkit.parse import makeself
 from p2pkit.runner import Runner
 
 COMMIT40 = re.compile(r"^[0-9a-f]{40}$")
@@ -47,27 +50,57 @@ def fetch(url: str, workdir: Path) -> Path:
     return dest
 
 
-def check_archive(runner: Runner, path: Path) -> str:
-    """NVIDIA's own check of the .run archive (the interpreter its first line names, `--check`)."""
+HEADER_MAX = 1 << 20  # makeself's stub is a few hundred lines; its payload starts after them
+
+
+def check_archive(path: Path) -> dict:
+    """The .run archive checked the way makeself's own `--check` does, without running any of it:
+    its header read as text (p2pkit.parse.makeself), the payload after the header's lines hashed
+    and held against the header's MD5 (or SHA-256) sums, file by file; bytes past the payload
+    the header describes are refused too. The label and driver version from the header."""
     with path.open("rb") as fh:
-        first = fh.readline().decode(errors="replace").strip()
-    interp = first[2:].split() if first.startswith("#!") else ["sh"]
-    r = runner.run([*interp, str(path), "--check"], check=False, timeout=600)
-    said = (r.stdout + r.stderr).strip().splitlines()
-    if r.returncode != 0:
-        raise P2pkitError(f"NVIDIA's own integrity check of {path} failed (exit {r.returncode}): "
-                          + " | ".join(said[-3:]), code=Exit.CHECK_FAILED,
+        head = fh.read(HEADER_MAX)
+    hdr = makeself.header(head.decode("latin-1")) if head.startswith(b"#!") else {}
+    if "skip" not in hdr or not hdr["sizes"] or not (hdr.get("md5s") or hdr.get("shas")):
+        raise P2pkitError(f"{path} is not a makeself archive with checksums (no makeself header: label, MD5 or "
+                          "SHA, filesizes and its line count)", code=Exit.CHECK_FAILED,
+                          hint="give NVIDIA's .run installer (NVIDIA-Linux-<arch>-<version>.run) as downloaded "
+                               "from NVIDIA; nothing was pinned")
+    lines = head.splitlines(keepends=True)
+    offset = len(b"".join(lines[:hdr["skip"]]))
+    sums = hdr.get("md5s") or hdr["shas"]
+    algo = "md5" if hdr.get("md5s") else "sha256"
+    bad = []
+    with path.open("rb") as fh:
+        fh.seek(offset)
+        for i, size in enumerate(hdr["sizes"]):
+            h, left = hashlib.new(algo), size
+            while left > 0:
+                chunk = fh.read(min(left, 1 << 20))
+                if not chunk:
+                    break
+                h.update(chunk)
+                left -= len(chunk)
+            if left:
+                bad.append(f"payload file {i + 1} is {left} bytes short (the download is truncated)")
+            elif i < len(sums) and h.hexdigest() != sums[i]:
+                bad.append(f"{algo.upper()} of payload file {i + 1} is {h.hexdigest()}, the header says {sums[i]}")
+        extra = len(fh.read())
+    if extra:
+        bad.append(f"{extra} bytes follow the payload the header describes")
+    if bad:
+        raise P2pkitError(f"the integrity check of {path} failed: " + "; ".join(bad), code=Exit.CHECK_FAILED,
                           hint="the download is damaged or not NVIDIA's installer: download it again from "
-                               "NVIDIA; nothing was pinned")
-    return said[-1] if said else "passed"
+                               "NVIDIA; nothing was pinned (p2pkit reads the archive, it never runs it)")
+    return {"check": f"{algo.upper()} checksums are OK ({len(hdr['sizes'])} payload file(s))",
+            "label": hdr.get("label", ""), "version": hdr.get("version", "")}
 
 
-def installer_pin(runner: Runner, source: str, workdir: Path) -> dict:
+def installer_pin(source: str, workdir: Path) -> dict:
     path = fetch(source, workdir) if re.match(r"^(https?|file)://", source) else Path(source)
     if not path.is_file():
         raise UsageError(f"--installer {source}: no such file", hint="give the .run file you downloaded, or its URL")
-    said = check_archive(runner, path)
-    return {"file": str(path), "check": said, "sha256": sha256_file(path)}
+    return {"file": str(path), **check_archive(path), "sha256": sha256_file(path)}
 
 
 def checkout_commit(runner: Runner, d: Path) -> dict:

@@ -4,6 +4,7 @@ written atomically."""
 
 from __future__ import annotations
 
+import datetime as dt
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -12,22 +13,35 @@ from p2pkit.checks import ERROR
 from p2pkit.errors import UsageError
 
 
-def junit(results: list[dict], simulated: bool) -> bytes:
-    """`verify` results -> JUnit XML: a suite per stage, a case per check; fail -> <failure>,
-    skip -> <skipped>; the message carries measured, expected and the fix."""
+def junit(results: list[dict], simulated: bool, timestamp: str | None = None) -> bytes:
+    """`verify` results -> JUnit XML as Jenkins' junit-10.xsd has it (tests/fixtures/junit): a suite
+    per stage, a case per check; fail -> <failure>, could-not-run -> <error>, skip -> <skipped>; the
+    message carries measured, expected and the fix. Totals on <testsuites> and every <testsuite>; a
+    suite's time is its stage's proof (facts gathered, checks judged), a case's time 0 (its check
+    only judges the facts its suite gathered); a check's typed figure (number, unit, bound) is a
+    suite property named after the check (the schema has no properties inside a testcase)."""
+    timestamp = timestamp or dt.datetime.now(dt.UTC).replace(microsecond=0, tzinfo=None).isoformat()
+    total = {"tests": 0, "failures": 0, "errors": 0, "time": 0.0}
     suites = ET.Element("testsuites", name="p2pkit verify" + (" (SIMULATED)" if simulated else ""))
     for r in results:
         checks = r["checks"]
-        s = ET.SubElement(suites, "testsuite", name=r["stage"], tests=str(len(checks)),
-                          failures=str(sum(c["status"] == "fail" for c in checks)),
-                          errors=str(sum(c["status"] == ERROR for c in checks)),
-                          skipped=str(sum(c["status"] == "skip" for c in checks)))
-        for c in checks:
-            case = ET.SubElement(s, "testcase", classname=f"p2pkit.{r['stage']}", name=c["id"])
-            if c.get("value") is not None:  # a typed figure: its number, unit and bound, as properties
-                props = ET.SubElement(case, "properties")
+        counts = {"tests": len(checks), "failures": sum(c["status"] == "fail" for c in checks),
+                  "errors": sum(c["status"] == ERROR for c in checks)}
+        seconds = float(r.get("seconds") or 0.0)
+        s = ET.SubElement(suites, "testsuite", name=r["stage"], **{k: str(v) for k, v in counts.items()},
+                          skipped=str(sum(c["status"] == "skip" for c in checks)), time=junit_time(seconds),
+                          timestamp=timestamp)
+        for k, v in counts.items():
+            total[k] += v
+        total["time"] += seconds
+        figures = [c for c in checks if c.get("value") is not None]
+        if figures:
+            props = ET.SubElement(s, "properties")
+            for c in figures:
                 for k in ("value", "unit", "op", "limit"):
-                    ET.SubElement(props, "property", name=k, value=str(c.get(k)))
+                    ET.SubElement(props, "property", name=f"{c['id']}.{k}", value=str(c.get(k)))
+        for c in checks:
+            case = ET.SubElement(s, "testcase", classname=f"p2pkit.{r['stage']}", name=c["id"], time="0")
             msg = (f"[{c['pitfall']}] " if c.get("pitfall") else "") + \
                 f"measured {c['measured']}; expected {c['expected']}"
             if c["status"] == "fail":
@@ -42,7 +56,16 @@ def junit(results: list[dict], simulated: bool) -> bytes:
             else:
                 out = ET.SubElement(case, "system-out")
                 out.text = f"{c['status']}: {msg}"
+    suites.set("tests", str(total["tests"]))
+    suites.set("failures", str(total["failures"]))
+    suites.set("errors", str(total["errors"]))
+    suites.set("time", junit_time(total["time"]))
     return ET.tostring(suites, encoding="utf-8", xml_declaration=True)
+
+
+def junit_time(seconds: float) -> str:
+    """Seconds as junit-10.xsd's SUREFIRE_TIME takes them: digits, at most three decimals."""
+    return f"{max(seconds, 0.0):.3f}"
 
 
 STAGE_STATE = {"pass": 1, "warn": 1, "fail": 0}

@@ -25,7 +25,11 @@ def test_a_mistyped_stage_is_refused_with_the_list(cli, sim, args):
 
 @pytest.mark.parametrize(("words", "cword", "want"), [("p2pkit verify li", 2, ["link"]),
                                                       ("p2pkit up --from p2", 3, ["p2p-module"]),
-                                                      ("p2pkit verify ", 2, names())])
+                                                      ("p2pkit verify ", 2, names()),
+                                                      ("p2pkit logs ", 2, names()),
+                                                      ("p2pkit rollback ", 2, ["p2p-module", "driver"]),
+                                                      ("p2pkit --profile dual-5090", 2,
+                                                       ["dual-5090-llamacpp", "dual-5090-ninfer"])])
 def test_shell_completion_offers_stage_names(words, cword, want):
     env = {**os.environ, "_P2PKIT_COMPLETE": "complete_bash", "COMP_WORDS": words, "COMP_CWORD": str(cword)}
     r = subprocess.run([sys.executable, "-m", "p2pkit"], env=env, capture_output=True, text=True, timeout=60)
@@ -89,3 +93,14 @@ def test_ctrl_c_that_a_command_ends_on_is_not_an_interruption(monkeypatch, capsy
     finally:
         signal.signal(signal.SIGINT, old)
     assert e.value.code == 0 and "interrupted" not in capsys.readouterr().err
+
+
+def test_help_names_the_stages_and_the_bench_lengths_defaults(cli):
+    r = cli("up", "--help")
+    text = " ".join(r.out.replace("│", " ").split())
+    assert "<str>" not in text and "STAGE" in text
+    assert "last stage to run (one of " + ", ".join(names()) + ")" in text
+    r = cli("bench", "--help")
+    text = " ".join(r.out.replace("│", " ").split())
+    assert "the fixed prompt length of every request (default: the profile's bench.prompt_tokens; 128" in text
+    assert "the fixed output length of every request (default: the profile's bench.output_tokens; 64" in text

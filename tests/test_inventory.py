@@ -2,6 +2,7 @@
 at topology; the other two finish; the table and the JSON say exactly that."""
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -15,6 +16,12 @@ from p2pkit.stages import names
 from tests.conftest import REPO
 
 
+def controller(tmp_path) -> tuple[str, str]:
+    """The controller's state directory (where an inventory run's log goes): the test's, never the
+    machine's /var/lib/p2pkit."""
+    return ("--state-dir", str(tmp_path / "controller"))
+
+
 @pytest.mark.slow
 def test_three_hosts_one_failing_at_topology(cli, sim, tmp_path):
     roots = {"box-a": sim("healthy", "a"), "box-b": sim("healthy", "b"),
@@ -25,7 +32,7 @@ def test_three_hosts_one_failing_at_topology(cli, sim, tmp_path):
         # a per-host override from host vars: box-b's engine gets a shorter context than the profile's
         .replace(f"p2pkit_root: {roots['box-b']}}}", f"p2pkit_root: {roots['box-b']}, "
                  "p2pkit_set: {serve.flags.max-context: 4096}}"))
-    r = cli("--json", "up", "--inventory", str(inv), "--reboot")
+    r = cli(*controller(tmp_path), "--json", "up", "--inventory", str(inv), "--reboot")
     assert r.code == 1, r.err
     doc = r.json()
     hosts = doc["hosts"]
@@ -47,13 +54,13 @@ def test_three_hosts_one_failing_at_topology(cli, sim, tmp_path):
     for root in roots.values():  # each host keeps its own artifacts
         assert (root / "var/lib/p2pkit/preflight.json").is_file()
     assert not (roots["box-c"] / "var/lib/p2pkit/link.json").exists()
-    r = cli("--json", "status", "--inventory", str(inv))
+    r = cli(*controller(tmp_path), "--json", "status", "--inventory", str(inv))
     assert r.code == 1
     st = r.json()["hosts"]
     assert st["box-a"]["exit_code"] == 0 and st["box-c"]["stages"]["topology"] == "failed"
     # the lab's CI: verify every host, one JUnit file with a suite per host and stage
     junit = tmp_path / "lab.xml"
-    r = cli("--json", "verify", "--inventory", str(inv), "--junit", str(junit))
+    r = cli(*controller(tmp_path), "--json", "verify", "--inventory", str(inv), "--junit", str(junit))
     assert r.code == 1
     v = r.json()["hosts"]
     assert v["box-a"]["exit_code"] == 0 and set(v["box-a"]["stages"].values()) <= {"pass", "warn"}, v["box-a"]
@@ -72,14 +79,33 @@ def test_three_hosts_one_failing_at_topology(cli, sim, tmp_path):
 def test_unreadable_inventory(cli, tmp_path):
     bad = tmp_path / "nothing.yml"
     bad.write_text("all:\n  hosts: {}\n")
-    r = cli("up", "--inventory", str(bad))
+    r = cli(*controller(tmp_path), "up", "--inventory", str(bad))
     assert r.code == 2 and "names no host" in r.err
+
+
+SSH_TOOLS = ("/usr/sbin/sshd", "ssh", "ssh-keygen", "ssh-agent", "ssh-add")
+
+
+def require_sshd() -> None:
+    """Skip, naming the package, where OpenSSH's server or tools are not installed (.ci/run installs
+    them; a developer's machine may lack the server)."""
+    missing = [t for t in SSH_TOOLS if shutil.which(t) is None]
+    if missing:
+        pytest.skip(f"needs the OpenSSH server and tools ({', '.join(missing)} not found): install Debian's "
+                    "openssh-server (`apt-get install openssh-server`; .ci/run does)")
+
+
+def test_without_sshd_the_ssh_tests_skip_naming_the_package(monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "/usr/sbin/sshd" else name)
+    with pytest.raises(pytest.skip.Exception, match=r"/usr/sbin/sshd not found.*apt-get install openssh-server"):
+        require_sshd()
 
 
 @pytest.fixture
 def sshd(tmp_path):
     """The real OpenSSH server (Debian's openssh-server) on 127.0.0.1 at a free port, a throwaway host
     key, root's logins by a user key held only by a real ssh-agent; stopped afterwards."""
+    require_sshd()
     d = tmp_path / "sshd"
     d.mkdir()
     for name in ("host", "user"):
@@ -166,13 +192,13 @@ def test_inventory_over_a_real_sshd(cli, sim, sshd, tmp_path, monkeypatch):
                    f"    broken: {{ansible_connection: local, p2pkit_root: {tmp_path / 'elsewhere'}, "
                    "p2pkit_install: true, p2pkit_host_python: /nonexistent/python3}\n")
     try:
-        r = cli("--json", "status", "--inventory", str(inv), "--wheel", str(wheel))
+        r = cli(*controller(tmp_path), "--json", "status", "--inventory", str(inv), "--wheel", str(wheel))
         hosts = r.json()["hosts"]
         for h in roots:  # the host key is nobody's yet: refused, with ssh's reason
             assert hosts[h]["exit_code"] is None and "Host key verification failed" in hosts[h]["error"], hosts[h]
         known.write_text(sshd["host_key"] + "\n")  # the operator accepts the key
         t0 = time.monotonic()
-        r = cli("--json", "status", "--inventory", str(inv), "--wheel", str(wheel))
+        r = cli(*controller(tmp_path), "--json", "status", "--inventory", str(inv), "--wheel", str(wheel))
         hosts = r.json()["hosts"]
     finally:
         hung.close()
@@ -187,7 +213,7 @@ def test_inventory_over_a_real_sshd(cli, sim, sshd, tmp_path, monkeypatch):
     assert hosts["broken"]["exit_code"] is None
     assert hosts["broken"]["error"].startswith("p2pkit could not be installed on the host")
     assert time.monotonic() - t0 < HOST_TIMEOUT_S["status"]
-    r = cli("status", "--inventory", str(inv), "--wheel", str(tmp_path / "nope.whl"))
+    r = cli(*controller(tmp_path), "status", "--inventory", str(inv), "--wheel", str(tmp_path / "nope.whl"))
     assert r.code == 2 and "no wheel at" in r.err
 
 
@@ -253,3 +279,29 @@ def test_a_hosts_result_comes_from_the_results_callbacks_json_of_its_run_task(tm
     rescued = tmp_path / "h.json"
     rescued.write_text(json.dumps({"host": "h", "rc": None, "stdout": "", "stderr": "p2pkit could not be installed"}))
     assert host_result(rescued, ran)["rc"] is None
+
+
+def test_an_inventory_runs_log_lives_in_the_state_directory_rotated(cli, tmp_path, monkeypatch):
+    """ansible-playbook's log of an inventory run goes to <state>/logs/inventory-<action>.log (the
+    earlier runs' kept as .1 ...), not into a temporary directory left behind; the run's other files
+    are removed after it."""
+    import tempfile
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    bad = tmp_path / "nothing.yml"
+    bad.write_text("all:\n  hosts: {}\n")
+    logs = tmp_path / "controller/logs"
+    for _run in (1, 2):
+        r = cli(*controller(tmp_path), "status", "--inventory", str(bad))
+        assert r.code == 2 and "names no host" in r.err
+        assert "PLAY [" in (logs / "inventory-status.log").read_text()  # ansible-playbook's own output
+    assert (logs / "inventory-status.log.1").is_file() and not (logs / "inventory-status.log.2").exists()
+    assert list(scratch.iterdir()) == []
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / "logs").write_text("")  # a state directory that cannot hold logs
+    r = cli("--state-dir", str(blocked), "status", "--inventory", str(bad))
+    assert r.code == 2 and "cannot write the inventory run's log" in r.err and "--state-dir" in r.err
+    assert "no NVIDIA GPU" not in r.err  # the controller's own GPUs are not what an inventory run is about

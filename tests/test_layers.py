@@ -14,7 +14,7 @@ LAYERS = [
     ("cli", ["p2pkit.cli", "p2pkit.__main__"]),
     ("use cases", ["p2pkit.pipeline", "p2pkit.doctor", "p2pkit.restore", "p2pkit.rollback", "p2pkit.pin",
                    "p2pkit.inventory", "p2pkit.bench",
-                   "p2pkit.reboot", "p2pkit.reports"]),
+                   "p2pkit.reboot", "p2pkit.reports", "p2pkit.report"]),
     ("stages", ["p2pkit.stages"]),
     ("checks and facts", ["p2pkit.checks", "p2pkit.facts", "p2pkit.engine_cmd", "p2pkit.engine_env"]),
     ("host probes", ["p2pkit.host", "p2pkit.backup"]),

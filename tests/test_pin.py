@@ -1,6 +1,7 @@
-"""`p2pkit pin` (issue 17): the three pins filled from what the user has, NVIDIA's own archive
-check first, the diff before the write. The simulated host's installer is a makeself-style
-archive with an MD5 of its payload; its fork and engine are real git repositories."""
+"""`p2pkit pin` (issue 17): the three pins filled from what the user has, the archive's own
+checksums first (its makeself header read, never run), the diff before the write. The simulated
+host's installer is a makeself-style archive with an MD5 of its payload; its fork and engine are
+real git repositories."""
 
 import json
 import tomllib
@@ -52,8 +53,59 @@ def test_pin_refuses_an_archive_that_fails_nvidias_own_check(cli, sim, tmp_path)
     bad.write_text(good.read_text() + "# a truncated download's tail\n")
     bad.chmod(0o755)
     r = cli("--profile", str(mine), "pin", "--installer", str(bad), "--yes")
-    assert r.code == 1 and "NVIDIA's own integrity check" in r.err and "Error in MD5 checksums" in r.err
+    assert r.code == 1 and "integrity check" in r.err and "bytes follow the payload" in r.err
     assert mine.read_text() == before
+    bad.write_text(good.read_text()[:-10])  # a download cut short
+    r = cli("--profile", str(mine), "pin", "--installer", str(bad), "--yes")
+    assert r.code == 1 and "10 bytes short (the download is truncated)" in r.err
+    bad.write_text(good.read_text().replace("libnvidia-ml", "libnvidia-mX"))  # a changed payload
+    r = cli("--profile", str(mine), "pin", "--installer", str(bad), "--yes")
+    assert r.code == 1 and "MD5 of payload file 1 is" in r.err and "the header says" in r.err
+    assert mine.read_text() == before
+
+
+def test_pin_reads_the_installer_and_never_runs_it(cli, sim, tmp_path):
+    """The archive is read as text: an installer whose first line would run a program (as root, under
+    sudo) is pinned by its header and payload checksums, and the program never runs."""
+    root = sim("healthy")
+    mine, _ = blank_profile(root, tmp_path)
+    good = root / ".p2pkit-sim/downloads/NVIDIA-Linux-x86_64-615.71.09.run"
+    ran = tmp_path / "it-ran"
+    trap = tmp_path / "trap.sh"
+    trap.write_text(f"#!/bin/sh\ntouch {ran}\n")
+    trap.chmod(0o755)
+    lines = good.read_text().splitlines(keepends=True)
+    evil = tmp_path / "NVIDIA-Linux-x86_64-615.71.09.run"
+    evil.write_text(f"#!{trap}\n" + "".join(lines[1:]))  # the same header lines and payload
+    evil.chmod(0o755)
+    r = cli("--json", "--profile", str(mine), "pin", "--installer", str(evil))
+    assert r.code == 0, r.err
+    found = r.json()["found"]["installer"]
+    assert found["version"] == "615.71.09" and found["label"].endswith("Linux-x86_64 615.71.09")
+    assert found["check"].startswith("MD5 checksums are OK")
+    assert not ran.exists()
+
+
+def test_pin_refuses_an_installer_of_another_driver_version(cli, sim, tmp_path):
+    root = sim("healthy")
+    mine, _ = blank_profile(root, tmp_path)
+    from p2pkit.sim.provision import make_installer
+
+    other, _ = make_installer(tmp_path / "other", "595.71.05", True)
+    r = cli("--profile", str(mine), "pin", "--installer", str(other), "--yes")
+    assert r.code == 2 and "is driver 595.71.05" in r.err and "the profile pins driver 615.71.09" in r.err
+
+
+def test_makeself_header_fields():
+    from p2pkit.parse.makeself import header
+
+    text = ('#!/bin/sh\n# This script was generated using Makeself 2.1.5\n\nCRCsum="1234"\n'
+            'MD5="00000000000000000000000000000000"\nSHA="' + "ab" * 32 + '"\n'
+            'label="NVIDIA Accelerated Graphics Driver for Linux-aarch64 615.71.09"\nfilesizes="10 20"\n'
+            'offset=`head -n 530 "$1" | wc -c | tr -d " "`\n')
+    h = header(text)
+    assert (h["version"], h["skip"], h["sizes"], h["shas"]) == ("615.71.09", 530, [10, 20], ["ab" * 32])
+    assert "md5s" not in h  # all zeros: makeself made it with --nomd5
 
 
 def test_pin_a_builtin_profile_into_a_new_file(cli, sim, tmp_path):

@@ -7,6 +7,7 @@ import subprocess
 import time
 import urllib.request
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -133,3 +134,51 @@ def test_prometheus_carries_link_figures(cli, sim, tmp_path):
     ratios = {s.labels["check"]: s.value for s in fams["p2pkit_bandwidth_ratio"].samples}
     assert ratios["link.p2p_bw.gpu0-gpu1"] == round(28.5 / ceiling_gbps(5, 8), 4)  # the number, not its text
     assert all(s.labels["simulated"] == "true" for n, f in fams.items() if n.startswith("p2pkit_") for s in f.samples)
+
+
+JUNIT_XSD = Path(__file__).parent / "fixtures/junit/junit-10.xsd"
+
+
+def junit_problems(path) -> list[str]:
+    """What Jenkins' junit-10.xsd (xunit-plugin's own file, tests/fixtures/junit) says of a JUnit
+    file, through a real XSD validator (lxml's libxml2); empty when it is valid."""
+    from lxml import etree
+
+    schema = etree.XMLSchema(etree.parse(str(JUNIT_XSD)))
+    if schema.validate(etree.parse(str(path))):
+        return []
+    return [f"line {e.line}: {e.message}" for e in schema.error_log]
+
+
+def test_the_validator_refuses_what_p2pkit_wrote_before(tmp_path):
+    """The check itself: properties inside a testcase and a suite without failures/errors (p2pkit's
+    JUnit before) are refused by junit-10.xsd."""
+    old = tmp_path / "old.xml"
+    old.write_text('<?xml version="1.0" encoding="utf-8"?><testsuites name="p2pkit verify">'
+                   '<testsuite name="link" tests="1"><testcase classname="p2pkit.link" name="link.x">'
+                   '<properties><property name="value" value="1"/></properties></testcase></testsuite>'
+                   '</testsuites>')
+    problems = junit_problems(old)
+    assert any("properties" in p for p in problems) and any("failures" in p for p in problems), problems
+
+
+def test_junit_is_valid_against_jenkins_junit_10_xsd_with_times_and_totals(cli, sim, tmp_path):
+    """Every stage of a fresh simulated host (failures, skips, a proof that cannot run, figures):
+    the file passes junit-10.xsd, carries a time on every suite and case, and its totals are the
+    sums of its suites."""
+    root = sim("healthy")
+    junit = tmp_path / "verify.xml"
+    r = cli("--root", str(root), "--json", "verify", "--junit", str(junit))
+    assert r.code in (1, 6), r.err
+    assert junit_problems(junit) == []
+    tree = ET.parse(junit).getroot()
+    suites = list(tree.iter("testsuite"))
+    doc = r.json()
+    assert [s.get("name") for s in suites] == [st["stage"] for st in doc["stages"]]
+    for key in ("tests", "failures", "errors"):
+        assert int(tree.get(key)) == sum(int(s.get(key)) for s in suites) > (0 if key != "errors" else -1)
+    assert int(tree.get("tests")) == sum(len(st["checks"]) for st in doc["stages"])
+    assert float(tree.get("time")) == pytest.approx(sum(float(s.get("time")) for s in suites), abs=0.01)
+    assert all(s.get("time") and s.get("timestamp") for s in suites)
+    assert all(c.get("time") is not None for c in tree.iter("testcase"))
+    assert all(st["seconds"] >= 0 for st in doc["stages"])

@@ -48,6 +48,8 @@ def test_install_rollback_install_again(cli, sim):
     assert tree(root) != before  # the plan changed nothing
     r = cli("--root", str(root), "rollback", "p2p-module", "--yes")
     assert r.code == 4, r.err
+    assert "p2p-module rolled back" in r.out and "error" not in r.err  # it worked: exit 4 asks for the reboot
+    assert f"next: `p2pkit sim reboot {root}`" in r.err
     assert leftover.read_text() == STOCK_KO.format(kernel=KERNEL)
     store = Store(root / "var/lib/p2pkit")
     assert store.exists("driver") and not store.exists("p2p-module") and not store.exists("link")

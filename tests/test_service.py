@@ -56,11 +56,23 @@ def test_each_refusal(changes, check, fragment):
 
 @pytest.mark.parametrize("changes,check,pitfall", [
     ({"kv_capacity": 60000}, "service.kv_capacity", "P11"),
-    ({"max_concurrency": 4}, "service.spec_slots", "P20"),
+    ({"max_concurrency": 4, "spec": "mtp"}, "service.spec_slots", "P20"),
 ])
 def test_warnings(changes, check, pitfall):
     c = {c.id: c for c in engine_cmd.validate(flags(**changes))}[check]
     assert c.status == "warn" and c.pitfall == pitfall
+
+
+def test_the_builtin_profiles_do_not_warn_on_their_own_slots():
+    """The default profile serves DFlash2 at --max-concurrency 8 (seed 000's production setting): P20
+    (MTP pays at one slot, seed 003) is not its warning; MTP at several slots still is."""
+    from p2pkit import config
+
+    for name in ("dual-5090-ninfer", "dual-5090-llamacpp"):
+        found = {c.id: c for c in engine_cmd.validate(config.load(name))}
+        assert "service.spec_slots" not in found or found["service.spec_slots"].status == "pass", name
+    mtp = {c.id: c for c in engine_cmd.validate(config.load(None, ["serve.flags.spec=mtp"]))}
+    assert mtp["service.spec_slots"].status == "warn" and mtp["service.spec_slots"].measured == 8
 
 
 def test_default_profile_passes_validation_and_builds_the_command_as_a_list():
@@ -131,6 +143,19 @@ def test_engine_that_exits_at_start_shows_its_log_and_the_likely_cause(service_h
     assert doc["status"] == "failed" and h["status"] == "fail"
     assert "the engine exited at start" in h["measured"] and "short by 2.1 GiB" in h["measured"]
     assert "KV cache does not fit" in h["hint"] and h["pitfall"] == "P11"
+
+
+@pytest.mark.slow
+def test_verify_after_the_engine_was_stopped_says_it_had_started(service_host):
+    """Stopped on purpose after it served: verify names that (and the last log line), not "the engine
+    exited at start", whose log would say it was listening."""
+    ctx = service_host({"P2PKIT_SIM_LOAD_POLLS": "0", "P2PKIT_SIM_LOAD_SECONDS": "0"})
+    assert pipeline.run_stage(ctx, get("service"), "model")["status"] == "passed"
+    subprocess.run([str(ctx.host.root / "usr/bin/systemctl"), "stop", svc.UNIT], check=True)
+    results, _ = pipeline.verify(ctx, ["service"])
+    h = {c["id"]: c for c in results[0]["checks"]}["service.health"]
+    assert h["status"] == "fail" and "exited at start" not in h["measured"]
+    assert "the engine is not running (stopped after it had started: last log line " in h["measured"]
 
 
 @pytest.mark.slow

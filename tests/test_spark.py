@@ -11,6 +11,7 @@ from p2pkit import config
 from p2pkit.checks import service as service_checks
 from p2pkit.parse.roce import rate_gbps
 from p2pkit.stages.service import nccl_transports
+from tests.test_inventory import controller
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +49,7 @@ def test_spark_pair_from_one_inventory(cli, sim, tmp_path):
         serve.flags.master-port: {master_port(head)}
         serve.head_wait_s: 1800
 """)  # head_wait_s: the refused run above recorded 2 s as this host's state (overrides persist)
-    r = cli("--json", "up", "--inventory", str(inv), "--reboot")
+    r = cli(*controller(tmp_path), "--json", "up", "--inventory", str(inv), "--reboot")
     assert r.code == 0, r.out + r.err
     hosts = r.json()["hosts"]
     for h in ("spark-1", "spark-2"):
@@ -79,7 +80,7 @@ def test_spark_pair_from_one_inventory(cli, sim, tmp_path):
     link = {c["id"]: c for c in json.loads((worker / "var/lib/p2pkit/link.json").read_text())["checks"]}
     assert link["link.fabric_rate.rocep1s0f1:1"]["status"] == "pass" and "link.p2p_pair" not in link
     # status from the same inventory: the host vars apply again, so nothing reads as stale
-    r = cli("--json", "status", "--inventory", str(inv))
+    r = cli(*controller(tmp_path), "--json", "status", "--inventory", str(inv))
     assert r.code == 0 and r.json()["hosts"]["spark-2"]["stages"]["service"] == "done", r.out
     bench_on_the_head(cli, head)
 

@@ -60,7 +60,7 @@ def check(f: dict, p: Profile) -> list[Check]:
     cause = s.get("likely_cause")
     tail = " | ".join(s.get("log_tail", [])[-5:])
     if s.get("role") == "worker":  # headless: no API; joined when NCCL formed its communicator with the head
-        why = "the engine exited at start" if h.get("exited") else f"no NCCL channel within {h['seconds']} s"
+        why = gone(s.get("log_tail", [])) if h.get("exited") else f"no NCCL channel within {h['seconds']} s"
         out.append(judge("service.joined", "this worker joined the head", h["ok"],
                          f"after {h['seconds']} s: {h['line']}" if h["ok"] else f"{why}; last log lines: {tail}",
                          "an NCCL channel to the head", "read `p2pkit serve logs`; the head must be up first (P27) "
@@ -69,7 +69,7 @@ def check(f: dict, p: Profile) -> list[Check]:
         out.append(Check("service.health", "/health answers 200", PASS, f"200 after {h['seconds']} s "
                          f"(codes seen: {h['codes']})", 200))
     else:
-        why = "the engine exited at start" if h.get("exited") else f"no 200 within {h['seconds']} s"
+        why = gone(s.get("log_tail", [])) if h.get("exited") else f"no 200 within {h['seconds']} s"
         if s.get("role") == "head" and not h.get("exited") and not cause:
             hint, pit = ("the head answers /health only once every worker node has joined: bring the workers up "
                          "(`p2pkit up` on each, or one inventory run for all nodes)", "P27")
@@ -148,6 +148,20 @@ def launcher_findings(s: dict) -> list[Check]:
         out.append(Check("service.launcher_cgroup", "the engine runs in the launcher's own cgroup", FAIL,
                          la["move_error"], "moved before it started", LAUNCHER_CAP_FIX, "P12"))
     return out
+
+
+# What an engine prints once it serves: llama.cpp's "main: server is listening on http://...", vLLM's
+# (uvicorn's) "Application startup complete.", NInfer's "listening on HOST:PORT".
+SERVING_LINES = ("server is listening on", "Application startup complete", "listening on ")
+
+
+def gone(tail: list[str]) -> str:
+    """Why the engine is not there, from its last log lines: it never came up (exited at start), or
+    it had served and was stopped since (by hand, `systemctl stop`, a crash after start)."""
+    if any(n in ln for ln in tail for n in SERVING_LINES):
+        last = tail[-1].strip() if tail else ""
+        return f"the engine is not running (stopped after it had started: last log line {last!r})"
+    return "the engine exited at start"
 
 
 def madv_random(t: dict) -> Check:

@@ -24,9 +24,17 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
+def _complete_profile(incomplete: str) -> list[str]:
+    """The built-in profiles, then the TOML files in the current directory."""
+    from p2pkit.config import builtin_names
+
+    files = sorted(str(f) for f in Path().glob(f"{incomplete}*.toml"))
+    return [n for n in builtin_names() if n.startswith(incomplete)] + files
+
+
 def main_options(
     profile: Annotated[str | None, typer.Option("--profile", "-p", help="built-in profile name or a TOML file",
-                                                envvar="P2PKIT_PROFILE")] = None,
+                                                envvar="P2PKIT_PROFILE", autocompletion=_complete_profile)] = None,
     overrides: Annotated[list[str] | None, typer.Option("--set", metavar="SECTION.KEY=VALUE",
                                                         help="override one profile key (repeatable), "
                                                         "like --set serve.flags.node-rank=1; `up` records "
@@ -149,7 +157,10 @@ def run() -> None:
     except P2pkitError as e:
         if common.OPTS.debug:
             _traceback()
-        _fail(e.code, e.message, e.hint)
+        on_this_host = output.COMMAND in (["up"], ["status"]) and not any(
+            a in ("--inventory", "-i") or a.startswith("--inventory=") for a in argv)
+        hint = common.with_sim_hint(e.hint) if on_this_host else e.hint
+        _fail(e.code, e.message, hint)
     except KeyboardInterrupt:
         _fail(130, "interrupted", "run the same command again: p2pkit resumes where it stopped")
     except OSError as e:

@@ -7,13 +7,14 @@ from __future__ import annotations
 # Every command: its word, then the module and attribute that define it (a function, or a typer
 # group), in the order the help lists them. A command line that names one of them builds an
 # application with that one alone (p2pkit.cli.app.build): typer reads one command's signature and
-# imports one module, not all fifteen (issue 20); the help, completion and a typo get every command.
+# imports one module, not all sixteen (issue 20); the help, completion and a typo get every command.
 COMMANDS = (
     ("up", "stages_cmd", "up"), ("plan", "stages_cmd", "plan"), ("status", "stages_cmd", "status"),
     ("verify", "stages_cmd", "verify"), ("doctor", "stages_cmd", "doctor"), ("restore", "stages_cmd", "restore"),
     ("rollback", "stages_cmd", "rollback"), ("logs", "stages_cmd", "logs"), ("facts", "stages_cmd", "facts_app"),
-    ("pin", "pin_cmd", "pin"), ("bench", "bench_cmd", "bench"), ("profile", "profile_cmd", "app"),
-    ("sim", "sim_cmd", "app"), ("serve", "serve_cmd", "app"), ("net", "net_cmd", "app"),
+    ("report", "report_cmd", "report"), ("pin", "pin_cmd", "pin"), ("bench", "bench_cmd", "bench"),
+    ("profile", "profile_cmd", "app"), ("sim", "sim_cmd", "app"), ("serve", "serve_cmd", "app"),
+    ("net", "net_cmd", "app"),
 )
 
 

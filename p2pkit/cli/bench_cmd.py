@@ -123,11 +123,27 @@ def plot(doc: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def _default(key: str) -> str:
+    """Where an unset length comes from: the profile's [bench] key, and the built-in default."""
+    from dataclasses import fields
+
+    from p2pkit.config import Bench
+
+    default = next(f.default for f in fields(Bench) if f.name == key)
+    return f"(default: the profile's bench.{key}; {default} unless it sets one)"
+
+
 def bench(
-    requests: Annotated[int | None, typer.Option("--requests", "-n", help="timed requests per arm")] = None,
-    warmup: Annotated[int | None, typer.Option("--warmup", help="warm-up requests, left out")] = None,
-    prompt_tokens: Annotated[int | None, typer.Option("--prompt-tokens")] = None,
-    output_tokens: Annotated[int | None, typer.Option("--output-tokens")] = None,
+    requests: Annotated[int | None, typer.Option("--requests", "-n", min=1, help="timed requests per arm "
+                                                 f"{_default('requests')}")] = None,
+    warmup: Annotated[int | None, typer.Option("--warmup", min=0, help="warm-up requests, left out "
+                                               f"{_default('warmup')}")] = None,
+    prompt_tokens: Annotated[int | None, typer.Option("--prompt-tokens", min=1, metavar="TOKENS",
+                                                      help="the fixed prompt length of every request "
+                                                      f"{_default('prompt_tokens')}")] = None,
+    output_tokens: Annotated[int | None, typer.Option("--output-tokens", min=1, metavar="TOKENS",
+                                                      help="the fixed output length of every request "
+                                                      f"{_default('output_tokens')}")] = None,
     ab: Annotated[str | None, typer.Option("--ab", metavar="SECTION.KEY=VALUE",
                                            help="a second arm with this one setting changed, like "
                                                 "serve.env.NCCL_P2P_DISABLE=1; the unit is put back after")] = None,

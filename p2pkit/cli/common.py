@@ -9,7 +9,7 @@ from pathlib import Path
 
 from p2pkit import config, hoststate
 from p2pkit.artifacts import Store
-from p2pkit.errors import ProfileError, UsageError
+from p2pkit.errors import P2pkitError, ProfileError, UsageError
 from p2pkit.host import SIM_MARKER, Host
 from p2pkit.output import Output
 from p2pkit.pipeline import Ctx, state_dir_default
@@ -79,8 +79,41 @@ def refuse_unsafe_path(option: str, value: str) -> None:
                               "nothing was done")
 
 
+def sim_hint(h: Host) -> str:
+    """On a host that is not simulated and has no NVIDIA GPU: how to try p2pkit on a simulated one
+    (what doctor's and preflight's GPU check say); "" elsewhere."""
+    from p2pkit.checks.preflight import SIM_HINT
+    from p2pkit.host import pci
+
+    if h.simulated:
+        return ""
+    try:
+        found = pci.gpu_bdfs(h)
+    except (P2pkitError, OSError):
+        return ""
+    return "" if found else f"this host has no NVIDIA GPU; {SIM_HINT}"
+
+
+def with_sim_hint(hint: str) -> str:
+    """An error's fix, and the simulated host's where this host has no NVIDIA GPU (`up` and `status`
+    fail before preflight as a user that is not root: nothing else would say it)."""
+    try:
+        extra = sim_hint(host())
+    except P2pkitError:
+        return hint
+    return f"{hint}; {extra}" if extra and extra not in hint else hint
+
+
 def state_dir(h: Host) -> Path:
-    return OPTS.state_dir or state_dir_default(h.root)
+    """--state-dir, else <root>/var/lib/p2pkit; refused when it names something that is not a
+    directory (every path under it would fail with "Not a directory" of a file inside it)."""
+    d = OPTS.state_dir or state_dir_default(h.root)
+    if d.exists() and not d.is_dir():
+        given = "--state-dir " if OPTS.state_dir else "the state directory "
+        raise UsageError(f"{given}{d} is not a directory",
+                         hint="name a directory (p2pkit makes it when it is missing), or leave --state-dir out "
+                              "for <root>/var/lib/p2pkit")
+    return d
 
 
 def profile(h: Host | None = None) -> config.Profile:

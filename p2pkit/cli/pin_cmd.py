@@ -52,7 +52,13 @@ def pin(
     runner, found, pins = Runner(), {}, {}
     with tempfile.TemporaryDirectory(prefix="p2pkit-pin-") as tmp:
         if installer:
-            found["installer"] = pin_mod.installer_pin(runner, installer, Path(tmp))
+            found["installer"] = pin_mod.installer_pin(installer, Path(tmp))
+            got = found["installer"]["version"]
+            if got and got != prof.driver.version:
+                raise UsageError(f"the installer {installer} is driver {got} ({found['installer']['label']}); "
+                                 f"the profile pins driver {prof.driver.version}",
+                                 hint=f"download NVIDIA's {prof.driver.version} installer, or change driver.version "
+                                      "in your profile first; nothing was pinned")
             pins[("driver", "installer_sha256")] = found["installer"]["sha256"]
     if fork or fork_remote:
         found["fork"] = (pin_mod.checkout_commit(runner, fork) if fork else

@@ -29,7 +29,15 @@ def _complete_stage(incomplete: str) -> list[str]:
     return [n for n in names() if n.startswith(incomplete)]
 
 
-STAGE = {"callback": _stage_name, "autocompletion": _complete_stage}
+STAGE = {"callback": _stage_name, "autocompletion": _complete_stage, "metavar": "STAGE"}
+STAGES_HELP = f"(one of {', '.join(names())})"
+
+
+def _complete_rollback(incomplete: str) -> list[str]:
+    return [n for n in ROLLBACK_STAGES if n.startswith(incomplete)]
+
+
+ROLLBACK_STAGES = ("p2p-module", "driver")
 
 
 def _states_rows(states):
@@ -38,8 +46,9 @@ def _states_rows(states):
 
 
 def up(
-    start: Annotated[str | None, typer.Option("--from", help="first stage to run", **STAGE)] = None,
-    stop: Annotated[str | None, typer.Option("--to", help="last stage to run", **STAGE)] = None,
+    start: Annotated[str | None, typer.Option("--from", help=f"first stage to run {STAGES_HELP}",
+                                                     **STAGE)] = None,
+    stop: Annotated[str | None, typer.Option("--to", help=f"last stage to run {STAGES_HELP}", **STAGE)] = None,
     force: Annotated[bool, typer.Option("--force", help="run the selected stages even when done")] = False,
     reboot: Annotated[bool, typer.Option("--reboot", help="when a stage needs a reboot, reboot and resume "
                                          "(a oneshot unit runs `p2pkit up` after boot)")] = False,
@@ -133,7 +142,8 @@ def _inventory(inventory: Path, action: str, command: list[str], wheel: Path | N
     from p2pkit import reports
 
     out = common.output()
-    code, report = inv.run(inventory, action, command, out, wheel)
+    logs = common.state_dir(common.host()) / "logs"  # the controller's: ansible-playbook's log goes there
+    code, report = inv.run(inventory, action, command, out, logs, wheel)
     if junit is not None:  # one file for the lab: a suite per host and stage; a host with no result fails
         results = [{**r, "stage": f"{h}/{r['stage']}"} for h, v in sorted(report["hosts"].items())
                    for r in v.get("results", [])]
@@ -194,6 +204,8 @@ def status(
         if spent:
             ctx.out.error(f"{spent['exhausted']['why']} (at {spent['exhausted']['time']})", budget_fix(ctx))
         _no_systemd_note(ctx)
+        if code != Exit.OK and common.sim_hint(ctx.host):
+            ctx.out.log(common.sim_hint(ctx.host))
     raise typer.Exit(int(code))
 
 
@@ -207,7 +219,8 @@ def _no_systemd_note(ctx) -> None:
 
 
 def verify(
-    stage: Annotated[str | None, typer.Argument(help="one stage; default: every stage", **STAGE)] = None,
+    stage: Annotated[str | None, typer.Argument(help=f"one stage {STAGES_HELP}; default: every stage",
+                                                       **STAGE)] = None,
     junit: Annotated[Path | None, typer.Option("--junit", help="also write JUnit XML here")] = None,
     prometheus: Annotated[Path | None, typer.Option("--prometheus", help="also write node_exporter textfile "
                                                     "metrics here (with --inventory: this path on each host)")]
@@ -308,13 +321,14 @@ def restore(
 
 
 def rollback(
-    stage: Annotated[str, typer.Argument(help="p2p-module (first), then driver")],
+    stage: Annotated[str, typer.Argument(help="p2p-module (first), then driver", metavar="STAGE",
+                                         autocompletion=_complete_rollback)],
     yes: Annotated[bool, typer.Option("--yes", "-y", help="act on the plan")] = False,
 ) -> None:
     """Back to the stock driver: put back what the stage replaced, from its backup. Plan first."""
     from p2pkit import rollback as rb
 
-    if stage not in ("p2p-module", "driver"):
+    if stage not in ROLLBACK_STAGES:
         raise UsageError(f"p2pkit can roll back p2p-module and driver, not {stage!r}",
                          hint="`p2pkit rollback p2p-module --yes`, then `p2pkit rollback driver --yes`")
     ctx = common.context()
@@ -334,8 +348,10 @@ def rollback(
     else:
         for f in record["files"]:
             ctx.out.log(f"[rollback] {f['action']} {f['path']}")
-        hint = f"`p2pkit sim reboot {ctx.host.root}`" if ctx.host.simulated else "reboot to load the stock driver"
-        ctx.out.error(f"{stage} rolled back; stages {', '.join(record['invalidated'])} are invalidated", hint)
+        nxt = f"`p2pkit sim reboot {ctx.host.root}`" if ctx.host.simulated else "reboot to load the stock driver"
+        # it worked: not an error, though the exit code (4) says a reboot is still due
+        ctx.out.line(f"{stage} rolled back; stages {', '.join(record['invalidated'])} are invalidated")
+        ctx.out.log(f"next: {nxt}")
     raise typer.Exit(int(Exit.REBOOT))
 
 
@@ -355,7 +371,8 @@ def facts_record(file: Annotated[Path, typer.Argument(help="JSON file to write")
 
 
 def logs(
-    stage: Annotated[str, typer.Argument(help="a stage: its log in <state>/logs (the engine's: its last build log)")],
+    stage: Annotated[str, typer.Argument(help=f"a stage {STAGES_HELP}: its log in <state>/logs (the engine's: its "
+                                         "last build log)", **STAGE)],
     follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing as the log grows, until the run "
                                          "writing it ends (Ctrl-C stops)")] = False,
     lines: Annotated[int, typer.Option("--lines", "-n", help="start with only the last N lines (0: all)")] = 0,

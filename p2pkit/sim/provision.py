@@ -12,12 +12,22 @@ from pathlib import Path
 
 from p2pkit import config, tomlwrite
 
+# makeself's header (makeself-header.sh) as NVIDIA's .run carries it: the checksums, label, target
+# directory and payload sizes as assignments, and the number of header lines the stub skips to reach
+# its payload; here the lines are also Python (the stub that runs is the simulator's).
 INSTALLER = '''#!{python}
-# SIMULATED {name}: installs the userspace driver into the simulated host.
-# As a makeself archive, it carries the MD5 of its payload (below the marker) and `--check` verifies it.
+# This script was generated using Makeself 2.1.5 (SIMULATED {name}: installs the userspace driver
+# into the simulated host; `--check` verifies the payload's MD5, as makeself's stub does)
+CRCsum="0000000000"
+MD5="{md5}"
+label="NVIDIA Accelerated Graphics Driver for Linux-{machine} {version}"
+script="./nvidia-installer"
+targetdir="NVIDIA-Linux-{machine}-{version}"
+filesizes="{size}"
+# offset=`head -n {skip} "$0" | wc -c | tr -d " "`
 import sys
 from p2pkit.sim.standins import installer
-sys.exit(installer({version!r}, {gsp!r}, sys.argv[1:], __file__, {md5!r}))
+sys.exit(installer({version!r}, {gsp!r}, sys.argv[1:], __file__, MD5))
 '''
 PAYLOAD_MARKER = "# --- payload ---\n"
 PAYLOAD = "# SIMULATED payload: libnvidia-ml.so.{version}, gsp_ga10x.bin, gsp_tu10x.bin\n"
@@ -48,8 +58,10 @@ def make_installer(root: Path, version: str, gsp: bool, machine: str = "x86_64")
     d.mkdir(parents=True, exist_ok=True)
     p = d / ARCHES[machine].installer(version)
     payload = PAYLOAD.format(version=version)
-    p.write_text(INSTALLER.format(python=sys.executable, version=version, gsp=gsp, name=p.name,
-                                  md5=hashlib.md5(payload.encode()).hexdigest()) + PAYLOAD_MARKER + payload)
+    fields = {"python": sys.executable, "version": version, "gsp": gsp, "name": p.name, "machine": machine,
+              "md5": hashlib.md5(payload.encode()).hexdigest(), "size": len(payload.encode())}
+    skip = INSTALLER.format(**fields, skip=0).count("\n") + 1  # the header's lines, the marker's with them
+    p.write_text(INSTALLER.format(**fields, skip=skip) + PAYLOAD_MARKER + payload)
     p.chmod(0o755)
     return p, hashlib.sha256(p.read_bytes()).hexdigest()
 

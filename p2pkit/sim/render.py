@@ -388,5 +388,17 @@ def standin_script(name: str) -> str:
         return real_package_tool(name)
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     return (f"#!{sys.executable} -S\n# SIMULATED stand-in for {name}: p2pkit's simulated host\n"
-            f"import sys\nsys.path.append({here!r})\nfrom p2pkit.sim.standins import main\n"
+            f"import sys\nsys.path.append({here!r})\n"
+            "try:\n    from p2pkit.sim.standins import main\n"
+            # p2pkit was installed again another way since this host was laid out (`pip install .`, then
+            # `pip install -e .`): the interpreter's own site-packages and .pth hooks find it now
+            "except ImportError:\n    import site\n    site.main()\n"
+            "    try:\n        from p2pkit.sim.standins import main\n"
+            "    except ImportError:\n"
+            f"        sys.exit({REINSTALLED.format(name=name, here=here)!r})\n"
             f"sys.exit(main({name!r}, sys.argv[1:]))\n")
+
+
+REINSTALLED = ("SIMULATED host: the stand-in for {name} was laid out by a p2pkit at {here} that this Python "
+               "no longer finds (p2pkit was removed or installed elsewhere since): lay the simulated host out "
+               "again with `p2pkit sim init --force DIR` (DIR: this host's root)")

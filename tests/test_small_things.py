@@ -1,0 +1,115 @@
+"""The small things a new user met (issue 29, item 7): each fix, with the words and exit code the
+user sees."""
+
+from __future__ import annotations
+
+import shlex
+
+
+def test_a_bad_set_names_a_validate_command_that_runs(cli, sim):
+    r = cli("--set", "serve.port=abc", "--set", "serve.env.HF_TOKEN=hf_x1y2z3", "plan")
+    assert r.code == 2 and "serve.port: expected an integer" in r.err
+    hint = r.err.split("check it with `", 1)[1].split("`", 1)[0]
+    assert hint == "p2pkit --set serve.port=abc --set 'serve.env.HF_TOKEN=<your value>' profile validate " \
+                   "dual-5090-ninfer"
+    args = shlex.split(hint)[1:]
+    r = cli(*args)  # the hint runs: it validates the same profile with the same override, and says why
+    assert r.code == 2 and "serve.port: expected an integer" in r.err and "No such command" not in r.err
+
+
+def test_a_truncated_profile_record_is_fixed_the_way_its_hint_says(cli, sim):
+    root = sim("healthy")
+    state = root / "var/lib/p2pkit"
+    assert cli("--root", str(root), "--set", "host.min_free_disk_gib=10", "up", "--to", "preflight").code == 0
+    (state / "profile.json").write_text('{"source": "dual-5090-nin')  # cut short
+    r = cli("--root", str(root), "status")
+    assert r.code == 2 and "cannot be read" in r.err
+    assert "`p2pkit --profile NAME|FILE [--set SECTION.KEY=VALUE ...] up`" in r.err
+    r = cli("--root", str(root), "--profile", "dual-5090-ninfer", "--set", "host.min_free_disk_gib=10", "up",
+            "--to", "preflight")
+    assert r.code == 0, r.err
+    assert cli("--root", str(root), "status").code in (0, 1)  # readable again (stages after preflight not run)
+    assert '"host.min_free_disk_gib=10"' in (state / "profile.json").read_text()
+
+
+
+
+def test_a_state_dir_that_names_a_file_is_refused_as_such(cli, sim, tmp_path):
+    root = sim("healthy")
+    f = tmp_path / "notes.txt"
+    f.write_text("mine")
+    for cmd in (["status"], ["up", "--to", "preflight"], ["report", str(tmp_path / "r.tar.gz")]):
+        r = cli("--root", str(root), "--state-dir", str(f), *cmd)
+        assert r.code == 2 and f"--state-dir {f} is not a directory" in r.err, (cmd, r.err)
+        assert "Not a directory" not in r.err and f.read_text() == "mine"
+
+
+def test_up_and_status_as_a_user_on_a_host_without_gpus_name_the_simulated_host(cli, tmp_path, monkeypatch):
+    """A host root that is not simulated (os-release, /proc, /sys) and has no NVIDIA GPU; the user is
+    not root, so `up` stops at the state directory, before preflight's GPU check could say it."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    root = tmp_path / "box"
+    for d in ("etc", "proc", "sys/bus/pci/devices"):
+        (root / d).mkdir(parents=True)
+    shutil.copy("/etc/os-release", root / "etc/os-release")
+    state = tmp_path / "state"
+    r = cli("--root", str(root), "--state-dir", str(state), "status")
+    assert r.code == 1 and "this host has no NVIDIA GPU; to try p2pkit without GPUs: `p2pkit sim init" in r.err
+    real_mkdir = Path.mkdir
+
+    def mkdir(self, *a, **kw):
+        if self == state:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_mkdir(self, *a, **kw)
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    r = cli("--root", str(root), "--state-dir", str(state), "up")
+    assert r.code == 2 and "p2pkit is not running as root" in r.err
+    assert "this host has no NVIDIA GPU; to try p2pkit without GPUs: `p2pkit sim init" in r.err
+
+
+def moved(standin, here: str, to: str) -> None:
+    """A stand-in as an earlier install laid it out: it names p2pkit's old directory."""
+    text = standin.read_text()
+    assert f"sys.path.append({here!r})" in text
+    standin.write_text(text.replace(f"sys.path.append({here!r})", f"sys.path.append({to!r})"))
+
+
+def test_a_simulated_host_laid_out_by_another_install_keeps_working(sim, tmp_path):
+    """`pip install .` laid the host out (its stand-ins name site-packages), `pip install -e .` replaced
+    it: the stand-ins find p2pkit through the interpreter's own site-packages and .pth hooks."""
+    import subprocess
+    from pathlib import Path
+
+    import p2pkit
+
+    root = sim("healthy")
+    here = str(Path(p2pkit.__file__).resolve().parent.parent)
+    before = subprocess.run([str(root / "usr/bin/modinfo"), "-F", "version", "nvidia"], capture_output=True, text=True)
+    moved(root / "usr/bin/modinfo", here, str(tmp_path / "gone/site-packages"))
+    after = subprocess.run([str(root / "usr/bin/modinfo"), "-F", "version", "nvidia"], capture_output=True, text=True)
+    assert (after.returncode, after.stdout, after.stderr) == (before.returncode, before.stdout, before.stderr)
+    assert "Traceback" not in after.stderr
+
+
+def test_a_stand_in_that_cannot_find_p2pkit_says_sim_init_force(sim, tmp_path):
+    import subprocess
+    from pathlib import Path
+
+    import pytest
+
+    import p2pkit
+
+    other = "/usr/bin/python3"  # an interpreter without this p2pkit: as if it were uninstalled
+    if subprocess.run([other, "-c", "import p2pkit"], capture_output=True, cwd=tmp_path).returncode == 0:
+        pytest.skip(f"{other} imports a p2pkit of its own here")
+    root = sim("healthy")
+    standin = root / "usr/bin/modinfo"
+    moved(standin, str(Path(p2pkit.__file__).resolve().parent.parent), str(tmp_path / "gone"))
+    standin.write_text(f"#!{other} -S\n" + standin.read_text().split("\n", 1)[1])
+    r = subprocess.run([str(standin), "-F", "version", "nvidia"], capture_output=True, text=True)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "no longer finds" in r.stderr and "`p2pkit sim init --force DIR`" in r.stderr
