@@ -55,15 +55,16 @@ def test_an_architecture_the_toolkit_lacks_is_a_p05_failure_with_the_list():
     assert "engine.cuda_arch_supported" not in _judged(p, {"version": "13.0", "archs": None})
 
 
-H200_LIST = FIX / "h200-device/nvcc-list-gpu-arch.txt"
+H200_LIST = FIX / "h200-device/engine-build/nvcc-list-gpu-arch.txt"  # recorded on the lent H200 (nvcc 13.0.88)
 
 
-@pytest.mark.skipif(not H200_LIST.is_file(), reason="tests/fixtures/h200-device/nvcc-list-gpu-arch.txt is not "
-                    "recorded yet: the lead records `nvcc --list-gpu-arch` on the GPU machine")
 def test_the_gpu_machines_nvcc_builds_its_h200():
+    """The real list there (compute_110 printed before compute_103, as nvcc 13.0.88 does) read in order,
+    90 buildable, 120a (the 5090's) too, 61 not."""
     archs = pb.nvcc_arch_list(H200_LIST.read_text())
     assert "90" in archs and pb.archs_unbuildable("90", archs) == []
     assert all(a.isdigit() for a in archs) and archs == sorted(archs, key=int)
+    assert pb.archs_unbuildable("120a", archs) == [] and pb.archs_unbuildable("61;90", archs) == ["61"]
 
 
 def _ctx(root: Path, *sets: str):
