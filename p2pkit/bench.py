@@ -83,19 +83,25 @@ class Reader:
 
 
 class Llamacpp(Reader):
-    """llama-server: each /completion response's `timings`, /metrics llamacpp:* around the arm."""
+    """llama-server: each /completion response's `timings`, /metrics llamacpp:* around the arm. The
+    prompt is one token of the model's own vocabulary repeated: exactly the asked length (P13)."""
+
+    token: int | None = None
 
     def start(self) -> None:
         self.before = engine_api.metrics(self.base, "llamacpp:")
 
     def request(self, n_prompt: int, n_out: int) -> dict:
-        r = engine_api.llamacpp_completion(self.base, n_out, prompt(n_prompt))
+        if self.token is None:
+            self.token = engine_api.llamacpp_token(self.base)
+        text = [self.token] * n_prompt if self.token is not None else prompt(n_prompt)
+        r = engine_api.llamacpp_completion(self.base, n_out, text)
         if r.get("status") != 200:
             return {"ok": False, "error": r.get("error"), "status": r.get("status")}
         return self.with_client(pe.llamacpp_figures(r.get("timings") or {}), r["client_seconds"])
 
     def finish(self, arm: dict) -> None:
-        after = engine_api.metrics(self.base, "llamacpp:")
+        after = engine_api.metrics(self.base, "llamacpp:")  # arm: the level it closes
         arm["metrics_status"] = after["status"]
         if self.before["status"] == 200 and after["status"] == 200:
             arm["metrics_delta"] = pe.deltas(self.before["values"], after["values"])

@@ -53,7 +53,16 @@ def metrics(base: str, prefix: str) -> dict:
             **({} if status == 200 else {"error": text.strip()[:200]})}
 
 
-def llamacpp_completion(base: str, n_predict: int, prompt: str = PROMPT, timeout: float = 600) -> dict:
+def llamacpp_token(base: str, word: str = "gpu") -> int | None:
+    """One token id of the served model's vocabulary (the last of `word`'s tokens, from its /tokenize):
+    repeated N times it is a prompt of exactly N tokens, which llama-server uses as given (a token
+    array gets no BOS added: tools/server/server-common.cpp, tokenize_input_subprompt)."""
+    status, body, _ = post_json(f"{base}/tokenize", {"content": word}, 30)
+    toks = body.get("tokens") if status == 200 and isinstance(body, dict) else None
+    return toks[-1] if toks and isinstance(toks[-1], int) else None
+
+
+def llamacpp_completion(base: str, n_predict: int, prompt: str | list[int] = PROMPT, timeout: float = 600) -> dict:
     """One /completion at temperature 0: the server's own `timings` and draft counts."""
     status, body, waited = post_json(f"{base}/completion", {"prompt": prompt, "n_predict": n_predict,
                                                              "temperature": 0, "cache_prompt": False,
