@@ -88,6 +88,13 @@ phase_bench_formats() {  # llama-bench's four formats from the GPU build, for th
 phase_serve() {
   begin serve
   SETS+=(--set "serve.flags.model-draft=$W/models/draft-bf16.gguf" --set "serve.flags.spec-type=none")
+  # what a GPU box's udev and base system give (the engine runs as its own user, in the video and render
+  # groups): recorded, and put right only where this VM lacks it
+  { ls -l /dev/nvidia* ; getent group video render; } >"$REC/devices.txt" 2>&1
+  for g in video render; do getent group $g >/dev/null || { groupadd -r $g && log "made group $g"; }; done
+  for d in /dev/nvidia*; do [ -c "$d" ] || continue
+    perm=$(stat -c %a "$d"); case "$perm" in *6) ;; *) chgrp video "$d" && chmod g+rw "$d" && log "$d: video rw";; esac
+  done
   log "service stage (drafting off: the draft loaded, --spec-type none)"
   stages --state-dir "$W/state" service 2>&1 | tee "$REC/service-stage.txt"
   cp "$W/state/service.json" "$REC/service.artifact.json"

@@ -2,7 +2,7 @@
 GPU (issue 27): random weights (throughput does not care what they say), its own byte-fallback BPE
 tokenizer, laid out as Hugging Face writes one, built by the same code as the tests' tiny checkpoint
 (tests/tiny_checkpoint.py). Two sizes: `main` (about 0.76B parameters: hidden 2048, 16 layers, FFN
-5632) and `draft` (about 7M, the same vocabulary, for speculative decoding).
+5632, a 32K context) and `draft` (about 7M, the same vocabulary, for speculative decoding).
 
     python3 bench/gpu_model.py main DIR
     python3 bench/gpu_model.py draft DIR
@@ -19,8 +19,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 SIZES = {
-    "main": {"hidden": 2048, "layers": 16, "heads": 16, "kv_heads": 8, "ffn": 5632, "seed": 1},
-    "draft": {"hidden": 256, "layers": 2, "heads": 4, "kv_heads": 2, "ffn": 704, "seed": 2},
+    "main": {"hidden": 2048, "layers": 16, "heads": 16, "kv_heads": 8, "ffn": 5632, "seed": 1, "context": 32768},
+    "draft": {"hidden": 256, "layers": 2, "heads": 4, "kv_heads": 2, "ffn": 704, "seed": 2, "context": 32768},
 }
 
 

@@ -336,8 +336,13 @@ def restore(ctx, saved: dict[str, bytes | None]) -> dict:
             path.unlink(missing_ok=True)
         elif not path.is_file() or path.read_bytes() != data:
             atomic_write(path, data)
-    host.runner.run(["systemctl", "daemon-reload"], check=False)
-    host.runner.run(["systemctl", "restart", service.UNIT], check=False)
+    from p2pkit.stages import service_launcher
+
+    if service_launcher.in_use(ctx):  # no systemd as PID 1: the engine is the launcher's
+        service_launcher.restart(ctx, service.SERVICE_USER)
+    else:
+        host.runner.run(["systemctl", "daemon-reload"], check=False)
+        host.runner.run(["systemctl", "restart", service.UNIT], check=False)
     h = service.wait_health(ctx, engine_cmd.health_url(ctx.profile), ctx.profile.serve.health_timeout_s)
     same = snapshot(host) == saved
     return {"files_identical": same, "health": h["ok"]}
@@ -375,6 +380,16 @@ def run(ctx, n_prompt: int, n_out: int, warmup: int, requests: int, ab: str | No
         raise P2pkitError(f"--reference runs llama-bench, which measures llama.cpp; this engine is {p.engine.recipe}",
                           hint="drop --reference for this profile")
     levels = levels_of(shapes, concurrency, n_prompt, n_out)
+    if p.engine.recipe == "llamacpp":  # a shape the server's slots cannot hold is refused before any request
+        n_ctx = engine_api.slot_context(engine_cmd.base_url(p))
+        big = [(s, lp, lo) for s, lp, lo, _ in levels if n_ctx and lp + lo > n_ctx]
+        if big:
+            s, lp, lo = big[0]
+            raise P2pkitError(f"the {s} shape needs {lp + lo} tokens a request ({lp} prompt + {lo} output) and the "
+                              f"server's slots hold {n_ctx} (its /props n_ctx: the context per slot, capped by the "
+                              "model's training context)",
+                              hint="raise serve.flags.ctx-size (with kv-unified the slots share it) and run `p2pkit "
+                                   "up --from service`, or bench a shape that fits (--prompt-tokens/--output-tokens)")
     if p.engine.recipe == "ninfer":
         request_log(ctx, p)  # refused before any request when the engine keeps no request log
     doc: dict = {"schema": SCHEMA, "kind": "p2pkit-bench", "simulated": ctx.host.simulated, "profile": p.name,

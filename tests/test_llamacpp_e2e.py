@@ -12,6 +12,7 @@ import llama_real
 import pytest
 import tiny_checkpoint
 
+from p2pkit.host import launcher
 from p2pkit.sim import lifecycle, scenarios
 
 pytestmark = pytest.mark.slow
@@ -30,7 +31,7 @@ SETS = ["engine.cuda=false", f"model.source={MODEL}", f"model.output={GGUF}", 'm
         f"engine.build_dir=/opt/p2pkit-tests/{llama_real.build_dir().name}"]
 
 
-def llama_sim(root: Path, scenario: str = "healthy") -> Path:
+def llama_sim(root: Path, scenario: str = "healthy", context: int = 2048) -> Path:
     """A simulated host for the llama.cpp profile, with the pinned archive in its download cache,
     its engine build dir in the real build's cache (engine.build_dir in SETS) and the tiny checkpoint
     as its model source."""
@@ -49,7 +50,7 @@ def llama_sim(root: Path, scenario: str = "healthy") -> Path:
     (root / "opt/p2pkit-tests").symlink_to(llama_real.build_dir().parent)
     # head size 32: the profile's q4_0 KV cache needs it divisible by q4_0's block of 32
     # ("K cache type q4_0 with block size 32 does not divide n_embd_head_k=16" at hidden 64)
-    tiny_checkpoint.make(root / MODEL.lstrip("/"), hidden=128)
+    tiny_checkpoint.make(root / MODEL.lstrip("/"), hidden=128, context=context)
     return root
 
 
@@ -214,14 +215,16 @@ def test_bench_by_the_seeds_method_under_the_launcher(tmp_path, cli):
     (P13), llama-bench at the same lengths and depth as the reference arm (read by the package's reader),
     the draft's acceptance per level, and the plot; then serve stop through p2pkit."""
     llama_real.wait()
-    root = llama_sim(tmp_path / "host", "no-systemd")
+    root = llama_sim(tmp_path / "host", "no-systemd", context=8192)
     try:
         r = up(cli, root, "--set", "serve.flags.ctx-size=8192", "--set", "serve.flags.parallel=2")
         assert r.code == 0, r.err[-3000:]
         assert "starting the engine with p2pkit's launcher" in r.out + r.err
         png = tmp_path / "bench.png"
+        env_file = (root / "etc/p2pkit/engine.env").read_bytes()
         r = cli("--root", str(root), "--json", "bench", "--shapes", "decode,production", "--concurrency", "1,2",
-                "--requests", "1", "--warmup", "1", "--reference", "--plot", str(png))
+                "--requests", "1", "--warmup", "1", "--reference", "--plot", str(png), "--ab",
+                "serve.flags.spec-draft-n-max=2")
         assert r.code == 0, r.err[-3000:]
         doc = r.json()
         lv = doc["arms"][0]["levels"]
@@ -235,6 +238,13 @@ def test_bench_by_the_seeds_method_under_the_launcher(tmp_path, cli):
             assert s["decode_tps"]["median"] > 0 and s["aggregate_decode_tps"] > 0
             assert s["draft_acceptance"] >= 0  # the draft is on (spec-type draft-simple in SETS)
             assert x["metrics_delta"]["tokens_predicted_total"] == sum(q["predicted_n"] for q in x["requests"])
+        # the A/B under the launcher: the B arm ran every level, then the engine went back as it was
+        assert [(x["shape"], x["concurrency"]) for x in doc["arms"][1]["levels"]] == [(x["shape"], x["concurrency"])
+                                                                                     for x in lv]
+        assert doc["restored"] == {"files_identical": True, "health": True}
+        assert (root / "etc/p2pkit/engine.env").read_bytes() == env_file
+        argv = launcher.read_record(root / launcher.RECORD.lstrip("/"))["argv"]
+        assert argv[argv.index("--spec-draft-n-max") + 1] == "5"  # the baseline's flags again
         ref = {x["shape"]: x for x in doc["reference"]["shapes"]}
         assert ref["decode"]["decode_tps"]["test"] == "tg512 @ d128" and ref["decode"]["prefill_tps"]["test"] == "pp128"
         assert ref["production"]["decode_tps"]["test"] == "tg128 @ d2048"

@@ -46,7 +46,7 @@ def tokenizer(out: Path) -> int:
 
 
 def make(out: Path, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2, ffn: int = 128,
-         seed: int = 0) -> Path:
+         seed: int = 0, context: int = 2048) -> Path:
     """The checkpoint in `out` (created): config.json, model.safetensors(.index.json), tokenizer."""
     from safetensors.numpy import save_file
 
@@ -77,7 +77,7 @@ def make(out: Path, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads:
     (out / "config.json").write_text(json.dumps({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
         "intermediate_size": ffn, "num_hidden_layers": layers, "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads, "vocab_size": n_vocab, "max_position_embeddings": 2048,
+        "num_key_value_heads": kv_heads, "vocab_size": n_vocab, "max_position_embeddings": context,
         "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False,
         "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float16"}))
     return out

@@ -116,7 +116,8 @@ def plot(doc: dict, path: Path) -> None:
         ax.set_ylabel("decode tok/s (server's own accounting)")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.legend(fontsize="small")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small")
     fig.tight_layout()
     arms = "; ".join(f"{a['arm']}={sum(len(lv['requests']) for lv in a.get('levels', []))}" for a in doc["arms"])
     fig.savefig(path, format="png", metadata={"Title": "p2pkit bench", "Description": f"arms: {arms}"})
@@ -171,11 +172,13 @@ def bench(
 
     ctx = common.context()
     cfg = ctx.profile.bench
+    shape_names, levels = _shapes(shapes), _ints(concurrency, "--concurrency")
     # --ab changes the unit: it holds the host's lock, refused beside an `up` (exit 5) before anything
     with state_lock(ctx.store.dir, say=ctx.out.warn, root=ctx.host.root) if ab else nullcontext():
         b.gate(ctx)
         doc = b.run(ctx, prompt_tokens or cfg.prompt_tokens, output_tokens or cfg.output_tokens,
-                    cfg.warmup if warmup is None else warmup, requests or cfg.requests, ab)
+                    cfg.warmup if warmup is None else warmup, requests or cfg.requests, ab, shape_names, levels,
+                    reference)
     failed = [a for a in doc["arms"] if a.get("error")]
     if failed:
         doc["server_log_tail"] = service.logs(ctx.host, 12)

@@ -88,6 +88,18 @@ def first_completion(base: str, n_predict: int = 16) -> dict:
             "total_slots": total_slots(base)}
 
 
+def slot_context(base: str) -> int | None:
+    """The running llama-server's context per slot: /props' default_generation_settings.n_ctx
+    (server-context.cpp get_res_props: slot_n_ctx, capped by the model's training context); None
+    when it does not say."""
+    status, text = get(f"{base}/props")
+    try:
+        n = (json.loads(text).get("default_generation_settings") or {}).get("n_ctx") if status == 200 else None
+    except (ValueError, AttributeError):
+        return None
+    return n if isinstance(n, int) and n > 0 else None
+
+
 def total_slots(base: str) -> int | dict:
     """The running llama-server's slots: /props' total_slots (tools/server/server-context.cpp
     get_res_props: params.n_parallel after -np's auto default was resolved)."""
