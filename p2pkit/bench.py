@@ -245,9 +245,7 @@ def run_level(ctx, reader: Reader, arm_name: str, shape: str, n_prompt: int, n_o
     level: dict = {"shape": shape, "prompt_tokens": n_prompt, "output_tokens": n_out, "concurrency": conc,
                    "requests": []}
     reader.start()
-    done = [0]
-    lock = threading.Lock()
-    stop = threading.Event()
+    stop = threading.Event()  # the first failed request ends every stream of the level
 
     def stream(i: int) -> list[dict]:
         out = []
@@ -257,8 +255,6 @@ def run_level(ctx, reader: Reader, arm_name: str, shape: str, n_prompt: int, n_o
             r = one_request(reader, n_prompt, n_out)
             r["stream"] = i
             out.append(r)
-            with lock:
-                done[0] += 1
             if not r.get("ok"):
                 stop.set()
                 break
