@@ -245,6 +245,11 @@ def test_bench_by_the_seeds_method_under_the_launcher(tmp_path, cli):
         assert (root / "etc/p2pkit/engine.env").read_bytes() == env_file
         argv = launcher.read_record(root / launcher.RECORD.lstrip("/"))["argv"]
         assert argv[argv.index("--spec-draft-n-max") + 1] == "5"  # the baseline's flags again
+        # the B arm really ran with its flag: the launcher started the engine with it between the two arms
+        # (a flag is in no file where there is no unit: found on the H200, where the B arm had run unchanged)
+        starts = [ln for ln in (root / "var/lib/p2pkit/logs/engine-launcher.log").read_text().splitlines()
+                  if ln.startswith("-- p2pkit launcher")]
+        assert ["--spec-draft-n-max 2" in ln for ln in starts[-2:]] == [True, False], starts
         ref = {x["shape"]: x for x in doc["reference"]["shapes"]}
         assert ref["decode"]["decode_tps"]["test"] == "tg512 @ d128" and ref["decode"]["prefill_tps"]["test"] == "pp128"
         assert ref["production"]["decode_tps"]["test"] == "tg128 @ d2048"

@@ -76,12 +76,16 @@ def act(ctx, v: dict, *, env_file: str, secrets_file: str, user: str, user_missi
     acted = work.run_if_work(ctx, "service", {**v, "p2pkit_service_manager": "launcher"}, todo, known,
                              files_var="p2pkit_service_files", todo_var="p2pkit_service_todo")
     rec_path = launcher.record_path(ctx.host)
-    if launcher.is_running(launcher.read_record(rec_path)):
-        if not changed:
+    rec = launcher.read_record(rec_path)
+    if launcher.is_running(rec):
+        # a flag is in no file here (a unit's ExecStart would be): the running command line is compared too
+        argv_changed = rec.get("argv") != engine_cmd.argv(ctx.profile)
+        if not changed and not argv_changed:
             acted["launcher"] = {"started": False, "why": "already running; nothing it reads changed",
                                  "pid": main_pid(ctx.host)}
             return acted
-        ctx.out.step("service", "what the engine reads changed: stopping it to start it again")
+        ctx.out.step("service", "the engine's command line changed: stopping it to start it again" if argv_changed
+                     else "what the engine reads changed: stopping it to start it again")
         acted["launcher_stop"] = launcher.stop(rec_path)
     acted["launcher"] = start(ctx, user)
     return acted
@@ -93,7 +97,7 @@ def start(ctx, service_user: str) -> dict:
     p, host = ctx.profile, ctx.host
     shown = engine_cmd.argv(p)
     env = {"PATH": PATH, **engine_env.engine_env(p, engine_env.pair_level(host, p))}
-    plain, secret = secrets.split_env(env, p.serve.secret_env)
+    plain, secret = secrets.split_env(env, p.secret_names())
     env = {**plain, **secret}
     if host.simulated:  # the engine is a process of this machine: host paths point into the simulated root
         env = {k: _into(host, x) for k, x in env.items()} | {k: str(x) for k, x in (host.sim or {}).get(
