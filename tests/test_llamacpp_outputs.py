@@ -259,3 +259,23 @@ def test_the_real_servers_start_failures_are_named(case, word):
     text = "\n".join((rec["stdout"] + rec["stderr"]).splitlines()[-50:])  # the log tail the service reads
     cause = next((c for needle, c in CAUSES if needle in text), None)
     assert cause is not None and word in cause, (case, cause)
+
+
+@pytest.mark.slow
+def test_a_removed_flag_is_refused_before_a_start_by_the_real_servers_help(tmp_path, monkeypatch):
+    """--draft-max is in the real llama-server's --help, as removed: a profile that sets it (p2pkit's
+    own list patched to allow it, like an older p2pkit would) is refused with what replaced it."""
+    import llama_real
+    from test_llamacpp_e2e import llama_sim, sim_ctx
+
+    from p2pkit import engine_cmd
+    from p2pkit.errors import Exit, P2pkitError
+    from p2pkit.stages import service
+
+    monkeypatch.setattr(engine_cmd, "LLAMACPP_FLAGS", engine_cmd.LLAMACPP_FLAGS | {"draft-max"})
+    llama_real.wait()
+    ctx = sim_ctx(llama_sim(tmp_path / "host"), "serve.flags.draft-max=4")
+    with pytest.raises(P2pkitError) as e:
+        service.flags_accepted(ctx)
+    assert e.value.code == Exit.USAGE and "--draft-max" in e.value.message
+    assert "use --spec-draft-n-max" in e.value.message
