@@ -192,7 +192,7 @@ def installed(ctx) -> dict:
             res["criteria"] = pb.ninfer_criteria(text, cached, res["up_to_date"])
         else:  # llama.cpp: a no-op rebuild still runs its UI-assets step, so Ninja never says "no work to do"
             targets = tuple(p.engine.targets) or pb.LLAMACPP_TARGETS
-            res["up_to_date"] = _up_to_date(ctx, src / "build", list(targets), pb.ninja_current, ["-d", "explain"])
+            res["up_to_date"] = _up_to_date(ctx, src / "build", list(targets), pb.ninja_current, ("-d", "explain"))
             res["criteria"] = pb.llamacpp_criteria(text, cached, res["up_to_date"], p.engine.cuda, targets)
     exe = host.path(binary(p))
     res["binary"] = _binary(ctx, exe)
@@ -308,7 +308,7 @@ def measure(ctx) -> dict:
     return {"engine_build": {**built, **{k: v for k, v in now.items() if k != "source"}}}
 
 
-def _up_to_date(ctx, build_dir: Path, targets: list[str], current=pb.ninja_no_work, more: list[str] = ()) -> bool:
+def _up_to_date(ctx, build_dir: Path, targets: list[str], current=pb.ninja_no_work, more: tuple[str, ...] = ()) -> bool:
     """Ninja's dry run (-n: nothing runs) says the targets are current with their sources and flags."""
     if not (build_dir / "build.ninja").is_file():
         return False
