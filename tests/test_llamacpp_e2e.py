@@ -91,6 +91,10 @@ def test_up_builds_converts_serves_and_benches_the_real_llamacpp(served, cli):
     assert b["source"]["sha256"] == llama_real.pinned()[1] and b["binary"]["runs"]
     checks = {c["id"]: c for c in eng["checks"]}
     assert checks["engine.cuda"]["status"] == "warn" and "CUDA OFF" in checks["engine.cuda"]["measured"]
+    # P07 the llama.cpp way: the build dir is the cache's, already built, so this run links nothing and
+    # Ninja's explained dry run says both binaries are current
+    assert checks["engine.build_log"]["status"] == "pass" and b["up_to_date"] is True
+    assert "linked bin/llama-bench: up to date" in checks["engine.build_log"]["measured"]
     model = json.loads((state / "model.json").read_text())
     v = model["facts"]["model_build"]["verify"]
     assert v["architecture"] == "llama" and v["tensor_count"] == 21 and model["facts"]["model_build"]["sha256"]

@@ -127,6 +127,68 @@ def ninfer_criteria(log: str, cache: dict | None = None, up_to_date: bool = Fals
     }
 
 
+LLAMACPP_TARGETS = ("llama-server", "llama-bench")
+
+
+def _cuda_toolkit(log: str, cache: dict) -> str | None:
+    """llama.cpp's CUDA toolkit as CMake found it: FindCUDAToolkit's line in this run's log ("-- Found
+    CUDAToolkit: /usr/local/cuda-13.0/include (found version "13.0.88")"), or on a re-configure (which
+    prints only llama.cpp's own "-- CUDA Toolkit found") the cache: the details FindCUDAToolkit cached,
+    or CUDAToolkit_VERSION / CMAKE_CUDA_COMPILER_VERSION where a build caches them."""
+    m = re.search(r"Found CUDAToolkit: (\S+) \(found version \"([\d.]+)\"", log)
+    if m:
+        return f"{m.group(2)} at {m.group(1)} (build log)"
+    m = re.search(r"\[v([\d.]+)[^\]]*\]$", cache.get("FIND_PACKAGE_MESSAGE_DETAILS_CUDAToolkit", ""))
+    if m:
+        return f"{m.group(1)} (CMakeCache.txt)"
+    for key in ("CUDAToolkit_VERSION", "CMAKE_CUDA_COMPILER_VERSION"):
+        if re.match(r"\d+\.\d+", cache.get(key, "")):
+            return f"{cache[key]} (CMakeCache.txt {key})"
+    return None
+
+
+def _on(v: str | None) -> bool:
+    return (v or "").upper() in ("ON", "1", "TRUE", "YES", "Y")
+
+
+def llamacpp_criteria(log: str, cache: dict | None = None, up_to_date: bool = False, cuda: bool = True,
+                      targets: tuple[str, ...] = LLAMACPP_TARGETS) -> dict[str, str | None]:
+    """P07 the llama.cpp way, from its own build log: the CUDA toolkit found (CUDA builds only, and
+    GGML_CUDA on in the cache), no CMake Error, and the build ends by linking bin/llama-server and
+    bin/llama-bench. On a re-configure the Found line is not printed again (the cache says what was
+    found), and on a rebuild with nothing to do nothing links: Ninja's dry run of the targets
+    (up_to_date: ninja_current) says they are current. Each criterion -> its evidence, or None."""
+    cache = cache or {}
+    out: dict[str, str | None] = {}
+    if cuda:
+        found = _cuda_toolkit(log, cache)
+        off = "GGML_CUDA" in cache and not _on(cache["GGML_CUDA"])
+        out["found CUDAToolkit"] = None if off else found
+    out["no CMake Error"] = None if "CMake Error" in log else "none in the log"
+    for t in targets:
+        linked = re.search(rf"Linking CXX executable bin/{re.escape(t)}$", log, re.M)
+        out[f"linked bin/{t}"] = "linked in this build" if linked else (
+            "up to date (ninja -n -d explain: only the always-run custom steps)" if up_to_date else None)
+    return out
+
+
+CUSTOM_TARGET = re.compile(r"^ninja explain: output (\S*CMakeFiles/[^/.\s]+) doesn't exist$")
+
+
+def ninja_current(text: str) -> bool:
+    """Ninja's dry run with its reasons (`-n -d explain`, stdout and stderr) says the targets are current:
+    "no work to do.", or the only root reason is a custom target's stamp that never exists (CMake's
+    add_custom_target is always out of date: llama.cpp's "Provisioning UI assets"). A dry run cannot
+    run that step, so it lists everything downstream of it too (ui.cpp, llama-server relinked: "... is
+    dirty"), where the real no-op rebuild runs the step alone and restats (tests/fixtures/llamacpp/build).
+    Any other reason (an output missing or older than an input, deps missing, a command line changed)
+    is work; a dry run without reasons cannot be told apart from real work and is not current."""
+    if ninja_no_work(text):
+        return True
+    reasons = [x for x in text.splitlines() if x.startswith("ninja explain: ") and not x.endswith(" is dirty")]
+    return bool(reasons) and all(CUSTOM_TARGET.match(x) for x in reasons)
+
+
 def ninja_no_work(text: str) -> bool:
     """Ninja's own verdict that a target is current: 'ninja: no work to do.' (with -n, nothing runs;
     a dry run with work to do prints the steps, link lines included, without running them)."""

@@ -33,7 +33,7 @@ class BenchRow:
     n_depth: int         # 0 when the build has no depth
     avg_ts: float        # tokens per second, mean
     stddev_ts: float
-    samples_ts: tuple[float, ...]   # empty where the format has none (md)
+    samples_ts: tuple[float, ...]   # empty where the format has none (md, csv)
     model_type: str | None
     backend: str | None
     n_gpu_layers: int | None
@@ -103,6 +103,11 @@ def _num(v, kind=float):
         return None
 
 
+def _commit(v: str | None) -> str | None:
+    """The build's commit; a tree built without git says "unknown" (llama_commit()): None."""
+    return None if not v or v == "unknown" else v
+
+
 def _test_name(n_prompt: int, n_gen: int, n_depth: int) -> str:
     """The md printer's test name (markdown_printer::print_test)."""
     name = f"pp{n_prompt}" if n_gen == 0 else f"tg{n_gen}" if n_prompt == 0 else f"pp{n_prompt}+tg{n_gen}"
@@ -115,15 +120,13 @@ def _row(d: dict, samples: tuple[float, ...]) -> BenchRow:
     return BenchRow(test=_test_name(n_prompt, n_gen, n_depth), n_prompt=n_prompt, n_gen=n_gen, n_depth=n_depth,
                     avg_ts=float(d["avg_ts"]), stddev_ts=float(d.get("stddev_ts") or 0.0), samples_ts=samples,
                     model_type=d.get("model_type") or None, backend=d.get("backends") or d.get("backend") or None,
-                    n_gpu_layers=ngl, build_commit=d.get("build_commit") or None)
+                    n_gpu_layers=ngl, build_commit=_commit(d.get("build_commit")))
 
 
 def _samples(v) -> tuple[float, ...]:
     if isinstance(v, list):
         return tuple(float(x) for x in v)
-    if isinstance(v, str):  # csv has no samples; kept for a build that prints them as text
-        return tuple(float(x) for x in re.findall(r"[-+0-9.eE]+", v))
-    return ()
+    return ()  # csv prints no samples
 
 
 def _json(text: str) -> list[BenchRow]:
@@ -190,5 +193,6 @@ def _md(text: str) -> list[BenchRow]:
         out.append(BenchRow(test=cells["test"], n_prompt=n_prompt, n_gen=n_gen, n_depth=int(m["d"] or 0),
                             avg_ts=float(ts["avg"]), stddev_ts=float(ts["sd"]), samples_ts=(),
                             model_type=cells.get("model") or None, backend=cells.get("backend") or None,
-                            n_gpu_layers=_num(cells.get("ngl"), int), build_commit=build.group(1) if build else None))
+                            n_gpu_layers=_num(cells.get("ngl"), int),
+                            build_commit=_commit(build.group(1) if build else None)))
     return out

@@ -182,13 +182,18 @@ def installed(ctx) -> dict:
             if (src / ".git").is_dir() else None
         source = {"path": str(src), "head": head or None}
     res: dict = {"log": str(log) if log else None, "source": source, "cuda_enabled": p.engine.cuda}
-    if log and p.engine.recipe == "ninfer":
+    if log and p.engine.recipe in ("ninfer", "llamacpp"):
         cache = src / "build/CMakeCache.txt"
         res["cmake_cache"] = str(cache) if cache.is_file() else None
-        res["up_to_date"] = _up_to_date(ctx, src / "build", "ninfer-serve")
-        res["criteria"] = pb.ninfer_criteria(log.read_text(errors="replace"),
-                                             pb.cmake_cache(cache.read_text(errors="replace")) if cache.is_file()
-                                             else None, res["up_to_date"])
+        cached = pb.cmake_cache(cache.read_text(errors="replace")) if cache.is_file() else None
+        text = log.read_text(errors="replace")
+        if p.engine.recipe == "ninfer":
+            res["up_to_date"] = _up_to_date(ctx, src / "build", ["ninfer-serve"])
+            res["criteria"] = pb.ninfer_criteria(text, cached, res["up_to_date"])
+        else:  # llama.cpp: a no-op rebuild still runs its UI-assets step, so Ninja never says "no work to do"
+            targets = tuple(p.engine.targets) or pb.LLAMACPP_TARGETS
+            res["up_to_date"] = _up_to_date(ctx, src / "build", list(targets), pb.ninja_current, ("-d", "explain"))
+            res["criteria"] = pb.llamacpp_criteria(text, cached, res["up_to_date"], p.engine.cuda, targets)
     exe = host.path(binary(p))
     res["binary"] = _binary(ctx, exe)
     if exe.is_file():
@@ -310,13 +315,13 @@ def measure(ctx) -> dict:
     return {"engine_build": {**built, **{k: v for k, v in now.items() if k != "source"}}}
 
 
-def _up_to_date(ctx, build_dir: Path, target: str) -> bool:
-    """Ninja's dry run (-n: nothing runs) says the target is current with its sources and flags."""
+def _up_to_date(ctx, build_dir: Path, targets: list[str], current=pb.ninja_no_work, more: tuple[str, ...] = ()) -> bool:
+    """Ninja's dry run (-n: nothing runs) says the targets are current with their sources and flags."""
     if not (build_dir / "build.ninja").is_file():
         return False
-    r = ctx.host.runner.run(["cmake", "--build", str(build_dir), "--target", target, "--", "-n"], check=False,
-                            env=_env(ctx), timeout=600)
-    return r.returncode == 0 and pb.ninja_no_work(r.stdout)
+    r = ctx.host.runner.run(["cmake", "--build", str(build_dir), "--target", *targets, "--", "-n", *more],
+                            check=False, env=_env(ctx), timeout=600)
+    return r.returncode == 0 and current(r.stdout + r.stderr)
 
 
 def _binary(ctx, exe: Path) -> dict:

@@ -38,6 +38,18 @@ CAUSES = (
     ("unknown option", "a flag the engine does not know: check serve.flags"),
     ("Permission denied", "the engine's user may not read or enter a path it needs: see service.user_access"),
     ("cannot open artifact", "the model artifact is missing: see the model stage"),
+    # llama-server's own start failures (tests/fixtures/llamacpp/server-start: common/arg.cpp, server-http.cpp,
+    # server.cpp): each exits 1 with the line on stderr
+    ("the argument has been removed", "a serve flag this llama-server no longer accepts: its line names what "
+                                      "replaced it; rename it in serve.flags"),
+    ("error: invalid argument: ", "a flag this llama-server does not know (its line names it): remove or rename it in "
+                                  "serve.flags, or build the engine commit that has it"),
+    ("couldn't bind HTTP server socket", "the port is taken: another process listens on the address and port the "
+                                         "profile gives (serve.host, serve.port; `ss -ltnp`): stop it or choose "
+                                         "another serve.port"),
+    ("exiting due to model loading error", "llama-server could not load the model file: missing, unreadable by the "
+                                           "engine's user, or not a GGUF file this build reads; see the model stage "
+                                           "(model.output)"),
 )
 
 
