@@ -11,6 +11,9 @@ import sys
 from pathlib import Path
 
 STATE = ".p2pkit-sim/state.json"  # p2pkit.host.SIM_MARKER
+# a file naming stand-ins (one a line) that hang as a wedged driver makes nvidia-smi hang: they
+# sleep until they are killed (a test of every caller's limit)
+HANG = ".p2pkit-sim/hang"
 
 LEGEND_P2P = """
 Legend:
@@ -63,7 +66,20 @@ def main(name: str, args: list[str]) -> int:
         raise SystemExit(f"SIMULATED stand-in for {name} is out of date: lay the host out again "
                          "(`p2pkit sim init --force DIR`)")
     root = sim_root()
+    hang(root, name)
     return fn(root, load_state(root), args)
+
+
+def hang(root: Path, name: str) -> None:
+    """Sleep until killed when <root>/.p2pkit-sim/hang names this stand-in."""
+    import time
+
+    try:
+        names = (root / HANG).read_text().split()
+    except OSError:
+        return
+    while name in names:
+        time.sleep(3600)
 
 
 # ---------------------------------------------------------------------------------------- modules
