@@ -186,10 +186,12 @@ def user_ready(host: Host) -> bool:
     return {"video", "render"} <= member
 
 
-def poll(probe, timeout: float, *, alive=None, interval: float = 0.25, note=None, every: float = 5.0) -> dict:
-    """Call probe() until it returns a result (a dict), alive() says the thing waited on is gone, or
-    the timeout passes; note(elapsed) every `every` seconds meanwhile. The result carries ok and
-    seconds (and exited when it did not succeed)."""
+def poll(probe, timeout: float, *, alive=None, interval: float = 0.25, note=None, every: float = 5.0,
+         stalled=None) -> dict:
+    """Call probe() until it returns a result (a dict), alive() says the thing waited on is gone,
+    stalled() says why it makes no progress, or the timeout passes; note(elapsed) every `every`
+    seconds meanwhile. The result carries ok and seconds (and exited, and stalled, when it did not
+    succeed)."""
     t0 = time.monotonic()
     last_note = t0
     while True:
@@ -199,6 +201,9 @@ def poll(probe, timeout: float, *, alive=None, interval: float = 0.25, note=None
             return {"ok": True, "seconds": round(elapsed, 2), **found}
         if alive is not None and not alive():
             return {"ok": False, "seconds": round(elapsed, 2), "exited": True}
+        why = stalled() if stalled is not None else None
+        if why:
+            return {"ok": False, "seconds": round(elapsed, 2), "exited": False, "stalled": why}
         if elapsed > timeout:
             return {"ok": False, "seconds": round(elapsed, 2), "exited": False}
         if note is not None and time.monotonic() - last_note >= every:
@@ -259,30 +264,87 @@ def unit_alive(host: Host) -> bool:
     return _systemctl(host, "is-active", UNIT).stdout.strip() in ("active", "activating")
 
 
-def wait_health(ctx, url: str, timeout: float, alive=None) -> dict:
-    """Poll /health until 200, the server dies, or the timeout; progress every 5 s while loading."""
+class Progress:
+    """Whether a loading engine moves: the CPU time its process and its descendants used grew
+    (/proc/PID/stat utime+stime, through the host root), or /health answered something new. A
+    stopped process (state T) makes no progress at once; no progress for `limit` seconds is a stall."""
+
+    def __init__(self, host: Host, limit: float, pid_of=None, every: float = 1.0):
+        self.host, self.limit, self.every = host, limit, every
+        self.pid_of = pid_of or (lambda: main_pid(host))
+        self.pid: int | None = None
+        self.ticks: int | None = None
+        self.answer: object = None
+        self.since = time.monotonic()
+        self.checked = self.since - every  # the first call reads the process at once: its baseline
+        self.moved = "nothing yet"
+        self.seen_pid = False
+
+    def saw(self, code: int | None, body: bytes) -> None:
+        """/health's answer now (its code and body): a change is progress."""
+        if (code, body) != self.answer:
+            self.answer, self.since, self.moved = (code, body), time.monotonic(), "/health answered anew"
+
+    def stalled(self) -> str | None:
+        now = time.monotonic()
+        if now - self.checked < self.every:
+            return None
+        self.checked = now
+        cpu = system.process_cpu(self.host, self.pid) if self.pid else None
+        if cpu is None:  # not found yet, or restarted: ask for the main PID again
+            self.pid = self.pid_of()
+            cpu = system.process_cpu(self.host, self.pid) if self.pid else None
+            self.ticks = None
+        if cpu is None:
+            return None  # no process to judge: alive() tells a gone engine
+        if cpu["state"] in ("T", "t"):
+            return (f"no progress: pid {self.pid} is stopped (state {cpu['state']} in /proc/{self.pid}/stat); "
+                    "something sent it SIGSTOP")
+        if self.ticks is not None and cpu["cpu_ticks"] > self.ticks:
+            self.since, self.moved = now, "used CPU time"
+        elif self.ticks is None and self.seen_pid:  # a new main PID (restarted): a fresh start
+            self.since, self.moved = now, "started again"
+        self.seen_pid = True
+        self.ticks = cpu["cpu_ticks"]
+        if now - self.since > self.limit:
+            return (f"no progress for {now - self.since:.0f} s (serve.stall_timeout_s = {self.limit:g}): pid "
+                    f"{self.pid} used no CPU time and /health answered the same "
+                    f"({(self.answer or (None,))[0] or 'no answer'})")
+        return None
+
+    def said(self) -> str:
+        quiet = time.monotonic() - self.since
+        return f"loading: {self.moved} {quiet:.0f} s ago" if quiet >= 2 else f"loading: {self.moved}"
+
+
+def wait_health(ctx, url: str, timeout: float, alive=None, stall: float | None = None) -> dict:
+    """Poll /health until 200, the server dies, it makes no progress for serve.stall_timeout_s
+    (`stall`), or the timeout; every 5 s it says whether loading moves."""
     import urllib.error  # here: a read-only command (status) does not pay for urllib
     import urllib.request
 
     codes: list[int] = []
     now: dict = {"code": None}
+    progress = Progress(ctx.host, ctx.profile.serve.stall_timeout_s if stall is None else stall)
 
     def probe():
-        code = None
+        code, body = None, ""
         try:
             with urllib.request.urlopen(url, timeout=2) as r:
-                code = r.status
+                code, body = r.status, r.read(4096)
         except urllib.error.HTTPError as e:
-            code = e.code
+            code, body = e.code, e.read(4096) if e.fp is not None else b""
         except (OSError, ValueError):
             code = None
         now["code"] = code
+        progress.saw(code, body)
         if code is not None and (not codes or codes[-1] != code):
             codes.append(code)
         return {} if code == 200 else None
 
-    res = poll(probe, timeout, alive=alive or (lambda: unit_alive(ctx.host)), note=lambda elapsed: ctx.out.step(
-        "service", f"waiting for {url}: {now['code'] or 'no answer'} after {elapsed:.0f} s (model loading)"))
+    res = poll(probe, timeout, alive=alive or (lambda: unit_alive(ctx.host)), stalled=progress.stalled,
+               note=lambda elapsed: ctx.out.step("service", f"waiting for {url}: {now['code'] or 'no answer'} after "
+                                                            f"{elapsed:.0f} s ({progress.said()})"))
     return {**res, "codes": codes}
 
 
