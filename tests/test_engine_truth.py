@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import make_sim, p2pkit_proc
+from conftest import FIXTURES, make_sim, p2pkit_proc
 
 from p2pkit import config, pipeline, runner
 from p2pkit.artifacts import Store
@@ -181,3 +181,33 @@ def test_stall_timeout_is_typed_and_ranged():
         with pytest.raises(P2pkitError) as e:
             config.load("dual-5090-ninfer", (f"serve.stall_timeout_s={bad}",))
         assert e.value.code == Exit.USAGE and "stall_timeout_s" in e.value.message
+
+
+# a real NCCL channel line (NVIDIA/nccl#1817, tests/fixtures/field/README.md)
+NCCL_LINE = next(ln for ln in (FIXTURES / "field/nccl_p2p_direct_nccl1817.txt").read_text().splitlines()
+                 if "NCCL INFO Channel" in ln)
+
+
+@pytest.mark.parametrize("manager", ["systemd", "launcher"])
+def test_the_proof_reads_the_lines_of_its_start_after_40_requests(sim, manager):
+    # the mark is taken before the start; then the start's lines (NCCL's channel), then 40 requests'
+    # worth of lines (llama-server logs about a dozen a request): the proof still finds the start's
+    root = sim("healthy")
+    prof = config.load("dual-5090-ninfer", (f"serve.manager={manager}",))
+    store = Store(root / "var/lib/p2pkit")
+    store.ensure()
+    ctx = pipeline.Ctx(profile=prof, host=Host.at(root), store=store, out=Output())
+    log = (root / "var/log/p2pkit/p2pkit-engine.service.log" if manager == "systemd"
+           else store.dir / "logs/engine-launcher.log")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("an earlier start: via NET/Socket\n")
+    mark = svc.log_mark(ctx)
+    with log.open("a") as fh:
+        fh.write(f"loading model\n{NCCL_LINE}\nlistening on 127.0.0.1:12435\n")
+        fh.writelines(f"[req {i}] line {j}\n" for i in range(40) for j in range(12))
+    lines = svc.start_lines(ctx.host, mark)
+    assert lines[0] == "loading model" and svc.nccl_transports(lines) == svc.nccl_transports([NCCL_LINE]) != []
+    assert len(lines) == 3 + 40 * 12
+    assert NCCL_LINE not in svc.start_lines(ctx.host, None)  # the last 400 lines: what was read before
+    ctx.options["acted"] = {"log_from": mark}
+    assert svc.judged_mark(ctx) == mark

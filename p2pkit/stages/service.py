@@ -13,6 +13,7 @@ from pathlib import Path
 
 from p2pkit import config, engine_cmd, engine_env, secrets, writers
 from p2pkit.ansible import render
+from p2pkit.artifacts import CorruptArtifact
 from p2pkit.checks import fit
 from p2pkit.errors import Exit, P2pkitError
 from p2pkit.host import Host, access, engine_api, nvml, system
@@ -83,15 +84,20 @@ def act(ctx) -> dict:
     if p.engine.recipe == "llamacpp":
         acted["flags_checked"] = flags_accepted(ctx)
     v = service_vars(ctx)
+    mark = log_mark(ctx)
     if service_launcher.manager(ctx) == "launcher":  # systemd is not PID 1 here
         acted.update(service_launcher.act(ctx, v, env_file=ENV_FILE, secrets_file=SECRETS_FILE, user=SERVICE_USER,
                                           user_missing=not ctx.host.simulated and not user_ready(ctx.host)))
         acted["started_at"] = time.time()
+        if acted.get("launcher", {}).get("started") is not False:
+            acted["log_from"] = mark
         return acted
     todo, known = service_work(ctx, v)
     acted.update(work.run_if_work(ctx, "service", v, todo, known, files_var="p2pkit_service_files",
                                   todo_var="p2pkit_service_todo"))
     acted["started_at"] = time.time()
+    if todo["start"] or known["restart"]:  # the lines after the mark are this start's
+        acted["log_from"] = mark
     return acted
 
 
@@ -396,6 +402,46 @@ def listening(p, pid: int | None) -> dict:
     return out
 
 
+def log_mark(ctx) -> dict | None:
+    """Where the engine's log ends now, taken before a start, so that the proof reads that start's
+    lines however long the log grows after it (a bench of 40 requests): the journal's cursor
+    (`journalctl -n 0 --show-cursor`), or the byte size of the launcher's log where systemd is not
+    PID 1. None when neither can be read (the proof then reads the log's last lines)."""
+    if service_launcher.manager(ctx) == "launcher":
+        path = ctx.store.dir / service_launcher.LOG
+        return {"file": str(path), "offset": path.stat().st_size if path.is_file() else 0}
+    r = ctx.host.runner.run(["journalctl", "-n", "0", "--show-cursor", "--no-pager"], check=False)
+    m = re.search(r"^-- cursor: (\S+)", r.stdout, re.M)
+    return {"cursor": m.group(1)} if m else None
+
+
+def start_lines(host: Host, mark: dict | None, n: int = 400) -> list[str]:
+    """The engine's log lines from `mark` on (all of them: those of the start it was taken before),
+    or without a mark its last n lines."""
+    if not mark:
+        return logs(host, n)
+    if "file" in mark:
+        try:
+            with open(mark["file"], "rb") as fh:
+                fh.seek(int(mark["offset"]))
+                return fh.read().decode(errors="replace").splitlines()
+        except OSError:
+            return []
+    r = host.runner.run(["journalctl", "-u", UNIT, "--after-cursor", mark["cursor"], "--no-pager"], check=False)
+    return [ln for ln in r.stdout.splitlines() if ln != "-- No entries --"]
+
+
+def judged_mark(ctx) -> dict | None:
+    """The log mark of the start this proof judges: this run's act, or the service artifact's (verify)."""
+    acted = ctx.options.get("acted")
+    if acted is None:
+        try:
+            acted = (ctx.store.read("service") or {}).get("acted") or {}
+        except CorruptArtifact:  # no mark: the log's tail
+            acted = {}
+    return acted.get("log_from")
+
+
 def logs(host: Host, n: int = 30) -> list[str]:
     if service_launcher.launched(host):
         return service_launcher.logs(host, n)
@@ -406,8 +452,10 @@ def logs(host: Host, n: int = 30) -> list[str]:
 def wait_joined(ctx, timeout: float) -> dict:
     """A headless worker serves no /health: it has joined when NCCL's channel lines show its
     communicator formed with the head (or it died, or the timeout passed)."""
+    mark = judged_mark(ctx)
+
     def probe():
-        line = joined_line(logs(ctx.host, 400))
+        line = joined_line(start_lines(ctx.host, mark))
         return {"line": line} if line else None
 
     return poll(probe, timeout, alive=lambda: unit_alive(ctx.host))
@@ -459,15 +507,18 @@ def measure(ctx) -> dict:
         with ctx.out.working("[service] one real completion (the first decode, P19)"):
             res["first_completion"] = first_completion(ctx)
         res["first_completion"]["alive_after"] = unit_alive(host)
-    res["log_tail"] = logs(host)
+    mark = judged_mark(ctx)
+    lines = start_lines(host, mark)  # this start's lines, however many requests came after it
+    res["log_from"] = mark
+    res["log_tail"] = lines[-30:]
     if p.network.require_roce or role != "single":
-        res["nccl_transports"] = nccl_transports(logs(host, 400))
+        res["nccl_transports"] = nccl_transports(lines)
     if health.get("ok"):
         res["vram_after"] = vram_after(host)  # P18: the headroom the running engine left
     table = p.serve.env.get("VLLM_PLE_MMAP_DIR")
     if table and pid:  # P26: the n-gram table mapped with MADV_RANDOM in the running engine
         res["table_maps"] = system.mapped_under(host, pid, str(table))
-    text = "\n".join(res["log_tail"])
+    text = "\n".join(lines)
     res["likely_cause"] = next((c for needle, c in CAUSES if needle in text), None)
     res["user_access"] = user_access(ctx)
     return {"service": res}
