@@ -195,6 +195,8 @@ class Serve:
     port: int = f(12435, lo=1, hi=65535)
     allow_public: bool = f(False)
     health_timeout_s: float = f(900.0, lo=1, hi=7200, expect="seconds to wait for /health while the model loads")
+    stall_timeout_s: float = f(60.0, lo=1, hi=7200, expect="seconds the engine may make no progress while it loads "
+                               "(no CPU time used, /health's answer unchanged) before the wait for /health fails")
     vram_headroom_gib: float = f(2.0, lo=0, hi=256, expect="GiB of VRAM each GPU keeps free beyond the weights, "
                                  "the KV cache and the draft layers (compute buffers, CUDA context; P18)")
     security_max_exposure: float = f(5.0, lo=0, hi=10, expect="the highest `systemd-analyze security` exposure")

@@ -63,6 +63,9 @@ def section_digests(profile: Profile, stage: Stage) -> dict[str, str]:
 
 # ---------------------------------------------------------------------------------------- evaluate
 
+STATUS_COMMAND_S = 3.0  # the longest `status` waits on any one command it runs (each has its own, longer, limit)
+
+
 def evaluate(ctx: Ctx, recheck: bool = True) -> list[StageState]:
     states: list[StageState] = []
     prev: StageState | None = None

@@ -78,7 +78,7 @@ class CommandTimeout(CommandError):
     def __init__(self, argv: list[str], timeout: float, elapsed: float, stdout: str, stderr: str):
         super().__init__(argv, -1, stdout, stderr)
         name = os.path.basename(argv[0])
-        self.message = (f"{name} did not answer in {timeout:g} s (`{shlex.join(argv)}` was killed after "
+        self.message = (f"{name} did not answer within {timeout:g} s (`{shlex.join(argv)}` was killed after "
                         f"{elapsed:.1f} s)")
         self.args = (self.message,)
         self.hint = (f"find out why {name} hangs (a wedged driver makes nvidia-smi hang for minutes); if it is "
@@ -167,6 +167,8 @@ class _LogSink:
 class Runner:
     root: Path = Path("/")
     extra_env: dict[str, str] = field(default_factory=dict)
+    # a bound over every command's own limit: a read-only report (status) waits on no command longer
+    cap_s: float | None = None
 
     def path_env(self) -> str:
         base = os.environ.get("PATH", "/usr/bin:/bin")
@@ -211,6 +213,8 @@ class Runner:
             full_env.update(env)
         token = full_env[children.TOKEN] = children.new_token()
         limit = timeout_for(argv[0], timeout)
+        if self.cap_s is not None:
+            limit = min(limit, self.cap_s)
         log.debug("run (timeout %g s): %s", limit, redact(shlex.join(argv)))
         start = time.monotonic()
         pipe = subprocess.PIPE if capture else None

@@ -50,7 +50,7 @@ def test_a_hung_nvidia_smi_is_a_finding_within_its_timeout(tmp_path, monkeypatch
     got = smi.topo_m(Host.at(tmp_path))
     took = time.monotonic() - t0
     assert took < 8, f"nvidia-smi hung p2pkit for {took:.0f} s"
-    assert got["error"].startswith("nvidia-smi did not answer in 1 s"), got
+    assert got["error"].startswith("nvidia-smi did not answer within 1 s"), got
     assert _wait(lambda: not _alive(int(pidfile.read_text()))), "the stand-in's child outlived the timeout"
 
 

@@ -69,8 +69,13 @@ def check(f: dict, p: Profile) -> list[Check]:
         out.append(Check("service.health", "/health answers 200", PASS, f"200 after {h['seconds']} s "
                          f"(codes seen: {h['codes']})", 200))
     else:
-        why = gone(s.get("log_tail", [])) if h.get("exited") else f"no 200 within {h['seconds']} s"
-        if s.get("role") == "head" and not h.get("exited") and not cause:
+        why = gone(s.get("log_tail", [])) if h.get("exited") else h.get("stalled") or f"no 200 within {h['seconds']} s"
+        if h.get("stalled") and "state T" in h["stalled"]:
+            hint, pit = "something stopped the engine (SIGSTOP): `kill -CONT` its pid, or `p2pkit serve restart`", ""
+        elif h.get("stalled") and not cause:
+            hint, pit = ("the engine hangs while loading: read `p2pkit serve logs` for its last step, then "
+                         "`p2pkit serve restart`; a slow load that moves gets longer with serve.stall_timeout_s", "")
+        elif s.get("role") == "head" and not h.get("exited") and not cause:
             hint, pit = ("the head answers /health only once every worker node has joined: bring the workers up "
                          "(`p2pkit up` on each, or one inventory run for all nodes)", "P27")
         else:

@@ -192,6 +192,7 @@ def status(
     if inventory is not None:
         _inventory(inventory, "status", ["status"], wheel)
     ctx = common.context()
+    ctx.host.runner.cap_s = pipeline.STATUS_COMMAND_S  # a hung nvidia-smi or systemctl: "could not check", no wait
     states = pipeline.evaluate(ctx, recheck=True)
     code = Exit.OK if all(s.state == pipeline.DONE for s in states) else Exit.CHECK_FAILED
     spent = hoststate.reboot_budget(ctx.store.dir, exhausted=True)

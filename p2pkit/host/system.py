@@ -208,6 +208,34 @@ def service_main_pid(host: Host, unit: str = ENGINE_UNIT, timeout: float | None 
     return int(v) if v.isdigit() and int(v) > 0 else None
 
 
+def process_cpu(host: Host, pid: int) -> dict | None:
+    """The process's state letter and the CPU time (clock ticks) it and its descendants used, from
+    /proc/PID/stat and /proc/PID/task/*/children; None when it is gone."""
+    try:
+        text = host.path(f"/proc/{pid}/stat").read_text()
+        state, ticks = ps.proc_stat_state(text), ps.proc_stat_cpu_ticks(text)
+    except (OSError, ValueError, IndexError):
+        return None
+    todo, seen = [pid], {pid}
+    while todo:  # an engine's workers (vLLM's engine core, llama.cpp's none) load too
+        p = todo.pop()
+        for kids in host.path(f"/proc/{p}/task").glob("*/children"):
+            try:
+                found = [int(x) for x in kids.read_text().split()]
+            except (OSError, ValueError):
+                continue
+            for c in found:
+                if c in seen:
+                    continue
+                seen.add(c)
+                todo.append(c)
+                try:
+                    ticks += ps.proc_stat_cpu_ticks(host.path(f"/proc/{c}/stat").read_text())
+                except (OSError, ValueError, IndexError):
+                    pass
+    return {"state": state, "cpu_ticks": ticks, "processes": len(seen)}
+
+
 def process_state(host: Host, pid: int) -> str | None:
     """The process's state letter from /proc/PID/stat (T: stopped), or None when it is gone."""
     try:

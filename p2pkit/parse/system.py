@@ -236,6 +236,12 @@ def proc_stat_state(text: str) -> str:
     return text[text.rindex(")") + 1:].split()[0]
 
 
+def proc_stat_cpu_ticks(text: str) -> int:
+    """utime + stime of /proc/PID/stat (fields 14 and 15, in clock ticks): the CPU time the process used."""
+    fields = text[text.rindex(")") + 1:].split()  # fields[0] is field 3 (the state)
+    return int(fields[11]) + int(fields[12])
+
+
 def modules_dep_paths(text: str) -> list[str]:
     """The module paths modules.dep maps (relative to /lib/modules/<kernel>), in order."""
     return [ln.split(":", 1)[0].strip() for ln in text.splitlines() if ":" in ln and not ln.startswith("#")]

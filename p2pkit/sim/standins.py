@@ -11,6 +11,9 @@ import sys
 from pathlib import Path
 
 STATE = ".p2pkit-sim/state.json"  # p2pkit.host.SIM_MARKER
+# a file naming stand-ins (one a line) that hang as a wedged driver makes nvidia-smi hang: they
+# sleep until they are killed (a test of every caller's limit)
+HANG = ".p2pkit-sim/hang"
 
 LEGEND_P2P = """
 Legend:
@@ -63,7 +66,20 @@ def main(name: str, args: list[str]) -> int:
         raise SystemExit(f"SIMULATED stand-in for {name} is out of date: lay the host out again "
                          "(`p2pkit sim init --force DIR`)")
     root = sim_root()
+    hang(root, name)
     return fn(root, load_state(root), args)
+
+
+def hang(root: Path, name: str) -> None:
+    """Sleep until killed when <root>/.p2pkit-sim/hang names this stand-in."""
+    import time
+
+    try:
+        names = (root / HANG).read_text().split()
+    except OSError:
+        return
+    while name in names:
+        time.sleep(3600)
 
 
 # ---------------------------------------------------------------------------------------- modules
@@ -565,12 +581,27 @@ def systemctl(root: Path, state: dict, args: list[str]) -> int:
 
 
 def journalctl(root: Path, state: dict, args: list[str]) -> int:
-    """journalctl -u UNIT [-n N]: the simulated unit's output."""
+    """journalctl -u UNIT [-n N] [--after-cursor C]: the simulated unit's output; --show-cursor ends
+    it with the journal's cursor (here the size of every unit's log), as `-n 0 --show-cursor` does."""
+    logs = root / "var/log/p2pkit"
     unit = args[args.index("-u") + 1] if "-u" in args else ""
-    n = int(args[args.index("-n") + 1]) if "-n" in args else 50
-    log = root / "var/log/p2pkit" / f"{unit}.log"
-    lines = log.read_text(errors="replace").splitlines()[-n:] if log.is_file() else []
-    print("\n".join(lines) if lines else "-- No entries --")
+    n = int(args[args.index("-n") + 1]) if "-n" in args else None
+    after = args[args.index("--after-cursor") + 1] if "--after-cursor" in args else None
+    log = logs / f"{unit}.log"
+    text = b""
+    if unit and log.is_file():
+        sizes = dict(p.rsplit(":", 1) for p in after.removeprefix("sim-bytes=").split(",") if ":" in p) \
+            if after else {}
+        text = log.read_bytes()[int(sizes.get(log.name, 0)):]
+    lines = text.decode(errors="replace").splitlines()
+    lines = lines[-n:] if n else ([] if n == 0 else lines if after else lines[-50:])
+    if lines:
+        print("\n".join(lines))
+    elif n != 0:
+        print("-- No entries --")
+    if "--show-cursor" in args:
+        sizes = ",".join(f"{f.name}:{f.stat().st_size}" for f in sorted(logs.glob("*.log"))) if logs.is_dir() else ""
+        print(f"-- cursor: sim-bytes={sizes}")
     return 0
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from p2pkit import config, engine_cmd, engine_env, secrets, writers
 from p2pkit.ansible import render
+from p2pkit.artifacts import CorruptArtifact
 from p2pkit.checks import fit
 from p2pkit.errors import Exit, P2pkitError
 from p2pkit.host import Host, access, engine_api, nvml, system
@@ -95,15 +96,20 @@ def act(ctx) -> dict:
     if p.engine.recipe == "llamacpp":
         acted["flags_checked"] = flags_accepted(ctx)
     v = service_vars(ctx)
+    mark = log_mark(ctx)
     if service_launcher.manager(ctx) == "launcher":  # systemd is not PID 1 here
         acted.update(service_launcher.act(ctx, v, env_file=ENV_FILE, secrets_file=SECRETS_FILE, user=SERVICE_USER,
                                           user_missing=not ctx.host.simulated and not user_ready(ctx.host)))
         acted["started_at"] = time.time()
+        if acted.get("launcher", {}).get("started") is not False:
+            acted["log_from"] = mark
         return acted
     todo, known = service_work(ctx, v)
     acted.update(work.run_if_work(ctx, "service", v, todo, known, files_var="p2pkit_service_files",
                                   todo_var="p2pkit_service_todo"))
     acted["started_at"] = time.time()
+    if todo["start"] or known["restart"]:  # the lines after the mark are this start's
+        acted["log_from"] = mark
     return acted
 
 
@@ -198,10 +204,12 @@ def user_ready(host: Host) -> bool:
     return {"video", "render"} <= member
 
 
-def poll(probe, timeout: float, *, alive=None, interval: float = 0.25, note=None, every: float = 5.0) -> dict:
-    """Call probe() until it returns a result (a dict), alive() says the thing waited on is gone, or
-    the timeout passes; note(elapsed) every `every` seconds meanwhile. The result carries ok and
-    seconds (and exited when it did not succeed)."""
+def poll(probe, timeout: float, *, alive=None, interval: float = 0.25, note=None, every: float = 5.0,
+         stalled=None) -> dict:
+    """Call probe() until it returns a result (a dict), alive() says the thing waited on is gone,
+    stalled() says why it makes no progress, or the timeout passes; note(elapsed) every `every`
+    seconds meanwhile. The result carries ok and seconds (and exited, and stalled, when it did not
+    succeed)."""
     t0 = time.monotonic()
     last_note = t0
     while True:
@@ -211,6 +219,9 @@ def poll(probe, timeout: float, *, alive=None, interval: float = 0.25, note=None
             return {"ok": True, "seconds": round(elapsed, 2), **found}
         if alive is not None and not alive():
             return {"ok": False, "seconds": round(elapsed, 2), "exited": True}
+        why = stalled() if stalled is not None else None
+        if why:
+            return {"ok": False, "seconds": round(elapsed, 2), "exited": False, "stalled": why}
         if elapsed > timeout:
             return {"ok": False, "seconds": round(elapsed, 2), "exited": False}
         if note is not None and time.monotonic() - last_note >= every:
@@ -271,30 +282,87 @@ def unit_alive(host: Host) -> bool:
     return _systemctl(host, "is-active", UNIT).stdout.strip() in ("active", "activating")
 
 
-def wait_health(ctx, url: str, timeout: float, alive=None) -> dict:
-    """Poll /health until 200, the server dies, or the timeout; progress every 5 s while loading."""
+class Progress:
+    """Whether a loading engine moves: the CPU time its process and its descendants used grew
+    (/proc/PID/stat utime+stime, through the host root), or /health answered something new. A
+    stopped process (state T) makes no progress at once; no progress for `limit` seconds is a stall."""
+
+    def __init__(self, host: Host, limit: float, pid_of=None, every: float = 1.0):
+        self.host, self.limit, self.every = host, limit, every
+        self.pid_of = pid_of or (lambda: main_pid(host))
+        self.pid: int | None = None
+        self.ticks: int | None = None
+        self.answer: object = None
+        self.since = time.monotonic()
+        self.checked = self.since - every  # the first call reads the process at once: its baseline
+        self.moved = "nothing yet"
+        self.seen_pid = False
+
+    def saw(self, code: int | None, body: bytes) -> None:
+        """/health's answer now (its code and body): a change is progress."""
+        if (code, body) != self.answer:
+            self.answer, self.since, self.moved = (code, body), time.monotonic(), "/health answered anew"
+
+    def stalled(self) -> str | None:
+        now = time.monotonic()
+        if now - self.checked < self.every:
+            return None
+        self.checked = now
+        cpu = system.process_cpu(self.host, self.pid) if self.pid else None
+        if cpu is None:  # not found yet, or restarted: ask for the main PID again
+            self.pid = self.pid_of()
+            cpu = system.process_cpu(self.host, self.pid) if self.pid else None
+            self.ticks = None
+        if cpu is None:
+            return None  # no process to judge: alive() tells a gone engine
+        if cpu["state"] in ("T", "t"):
+            return (f"no progress: pid {self.pid} is stopped (state {cpu['state']} in /proc/{self.pid}/stat); "
+                    "something sent it SIGSTOP")
+        if self.ticks is not None and cpu["cpu_ticks"] > self.ticks:
+            self.since, self.moved = now, "used CPU time"
+        elif self.ticks is None and self.seen_pid:  # a new main PID (restarted): a fresh start
+            self.since, self.moved = now, "started again"
+        self.seen_pid = True
+        self.ticks = cpu["cpu_ticks"]
+        if now - self.since > self.limit:
+            return (f"no progress for {now - self.since:.0f} s (serve.stall_timeout_s = {self.limit:g}): pid "
+                    f"{self.pid} used no CPU time and /health answered the same "
+                    f"({(self.answer or (None,))[0] or 'no answer'})")
+        return None
+
+    def said(self) -> str:
+        quiet = time.monotonic() - self.since
+        return f"loading: {self.moved} {quiet:.0f} s ago" if quiet >= 2 else f"loading: {self.moved}"
+
+
+def wait_health(ctx, url: str, timeout: float, alive=None, stall: float | None = None) -> dict:
+    """Poll /health until 200, the server dies, it makes no progress for serve.stall_timeout_s
+    (`stall`), or the timeout; every 5 s it says whether loading moves."""
     import urllib.error  # here: a read-only command (status) does not pay for urllib
     import urllib.request
 
     codes: list[int] = []
     now: dict = {"code": None}
+    progress = Progress(ctx.host, ctx.profile.serve.stall_timeout_s if stall is None else stall)
 
     def probe():
-        code = None
+        code, body = None, ""
         try:
             with urllib.request.urlopen(url, timeout=2) as r:
-                code = r.status
+                code, body = r.status, r.read(4096)
         except urllib.error.HTTPError as e:
-            code = e.code
+            code, body = e.code, e.read(4096) if e.fp is not None else b""
         except (OSError, ValueError):
             code = None
         now["code"] = code
+        progress.saw(code, body)
         if code is not None and (not codes or codes[-1] != code):
             codes.append(code)
         return {} if code == 200 else None
 
-    res = poll(probe, timeout, alive=alive or (lambda: unit_alive(ctx.host)), note=lambda elapsed: ctx.out.step(
-        "service", f"waiting for {url}: {now['code'] or 'no answer'} after {elapsed:.0f} s (model loading)"))
+    res = poll(probe, timeout, alive=alive or (lambda: unit_alive(ctx.host)), stalled=progress.stalled,
+               note=lambda elapsed: ctx.out.step("service", f"waiting for {url}: {now['code'] or 'no answer'} after "
+                                                            f"{elapsed:.0f} s ({progress.said()})"))
     return {**res, "codes": codes}
 
 
@@ -346,6 +414,46 @@ def listening(p, pid: int | None) -> dict:
     return out
 
 
+def log_mark(ctx) -> dict | None:
+    """Where the engine's log ends now, taken before a start, so that the proof reads that start's
+    lines however long the log grows after it (a bench of 40 requests): the journal's cursor
+    (`journalctl -n 0 --show-cursor`), or the byte size of the launcher's log where systemd is not
+    PID 1. None when neither can be read (the proof then reads the log's last lines)."""
+    if service_launcher.manager(ctx) == "launcher":
+        path = ctx.store.dir / service_launcher.LOG
+        return {"file": str(path), "offset": path.stat().st_size if path.is_file() else 0}
+    r = ctx.host.runner.run(["journalctl", "-n", "0", "--show-cursor", "--no-pager"], check=False)
+    m = re.search(r"^-- cursor: (\S+)", r.stdout, re.M)
+    return {"cursor": m.group(1)} if m else None
+
+
+def start_lines(host: Host, mark: dict | None, n: int = 400) -> list[str]:
+    """The engine's log lines from `mark` on (all of them: those of the start it was taken before),
+    or without a mark its last n lines."""
+    if not mark:
+        return logs(host, n)
+    if "file" in mark:
+        try:
+            with open(mark["file"], "rb") as fh:
+                fh.seek(int(mark["offset"]))
+                return fh.read().decode(errors="replace").splitlines()
+        except OSError:
+            return []
+    r = host.runner.run(["journalctl", "-u", UNIT, "--after-cursor", mark["cursor"], "--no-pager"], check=False)
+    return [ln for ln in r.stdout.splitlines() if ln != "-- No entries --"]
+
+
+def judged_mark(ctx) -> dict | None:
+    """The log mark of the start this proof judges: this run's act, or the service artifact's (verify)."""
+    acted = ctx.options.get("acted")
+    if acted is None:
+        try:
+            acted = (ctx.store.read("service") or {}).get("acted") or {}
+        except CorruptArtifact:  # no mark: the log's tail
+            acted = {}
+    return acted.get("log_from")
+
+
 def logs(host: Host, n: int = 30) -> list[str]:
     if service_launcher.launched(host):
         return service_launcher.logs(host, n)
@@ -356,8 +464,10 @@ def logs(host: Host, n: int = 30) -> list[str]:
 def wait_joined(ctx, timeout: float) -> dict:
     """A headless worker serves no /health: it has joined when NCCL's channel lines show its
     communicator formed with the head (or it died, or the timeout passed)."""
+    mark = judged_mark(ctx)
+
     def probe():
-        line = joined_line(logs(ctx.host, 400))
+        line = joined_line(start_lines(ctx.host, mark))
         return {"line": line} if line else None
 
     return poll(probe, timeout, alive=lambda: unit_alive(ctx.host))
@@ -409,15 +519,18 @@ def measure(ctx) -> dict:
         with ctx.out.working("[service] one real completion (the first decode, P19)"):
             res["first_completion"] = first_completion(ctx)
         res["first_completion"]["alive_after"] = unit_alive(host)
-    res["log_tail"] = logs(host)
+    mark = judged_mark(ctx)
+    lines = start_lines(host, mark)  # this start's lines, however many requests came after it
+    res["log_from"] = mark
+    res["log_tail"] = lines[-30:]
     if p.network.require_roce or role != "single":
-        res["nccl_transports"] = nccl_transports(logs(host, 400))
+        res["nccl_transports"] = nccl_transports(lines)
     if health.get("ok"):
         res["vram_after"] = vram_after(host)  # P18: the headroom the running engine left
     table = p.serve.env.get("VLLM_PLE_MMAP_DIR")
     if table and pid:  # P26: the n-gram table mapped with MADV_RANDOM in the running engine
         res["table_maps"] = system.mapped_under(host, pid, str(table))
-    text = "\n".join(res["log_tail"])
+    text = "\n".join(lines)
     res["likely_cause"] = next((c for needle, c in CAUSES if needle in text), None)
     res["user_access"] = user_access(ctx)
     return {"service": res}
