@@ -9,8 +9,15 @@ from pathlib import Path
 from p2pkit.host.arch import ARCHES
 from p2pkit.sim import provision
 from p2pkit.sim.render import load_state, render
-from p2pkit.sim.standins import (load_module, loader_next_cmdline, systemctl, write_grub_cfg, write_initramfs,
-                                 write_loader, write_modules_dep)
+from p2pkit.sim.standins import (
+    load_module,
+    loader_next_cmdline,
+    systemctl,
+    write_grub_cfg,
+    write_initramfs,
+    write_loader,
+    write_modules_dep,
+)
 
 
 def init(root: Path, state: dict) -> None:
