@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath
 
 from p2pkit import __version__, hoststate
 from p2pkit.errors import P2pkitError, UsageError
-from p2pkit.host import Host, arch, kmod, nvml, pci, roce, smi, storage, system
+from p2pkit.host import Host, arch, boot, kmod, nvml, pci, roce, smi, storage, system
 from p2pkit.host import field_facts as hfield
 from p2pkit.parse import system as ps
 from p2pkit.secrets import REDACTED, is_secret
@@ -213,6 +213,7 @@ COLLECTORS: dict[str, Callable[[Host], object]] = {
     "tools": system.tools,
     "secure_boot": system.secure_boot,
     "iommu": _iommu,
+    "bootloader": boot.bootloader,
     "disk": _disk,
     "dpkg_nvidia": _dpkg,
     "cgroup": _cgroup,

@@ -222,7 +222,12 @@ def _run_stage(ctx: Ctx, st: Stage, prev_name: str | None, started: str, resumed
         else:
             found, checks = prove(ctx, st)
             pending = st.reboot(found, ctx) if st.reboot is not None else None
-            if pending:
+            again = asked_before(resumed, pending[1]) if pending else set()
+            if again:  # the reboot did not bring them: a failure that names the fix, never another reboot
+                boot_id = resumed["reboot"].get("boot_id", "?")
+                checks = [(st.unapplied(found, c, boot_id) if st.unapplied else replace(c, status=FAIL))
+                          if c.id in again else c for c in checks]
+            elif pending:
                 reboot_why, ids = pending
                 checks = [replace(c, status=PENDING) if c.id in ids else c for c in checks]
     ident = identity(ctx.host)
@@ -254,6 +259,13 @@ def _run_stage(ctx: Ctx, st: Stage, prev_name: str | None, started: str, resumed
         doc["reboot"] = {"boot_id": ident["boot_id"], "why": reboot_why}
     ctx.store.write(st.name, doc)
     return doc
+
+
+def asked_before(resumed: dict | None, ids: list[str]) -> set[str]:
+    """Of the checks a stage asks a reboot for now, those it asked the reboot before this boot for."""
+    if resumed is None:
+        return set()
+    return set(ids) & {c.get("id") for c in resumed.get("checks", []) if c.get("status") == PENDING}
 
 
 def select(start: str | None, stop: str | None) -> list[Stage]:

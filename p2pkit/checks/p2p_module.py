@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from p2pkit.checks import FAIL, PASS, WARN, Check, failed, judge, unknown
 from p2pkit.checks.driver import RESTORE_FIX
 from p2pkit.config import Profile
@@ -136,8 +138,47 @@ def runtime_checks(f: dict, p: Profile) -> list[Check]:
     else:
         out.append(judge("p2p.iommu", "IOMMU mode on the running command line", io["intent"] == p.p2p_module.iommu,
                          f"{io['intent']} ({io['detail']})", p.p2p_module.iommu,
-                         "the GRUB drop-in is written; the kernel command line changes at the next boot: reboot"))
+                         f"{where_set(f.get('bootloader'))}; the kernel command line changes at the next boot: "
+                         "reboot"))
     return out
+
+
+SET_BY = {
+    "grub": "the GRUB drop-in is written and update-grub has run",
+    "systemd-boot": "/etc/kernel/cmdline and the systemd-boot loader entries carry the option",
+    "kernelstub": "kernelstub --add-options has added the option",
+}
+
+
+def where_set(b) -> str:
+    if failed(b) or not isinstance(b, dict):
+        return "the bootloader's configuration is written"
+    return SET_BY.get(b.get("name"), "the bootloader's configuration is written")
+
+
+FIX_BY = {
+    "grub": "GRUB did not boot with what update-grub wrote: check that GRUB boots this box (not another loader "
+            "on the ESP: `efibootmgr -v`), that /boot/grub/grub.cfg's default entry carries the option, and that "
+            "GRUB_DEFAULT in /etc/default/grub picks it; or add the option in the firmware's boot entry by hand",
+    "systemd-boot": "systemd-boot did not boot an entry carrying it: check `bootctl status` (the entry it "
+                    "booted, the default entry) and add the option to that entry's options line, or set "
+                    "`default` in loader/loader.conf to an entry p2pkit changed",
+    "kernelstub": "kernelstub's options did not reach the boot: check `sudo kernelstub --print-config` and the "
+                  "ESP's loader/entries/Pop_OS-current.conf options line, then `sudo kernelstub -a OPTION`",
+}
+
+
+def not_applied(f: dict, c: Check, boot_id: str) -> Check:
+    """A check a reboot was asked for, still failing after that reboot: a failure, not another reboot."""
+    head = f"the reboot (from boot {boot_id[:8]}) did not apply this"
+    if c.id != "p2p.iommu":
+        return replace(c, status=FAIL, hint=f"{head}: {c.hint}")
+    b = f.get("bootloader") if isinstance(f.get("bootloader"), dict) else {}
+    name = b.get("name", "unknown")
+    return replace(c, status=FAIL, measured=f"{c.measured}; the bootloader is {name}",
+                   hint=f"{head}: /proc/cmdline lacks the option the stage set for {name}. "
+                        + FIX_BY.get(name, "set the option by hand in the bootloader that boots this box")
+                        + "; reboot, then run `p2pkit up` again (p2pkit does not reboot for it again)")
 
 
 def check(f: dict, p: Profile) -> list[Check]:

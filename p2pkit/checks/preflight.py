@@ -15,7 +15,7 @@ def check(f: dict, p: Profile) -> list[Check]:
     # GPUs first: on a machine without them nothing else matters, and the first failure is the headline
     return [
         _gpu_count(f, p), _gpu_model(f, p), _os(f, p), _kernel(f, p), _root(f, p), _disk(f, p),
-        _secure_boot(f, p), _iommu(f, p), _dpkg(f), _cgroup(f), _tools(f, p), _pins(p),
+        _secure_boot(f, p), _iommu(f, p), bootloader(f, p), _dpkg(f), _cgroup(f), _tools(f, p), _pins(p),
     ]
 
 
@@ -208,6 +208,34 @@ def _iommu(f, p) -> Check:
                  f"{want} (the p2p-module stage sets it)",
                  "a translating IOMMU gives IO_PAGE_FAULT and zero-filled P2P tensors; the p2p-module "
                  "stage adds iommu=pt to the kernel command line and asks for a reboot" if translating else "")
+
+
+BOOTLOADER_TAKES = {
+    "grub": "a GRUB drop-in (/etc/default/grub.d/60-p2pkit-iommu.cfg) and update-grub",
+    "systemd-boot": "/etc/kernel/cmdline and the loader entries' options lines",
+    "kernelstub": "`kernelstub --add-options`",
+}
+
+
+def bootloader(f, p) -> Check:
+    """The p2p-module stage sets the IOMMU option through the bootloader; one p2pkit does not know
+    stops the run here, before anything changes, where the running command line lacks it."""
+    b, io = f.get("bootloader"), f.get("iommu")
+    title = "bootloader p2pkit sets the kernel command line through"
+    want = "GRUB, systemd-boot or kernelstub"
+    if failed(b):
+        return unknown("preflight.bootloader", title, b, want)
+    if b["name"] in BOOTLOADER_TAKES:
+        return Check("preflight.bootloader", title, PASS, f"{b['name']} ({b['why']}): the IOMMU option goes into "
+                     + BOOTLOADER_TAKES[b["name"]], want)
+    applied = not failed(io) and io.get("intent") == p.p2p_module.iommu
+    return Check("preflight.bootloader", title, PASS if applied else FAIL,
+                 f"unknown: {b['why']}" + ("; the running command line already has the IOMMU option" if applied
+                                           else ""), want,
+                 "" if applied else "p2pkit cannot set the kernel command line on this host and will not reboot "
+                 "it for nothing: add the IOMMU option the p2p-module stage needs (iommu=pt with amd_iommu=on or "
+                 "intel_iommu=on; iommu.passthrough=1 on arm64) to the kernel command line of the bootloader that "
+                 "boots this box, reboot, check /proc/cmdline, then run `p2pkit up` again")
 
 
 def _dpkg(f) -> Check:

@@ -9,7 +9,15 @@ from pathlib import Path
 from p2pkit.host.arch import ARCHES
 from p2pkit.sim import provision
 from p2pkit.sim.render import load_state, render
-from p2pkit.sim.standins import load_module, systemctl, write_grub_cfg, write_initramfs, write_modules_dep
+from p2pkit.sim.standins import (
+    load_module,
+    loader_next_cmdline,
+    systemctl,
+    write_grub_cfg,
+    write_initramfs,
+    write_loader,
+    write_modules_dep,
+)
 
 
 def init(root: Path, state: dict) -> None:
@@ -70,10 +78,13 @@ def init(root: Path, state: dict) -> None:
         load_module(root, state)
     write_modules_dep(root, state["kernel"])
     write_initramfs(root, state["kernel"])  # every install has one; it holds whatever nvidia.ko resolves now
-    write_grub_cfg(root, state["cmdline"])  # what the installer's update-grub wrote for this boot
-    etc_grub = root / "etc/default/grub"
-    etc_grub.parent.mkdir(parents=True, exist_ok=True)
-    etc_grub.write_text('GRUB_DEFAULT=0\nGRUB_CMDLINE_LINUX_DEFAULT="quiet splash"\nGRUB_CMDLINE_LINUX=""\n')
+    if state.get("bootloader", "grub") == "grub":
+        write_grub_cfg(root, state["cmdline"])  # what the installer's update-grub wrote for this boot
+        etc_grub = root / "etc/default/grub"
+        etc_grub.parent.mkdir(parents=True, exist_ok=True)
+        etc_grub.write_text('GRUB_DEFAULT=0\nGRUB_CMDLINE_LINUX_DEFAULT="quiet splash"\nGRUB_CMDLINE_LINUX=""\n')
+    elif state["bootloader"] in ("systemd-boot", "kernelstub"):
+        write_loader(root, state)
     render(root, state)
 
 
@@ -87,10 +98,14 @@ def reboot(root: Path) -> dict:
     state["boots"] = state.get("boots", 1) + 1
     if state.get("next_kernel"):
         state["kernel"] = state.pop("next_kernel")
-    if state.get("next_cmdline"):  # GRUB boots what update-grub wrote; another bootloader never reads it
-        cmdline = state.pop("next_cmdline")
-        if state.get("bootloader", "grub") == "grub":
-            state["cmdline"] = cmdline
+    # GRUB boots what update-grub wrote; systemd-boot (kernelstub's too) the default loader entry's
+    # options; a loader the host cannot see (`cmdline_frozen`, or none p2pkit knows) what it had
+    cmdline = state.pop("next_cmdline", None)
+    loader = state.get("bootloader", "grub")
+    if loader in ("systemd-boot", "kernelstub"):
+        cmdline = loader_next_cmdline(root, state)
+    if cmdline and loader in ("grub", "systemd-boot", "kernelstub") and not state.get("cmdline_frozen"):
+        state["cmdline"] = cmdline
     state["module"]["loaded"] = None
     load_module(root, state)
     for svc in state.get("services", {}).values():

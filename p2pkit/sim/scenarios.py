@@ -86,6 +86,10 @@ def _p2p_up(dwords: str = "RMForceStaticBar1=1"):
 
 READY = "BOOT_IMAGE=/boot/vmlinuz-6.8.0-88-generic root=UUID=5d0c7a51 ro quiet splash amd_iommu=on iommu=pt"
 
+SD_BOOT_CMDLINE = "initrd=\\{mid}\\6.8.0-88-generic\\initrd.img-6.8.0-88-generic root=UUID=5d0c7a51 ro quiet splash"
+POP_CMDLINE = ("initrd=\\EFI\\Pop_OS-5d0c7a51\\initrd.img root=UUID=5d0c7a51 ro quiet loglevel=0 "
+               "systemd.show_status=false splash")
+
 SCENARIOS: dict[str, tuple[str, list]] = {
     "healthy": ("a bare dual-5090 Ubuntu 24.04 box, each GPU on its own Gen5 x8 root port, 32 GiB BAR1", []),
     "no-gpu": ("a box with no NVIDIA GPU (like a CI runner)", [_set("gpus", [])]),
@@ -124,8 +128,14 @@ SCENARIOS: dict[str, tuple[str, list]] = {
     "spark-table-on-nfs": ("a DGX Spark node whose n-gram table directory is an NFS mount (P26)",
                            [_spark(head=True), _set("mounts", [{"mount_point": "/var/lib/vllm", "fstype": "nfs4",
                                                                 "source": "nas:/export/vllm", "device": "0:51"}])]),
-    "other-bootloader": ("systemd-boot, not GRUB, boots the box: update-grub's kernel command line never takes "
-                         "effect", [_set("bootloader", "systemd-boot")]),
+    "other-bootloader": ("GRUB's files are there, but the firmware boots a loader p2pkit cannot see: no kernel "
+                         "command line p2pkit writes takes effect", [_set("cmdline_frozen", True)]),
+    "systemd-boot": ("Ubuntu booted by systemd-boot (kernel-install's entries on the ESP at /boot/efi, no GRUB)",
+                     [_set("bootloader", "systemd-boot"), _set("cmdline", SD_BOOT_CMDLINE)]),
+    "kernelstub": ("Pop!_OS: kernelstub keeps the kernel options and writes systemd-boot's Pop_OS-current entry",
+                   [_set("bootloader", "kernelstub"), _set("cmdline", POP_CMDLINE)]),
+    "unknown-bootloader": ("no GRUB, no systemd-boot entries, no kernelstub: a bootloader p2pkit does not know",
+                           [_set("bootloader", "unknown")]),
     "p2p-up": ("the patched module loaded with the profile's parameters, iommu=pt: what the field scenarios break",
                [_p2p_up()]),
     "field-no-static-bar1": ("P28: the patched module loaded without RMForceStaticBar1=1 (topo OK, NCCL hangs)",
@@ -172,6 +182,7 @@ def build(name: str) -> dict:
         change(state)
     state["scenario"] = name
     state["machine_id"] = uuid.uuid4().hex
+    state["cmdline"] = state["cmdline"].replace("{mid}", state["machine_id"])
     state["boot_id"] = str(uuid.uuid4())
     state["boots"] = 1
     return state

@@ -61,7 +61,8 @@ def main(name: str, args: list[str]) -> int:
     fn = {"nvidia-smi": nvidia_smi, "modinfo": modinfo,
           "update-initramfs": update_initramfs, "depmod": depmod, "update-grub": update_grub,
           "fuser": fuser, "modprobe": modprobe, "systemctl": systemctl, "journalctl": journalctl,
-          "nvcc": nvcc, "uname": uname, "dmesg": dmesg, "lsinitramfs": lsinitramfs, "cuobjdump": cuobjdump}.get(name)
+          "nvcc": nvcc, "uname": uname, "dmesg": dmesg, "lsinitramfs": lsinitramfs, "cuobjdump": cuobjdump,
+          "kernelstub": kernelstub}.get(name)
     if fn is None:  # a package tool's launcher from before it became a shell script
         raise SystemExit(f"SIMULATED stand-in for {name} is out of date: lay the host out again "
                          "(`p2pkit sim init --force DIR`)")
@@ -317,6 +318,85 @@ def write_grub_cfg(root: Path, cmdline: str) -> None:
                    f"\tmenuentry 'Ubuntu, with Linux {kver} (recovery mode)' {{\n"
                    f"\t\tlinux\t{image} {base} recovery nomodeset dis_ucode_ldr\n"
                    f"\t\tinitrd\t/boot/initrd.img-{kver}\n\t}}\n}}\n")
+
+
+# ---------------------------------------------------------------------------------------- systemd-boot, kernelstub
+# The simulator's own copy of the formats (never the product's parsers): systemd's
+# 90-loaderentry.install writes `key  value` lines; kernelstub (pop-os/kernelstub, installer.py
+# make_loader_entry) writes title/linux/initrd/options to <ESP>/loader/entries/Pop_OS-current.conf
+# and keeps its options in /etc/kernelstub/configuration (config.py: JSON, indent 2, `default` and
+# `user` sections). The next boot's command line is the default entry's options (systemd-boot
+# puts an initrd= word for the entry's initrd before them).
+
+ESP = "boot/efi"
+KERNELSTUB_CONFIG = "etc/kernelstub/configuration"
+
+
+def write_loader(root: Path, state: dict) -> None:
+    """The ESP as `bootctl install` and the kernel's kernel-install (systemd-boot) or kernelstub
+    (Pop!_OS) leave it, with one entry for the running kernel carrying the running options."""
+    kver = state["kernel"]
+    opts = " ".join(w for w in state["cmdline"].split() if not w.startswith(("initrd=", "BOOT_IMAGE=")))
+    loader = root / ESP / "loader"
+    (loader / "entries").mkdir(parents=True, exist_ok=True)
+    if state["bootloader"] == "kernelstub":
+        (loader / "loader.conf").write_text("default Pop_OS-current\n")
+        (loader / "entries/Pop_OS-current.conf").write_text(
+            "title Pop!_OS\nlinux /EFI/Pop_OS-5d0c7a51/vmlinuz.efi\ninitrd /EFI/Pop_OS-5d0c7a51/initrd.img\n"
+            f"options {opts}\n")
+        user = [w for w in opts.split() if w != "ro" and not w.startswith("root=")]
+        doc = {"default": {"kernel_options": ["quiet", "splash"], "esp_path": "/boot/efi", "setup_loader": False,
+                           "manage_mode": False, "force_update": False, "live_mode": False, "unified_kernel": False,
+                           "config_rev": 4},
+               "user": {"kernel_options": user, "esp_path": "/boot/efi", "setup_loader": True, "manage_mode": True,
+                        "force_update": False, "live_mode": False, "unified_kernel": False, "config_rev": 4}}
+        (root / KERNELSTUB_CONFIG).parent.mkdir(parents=True, exist_ok=True)
+        (root / KERNELSTUB_CONFIG).write_text(json.dumps(doc, indent=2))
+        return
+    mid = state["machine_id"]
+    (loader / "loader.conf").write_text("#timeout 3\n#console-mode keep\n")
+    (loader / "entries" / f"{mid}-{kver}.conf").write_text(
+        f"title      {state['os']['PRETTY_NAME']}\nversion    {kver}\nmachine-id {mid}\nsort-key   ubuntu\n"
+        f"options    {opts}\nlinux      /{mid}/{kver}/linux\ninitrd     /{mid}/{kver}/initrd.img-{kver}\n")
+
+
+def loader_next_cmdline(root: Path, state: dict) -> str | None:
+    """What systemd-boot boots next: loader.conf's `default` entry (a glob), else the entry of the
+    kernel booting next; its options after an initrd= word for its initrd."""
+    entries = root / ESP / "loader/entries"
+    conf = root / ESP / "loader/loader.conf"
+    default = next((ln.split(None, 1)[1].strip() for ln in conf.read_text().splitlines()
+                    if ln.startswith("default ")), None) if conf.is_file() else None
+    kver = state.get("next_kernel") or state["kernel"]
+    pattern = (default if default.endswith(".conf") else default + ".conf") if default else f"*-{kver}.conf"
+    found = sorted(entries.glob(pattern))
+    if not found:
+        return None
+    keys: dict[str, list[str]] = {}
+    for line in found[-1].read_text().splitlines():
+        k, _, v = line.strip().partition(" ")
+        keys.setdefault(k, []).append(v.strip())
+    initrd = [w.replace("/", "\\") for w in keys.get("initrd", [])]
+    return " ".join([*(f"initrd={w}" for w in initrd), *keys.get("options", [])])
+
+
+def kernelstub(root: Path, state: dict, args: list[str]) -> int:
+    """-a/--add-options "OPTS": add each option the user section lacks, save the configuration, and
+    write the loader entry again with `root=UUID=... ro` and the options (kernelstub's own order)."""
+    if len(args) != 2 or args[0] not in ("-a", "--add-options"):
+        print("SIMULATED kernelstub: only -a/--add-options \"OPTIONS\" is simulated", file=sys.stderr)
+        return 2
+    cfg = root / KERNELSTUB_CONFIG
+    doc = json.loads(cfg.read_text())
+    opts = doc["user"]["kernel_options"]
+    for o in args[1].split():
+        if o not in opts:
+            opts.append(o)
+    cfg.write_text(json.dumps(doc, indent=2))
+    entry = root / ESP / "loader/entries/Pop_OS-current.conf"
+    lines = [ln for ln in entry.read_text().splitlines() if not ln.startswith("options ")]
+    entry.write_text("\n".join([*lines, f"options root=UUID=5d0c7a51 ro {' '.join(opts)}"]) + "\n")
+    return 0
 
 
 # ---------------------------------------------------------------------------------------- driver

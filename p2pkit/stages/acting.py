@@ -14,11 +14,13 @@ from p2pkit.checks.driver import GUARDED_PACKAGES, installer_arch
 from p2pkit.config import p2p_src_dir
 from p2pkit.errors import P2pkitError, UsageError
 from p2pkit.host import arch, boot, system
+from p2pkit.parse import boot as pb
 from p2pkit.runner import own_executable
 from p2pkit.stages import followups, work
 
 # The kernel hook pins the boot default here when the module does not build for a new kernel (P36).
 BOOT_HOLD = system.BOOT_HOLD
+GRUB_DROPIN = "/etc/default/grub.d/60-p2pkit-iommu.cfg"
 
 
 def iommu_cmdline(mode: str, cpu_vendor: str, machine: str = "x86_64") -> str:
@@ -113,25 +115,71 @@ def p2p_module(ctx, kernel: str | None = None) -> dict:
 def _p2p_module(ctx, kernel: str | None = None) -> dict:
     m = ctx.profile.p2p_module
     kernel = kernel or system.kernel_release(ctx.host)
+    cmdline = iommu_cmdline(m.iommu, system.cpu_vendor(ctx.host), arch.machine(ctx.host))
+    loader = boot.bootloader(ctx.host)
+    refuse_unknown_bootloader(loader, cmdline.split(), system.cmdline(ctx.host).split())
     wants = "/etc/systemd/system/timers.target.wants/p2pkit-restore.timer"
     Backup(ctx.store.dir, "p2p-module", ctx.host).snapshot(
-        [*P2P_PATHS, wants, *module_paths(ctx.host, kernel)], kernel, ctx.profile.driver.version)
+        [*P2P_PATHS, wants, *module_paths(ctx.host, kernel), *bootloader_paths(loader)], kernel,
+        ctx.profile.driver.version)
     values = {
         "p2pkit_p2p_module_repo": m.repo,
         "p2pkit_p2p_module_branch": m.branch,
         "p2pkit_p2p_module_commit": m.commit,
         "p2pkit_p2p_module_src_dir": p2p_src_dir(ctx.profile),
         "p2pkit_p2p_module_kernel": kernel,
-        "p2pkit_p2p_module_cmdline": iommu_cmdline(m.iommu, system.cpu_vendor(ctx.host), arch.machine(ctx.host)),
+        "p2pkit_p2p_module_cmdline": cmdline,
         **restore_command_vars(ctx),
         # the fork's driver parameters (P28): only for the patched module of a GPU pair
         "p2pkit_p2p_module_registry_dwords": m.registry_dwords if m.patched else "",
     }
-    return work.run_if_work(ctx, "p2p-module", values, *p2p_work(ctx, values), files_var="p2pkit_p2p_module_files",
-                            todo_var="p2pkit_p2p_module_todo")
+    done = work.run_if_work(ctx, "p2p-module", values, *p2p_work(ctx, values, loader),
+                            files_var="p2pkit_p2p_module_files", todo_var="p2pkit_p2p_module_todo")
+    return {**done, "bootloader": {"name": loader["name"], "why": loader["why"], "options": cmdline.split()}}
 
 
-def p2p_work(ctx, v: dict) -> tuple[dict, dict]:
+def refuse_unknown_bootloader(loader: dict, options: list[str], running: list[str]) -> None:
+    """Stop before anything is built or rebooted where p2pkit cannot set the command line it needs."""
+    missing = [o for o in options if o not in running]
+    if loader["name"] != pb.UNKNOWN or not missing:
+        return
+    raise P2pkitError(
+        f"the kernel command line needs {' '.join(missing)} and p2pkit does not know this host's bootloader "
+        f"({loader['why']}): nothing was changed and the host is not rebooted",
+        hint=f"add {' '.join(missing)} by hand to the kernel command line of the bootloader that boots this box, "
+             "reboot, check /proc/cmdline, then run `p2pkit up` again")
+
+
+def bootloader_paths(loader: dict) -> list[str]:
+    """The bootloader's files the stage may change, kept for rollback."""
+    if loader["name"] == pb.SYSTEMD_BOOT:
+        return [boot.KERNEL_CMDLINE, *loader["entries"]]
+    if loader["name"] == pb.KERNELSTUB:
+        return [boot.KERNELSTUB_CONFIG, *loader["entries"]]
+    return []
+
+
+def bootloader_files(host, loader: dict, options: list[str], v: dict) -> list[dict]:
+    """Where the IOMMU options go for this bootloader, as files: GRUB's drop-in (update-grub follows);
+    systemd-boot's /etc/kernel/cmdline (the entries kernel-install writes for new kernels) and each
+    loader entry's options line (the next boot). kernelstub changes its own files (a command)."""
+    if loader["name"] == pb.GRUB:
+        return [work.file_entry(GRUB_DROPIN, render("grub-p2pkit-iommu.cfg.j2", **v))]
+    if loader["name"] != pb.SYSTEMD_BOOT:
+        return []
+    base = loader["kernel_cmdline"]
+    if base is None:
+        base = pb.kernel_install_cmdline(system.cmdline(host))
+    files = [work.file_entry(boot.KERNEL_CMDLINE, " ".join([*base, *(o for o in options if o not in base)]) + "\n")]
+    for path in loader["entries"]:
+        text = host.read(path, "a systemd-boot loader entry")
+        # the ESP is FAT: its files keep the mode the mount gives them
+        files.append(work.file_entry(path, pb.entry_with_options(text, options),
+                                     mode=f"0{stat.S_IMODE(host.path(path).stat().st_mode):o}"))
+    return files
+
+
+def p2p_work(ctx, v: dict, loader: dict) -> tuple[dict, dict]:
     """What each p2p-module task would change, from p2pkit's own read-only probes; and which
     handlers that work needs."""
     host, kernel, commit = ctx.host, v["p2pkit_p2p_module_kernel"], v["p2pkit_p2p_module_commit"]
@@ -147,11 +195,12 @@ def p2p_work(ctx, v: dict) -> tuple[dict, dict]:
     backup = Backup(ctx.store.dir, "p2p-module", host)
     stock = sorted("/" + str(p.relative_to(host.root)) for p in host.path(stock_dir).rglob("nvidia*.ko*")
                    if p.is_file() or p.is_symlink())
-    options, grub = "/etc/modprobe.d/p2pkit-nvidia.conf", "/etc/default/grub.d/60-p2pkit-iommu.cfg"
+    options = "/etc/modprobe.d/p2pkit-nvidia.conf"
+    cmdline = v["p2pkit_p2p_module_cmdline"].split()
     files = work.pending(host, [
         *([work.file_entry(options, render("modprobe-p2pkit-nvidia.conf.j2", **v))]
           if v["p2pkit_p2p_module_registry_dwords"] else []),
-        work.file_entry(grub, render("grub-p2pkit-iommu.cfg.j2", **v)),
+        *bootloader_files(host, loader, cmdline, v),
         work.file_entry(system.RESTORE_UNIT, render("p2pkit-restore.service.j2", **v)),
         work.file_entry(system.RESTORE_TIMER, (share_dir() / "systemd/p2pkit-restore.timer").read_text()),
         work.file_entry(system.KERNEL_HOOK, render("p2pkit-kernel-postinst.j2", **v), mode="0755"),
@@ -172,15 +221,16 @@ def p2p_work(ctx, v: dict) -> tuple[dict, dict]:
         "stock": [{"path": p, "backed_up": backup.copy_path(p).exists()} for p in stock],
         "enable_timer": enabled != "enabled",
     }
-    todo.update(p2p_followups(ctx, v, todo, written))
+    todo.update(p2p_followups(ctx, v, todo, written, loader))
     return todo, {}
 
 
-def p2p_followups(ctx, v: dict, todo: dict, written: set[str]) -> dict:
+def p2p_followups(ctx, v: dict, todo: dict, written: set[str], loader: dict) -> dict:
     """Which follow-up commands the p2p-module playbook runs, each with its reasons: what this run
     changes, or an effect an earlier run left missing (killed between a file and its follow-up)."""
     host, kernel = ctx.host, v["p2pkit_p2p_module_kernel"]
-    options, grub = "/etc/modprobe.d/p2pkit-nvidia.conf", "/etc/default/grub.d/60-p2pkit-iommu.cfg"
+    options, grub = "/etc/modprobe.d/p2pkit-nvidia.conf", GRUB_DROPIN
+    cmdline = v["p2pkit_p2p_module_cmdline"].split()
     ko = boot.mtime_ns(host, f"/lib/modules/{kernel}/{followups.VIDEO_KO}")
     changes = [why for flag, why in ((todo["build"], "the module is built in this run"),
                                      (todo["install"], "the module is installed in this run"),
@@ -193,8 +243,11 @@ def p2p_followups(ctx, v: dict, todo: dict, written: set[str]) -> dict:
                                {followups.VIDEO_KO: ko,
                                 **({options: boot.mtime_ns(host, options)} if v["p2pkit_p2p_module_registry_dwords"]
                                    else {})}, only_patched=True),
-        "grub": [f"{grub} changes in this run"] if grub in written
-        else followups.grub(boot.grub_args(host, kernel), v["p2pkit_p2p_module_cmdline"].split()),
+        "grub": ([f"{grub} changes in this run"] if grub in written
+                 else followups.grub(boot.grub_args(host, kernel), cmdline)) if loader["name"] == pb.GRUB else [],
+        # kernelstub --add-options: the options its configuration lacks (it rewrites the loader entry too)
+        "kernelstub": [o for o in cmdline if o not in (loader["kernelstub"] or [])]
+        if loader["name"] == pb.KERNELSTUB else [],
         "daemon_reload": [f"{u} changes in this run" for u in units]
         or (["systemd runs an older copy of the restore units"]
             if boot.need_daemon_reload(host, [os.path.basename(system.RESTORE_UNIT),

@@ -10,10 +10,10 @@ from p2pkit.stages import model as model_stage
 from p2pkit.stages import service as service_stage
 from p2pkit.stages.stage import Stage
 
-PREFLIGHT_FACTS = ("os", "kernel", "is_root", "disk", "secure_boot", "pci_gpus", "iommu", "dpkg_nvidia", "cgroup",
-                   "tools")
-P2P_FACTS = ("kernel", "nvidia_version", "module", "built_module", "nvml", "secure_boot", "iommu", "restore_guards",
-             "pending_kernel")
+PREFLIGHT_FACTS = ("os", "kernel", "is_root", "disk", "secure_boot", "pci_gpus", "iommu", "bootloader",
+                   "dpkg_nvidia", "cgroup", "tools")
+P2P_FACTS = ("kernel", "nvidia_version", "module", "built_module", "nvml", "secure_boot", "iommu", "bootloader",
+             "restore_guards", "pending_kernel")
 
 def one_gpu_per_host(p) -> str | None:
     """BAR1 P2P is between two GPUs of one host; a host with one GPU (a DGX Spark node) has none."""
@@ -32,7 +32,7 @@ STAGES: list[Stage] = [
           act=acting.driver),
     Stage("p2p-module", "open kernel modules (the P2P fork for a GPU pair)", inputs=("driver", "p2p_module"),
           facts=P2P_FACTS, check=p2p_module.check, precheck=p2p_module.precheck, act=acting.p2p_module,
-          reboot=p2p_module.reboot_with_note, notes=("p2p.pending_kernel",)),
+          reboot=p2p_module.reboot_with_note, unapplied=p2p_module.not_applied, notes=("p2p.pending_kernel",)),
     Stage("rebar", "BAR1 covers VRAM", inputs=("gpus", "pcie"), facts=("pci_gpus", "nvml"), check=rebar.check,
           applies=one_gpu_per_host),
     Stage("topology", "root ports, link capability, P2P status", inputs=("gpus", "pcie", "network"),

@@ -21,6 +21,9 @@ class Stage:
     measure: Callable[[object], dict] | None = None  # ctx -> extra facts from a real load (link)
     # facts, ctx -> (why a reboot is needed, ids of the checks only a reboot can pass)
     reboot: Callable[[dict, object], tuple[str, list[str]] | None] | None = None
+    # facts, a check a reboot was asked for and that still fails after it, the boot id that asked ->
+    # that check as a failure (named what to do by hand): no second reboot for the same thing
+    unapplied: Callable[[dict, Check, str], Check] | None = None
     implemented: bool = True
     # profile -> why the stage does not apply to it (one GPU per host: no BAR1 P2P), or None
     applies: Callable[[object], str | None] | None = None
