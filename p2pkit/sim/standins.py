@@ -565,11 +565,12 @@ def systemctl(root: Path, state: dict, args: list[str]) -> int:
 
 
 def journalctl(root: Path, state: dict, args: list[str]) -> int:
-    """journalctl -u UNIT [-n N]: the simulated unit's output."""
+    """journalctl -u UNIT [-n N]: the simulated unit's output (all of it without -n, as the real one)."""
     unit = args[args.index("-u") + 1] if "-u" in args else ""
-    n = int(args[args.index("-n") + 1]) if "-n" in args else 50
     log = root / "var/log/p2pkit" / f"{unit}.log"
-    lines = log.read_text(errors="replace").splitlines()[-n:] if log.is_file() else []
+    lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
+    if "-n" in args:
+        lines = lines[-int(args[args.index("-n") + 1]):]
     print("\n".join(lines) if lines else "-- No entries --")
     return 0
 

@@ -341,11 +341,33 @@ def logs(host: Host, n: int = 30) -> list[str]:
     return r.stdout.splitlines()
 
 
+def start_lines(ctx) -> list[str]:
+    """The engine's log from the start being judged, however long it has grown: from the position the
+    service stage recorded when it started the engine (its acted record's journal_cursor, or log_offset
+    for the launcher's log), else from the start of the current log (the unit's current invocation in
+    the journal; the launcher's log from its first byte)."""
+    host, acted = ctx.host, ctx.options.get("acted") or {}
+    if service_launcher.launched(host):
+        rec = service_launcher.record(host) or {}
+        try:
+            with open(rec["log"], "rb") as fh:
+                fh.seek(int(acted.get("log_offset") or 0))
+                return fh.read().decode(errors="replace").splitlines()
+        except (OSError, KeyError, TypeError, ValueError):
+            return []
+    if acted.get("journal_cursor"):
+        args = ["-u", UNIT, f"--after-cursor={acted['journal_cursor']}"]
+    else:
+        inv = _systemctl(host, "show", "-p", "InvocationID", "--value", UNIT).stdout.strip()
+        args = [f"_SYSTEMD_INVOCATION_ID={inv}"] if inv else ["-u", UNIT, "-b"]
+    return host.runner.run(["journalctl", *args, "--no-pager"], check=False).stdout.splitlines()
+
+
 def wait_joined(ctx, timeout: float) -> dict:
     """A headless worker serves no /health: it has joined when NCCL's channel lines show its
     communicator formed with the head (or it died, or the timeout passed)."""
     def probe():
-        line = joined_line(logs(ctx.host, 400))
+        line = joined_line(start_lines(ctx))
         return {"line": line} if line else None
 
     return poll(probe, timeout, alive=lambda: unit_alive(ctx.host))
@@ -398,8 +420,11 @@ def measure(ctx) -> dict:
             res["first_completion"] = first_completion(ctx)
         res["first_completion"]["alive_after"] = unit_alive(host)
     res["log_tail"] = logs(host)
+    lines = start_lines(ctx)  # NCCL's own init lines of this start (P23 across nodes, P30 on this one)
     if p.network.require_roce or role != "single":
-        res["nccl_transports"] = nccl_transports(logs(host, 400))
+        res["nccl_transports"] = nccl_transports(lines)
+    if p.gpus.count >= 2 or role != "single":
+        res["nccl"] = nccl.init_summary(lines)
     if health.get("ok"):
         res["vram_after"] = vram_after(host)  # P18: the headroom the running engine left
     table = p.serve.env.get("VLLM_PLE_MMAP_DIR")
