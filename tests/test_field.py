@@ -351,3 +351,15 @@ def test_static_bar1_on_the_real_h200_params_file():
     assert facts["driver_params"]["loaded"] and len(facts["driver_params"]["params"]) == 42
     (c,) = field.static_bar1(facts, config.load(None))
     assert c.status == "fail" and c.pitfall == "P28" and 'RegistryDwords: ""' in c.measured
+
+
+def test_p38_mtu_floor_is_judged_on_its_own():
+    # the GID is fine; only the MTU moves across the floor (4200: NVIDIA's RoCE guideline for active MTU 4096)
+    def port(mtu):
+        return {"ports": [{"device": "rocep1s0f0", "port": 1, "state": "ACTIVE", "netdevs": ["enp1s0f0np0"],
+                           "gids": [{"index": 3, "type": "RoCE v2", "gid": "0000:0000:0000:0000:0000:ffff:c0a8:6401"}],
+                           "mtu": {"enp1s0f0np0": mtu}}]}
+    by = {m: {c.id: c for c in fc.roce({"roce_gids": port(m)}, SPARK)} for m in (1500, 4199, 4200, 9000)}
+    assert all(by[m]["field.roce.gid.rocep1s0f0:1"].status == "pass" for m in by)
+    assert by[1500]["field.roce.mtu.enp1s0f0np0"].status == "warn" == by[4199]["field.roce.mtu.enp1s0f0np0"].status
+    assert by[4200]["field.roce.mtu.enp1s0f0np0"].status == "pass" == by[9000]["field.roce.mtu.enp1s0f0np0"].status

@@ -73,3 +73,36 @@ def test_ldd_version_not_found_is_a_failure_naming_library_and_version():
     clean = [x for x in libs if x["name"] != "libfoo.so.6"]
     assert {x.id: x for x in ec.check({"engine_build": {**b, "libraries": clean}}, p)}["engine.libraries"].status \
         == "pass"
+
+
+ALLREDUCE = (FIXTURES / "h200-device/field-run/nccl_allreduce.txt").read_text().splitlines()
+
+
+def test_socket_beside_ib_fails_p23():
+    # one channel pair on sockets beside the RoCE ones is the silent TCP fallback all the same (P23)
+    p = config.load("dual-spark-vllm")
+    ib, sock = BY_RELEASE[9], BY_RELEASE[8]
+    assert service_checks._nccl(nccl.transports([ib]), p).status == "pass"
+    c = service_checks._nccl(nccl.transports([ib, sock]), p)
+    assert c.status == "fail" and c.pitfall == "P23" and "NET/Socket" in c.measured
+
+
+def test_init_summary_reads_pairs_version_and_environment():
+    # the real H200 all-reduce log (version, NCCL_NVLS_ENABLE set by environment) and real connection lines
+    s = nccl.init_summary([*ALLREDUCE, BY_RELEASE[10], BY_RELEASE[6], BY_RELEASE[9]])
+    assert s["version"] == "2.28.9+cuda13.0" and s["env"]["NCCL_NVLS_ENABLE"] == "0"
+    assert s["connections"] == 3 and s["local"] == ["P2P/CUMEM", "SHM"] and s["across"] == ["NET/IB"]
+    assert s["local_not_p2p"] == ["6->7 channel 9 via SHM"]
+    assert nccl.connections([BY_RELEASE[1]]) == [{"channel": 0, "from": 7, "to": 8, "transport": "NET/AWS Libfabric"}]
+
+
+def test_engine_nccl_between_local_gpus_p30():
+    p2p = nccl.init_summary([*ALLREDUCE, BY_RELEASE[10]])
+    c = service_checks.nccl_local(p2p)
+    assert c.status == "pass" and c.pitfall == "P30" and "NCCL 2.28.9+cuda13.0" in c.measured
+    shm = nccl.init_summary([*ALLREDUCE, BY_RELEASE[10], BY_RELEASE[12]])  # one pair via SHM: NCCL's default level
+    c = service_checks.nccl_local(shm)
+    assert c.status == "fail" and "0->1 channel 0 via SHM" in c.measured and "field.nccl_p2p_level" in c.hint
+    assert service_checks.nccl_local(nccl.init_summary(ALLREDUCE)).status == "skip"  # no connection line
+    across = service_checks.nccl_local(nccl.init_summary([BY_RELEASE[9]]))  # only across nodes: P23's
+    assert across.status == "skip" and "NET/IB" in across.measured

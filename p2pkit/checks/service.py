@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from p2pkit import engine_cmd
-from p2pkit.checks import FAIL, PASS, WARN, Check, failed, figure, fit, judge, not_measured, unknown
+from p2pkit.checks import FAIL, PASS, SKIP, WARN, Check, failed, figure, fit, judge, not_measured, unknown
 from p2pkit.config import Profile
 from p2pkit.parse import nccl
 
@@ -104,6 +104,8 @@ def check(f: dict, p: Profile) -> list[Check]:
                              "does not inherit the cap of the terminal p2pkit was started from", "P12"))
     if "nccl_transports" in s:
         out.append(_nccl(s["nccl_transports"], p))
+    if "nccl" in s:
+        out.append(nccl_local(s["nccl"]))
     out += _user_access(s.get("user_access"))
     out += fit.headroom(s.get("vram_after"), p)
     if "table_maps" in s:
@@ -212,6 +214,27 @@ def _nccl(seen: list[str], p: Profile) -> Check:
     return judge("service.nccl_transport", "NCCL runs over RoCE", ok, ", ".join(seen), want,
                  "NCCL fell back to TCP sockets (about 40% of the prefill speed): run natively, not in a default "
                  "container; NCCL_IB_HCA must name this boot's ACTIVE port (`p2pkit net hca`)", pitfall="P23")
+
+
+def nccl_local(n: dict) -> Check:
+    """P30 from the engine's own NCCL: every connection between GPUs of this node, in the start being
+    judged, goes via P2P (not SHM); those across nodes are P23's."""
+    id_, title = "service.nccl_p2p", "the engine's NCCL takes P2P between this node's GPUs"
+    want = "every local pair via P2P"
+    if not n.get("connections"):
+        return Check(id_, title, SKIP, "no NCCL connection line in this start's log (the engine formed no "
+                     "communicator, or runs without NCCL_DEBUG=INFO)", want, "", "P30")
+    about = f"NCCL {n.get('version') or '(version not printed)'}" + "".join(
+        f"; {k}={v} (set by environment)" for k, v in n.get("env", {}).items() if k.startswith("NCCL_P2P"))
+    bad = n.get("local_not_p2p", [])
+    if not n.get("local"):
+        return Check(id_, title, SKIP, f"{about}; every connection crosses nodes ({', '.join(n.get('across', []))})",
+                     want, "", "P30")
+    return judge(id_, title, not bad, f"{about}; between local GPUs: {', '.join(n['local'])}"
+                 + (f" ({len(bad)} not P2P, first {bad[0]})" if bad else ""), want,
+                 "NCCL took shared memory between GPUs that talk P2P (P30: its default P2P level stops short of "
+                 "the pair's relation on this CPU, or NCCL_P2P_DISABLE/LEVEL in the engine's environment): see "
+                 "`p2pkit doctor` field.nccl_p2p_level, then `p2pkit up --from service --force`", pitfall="P30")
 
 
 def _spec(s: dict, p: Profile) -> list[Check]:

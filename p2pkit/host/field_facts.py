@@ -15,6 +15,7 @@ from p2pkit.host import Host
 from p2pkit.host import pci as hpci
 from p2pkit.parse import field as pf
 from p2pkit.parse import pci as pp
+from p2pkit.parse import system as ps
 
 PARAMS = "/proc/driver/nvidia/params"
 DRM = "/sys/class/drm"
@@ -169,15 +170,52 @@ def library_nccl_version(host: Host, path: str) -> tuple[int, int, int] | None:
     return None
 
 
-def process_nccl(host: Host, pid: int) -> dict:
-    """The libnccl files process `pid` has mapped, each with its version."""
+def unit_pids(host: Host, pid: int) -> list[int]:
+    """Every process of the engine, its main PID first: the processes of its cgroup (cgroup.procs: the
+    unit's, or the launcher's own cgroup), workers included (vLLM runs NCCL in worker processes, not
+    in the main one); where that cannot be read, the processes of the main PID's session (the
+    launcher starts the engine in a session of its own)."""
     try:
-        maps = host.read(f"/proc/{pid}/maps", "the engine's mapped libraries")
-    except ProbeError as e:
-        return cannot(e.why, f"sudo grep libnccl /proc/{pid}/maps")
-    libs = [{"path": p, "version": ".".join(map(str, v)) if (v := library_nccl_version(host, p)) else None}
-            for p in pf.maps_nccl(maps)]
-    return {"pid": pid, "libraries": libs}
+        cg = ps.proc_cgroup(host.read(f"/proc/{pid}/cgroup", f"the cgroup of pid {pid}"))
+        if cg.v2_path not in (None, "/"):
+            procs = host.read(f"/sys/fs/cgroup{cg.v2_path}/cgroup.procs", "the engine's processes")
+            pids = [int(x) for x in procs.split() if x.isdigit()]
+            if pid in pids:
+                return [pid, *sorted(x for x in pids if x != pid)]
+    except ProbeError:
+        pass
+    try:
+        sid = ps.proc_stat_session(host.path(f"/proc/{pid}/stat").read_text())
+    except (OSError, ValueError, IndexError):
+        return [pid]
+    same = []
+    for d in host.path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and int(d.name) != pid and ps.proc_stat_session((d / "stat").read_text()) == sid:
+                same.append(int(d.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return [pid, *sorted(same)]
+
+
+def process_nccl(host: Host, pid: int) -> dict:
+    """The libnccl files the engine has mapped, each with its version: those of every process of the
+    engine (unit_pids), each file once, with the processes that map it."""
+    libs: dict[str, dict] = {}
+    pids = unit_pids(host, pid)
+    for i, each in enumerate(pids):
+        try:
+            maps = host.read(f"/proc/{each}/maps", "the engine's mapped libraries")
+        except ProbeError as e:
+            if i == 0:
+                return cannot(e.why, f"sudo grep libnccl /proc/{pid}/maps")
+            continue  # a worker that exited meanwhile
+        for p in pf.maps_nccl(maps):
+            if p not in libs:
+                v = library_nccl_version(host, p)
+                libs[p] = {"path": p, "version": ".".join(map(str, v)) if v else None, "pids": []}
+            libs[p]["pids"].append(each)
+    return {"pid": pid, "pids": pids, "libraries": list(libs.values())}
 
 
 def cuobjdump_archs(host: Host, lib: str) -> dict:

@@ -38,6 +38,8 @@ CGROUP_NAME = "p2pkit-engine"
 STUB = 'read -r go && [ "$go" = go ] && exec "$@" </dev/null'
 
 
+START_LINE = "-- p2pkit launcher"  # the line the launcher writes into the log before each start
+
 def systemd_booted(host: Host) -> bool:
     """sd_booted(3): /run/systemd/system is a directory; and PID 1 is systemd itself (a container
     can carry the directory from its image while its PID 1 is a shell or tini)."""
@@ -149,7 +151,7 @@ def start(host: Host, *, record: Path, log: Path, argv: list[str], env: dict[str
     record.parent.mkdir(parents=True, exist_ok=True)
     r, w = os.pipe()  # close-on-exec both: only p2pkit holds the write end
     with open(log, "ab") as fh:
-        fh.write(f"-- p2pkit launcher {time.strftime('%Y-%m-%d %H:%M:%S')}: {shlex.join(shown_argv or argv)}\n"
+        fh.write(f"{START_LINE} {time.strftime('%Y-%m-%d %H:%M:%S')}: {shlex.join(shown_argv or argv)}\n"
                  .encode())
         fh.flush()
         ids = {}
@@ -186,7 +188,7 @@ def start(host: Host, *, record: Path, log: Path, argv: list[str], env: dict[str
     tail = log_tail(log, 12)
     raise P2pkitError(
         f"the engine exited within {settle_s:g} s of its start (exit {code}); the last lines of {log}: "
-        + " | ".join(tail[1:] if tail and tail[0].startswith("-- p2pkit launcher") else tail),
+        + " | ".join(tail[1:] if tail and tail[0].startswith(START_LINE) else tail),
         hint="fix what the log names (`p2pkit serve logs`), then `p2pkit up --from service`")
 
 

@@ -57,3 +57,43 @@ def is_rdma(t: str) -> bool:
 def is_socket(t: str) -> bool:
     """The TCP fallback."""
     return t == "NET/Socket"
+
+
+PAIR = re.compile(r"(?:Channel|Ring|CollNet|Coll) (?P<ch>\d+)(?:/\d+)? : (?P<src>\d+)(?:\[\w+\])? -> "
+                  r"(?P<dst>\d+)(?:\[\w+\])?")
+VERSION_LINE = re.compile(r"NCCL version (\d+\.\d+\.\d+\S*)")
+SET_BY_ENV = re.compile(r"NCCL INFO (NCCL_\w+) set by environment to (.+?)\.?\s*$")
+
+
+def connections(lines: list[str]) -> list[dict]:
+    """Every connection line: its channel, the ranks it joins (None where the form names none) and the
+    transport, in log order."""
+    out = []
+    for ln in lines:
+        t = transport(ln)
+        if t is None:
+            continue
+        m = PAIR.search(ln)
+        out.append({"channel": int(m["ch"]) if m else None, "from": int(m["src"]) if m else None,
+                    "to": int(m["dst"]) if m else None, "transport": t})
+    return out
+
+
+def is_net(t: str) -> bool:
+    """Across nodes: NCCL's network transports (NET/..., COLLNET/...)."""
+    return t.startswith(("NET/", "COLLNET/"))
+
+
+def init_summary(lines: list[str]) -> dict:
+    """What NCCL_DEBUG=INFO says of the communicators one engine start formed: the NCCL version, the
+    settings it took from the environment ("NCCL_P2P_LEVEL set by environment to SYS."), each
+    connection, and the transports by where they run (between GPUs of this node, across nodes)."""
+    conns = connections(lines)
+    version = next((m.group(1) for ln in lines if (m := VERSION_LINE.search(ln))), None)
+    env = {m.group(1): m.group(2) for ln in lines if (m := SET_BY_ENV.search(ln))}
+    local = [c for c in conns if not is_net(c["transport"])]
+    return {"version": version, "env": env, "connections": len(conns),
+            "local": sorted({c["transport"] for c in local}),
+            "local_not_p2p": [f"{c['from']}->{c['to']} channel {c['channel']} via {c['transport']}" for c in local
+                              if not c["transport"].startswith("P2P/")],
+            "across": sorted({c["transport"] for c in conns if is_net(c["transport"])})}

@@ -242,6 +242,11 @@ def proc_stat_cpu_ticks(text: str) -> int:
     return int(fields[11]) + int(fields[12])
 
 
+def proc_stat_session(text: str) -> int:
+    """The session id of /proc/PID/stat (the fourth field after the command name: state ppid pgrp session)."""
+    return int(text[text.rindex(")") + 1:].split()[3])
+
+
 def modules_dep_paths(text: str) -> list[str]:
     """The module paths modules.dep maps (relative to /lib/modules/<kernel>), in order."""
     return [ln.split(":", 1)[0].strip() for ln in text.splitlines() if ":" in ln and not ln.startswith("#")]

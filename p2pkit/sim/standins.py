@@ -661,12 +661,14 @@ def systemctl(root: Path, state: dict, args: list[str]) -> int:
 
 
 def journalctl(root: Path, state: dict, args: list[str]) -> int:
-    """journalctl -u UNIT [-n N] [--after-cursor C]: the simulated unit's output; --show-cursor ends
+    """journalctl -u UNIT [-n N] [--after-cursor C]: the simulated unit's output (all of it without -n,
+    as the real one); --show-cursor ends
     it with the journal's cursor (here the size of every unit's log), as `-n 0 --show-cursor` does."""
     logs = root / "var/log/p2pkit"
     unit = args[args.index("-u") + 1] if "-u" in args else ""
     n = int(args[args.index("-n") + 1]) if "-n" in args else None
-    after = args[args.index("--after-cursor") + 1] if "--after-cursor" in args else None
+    after = args[args.index("--after-cursor") + 1] if "--after-cursor" in args else \
+        next((a.split("=", 1)[1] for a in args if a.startswith("--after-cursor=")), None)
     log = logs / f"{unit}.log"
     text = b""
     if unit and log.is_file():
@@ -674,7 +676,7 @@ def journalctl(root: Path, state: dict, args: list[str]) -> int:
             if after else {}
         text = log.read_bytes()[int(sizes.get(log.name, 0)):]
     lines = text.decode(errors="replace").splitlines()
-    lines = lines[-n:] if n else ([] if n == 0 else lines if after else lines[-50:])
+    lines = lines[-n:] if n else ([] if n == 0 else lines)  # all of it without -n, as the real one
     if lines:
         print("\n".join(lines))
     elif n != 0:

@@ -16,7 +16,7 @@ from p2pkit.ansible import render
 from p2pkit.artifacts import CorruptArtifact
 from p2pkit.checks import fit
 from p2pkit.errors import Exit, P2pkitError
-from p2pkit.host import Host, access, engine_api, nvml, system
+from p2pkit.host import Host, access, engine_api, launcher, nvml, system
 from p2pkit.parse import engine_api as pe
 from p2pkit.parse import nccl
 from p2pkit.runner import own_executable
@@ -427,19 +427,32 @@ def log_mark(ctx) -> dict | None:
     return {"cursor": m.group(1)} if m else None
 
 
-def start_lines(host: Host, mark: dict | None, n: int = 400) -> list[str]:
-    """The engine's log lines from `mark` on (all of them: those of the start it was taken before),
-    or without a mark its last n lines."""
-    if not mark:
-        return logs(host, n)
-    if "file" in mark:
+def start_lines(host: Host, mark: dict | None) -> list[str]:
+    """The engine's log lines of the start it judges, however long the log has grown since: from `mark`
+    on (taken before that start); without a mark, the current start's (the launcher's log from its last
+    start line; the unit's current invocation in the journal)."""
+    if mark and "file" in mark:
         try:
             with open(mark["file"], "rb") as fh:
                 fh.seek(int(mark["offset"]))
                 return fh.read().decode(errors="replace").splitlines()
         except OSError:
             return []
-    r = host.runner.run(["journalctl", "-u", UNIT, "--after-cursor", mark["cursor"], "--no-pager"], check=False)
+    if mark and "cursor" in mark:
+        r = host.runner.run(["journalctl", "-u", UNIT, f"--after-cursor={mark['cursor']}", "--no-pager"],
+                            check=False)
+        return [ln for ln in r.stdout.splitlines() if ln != "-- No entries --"]
+    if service_launcher.launched(host):
+        rec = service_launcher.record(host) or {}
+        try:
+            lines = Path(rec["log"]).read_text(errors="replace").splitlines()
+        except (OSError, KeyError, TypeError):
+            return []
+        starts = [i for i, ln in enumerate(lines) if ln.startswith(launcher.START_LINE)]
+        return lines[starts[-1]:] if starts else lines
+    inv = _systemctl(host, "show", "-p", "InvocationID", "--value", UNIT).stdout.strip()
+    args = [f"_SYSTEMD_INVOCATION_ID={inv}"] if inv else ["-u", UNIT, "-b"]
+    r = host.runner.run(["journalctl", *args, "--no-pager"], check=False)
     return [ln for ln in r.stdout.splitlines() if ln != "-- No entries --"]
 
 
@@ -524,7 +537,9 @@ def measure(ctx) -> dict:
     res["log_from"] = mark
     res["log_tail"] = lines[-30:]
     if p.network.require_roce or role != "single":
-        res["nccl_transports"] = nccl_transports(lines)
+        res["nccl_transports"] = nccl_transports(lines)  # P23 across nodes
+    if p.gpus.count >= 2 or role != "single":
+        res["nccl"] = nccl.init_summary(lines)  # NCCL's own init lines of this start (P30 on this one)
     if health.get("ok"):
         res["vram_after"] = vram_after(host)  # P18: the headroom the running engine left
     table = p.serve.env.get("VLLM_PLE_MMAP_DIR")
