@@ -279,3 +279,24 @@ def test_a_removed_flag_is_refused_before_a_start_by_the_real_servers_help(tmp_p
         service.flags_accepted(ctx)
     assert e.value.code == Exit.USAGE and "--draft-max" in e.value.message
     assert "use --spec-draft-n-max" in e.value.message
+
+
+def test_the_cuda_build_on_the_h200_meets_the_llamacpp_criteria():
+    """P07 the llama.cpp way on the real CUDA build (p2pkit's engine stage on the lent H200, sm_90,
+    tests/fixtures/h200-device/engine-run): the first build's log names the toolkit FindCUDAToolkit
+    found and links both targets; the re-configure's log does not print the Found line again, and the
+    cache says what was found. A log without the link lines and no up-to-date dry run fails."""
+    from p2pkit.parse import build as pb
+
+    d = Path(__file__).parent / "fixtures/h200-device/engine-run"
+    first = next(d.glob("engine-build-0001-*.log")).read_text()
+    again = next(d.glob("engine-build-0002-*.log")).read_text()
+    cache = pb.cmake_cache((d / "CMakeCache.txt").read_text())
+    c1 = pb.llamacpp_criteria(first, cache, up_to_date=False, cuda=True)
+    assert all(c1.values()), c1
+    assert c1["found CUDAToolkit"].startswith("13.0.88 at /usr/local/cuda") and "(build log)" in c1["found CUDAToolkit"]
+    assert "Found CUDAToolkit" not in again  # a re-configure prints it no more ...
+    c2 = pb.llamacpp_criteria(again, cache, up_to_date=False, cuda=True)
+    assert c2["found CUDAToolkit"] == "13.0.88 (CMakeCache.txt)" and all(c2.values())  # ... the cache says it
+    unlinked = "\n".join(x for x in first.splitlines() if "Linking CXX executable bin/" not in x)
+    assert pb.llamacpp_criteria(unlinked, cache, up_to_date=False, cuda=True)["linked bin/llama-server"] is None
