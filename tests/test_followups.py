@@ -88,3 +88,18 @@ def test_a_kill_between_the_drop_in_and_its_follow_ups_is_repaired_by_up_and_by_
 
 def subprocess_run(root: Path, tool: str) -> None:
     subprocess.run([str(root / "usr/bin" / tool)], check=True, capture_output=True)
+
+
+def test_an_installer_killed_before_the_firmware_is_run_again_by_a_plain_up(cli, sim):
+    """The kill campaign's find (bench/bench_kill.py, a kill 12 s into the driver stage): the userspace
+    libraries in place, the GSP firmware for the version not yet. The driver stage's proof fails
+    (driver.gsp_firmware); a plain `up` runs the installer again, judged by both of its effects."""
+    root = sim("healthy")
+    assert cli("--root", str(root), "up", "--to", "driver").code == 0
+    fw = root / "lib/firmware/nvidia" / load_state(root)["driver"]["userspace"]
+    assert any(fw.glob("gsp_*.bin"))
+    for f in fw.glob("gsp_*.bin"):
+        f.unlink()
+    r = cli("--root", str(root), "up", "--to", "driver")
+    assert r.code == 0, r.err[-2000:]
+    assert any(fw.glob("gsp_*.bin"))

@@ -76,7 +76,10 @@ def driver_work(ctx, libdir: str, packages: dict) -> tuple[dict, dict]:
         "files": {"all": files},
         "download": not cached,
         "executable": cached and stat.S_IMODE(installer.stat().st_mode) != 0o755,
-        "install": not host.path(f"{libdir}/libnvidia-ml.so.{d.version}").exists(),
+        # the installer's effects, both: its libraries and the GSP firmware for exactly this version (an
+        # installer killed half-way leaves the one without the other, and only running it again mends it)
+        "install": not host.path(f"{libdir}/libnvidia-ml.so.{d.version}").exists()
+        or not any(host.path(f"/lib/firmware/nvidia/{d.version}").glob("gsp_*.bin")),
         # installed, not held, and guarded: the holds task's loop (P02)
         "unheld": sorted(p for p in packages["installed"]
                          if p not in packages["held"] and p.startswith(GUARDED_PACKAGES)),
