@@ -186,14 +186,14 @@ def apply(text: str, pins: dict[tuple[str, str], str], out: Path,
 
 def resolve(runner: Runner, profile: config.Profile, keys: list[str], workdir: Path) -> dict[str, dict]:
     """`up --pin`: the pins preflight named, each resolved from the profile's own sources (the
-    installer at driver.installer_url after NVIDIA's check; the fork's branch and the engine's HEAD
-    from `git ls-remote`): {key: {"value", "from"}}. A pin p2pkit cannot resolve is refused."""
+    installer at driver.installer_url after its makeself checksums held, never run; the fork's branch
+    and the engine's HEAD from `git ls-remote`): {key: {"value", "from"}}. A pin p2pkit cannot resolve is refused."""
     found = {}
     for key in keys:
         if key == "driver.installer_sha256":
-            got = installer_pin(runner, profile.driver.installer_url, workdir)
+            got = installer_pin(profile.driver.installer_url, workdir)
             found[key] = {"value": got["sha256"],
-                          "from": f"sha256 of {profile.driver.installer_url} (NVIDIA's check: {got['check']})"}
+                          "from": f"sha256 of {profile.driver.installer_url} (archive check: {got['check']})"}
         elif key == "p2p_module.commit":
             got = remote_commit(runner, profile.p2p_module.repo, f"refs/heads/{profile.p2p_module.branch}")
             found[key] = {"value": got["commit"], "from": got["from"]}

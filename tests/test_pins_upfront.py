@@ -54,7 +54,7 @@ def test_up_pin_resolves_shows_and_writes_each_pin_with_where_it_came_from(cli, 
         assert f"pinned {key} = {value}" in r.err
     lines = mine.read_text().splitlines()
     sha_line = next(ln for ln in lines if ln.startswith("installer_sha256 ="))
-    assert "# pinned by `p2pkit up --pin`" in sha_line and "NVIDIA's check" in sha_line
+    assert "# pinned by `p2pkit up --pin`" in sha_line and "archive check" in sha_line
     assert "git ls-remote" in next(ln for ln in lines if ln.startswith("commit =") and "p2pkit up --pin" in ln)
     assert json.loads((root / "var/lib/p2pkit/profile.json").read_text())["source"] == str(mine.resolve())
     assert json.loads((root / "var/lib/p2pkit/driver.json").read_text())["status"] == "passed"

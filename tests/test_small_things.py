@@ -25,8 +25,10 @@ def test_a_truncated_profile_record_is_fixed_the_way_its_hint_says(cli, sim):
     r = cli("--root", str(root), "status")
     assert r.code == 2 and "cannot be read" in r.err
     assert "`p2pkit --profile NAME|FILE [--set SECTION.KEY=VALUE ...] up`" in r.err
-    r = cli("--root", str(root), "--profile", "dual-5090-ninfer", "--set", "host.min_free_disk_gib=10", "up",
-            "--to", "preflight")
+    from p2pkit.host import Host
+
+    own = Host.at(root).sim["profile"]  # the host's own (pinned) profile file: what the hint's FILE means here
+    r = cli("--root", str(root), "--profile", own, "--set", "host.min_free_disk_gib=10", "up", "--to", "preflight")
     assert r.code == 0, r.err
     assert cli("--root", str(root), "status").code in (0, 1)  # readable again (stages after preflight not run)
     assert '"host.min_free_disk_gib=10"' in (state / "profile.json").read_text()

@@ -13,9 +13,11 @@ SIM_HINT = ("to try p2pkit without GPUs: `p2pkit sim init /tmp/p2pkit-sim` then 
 
 def check(f: dict, p: Profile) -> list[Check]:
     # GPUs first: on a machine without them nothing else matters, and the first failure is the headline
+    # a facts file recorded before p2pkit read the bootloader has none: that check is left out for it
+    boot = [bootloader(f, p)] if "bootloader" in f else []
     return [
         _gpu_count(f, p), _gpu_model(f, p), _os(f, p), _kernel(f, p), _root(f, p), _disk(f, p),
-        _secure_boot(f, p), _iommu(f, p), bootloader(f, p), _dpkg(f), _cgroup(f), _tools(f, p), _pins(p),
+        _secure_boot(f, p), _iommu(f, p), *boot, _dpkg(f), _cgroup(f), _tools(f, p), _pins(p),
     ]
 
 
@@ -60,8 +62,9 @@ def _pins(p) -> Check:
     hint = ""
     if keys:
         hint = (f"`sudo p2pkit up --pin` resolves them and writes them into this host's profile (the installer "
-                "from driver.installer_url after NVIDIA's own --check, the commits from `git ls-remote`), showing "
-                f"each value and where it came from; or pin a copy yourself: `{pin_command(p, keys)}`, then "
+                "from driver.installer_url once the checksums its makeself header carries hold, read and never run; "
+                "the commits from `git ls-remote`), showing each value and where it came from; or pin a copy "
+                f"yourself: `{pin_command(p, keys)}`, then "
                 f"`sudo p2pkit --profile ./{p.name}.toml up`")
         if "engine.source_sha256" in keys:
             hint += "; engine.source_sha256 is yours to set: the sha256 of the source archive you reviewed"

@@ -17,11 +17,16 @@ def _fmt(s: dict | None, unit: str = "") -> str:
     return f"{s['median']:g}{unit} ({s['min']:g}-{s['max']:g})"
 
 
+def levels(arm: dict) -> list[dict]:
+    """An arm's levels (shape x concurrency); an arm recorded without levels is one level of its own."""
+    return arm.get("levels") or [{"shape": "-", "concurrency": 1, **arm}]
+
+
 def rows(doc: dict) -> list[list]:
-    """One row per arm and level (shape x concurrency); an arm without levels is one row."""
+    """One row per arm and level."""
     out = []
     for a in doc["arms"]:
-        for lv in a.get("levels") or [{"shape": "-", "concurrency": 1, **a}]:
+        for lv in levels(a):
             s = lv.get("summary", {})
             out.append([a["arm"], lv.get("shape", "-"), lv.get("concurrency", 1), len(lv["requests"]),
                         _fmt(s.get("decode_tps")), s.get("aggregate_decode_tps", "-"),
@@ -93,12 +98,11 @@ def plot(doc: dict, path: Path) -> None:
     except ImportError as e:
         raise MissingError("the PNG plot needs matplotlib, which is not installed",
                            hint="pip install 'p2pkit[plot]' (the JSON artifact is written without it)") from e
-    shapes = list(dict.fromkeys(lv["shape"] for a in doc["arms"] for lv in a.get("levels", []))) or ["-"]
+    shapes = list(dict.fromkeys(lv["shape"] for a in doc["arms"] for lv in levels(a)))
     fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 4.2), squeeze=False)
     for ax, shape in zip(axes[0], shapes):
         for a in doc["arms"]:
-            lvs = [lv for lv in a.get("levels", [])
-                   if lv["shape"] == shape and (lv.get("summary") or {}).get("decode_tps")]
+            lvs = [lv for lv in levels(a) if lv["shape"] == shape and (lv.get("summary") or {}).get("decode_tps")]
             if not lvs:
                 continue
             xs = [lv["concurrency"] for lv in lvs]
@@ -109,9 +113,10 @@ def plot(doc: dict, path: Path) -> None:
             agg = [lv["summary"].get("aggregate_decode_tps") for lv in lvs]
             if any(agg):
                 ax.plot(xs, agg, linestyle="--", marker="s", color=line[0].get_color(), label=f"{a['arm']}: aggregate")
-        lv0 = next((lv for a in doc["arms"] for lv in a.get("levels", []) if lv["shape"] == shape), {})
+        lv0 = next((lv for a in doc["arms"] for lv in levels(a) if lv["shape"] == shape), {})
         ax.set_title(f"{'SIMULATED ' if doc.get('simulated') else ''}{doc['engine']}, {shape}: prompt "
-                     f"{lv0.get('prompt_tokens', '?')} / output {lv0.get('output_tokens', '?')}")
+                     f"{lv0.get('prompt_tokens', doc['shape']['prompt_tokens'])} / output "
+                     f"{lv0.get('output_tokens', doc['shape']['output_tokens'])}")
         ax.set_xlabel("concurrent streams")
         ax.set_ylabel("decode tok/s (server's own accounting)")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -119,7 +124,7 @@ def plot(doc: dict, path: Path) -> None:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize="small")
     fig.tight_layout()
-    arms = "; ".join(f"{a['arm']}={sum(len(lv['requests']) for lv in a.get('levels', []))}" for a in doc["arms"])
+    arms = "; ".join(f"{a['arm']}={sum(len(lv['requests']) for lv in levels(a))}" for a in doc["arms"])
     fig.savefig(path, format="png", metadata={"Title": "p2pkit bench", "Description": f"arms: {arms}"})
     plt.close(fig)
 

@@ -14,7 +14,7 @@ from p2pkit.errors import Exit, UsageError
 
 def pin(
     installer: Annotated[str | None, typer.Option("--installer", help="the NVIDIA .run you downloaded, or its URL "
-                                                  "(checked with its own --check first)")] = None,
+                                                  "(its makeself checksums checked first; never run)")] = None,
     fork: Annotated[Path | None, typer.Option("--fork", help="a local checkout of the P2P fork")] = None,
     fork_remote: Annotated[bool, typer.Option("--fork-remote", help="the fork's commit from `git ls-remote` of "
                                               "p2p_module.repo at p2p_module.branch")] = False,
@@ -89,7 +89,7 @@ def pin(
                   f"files, {', '.join(f['dropped'])} left out), packed from {f['from']} (sha256 {f['from_sha256']}); "
                   f"copy it to the same path on the box")
             continue
-        o.log(f"{what}: " + (f"{f['file']}: NVIDIA's check: {f['check']}; sha256 {f['sha256']}" if what == "installer"
+        o.log(f"{what}: " + (f"{f['file']}: archive check: {f['check']}; sha256 {f['sha256']}" if what == "installer"
                              else f"{f['commit']} from {f['from']}"))
     o.line(diff.rstrip("\n") if diff else f"{out}: already pinned so; nothing to change")
     if written:
