@@ -12,7 +12,8 @@ from p2pkit.sim.lifecycle import STOCK_KO
 
 pytestmark = pytest.mark.slow
 KERNEL = "6.8.0-88-generic"
-SKIP = (".p2pkit-sim", "var/lib/p2pkit", "var/cache/p2pkit", "proc", "sys", "dev")
+SKIP = (".p2pkit-sim", "var/lib/p2pkit", "var/cache/p2pkit", "proc", "sys", "dev",
+        "run/p2pkit.lock")  # the host's run lock: a runtime file p2pkit leaves for the next run, like /run's
 # what the real dpkg and apt-mark write for their own bookkeeping when they run on the simulated root
 # (locks, the previous status, the database format): not host state a rollback puts back
 DPKG_BOOKKEEPING = {"var/lib/dpkg/lock", "var/lib/dpkg/lock-frontend", "var/lib/dpkg/triggers/Lock",
@@ -34,9 +35,10 @@ def test_install_rollback_install_again(cli, sim):
     leftover = root / f"lib/modules/{KERNEL}/updates/dkms/nvidia.ko"  # a stock DKMS copy from before
     leftover.parent.mkdir(parents=True)
     leftover.write_text(STOCK_KO.format(kernel=KERNEL))
-    from p2pkit.sim.standins import write_initramfs
+    from p2pkit.sim.standins import write_initramfs, write_modules_dep
 
-    write_initramfs(root, KERNEL)  # DKMS rebuilds the initramfs when it installs a module
+    write_modules_dep(root, KERNEL)  # DKMS runs depmod when it installs a module ...
+    write_initramfs(root, KERNEL)  # ... and rebuilds the initramfs
     before = tree(root)
     assert cli("--root", str(root), "up", "--reboot", "--to", "link").code == 0
     assert not leftover.exists() and tree(root) != before

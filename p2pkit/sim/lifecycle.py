@@ -82,7 +82,11 @@ def init(root: Path, state: dict) -> None:
         write_grub_cfg(root, state["cmdline"])  # what the installer's update-grub wrote for this boot
         etc_grub = root / "etc/default/grub"
         etc_grub.parent.mkdir(parents=True, exist_ok=True)
-        etc_grub.write_text('GRUB_DEFAULT=0\nGRUB_CMDLINE_LINUX_DEFAULT="quiet splash"\nGRUB_CMDLINE_LINUX=""\n')
+        # the options the running command line has beyond the image, root and ro came from here (a scenario
+        # booted with iommu=pt already has it in its GRUB defaults): update-grub then writes this same grub.cfg
+        extra = " ".join(w for w in state["cmdline"].split() if not w.startswith(("BOOT_IMAGE=", "root="))
+                         and w != "ro") or "quiet splash"
+        etc_grub.write_text(f'GRUB_DEFAULT=0\nGRUB_CMDLINE_LINUX_DEFAULT="{extra}"\nGRUB_CMDLINE_LINUX=""\n')
     elif state["bootloader"] in ("systemd-boot", "kernelstub"):
         write_loader(root, state)
     render(root, state)
