@@ -193,6 +193,7 @@ def test_doctor_starts_its_waiting_facts_before_the_cli_and_collect_takes_them(s
     assert again == plain
     assert not any(k[0] == str(root) for k in facts._EARLY)
     for argv in (["--root", str(root), "doctor", "--facts", "f.json"], ["--root", str(root), "doctor", "--help"],
+                 ["--root", str(root), "doctor", "--from-paste", "p.txt"],
                  ["--debug", "--root", str(root), "doctor"], ["--root", str(root), "status"]):
         entry.start_early_facts(argv)
         assert not facts._EARLY, argv

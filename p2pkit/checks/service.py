@@ -247,17 +247,23 @@ def _spec(s: dict, p: Profile) -> list[Check]:
 SPEC_TITLE = "speculative decoding is really running"
 
 
+def first_completion(fc: dict, s: dict, generated: int, shown: str, hint: str) -> tuple[bool, Check]:
+    """The one real request after /health 200 (P19): answered with generated tokens, the server still
+    running; `shown` says what it generated, a failure says the answer and the log's last lines."""
+    ok = fc.get("status") == 200 and generated > 0 and fc.get("alive_after", True)
+    tail = " | ".join(s.get("log_tail", [])[-5:])
+    got = shown if ok else (f"HTTP {fc.get('status')}: {str(fc.get('error', ''))[:160]}; alive after: "
+                            f"{fc.get('alive_after')}; last log lines: {tail}")
+    return ok, judge("service.first_completion", "one real completion after /health 200", ok, got,
+                     "HTTP 200 with generated tokens, the server still running", hint, pitfall="P19")
+
+
 def _openai_first(fc: dict, s: dict, engine: str) -> Check:
     """vLLM and NInfer: the one real request answered with generated tokens, the server still running."""
     u = fc.get("usage") or {}
-    tail = " | ".join(s.get("log_tail", [])[-5:])
-    ok = fc.get("status") == 200 and (u.get("completion_tokens") or 0) > 0 and fc.get("alive_after", True)
-    got = (f"{u.get('completion_tokens')} tokens (usage), {fc.get('client_seconds')} s at the client" if ok else
-           f"HTTP {fc.get('status')}: {str(fc.get('error', ''))[:160]}; alive after: {fc.get('alive_after')}; "
-           f"last log lines: {tail}")
-    return judge("service.first_completion", "one real completion after /health 200", ok, got,
-                 "HTTP 200 with generated tokens, the server still running",
-                 f"{engine} said healthy but failed its first decode: read `p2pkit serve logs`", pitfall="P19")
+    return first_completion(fc, s, u.get("completion_tokens") or 0,
+                            f"{u.get('completion_tokens')} tokens (usage), {fc.get('client_seconds')} s at the "
+                            "client", f"{engine} said healthy but failed its first decode: read `p2pkit serve logs`")[1]
 
 
 def check_vllm_requests(s: dict, p: Profile) -> list[Check]:
@@ -347,16 +353,11 @@ def check_llamacpp_requests(s: dict, p: Profile) -> list[Check]:
     if fc is None:
         return []  # /health never answered 200: the health check already failed
     t = fc.get("timings") or {}
-    tail = " | ".join(s.get("log_tail", [])[-5:])
-    ok = fc.get("status") == 200 and (t.get("predicted_n") or 0) > 0 and fc.get("alive_after", True)
-    got = (f"{t.get('predicted_n')} tokens in {t.get('predicted_ms', 0):.1f} ms (server timings)" if ok else
-           f"HTTP {fc.get('status')}: {fc.get('error', '')[:160]}; alive after: {fc.get('alive_after')}; "
-           f"last log lines: {tail}")
-    out = [judge("service.first_completion", "one real completion after /health 200", ok, got,
-                 "HTTP 200 with generated tokens, the server still running",
-                 "the server said healthy but failed its first decode: read `p2pkit serve logs` (with MTP under "
-                 "--split-mode tensor this is the known crash; try --split-mode layer or another KV type)",
-                 pitfall="P19")]
+    ok, first = first_completion(
+        fc, s, t.get("predicted_n") or 0, f"{t.get('predicted_n')} tokens in {t.get('predicted_ms', 0):.1f} ms "
+        "(server timings)", "the server said healthy but failed its first decode: read `p2pkit serve logs` (with "
+        "MTP under --split-mode tensor this is the known crash; try --split-mode layer or another KV type)")
+    out = [first]
     if not spec:
         return out
     if "total_slots" in fc:

@@ -78,9 +78,10 @@ def main() -> None:
 def start_early_facts(argv: list[str]) -> None:
     """For `doctor` on the host it runs on: start the facts that wait (nvidia-smi, NVML, modinfo,
     dpkg-query) now, so their wait overlaps the import of the CLI framework and the checks; doctor's
-    collect() takes their results. Not with --facts (nothing is read), --help, or --debug (which logs
-    every command after the logging is set up)."""
-    if named_command(argv) != "doctor" or {"--facts", "--help", "--debug"} & {a.split("=", 1)[0] for a in argv}:
+    collect() takes their results. Not with --facts or --from-paste (nothing is read), --help, or --debug
+    (which logs every command after the logging is set up)."""
+    skip = {"--facts", "--from-paste", "--help", "--debug"}
+    if named_command(argv) != "doctor" or skip & {a.split("=", 1)[0] for a in argv}:
         return
     from p2pkit import facts
     from p2pkit.host import Host
