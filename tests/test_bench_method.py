@@ -85,3 +85,19 @@ def test_a_failing_llama_bench_leaves_an_error_on_its_shape_and_the_rest_alone()
     assert "failed to load model" in missing["error"] and "prefill_tps" not in missing
     assert "no result row" in empty["error"]
     assert bench.reference_ratios({"arms": [{"levels": []}], "reference": ref}) == []
+
+
+@pytest.mark.parametrize("profile", ["dual-spark-vllm", "dual-5090-ninfer"])
+def test_engines_read_one_request_at_a_time_refuse_concurrency_and_the_reference(profile):
+    """vLLM's /metrics are read around each request and NInfer's log lines in order: at 2 streams their
+    figures could not be told apart per request, so bench refuses before any request; llama-bench
+    measures llama.cpp only."""
+    from p2pkit.errors import P2pkitError
+
+    ctx = SimpleNamespace(profile=config.load(profile))
+    with pytest.raises(P2pkitError) as e:
+        bench.run(ctx, 16, 16, 0, 1, None, None, [1, 2])
+    assert "one request at a time" in e.value.message and "--concurrency at 1" in e.value.hint
+    with pytest.raises(P2pkitError) as e:
+        bench.run(ctx, 16, 16, 0, 1, None, None, [1], reference=True)
+    assert "llama-bench" in e.value.message
