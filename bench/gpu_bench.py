@@ -16,19 +16,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def main(argv: list[str]) -> int:
-    import argparse
+    from gpu_stages import context, parser  # beside this script: the options and context of the GPU run
 
-    from p2pkit import bench, config, pipeline
-    from p2pkit.artifacts import Store
+    from p2pkit import bench
     from p2pkit.cli import bench_cmd
     from p2pkit.errors import P2pkitError
-    from p2pkit.host import Host
-    from p2pkit.output import Output
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--profile", required=True)
-    ap.add_argument("--state-dir", required=True, type=Path)
-    ap.add_argument("--set", action="append", default=[], dest="overrides")
+    ap = parser(__doc__)
     ap.add_argument("--shapes")
     ap.add_argument("--concurrency")
     ap.add_argument("--requests", type=int, default=2)
@@ -38,8 +32,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--plot", type=Path)
     a = ap.parse_args(argv)
-    p = config.load(a.profile, a.overrides)
-    ctx = pipeline.Ctx(profile=p, host=Host.at("/"), store=Store(a.state_dir), out=Output())
+    ctx = context(a)
+    p = ctx.profile
     try:
         doc = bench.run(ctx, p.bench.prompt_tokens, p.bench.output_tokens, a.warmup, a.requests, a.ab,
                         bench_cmd._shapes(a.shapes), bench_cmd._ints(a.concurrency, "--concurrency"), a.reference)

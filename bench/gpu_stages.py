@@ -18,23 +18,36 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def main(argv: list[str]) -> int:
+def parser(doc: str):
+    """The options every GPU-run script takes: the profile, its overrides and the state directory."""
     import argparse
 
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--profile", required=True)
+    ap.add_argument("--state-dir", required=True, type=Path)
+    ap.add_argument("--set", action="append", default=[], dest="overrides")
+    return ap
+
+
+def context(a):
+    """The real host at / with the profile and state directory the options name."""
     from p2pkit import config, pipeline
     from p2pkit.artifacts import Store
     from p2pkit.host import Host
     from p2pkit.output import Output
+
+    return pipeline.Ctx(profile=config.load(a.profile, a.overrides), host=Host.at("/"), store=Store(a.state_dir),
+                        out=Output())
+
+
+def main(argv: list[str]) -> int:
+    from p2pkit import pipeline
     from p2pkit.stages import get
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--profile", required=True)
-    ap.add_argument("--state-dir", required=True, type=Path)
-    ap.add_argument("--set", action="append", default=[], dest="overrides")
+    ap = parser(__doc__)
     ap.add_argument("stages", nargs="+")
     a = ap.parse_args(argv)
-    p = config.load(a.profile, a.overrides)
-    ctx = pipeline.Ctx(profile=p, host=Host.at("/"), store=Store(a.state_dir), out=Output())
+    ctx = context(a)
     names = [s.name for s in pipeline.registry()]
     worst = 0
     for name in a.stages:
