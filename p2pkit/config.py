@@ -19,7 +19,7 @@ import socket
 import stat
 import tomllib
 import typing
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -538,6 +538,43 @@ def public_address(host: str) -> str:
         return "does not resolve, so p2pkit cannot tell it is loopback"
     public = [a for a in addrs if not loopback(a)]
     return f"resolves to {', '.join(public)}" if public else ""
+
+
+# Profile path keys a relative value is allowed in: a relative value means "under the state directory"
+# (never the directory p2pkit was started from), made absolute once, where the profile meets its host.
+# serve.flags naming a file the engine itself writes go under the engine's own directory there
+# (<state>/engine: the engine's user may write only there).
+RELATIVE_KEYS = ("p2p_module.signing_key", "model.draft_source")
+RELATIVE_LIST_KEYS = {"engine.pkg_config_path": ":"}
+RELATIVE_FLAGS = ("request-log-jsonl",)
+
+
+def anchored(p: Profile, state_dir: str) -> Profile:
+    """The profile with each relative path of RELATIVE_KEYS, RELATIVE_LIST_KEYS and RELATIVE_FLAGS made
+    absolute under `state_dir` (the state directory as the host names it); absolute ones unchanged."""
+    def under(v: str, base: str = state_dir) -> str:
+        return v if not v or v.startswith("/") else posixpath.normpath(posixpath.join(base, v))
+
+    sections: dict[str, dict] = {}
+    for key in RELATIVE_KEYS:
+        sec, name = key.split(".")
+        v = getattr(getattr(p, sec), name)
+        if under(v) != v:
+            sections.setdefault(sec, {})[name] = under(v)
+    for key, sep in RELATIVE_LIST_KEYS.items():
+        sec, name = key.split(".")
+        v = getattr(getattr(p, sec), name)
+        new = sep.join(under(x) for x in v.split(sep)) if v else v
+        if new != v:
+            sections.setdefault(sec, {})[name] = new
+    engine_dir = posixpath.join(state_dir, STATE_PATHS["the service's working directory"])
+    flags = {k: under(p.serve.flags[k], engine_dir) for k in RELATIVE_FLAGS
+             if isinstance(p.serve.flags.get(k), str) and under(p.serve.flags[k], engine_dir) != p.serve.flags[k]}
+    if flags:
+        sections.setdefault("serve", {})["flags"] = {**p.serve.flags, **flags}
+    if not sections:
+        return p
+    return replace(p, **{sec: replace(getattr(p, sec), **vals) for sec, vals in sections.items()})
 
 
 # Profile paths that must resolve inside the directory they are named in (their parent as written):

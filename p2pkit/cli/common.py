@@ -123,7 +123,8 @@ def profile(h: Host | None = None) -> config.Profile:
         return config.load(OPTS.profile, OPTS.overrides)
     fallback = h.sim.get("profile") if h.simulated else None
     source, overrides, stored = hoststate.resolve(state_dir(h), OPTS.profile, OPTS.overrides, OPTS.unset, fallback)
-    return contained(config.load(source, overrides, stored), h)
+    # a relative path in the profile is under the state directory, never where p2pkit was started
+    return contained(config.anchored(config.load(source, overrides, stored), h.host_path(state_dir(h))), h)
 
 
 def contained(p: config.Profile, h: Host) -> config.Profile:

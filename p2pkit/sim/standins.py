@@ -570,9 +570,11 @@ def _start(root: Path, state: dict, unit: str) -> int:
         print(f"Failed to start {unit}: Unit {unit} not found.", file=sys.stderr)
         return 5
 
-    def host_argv(line: str) -> list[str]:  # paths that exist in the simulated root point into it
+    def host_argv(line: str) -> list[str]:  # paths in the simulated root point into it: those that exist,
+        # and files the engine creates in a directory that exists there (its request log)
         words = [a.replace("%%", "%").replace("$$", "$") for a in shlex.split(line)]  # systemd's escapes
-        return [str(root / a.lstrip("/")) if a.startswith("/") and (root / a.lstrip("/")).exists() else a
+        return [str(root / a.lstrip("/")) if a.startswith("/") and ((root / a.lstrip("/")).exists()
+                                                                    or (root / a.lstrip("/")).parent.is_dir()) else a
                 for a in words]
 
     for pre in u.get("pre", []):  # ExecStartPre, in order; "-" tolerates a failure, "+" is privileges

@@ -115,9 +115,9 @@ def start(ctx, service_user: str) -> dict:
 
 
 def _into(host: Host, a: str) -> str:
-    """A host path that exists in the simulated root, as this machine names it (what the simulated
-    systemctl does for ExecStart); anything else as it is."""
-    if host.simulated and a.startswith("/") and host.path(a).exists():
+    """A host path in the simulated root (one that exists, or a file in a directory that exists there),
+    as this machine names it (what the simulated systemctl does for ExecStart); anything else as it is."""
+    if host.simulated and a.startswith("/") and (host.path(a).exists() or host.path(a).parent.is_dir()):
         return str(host.path(a))
     return a
 
