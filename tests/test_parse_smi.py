@@ -47,18 +47,6 @@ def test_smi_q_real_capture():
                      "width_current": 16, "replays": 0, "util_gpu_pct": 0, "processes": 0}]
 
 
-def test_query_csv_real_capture_na_is_none():
-    rows = smi.query_csv((H200 / "query.csv").read_text())
-    assert rows[0]["name"] == "NVIDIA H200"
-    assert rows[0]["pcie.link.gen.hostmax"] is None
-    assert rows[0]["pcie.link.width.current"] == "16"
-
-
-def test_query_csv_rejects_ragged_rows():
-    with pytest.raises(ValueError, match="fields"):
-        smi.query_csv("a, b\n1, 2, 3\n")
-
-
 TOPO = FIXTURES / "topo_m"
 
 

@@ -1,11 +1,10 @@
-"""nvidia-smi text: `topo -m`, `topo -p2p r|w`, `-q`, and `--query-gpu ... --format=csv`."""
+"""nvidia-smi text: `topo -m` and `topo -p2p r|w` (`-q`: parse/smi_q.py)."""
 
 from __future__ import annotations
 
 import re
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-P2P_CODES = {"X", "OK", "CNS", "GNS", "TNS", "NS", "DR", "U"}
 TOPO_CODES = re.compile(r"^(X|SYS|NODE|PHB|PXB|PIX|NV\d+)$")
 # `nvidia-smi topo -m`'s own legend, word for word (e.g. NVIDIA/go-gpuallocator#17, noonghunna/club-3090#1229)
 TOPO_LEGEND = {
@@ -102,18 +101,3 @@ def relation_meaning(code: str) -> str:
 def relation_has_switch(code: str) -> bool:
     """PIX and PXB: the pair meets below the host bridge, through PCIe bridges (a switch)."""
     return code in ("PIX", "PXB")
-
-
-def query_csv(text: str) -> list[dict[str, str | None]]:
-    """--query-gpu=... --format=csv: header row names the fields; '[N/A]' becomes None."""
-    lines = [line for line in text.splitlines() if line.strip()]
-    if not lines:
-        raise ValueError("empty nvidia-smi CSV output")
-    header = [h.strip() for h in lines[0].split(",")]
-    rows = []
-    for line in lines[1:]:
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) != len(header):
-            raise ValueError(f"CSV row has {len(cells)} fields, header has {len(header)}: {line!r}")
-        rows.append({h: (None if c in ("[N/A]", "N/A", "[Not Supported]") else c) for h, c in zip(header, cells)})
-    return rows

@@ -158,9 +158,9 @@ def render(root: Path, state: dict) -> None:
                            ("link_layer", "Ethernet"), ("rate", nic.get("rate", "200 Gb/sec (4X HDR)"))):
             (port / name).write_text(text + "\n")
     _storage(root, state)
-    if True:  # an EFI system; the variable says whether Secure Boot is on
-        efivar = "sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
-        write(root, efivar, bytes([6, 0, 0, 0, 1 if state["secure_boot"] else 0]))
+    # an EFI system; the variable says whether Secure Boot is on
+    efivar = "sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
+    write(root, efivar, bytes([6, 0, 0, 0, 1 if state["secure_boot"] else 0]))
     mod = model.loaded(state)
     if mod is not None:
         write(root, "sys/module/nvidia/srcversion", mod["srcversion"] + "\n")
