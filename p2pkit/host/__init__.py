@@ -14,6 +14,7 @@ from p2pkit.errors import ProbeError
 from p2pkit.runner import Runner
 
 SIM_MARKER = ".p2pkit-sim/state.json"
+HOST_ROOT_SIGNS = ("etc/os-release", "proc", "sys")  # what a host's root filesystem holds
 
 
 @dataclass
@@ -128,6 +129,37 @@ class Host:
         if self.simulated:
             return self.sim.get("arch", "x86_64")
         return os.uname().machine
+
+    def is_host_root(self) -> bool:
+        """Whether the root can be a host's: / itself, a simulated host, or a tree holding one of
+        HOST_ROOT_SIGNS (a typo in --root must not read as an empty host)."""
+        return self.root == Path("/") or self.simulated or any(self.path(p).exists() for p in HOST_ROOT_SIGNS)
+
+    def default_profile(self) -> str | None:
+        """The profile this host runs when none is given or recorded: a simulated host's state names
+        the one its scenario was laid out for; a real host has none (the built-in default applies)."""
+        return self.sim.get("profile") if self.simulated else None
+
+    def reboots_for_real(self) -> bool:
+        """Whether a reboot takes this machine down (a real host: p2pkit asks for --yes and the resume
+        unit carries on after boot) or happens in place (a simulated host: `up --reboot` goes on)."""
+        return not self.simulated
+
+    def reboot_command(self) -> str | None:
+        """The command that reboots this host, for a message to print: `p2pkit sim reboot ROOT` on a
+        simulated host; None on a real one (its operator reboots it the way they do)."""
+        return f"p2pkit sim reboot {self.root}" if self.simulated else None
+
+    def banner(self) -> str | None:
+        """What `up` says first about the host when it is not an ordinary one: a simulated host's scenario."""
+        if not self.simulated:
+            return None
+        return (f"host root {self.root} is a simulated host (scenario {self.sim.get('scenario')}): nothing real "
+                "is changed or measured")
+
+    def offers_simulator(self) -> bool:
+        """Whether pointing the user at p2pkit's simulated host can help here: not on one already."""
+        return not self.simulated
 
     def sim_fact(self, key: str, default=None):
         return (self.sim or {}).get("facts", {}).get(key, default)
