@@ -243,14 +243,14 @@ def verify(
     collected: dict = {}
     results, code = pipeline.verify(ctx, selected, collected)
     if junit:
-        reports.write(junit, reports.junit(results, ctx.host.simulated))
+        reports.write(junit, reports.junit(results, simulated=ctx.host.simulated))
     if prometheus:
         if "nvml" not in collected:
             from p2pkit import facts as facts_mod
 
             collected.update(facts_mod.collect(ctx.host, ["nvml"]))
-        reports.write_prometheus(prometheus, reports.prometheus(results, collected, ctx.host.simulated,
-                                                                ctx.profile.name))
+        reports.write_prometheus(prometheus, reports.prometheus(results, collected, simulated=ctx.host.simulated,
+                                                                profile=ctx.profile.name))
     if common.OPTS.json:
         ctx.out.document({"profile": ctx.profile.name, "stages": results, "exit_code": int(code)})
     else:

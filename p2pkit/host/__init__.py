@@ -4,6 +4,7 @@ a real host (the simulated host) and at recorded NVML facts."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import os
@@ -23,11 +24,19 @@ class Host:
     runner: Runner = field(default_factory=Runner)
     simulated: bool = False
 
+    def __post_init__(self) -> None:
+        self.root = Path(self.root)
+        if self.runner.root != self.root:  # commands are the host's own: looked up under its root, never here
+            self.runner = dataclasses.replace(self.runner, root=self.root)
+
     @classmethod
     def at(cls, root: Path | str = "/") -> Host:
         root = Path(root).resolve()
         simulated = root != Path("/") and (root / SIM_MARKER).is_file()
-        return cls(root=root, runner=Runner(root=root), simulated=simulated)
+        host = cls(root=root, runner=Runner(root=root), simulated=simulated)
+        if simulated:  # the commands of this machine it lends by name (the build's toolchain, systemd's verifier)
+            host.runner.lent = tuple(host.sim.get("lends", ()))
+        return host
 
     @property
     def sim(self) -> dict | None:

@@ -48,6 +48,7 @@ def load_state(root: Path) -> dict:
     imports only what it prints (each runs in a Python of its own)."""
     doc = json.loads((root / STATE).read_text())
     doc.pop("libraries", None)
+    doc.pop("lends", None)
     return doc
 
 
