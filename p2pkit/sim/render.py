@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from p2pkit.host import SIM_MARKER
-from p2pkit.sim import model
+from p2pkit.sim import model, rules
 from p2pkit.sim.scenarios import GIB
 
 STANDINS = ["nvidia-smi", "modinfo", "dpkg", "dpkg-query", "apt-mark", "apt-get", "apt-cache", "update-initramfs",
@@ -338,9 +338,7 @@ def _storage(root: Path, state: dict) -> None:
 def userspace_on_disk(root: Path) -> str | None:
     """The userspace driver version NVML loads: the library libnvidia-ml.so.1 points to, if it is there
     (in the multiarch directory of either architecture: an aarch64 Spark node's is aarch64-linux-gnu)."""
-    from p2pkit.host.arch import ARCHES
-
-    links = [Path(root) / a.libdir.lstrip("/") / "libnvidia-ml.so.1" for a in ARCHES.values()]
+    links = [Path(root) / d.lstrip("/") / "libnvidia-ml.so.1" for d in rules.MULTIARCH_LIBDIR.values()]
     link = next((x for x in links if x.is_symlink() and x.exists()), None)
     if link is None:
         return None
