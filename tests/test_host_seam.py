@@ -6,12 +6,13 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 
 from p2pkit.errors import MissingError
-from p2pkit.host import Host, kmod
+from p2pkit.host import Host, kmod, nvml
 from p2pkit.runner import Runner
 
 PRODUCT = Path(__file__).resolve().parent.parent / "p2pkit"
@@ -81,6 +82,34 @@ def test_the_runner_looks_up_a_host_roots_tools_under_it_and_only_lent_ones_here
     assert e.value.message.startswith(f"dmesg is not in the host at {root}"), e.value.message
     assert not marker.exists()
     assert Runner().which("dmesg") == str(tmp_path / "this-machine-bin/dmesg")  # the root /: this machine's PATH
+
+
+def host_tree(tmp_path: Path) -> Path:
+    """A host's root filesystem (not simulated): its os-release and its own /bin/sh, a copy of this
+    machine's real shell (a link to it, as Debian's, resolved inside the tree)."""
+    root = tmp_path / "host"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc/os-release").write_text("ID=ubuntu\nVERSION_ID=24.04\n")
+    (root / "usr/bin").mkdir(parents=True)
+    shutil.copy(os.path.realpath("/bin/sh"), root / "usr/bin/dash")
+    (root / "bin").symlink_to("usr/bin")
+    (root / "usr/bin/sh").symlink_to("/usr/bin/dash")  # absolute: the host's /usr/bin/dash, not this machine's
+    return root
+
+
+def test_a_host_trees_architecture_is_its_own_and_its_libraries_are_not_loaded_here(tmp_path):
+    """The architecture of a host tree comes from its own shell's ELF header (here a copy of this
+    machine's, so the same answer), never from this machine's kernel when there is none; its NVML is
+    never this machine's; its GPUs are never loaded from here."""
+    root = host_tree(tmp_path)
+    h = Host.at(root)
+    assert h.machine() == os.uname().machine
+    (root / "usr/bin/dash").unlink()
+    assert h.machine().startswith("unknown"), h.machine()
+    assert "is not this machine" in nvml.facts(h)["error"]
+    with pytest.raises(MissingError, match="is not this machine"):
+        h.load_backend()
+    assert Host.at("/").load_backend() is None  # the root /: this machine's own GPUs
 
 
 def test_a_host_object_runs_its_commands_under_its_own_root(tmp_path):
