@@ -15,13 +15,13 @@ from p2pkit.errors import MissingError, ProbeError
 from p2pkit.runner import Runner
 
 SIM_MARKER = ".p2pkit-sim/state.json"
+HOST_ROOT_SIGNS = ("etc/os-release", "proc", "sys")  # what a host's root filesystem holds
 ELF_MACHINES = {0x3E: "x86_64", 0xB7: "aarch64"}  # an ELF header's e_machine (EM_X86_64, EM_AARCH64)
 
 
 class NotThisMachine(ImportError):
     """A library of the host's that p2pkit cannot load here: the host is a tree at another root, not
     this machine (its NVML would answer for this machine's GPUs)."""
-HOST_ROOT_SIGNS = ("etc/os-release", "proc", "sys")  # what a host's root filesystem holds
 
 
 @dataclass
