@@ -183,3 +183,14 @@ def test_the_branch_finder_finds_a_branch_and_passes_a_label():
               "    return h.sim_fact('x') if h.simulated else None\n")
     assert branches_on_simulated(source, "f.py") == ["f.py:5: .simulated", "f.py:7: .sim_fact",
                                                      "f.py:7: .simulated"]
+
+
+def test_the_host_answers_the_questions_product_code_asks(sim):
+    """What a simulated host and this machine answer where product code once branched on "simulated"."""
+    root = sim("healthy")
+    s, real = Host.at(root), Host.at("/")
+    assert (s.reboot_command(), real.reboot_command()) == (f"p2pkit sim reboot {root}", None)
+    assert (s.reboots_for_real(), real.reboots_for_real()) == (False, True)
+    assert (s.default_profile(), real.default_profile()) == (str(root / ".p2pkit-sim/profile.toml"), None)
+    assert (s.offers_simulator(), real.offers_simulator()) == (False, True)
+    assert s.is_host_root() and real.is_host_root() and "scenario healthy" in s.banner() and real.banner() is None

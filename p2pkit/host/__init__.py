@@ -174,7 +174,7 @@ class Host:
 
     def default_profile(self) -> str | None:
         """The profile this host runs when none is given or recorded: a simulated host's state names
-        the one its scenario was laid out for; a real host has none (the built-in default applies)."""
+        the one laid out with it (its pins filled in); a real host has none (the built-in default applies)."""
         return self.sim.get("profile") if self.simulated else None
 
     def reboots_for_real(self) -> bool:
