@@ -352,7 +352,7 @@ def gate_fix(ctx: Ctx, states: list[StageState], stop: str | None) -> str:
     """A command that the gate lets through: `up` from the first stage that is not done."""
     first = next(s for s in states if s.state != DONE)
     if first.state == REBOOT:
-        how = f"`p2pkit sim reboot {ctx.host.root}`" if ctx.host.simulated else "reboot"
+        how = f"`{cmd}`" if (cmd := ctx.host.reboot_command()) else "reboot"
         return f"{first.stage} waits for a reboot ({first.reason}): {how}, then run `{command(ctx, 'up')}`"
     args = ["up"] + (["--from", first.stage] if first is not states[0] else []) + (["--to", stop] if stop else [])
     return f"run `{command(ctx, *args)}`: {first.stage} is the first stage that is not done"

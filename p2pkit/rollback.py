@@ -72,7 +72,7 @@ def apply(ctx, stage: str) -> dict:
             run(["systemctl", f"--root={_root_arg(ctx)}", "disable", TIMER], check=False)
             done = b.apply()
             for k in sorted({e["kernel"] for e in m["entries"].values()}):
-                run(["depmod", *(["-b", _root_arg(ctx)] if ctx.host.simulated else []), k])
+                run(["depmod", "-b", _root_arg(ctx), k])  # the host root's modules (`-b /` on a real host)
             run(["update-grub"])
         else:
             installer = ctx.host.path(m["installer"])

@@ -1,8 +1,12 @@
 """The one way p2pkit runs a command.
 
 List arguments only, LANG=C.UTF-8, stdin from /dev/null, the command logged under --debug.
-Against a host root other than /, that root's usr/bin and usr/sbin come first on PATH, so the
-simulated host's stand-in commands answer in place of the real ones.
+Against a host root other than /, a command is looked up only in that host's own directories
+(HOST_DIRS under the root: a simulated host's stand-in commands are there), never on this
+machine's PATH: a tool the host lacks is missing ("<tool> is not in the host at <root>"), not this
+machine's own run in its place. The one exception is what the host lends by name (`lent`: a
+simulated host builds with this machine's compilers). Those directories also come first on the
+PATH the command runs with.
 
 Every command has a timeout (a default per command, P2PKIT_TIMEOUT_<NAME> overrides it, e.g.
 P2PKIT_TIMEOUT_NVIDIA_SMI=10): a hung nvidia-smi is an error that says it did not answer, never
@@ -48,6 +52,7 @@ HEAD_CAP = 256 << 10  # captured output keeps its first 256 KiB ...
 TAIL_CAP = 4 << 20  # ... and its last 4 MiB; what lies between is dropped and counted
 LOG_CAP = 64 << 20  # a streamed log (output_log) stops growing here
 PR_SET_PDEATHSIG = 1
+HOST_DIRS = ("usr/local/bin", "usr/bin", "usr/sbin", "sbin", "bin")  # a host's own commands, under its root
 
 
 def own_executable() -> str:
@@ -169,13 +174,23 @@ class Runner:
     extra_env: dict[str, str] = field(default_factory=dict)
     # a bound over every command's own limit: a read-only report (status) waits on no command longer
     cap_s: float | None = None
+    # with a host root other than /: the commands of this machine the host lends by name (its
+    # Host says which); every other command is the host's own, or missing
+    lent: tuple[str, ...] = ()
+
+    def host_dirs(self) -> list[str]:
+        """Where this host's commands lie: this machine's PATH for the root /, else HOST_DIRS under the root."""
+        if self.root == Path("/"):
+            return os.environ.get("PATH", "/usr/bin:/bin").split(":")
+        return [str(self.root / d) for d in HOST_DIRS]
 
     def path_env(self) -> str:
+        """The PATH a command runs with: the host's directories first, then this machine's (what a
+        lent tool and the host's own scripts run on)."""
         base = os.environ.get("PATH", "/usr/bin:/bin")
         if self.root == Path("/"):
             return base
-        prefix = [str(self.root / d) for d in ("usr/local/bin", "usr/bin", "usr/sbin", "sbin", "bin")]
-        return ":".join([*prefix, base])
+        return ":".join([*self.host_dirs(), base])
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -184,7 +199,11 @@ class Runner:
         return env
 
     def which(self, name: str) -> str | None:
-        return shutil.which(name, path=self.path_env())
+        """The host's command `name`: found in host_dirs() only (a lent one also on this machine's PATH)."""
+        found = shutil.which(name, path=":".join(self.host_dirs()))
+        if found is None and name in self.lent and self.root != Path("/"):
+            found = shutil.which(name, path=os.environ.get("PATH", "/usr/bin:/bin"))
+        return found
 
     def run(
         self,
@@ -203,6 +222,11 @@ class Runner:
         if exe is not None and "/" in exe and not os.access(exe, os.X_OK):  # a path that is not there
             raise MissingError(f"{exe} does not exist or is not executable",
                                hint=f"install what provides {exe}, or fix the path that names it")
+        if exe is None and self.root != Path("/"):  # never this machine's own in the host's place
+            raise MissingError(
+                f"{argv[0]} is not in the host at {self.root} (looked in {':'.join(self.host_dirs())})",
+                hint=f"install {argv[0]} in that host, or run p2pkit on the host itself (--root /)",
+            )
         if exe is None:
             raise MissingError(
                 f"the command `{argv[0]}` is not installed (looked in {self.path_env()})",

@@ -10,7 +10,7 @@ from pathlib import Path
 from p2pkit import config, hoststate
 from p2pkit.artifacts import Store
 from p2pkit.errors import P2pkitError, ProfileError, UsageError
-from p2pkit.host import SIM_MARKER, Host
+from p2pkit.host import HOST_ROOT_SIGNS, SIM_MARKER, Host
 from p2pkit.output import Output
 from p2pkit.pipeline import Ctx, state_dir_default
 
@@ -34,9 +34,6 @@ def output() -> Output:
     return Output(json_mode=OPTS.json)
 
 
-HOST_ROOT_SIGNS = ("etc/os-release", "proc", "sys")
-
-
 def host() -> Host:
     """The host at --root, refused when the path cannot be a host root (a typo must not read as an
     empty host whose stages are all "not run")."""
@@ -46,7 +43,7 @@ def host() -> Host:
                          hint="check the path for a typo: --root names / (the default) or a simulated host's "
                               "directory (`p2pkit sim init DIR` lays one out)")
     h = Host.at(root)
-    if h.root != Path("/") and not h.simulated and not any(h.path(p).exists() for p in HOST_ROOT_SIGNS):
+    if not h.is_host_root():
         raise UsageError(f"--root {root} is neither a simulated host nor a host's root filesystem "
                          f"(none of {SIM_MARKER}, {', '.join(HOST_ROOT_SIGNS)} is there)",
                          hint="check the path for a typo: --root names / (the default) or a simulated host's "
@@ -85,7 +82,7 @@ def sim_hint(h: Host) -> str:
     from p2pkit.checks.preflight import SIM_HINT
     from p2pkit.host import pci
 
-    if h.simulated:
+    if not h.offers_simulator():
         return ""
     try:
         found = pci.gpu_bdfs(h)
@@ -121,8 +118,8 @@ def profile(h: Host | None = None) -> config.Profile:
     overrides `up` ran with stay in force: hoststate)."""
     if h is None:
         return config.load(OPTS.profile, OPTS.overrides)
-    fallback = h.sim.get("profile") if h.simulated else None
-    source, overrides, stored = hoststate.resolve(state_dir(h), OPTS.profile, OPTS.overrides, OPTS.unset, fallback)
+    source, overrides, stored = hoststate.resolve(state_dir(h), OPTS.profile, OPTS.overrides, OPTS.unset,
+                                                  h.default_profile())
     # a relative path in the profile is under the state directory, never where p2pkit was started
     return contained(config.anchored(config.load(source, overrides, stored), h.host_path(state_dir(h))), h)
 

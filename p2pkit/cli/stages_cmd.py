@@ -75,9 +75,8 @@ def up(
             cmd = ["--yes", *cmd]
         _inventory(inventory, "up", cmd, wheel)
     ctx = common.context()
-    if ctx.host.simulated:
-        ctx.out.log(f"host root {ctx.host.root} is a simulated host (scenario "
-                    f"{ctx.host.sim.get('scenario')}): nothing real is changed or measured")
+    if ctx.host.banner():
+        ctx.out.log(ctx.host.banner())
     ctx.out.log(f"profile {ctx.profile.name}; state in {ctx.store.dir}")
     if pin:
         from p2pkit.pin import pin_for_up
@@ -90,7 +89,7 @@ def up(
         hoststate.start_reboot_budget(ctx.store.dir, max_reboots)
     res = pipeline.up(ctx, start, stop, force)
     while res.code == Exit.REBOOT and reboot:
-        if not ctx.host.simulated and not common.OPTS.yes:
+        if ctx.host.reboots_for_real() and not common.OPTS.yes:
             raise UsageError("a reboot is needed and --reboot asks p2pkit to do it, but this is a real host",
                              hint="add --yes to let p2pkit reboot this machine, or reboot yourself and run "
                                   "`p2pkit up` again")
@@ -103,7 +102,7 @@ def up(
             res.message = spent + (f"; {UNIT} is disabled" if disabled else "")
             break
         reboot_host(ctx)
-        if not ctx.host.simulated:  # the machine is going down: the resume unit carries on after boot
+        if ctx.host.reboots_for_real():  # the machine is going down: the resume unit carries on after boot
             raise typer.Exit(int(Exit.REBOOT))
         before = res.ran
         res = pipeline.up(ctx, start, stop, force=False)
@@ -120,9 +119,8 @@ def up(
             ctx.out.line(res.message)
         else:
             hint = ""
-            if res.code == Exit.REBOOT and ctx.host.simulated:
-                r = ctx.host.root
-                hint = f"on this simulated host: `p2pkit sim reboot {r}`, then `p2pkit --root {r} up`"
+            if res.code == Exit.REBOOT and (how := ctx.host.reboot_command()):
+                hint = f"on this host: `{how}`, then `p2pkit --root {ctx.host.root} up`"
             if reboot and hoststate.reboot_budget(ctx.store.dir, exhausted=True):
                 hint = budget_fix(ctx)
             ctx.out.error(res.message, hint)
@@ -245,14 +243,14 @@ def verify(
     collected: dict = {}
     results, code = pipeline.verify(ctx, selected, collected)
     if junit:
-        reports.write(junit, reports.junit(results, ctx.host.simulated))
+        reports.write(junit, reports.junit(results, simulated=ctx.host.simulated))
     if prometheus:
         if "nvml" not in collected:
             from p2pkit import facts as facts_mod
 
             collected.update(facts_mod.collect(ctx.host, ["nvml"]))
-        reports.write_prometheus(prometheus, reports.prometheus(results, collected, ctx.host.simulated,
-                                                                ctx.profile.name))
+        reports.write_prometheus(prometheus, reports.prometheus(results, collected, simulated=ctx.host.simulated,
+                                                                profile=ctx.profile.name))
     if common.OPTS.json:
         ctx.out.document({"profile": ctx.profile.name, "stages": results, "exit_code": int(code)})
     else:
@@ -314,7 +312,7 @@ def restore(
         ctx.out.document({**record, "after": None})
     elif code == Exit.REBOOT:
         ctx.out.error(f"restored for kernel {record['target_kernel']}: {record['reboot']}; reboot",
-                      f"`p2pkit sim reboot {ctx.host.root}`" if ctx.host.simulated else "reboot, then `p2pkit status`")
+                      f"`{how}`" if (how := ctx.host.reboot_command()) else "reboot, then `p2pkit status`")
     elif code == Exit.OK:
         ctx.out.line(f"driver and P2P module hold for kernel {record['target_kernel']}"
                      + (f" ({len(record['actions'])} action(s) taken)" if record["actions"] else ""))
@@ -349,7 +347,7 @@ def rollback(
     else:
         for f in record["files"]:
             ctx.out.log(f"[rollback] {f['action']} {f['path']}")
-        nxt = f"`p2pkit sim reboot {ctx.host.root}`" if ctx.host.simulated else "reboot to load the stock driver"
+        nxt = f"`{how}`" if (how := ctx.host.reboot_command()) else "reboot to load the stock driver"
         # it worked: not an error, though the exit code (4) says a reboot is still due
         ctx.out.line(f"{stage} rolled back; stages {', '.join(record['invalidated'])} are invalidated")
         ctx.out.log(f"next: {nxt}")

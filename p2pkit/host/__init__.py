@@ -4,16 +4,24 @@ a real host (the simulated host) and at recorded NVML facts."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from p2pkit.errors import ProbeError
+from p2pkit.errors import MissingError, ProbeError
 from p2pkit.runner import Runner
 
 SIM_MARKER = ".p2pkit-sim/state.json"
+HOST_ROOT_SIGNS = ("etc/os-release", "proc", "sys")  # what a host's root filesystem holds
+ELF_MACHINES = {0x3E: "x86_64", 0xB7: "aarch64"}  # an ELF header's e_machine (EM_X86_64, EM_AARCH64)
+
+
+class NotThisMachine(ImportError):
+    """A library of the host's that p2pkit cannot load here: the host is a tree at another root, not
+    this machine (its NVML would answer for this machine's GPUs)."""
 
 
 @dataclass
@@ -22,11 +30,19 @@ class Host:
     runner: Runner = field(default_factory=Runner)
     simulated: bool = False
 
+    def __post_init__(self) -> None:
+        self.root = Path(self.root)
+        if self.runner.root != self.root:  # commands are the host's own: looked up under its root, never here
+            self.runner = dataclasses.replace(self.runner, root=self.root)
+
     @classmethod
     def at(cls, root: Path | str = "/") -> Host:
         root = Path(root).resolve()
         simulated = root != Path("/") and (root / SIM_MARKER).is_file()
-        return cls(root=root, runner=Runner(root=root), simulated=simulated)
+        host = cls(root=root, runner=Runner(root=root), simulated=simulated)
+        if simulated:  # the commands of this machine it lends by name (the build's toolchain, systemd's verifier)
+            host.runner.lent = tuple(host.sim.get("lends", ()))
+        return host
 
     @property
     def sim(self) -> dict | None:
@@ -98,6 +114,9 @@ class Host:
         """The host's library `name` as p2pkit calls it: "nvml" is nvidia-ml-py's pynvml module on a
         real host. A simulated host names its own stand-in for it in its state (a module with an
         `open(root)`), so the same calling code runs against it. ImportError when it is missing."""
+        if not self.simulated and self.root != Path("/"):
+            raise NotThisMachine(f"the host at {self.root} is not this machine: p2pkit cannot load its {name} "
+                                 "library from here (run p2pkit on that host)")
         if not self.simulated:
             return importlib.import_module({"nvml": "pynvml"}[name])
         plug = self.sim.get("libraries", {}).get(name)
@@ -108,6 +127,9 @@ class Host:
     def load_backend(self) -> dict | None:
         """Which device backend the load worker drives: None for the real GPUs (torch); a simulated
         host names its simulated devices (module and root), which the worker opens the same way."""
+        if not self.simulated and self.root != Path("/"):
+            raise MissingError(f"the link stage puts a load on the host's GPUs, and the host at {self.root} is not "
+                               "this machine (its GPUs are not these)", hint="run p2pkit on that host itself")
         if not self.simulated:
             return None
         plug = self.sim.get("libraries", {}).get("devices")
@@ -127,7 +149,54 @@ class Host:
         host; a simulated host's architecture from its state, as its uname stand-in prints it."""
         if self.simulated:
             return self.sim.get("arch", "x86_64")
-        return os.uname().machine
+        if self.root == Path("/"):
+            return os.uname().machine
+        return self._elf_machine()
+
+    def _elf_machine(self) -> str:
+        """A host tree's architecture, from the ELF header of its own /bin/sh (this machine's kernel
+        answers only for this machine): "unknown (...)" when there is none to read."""
+        for p in ("/usr/bin/sh", "/bin/sh"):
+            try:
+                with open(self.path(self.realpath(p)), "rb") as fh:  # a link resolved inside the host
+                    head = fh.read(20)
+            except OSError:
+                continue
+            if head[:4] == b"\x7fELF" and len(head) == 20:
+                code = int.from_bytes(head[18:20], "little" if head[5] == 1 else "big")
+                return ELF_MACHINES.get(code, f"unknown (ELF machine {code:#x} in {p})")
+        return f"unknown (no ELF /bin/sh in the host at {self.root})"
+
+    def is_host_root(self) -> bool:
+        """Whether the root can be a host's: / itself, a simulated host, or a tree holding one of
+        HOST_ROOT_SIGNS (a typo in --root must not read as an empty host)."""
+        return self.root == Path("/") or self.simulated or any(self.path(p).exists() for p in HOST_ROOT_SIGNS)
+
+    def default_profile(self) -> str | None:
+        """The profile this host runs when none is given or recorded: a simulated host's state names
+        the one laid out with it (its pins filled in); a real host has none (the built-in default applies)."""
+        return self.sim.get("profile") if self.simulated else None
+
+    def reboots_for_real(self) -> bool:
+        """Whether a reboot takes this machine down (a real host: p2pkit asks for --yes and the resume
+        unit carries on after boot) or happens in place (a simulated host: `up --reboot` goes on)."""
+        return not self.simulated
+
+    def reboot_command(self) -> str | None:
+        """The command that reboots this host, for a message to print: `p2pkit sim reboot ROOT` on a
+        simulated host; None on a real one (its operator reboots it the way they do)."""
+        return f"p2pkit sim reboot {self.root}" if self.simulated else None
+
+    def banner(self) -> str | None:
+        """What `up` says first about the host when it is not an ordinary one: a simulated host's scenario."""
+        if not self.simulated:
+            return None
+        return (f"host root {self.root} is a simulated host (scenario {self.sim.get('scenario')}): nothing real "
+                "is changed or measured")
+
+    def offers_simulator(self) -> bool:
+        """Whether pointing the user at p2pkit's simulated host can help here: not on one already."""
+        return not self.simulated
 
     def sim_fact(self, key: str, default=None):
         return (self.sim or {}).get("facts", {}).get(key, default)

@@ -9,7 +9,7 @@ nvidia-ml-py lacks, or one the GPU does not support, reads as its error text ("N
 
 from __future__ import annotations
 
-from p2pkit.host import Host
+from p2pkit.host import Host, NotThisMachine
 
 P2P_STATUS = {0: "OK", 1: "CNS", 2: "GNS", 3: "TNS", 4: "DR", 5: "NS", 6: "U"}
 ANCESTOR = {0: "INTERNAL", 10: "SINGLE", 20: "MULTIPLE", 30: "HOSTBRIDGE", 40: "NODE", 50: "SYSTEM"}
@@ -34,6 +34,8 @@ def _call(fn, *args):
 def facts(host: Host) -> dict:
     try:
         nv = host.library("nvml")
+    except NotThisMachine as e:
+        return {"error": str(e)}
     except ImportError as e:
         return {"error": f"nvidia-ml-py is not installed (pip install nvidia-ml-py): {e}"}
     try:

@@ -82,7 +82,7 @@ def is_root(host: Host) -> bool:
 def free_bytes(host: Host, path: str) -> int:
     if host.simulated:
         return int(host.sim_fact("disk_free_bytes", 0))
-    p = Path(path)
+    p = host.path(path)  # the host's filesystem, never this machine's own where the root is not /
     while not p.exists() and p != p.parent:
         p = p.parent
     return shutil.disk_usage(p).free

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from p2pkit.parse.pci import GEN_TO_GTS
-from p2pkit.sim import model
+from p2pkit.sim import model, rules
 from p2pkit.sim.model import REF_HOST_GBPS, REF_LATENCY_US, REF_P2P_GBPS, REF_STAGED_GBPS
 from p2pkit.sim.nvml import SimNvml
 from p2pkit.sim.render import load_state
@@ -58,7 +57,7 @@ class SimDevices:
 
     def host_copy_ms(self, d: int, nbytes: int, samples: int) -> tuple[list[float], list[float]]:
         gen, width = model.link_max(self.state["gpus"][d])
-        scale = (GEN_TO_GTS[gen] * width) / (32.0 * 8)
+        scale = (rules.PCIE_GTS[gen] * width) / (rules.PCIE_GTS[5] * 8)
         return (self._ms(nbytes, REF_HOST_GBPS * scale, samples),
                 self._ms(nbytes, REF_HOST_GBPS * scale * 0.98, samples))
 

@@ -11,7 +11,26 @@ import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from p2pkit.engine_cmd import NINFER_FLAGS
+# The options ninfer-serve knows (after the artifact path; `--flag value` only, `--flag=value` is
+# "unknown option"): REFERENCE.md, "Engines" (--tp, --devices, --kv-dtype, --kv-capacity, --spec,
+# --draft-tokens, --lm-head-draft, --vision, --vision-device, --request-log-jsonl) and its serving and
+# budget options (--host, --port, --model-id, --max-context, --max-concurrency, --prefill-chunk,
+# --default-max-tokens, --media-cache-mib, --media-live-mib). The simulator's own list, never the
+# product's flag table: a flag the product wrongly believes known fails here as it would on the engine.
+NINFER_SERVE_FLAGS = frozenset({
+    "host", "port", "model-id", "tp", "devices", "max-context", "max-concurrency", "prefill-chunk", "kv-dtype",
+    "kv-capacity", "spec", "draft-tokens", "lm-head-draft", "default-max-tokens", "vision", "vision-device",
+    "media-cache-mib", "media-live-mib", "request-log-jsonl",
+})
+# vLLM's OpenAI server's options the simulated node accepts (vllm/entrypoints/openai/cli_args.py and
+# vllm/engine/arg_utils.py: `vllm serve --help`); anything else is "unrecognized arguments", as argparse says.
+VLLM_SERVE_FLAGS = frozenset({
+    "host", "port", "served-model-name", "load-format", "tensor-parallel-size", "nnodes", "node-rank",
+    "master-addr", "master-port", "distributed-executor-backend", "headless", "max-model-len", "max-num-seqs",
+    "gpu-memory-utilization", "no-enable-prefix-caching", "enable-chunked-prefill", "max-num-batched-tokens",
+    "long-prefill-token-threshold", "enforce-eager", "enable-auto-tool-choice", "tool-call-parser",
+    "reasoning-parser", "speculative-config",
+})
 
 LOAD_SECONDS = float(os.environ.get("P2PKIT_SIM_LOAD_SECONDS", "1.5"))
 # loading also lasts until this many /health requests were answered 503: a wait that must see the
@@ -36,7 +55,7 @@ def parse(argv: list[str]) -> tuple[str, dict]:
         if not a.startswith("--") or "=" in a:
             raise SystemExit(f"error: unknown option {a}")
         name = a[2:]
-        if name not in NINFER_FLAGS:
+        if name not in NINFER_SERVE_FLAGS:
             raise SystemExit(f"error: unknown option {a}")
         if name in ("lm-head-draft", "vision"):
             flags[name] = True
@@ -131,12 +150,10 @@ VLLM_BOOL = {"headless", "enforce-eager", "no-enable-prefix-caching", "enable-ch
 
 
 def parse_vllm(argv: list[str]) -> dict:
-    from p2pkit.engine_cmd import VLLM_FLAGS
-
     flags, it = {}, iter(argv)
     for a in it:
         name = a[2:] if a.startswith("--") else None
-        if name is None or "=" in a or (name not in VLLM_FLAGS and name != "model"):
+        if name is None or "=" in a or (name not in VLLM_SERVE_FLAGS and name != "model"):
             raise SystemExit(f"api_server.py: error: unrecognized arguments: {a}")
         flags[name] = True if name in VLLM_BOOL else next(it, None)
     return flags

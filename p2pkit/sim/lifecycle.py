@@ -6,8 +6,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-from p2pkit.host.arch import ARCHES
-from p2pkit.sim import provision
+from p2pkit.sim import provision, rules
 from p2pkit.sim.render import load_state, render
 from p2pkit.sim.standins import (
     load_module,
@@ -70,7 +69,7 @@ def init(root: Path, state: dict) -> None:
         fw = root / "lib/firmware/nvidia" / stock
         fw.mkdir(parents=True, exist_ok=True)
         (fw / "gsp_ga10x.bin").write_text(f"stock GSP firmware {stock}\n")
-        lib = root / ARCHES[state.get("arch", "x86_64")].libdir.lstrip("/")
+        lib = root / rules.MULTIARCH_LIBDIR[state.get("arch", "x86_64")].lstrip("/")
         lib.mkdir(parents=True, exist_ok=True)
         (lib / f"libnvidia-ml.so.{stock}").write_text(f"stock libnvidia-ml {stock}\n")
         (lib / "libnvidia-ml.so.1").symlink_to(f"libnvidia-ml.so.{stock}")
@@ -162,9 +161,8 @@ def place_engine(root: Path, profile) -> None:
     import struct
     import sys
 
-    from p2pkit.engine_cmd import binary
-
-    exe = root / binary(profile).lstrip("/")
+    e = profile.engine
+    exe = root / (e.python if e.recipe == "vllm" else f"{e.build_dir}/{rules.ENGINE_SERVER[e.recipe]}").lstrip("/")
     exe.parent.mkdir(parents=True, exist_ok=True)
     exe.write_text(f"#!{sys.executable}\n# SIMULATED engine\nfrom p2pkit.sim.engine import main\nmain()\n")
     exe.chmod(0o755)

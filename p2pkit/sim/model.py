@@ -3,19 +3,14 @@ which IOMMU mode is in effect, what NVML answers. Pure functions over the state.
 
 from __future__ import annotations
 
+from p2pkit.sim import rules
 from p2pkit.sim.scenarios import GIB
-
-# the parsers are imported where they are used: nvidia-smi's stand-in imports this module for one answer
 
 
 def iommu_effective(state: dict) -> str:
-    """passthrough | translating | off, from the firmware setting and the running command line."""
-    from p2pkit.parse.system import iommu_intent
-
-    if not state["iommu_firmware"]:
-        return "off"
-    mode = iommu_intent(state["cmdline"], state["cpu_vendor"]).mode
-    return {"passthrough": "passthrough", "off": "off"}.get(mode, "translating")
+    """passthrough | translating | off, from the firmware setting and the running command line, as the
+    kernel decides it (the simulator's own statement: sim/rules.py)."""
+    return rules.iommu_mode(state["cmdline"], state["cpu_vendor"], state["iommu_firmware"])
 
 
 def loaded(state: dict) -> dict | None:
@@ -56,9 +51,7 @@ def link_max(g: dict) -> tuple[int, int]:
 
 
 def speed_text(gen: int) -> str:
-    from p2pkit.parse.pci import GEN_TO_GTS
-
-    return f"{GEN_TO_GTS[gen]:.1f} GT/s PCIe"
+    return rules.link_speed_text(gen)
 
 
 # Recorded on the reference box (seed 000: 2x RTX 5090, Gen5 x8 each, patched 615.71.09):
@@ -71,17 +64,14 @@ def nccl_lines(state: dict, env: dict[str, str]) -> tuple[list[str], bool]:
     as the real NCCL decides (src/graph/paths.cc): no P2P from the driver, NCCL_P2P_DISABLE or a level
     below the pair's relation take SHM; the patched module without its static BAR1 mapping advertises
     peer access but moves no bytes, so init never ends (P28)."""
-    from p2pkit.parse import field as pf
-
     host = "sim-dual5090:4242:4243"
     lines = [f"{host} [0] NCCL INFO cudaDriverVersion 13020", f"{host} [0] NCCL INFO NCCL version 2.27.7+cuda13.0",
              f"{host} [0] NCCL INFO ncclCommInitAll comm 0x55d0c0a0 rank 0 nranks 2 cudaDev 0 busId 1000 - Init START"]
     mod = loaded(state) or {}
     static_bar1 = "RMForceStaticBar1=1" in mod.get("registry_dwords", "").replace(" ", "")
     rel = "PIX" if state["gpus"] and all(g["switch"] for g in state["gpus"]) else state.get("topo_relation", "PHB")
-    level = env.get("NCCL_P2P_LEVEL") or pf.nccl_default_level(state["cpu_vendor"], len(state["gpus"]))
-    p2p = (p2p_status(state) == "OK" and env.get("NCCL_P2P_DISABLE", "0") in ("0", "")
-           and level.upper() in pf.P2P_LEVELS and pf.nccl_level_allows(level, rel))
+    p2p = p2p_status(state) == "OK" and rules.nccl_uses_p2p(env, rel, state.get("arch", "x86_64"),
+                                                             state["cpu_vendor"])
     if p2p and mod.get("patched") and not static_bar1:
         return lines, True
     via = "P2P/direct pointer" if p2p else "SHM/direct/direct"

@@ -52,11 +52,11 @@ def _git(cwd: Path, *args: str) -> str:
 
 def make_installer(root: Path, version: str, gsp: bool, machine: str = "x86_64") -> tuple[Path, str]:
     """NVIDIA's installer for the simulated host's architecture, named as NVIDIA names it."""
-    from p2pkit.host.arch import ARCHES
+    from p2pkit.sim.rules import nvidia_installer
 
     d = root / ".p2pkit-sim/downloads"
     d.mkdir(parents=True, exist_ok=True)
-    p = d / ARCHES[machine].installer(version)
+    p = d / nvidia_installer(machine, version)
     payload = PAYLOAD.format(version=version)
     fields = {"python": sys.executable, "version": version, "gsp": gsp, "name": p.name, "machine": machine,
               "md5": hashlib.md5(payload.encode()).hexdigest(), "size": len(payload.encode())}

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from p2pkit.host import SIM_MARKER
-from p2pkit.sim import model
+from p2pkit.sim import model, rules
 from p2pkit.sim.scenarios import GIB
 
 STANDINS = ["nvidia-smi", "modinfo", "dpkg", "dpkg-query", "apt-mark", "apt-get", "apt-cache", "update-initramfs",
@@ -232,7 +232,7 @@ def render(root: Path, state: dict) -> None:
     write(root, ".p2pkit-sim/README", "SIMULATED host laid out by `p2pkit sim init`. Nothing here is real.\n")
     state["driver"]["userspace"] = userspace_on_disk(root)  # what NVML would load: the files decide
     # the libraries a real host answers through (NVML, the GPUs under load), as this host's stand-ins
-    state_doc = {**state, "libraries": LIBRARIES}
+    state_doc = {**state, "libraries": LIBRARIES, "lends": list(LENDS)}
     write(root, SIM_MARKER, json.dumps(state_doc, indent=2) + "\n")
     for name in STANDINS:
         write_standin(root, name, standin_script(name))
@@ -269,6 +269,11 @@ def write_standin(root: Path, name: str, text: str) -> None:
 
 
 LIBRARIES = {"nvml": "p2pkit.sim.nvml", "devices": "p2pkit.sim.devices", "machine": "p2pkit.sim.lifecycle"}
+# The commands of this machine the simulated host lends p2pkit by name (p2pkit.runner: every other
+# command is the simulated host's own stand-in, or missing): the engine is built for real (git,
+# pkg-config, CMake, Ninja, make, the compilers; ldd reads what it links) and the service's unit is
+# verified by the real systemd-analyze. What reads the host (dmesg, modinfo, nvidia-smi, ...) is never lent.
+LENDS = ("git", "pkg-config", "cmake", "ninja", "make", "cc", "c++", "ldd", "systemd-analyze")
 def roce_gids(nic: dict) -> list[tuple[str, str]]:
     """The GID table of a ConnectX port as the kernel shows it: link-local IPv6 as RoCE v1 and v2, then
     the IPv4-mapped address as v1 and v2 (index 3 here; `gid_shift` moves it, as interface events do)."""
@@ -333,9 +338,7 @@ def _storage(root: Path, state: dict) -> None:
 def userspace_on_disk(root: Path) -> str | None:
     """The userspace driver version NVML loads: the library libnvidia-ml.so.1 points to, if it is there
     (in the multiarch directory of either architecture: an aarch64 Spark node's is aarch64-linux-gnu)."""
-    from p2pkit.host.arch import ARCHES
-
-    links = [Path(root) / a.libdir.lstrip("/") / "libnvidia-ml.so.1" for a in ARCHES.values()]
+    links = [Path(root) / d.lstrip("/") / "libnvidia-ml.so.1" for d in rules.MULTIARCH_LIBDIR.values()]
     link = next((x for x in links if x.is_symlink() and x.exists()), None)
     if link is None:
         return None
@@ -346,6 +349,7 @@ def userspace_on_disk(root: Path) -> str | None:
 def load_state(root: Path) -> dict:
     doc = json.loads((Path(root) / SIM_MARKER).read_text())
     doc.pop("libraries", None)
+    doc.pop("lends", None)
     return doc
 
 

@@ -9,7 +9,7 @@ GIB = 1 << 30
 
 HEALTHY: dict = {
     "profile": "dual-5090-ninfer",
-    "facts": {"euid": 0, "disk_free_bytes": 900 * GIB, "disk_path": "/var/lib"},
+    "facts": {"euid": 0, "disk_free_bytes": 900 * GIB},
     "os": {"ID": "ubuntu", "VERSION_ID": "24.04", "PRETTY_NAME": "Ubuntu 24.04.3 LTS",
            "VERSION_CODENAME": "noble"},
     "kernel": "6.8.0-88-generic",

@@ -29,9 +29,9 @@ Legend:
 
 
 def legend_topo() -> str:
-    from p2pkit.parse.smi import TOPO_LEGEND
+    from p2pkit.sim.rules import SMI_TOPO_LEGEND
 
-    return "\nLegend:\n\n  X    = Self\n" + "".join(f"  {k:<4} = {v}\n" for k, v in TOPO_LEGEND.items())
+    return "\nLegend:\n\n  X    = Self\n" + "".join(f"  {k:<4} = {v}\n" for k, v in SMI_TOPO_LEGEND)
 
 
 def sim_root() -> Path:
@@ -48,6 +48,7 @@ def load_state(root: Path) -> dict:
     imports only what it prints (each runs in a Python of its own)."""
     doc = json.loads((root / STATE).read_text())
     doc.pop("libraries", None)
+    doc.pop("lends", None)
     return doc
 
 
@@ -416,7 +417,7 @@ def installer(version: str, gsp: bool, args: list[str], path: str | None = None,
     """The NVIDIA .run installer: only the userspace part (--no-kernel-modules) is simulated, and
     makeself's `--check` of the payload's MD5 (its messages as makeself prints them). It puts
     libnvidia-ml into the multiarch directory of the simulated host's architecture."""
-    from p2pkit.host.arch import ARCHES
+    from p2pkit.sim.rules import MULTIARCH_LIBDIR
 
     if "--check" in args:
         import hashlib
@@ -434,7 +435,7 @@ def installer(version: str, gsp: bool, args: list[str], path: str | None = None,
     root = sim_root()
     state = load_state(root)
     machine = state.get("arch", "x86_64")
-    lib = root / ARCHES[machine].libdir.lstrip("/")
+    lib = root / MULTIARCH_LIBDIR[machine].lstrip("/")
     so1 = lib / "libnvidia-ml.so.1"
     if "--uninstall" in args:  # removes what it installed, its libnvidia-ml.so.1 link with it
         for f in lib.glob(f"libnvidia-ml.so.{version}"):

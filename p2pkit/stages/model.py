@@ -158,7 +158,7 @@ def convert(ctx) -> dict:
     if not source_ok(res["source"]):
         return res
     need = int(res["source"]["total_bytes"] * HEADROOM)
-    free = system.free_bytes(host, m.output if host.simulated else str(Path(m.output).parent))
+    free = system.free_bytes(host, str(Path(m.output).parent))
     res["disk"] = {"free_bytes": free, "need_bytes": need}
     if free < need:
         return res
