@@ -49,8 +49,8 @@ def _roce(f: dict, p: Profile) -> Check:
 
     found = f.get("roce")
     want = f"an ACTIVE Ethernet port on {', '.join(p.network.fabric_netdevs) or 'any netdev'}"
-    if failed(found):
-        return unknown("topology.roce", "RoCE port for NCCL", found, want, pitfall="P24")
+    if failed(found) or found is None:  # None: a facts file recorded before the fact existed
+        return unknown("topology.roce", "RoCE port for NCCL", found or {"error": "not read"}, want, pitfall="P24")
     hcas = resolve(found, p.network.fabric_netdevs)
     seen = ", ".join(f"{x['device']}:{x['port']} {x['state']} {x['link_layer']} ({','.join(x['netdevs']) or '-'})"
                      for x in found) or "no RDMA device in /sys/class/infiniband"
