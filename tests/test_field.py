@@ -366,3 +366,19 @@ def test_p38_mtu_floor_is_judged_on_its_own():
     assert all(by[m]["field.roce.gid.rocep1s0f0:1"].status == "pass" for m in by)
     assert by[1500]["field.roce.mtu.enp1s0f0np0"].status == "warn" == by[4199]["field.roce.mtu.enp1s0f0np0"].status
     assert by[4200]["field.roce.mtu.enp1s0f0np0"].status == "pass" == by[9000]["field.roce.mtu.enp1s0f0np0"].status
+
+
+def test_p32_without_the_kernel_log_judges_sysfs_and_says_the_log_could_not_be_read():
+    gpus = [{"bdf": "0000:01:00.0", "iommu_group": "identity"}, {"bdf": "0000:41:00.0", "iommu_group": "identity"}]
+    dmesg = {"error": "dmesg exited 1: Operation not permitted", "by_hand": "sudo dmesg | grep IO_PAGE_FAULT"}
+    c = {x.id: x for x in topology.iommu_translating({"pci_gpus": gpus, "kernel_log": dmesg}, NINFER)}
+    assert c["field.iommu_domain"].status == "pass"  # the sysfs half
+    assert c["field.iommu_domain.kernel_log"].status == "warn" and c["field.iommu_domain.kernel_log"].pitfall == "P32"
+    assert c["field.iommu_domain.kernel_log"].measured.startswith("could not check, because dmesg exited 1")
+    quiet = {"pci_gpus": gpus, "kernel_log": pf.kernel_log("")}
+    assert [x.id for x in topology.iommu_translating(quiet, NINFER)] == ["field.iommu_domain"]
+
+
+def test_p36_hold_that_could_not_be_read_is_could_not_check_not_silence():
+    (c,) = p2p_module.boot_default({"boot_hold": {"error": "could not determine boot_hold: PermissionError"}}, NINFER)
+    assert c.status == "warn" and c.pitfall == "P36" and c.measured.startswith("could not check")

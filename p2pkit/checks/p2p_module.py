@@ -291,8 +291,9 @@ def module_sources(f: dict, p: Profile) -> list[Check]:
 def boot_default(f: dict, p: Profile) -> list[Check]:
     """P36: the kernel hook held the boot default at the working kernel when the build for a new one failed."""
     b = f.get("boot_hold")
-    if not isinstance(b, dict) or failed(b):
-        return []
+    if unreadable(b):  # never a silent pass: the hold could not be read
+        return [could_not("field.boot_default", "boot default not held back by a failed module build", b,
+                          "no hold", "P36")]
     held = b.get("held")
     return [judge("field.boot_default", "boot default not held back by a failed module build", not held,
                   f"booting {held['kernel']}: the P2P module did not build for {held['new_kernel']}" if held else

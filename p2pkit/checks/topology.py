@@ -201,12 +201,15 @@ def iommu_translating(f: dict, p: Profile) -> list[Check]:
     trans = [f"{g['bdf']} ({g.get('iommu_group')})" for g in gpus if g.get("iommu_group") == "translating"]
     k = f.get("kernel_log")
     faults = [] if unreadable(k) else k["io_page_fault"]
-    return [judge("field.iommu_domain", "GPUs not behind a translating IOMMU", not trans and not faults,
+    out = [judge("field.iommu_domain", "GPUs not behind a translating IOMMU", not trans and not faults,
                   "; ".join(trans + faults[:2]) or "passthrough (identity) or no IOMMU group on every GPU",
                   "identity (passthrough) or none",
                   "with a translating IOMMU P2P copies return zeros or NaN with no error: set iommu=pt (the "
                   "p2p-module stage does) and reboot; one Intel Z890 board needed intel_iommu=off; the link stage's "
                   "integrity pattern proves the result both ways", pitfall="P32")]
+    if unreadable(k):  # the sysfs half is judged without the kernel log; the IO_PAGE_FAULT half could not be
+        out.append(could_not("field.iommu_domain.kernel_log", "no IO_PAGE_FAULT in the kernel log", k, "none", "P32"))
+    return out
 
 
 @reads("drm", "pci_gpus")
