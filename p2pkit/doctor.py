@@ -105,7 +105,7 @@ def render(out: Output, report: dict) -> None:
         out.table("pitfalls", ["", "pitfall", "checks", "why"],
                   [[x["status"], x["id"], ", ".join(x["checks"]), x.get("why", "")] for x in report["pitfalls"]],
                   status_col=0)
-        out.line(f"{len(report['pitfalls']) - len(na)} of {len(report['pitfalls'])} pitfalls checked on this "
-                 f"profile, {len(na)} n/a", style="dim")
+        out.line(f"{len(report['pitfalls']) - len(na)} of {len(report['pitfalls'])} pitfalls named by a finding on "
+                 f"this profile, {len(na)} n/a", style="dim")
     out.line(f"{len(report['failed'])} check(s) failed" + (": " + ", ".join(report["failed"]) if report["failed"]
                                                            else ""))
