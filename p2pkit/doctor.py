@@ -1,23 +1,23 @@
-"""`p2pkit doctor`: every read-only check, grouped by stage, over facts read once."""
+"""`p2pkit doctor`: every stage's read-only checks, grouped by stage, over facts read once (the union of
+what the stages' checks declare, plus the live facts); then every pitfall id (p2pkit.pitfalls), each with
+the findings that name it, or "n/a" and why none does on this profile."""
 
 from __future__ import annotations
 
 from p2pkit import facts as facts_mod
-from p2pkit.checks import FAIL, SKIP
-from p2pkit.checks import field as field_checks
+from p2pkit.checks import ERROR, FAIL, PASS, PENDING, SKIP, WARN
 from p2pkit.checks import paste as paste_checks
 from p2pkit.config import Profile
 from p2pkit.errors import UsageError
 from p2pkit.output import Output
 from p2pkit.parse import paste
 from p2pkit.pipeline import not_applicable
-from p2pkit.pitfalls import PITFALLS
+from p2pkit.pitfalls import CHECKED_BY, PITFALLS
 from p2pkit.stages import registry
 
 
 def run(ctx) -> dict:
-    needed = sorted({n for st in registry() for n in st.facts} | {st.live[0] for st in registry() if st.live}
-                    | set(field_checks.FACTS))
+    needed = sorted({n for st in registry() for n in st.facts} | {st.live[0] for st in registry() if st.live})
     found = facts_mod.collect(ctx.host, needed, ctx.profile)
     return judge(found, ctx.profile, simulated=ctx.host.simulated)
 
@@ -34,15 +34,39 @@ def judge(found: dict, profile: Profile, simulated: bool) -> dict:
             if c["pitfall"]:
                 c["pitfall_text"] = PITFALLS.get(c["pitfall"], "")
         groups.append({"stage": st.name, "checks": checks})
-    field = [c.as_dict() for c in field_checks.check(found, profile)]  # P28-P39: what owners of such boxes hit
-    for c in field:
-        c["pitfall_text"] = PITFALLS.get(c["pitfall"], "")
-    groups.append({"stage": "field", "checks": field})
     failed = [c["id"] for g in groups for c in g["checks"] if c["status"] == FAIL]
     not_checked = [{"id": c["id"], "why": c["measured"]} for g in groups for c in g["checks"]
                    if c["status"] == SKIP or str(c["measured"]).startswith(("could not determine", "could not check"))]
     return {"kind": "p2pkit-doctor", "profile": profile.name, "simulated": simulated, "groups": groups,
-            "failed": failed, "not_checked": not_checked}
+            "failed": failed, "not_checked": not_checked, "pitfalls": pitfalls(groups, profile)}
+
+
+RANK = (FAIL, ERROR, PENDING, WARN, PASS, SKIP)  # a pitfall's status: the worst of the findings naming it
+
+
+def pitfalls(groups: list[dict], profile: Profile) -> list[dict]:
+    """Every pitfall id, in order: the status and ids of the findings that name it, or "n/a" with why no
+    finding does on this profile (its check does not apply, its stage does not, or it is no host's fact)."""
+    out = []
+    for pid, text in PITFALLS.items():
+        named = [c for g in groups for c in g["checks"] if c["pitfall"] == pid]
+        if named:
+            status = min((c["status"] for c in named), key=lambda s: RANK.index(s) if s in RANK else len(RANK))
+            out.append({"id": pid, "text": text, "status": status, "checks": [c["id"] for c in named]})
+        else:
+            out.append({"id": pid, "text": text, "status": "n/a", "checks": [],
+                        "why": why_none(pid, profile)})
+    return out
+
+
+def why_none(pid: str, profile: Profile) -> str:
+    """Why no finding names the pitfall on this profile: its stage does not apply, or where it is checked."""
+    stage, where = CHECKED_BY[pid]
+    st = next((s for s in registry() if s.name == stage), None)
+    why_na = st.not_applicable(profile) if st is not None else None
+    if why_na:
+        return f"the {stage} stage does not apply to {profile.name}: {why_na}"
+    return f"no finding on {profile.name}: checked by {where}" if stage else where
 
 
 def from_paste(text: str, profile: Profile, source: str) -> dict:
@@ -76,5 +100,12 @@ def render(out: Output, report: dict) -> None:
     if report["not_checked"]:
         out.line("could not check: " + "; ".join(f"{n['id']} ({n['why']})" for n in report["not_checked"]),
                  style="yellow")
+    if report.get("pitfalls"):
+        na = [x for x in report["pitfalls"] if x["status"] == "n/a"]
+        out.table("pitfalls", ["", "pitfall", "checks", "why"],
+                  [[x["status"], x["id"], ", ".join(x["checks"]), x.get("why", "")] for x in report["pitfalls"]],
+                  status_col=0)
+        out.line(f"{len(report['pitfalls']) - len(na)} of {len(report['pitfalls'])} pitfalls named by a finding on "
+                 f"this profile, {len(na)} n/a", style="dim")
     out.line(f"{len(report['failed'])} check(s) failed" + (": " + ", ".join(report["failed"]) if report["failed"]
                                                            else ""))

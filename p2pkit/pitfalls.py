@@ -41,3 +41,54 @@ PITFALLS = {
     "P38": "the RoCE GID index differs per node and drifts; the MTU falls back to 1500",
     "P39": "CUDA 13 builds can drop sm_121: check the built architectures (cuobjdump --list-elf)",
 }
+
+
+# Where each pitfall is checked, and when: doctor says this as the "n/a" reason when no finding names the
+# pitfall on a profile (its check does not apply there, or it is judged only from a stage's own run).
+# None: no stage checks it (a benchmark's rule, judged by `p2pkit bench` on its own run, or no check).
+CHECKED_BY: dict[str, tuple[str | None, str]] = {
+    "P01": ("driver", "the driver stage's GSP firmware check"),
+    "P02": ("p2p-module", "the driver's holds and, once the patched module is built, the p2p-module stage's "
+                          "restore safeguards and pending-kernel checks"),
+    "P03": ("link", "the link stage's load test (`p2pkit verify link`): doctor puts no load on the GPUs"),
+    "P04": ("link", "the link stage's clock check, from NVML"),
+    "P05": ("engine", "the engine stage's CUDA architecture and CMake checks, from its build (doctor builds nothing)"),
+    "P06": ("engine", "the engine stage's pkg-config check (NInfer's FFmpeg), from its build (doctor builds nothing)"),
+    "P07": ("engine", "the engine stage's build criteria (NInfer), from its build (doctor builds nothing)"),
+    "P08": ("model", "the model stage's conversion, from its run (doctor converts nothing)"),
+    "P09": ("engine", "the engine and model stages, only for a DFlash2 artifact (model.components has dflash2)"),
+    "P10": ("service", "the service precheck, only for NInfer with --spec dflash2 at TP2"),
+    "P11": ("service", "the service precheck of NInfer's KV dtype, and the started engine's own fit"),
+    "P12": ("service", "preflight's and the service's memory-cap checks"),
+    "P13": (None, "a benchmark's rule: `p2pkit bench` fixes the prompt and output lengths of its own run and "
+                  "checks the server ran them; no host fact shows it"),
+    "P14": (None, "no check: a rule for reading benchmark results; `p2pkit bench` reports wall throughput beside "
+                  "acceptance and judges neither"),
+    "P15": (None, "a benchmark's rule: `p2pkit bench` reads tok/s from the server's own accounting; no host fact "
+                  "shows it"),
+    "P16": ("engine", "the engine and service stages, for llama.cpp with engine.nccl_root and engine.nccl_min"),
+    "P17": ("link", "the link stage's P2P load test and the service's NCCL environment, for a GPU pair"),
+    "P18": ("service", "the service stage's VRAM fit"),
+    "P19": ("service", "the service stage's first completion and speculative counters, from its run (doctor does "
+                       "not wait on the service), when the profile runs a draft"),
+    "P20": ("service", "the service stage's speculative slots check"),
+    "P21": ("engine", "the engine stage, for vLLM on sm_121 (GB10), from its build"),
+    "P22": ("service", "the service precheck, for vLLM with MTP at TP2"),
+    "P23": ("service", "the service stage's NCCL transport lines, from its run, for an engine over RoCE"),
+    "P24": ("topology", "the topology and link stages, when the profile requires RoCE"),
+    "P25": ("engine", "the engine stage, for vLLM with flashinfer, from its build"),
+    "P26": ("model", "the model stage's NVMe check, when the profile names NVMe paths"),
+    "P27": ("service", "the service stage, on a worker node of a multi-node engine"),
+    "P28": ("p2p-module", "the p2p-module stage, for a GPU pair with the patched module and its RegistryDwords"),
+    "P29": ("topology", "the topology stage, for a GPU pair"),
+    "P30": ("service", "the service stage, for a GPU pair"),
+    "P31": ("rebar", "the rebar stage (BAR1, bridge windows, kernel log)"),
+    "P32": ("topology", "the topology stage and the link stage's integrity pattern, for a GPU pair"),
+    "P33": ("topology", "the topology stage, for a GPU pair"),
+    "P34": ("p2p-module", "the p2p-module stage, for a GPU pair with the patched module"),
+    "P35": ("link", "the link stage, from NVML and the kernel log"),
+    "P36": ("p2p-module", "the p2p-module stage, from the kernel hook's boot-default hold"),
+    "P37": ("service", "the service stage, when the profile sets engine.nccl_min (the NCCL the engine mapped)"),
+    "P38": ("link", "the link stage, when the profile requires RoCE"),
+    "P39": ("engine", "the engine stage, from the built engine's kernels (cuobjdump)"),
+}

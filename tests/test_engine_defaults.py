@@ -9,8 +9,7 @@ import json
 from dataclasses import replace
 
 from p2pkit import config, engine_cmd
-from p2pkit.checks import field as fc
-from p2pkit.checks import link
+from p2pkit.checks import link, rebar
 from p2pkit.checks import service as sc
 from p2pkit.parse import field as pf
 from p2pkit.parse import pci as pp
@@ -64,17 +63,17 @@ def test_p31_bar1_below_vram_fails_with_a_clean_kernel_log():
     measured text names the small BAR1, so the check fails (it passed before)."""
     k = pf.kernel_log((FIXTURES / "field/dmesg_bar_ok_aikitoria9.txt").read_text())
     gpu = {"bdf": "0000:01:00.0", "aperture": {"index": 1, "size": 256 << 20}}
-    c = fc.bar_assignment({"kernel_log": k, "pci_gpus": [gpu]}, NINFER)[0]
+    c = rebar.bar_assignment({"kernel_log": k, "pci_gpus": [gpu]}, NINFER)[0]
     assert c.status == "fail" and "BAR1 256 MiB" in c.measured and c.pitfall == "P31"
     big = {**gpu, "aperture": {"index": 1, "size": 32 << 30}}
-    assert fc.bar_assignment({"kernel_log": k, "pci_gpus": [big]}, NINFER)[0].status == "pass"
+    assert rebar.bar_assignment({"kernel_log": k, "pci_gpus": [big]}, NINFER)[0].status == "pass"
 
 
 def test_p31_bridge_window_below_vram_fails():
     k = pf.kernel_log((FIXTURES / "field/dmesg_bar_ok_aikitoria9.txt").read_text())
     gpu = {"bdf": "0000:01:00.0", "aperture": {"index": 1, "size": 32 << 30},
            "bridge_window": {"bdf": "0000:00:01.1", "prefetch_size": 256 << 20}}
-    c = fc.bar_assignment({"kernel_log": k, "pci_gpus": [gpu]}, NINFER)[0]
+    c = rebar.bar_assignment({"kernel_log": k, "pci_gpus": [gpu]}, NINFER)[0]
     assert c.status == "fail" and "prefetchable window 256 MiB" in c.measured
 
 

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from p2pkit import config, engine_env
-from p2pkit.checks import field as fc
+from p2pkit.checks import engine, link, p2p_module, rebar, service, topology
 from p2pkit.parse import field as pf
 from tests.conftest import FIXTURES
 
@@ -35,18 +35,18 @@ def params_fact(text: str) -> dict:
 
 
 def test_p28_static_bar1_from_the_live_params_file():
-    other = fc.static_bar1({"driver_params": params_fact(fx("params_other_dwords.txt"))}, NINFER)
+    other = p2p_module.static_bar1({"driver_params": params_fact(fx("params_other_dwords.txt"))}, NINFER)
     assert other[0].status == "fail" and "RMIntrLockingMode=1" in other[0].measured and other[0].pitfall == "P28"
     assert pf.driver_params(fx("params_dynamic_power.txt")) == {"DynamicPowerManagement": "3"}
     # club-3090 PR #885's live value, in the params file's line format
-    live = fc.static_bar1({"driver_params": params_fact(
+    live = p2p_module.static_bar1({"driver_params": params_fact(
         'RegistryDwords: "RMForceStaticBar1=1;PeerMappingOverride=1"\n')}, NINFER)
     assert live[0].status == "pass"
 
 
 def test_p28_params_missing_on_an_older_driver_is_could_not_check():
-    c = fc.static_bar1({"driver_params": {"error": "/proc/driver/nvidia/params does not exist", "by_hand": "grep"}},
-                       NINFER)[0]
+    missing = {"error": "/proc/driver/nvidia/params does not exist", "by_hand": "grep"}
+    c = p2p_module.static_bar1({"driver_params": missing}, NINFER)[0]
     assert c.status == "warn" and c.measured.startswith("could not check, because") and "run by hand" in c.hint
 
 
@@ -67,10 +67,10 @@ def test_p29_acs_redirect_from_lspci_and_from_config_space():
     ctl = pf.acs_ctl_from_config(acs_config(0x001D))
     assert [k for k, v in pf.acs_flags(ctl).items() if v] == ["SrcValid", "ReqRedir", "CmpltRedir", "UpstreamFwd"]
     facts = {"acs": {"ports": [{"bdf": "0000:00:03.1", "ctl": ctl, "flags": pf.acs_flags(ctl)}]}}
-    c = fc.acs_redirect(facts, NINFER)[0]
+    c = topology.acs_redirect(facts, NINFER)[0]
     assert c.status == "fail" and "ReqRedir+ CmpltRedir+" in c.measured and "pci=noacs" in c.hint
     off = {"acs": {"ports": [{"bdf": "0000:00:03.1", "ctl": 0, "flags": pf.acs_flags(0)}]}}
-    assert fc.acs_redirect(off, NINFER)[0].status == "pass"
+    assert topology.acs_redirect(off, NINFER)[0].status == "pass"
 
 
 def test_p29_config_space_unreadable_without_root_is_could_not_check():
@@ -78,7 +78,7 @@ def test_p29_config_space_unreadable_without_root_is_could_not_check():
         pf.acs_ctl_from_config(bytes(64))  # what a non-root read of sysfs config returns
     assert pf.lspci_acs("00:01.1 PCI bridge: AMD\n\tCapabilities: <access denied>\n")[0]["denied"]
     facts = {"acs": {"ports": [{"bdf": "0000:00:01.1", "error": "readable by root only", "by_hand": "sudo lspci"}]}}
-    checks = fc.acs_redirect(facts, NINFER)
+    checks = topology.acs_redirect(facts, NINFER)
     assert [c.status for c in checks] == ["warn"] and checks[0].measured.startswith("could not check")
 
 
@@ -101,10 +101,10 @@ def test_p30_nccl_default_level_from_ncclparhs():
 def test_p30_installed_env_without_the_level_fails_and_rendered_one_passes():
     base = {"smi_topo_m": topo("PHB"), "iommu": {"cpu_vendor": "GenuineIntel"}}
     bare = {**base, "engine_env_file": {"path": "/etc/p2pkit/engine.env", "env": {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}}}
-    c = fc.nccl_p2p_level(bare, LLAMA)
+    c = service.nccl_p2p_level(bare, LLAMA)
     assert status(c, "field.nccl_p2p_level") == "fail" and "NCCL_P2P_LEVEL=PHB" in c[0].hint
     rendered = {**base, "engine_env_file": {"env": None}}
-    assert status(fc.nccl_p2p_level(rendered, LLAMA), "field.nccl_p2p_level") == "pass"
+    assert status(service.nccl_p2p_level(rendered, LLAMA), "field.nccl_p2p_level") == "pass"
 
 
 def test_p30_shm_and_p2p_channel_lines_read_as_such():
@@ -121,48 +121,49 @@ def test_p30_shm_and_p2p_channel_lines_read_as_such():
 def test_p17_engine_env_that_turns_nccl_p2p_off_is_named(env, bad):
     prof = config.load("dual-5090-llamacpp", [f"serve.env.{k}={v}" for k, v in env.items()])
     facts = {"smi_topo_m": topo("NODE"), "iommu": {"cpu_vendor": "AuthenticAMD"}, "engine_env_file": {"env": None}}
-    c = next(x for x in fc.nccl_p2p_level(facts, prof) if x.id == "field.engine_nccl_p2p")
+    c = next(x for x in service.nccl_p2p_level(facts, prof) if x.id == "field.engine_nccl_p2p")
     assert c.pitfall == "P17"
     assert (c.status == "fail" and bad in c.measured) if bad else c.status == "pass"
 
 
 def test_p17_llamacpp_service_env_has_ggml_cuda_p2p():
     facts = {"smi_topo_m": topo("NODE"), "iommu": {"cpu_vendor": "AuthenticAMD"}, "engine_env_file": {"env": None}}
-    assert status(fc.nccl_p2p_level(facts, LLAMA), "field.ggml_cuda_p2p") == "pass"
+    assert status(service.nccl_p2p_level(facts, LLAMA), "field.ggml_cuda_p2p") == "pass"
     stale = {**facts, "engine_env_file": {"path": "/etc/p2pkit/engine.env", "env": {"NCCL_P2P_LEVEL": "SYS"}}}
-    assert status(fc.nccl_p2p_level(stale, LLAMA), "field.ggml_cuda_p2p") == "fail"
+    assert status(service.nccl_p2p_level(stale, LLAMA), "field.ggml_cuda_p2p") == "fail"
 
 
 # ------------------------------------------------------------------------------------- P31, P35
 
 def test_p31_bar_lines_in_both_kernel_formats():
     for name in ("dmesg_bar_nospace_rk3588.txt", "dmesg_bar_old_format_kata4211.txt"):
-        c = fc.bar_assignment({"kernel_log": pf.kernel_log(fx(name))}, NINFER)[0]
+        c = rebar.bar_assignment({"kernel_log": pf.kernel_log(fx(name))}, NINFER)[0]
         assert c.status == "fail" and "BAR 1" in c.measured and "Above 4G" in c.hint, name
-    assert fc.bar_assignment({"kernel_log": pf.kernel_log(fx("dmesg_bar_ok_aikitoria9.txt"))}, NINFER)[0].status == \
+    assert rebar.bar_assignment({"kernel_log": pf.kernel_log(fx("dmesg_bar_ok_aikitoria9.txt"))}, NINFER)[0].status == \
         "pass"
     fatal = pf.kernel_log("[    5.1] NVRM: Fatal Error while attempting to resize PCIe BARs.\n")  # nv-pci.c, PR #1109
-    assert fc.bar_assignment({"kernel_log": fatal}, NINFER)[0].status == "fail"
+    assert rebar.bar_assignment({"kernel_log": fatal}, NINFER)[0].status == "fail"
 
 
 def test_p35_wpr2_line_and_busy_gpu_without_process():
-    c = fc.wedged({"kernel_log": pf.kernel_log(fx("dmesg_wpr2_ogkm1230.txt")), "nvml": {"gpus": []}}, NINFER)[0]
+    c = link.wedged({"kernel_log": pf.kernel_log(fx("dmesg_wpr2_ogkm1230.txt")), "nvml": {"gpus": []}}, NINFER)[0]
     assert c.status == "fail" and "WPR2 already up" in c.measured and "reboot" in c.hint
     gpu = {"bus_id": "00000000:01:00.0", "util_gpu_pct": 100, "processes": []}
     quiet = pf.kernel_log("")
-    assert fc.wedged({"kernel_log": quiet, "nvml": {"gpus": [gpu]}}, NINFER)[0].status == "fail"
-    assert fc.wedged({"kernel_log": quiet, "nvml": {"gpus": [{**gpu, "util_gpu_pct": 0}]}}, NINFER)[0].status == "pass"
+    assert link.wedged({"kernel_log": quiet, "nvml": {"gpus": [gpu]}}, NINFER)[0].status == "fail"
+    idle = {"gpus": [{**gpu, "util_gpu_pct": 0}]}
+    assert link.wedged({"kernel_log": quiet, "nvml": idle}, NINFER)[0].status == "pass"
     # busy with its own process is a GPU at work, not a wedged one
     working = {**gpu, "processes": [{"pid": 4242, "used": 1 << 30}]}
-    assert fc.wedged({"kernel_log": quiet, "nvml": {"gpus": [working]}}, NINFER)[0].status == "pass"
+    assert link.wedged({"kernel_log": quiet, "nvml": {"gpus": [working]}}, NINFER)[0].status == "pass"
     # where NVML cannot list processes (NOT_SUPPORTED), "no process" is not claimed
     unlisted = {**gpu, "processes": {"error": "Not Supported"}}
-    assert fc.wedged({"kernel_log": quiet, "nvml": {"gpus": [unlisted]}}, NINFER)[0].status == "pass"
+    assert link.wedged({"kernel_log": quiet, "nvml": {"gpus": [unlisted]}}, NINFER)[0].status == "pass"
 
 
 def test_dmesg_restrict_is_could_not_check_never_a_pass():
     k = {"error": "dmesg exited 1: dmesg: read kernel buffer failed: Operation not permitted", "by_hand": "sudo dmesg"}
-    c = fc.bar_assignment({"kernel_log": k}, NINFER)[0]
+    c = rebar.bar_assignment({"kernel_log": k}, NINFER)[0]
     assert c.status == "warn" and c.measured.startswith("could not check") and "sudo dmesg" in c.hint
 
 
@@ -175,16 +176,16 @@ def test_p37_nccl_mapped_by_the_engine_against_the_floor():
     assert pf.maps_nccl(maps) == ["/usr/local/lib/python3.12/dist-packages/nvidia/nccl/lib/libnccl.so.2"]
     assert pf.nccl_version("2.28.9+cuda13.0") == (2, 28, 9)  # the wheel's file carries no version in its name
     e = {"pid": 4242, "libraries": [{"path": pf.maps_nccl(maps)[0], "version": "2.28.9"}]}
-    c = fc.nccl_floor({"engine_nccl": e}, SPARK)[-1]
+    c = service.nccl_floor({"engine_nccl": e}, SPARK)[-1]
     assert c.status == "fail" and c.pitfall == "P37" and c.expected == ">= 2.29.3"
     ok = {"pid": 4242, "libraries": [{"path": "/usr/lib/aarch64-linux-gnu/libnccl.so.2.29.3", "version": "2.29.3"}]}
-    assert fc.nccl_floor({"engine_nccl": ok}, SPARK)[-1].status == "pass"
+    assert service.nccl_floor({"engine_nccl": ok}, SPARK)[-1].status == "pass"
 
 
 def test_p16_floor_of_the_llamacpp_profile():
     assert LLAMA.engine.nccl_min == "2.26.2"
     v = pf.nccl_version(fx("nccl_2251_5090_nccl1637.txt"))
-    c = fc.nccl_floor({"profile_nccl": {"path": "/opt/nccl/lib/libnccl.so.2", "version": ".".join(map(str, v))}},
+    c = service.nccl_floor({"profile_nccl": {"path": "/opt/nccl/lib/libnccl.so.2", "version": ".".join(map(str, v))}},
                       LLAMA)[0]
     assert c.status == "fail" and c.pitfall == "P16" and "2.25.1" in c.measured
 
@@ -194,41 +195,45 @@ def test_p16_floor_of_the_llamacpp_profile():
 def test_p39_built_architectures_include_the_gpus():
     vllm_archs = pf.cuobjdump_archs(fx("cuobjdump_vllm1936.txt"))
     assert vllm_archs == ["sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_90"]
-    c = fc.kernel_archs({"engine_archs": {"library": "_C.abi3.so", "archs": vllm_archs}}, SPARK)[0]
+    c = engine.kernel_archs({"engine_archs": {"library": "_C.abi3.so", "archs": vllm_archs}}, SPARK)[0]
     assert c.status == "fail" and c.expected == "includes sm_121" and c.pitfall == "P39"
     assert pf.cuobjdump_archs(fx("cuobjdump_sdcpp604.txt")) == ["sm_86"]
     assert not pf.arch_covers(["sm_120a"], "sm_121") and pf.arch_covers(["sm_120", "sm_121a"], "sm_121")
-    assert fc.kernel_archs({"engine_archs": {"library": "x", "archs": ["sm_121a"]}}, SPARK)[0].status == "pass"
+    assert engine.kernel_archs({"engine_archs": {"library": "x", "archs": ["sm_121a"]}}, SPARK)[0].status == "pass"
 
 
 # ------------------------------------------------------------------------- doctor over the scenarios
 
-SCENARIO_FINDS = {
-    "field-no-static-bar1": ("field.static_bar1", "fail"),
-    "field-acs-redirect": ("field.acs", "fail"),
-    "field-intel-phb": ("field.nccl_p2p_level", "fail"),
-    "field-bar-no-space": ("field.bar_assign", "fail"),
-    "iommu-translating": ("field.iommu_domain", "fail"),
-    "field-display": ("field.display", "warn"),
-    "stock-driver": ("field.module_sources", "fail"),
-    "field-wedged": ("field.gpu_wedged", "fail"),
-    "field-dmesg-restricted": ("field.bar_assign", "warn"),
-    "field-roce-mtu-1500": ("field.roce.gid.rocep1s0f0:1", "fail"),
-    "field-spark-sm120-only": ("field.kernel_archs", "fail"),
+SCENARIO_FINDS = {  # scenario: the field finding, its status, and the stage that now owns (and gates on) it
+    "field-no-static-bar1": ("field.static_bar1", "fail", "p2p-module"),
+    "field-acs-redirect": ("field.acs", "fail", "topology"),
+    "field-intel-phb": ("field.nccl_p2p_level", "fail", "service"),
+    "field-bar-no-space": ("field.bar_assign", "fail", "rebar"),
+    "iommu-translating": ("field.iommu_domain", "fail", "topology"),
+    "field-display": ("field.display", "warn", "topology"),
+    "stock-driver": ("field.module_sources", "fail", "p2p-module"),
+    "field-wedged": ("field.gpu_wedged", "fail", "link"),
+    "field-dmesg-restricted": ("field.bar_assign", "warn", "rebar"),
+    "field-roce-mtu-1500": ("field.roce.gid.rocep1s0f0:1", "fail", "link"),
+    "field-spark-sm120-only": ("field.kernel_archs", "fail", "engine"),
 }
 
 
 def field_checks(cli, root) -> dict:
+    """Doctor's field findings by id, each with the stage group it sits in (no "field" group any more)."""
     r = cli("--root", str(root), "--json", "doctor")
     doc = json.loads(r.out)
-    return {c["id"]: c for g in doc["groups"] if g["stage"] == "field" for c in g["checks"]}
+    assert "field" not in [g["stage"] for g in doc["groups"]]
+    return {c["id"]: {**c, "stage": g["stage"]} for g in doc["groups"] for c in g["checks"]
+            if c["id"].startswith("field.")}
 
 
 def test_doctor_names_each_field_fault_on_its_scenario(cli, sim):
     healthy, spark = field_checks(cli, sim("p2p-up")), field_checks(cli, sim("spark-head"))
-    for scenario, (id_, want) in SCENARIO_FINDS.items():
+    for scenario, (id_, want, stage) in SCENARIO_FINDS.items():
         got = field_checks(cli, sim(scenario))
         assert got[id_]["status"] == want, (scenario, got[id_])
+        assert got[id_]["stage"] == stage, (scenario, got[id_])
         assert got[id_]["pitfall"] and got[id_]["pitfall_text"]
         base = spark if "spark" in scenario or "roce" in scenario else healthy  # without the fault: a pass
         assert base[id_]["status"] == "pass", (id_, base[id_])
@@ -271,11 +276,11 @@ def test_p36_kernel_hook_keeps_the_working_kernel_as_boot_default(tmp_path):
     hold = (root / "etc/default/grub.d/61-p2pkit-boot-default.cfg").read_text()
     assert 'GRUB_DEFAULT="Advanced options for Ubuntu>Ubuntu, with Linux 6.8.0-88-generic"' in hold
     found = facts.collect(Host(root=root), ["boot_hold"])
-    c = fc.boot_default(found, NINFER)[0]
+    c = p2p_module.boot_default(found, NINFER)[0]
     assert c.status == "warn" and "6.14.0-1-generic" in c.measured and c.pitfall == "P36"
     root, r = hook(tmp_path, 0)  # the build succeeds for that kernel: the hold is lifted
     assert not (root / "etc/default/grub.d/61-p2pkit-boot-default.cfg").exists()
-    assert fc.boot_default(facts.collect(Host(root=root), ["boot_hold"]), NINFER)[0].status == "pass"
+    assert p2p_module.boot_default(facts.collect(Host(root=root), ["boot_hold"]), NINFER)[0].status == "pass"
 
 
 # ------------------------------------------------------------------ P28/P30 end to end: the link stage
@@ -345,11 +350,9 @@ def test_static_bar1_on_the_real_h200_params_file():
     import json
 
     from p2pkit import config
-    from p2pkit.checks import field
-
     facts = json.loads((FIXTURES / "h200-device/field-run/facts.json").read_text())["facts"]
     assert facts["driver_params"]["loaded"] and len(facts["driver_params"]["params"]) == 42
-    (c,) = field.static_bar1(facts, config.load(None))
+    (c,) = p2p_module.static_bar1(facts, config.load(None))
     assert c.status == "fail" and c.pitfall == "P28" and 'RegistryDwords: ""' in c.measured
 
 
@@ -359,7 +362,23 @@ def test_p38_mtu_floor_is_judged_on_its_own():
         return {"ports": [{"device": "rocep1s0f0", "port": 1, "state": "ACTIVE", "netdevs": ["enp1s0f0np0"],
                            "gids": [{"index": 3, "type": "RoCE v2", "gid": "0000:0000:0000:0000:0000:ffff:c0a8:6401"}],
                            "mtu": {"enp1s0f0np0": mtu}}]}
-    by = {m: {c.id: c for c in fc.roce({"roce_gids": port(m)}, SPARK)} for m in (1500, 4199, 4200, 9000)}
+    by = {m: {c.id: c for c in link.roce({"roce_gids": port(m)}, SPARK)} for m in (1500, 4199, 4200, 9000)}
     assert all(by[m]["field.roce.gid.rocep1s0f0:1"].status == "pass" for m in by)
     assert by[1500]["field.roce.mtu.enp1s0f0np0"].status == "warn" == by[4199]["field.roce.mtu.enp1s0f0np0"].status
     assert by[4200]["field.roce.mtu.enp1s0f0np0"].status == "pass" == by[9000]["field.roce.mtu.enp1s0f0np0"].status
+
+
+def test_p32_without_the_kernel_log_judges_sysfs_and_says_the_log_could_not_be_read():
+    gpus = [{"bdf": "0000:01:00.0", "iommu_group": "identity"}, {"bdf": "0000:41:00.0", "iommu_group": "identity"}]
+    dmesg = {"error": "dmesg exited 1: Operation not permitted", "by_hand": "sudo dmesg | grep IO_PAGE_FAULT"}
+    c = {x.id: x for x in topology.iommu_translating({"pci_gpus": gpus, "kernel_log": dmesg}, NINFER)}
+    assert c["field.iommu_domain"].status == "pass"  # the sysfs half
+    assert c["field.iommu_domain.kernel_log"].status == "warn" and c["field.iommu_domain.kernel_log"].pitfall == "P32"
+    assert c["field.iommu_domain.kernel_log"].measured.startswith("could not check, because dmesg exited 1")
+    quiet = {"pci_gpus": gpus, "kernel_log": pf.kernel_log("")}
+    assert [x.id for x in topology.iommu_translating(quiet, NINFER)] == ["field.iommu_domain"]
+
+
+def test_p36_hold_that_could_not_be_read_is_could_not_check_not_silence():
+    (c,) = p2p_module.boot_default({"boot_hold": {"error": "could not determine boot_hold: PermissionError"}}, NINFER)
+    assert c.status == "warn" and c.pitfall == "P36" and c.measured.startswith("could not check")

@@ -117,7 +117,12 @@ def verify_without_torch(cli, root, tmp_path):
         [({"profile": "dual-5090-ninfer", "simulated": "false", "stage": "link"}, 1)]
     r = cli("--root", str(root), "--json", "verify", "--junit", str(junit))
     stages = {s["stage"]: s["status"] for s in r.json()["stages"]}
-    assert len(stages) == 9 and stages["link"] == "could-not-run" and stages["rebar"] == "pass"
+    # rebar's P31 check reads the kernel log, which this tree read as a real host cannot give: a warning
+    # that says so (could not check), never a pass and never a failure
+    assert len(stages) == 9 and stages["link"] == "could-not-run" and stages["rebar"] == "warn"
+    rebar = {c["id"]: c for s in r.json()["stages"] if s["stage"] == "rebar" for c in s["checks"]}
+    assert all(c["status"] == "pass" for i, c in rebar.items() if i.startswith("rebar.bar1"))
+    assert rebar["field.bar_assign"]["measured"].startswith("could not check")
     assert r.code == 1  # other stages failed here: a failure outranks a proof that could not run
 
 

@@ -8,11 +8,11 @@ from p2pkit.sim import lifecycle
 pytestmark = pytest.mark.slow
 
 
-def up_through_reboot(cli, root):
-    r = cli("--root", str(root), "up")
+def up_through_reboot(cli, root, *args):
+    r = cli("--root", str(root), "up", *args)
     if r.code == 4:
         lifecycle.reboot(root)
-        r = cli("--root", str(root), "up")
+        r = cli("--root", str(root), "up", *args)
     return r
 
 
@@ -142,3 +142,42 @@ def test_package_tools_are_the_real_ones_on_the_simulated_database(sim):
     assert smi.read_text().splitlines()[0].endswith(" -S")
     r = subprocess.run([str(smi), "topo", "-p2p", "r"], capture_output=True, text=True)
     assert r.returncode == 0 and "GPU0" in r.stdout, r.stderr
+
+
+# ---------------------------------------------------------------- the field pitfalls gate `up` (issue 28)
+
+@pytest.mark.parametrize("scenario,stage,check,pitfall", [
+    ("field-acs-redirect", "topology", "field.acs", "P29"),
+    ("field-bar-no-space", "rebar", "field.bar_assign", "P31"),
+    ("field-wedged", "link", "field.gpu_wedged", "P35"),
+    ("field-roce-mtu-1500", "link", "field.roce.gid.rocep1s0f0:1", "P38"),
+    ("field-spark-sm120-only", "engine", "field.kernel_archs", "P39"),
+])
+def test_field_fault_stops_up_at_its_stage(cli, sim, scenario, stage, check, pitfall):
+    """A scenario built to show a field pitfall stops `up` at the stage whose result it breaks (doctor
+    alone named these before), with the pitfall's id."""
+    root = sim(scenario)
+    r = up_through_reboot(cli, root)
+    assert r.code == 1, r.err
+    assert f"{stage} failed: " in r.err
+    bad = failing(root, stage)
+    assert check in bad, list(bad)
+    assert bad[check]["pitfall"] == pitfall and bad[check]["hint"]
+
+
+def test_field_display_is_a_warning_up_goes_on(cli, sim):
+    root = sim("field-display")
+    r = up_through_reboot(cli, root, "--to", "topology")
+    assert r.code == 0, r.err
+    c = {c["id"]: c for c in Store(root / "var/lib/p2pkit").read("topology")["checks"]}["field.display"]
+    assert c["status"] == "warn" and c["pitfall"] == "P33"
+
+
+def test_field_no_static_bar1_is_fixed_by_the_p2p_module_stage(cli, sim):
+    """P28 shown by a module loaded without RMForceStaticBar1=1: the p2p-module stage writes the parameter
+    and the stage's own field.static_bar1 proves it live (pending until the boot, if one is needed)."""
+    root = sim("field-no-static-bar1")
+    r = up_through_reboot(cli, root, "--to", "p2p-module")
+    assert r.code == 0, r.err
+    c = {c["id"]: c for c in Store(root / "var/lib/p2pkit").read("p2p-module")["checks"]}["field.static_bar1"]
+    assert c["status"] == "pass" and c["pitfall"] == "P28"

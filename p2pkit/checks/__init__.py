@@ -96,3 +96,48 @@ def worst(checks: list[Check]) -> str:
     if any(c.status == WARN for c in checks):
         return WARN
     return PASS
+
+
+# ------------------------------------------------------------------------------ the facts a check reads
+
+def reads(*names: str, given: tuple[str, ...] = ()):
+    """Declare the facts a check function reads: `names` are collected (p2pkit.facts names them),
+    `given` are handed to it by its stage's measurement or live probe, never collected. A stage
+    collects exactly the union of its checks' `names` (p2pkit.stages.stage.Stage.facts)."""
+    def mark(fn):
+        fn.reads, fn.given = tuple(names), tuple(given)
+        return fn
+    return mark
+
+
+def facts_read(*fns) -> tuple[str, ...]:
+    """The collected facts the check functions declare, in order, each once."""
+    return tuple(dict.fromkeys(n for fn in fns for n in fn.reads))
+
+
+def combine(*fns):
+    """One stage check from several: their findings in order; it reads what they declare."""
+    def check(f: dict, p) -> list[Check]:
+        return [c for fn in fns for c in fn(f, p)]
+    check.reads = facts_read(*fns)
+    check.given = tuple(dict.fromkeys(n for fn in fns for n in fn.given))
+    check.parts = fns
+    return check
+
+
+def could_not(id: str, title: str, fact: Any, expected: Any, pitfall: str) -> Check:
+    """A fact the check needs could not be read (no root, a tool missing): a warning that names what to
+    run by hand, never a pass."""
+    why = fact.get("error", "not read") if isinstance(fact, dict) else str(fact)
+    by_hand = fact.get("by_hand", "") if isinstance(fact, dict) else ""
+    return Check(id, title, WARN, f"could not check, because {why}", expected,
+                 f"run by hand: {by_hand}" if by_hand else "rerun as root", pitfall)
+
+
+def unreadable(fact: Any) -> bool:
+    return fact is None or failed(fact) or (isinstance(fact, dict) and "error" in fact)
+
+
+def pair(p) -> bool:
+    """The profile's GPUs are a pair on one host (BAR1 P2P between them); a one-GPU node has none."""
+    return p.gpus.count >= 2

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from p2pkit.checks import FAIL, PASS, Check, failed, judge, unknown
+from p2pkit.checks import FAIL, PASS, Check, failed, judge, reads, unknown
 from p2pkit.config import Profile
 
 PINNED = "615.71.09"
@@ -39,6 +39,7 @@ def installer_arch(machine: str, p: Profile) -> Check:
                  "profile made for this machine (dual-spark-vllm is aarch64, the 5090 profiles x86_64)")
 
 
+@reads("arch", "userspace_driver", "driver_guards", "package_holds")
 def check(f: dict, p: Profile) -> list[Check]:
     out = precheck(p)
     m = f.get("arch")

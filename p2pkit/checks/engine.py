@@ -5,8 +5,9 @@ from __future__ import annotations
 import posixpath
 from pathlib import PurePosixPath
 
-from p2pkit.checks import FAIL, WARN, Check, failed, judge, not_measured, unknown
+from p2pkit.checks import FAIL, SKIP, WARN, Check, could_not, failed, judge, not_measured, reads, unknown, unreadable
 from p2pkit.config import Profile
+from p2pkit.parse import field as pf
 from p2pkit.parse.build import archs_unbuildable, ldd_problems, names_arch, version_tuple
 
 NO_CUDA_COMPILER = ("CMake found no CUDA compiler (nvcc is not on PATH, or the toolkit is missing): install CUDA "
@@ -128,6 +129,7 @@ def _cuda_archs(cuda: dict, p: Profile) -> list[Check]:
                   f"lists it, then run the engine stage again", pitfall="P05")]
 
 
+@reads(given=("engine_build",))
 def check(f: dict, p: Profile) -> list[Check]:
     out = precheck(p)
     missing = not_measured(f, "engine_build", "engine.build", "engine built", "doctor builds nothing",
@@ -272,3 +274,24 @@ def _vllm(env: dict, p: Profile) -> list[Check]:
                          + (" (flashinfer 0.6.17 crashes the NVFP4 MoE fallback kernels on GB10)" if flashinfer
                             else ""), pitfall="P25" if flashinfer else ""))
     return out
+
+
+# ---------------------------------------------------------------- field pitfalls (shared/PITFALLS.md)
+
+
+@reads("engine_archs")
+def kernel_archs(f: dict, p: Profile) -> list[Check]:
+    """P39: the engine's kernels carry SASS for the GPU's architecture."""
+    e = f.get("engine_archs")
+    if e is None:
+        return []
+    want = "sm_" + "".join(ch for ch in p.engine.cuda_architectures.split(";")[0] if ch.isdigit())
+    id_, title = "field.kernel_archs", "engine kernels built for the GPU's architecture"
+    if isinstance(e, dict) and e.get("missing"):
+        return [Check(id_, title, SKIP, e["missing"], want, "", "P39")]
+    if unreadable(e):
+        return [could_not(id_, title, e, want, "P39")]
+    return [judge(id_, title, pf.arch_covers(e["archs"], want), f"{e['library']}: {', '.join(e['archs']) or 'no SASS'}",
+                  f"includes {want}", f"the build dropped {want} (CUDA 13's arch matching, vllm#36835): rebuild with "
+                  f"the arch list naming {want[3:]} (TORCH_CUDA_ARCH_LIST / CMAKE_CUDA_ARCHITECTURES)",
+                  pitfall="P39")]

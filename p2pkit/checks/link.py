@@ -3,7 +3,7 @@ ceiling; P2P access, latency, integrity; replays not rising; clocks not locked (
 
 from __future__ import annotations
 
-from p2pkit.checks import FAIL, SKIP, Check, failed, figure, judge, unknown
+from p2pkit.checks import FAIL, SKIP, WARN, Check, could_not, failed, figure, judge, reads, unknown, unreadable
 from p2pkit.checks.topology import TWO_GPUS
 from p2pkit.config import Profile
 from p2pkit.parse.pci import GEN_TO_GTS
@@ -44,6 +44,7 @@ def locked_clocks(nv: dict | None) -> list[Check]:
     return out
 
 
+@reads("nvml", "roce", given=("link_load", "nccl_allreduce"))
 def check(f: dict, p: Profile) -> list[Check]:
     locked = locked_clocks(f.get("nvml"))
     if "link_load" not in f:
@@ -198,4 +199,64 @@ def fabric(f: dict, p: Profile) -> list[Check]:
                           "Gb/s", "the port trained below the fabric's rate: check the cable (DAC/AOC rated for the "
                           "speed), the switch port's speed setting, and `ethtool <netdev>`",
                           context=x.get("rate") or "the kernel reports no rate", missing="unknown"))
+    return out
+
+
+# ---------------------------------------------------------------- field pitfalls (shared/PITFALLS.md)
+
+MIN_ROCE_MTU = 4200  # NVIDIA's guideline for RoCE (active MTU 4096); firmware updates drop it to 1500
+
+
+@reads("nvml", "kernel_log")
+def wedged(f: dict, p: Profile) -> list[Check]:
+    """P35: no GPU busy with no process (NVML's utilization and compute processes, what `nvidia-smi -q`
+    prints as Utilization/GPU and Processes), no "WPR2 already up" in the kernel log."""
+    id_, title = "field.gpu_wedged", "no GPU left wedged by a hung collective"
+    n, k = f.get("nvml"), f.get("kernel_log")
+    busy = [] if unreadable(n) else [f"{g['bus_id']} {g['util_gpu_pct']}% busy, no process" for g in n["gpus"]
+                                     if isinstance(g.get("util_gpu_pct"), int) and g["util_gpu_pct"] >= 90
+                                     and g.get("processes") == []]
+    lines = [] if unreadable(k) else k["wpr2"]
+    if unreadable(k) and unreadable(n):
+        return [could_not(id_, title, k, "idle GPUs, no WPR2 line", "P35")]
+    out = [judge(id_, title, not busy and not lines, "; ".join(busy + lines[:2]) or "no busy GPU without a process, "
+                 "no WPR2 line", "idle GPUs, no WPR2 line", "a hung NCCL collective leaves the GPU spinning until a "
+                 "reset: reboot before the next stage (the driver cannot boot GSP on it again: \"WPR2 already up\")",
+                 pitfall="P35")]
+    if unreadable(k):
+        out.append(could_not(id_ + ".kernel_log", "kernel log readable", k, "readable", "P35"))
+    return out
+
+
+@reads("roce_gids")
+def roce(f: dict, p: Profile) -> list[Check]:
+    """P38: each ACTIVE fabric port has a RoCE v2 IPv4 GID (its index named per node) and a jumbo MTU."""
+    if not p.network.require_roce:
+        return []
+    r = f.get("roce_gids")
+    id_ = "field.roce"
+    if unreadable(r):
+        return [could_not(id_, "RoCE GID index and MTU", r, "a RoCE v2 IPv4 GID, MTU >= 4200", "P38")]
+    out = []
+    pinned = p.serve.env.get("NCCL_IB_GID_INDEX")
+    fabric = set(p.network.fabric_netdevs)
+    for port in r["ports"]:
+        if port["state"] != "ACTIVE" or (fabric and not fabric & set(port["netdevs"])):
+            continue
+        name = f"{port['device']}:{port['port']}"
+        v4 = [g for g in port["gids"] if g["type"].startswith("RoCE v2") and g["gid"].startswith("0000:0000:0000:0000"
+                                                                                                 ":0000:ffff")]
+        idx = [g["index"] for g in v4]
+        ok = bool(v4) and (pinned is None or int(pinned) in idx)
+        out.append(judge(f"{id_}.gid.{name}", f"{name} ({','.join(port['netdevs'])}) RoCE v2 IPv4 GID", ok,
+                         f"RoCE v2 IPv4 GID index {','.join(map(str, idx)) or 'none'} on {','.join(port['netdevs'])}"
+                         + (f"; NCCL_IB_GID_INDEX={pinned} pinned" if pinned is not None else ""),
+                         "a RoCE v2 IPv4 GID; no pinned index that differs",
+                         "the GID index differs per node and drifts (interface events reshuffle the table): leave "
+                         "NCCL_IB_GID_INDEX unset so NCCL picks the RoCE v2 IPv4 GID per device; give the port its "
+                         "IPv4 address", pitfall="P38"))
+        for nd, mtu in port["mtu"].items():
+            out.append(judge(f"{id_}.mtu.{nd}", f"{nd} MTU", mtu >= MIN_ROCE_MTU, mtu, f">= {MIN_ROCE_MTU}",
+                             f"the MTU fell back to {mtu} (firmware updates do this): `ip link set {nd} mtu 9000` on "
+                             "both nodes and in netplan", pitfall="P38", severity=WARN))
     return out

@@ -3,7 +3,7 @@ engine that was built can read it (P08, P09)."""
 
 from __future__ import annotations
 
-from p2pkit.checks import FAIL, PASS, Check, failed, judge, not_measured, unknown
+from p2pkit.checks import FAIL, PASS, Check, failed, judge, not_measured, reads, unknown
 from p2pkit.config import Profile
 
 GIB = 1 << 30
@@ -22,6 +22,7 @@ def precheck(p: Profile) -> list[Check]:
     return out
 
 
+@reads("storage", given=("model_build",))
 def check(f: dict, p: Profile) -> list[Check]:
     out = precheck(p) + nvme(f.get("storage"), p)
     missing = not_measured(f, "model_build", "model.build", "model converted", "doctor converts nothing",

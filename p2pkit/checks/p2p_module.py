@@ -4,9 +4,24 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from p2pkit.checks import FAIL, PASS, WARN, Check, failed, judge, unknown
+from p2pkit.checks import (
+    FAIL,
+    PASS,
+    SKIP,
+    WARN,
+    Check,
+    could_not,
+    facts_read,
+    failed,
+    judge,
+    pair,
+    reads,
+    unknown,
+    unreadable,
+)
 from p2pkit.checks.driver import RESTORE_FIX
 from p2pkit.config import Profile
+from p2pkit.parse import field as pf
 
 
 def precheck(p: Profile) -> list[Check]:
@@ -17,6 +32,7 @@ def precheck(p: Profile) -> list[Check]:
                   "builds an unpinned kernel module")]
 
 
+@reads("module", "built_module", "kernel", "restore_guards", "pending_kernel")
 def install_checks(f: dict, p: Profile) -> list[Check]:
     """What the stage itself must have achieved; a reboot does not change these."""
     m, built = f.get("module", {}), f.get("built_module", {})
@@ -100,6 +116,7 @@ def safeguards(g: dict) -> Check:
                  "all in place", ", ".join(g), RESTORE_FIX, pitfall="P02")
 
 
+@reads("nvidia_version", "module", "built_module", "nvml", "secure_boot", "iommu", "bootloader")
 def runtime_checks(f: dict, p: Profile) -> list[Check]:
     """What holds only after the module is loaded and the command line applied (after a reboot)."""
     out = []
@@ -181,16 +198,17 @@ def not_applied(f: dict, c: Check, boot_id: str) -> Check:
                         + "; reboot, then run `p2pkit up` again (p2pkit does not reboot for it again)")
 
 
+@reads(*facts_read(install_checks, runtime_checks))
 def check(f: dict, p: Profile) -> list[Check]:
     return precheck(p) + install_checks(f, p) + runtime_checks(f, p)
 
 
-REBOOT_FIXES = ("p2p.loaded_version", "p2p.loaded_srcversion", "p2p.nvml", "p2p.iommu")
+REBOOT_FIXES = ("p2p.loaded_version", "p2p.loaded_srcversion", "p2p.nvml", "p2p.iommu", "field.static_bar1")
 
 
 def reboot_reason(f: dict, p: Profile) -> tuple[str, list[str]] | None:
     """A reboot applies the rest when the install is right and only what a boot changes is not."""
-    checks = precheck(p) + install_checks(f, p) + runtime_checks(f, p)
+    checks = precheck(p) + install_checks(f, p) + runtime_checks(f, p) + static_bar1(f, p)
     if any(c.status == "fail" and c.id not in REBOOT_FIXES for c in checks):
         return None
     pending = [c.id for c in checks if c.status == "fail" and c.id in REBOOT_FIXES]
@@ -206,3 +224,80 @@ def reboot_with_note(f: dict, ctx) -> tuple[str, list[str]] | None:
     if pending and note:
         return f"{pending[0]} (no live reload: {note})", pending[1]
     return pending
+
+
+# ---------------------------------------------------------------- field pitfalls (shared/PITFALLS.md)
+
+
+@reads("driver_params")
+def static_bar1(f: dict, p: Profile) -> list[Check]:
+    """P28: the driver's live RegistryDwords hold what the fork needs (RMForceStaticBar1=1)."""
+    if not pair(p) or not p.p2p_module.patched or not p.p2p_module.registry_dwords:
+        return []
+    id_, title = "field.static_bar1", "driver uses the static full-VRAM BAR1 mapping"
+    want = pf.registry_dwords(p.p2p_module.registry_dwords)
+    d = f.get("driver_params")
+    expected = f"RegistryDwords holds {p.p2p_module.registry_dwords}"
+    if unreadable(d):
+        return [could_not(id_, title, d, expected, "P28")]
+    if not d.get("loaded"):
+        return [Check(id_, title, SKIP, "no nvidia module loaded", expected, "", "P28")]
+    live = d["registry_dwords"]
+    missing = [f"{k}={v}" for k, v in want.items() if live.get(k, "").lower() != v.lower()]
+    return [judge(id_, title, not missing, f"RegistryDwords: \"{d['params'].get('RegistryDwords', '')}\"", expected,
+                  "topo -p2p may say OK while NCCL hangs in ncclCommInitRank: p2pkit writes "
+                  "/etc/modprobe.d/p2pkit-nvidia.conf (options nvidia NVreg_RegistryDwords=\""
+                  f"{p.p2p_module.registry_dwords}\") and rebuilds the initramfs: `p2pkit up --from p2p-module "
+                  "--force`, then reboot; check with `grep -i registrydwords /proc/driver/nvidia/params` (the sysfs "
+                  "parameter reads empty even when live)", pitfall="P28")]
+
+
+@reads("module_sources", "module", "built_module")
+def module_sources(f: dict, p: Profile) -> list[Check]:
+    """P34: only the patched module can load: no updates/ copy, the initramfs holds it and is newer."""
+    if not pair(p) or not p.p2p_module.patched:
+        return []
+    m = f.get("module_sources")
+    id_, title = "field.module_sources", "no other nvidia.ko can load (updates/, initramfs)"
+    want = "only kernel/drivers/video/nvidia.ko; an initramfs rebuilt after it"
+    if unreadable(m):
+        return [could_not(id_, title, m, want, "P34")]
+    problems = [f"{u} (DKMS wins over kernel/drivers/video)" for u in m["updates"]]
+    ir = m.get("initramfs")
+    out = []
+    if unreadable(ir):
+        out.append(could_not(id_ + ".initramfs", "initramfs holds the patched module", ir, want, "P34"))
+    else:
+        other = [x for x in ir["nvidia"] if "/kernel/drivers/video/" not in f"/{x}"]
+        problems += [f"initramfs {ir['path']}: {x}" for x in other]
+        if ir["nvidia"] and m.get("installed_mtime") and ir["mtime"] < m["installed_mtime"]:
+            problems.append(f"{ir['path']} is older than the installed patched module: it still holds the one "
+                            "before it")
+    mod = f.get("module") or {}
+    built = (f.get("built_module") or {}).get("srcversion")
+    if built and mod.get("loaded_srcversion") and mod["loaded_srcversion"] != built and m.get("holders"):
+        problems.append(f"loaded srcversion {mod['loaded_srcversion']} is not the built {built}; "
+                        f"{', '.join(m['holders'])} hold nvidia (rmmod nvidia fails until they are "
+                        "unloaded)")
+    fine = "no copy under updates/" + ("" if unreadable(ir) else ", the initramfs holds the patched module")
+    out.append(judge(id_, title, not problems, "; ".join(problems) or fine, want, "remove the stock copies (p2pkit "
+                     "backs them up), rebuild the initramfs "
+                     "(`update-initramfs -u -k $(uname -r)`), unload in order nvidia_drm nvidia_modeset nvidia_uvm "
+                     "nvidia, or rerun `p2pkit up --from p2p-module --force` and reboot", pitfall="P34"))
+    return out
+
+
+@reads("boot_hold")
+def boot_default(f: dict, p: Profile) -> list[Check]:
+    """P36: the kernel hook held the boot default at the working kernel when the build for a new one failed."""
+    b = f.get("boot_hold")
+    if unreadable(b):  # never a silent pass: the hold could not be read
+        return [could_not("field.boot_default", "boot default not held back by a failed module build", b,
+                          "no hold", "P36")]
+    held = b.get("held")
+    return [judge("field.boot_default", "boot default not held back by a failed module build", not held,
+                  f"booting {held['kernel']}: the P2P module did not build for {held['new_kernel']}" if held else
+                  "no hold", "no hold", f"the new kernel {held['new_kernel'] if held else ''} breaks the module build "
+                  "(a kernel API removed): pin a fork commit that builds for it, then rerun the hook "
+                  f"(`sudo /etc/kernel/postinst.d/zz-p2pkit {held['new_kernel'] if held else '<new>'}`: it lifts "
+                  "the hold when the build succeeds) and `sudo update-grub`", pitfall="P36", severity=WARN)]

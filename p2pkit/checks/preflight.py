@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from p2pkit.checks import FAIL, PASS, WARN, Check, failed, figure, judge, unknown
+from p2pkit.checks import FAIL, PASS, WARN, Check, failed, figure, judge, reads, unknown
 from p2pkit.config import Profile
 from p2pkit.parse.system import kernel_tuple
 
@@ -11,6 +11,8 @@ SIM_HINT = ("to try p2pkit without GPUs: `p2pkit sim init /tmp/p2pkit-sim` then 
             "`p2pkit --root /tmp/p2pkit-sim up`")
 
 
+@reads("tools", "os", "kernel", "is_root", "disk", "secure_boot", "pci_gpus", "iommu", "bootloader",
+       "dpkg_nvidia", "cgroup")
 def check(f: dict, p: Profile) -> list[Check]:
     # GPUs first: on a machine without them nothing else matters, and the first failure is the headline
     # a facts file recorded before p2pkit read the bootloader has none: that check is left out for it

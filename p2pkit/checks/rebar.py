@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from p2pkit.checks import FAIL, PASS, SKIP, Check, failed, figure, unknown
+from p2pkit.checks import FAIL, PASS, SKIP, Check, could_not, failed, figure, judge, reads, unknown, unreadable
 from p2pkit.config import Profile
 
 GIB = 1 << 30
@@ -21,6 +21,7 @@ def nvml_by_bus(nvml: dict) -> dict[str, dict]:
     return {str(g.get("bus_id", "")).lower()[-12:]: g for g in nvml["gpus"]}
 
 
+@reads("pci_gpus", "nvml")
 def check(f: dict, p: Profile) -> list[Check]:
     gpus = f.get("pci_gpus")
     if failed(gpus):
@@ -60,3 +61,38 @@ def check(f: dict, p: Profile) -> list[Check]:
                               "NVML and sysfs disagree on BAR1: reload the driver (or reboot) after changing BIOS "
                               "settings", missing=f"not read: {b1}", expected_context="(sysfs)"))
     return out or [Check("rebar.gpus", "GPUs", PASS, 0, 0)]
+
+
+# ---------------------------------------------------------------- field pitfalls (shared/PITFALLS.md)
+
+
+@reads("kernel_log", "pci_gpus")
+def bar_assignment(f: dict, p: Profile) -> list[Check]:
+    """P31: no BAR that could not be assigned, no failed resize at probe."""
+    k = f.get("kernel_log")
+    id_, title = "field.bar_assign", "kernel assigned every GPU BAR (no failed resize)"
+    want = "no \"can't assign; no space\" / \"Fatal Error while attempting to resize PCIe BARs\""
+    if unreadable(k):
+        return [could_not(id_, title, k, want, "P31")]
+    lines = k["bar_no_space"] + k["resize_fatal"]
+    small = small_windows(f.get("pci_gpus"), p.gpus.vram_gib << 30)
+    measured = "; ".join(lines[:3] + small) or "no such kernel line, BAR1 and the bridge windows cover VRAM"
+    return [judge(id_, title, not lines and not small, measured, want + f"; BAR1 and bridge window >= "
+                  f"{p.gpus.vram_gib} GiB",
+                  "the firmware left too little address space for BAR1 (it boots at 256 MiB and the resize fails; "
+                  "a failed resize at probe leaves the GPU unbound): enable Above 4G Decoding and Resizable BAR "
+                  "in the BIOS, disable CSM, then reboot", pitfall="P31")]
+
+
+def small_windows(gpus, vram: int) -> list[str]:
+    """P31 from sysfs: a GPU's BAR1 or its upstream bridge's prefetchable window smaller than VRAM."""
+    out = []
+    for g in gpus if isinstance(gpus, list) else []:
+        if not isinstance(g, dict):
+            continue
+        if g.get("aperture") and g["aperture"]["size"] < vram:
+            out.append(f"{g['bdf']} BAR1 {g['aperture']['size'] >> 20} MiB")
+        w = g.get("bridge_window") or {}
+        if isinstance(w.get("prefetch_size"), int) and w["prefetch_size"] < vram:
+            out.append(f"bridge {w['bdf']} above {g['bdf']}: prefetchable window {w['prefetch_size'] >> 20} MiB")
+    return out

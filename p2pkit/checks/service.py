@@ -3,8 +3,26 @@
 from __future__ import annotations
 
 from p2pkit import engine_cmd
-from p2pkit.checks import FAIL, PASS, SKIP, WARN, Check, failed, figure, fit, judge, not_measured, unknown
+from p2pkit import engine_env as ee
+from p2pkit.checks import (
+    FAIL,
+    PASS,
+    SKIP,
+    WARN,
+    Check,
+    could_not,
+    failed,
+    figure,
+    fit,
+    judge,
+    not_measured,
+    pair,
+    reads,
+    unknown,
+    unreadable,
+)
 from p2pkit.config import Profile
+from p2pkit.parse import field as pf
 from p2pkit.parse import nccl
 
 GIB = 1 << 30
@@ -42,8 +60,9 @@ def alive(live: dict | None) -> list[Check]:
     return [Check(id_, title, PASS, f"pid {pid} running, /health 200", want)]
 
 
+# engine_live: given by doctor and status only (a stage's proof waits on /health instead)
+@reads("cgroup", "head_rendezvous", "vram_fit", given=("service", "engine_live"))
 def check(f: dict, p: Profile) -> list[Check]:
-    # engine_live: read by doctor and status only (a stage's proof waits on /health instead)
     out = [*precheck(p), *head_up(f.get("head_rendezvous")), *fit.check(f.get("vram_fit"), p),
            *alive(f.get("engine_live"))]
     missing = not_measured(f, "service", "service.running", "engine service proven",
@@ -405,3 +424,107 @@ def _user_access(u: dict | None) -> list[Check]:
                   "; ".join(blocked.values()) or f"{u['user']} reaches all", "working directory, engine and model "
                   f"reachable by {u['user']}", f"give {u['user']} search (x) on each directory named and read on the "
                   "model (chown/chmod that path, never the whole tree); re-run `p2pkit up --from service`")]
+
+
+# ---------------------------------------------------------------- field pitfalls (shared/PITFALLS.md)
+
+
+def relation(f: dict) -> str | None:
+    t = f.get("smi_topo_m")
+    if unreadable(t):
+        return None
+    return t.get("pair") or t["matrix"].get("GPU0", {}).get("GPU1")
+
+
+def service_env(f: dict, p: Profile) -> tuple[dict[str, str], str]:
+    """The engine's environment as installed (/etc/p2pkit/engine.env), else what p2pkit would render."""
+    installed = f.get("engine_env_file")
+    if isinstance(installed, dict) and installed.get("env") is not None:
+        return installed["env"], installed["path"]
+    vendor = (f.get("iommu") or {}).get("cpu_vendor", "")
+    rel = relation(f)
+    return ee.engine_env(p, ee.p2p_level(rel, vendor, p.gpus.count) if rel else None), "the rendered environment"
+
+
+@reads("smi_topo_m", "iommu", "engine_env_file")
+def nccl_p2p_level(f: dict, p: Profile) -> list[Check]:
+    """P30 and P17: NCCL's own rule lets it take P2P across this pair in the engine's environment."""
+    if not pair(p):
+        return []
+    rel = relation(f)
+    io = f.get("iommu") or {}
+    vendor = io.get("cpu_vendor", "unknown")
+    id_, title = "field.nccl_p2p_level", "NCCL's P2P level reaches across the pair"
+    if rel is None:
+        return [could_not(id_, title, f.get("smi_topo_m") or {"error": "no GPU pair in `nvidia-smi topo -m`",
+                                                              "by_hand": "nvidia-smi topo -m"},
+                          "NCCL_P2P_LEVEL at or above the pair's relation", "P30")]
+    env, where = service_env(f, p)
+    need = pf.nccl_level_needed(rel, vendor, p.gpus.count) if rel in pf.SMI_TO_NCCL else None
+    default = pf.nccl_default_level(vendor, p.gpus.count)
+    level = env.get("NCCL_P2P_LEVEL")
+    ok = need is None or (level is not None and level.upper() in pf.P2P_LEVELS and pf.nccl_level_allows(level, rel))
+    out = [judge(id_, title, ok, f"{vendor} CPU, GPUs {rel} apart; NCCL default {default}; "
+                 f"NCCL_P2P_LEVEL={level or '(unset)'} in {where}", f"NCCL_P2P_LEVEL>={need}" if need else
+                 f"default {default} covers {rel}",
+                 f"NCCL's default P2P level stops at {default} on this CPU, so it takes SHM across {rel} although P2P "
+                 f"works: the service must set NCCL_P2P_LEVEL={need} (`p2pkit up --from service --force` renders it)",
+                 pitfall="P30")]
+    blockers = ee.p2p_blockers(env, rel)
+    out.append(judge("field.engine_nccl_p2p", "the engine's own NCCL may take P2P", not blockers,
+                     "; ".join(blockers) or f"nothing in {where} turns NCCL's P2P off", "no NCCL_P2P_DISABLE, level "
+                     f">= {pf.SMI_TO_NCCL.get(rel, rel)}", "P2P is proven on the hardware but the engine's NCCL is "
+                     "told not to use it: remove it from [serve.env] (keep NCCL_P2P_DISABLE=1 only for an A/B run)",
+                     pitfall="P17"))
+    if p.engine.recipe == "llamacpp":
+        out.append(judge("field.ggml_cuda_p2p", "llama.cpp enables peer access (GGML_CUDA_P2P)",
+                         env.get("GGML_CUDA_P2P", "") not in ("", "0"), env.get("GGML_CUDA_P2P", "(unset)"), "set",
+                         "llama.cpp enables peer access outside NCCL only when GGML_CUDA_P2P is set "
+                         "(ggml-cuda.cu): `p2pkit up --from service --force` writes it", pitfall="P17"))
+    return out
+
+
+def floor_check(id_: str, title: str, found: list[tuple[str, str | None]], p: Profile) -> Check:
+    pit = "P16" if p.engine.recipe == "llamacpp" else "P37"
+    floor = pf.version_tuple(p.engine.nccl_min)
+    low = [f"{path} {v or 'version unknown'}" for path, v in found if v is None or pf.version_tuple(v) < floor]
+    measured = "; ".join(f"{path} {v or 'version unknown'}" for path, v in found)
+    return judge(id_, title, bool(found) and not low, measured or "no libnccl", f">= {p.engine.nccl_min}",
+                 ("NCCL 2.25.1 fails on the 5090 (ncclMaxSharedMem ... exceeds) and 2.18.3 hangs on SM120: point "
+                  "engine.nccl_root at NCCL >= 2.26.2" if pit == "P16" else
+                  "NCCL before 2.29.3 leaks proxy slots on aarch64 (hangs after 20-55 minutes); the pip wheel and "
+                  "the system library are different builds: install NCCL >= 2.29.3 where the engine loads it "
+                  "and restart it"), pitfall=pit)
+
+
+@reads("profile_nccl", "engine_nccl")
+def nccl_floor(f: dict, p: Profile) -> list[Check]:
+    """P16/P37: the NCCL the profile points at, and the one the running engine has mapped, meet the floor."""
+    if not p.engine.nccl_min:
+        return []
+    out = []
+    pn = f.get("profile_nccl")
+    if isinstance(pn, dict) and pn.get("path"):
+        if unreadable(pn):
+            out.append(could_not("field.nccl_floor.profile", "the profile's NCCL meets the floor", pn,
+                                 f">= {p.engine.nccl_min}", "P16"))
+        else:
+            out.append(floor_check("field.nccl_floor.profile", "the profile's NCCL meets the floor",
+                                   [(pn["path"], pn["version"])], p))
+    e = f.get("engine_nccl")
+    if e is None or (isinstance(e, dict) and e.get("running") is False):
+        out.append(Check("field.nccl_floor.engine", "the engine's mapped NCCL meets the floor", SKIP,
+                         "the engine is not running", f">= {p.engine.nccl_min}", "", "P37"))
+    elif unreadable(e):
+        out.append(could_not("field.nccl_floor.engine", "the engine's mapped NCCL meets the floor", e,
+                             f">= {p.engine.nccl_min}", "P37"))
+    else:
+        found = [(x["path"], x["version"]) for x in e["libraries"]]
+        c = floor_check("field.nccl_floor.engine", f"NCCL mapped by the engine (pid {e['pid']}) meets the floor",
+                        found, p)
+        if len({v for _, v in found}) > 1 or len(found) > 1:
+            c = Check(c.id, c.title, FAIL if c.status == FAIL else WARN, c.measured + " (more than one NCCL mapped)",
+                      c.expected, c.hint or "two NCCL builds in one process: keep one (LD_LIBRARY_PATH, RUNPATH)",
+                      c.pitfall)
+        out.append(c)
+    return out

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from p2pkit.checks import FAIL, WARN, Check, failed, figure, judge, unknown
+from p2pkit.checks import FAIL, WARN, Check, could_not, failed, figure, judge, pair, reads, unknown, unreadable
 from p2pkit.config import Profile
+from p2pkit.parse import field as pf
 from p2pkit.parse.roce import resolve
 from p2pkit.parse.smi import relation_has_switch, relation_meaning
 
@@ -21,6 +22,7 @@ P2P_CAUSES = {
 TWO_GPUS = "P2P needs two GPUs; this host has {n}. Seat a second GPU, or judge a two-GPU host"
 
 
+@reads("pci_gpus", "nvml", "smi_p2p_read", "smi_p2p_write", "smi_topo_m", "roce")
 def check(f: dict, p: Profile) -> list[Check]:
     gpus = f.get("pci_gpus")
     if failed(gpus):
@@ -47,8 +49,8 @@ def _roce(f: dict, p: Profile) -> Check:
 
     found = f.get("roce")
     want = f"an ACTIVE Ethernet port on {', '.join(p.network.fabric_netdevs) or 'any netdev'}"
-    if failed(found):
-        return unknown("topology.roce", "RoCE port for NCCL", found, want, pitfall="P24")
+    if failed(found) or found is None:  # None: a facts file recorded before the fact existed
+        return unknown("topology.roce", "RoCE port for NCCL", found or {"error": "not read"}, want, pitfall="P24")
     hcas = resolve(found, p.network.fabric_netdevs)
     seen = ", ".join(f"{x['device']}:{x['port']} {x['state']} {x['link_layer']} ({','.join(x['netdevs']) or '-'})"
                      for x in found) or "no RDMA device in /sys/class/infiniband"
@@ -160,3 +162,69 @@ def _nvml_p2p(f: dict) -> Check:
                  "; ".join(f"{c}: {P2P_CAUSES.get(c, '')}" for c in codes), pitfall="P17")
 
 
+# ---------------------------------------------------------------- field pitfalls (shared/PITFALLS.md)
+
+
+@reads("acs")
+def acs_redirect(f: dict, p: Profile) -> list[Check]:
+    """P29: no ACS request/completion redirect on a bridge above the GPUs."""
+    if not pair(p):
+        return []
+    a = f.get("acs")
+    id_, title, want = "field.acs", "no ACS redirect on the bridges above the GPUs", "ReqRedir- CmpltRedir-"
+    if unreadable(a):
+        return [could_not(id_, title, a, want, "P29")]
+    out = []
+    bad = [f"{x['bdf']} {' '.join(n + '+' for n in pf.redirects(x['flags']))}" for x in a["ports"]
+           if pf.redirects(x.get("flags"))]
+    unread = [x for x in a["ports"] if "error" in x]
+    if unread:
+        out.append(could_not(id_ + ".unread", "ACS control readable on every bridge", unread[0], want, "P29"))
+    checked = [x["bdf"] for x in a["ports"] if "error" not in x]
+    if not checked:
+        return out or [could_not(id_, title, {"error": "no bridge above the GPUs was found in sysfs",
+                                              "by_hand": "sudo lspci -vvv | grep -E '^[0-9a-f]|ACSCtl'"}, want, "P29")]
+    out.append(judge(id_, title, not bad, "; ".join(bad) or f"no redirect on {', '.join(checked) or 'no bridge'}",
+                     want, "ACS redirect sends P2P traffic up to the root complex (NCCL deadlocks or P2P bandwidth "
+                     "collapses): turn ACS off in the BIOS (AMD CBS > NBIO > ACS, or PCIe ACS Control), or boot "
+                     "with pci=noacs; at runtime `setpci -s <bridge> ECAP_ACS+6.w=0000` for each bridge listed",
+                     pitfall="P29"))
+    return out
+
+
+@reads("pci_gpus", "kernel_log")
+def iommu_translating(f: dict, p: Profile) -> list[Check]:
+    """P32: no GPU behind a translating IOMMU domain; no IO page faults."""
+    if not pair(p):
+        return []
+    gpus = [g for g in (f.get("pci_gpus") or []) if isinstance(g, dict)]
+    trans = [f"{g['bdf']} ({g.get('iommu_group')})" for g in gpus if g.get("iommu_group") == "translating"]
+    k = f.get("kernel_log")
+    faults = [] if unreadable(k) else k["io_page_fault"]
+    out = [judge("field.iommu_domain", "GPUs not behind a translating IOMMU", not trans and not faults,
+                  "; ".join(trans + faults[:2]) or "passthrough (identity) or no IOMMU group on every GPU",
+                  "identity (passthrough) or none",
+                  "with a translating IOMMU P2P copies return zeros or NaN with no error: set iommu=pt (the "
+                  "p2p-module stage does) and reboot; one Intel Z890 board needed intel_iommu=off; the link stage's "
+                  "integrity pattern proves the result both ways", pitfall="P32")]
+    if unreadable(k):  # the sysfs half is judged without the kernel log; the IO_PAGE_FAULT half could not be
+        out.append(could_not("field.iommu_domain.kernel_log", "no IO_PAGE_FAULT in the kernel log", k, "none", "P32"))
+    return out
+
+
+@reads("drm", "pci_gpus")
+def displays(f: dict, p: Profile) -> list[Check]:
+    """P33: no display connected to a GPU of the pair (it turns that GPU's static BAR1 off)."""
+    if not pair(p):
+        return []
+    d = f.get("drm")
+    if unreadable(d):
+        return [could_not("field.display", "no display on the P2P GPUs", d, "headless", "P33")]
+    bdfs = {g["bdf"] for g in (f.get("pci_gpus") or []) if isinstance(g, dict)}
+    on = [f"{c['card']}-{c['connector']} on {c['bdf']}" for c in d["connectors"]
+          if c["status"] == "connected" and c["bdf"] in bdfs]
+    return [judge("field.display", "no display on the P2P GPUs", not on, "; ".join(on) or "no connected display "
+                  "on the GPUs", "headless", "a display (or Xorg) on one GPU turns its static BAR1 off: P2P fails for "
+                  "pairs with it and the engine's output is garbled: run headless (iGPU or a third card for the "
+                  "screen), or use the fork branch that keeps static BAR1 with a display", pitfall="P33",
+                  severity=WARN)]

@@ -1,4 +1,4 @@
-"""What a stage is: the profile sections it depends on, the facts it reads, its pure checks, and,
+"""What a stage is: the profile sections it depends on, its pure checks (and the facts they read), and,
 for the stages that change the host, what it does."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ class Stage:
     name: str
     title: str
     inputs: tuple[str, ...]
-    facts: tuple[str, ...] = ()
+    # facts, profile -> findings; it declares the facts it reads (p2pkit.checks.reads)
     check: Callable[[dict, object], list[Check]] | None = None
     precheck: Callable[[object], list[Check]] | None = None  # profile -> refusals before acting
     act: Callable[[object], dict] | None = None  # ctx -> what was done
@@ -32,6 +32,16 @@ class Stage:
     live: tuple[str, Callable[[object], list[Check]]] | None = None
     # checks whose warning `status` shows beside a done stage (a module waiting for the reboot into a new kernel)
     notes: tuple[str, ...] = ()
+
+    @property
+    def facts(self) -> tuple[str, ...]:
+        """The facts the stage collects: exactly those its checks declare they read."""
+        return tuple(getattr(self.check, "reads", ())) if self.check is not None else ()
+
+    @property
+    def given(self) -> tuple[str, ...]:
+        """The facts its checks read that its measurement or live probe hands them, never collected."""
+        return tuple(getattr(self.check, "given", ())) if self.check is not None else ()
 
     def not_applicable(self, profile) -> str | None:
         return self.applies(profile) if self.applies is not None else None
