@@ -3,7 +3,21 @@
 from __future__ import annotations
 
 from p2pkit import engine_cmd
-from p2pkit.checks import FAIL, PASS, SKIP, WARN, Check, failed, figure, fit, judge, not_measured, unknown
+from p2pkit.checks import (
+    FAIL,
+    PASS,
+    SKIP,
+    WARN,
+    Check,
+    failed,
+    figure,
+    fit,
+    judge,
+    not_measured,
+    reading,
+    show,
+    unknown,
+)
 from p2pkit.config import Profile
 from p2pkit.parse import nccl
 
@@ -66,8 +80,8 @@ def check(f: dict, p: Profile) -> list[Check]:
                          "an NCCL channel to the head", "read `p2pkit serve logs`; the head must be up first (P27) "
                          "and reachable over the fabric (master-addr)", pitfall="P27"))
     elif h["ok"]:
-        out.append(Check("service.health", "/health answers 200", PASS, f"200 after {h['seconds']} s "
-                         f"(codes seen: {h['codes']})", 200))
+        out.append(reading("service.health", "/health answers 200", PASS, h["seconds"], "s", 200,
+                           text=f"200 after {{}} (codes seen: {h['codes']})"))
     else:
         why = gone(s.get("log_tail", [])) if h.get("exited") else h.get("stalled") or f"no 200 within {h['seconds']} s"
         if h.get("stalled") and "state T" in h["stalled"]:
@@ -91,10 +105,12 @@ def check(f: dict, p: Profile) -> list[Check]:
         fix = LAUNCHER_CAP_FIX if s.get("manager") == "launcher" else (
             "a memory cap will OOM-kill the engine under load: the unit must run in p2pkit.slice "
             "(MemoryMax=infinity), not in a user session")
-        out.append(judge("service.memory_cap", "service's cgroup has no memory cap", not caps,
-                         ", ".join(f"{c['file']} = {c['limit_bytes']} bytes ({c['limit_bytes'] / GIB:.1f} GiB)"
-                                   for c in caps) or
-                         f"none up from {pc['v2_path'] or pc['v1_memory_path']}", "no cap", fix, pitfall="P12"))
+        caps = sorted(caps, key=lambda c: c["limit_bytes"])  # the tightest first: it is the one that binds
+        shown = [f"{c['file']} = {c['limit_bytes']} bytes ({show(c['limit_bytes'] / GIB, 'GiB')})" for c in caps]
+        text = ", ".join([f"{c['file']} = {c['limit_bytes']} bytes ({{}})" for c in caps[:1]] + shown[1:])
+        out.append(reading("service.memory_cap", "service's cgroup has no memory cap", FAIL if caps else PASS,
+                           caps[0]["limit_bytes"] / GIB if caps else None, "GiB", "no cap", fix, "P12", text=text,
+                           missing=f"none up from {pc['v2_path'] or pc['v1_memory_path']}"))
         own = f.get("cgroup", {})
         if not failed(own) and own.get("memory_caps") and not caps:
             out.append(Check("service.not_inherited", "p2pkit's own memory cap is not the service's", WARN,
@@ -389,9 +405,10 @@ def running_slots(n: int | dict, flag) -> Check:
     given = f"--parallel {flag}" if flag is not None else "--parallel omitted (auto)"
     if not isinstance(n, int):
         return unknown("service.spec_slots_running", title, n, 1, needed=False, pitfall="P20")
-    return judge("service.spec_slots_running", title, n == 1, f"/props total_slots {n} ({given})", 1,
-                 "MTP only pays at one concurrent slot: set serve.flags.parallel = 1 and "
-                 "`p2pkit up --from service --force`", pitfall="P20", severity=WARN)
+    return figure("service.spec_slots_running", title, n, "==", 1, "count",
+                  "MTP only pays at one concurrent slot: set serve.flags.parallel = 1 and "
+                  "`p2pkit up --from service --force`", pitfall="P20", severity=WARN,
+                  context=f"/props total_slots, {given}")
 
 
 def _user_access(u: dict | None) -> list[Check]:
