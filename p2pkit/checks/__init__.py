@@ -60,11 +60,13 @@ def show(x: float | None, unit: str, missing: str = "not measured") -> str:
 
 def figure(id: str, title: str, value: float | None, op: str, limit: float, unit: str, hint: str = "",
            pitfall: str = "", severity: str = FAIL, context: str = "", expected_context: str = "",
-           missing: str = "not measured") -> Check:
+           missing: str = "not measured", text: str = "{}") -> Check:
     """A typed finding: `value` held to `op limit` in `unit`. No value (not measured) never passes;
-    nor does NaN. The measured and expected texts are made from the numbers (plus context)."""
+    nor does NaN. The measured and expected texts are made from the numbers (plus context; `text`
+    places the number in a sentence, at its {})."""
     ok = value is not None and math.isfinite(value) and OPS[op](value, limit)
-    measured = show(value, unit, missing) + (f" ({context})" if context else "")
+    shown = show(value, unit, missing)
+    measured = (text.format(shown) if shown != missing else shown) + (f" ({context})" if context else "")
     expected = f"{op} {show(limit, unit)}" + (f" {expected_context}" if expected_context else "")
     return Check(id, title, PASS if ok else severity, measured, expected, "" if ok else hint, pitfall,
                  value, unit, op, limit)

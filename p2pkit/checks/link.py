@@ -3,7 +3,7 @@ ceiling; P2P access, latency, integrity; replays not rising; clocks not locked (
 
 from __future__ import annotations
 
-from p2pkit.checks import FAIL, SKIP, Check, failed, figure, judge, unknown
+from p2pkit.checks import FAIL, PASS, SKIP, Check, failed, figure, judge, reading, unknown
 from p2pkit.checks.topology import TWO_GPUS
 from p2pkit.config import Profile
 from p2pkit.parse.pci import GEN_TO_GTS
@@ -145,11 +145,12 @@ def nccl_allreduce(f: dict, p: Profile) -> list[Check]:
     env = ", ".join(f"{k}={v}" for k, v in n["env"].items()) or "no NCCL variables"
     last = (n["tail"] or ["no output"])[-1]
     if n["timed_out"]:
-        return [Check(id_, title, FAIL, f"no result within {n['timeout_s']:g} s: NCCL hung (last line: {last}; {env})",
-                      want, "topo -p2p says OK but no bytes move: the driver is not using the static full-VRAM BAR1 "
-                      "mapping (check `grep -i registrydwords /proc/driver/nvidia/params` for RMForceStaticBar1=1, "
-                      "p2pkit's modprobe.d file and initramfs; reboot), or ACS redirects P2P (see `p2pkit doctor`, "
-                      "P29); reboot before the next run: the hung GPUs stay busy (P35)", "P28")]
+        return [reading(id_, title, FAIL, n["timeout_s"], "s", want,
+                        "topo -p2p says OK but no bytes move: the driver is not using the static full-VRAM BAR1 "
+                        "mapping (check `grep -i registrydwords /proc/driver/nvidia/params` for RMForceStaticBar1=1, "
+                        "p2pkit's modprobe.d file and initramfs; reboot), or ACS redirects P2P (see `p2pkit doctor`, "
+                        "P29); reboot before the next run: the hung GPUs stay busy (P35)", "P28",
+                        text=f"no result within {{}}: NCCL hung (last line: {last}; {env})")]
     res = n.get("result") or {}
     if "error" in res or not res:
         return [Check(id_, title, FAIL, f"exit {n['exit']}: {res.get('error') or last}", want,
@@ -168,10 +169,14 @@ def nccl_allreduce(f: dict, p: Profile) -> list[Check]:
                       "P17" if told else "P30")]
     wrong = res.get("wrong", [])
     if any(wrong):
-        return [Check(id_, title, FAIL, f"via {via}: {wrong} of {res['elements']} floats wrong per GPU", want,
-                      "P2P moved wrong data with no error: a translating IOMMU (set iommu=pt), see P32", "P32")]
-    return [Check(id_, title, "pass", f"via {via}: {res['elements']} floats exact on both GPUs, NCCL "
-                  f"{res.get('nccl_version')}, {res.get('seconds')} s ({env})", want, "", "P28")]
+        # the figure: the most wrong floats on any GPU (each GPU's count stays in the text)
+        return [reading(id_, title, FAIL, max(wrong), "count", want,
+                        "P2P moved wrong data with no error: a translating IOMMU (set iommu=pt), see P32", "P32",
+                        text=f"via {via}: {{}} of {res['elements']} floats wrong on a GPU (per GPU: {wrong})")]
+    return [reading(id_, title, PASS, res.get("seconds"), "s", want, pitfall="P28",
+                    text=f"via {via}: {res['elements']} floats exact on both GPUs, NCCL {res.get('nccl_version')}, "
+                    f"{{}} ({env})", missing=f"via {via}: {res['elements']} floats exact on both GPUs, NCCL "
+                    f"{res.get('nccl_version')} ({env})")]
 
 
 def fabric(f: dict, p: Profile) -> list[Check]:
