@@ -26,8 +26,8 @@ def check(f: dict, p: Profile) -> list[Check]:
     if failed(gpus):
         return [unknown("rebar.gpus", "GPUs in sysfs", gpus, "NVIDIA GPUs")]
     if not gpus:
-        return [Check("rebar.gpus", "GPUs in sysfs", FAIL, "none", f"{p.gpus.count}",
-                      "no NVIDIA GPU in /sys/bus/pci/devices: see preflight")]
+        return [figure("rebar.gpus", "GPUs in sysfs", 0, "==", p.gpus.count, "count",
+                       "no NVIDIA GPU in /sys/bus/pci/devices: see preflight")]
     by_bus = nvml_by_bus(f.get("nvml", {}))
     out = []
     for g in gpus:
