@@ -5,7 +5,7 @@ pure functions from facts and profile to findings. A fact that could not be read
 from __future__ import annotations
 
 from p2pkit import engine_env as ee
-from p2pkit.checks import FAIL, SKIP, WARN, Check, failed, judge
+from p2pkit.checks import FAIL, PASS, SKIP, WARN, Check, failed, figure, judge, reading, show
 from p2pkit.config import Profile
 from p2pkit.parse import field as pf
 
@@ -138,25 +138,31 @@ def bar_assignment(f: dict, p: Profile) -> list[Check]:
         return [could_not(id_, title, k, want, "P31")]
     lines = k["bar_no_space"] + k["resize_fatal"]
     small = small_windows(f.get("pci_gpus"), p.gpus.vram_gib << 30)
-    measured = "; ".join(lines[:3] + small) or "no such kernel line, BAR1 and the bridge windows cover VRAM"
-    return [judge(id_, title, not lines and not small, measured, want + f"; BAR1 and bridge window >= "
-                  f"{p.gpus.vram_gib} GiB",
-                  "the firmware left too little address space for BAR1 (it boots at 256 MiB and the resize fails; "
+    # the figure: the smallest BAR1 or bridge window short of VRAM (a kernel line alone carries no number)
+    least = min(small, key=lambda x: x[1]) if small else None
+    text = "; ".join([x.replace("{", "{{").replace("}", "}}") for x in lines[:3]]
+                     + [w.format("{}" if (w, n) == least else show(n >> 20, "MiB")) for w, n in small])
+    return [reading(id_, title, FAIL if lines or small else PASS, least[1] >> 20 if least else None, "MiB",
+                    want + f"; BAR1 and bridge window >= {p.gpus.vram_gib} GiB",
+                    "the firmware left too little address space for BAR1 (it boots at 256 MiB and the resize fails; "
                   "a failed resize at probe leaves the GPU unbound): enable Above 4G Decoding and Resizable BAR "
-                  "in the BIOS, disable CSM, then reboot", pitfall="P31")]
+                    "in the BIOS, disable CSM, then reboot", "P31",
+                    text=text,
+                    missing="; ".join(lines[:3]) or "no such kernel line, BAR1 and the bridge windows cover VRAM")]
 
 
-def small_windows(gpus, vram: int) -> list[str]:
-    """P31 from sysfs: a GPU's BAR1 or its upstream bridge's prefetchable window smaller than VRAM."""
+def small_windows(gpus, vram: int) -> list[tuple[str, int]]:
+    """P31 from sysfs: each GPU BAR1 or upstream bridge prefetchable window smaller than VRAM, as (what,
+    with {} where its size goes; the size in bytes)."""
     out = []
     for g in gpus if isinstance(gpus, list) else []:
         if not isinstance(g, dict):
             continue
         if g.get("aperture") and g["aperture"]["size"] < vram:
-            out.append(f"{g['bdf']} BAR1 {g['aperture']['size'] >> 20} MiB")
+            out.append((f"{g['bdf']} BAR1 {{}}", g["aperture"]["size"]))
         w = g.get("bridge_window") or {}
         if isinstance(w.get("prefetch_size"), int) and w["prefetch_size"] < vram:
-            out.append(f"bridge {w['bdf']} above {g['bdf']}: prefetchable window {w['prefetch_size'] >> 20} MiB")
+            out.append((f"bridge {w['bdf']} above {g['bdf']}: prefetchable window {{}}", w["prefetch_size"]))
     return out
 
 
@@ -232,16 +238,19 @@ def wedged(f: dict, p: Profile) -> list[Check]:
     prints as Utilization/GPU and Processes), no "WPR2 already up" in the kernel log."""
     id_, title = "field.gpu_wedged", "no GPU left wedged by a hung collective"
     n, k = f.get("nvml"), f.get("kernel_log")
-    busy = [] if unreadable(n) else [f"{g['bus_id']} {g['util_gpu_pct']}% busy, no process" for g in n["gpus"]
-                                     if isinstance(g.get("util_gpu_pct"), int) and g["util_gpu_pct"] >= 90
-                                     and g.get("processes") == []]
+    busy = [] if unreadable(n) else [g for g in n["gpus"] if isinstance(g.get("util_gpu_pct"), int)
+                                     and g["util_gpu_pct"] >= 90 and g.get("processes") == []]
     lines = [] if unreadable(k) else k["wpr2"]
     if unreadable(k) and unreadable(n):
         return [could_not(id_, title, k, "idle GPUs, no WPR2 line", "P35")]
-    out = [judge(id_, title, not busy and not lines, "; ".join(busy + lines[:2]) or "no busy GPU without a process, "
-                 "no WPR2 line", "idle GPUs, no WPR2 line", "a hung NCCL collective leaves the GPU spinning until a "
-                 "reset: reboot before the next stage (the driver cannot boot GSP on it again: \"WPR2 already up\")",
-                 pitfall="P35")]
+    # the figure: the busiest GPU that runs no process (a kernel line alone carries no number)
+    top = max(busy, key=lambda g: g["util_gpu_pct"]) if busy else None
+    text = "; ".join([f"{g['bus_id']} {'{}' if g is top else show(g['util_gpu_pct'], '%')} busy, no process"
+                      for g in busy] + [x.replace("{", "{{").replace("}", "}}") for x in lines[:2]])
+    out = [reading(id_, title, FAIL if busy or lines else PASS, top["util_gpu_pct"] if top else None, "%",
+                   "idle GPUs, no WPR2 line", "a hung NCCL collective leaves the GPU spinning until a reset: reboot "
+                   "before the next stage (the driver cannot boot GSP on it again: \"WPR2 already up\")", "P35",
+                   text=text, missing="; ".join(lines[:2]) or "no busy GPU without a process, no WPR2 line")]
     if unreadable(k):
         out.append(could_not(id_ + ".kernel_log", "kernel log readable", k, "readable", "P35"))
     return out
@@ -333,9 +342,9 @@ def roce(f: dict, p: Profile) -> list[Check]:
                          "NCCL_IB_GID_INDEX unset so NCCL picks the RoCE v2 IPv4 GID per device; give the port its "
                          "IPv4 address", pitfall="P38"))
         for nd, mtu in port["mtu"].items():
-            out.append(judge(f"{id_}.mtu.{nd}", f"{nd} MTU", mtu >= MIN_ROCE_MTU, mtu, f">= {MIN_ROCE_MTU}",
-                             f"the MTU fell back to {mtu} (firmware updates do this): `ip link set {nd} mtu 9000` on "
-                             "both nodes and in netplan", pitfall="P38", severity=WARN))
+            out.append(figure(f"{id_}.mtu.{nd}", f"{nd} MTU", mtu, ">=", MIN_ROCE_MTU, "bytes",
+                              f"the MTU fell back to {mtu} (firmware updates do this): `ip link set {nd} mtu 9000` "
+                              "on both nodes and in netplan", pitfall="P38", severity=WARN))
     return out
 
 
