@@ -475,6 +475,21 @@ FACTS: dict[str, Any] = {
 }
 
 
+class Recording(TypedDict, total=False):
+    """What `p2pkit facts record` writes around the facts."""
+    kind: Literal["p2pkit-facts"]
+    schema: int
+    p2pkit_version: str
+    simulated: bool
+    recorded_at: str
+    root: str
+    profile: dict[str, Any] | None
+    facts: dict[str, Any]
+
+
+RECORDING_NEEDS = ("kind", "simulated", "facts")
+
+
 def name(tp: Any) -> str:
     """A type as the message names it: "bytes (an integer)", "a list of PciGpu", "PciLink or None"."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
@@ -550,6 +565,17 @@ def problem(fact: str, value: Any) -> str | None:
     if fact not in FACTS or (isinstance(value, dict) and "error" in value and set(value) <= {"error", "by_hand"}):
         return None
     return _problem(value, FACTS[fact], fact)
+
+
+def recording_problem(doc: Any) -> str | None:
+    """Why a recorded document is no facts recording (its envelope: the facts are judged one by one)."""
+    if not isinstance(doc, dict):
+        return "the file is not a JSON object"
+    missing = [k for k in RECORDING_NEEDS if k not in doc]
+    if missing:
+        return f"it has no {', '.join(missing)}"
+    why = _problem(doc, Recording, "")
+    return why and why.removeprefix(".")
 
 
 def checked(facts: dict) -> dict:

@@ -317,8 +317,9 @@ def load_recorded(path: Path) -> dict:
     except (OSError, ValueError) as e:
         raise UsageError(f"cannot read facts file {path}: {e}",
                          hint="record one with `p2pkit facts record FILE` on the host to judge") from e
-    if not isinstance(doc, dict) or doc.get("kind") != "p2pkit-facts" or not isinstance(doc.get("facts"), dict):
-        raise UsageError(f"{path} is not a p2pkit facts file",
+    why = fact_types.recording_problem(doc)
+    if why:
+        raise UsageError(f"{path} is not a p2pkit facts file: {why}",
                          hint="record one with `p2pkit facts record FILE` on the host to judge")
     # a fact not of its declared type is judged as one that could not be read, naming what it is not
     return {**doc, "facts": fact_types.checked(doc["facts"])}

@@ -77,8 +77,14 @@ def test_a_wrongly_typed_recorded_fact_is_refused_clearly(cli, tmp_path):
     assert checks["rebar.bar1.0000:00:06.0"]["status"] == "pass"  # the rest judged as before
 
 
-def test_a_facts_file_whose_facts_are_no_map_is_refused(cli, tmp_path):
+@pytest.mark.parametrize("doc,why", [
+    ({"kind": "p2pkit-facts", "simulated": False, "facts": ["disk"]}, "facts is not a map of anything"),
+    ({"kind": "p2pkit-facts", "facts": {}}, "it has no simulated"),
+    ({"kind": "p2pkit-facts", "simulated": "no", "facts": {}}, "simulated is not true or false"),
+    ({"kind": "p2pkit-facts", "simulated": False, "profile": "x", "facts": {}}, "profile is not"),
+])
+def test_a_recording_of_the_wrong_shape_is_refused(cli, tmp_path, doc, why):
     f = tmp_path / "facts.json"
-    f.write_text(json.dumps({"kind": "p2pkit-facts", "facts": ["disk"]}))
+    f.write_text(json.dumps(doc))
     r = cli("doctor", "--facts", str(f))
-    assert r.code == 2 and "is not a p2pkit facts file" in r.err and "Traceback" not in r.err
+    assert r.code == 2 and f"is not a p2pkit facts file: {why}" in r.err and "Traceback" not in r.err
