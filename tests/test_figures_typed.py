@@ -9,7 +9,7 @@ import pytest
 from conftest import FIXTURES
 
 from p2pkit import config, engine_cmd
-from p2pkit.checks import FAIL, PASS, WARN, field, figure, fit, link, paste, preflight, reading, show
+from p2pkit.checks import FAIL, PASS, WARN, field, figure, fit, link, paste, place, preflight, reading, show
 from p2pkit.checks import driver as driver_checks
 from p2pkit.sim import scenarios
 
@@ -86,6 +86,17 @@ def test_field_figures():
     w = field.wedged(f, P)[0]
     assert (w.status, w.value, w.unit, w.pitfall) == (FAIL, 100, "%", "P35")
     assert w.measured == "00000000:41:00.0 100% busy, no process; 00000000:01:00.0 95% busy, no process"
+
+
+def test_text_read_from_the_host_keeps_its_braces():
+    """The number goes at the first {} of the text; a log line's own braces are its own (str.format would
+    have read them as fields and raised)."""
+    line = '[  115.08] NVRM: GPU1 {"event": "WPR2"} already up {}'
+    f = {"nvml": {"gpus": [{"bus_id": "00000000:41:00.0", "util_gpu_pct": 100, "processes": []}]},
+         "kernel_log": {"wpr2": [line], "bar_no_space": [], "resize_fatal": [], "io_page_fault": []}}
+    w = field.wedged(f, P)[0]
+    assert w.measured == f"00000000:41:00.0 100% busy, no process; {line}" and w.value == 100
+    assert place("a {} b {}", "1") == "a 1 b {}"
 
 
 def test_the_engine_flag_counts():

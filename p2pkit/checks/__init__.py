@@ -63,10 +63,10 @@ def figure(id: str, title: str, value: float | None, op: str, limit: float, unit
            missing: str = "not measured", text: str = "{}") -> Check:
     """A typed finding: `value` held to `op limit` in `unit`. No value (not measured) never passes;
     nor does NaN. The measured and expected texts are made from the numbers (plus context; `text`
-    places the number in a sentence, at its {})."""
+    places the number in a sentence, at its first {})."""
     ok = value is not None and math.isfinite(value) and OPS[op](value, limit)
     shown = show(value, unit, missing)
-    measured = (text.format(shown) if shown != missing else shown) + (f" ({context})" if context else "")
+    measured = (place(text, shown) if shown != missing else shown) + (f" ({context})" if context else "")
     expected = f"{op} {show(limit, unit)}" + (f" {expected_context}" if expected_context else "")
     return Check(id, title, PASS if ok else severity, measured, expected, "" if ok else hint, pitfall,
                  value, unit, op, limit)
@@ -76,11 +76,18 @@ def reading(id: str, title: str, status: str, value: float | None, unit: str, ex
             pitfall: str = "", text: str = "{}", missing: str = "not measured") -> Check:
     """A typed finding whose number is held to no numeric bound (the expectation is a state, "no memory
     cap", or a code, 200): `value` in `unit` carried for reports, the status given by the check. The
-    measured text is `text` with the number shown in place of {} (or `missing` alone, with no number)."""
+    measured text is `text` with the number shown in place of its first {} (or `missing` alone, with no
+    number)."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return Check(id, title, status, missing, expected, "" if status == PASS else hint, pitfall, None, unit)
-    return Check(id, title, status, text.format(show(value, unit)), expected, "" if status == PASS else hint,
+    return Check(id, title, status, place(text, show(value, unit)), expected, "" if status == PASS else hint,
                  pitfall, value, unit)
+
+
+def place(text: str, shown: str) -> str:
+    """`text` with `shown` at its first {}: the rest of the text is taken as it is (a log line's own braces
+    stay; str.format would read them as fields). The {} goes before any text read from the host."""
+    return text.replace("{}", shown, 1)
 
 
 def unknown(id: str, title: str, fact: Any, expected: Any, needed: bool = True, pitfall: str = "") -> Check:

@@ -5,7 +5,7 @@ pure functions from facts and profile to findings. A fact that could not be read
 from __future__ import annotations
 
 from p2pkit import engine_env as ee
-from p2pkit.checks import FAIL, PASS, SKIP, WARN, Check, failed, figure, judge, reading, show
+from p2pkit.checks import FAIL, PASS, SKIP, WARN, Check, failed, figure, judge, place, reading, show
 from p2pkit.config import Profile
 from p2pkit.parse import field as pf
 
@@ -140,8 +140,7 @@ def bar_assignment(f: dict, p: Profile) -> list[Check]:
     small = small_windows(f.get("pci_gpus"), p.gpus.vram_gib << 30)
     # the figure: the smallest BAR1 or bridge window short of VRAM (a kernel line alone carries no number)
     least = min(small, key=lambda x: x[1]) if small else None
-    text = "; ".join([x.replace("{", "{{").replace("}", "}}") for x in lines[:3]]
-                     + [w.format("{}" if (w, n) == least else show(n >> 20, "MiB")) for w, n in small])
+    text = "; ".join([place(w, "{}" if (w, n) == least else show(n >> 20, "MiB")) for w, n in small] + lines[:3])
     return [reading(id_, title, FAIL if lines or small else PASS, least[1] >> 20 if least else None, "MiB",
                     want + f"; BAR1 and bridge window >= {p.gpus.vram_gib} GiB",
                     "the firmware left too little address space for BAR1 (it boots at 256 MiB and the resize fails; "
@@ -246,7 +245,7 @@ def wedged(f: dict, p: Profile) -> list[Check]:
     # the figure: the busiest GPU that runs no process (a kernel line alone carries no number)
     top = max(busy, key=lambda g: g["util_gpu_pct"]) if busy else None
     text = "; ".join([f"{g['bus_id']} {'{}' if g is top else show(g['util_gpu_pct'], '%')} busy, no process"
-                      for g in busy] + [x.replace("{", "{{").replace("}", "}}") for x in lines[:2]])
+                      for g in busy] + lines[:2])
     out = [reading(id_, title, FAIL if busy or lines else PASS, top["util_gpu_pct"] if top else None, "%",
                    "idle GPUs, no WPR2 line", "a hung NCCL collective leaves the GPU spinning until a reset: reboot "
                    "before the next stage (the driver cannot boot GSP on it again: \"WPR2 already up\")", "P35",
