@@ -88,3 +88,16 @@ def test_a_recording_of_the_wrong_shape_is_refused(cli, tmp_path, doc, why):
     f.write_text(json.dumps(doc))
     r = cli("doctor", "--facts", str(f))
     assert r.code == 2 and f"is not a p2pkit facts file: {why}" in r.err and "Traceback" not in r.err
+
+
+@pytest.mark.parametrize("profile", ["dual-5090-ninfer", "dual-5090-llamacpp", "dual-spark-vllm"])
+def test_any_fact_refused_for_its_type_is_judged_not_raised(profile):
+    """Whichever recorded fact is not its type, every check reads its replacement as a fact that could not
+    be read: doctor judges the rest, and nothing raises."""
+    from p2pkit import doctor
+
+    found = json.loads((FIXTURES / RECORDINGS[1]).read_text())["facts"]
+    prof = config.load(profile)
+    for name in found:
+        report = doctor.judge({**found, name: {"error": f"{name} is not its type"}}, prof, simulated=False)
+        assert report["groups"], name
