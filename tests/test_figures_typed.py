@@ -79,6 +79,16 @@ def test_counts_and_sizes_of_verify_and_paste_checks():
     assert (bar.status, bar.value, bar.unit, bar.op, bar.limit) == (PASS, 262144, "MiB", ">=", 143771)
 
 
+def test_drafting_carries_its_draft_tokens():
+    from p2pkit.checks import service as service_checks
+    from p2pkit.parse import engine_api as pe
+
+    # NInfer's own request log (tests/fixtures/ninfer/README)
+    events = pe.ninfer_done(pe.jsonl((FIXTURES / "ninfer/request_log.jsonl").read_text()))
+    c = service_checks.ninfer_spec_running({"request_log": "requests.jsonl", "log_events": events}, "dflash2")
+    assert (c.status, c.value, c.unit) == (PASS, 35, "count") and "drafted 35, accepted 18" in c.measured
+
+
 def test_field_figures():
     f = {"nvml": {"gpus": [{"bus_id": "00000000:41:00.0", "util_gpu_pct": 100, "processes": []},
                            {"bus_id": "00000000:01:00.0", "util_gpu_pct": 95, "processes": []}]},

@@ -320,7 +320,7 @@ def vllm_spec_running(fc: dict, config: str) -> Check:
     per = fc.get("accepted_per_pos_delta") or {}
     rates = ", ".join(f"{per[k] / drafts:.2f}" for k in sorted(per, key=int)) if drafts else ""
     # the figure: the draft tokens made over the request (the drafts and acceptances stay in the text)
-    return reading("service.spec_running", SPEC_TITLE, PASS if drafts > 0 and tokens > 0 else FAIL, tokens, "tokens",
+    return reading("service.spec_running", SPEC_TITLE, PASS if drafts > 0 and tokens > 0 else FAIL, tokens, "count",
                    want, f"--speculative-config {config} is set but nothing was drafted: the MTP layers or the draft "
                    "model are missing from the checkpoint, or the method does not match it", "P19",
                    text=f"drafts +{drafts:g}, draft tokens +{{}}, accepted +{accepted:g}"
@@ -359,7 +359,7 @@ def ninfer_spec_running(fc: dict, spec: str) -> Check:
     rates = ", ".join(f"{n / rounds:.2f}" for n in per) if rounds else ""
     # the figure: the tokens drafted for the request (rounds and acceptances stay in the text)
     return reading("service.spec_running", SPEC_TITLE, PASS if sp.get("backend") not in (None, "none") and drafted > 0
-                   else FAIL, drafted, "tokens", want, f"--spec {spec} is set but NInfer drafted nothing: the "
+                   else FAIL, drafted, "count", want, f"--spec {spec} is set but NInfer drafted nothing: the "
                    "artifact lacks the draft components (convert it with the draft head), or the engine ignored the "
                    "method", "P19", text=f"backend {sp.get('backend')}, rounds {rounds}, drafted {{}}, accepted "
                    f"{accepted}" + (f"; acceptance per position {rates}" if rates else ""))
@@ -396,7 +396,7 @@ def check_llamacpp_requests(s: dict, p: Profile) -> list[Check]:
     ok = ok and (t.get("draft_n") or 0) > 0 and drafted > 0
     # the figure: the draft tokens /metrics counted over the request (the response's own counts stay in the text)
     out.append(reading("service.spec_running", "speculative decoding is really running", PASS if ok else FAIL,
-                       drafted, "tokens", "draft tokens in the response and in /metrics",
+                       drafted, "count", "draft tokens in the response and in /metrics",
                        f"--spec-type {spec} is set but nothing was drafted: the draft model or the MTP layers are "
                        "missing (`-md` alone leaves drafting off; the model stage checks the nextn layers)", "P19",
                        text=f"response draft_n {t.get('draft_n', 0)}, accepted {t.get('draft_n_accepted', 0)}; "
