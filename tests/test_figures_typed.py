@@ -89,6 +89,16 @@ def test_drafting_carries_its_draft_tokens():
     assert (c.status, c.value, c.unit) == (PASS, 35, "count") and "drafted 35, accepted 18" in c.measured
 
 
+def test_the_first_completion_carries_its_tokens():
+    from p2pkit.checks import service as service_checks
+
+    fc = {"status": 200, "usage": {"completion_tokens": 24}, "client_seconds": 0.5, "alive_after": True}
+    c = service_checks._openai_first(fc, {"log_tail": []}, "vLLM")
+    assert (c.status, c.value, c.measured) == (PASS, 24, "24 tokens (usage), 0.5 s at the client")
+    bad = service_checks._openai_first({**fc, "status": 500, "error": "{}"}, {"log_tail": []}, "vLLM")
+    assert (bad.status, bad.value) == (FAIL, None) and bad.measured.startswith("HTTP 500: {};")
+
+
 def test_field_figures():
     f = {"nvml": {"gpus": [{"bus_id": "00000000:41:00.0", "util_gpu_pct": 100, "processes": []},
                            {"bus_id": "00000000:01:00.0", "util_gpu_pct": 95, "processes": []}]},

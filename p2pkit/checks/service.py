@@ -269,21 +269,24 @@ SPEC_TITLE = "speculative decoding is really running"
 
 def first_completion(fc: dict, s: dict, generated: int, shown: str, hint: str) -> tuple[bool, Check]:
     """The one real request after /health 200 (P19): answered with generated tokens, the server still
-    running; `shown` says what it generated, a failure says the answer and the log's last lines."""
+    running; `shown` says what it generated (the count at its first {}), a failure says the answer and
+    the log's last lines."""
     ok = fc.get("status") == 200 and generated > 0 and fc.get("alive_after", True)
     tail = " | ".join(s.get("log_tail", [])[-5:])
-    got = shown if ok else (f"HTTP {fc.get('status')}: {str(fc.get('error', ''))[:160]}; alive after: "
-                            f"{fc.get('alive_after')}; last log lines: {tail}")
-    return ok, judge("service.first_completion", "one real completion after /health 200", ok, got,
-                     "HTTP 200 with generated tokens, the server still running", hint, pitfall="P19")
+    failed_text = (f"HTTP {fc.get('status')}: {str(fc.get('error', ''))[:160]}; alive after: "
+                   f"{fc.get('alive_after')}; last log lines: {tail}")
+    # the figure: the tokens generated (a failure's text is the server's answer, with no number of its own)
+    return ok, reading("service.first_completion", "one real completion after /health 200", PASS if ok else FAIL,
+                       generated if ok else None, "count", "HTTP 200 with generated tokens, the server still running",
+                       hint, "P19", text=shown, missing=failed_text)
 
 
 def _openai_first(fc: dict, s: dict, engine: str) -> Check:
     """vLLM and NInfer: the one real request answered with generated tokens, the server still running."""
     u = fc.get("usage") or {}
     return first_completion(fc, s, u.get("completion_tokens") or 0,
-                            f"{u.get('completion_tokens')} tokens (usage), {fc.get('client_seconds')} s at the "
-                            "client", f"{engine} said healthy but failed its first decode: read `p2pkit serve logs`")[1]
+                            f"{{}} tokens (usage), {fc.get('client_seconds')} s at the client",
+                            f"{engine} said healthy but failed its first decode: read `p2pkit serve logs`")[1]
 
 
 def check_vllm_requests(s: dict, p: Profile) -> list[Check]:
@@ -376,8 +379,8 @@ def check_llamacpp_requests(s: dict, p: Profile) -> list[Check]:
         return []  # /health never answered 200: the health check already failed
     t = fc.get("timings") or {}
     ok, first = first_completion(
-        fc, s, t.get("predicted_n") or 0, f"{t.get('predicted_n')} tokens in {t.get('predicted_ms', 0):.1f} ms "
-        "(server timings)", "the server said healthy but failed its first decode: read `p2pkit serve logs` (with "
+        fc, s, t.get("predicted_n") or 0, f"{{}} tokens in {t.get('predicted_ms', 0):.1f} ms (server timings)",
+        "the server said healthy but failed its first decode: read `p2pkit serve logs` (with "
         "MTP under --split-mode tensor this is the known crash; try --split-mode layer or another KV type)")
     out = [first]
     if not spec:
