@@ -9,7 +9,7 @@ nodes each node has its --node-rank, and the workers are --headless (seed 004, P
 
 from __future__ import annotations
 
-from p2pkit.checks import FAIL, PASS, WARN, Check, judge
+from p2pkit.checks import FAIL, PASS, WARN, Check, figure, judge, reading
 from p2pkit.config import Profile
 
 NINFER_FLAGS = {
@@ -164,7 +164,8 @@ def _ninfer(p: Profile, f: dict) -> list[Check]:
     tp = f.get("tp", 1)
     devices = _devices(f.get("devices", "0"))
     gpus = [str(i) for i in range(p.gpus.count)]
-    out.append(judge("service.tp", "--tp is 1 or 2", tp in (1, 2), tp, "1 or 2", "ninfer-serve runs --tp 1 or 2"))
+    out.append(reading("service.tp", "--tp is 1 or 2", PASS if tp in (1, 2) else FAIL, _int(tp, None), "count",
+                       "1 or 2", "ninfer-serve runs --tp 1 or 2", missing=str(tp)))
     out.append(judge("service.devices", "--devices names exactly --tp GPUs of this host",
                      len(devices) == tp and set(devices) <= set(gpus) and len(set(devices)) == len(devices),
                      ",".join(devices), f"{tp} of {','.join(gpus)}",
@@ -194,9 +195,9 @@ def _ninfer(p: Profile, f: dict) -> list[Check]:
     # --max-concurrency 8 in production, the default profile's setting, so DFlash(2) is not held to one slot
     if spec is not None and spec not in ("dflash", "dflash2"):
         slots = f.get("max-concurrency", 1)
-        out.append(Check("service.spec_slots", "speculative decoding with one slot", PASS if slots == 1 else WARN,
-                         slots, 1, "" if slots == 1 else "speculative decoding pays at one concurrent slot; with "
-                         "more it can cost throughput: benchmark wall throughput both ways", "P20"))
+        out.append(figure("service.spec_slots", "speculative decoding with one slot", _int(slots, None), "==", 1,
+                          "count", "speculative decoding pays at one concurrent slot; with more it can cost "
+                          "throughput: benchmark wall throughput both ways", "P20", WARN, missing=str(slots)))
     return out
 
 
@@ -217,10 +218,9 @@ def _llamacpp(p: Profile, f: dict) -> list[Check]:
     if llamacpp_spec(f):
         np_ = f.get("parallel")
         shown = np_ if np_ is not None else LLAMACPP_AUTO_SLOTS
-        out.append(Check("service.spec_slots", "speculative decoding with one slot", PASS if np_ == 1 else WARN,
-                         shown, 1, "" if np_ == 1 else "MTP only pays at one concurrent slot: set "
-                         "serve.flags.parallel = 1 (the service stage reads the running server's slots from /props)",
-                         "P20"))
+        out.append(figure("service.spec_slots", "speculative decoding with one slot", _int(np_, None), "==", 1,
+                          "count", "MTP only pays at one concurrent slot: set serve.flags.parallel = 1 (the service "
+                          "stage reads the running server's slots from /props)", "P20", WARN, missing=str(shown)))
     split = f.get("tensor-split")
     if split is not None:
         parts = str(split).split(",")
@@ -233,12 +233,13 @@ def _llamacpp(p: Profile, f: dict) -> list[Check]:
 def _vllm(p: Profile, f: dict) -> list[Check]:
     n = node(p)
     want_tp = p.profile.nodes * p.gpus.count
-    out = [judge("service.tp", "--tensor-parallel-size spans every GPU of every node",
-                 _int(f.get("tensor-parallel-size"), 1) == want_tp, f.get("tensor-parallel-size", 1), want_tp,
-                 f"set serve.flags.tensor-parallel-size = {want_tp} ({p.profile.nodes} node(s) x {p.gpus.count} GPU)")]
+    out = [figure("service.tp", "--tensor-parallel-size spans every GPU of every node",
+                  _int(f.get("tensor-parallel-size"), 1), "==", want_tp, "count",
+                  f"set serve.flags.tensor-parallel-size = {want_tp} ({p.profile.nodes} node(s) x {p.gpus.count} GPU)",
+                  missing=str(f.get("tensor-parallel-size")))]
     if p.profile.nodes > 1:
-        out.append(judge("service.nnodes", "--nnodes is the profile's node count", n["nnodes"] == p.profile.nodes,
-                         n["nnodes"], p.profile.nodes, f"set serve.flags.nnodes = {p.profile.nodes}"))
+        out.append(figure("service.nnodes", "--nnodes is the profile's node count", n["nnodes"], "==",
+                          p.profile.nodes, "count", f"set serve.flags.nnodes = {p.profile.nodes}"))
         out.append(judge("service.node_rank", "this node has its own --node-rank",
                          n["rank"] is not None and 0 <= n["rank"] < n["nnodes"],
                          n["rank"], f"0..{n['nnodes'] - 1}", "give each host its rank in the inventory: "
@@ -267,11 +268,11 @@ def _vllm(p: Profile, f: dict) -> list[Check]:
                          "with MADV_RANDOM (seed 004)", pitfall="P26"))
     if "speculative-config" in f:
         seqs = _int(f.get("max-num-seqs"), None)
-        out.append(Check("service.spec_slots", "speculative decoding with one sequence", PASS if seqs == 1 else WARN,
-                         f.get("max-num-seqs", "vLLM's default (several)"), 1, "" if seqs == 1 else
-                         "MTP pays per stream at one sequence; with more, each stream decodes slower (seed 004: 45.9 "
-                         "tok/s at 1 stream, 20.5 at 13): keep max-num-seqs > 1 only for aggregate throughput, and "
-                         "benchmark wall throughput both ways", "P20"))
+        out.append(figure("service.spec_slots", "speculative decoding with one sequence", seqs, "==", 1, "count",
+                          "MTP pays per stream at one sequence; with more, each stream decodes slower (seed 004: "
+                          "45.9 tok/s at 1 stream, 20.5 at 13): keep max-num-seqs > 1 only for aggregate throughput, "
+                          "and benchmark wall throughput both ways", "P20", WARN,
+                          missing=str(f.get("max-num-seqs", "vLLM's default (several)"))))
     if p.gpus.count * p.profile.nodes >= 2 and "speculative-config" in f:
         eager = bool(f.get("enforce-eager"))
         out.append(Check("service.eager", "MTP at TP2 runs eager", PASS if eager else FAIL,

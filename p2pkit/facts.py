@@ -16,7 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 
-from p2pkit import __version__, hoststate
+from p2pkit import __version__, fact_types, hoststate
 from p2pkit.errors import P2pkitError, UsageError
 from p2pkit.host import Host, arch, boot, kmod, nvml, pci, roce, smi, storage, system
 from p2pkit.host import field_facts as hfield
@@ -317,7 +317,9 @@ def load_recorded(path: Path) -> dict:
     except (OSError, ValueError) as e:
         raise UsageError(f"cannot read facts file {path}: {e}",
                          hint="record one with `p2pkit facts record FILE` on the host to judge") from e
-    if not isinstance(doc, dict) or doc.get("kind") != "p2pkit-facts" or "facts" not in doc:
-        raise UsageError(f"{path} is not a p2pkit facts file",
+    why = fact_types.recording_problem(doc)
+    if why:
+        raise UsageError(f"{path} is not a p2pkit facts file: {why}",
                          hint="record one with `p2pkit facts record FILE` on the host to judge")
-    return doc
+    # a fact not of its declared type is judged as one that could not be read, naming what it is not
+    return {**doc, "facts": fact_types.checked(doc["facts"])}

@@ -69,7 +69,8 @@ def test_ldd_version_not_found_is_a_failure_naming_library_and_version():
     b = {"source": {"head": "x"}, "cuda": {"version": "13.1"}, "pkg_config": {},
          "binary": {"runs": True, "version": "v"}, "libraries": libs}
     c = {x.id: x for x in ec.check({"engine_build": b}, p)}["engine.libraries"]
-    assert c.status == "fail" and c.measured == "libfoo.so.6 (/tmp/lddt/libfoo.so.6) lacks version GLIBC_2.38"
+    assert c.status == "fail" and "libfoo.so.6 (/tmp/lddt/libfoo.so.6) lacks version GLIBC_2.38" in c.measured
+    assert (c.value, c.unit, c.op, c.limit) == (1, "count", "==", 0)  # one library unresolved, none allowed
     clean = [x for x in libs if x["name"] != "libfoo.so.6"]
     assert {x.id: x for x in ec.check({"engine_build": {**b, "libraries": clean}}, p)}["engine.libraries"].status \
         == "pass"

@@ -258,7 +258,7 @@ def test_llamacpp_several_slots_with_speculative_decoding_warns():
     assert {c.id: c for c in engine_cmd.validate(p)}["service.spec_slots"].status == "pass"  # --parallel 1
     c = {c.id: c for c in engine_cmd.validate(config.load("dual-5090-llamacpp", ["serve.flags.parallel=4"]))}
     assert c["service.spec_slots"].status == "warn" and c["service.spec_slots"].pitfall == "P20"
-    assert c["service.spec_slots"].measured == 4 and "one concurrent slot" in c["service.spec_slots"].hint
+    assert c["service.spec_slots"].value == 4 and "one concurrent slot" in c["service.spec_slots"].hint
     off = config.load("dual-5090-llamacpp", ["serve.flags.parallel=4"])
     from dataclasses import replace
 
@@ -270,7 +270,7 @@ def test_vllm_max_num_seqs_with_mtp_warns():
     from p2pkit import config, engine_cmd
 
     c = {c.id: c for c in engine_cmd.validate(config.load("dual-spark-vllm"))}["service.spec_slots"]
-    assert c.status == "warn" and c.pitfall == "P20" and c.measured == 13  # the seed's own setting
+    assert c.status == "warn" and c.pitfall == "P20" and c.value == 13  # the seed's own setting
     one = config.load("dual-spark-vllm", ["serve.flags.max-num-seqs=1"])
     assert {c.id: c for c in engine_cmd.validate(one)}["service.spec_slots"].status == "pass"
 

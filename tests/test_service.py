@@ -72,7 +72,7 @@ def test_the_builtin_profiles_do_not_warn_on_their_own_slots():
         found = {c.id: c for c in engine_cmd.validate(config.load(name))}
         assert "service.spec_slots" not in found or found["service.spec_slots"].status == "pass", name
     mtp = {c.id: c for c in engine_cmd.validate(config.load(None, ["serve.flags.spec=mtp"]))}
-    assert mtp["service.spec_slots"].status == "warn" and mtp["service.spec_slots"].measured == 8
+    assert mtp["service.spec_slots"].status == "warn" and mtp["service.spec_slots"].value == 8
 
 
 def test_default_profile_passes_validation_and_builds_the_command_as_a_list():

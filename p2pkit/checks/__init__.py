@@ -27,7 +27,7 @@ class Check:
     hint: str = ""
     pitfall: str = ""
     value: float | None = None  # the measured figure as a number (a bandwidth ratio), for Prometheus
-    unit: str = ""  # of value and limit: "ratio", "GB/s", "Gb/s", "us", "s", "GiB", "count", "exposure"
+    unit: str = ""  # of value and limit: one of DIGITS ("ratio", "GB/s", "GiB", "MiB", "lanes", "s", "count", ...)
     op: str = ""  # how value is held against limit: ">=", "<=", "=="
     limit: float | None = None  # the bound, in unit
 
@@ -40,9 +40,12 @@ def judge(id: str, title: str, ok: bool, measured: Any, expected: Any, hint: str
     return Check(id, title, PASS if ok else severity, measured, expected, "" if ok else hint, pitfall, value)
 
 
-OPS = {">=": operator.ge, "<=": operator.le, "==": operator.eq}
-DIGITS = {"ratio": 2, "GB/s": 1, "Gb/s": 0, "us": 2, "s": 2, "GiB": 1, "count": 0, "exposure": 1}
+OPS = {">=": operator.ge, "<=": operator.le, "==": operator.eq, ">": operator.gt, "<": operator.lt}
+# each unit a figure may carry: the digits its display shows, and the word shown after the number
+DIGITS = {"ratio": 2, "GB/s": 1, "Gb/s": 0, "GT/s": 1, "us": 2, "ms": 0, "s": 2, "GiB": 1, "MiB": 0, "bytes": 0,
+          "lanes": 0, "tokens": 0, "%": 0, "count": 0, "exposure": 1}
 SHOWN_UNIT = {"ratio": "of the ceiling", "count": "", "exposure": ""}
+GLUED = {"%"}  # shown without a space: 100%
 
 
 def show(x: float | None, unit: str, missing: str = "not measured") -> str:
@@ -52,19 +55,39 @@ def show(x: float | None, unit: str, missing: str = "not measured") -> str:
     d = DIGITS.get(unit, 2)
     num = f"{x:.{d}f}" if d or not float(x).is_integer() else f"{int(x)}"
     u = SHOWN_UNIT.get(unit, unit)
-    return f"{num} {u}".strip()
+    return f"{num}{u}" if unit in GLUED else f"{num} {u}".strip()
 
 
 def figure(id: str, title: str, value: float | None, op: str, limit: float, unit: str, hint: str = "",
            pitfall: str = "", severity: str = FAIL, context: str = "", expected_context: str = "",
-           missing: str = "not measured") -> Check:
+           missing: str = "not measured", text: str = "{}") -> Check:
     """A typed finding: `value` held to `op limit` in `unit`. No value (not measured) never passes;
-    nor does NaN. The measured and expected texts are made from the numbers (plus context)."""
+    nor does NaN. The measured and expected texts are made from the numbers (plus context; `text`
+    places the number in a sentence, at its first {})."""
     ok = value is not None and math.isfinite(value) and OPS[op](value, limit)
-    measured = show(value, unit, missing) + (f" ({context})" if context else "")
+    shown = show(value, unit, missing)
+    measured = (place(text, shown) if shown != missing else shown) + (f" ({context})" if context else "")
     expected = f"{op} {show(limit, unit)}" + (f" {expected_context}" if expected_context else "")
     return Check(id, title, PASS if ok else severity, measured, expected, "" if ok else hint, pitfall,
                  value, unit, op, limit)
+
+
+def reading(id: str, title: str, status: str, value: float | None, unit: str, expected: Any, hint: str = "",
+            pitfall: str = "", text: str = "{}", missing: str = "not measured") -> Check:
+    """A typed finding whose number is held to no numeric bound (the expectation is a state, "no memory
+    cap", or a code, 200): `value` in `unit` carried for reports, the status given by the check. The
+    measured text is `text` with the number shown in place of its first {} (or `missing` alone, with no
+    number)."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return Check(id, title, status, missing, expected, "" if status == PASS else hint, pitfall, None, unit)
+    return Check(id, title, status, place(text, show(value, unit)), expected, "" if status == PASS else hint,
+                 pitfall, value, unit)
+
+
+def place(text: str, shown: str) -> str:
+    """`text` with `shown` at its first {}: the rest of the text is taken as it is (a log line's own braces
+    stay; str.format would read them as fields). The {} goes before any text read from the host."""
+    return text.replace("{}", shown, 1)
 
 
 def unknown(id: str, title: str, fact: Any, expected: Any, needed: bool = True, pitfall: str = "") -> Check:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from p2pkit.checks import FAIL, PASS, Check, failed, judge, reads, unknown
+from p2pkit.checks import FAIL, PASS, Check, failed, figure, judge, reads, unknown
 from p2pkit.config import Profile
 
 PINNED = "615.71.09"
@@ -92,6 +92,6 @@ def holds(h: dict) -> Check:
         return unknown("driver.holds", "installed NVIDIA packages held", h, "every one held", pitfall="P02")
     guarded = [n for n in h["installed"] if n.startswith(GUARDED_PACKAGES)]
     unheld = [n for n in guarded if n not in h["held"]]
-    return judge("driver.holds", "installed NVIDIA packages held", not unheld,
-                 f"not held: {', '.join(unheld)}" if unheld else f"{len(guarded)} held", "every one held",
-                 RESTORE_FIX, pitfall="P02")
+    return figure("driver.holds", "installed NVIDIA packages held", len(unheld), "==", 0, "count", RESTORE_FIX,
+                  "P02", text=f"{{}} of {len(guarded)} not held", context=", ".join(unheld),
+                  expected_context="(every one held)")

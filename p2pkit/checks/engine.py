@@ -5,7 +5,20 @@ from __future__ import annotations
 import posixpath
 from pathlib import PurePosixPath
 
-from p2pkit.checks import FAIL, SKIP, WARN, Check, could_not, failed, judge, not_measured, reads, unknown, unreadable
+from p2pkit.checks import (
+    FAIL,
+    SKIP,
+    WARN,
+    Check,
+    could_not,
+    failed,
+    figure,
+    judge,
+    not_measured,
+    reads,
+    unknown,
+    unreadable,
+)
 from p2pkit.config import Profile
 from p2pkit.parse import field as pf
 from p2pkit.parse.build import archs_unbuildable, ldd_problems, names_arch, version_tuple
@@ -183,9 +196,10 @@ def _result(b: dict, p: Profile) -> list[Check]:
                      "the build did not produce a working binary: see the build log"))
     libs = b.get("libraries", [])
     unresolved = ldd_problems(libs)
-    out.append(judge("engine.libraries", "every linked library resolves", not unresolved and bool(libs),
-                     "; ".join(unresolved) or f"{len(libs)} resolved", "all resolved",
-                     "install the missing libraries or fix RUNPATH (readelf -d); a missing version (GLIBC_2.38) "
+    out.append(figure("engine.libraries", "every linked library resolves", len(unresolved) if libs else None, "==",
+                      0, "count", text=f"{{}} of {len(libs)} unresolved", context="; ".join(unresolved),
+                      missing="no linked library listed", expected_context="(all resolved)", hint=""
+                      "install the missing libraries or fix RUNPATH (readelf -d); a missing version (GLIBC_2.38) "
                      "means the binary was built against a newer library than this host has: build it here"))
     if p.engine.recipe == "llamacpp":
         for target, lst in b.get("nccl_links", {}).items():

@@ -17,7 +17,7 @@ GGML_ASSERT(ret.axis != GGML_BACKEND_SPLIT_AXIS_UNKNOWN) (issue #27116). The bui
 from __future__ import annotations
 
 from p2pkit import engine_cmd
-from p2pkit.checks import FAIL, PASS, WARN, Check, failed, judge, unknown
+from p2pkit.checks import FAIL, PASS, WARN, Check, failed, figure, judge, show, unknown
 from p2pkit.config import Profile
 
 GIB = 1 << 30
@@ -110,15 +110,16 @@ def check(fit: dict | None, p: Profile) -> list[Check]:
         per_ctx = share * ((m["layers"] + ((m.get("draft_layers") or 0) if pl["draft"] else 0)) * per_tok
                            + (int(dm["layers"]) * kv_per_token(dm, "f16", "f16") if dm else 0))
         max_ctx = int(max(0.0, avail - head - share * weights) // per_ctx) if per_ctx else 0
-        measured = (f"needs {need / GIB:.1f} GiB (weights {share * weights / GIB:.1f}"
-                    + (f" with the draft model's {share * float(dm['weights_bytes']) / GIB:.2f}" if dm else "")
-                    + f" + KV {share * kv / GIB:.1f} "
-                    f"at {ctx} tokens {pl['k']}/{pl['v']} + draft KV {share * draft_kv / GIB:.1f}) + headroom "
-                    f"{head / GIB:.1f} of {avail / GIB:.1f} free; fits up to {max_ctx} tokens")
-        out.append(judge(f"service.vram_fit.gpu{i}", f"GPU {i}: the model fits its free VRAM", need + head <= avail,
-                         measured, f"<= {avail / GIB:.1f} GiB with {head / GIB:.1f} GiB headroom",
-                         f"it would run out of memory at start (P18): set serve.flags.{pl['ctx_flag']} to at most "
-                         f"{max_ctx}, or " + FIT_FIX.format(ctx=pl["ctx_flag"]), pitfall="P18"))
+        # the figure: what the GPU must hold (the model's share and the headroom) against what it has free
+        parts = (f"needs {show(need / GIB, 'GiB')} (weights {share * weights / GIB:.1f}"
+                 + (f" with the draft model's {share * float(dm['weights_bytes']) / GIB:.2f}" if dm else "")
+                 + f" + KV {share * kv / GIB:.1f} at {show(ctx, 'tokens')} {pl['k']}/{pl['v']} + draft KV "
+                 f"{share * draft_kv / GIB:.1f}) + headroom {show(head / GIB, 'GiB')}; fits up to "
+                 f"{show(max_ctx, 'tokens')}")
+        out.append(figure(f"service.vram_fit.gpu{i}", f"GPU {i}: the model fits its free VRAM", (need + head) / GIB,
+                          "<=", avail / GIB, "GiB", f"it would run out of memory at start (P18): set serve.flags."
+                          f"{pl['ctx_flag']} to at most {max_ctx}, or " + FIT_FIX.format(ctx=pl["ctx_flag"]),
+                          pitfall="P18", context=parts, expected_context="free"))
     return out
 
 
@@ -149,10 +150,13 @@ def headroom(after: dict | None, p: Profile) -> list[Check]:
         return [unknown("service.vram_headroom", "VRAM headroom after start", after, "measured", needed=False,
                         pitfall="P18")]
     head = p.serve.vram_headroom_gib * GIB
-    low = [g for g in after["gpus"] if g.get("free") is not None and g["free"] < head]
-    text = ", ".join(f"GPU {g['index']}: {g['free'] / GIB:.1f} GiB free" for g in after["gpus"]
-                     if g.get("free") is not None) or "no reading"
-    return [Check("service.vram_headroom", "VRAM headroom after start", WARN if low else PASS, text,
-                  f">= {head / GIB:.1f} GiB free on each GPU", "" if not low else "the engine left less headroom than "
-                  "the profile asks: a longer prompt or a second request can run out of memory (P18); lower the "
-                  "context or the KV type", "P18")]
+    read = [g for g in after["gpus"] if g.get("free") is not None]
+    fix = ("the engine left less headroom than the profile asks: a longer prompt or a second request can run out "
+           "of memory (P18); lower the context or the KV type")
+    if not read:
+        return [Check("service.vram_headroom", "VRAM headroom after start", PASS, "no reading",
+                      f">= {show(head / GIB, 'GiB')} free on each GPU", "", "P18")]
+    # the figure: the least free VRAM of any GPU the engine uses, against the headroom
+    return [figure("service.vram_headroom", "VRAM headroom after start", min(g["free"] for g in read) / GIB, ">=",
+                   head / GIB, "GiB", fix, "P18", WARN, expected_context="free on each GPU",
+                   context=", ".join(f"GPU {g['index']}: {show(g['free'] / GIB, 'GiB')} free" for g in read))]

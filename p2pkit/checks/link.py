@@ -3,7 +3,22 @@ ceiling; P2P access, latency, integrity; replays not rising; clocks not locked (
 
 from __future__ import annotations
 
-from p2pkit.checks import FAIL, SKIP, WARN, Check, could_not, failed, figure, judge, reads, unknown, unreadable
+from p2pkit.checks import (
+    FAIL,
+    PASS,
+    SKIP,
+    WARN,
+    Check,
+    could_not,
+    failed,
+    figure,
+    judge,
+    reading,
+    reads,
+    show,
+    unknown,
+    unreadable,
+)
 from p2pkit.checks.topology import TWO_GPUS
 from p2pkit.config import Profile
 from p2pkit.parse.pci import GEN_TO_GTS
@@ -146,11 +161,12 @@ def nccl_allreduce(f: dict, p: Profile) -> list[Check]:
     env = ", ".join(f"{k}={v}" for k, v in n["env"].items()) or "no NCCL variables"
     last = (n["tail"] or ["no output"])[-1]
     if n["timed_out"]:
-        return [Check(id_, title, FAIL, f"no result within {n['timeout_s']:g} s: NCCL hung (last line: {last}; {env})",
-                      want, "topo -p2p says OK but no bytes move: the driver is not using the static full-VRAM BAR1 "
-                      "mapping (check `grep -i registrydwords /proc/driver/nvidia/params` for RMForceStaticBar1=1, "
-                      "p2pkit's modprobe.d file and initramfs; reboot), or ACS redirects P2P (see `p2pkit doctor`, "
-                      "P29); reboot before the next run: the hung GPUs stay busy (P35)", "P28")]
+        return [reading(id_, title, FAIL, n["timeout_s"], "s", want,
+                        "topo -p2p says OK but no bytes move: the driver is not using the static full-VRAM BAR1 "
+                        "mapping (check `grep -i registrydwords /proc/driver/nvidia/params` for RMForceStaticBar1=1, "
+                        "p2pkit's modprobe.d file and initramfs; reboot), or ACS redirects P2P (see `p2pkit doctor`, "
+                        "P29); reboot before the next run: the hung GPUs stay busy (P35)", "P28",
+                        text=f"no result within {{}}: NCCL hung (last line: {last}; {env})")]
     res = n.get("result") or {}
     if "error" in res or not res:
         return [Check(id_, title, FAIL, f"exit {n['exit']}: {res.get('error') or last}", want,
@@ -169,10 +185,14 @@ def nccl_allreduce(f: dict, p: Profile) -> list[Check]:
                       "P17" if told else "P30")]
     wrong = res.get("wrong", [])
     if any(wrong):
-        return [Check(id_, title, FAIL, f"via {via}: {wrong} of {res['elements']} floats wrong per GPU", want,
-                      "P2P moved wrong data with no error: a translating IOMMU (set iommu=pt), see P32", "P32")]
-    return [Check(id_, title, "pass", f"via {via}: {res['elements']} floats exact on both GPUs, NCCL "
-                  f"{res.get('nccl_version')}, {res.get('seconds')} s ({env})", want, "", "P28")]
+        # the figure: the most wrong floats on any GPU (each GPU's count stays in the text)
+        return [reading(id_, title, FAIL, max(wrong), "count", want,
+                        "P2P moved wrong data with no error: a translating IOMMU (set iommu=pt), see P32", "P32",
+                        text=f"via {via}: {{}} of {res['elements']} floats wrong on a GPU (per GPU: {wrong})")]
+    return [reading(id_, title, PASS, res.get("seconds"), "s", want, pitfall="P28",
+                    text=f"via {via}: {res['elements']} floats exact on both GPUs, NCCL {res.get('nccl_version')}, "
+                    f"{{}} ({env})", missing=f"via {via}: {res['elements']} floats exact on both GPUs, NCCL "
+                    f"{res.get('nccl_version')} ({env})")]
 
 
 def fabric(f: dict, p: Profile) -> list[Check]:
@@ -213,16 +233,19 @@ def wedged(f: dict, p: Profile) -> list[Check]:
     prints as Utilization/GPU and Processes), no "WPR2 already up" in the kernel log."""
     id_, title = "field.gpu_wedged", "no GPU left wedged by a hung collective"
     n, k = f.get("nvml"), f.get("kernel_log")
-    busy = [] if unreadable(n) else [f"{g['bus_id']} {g['util_gpu_pct']}% busy, no process" for g in n["gpus"]
-                                     if isinstance(g.get("util_gpu_pct"), int) and g["util_gpu_pct"] >= 90
-                                     and g.get("processes") == []]
+    busy = [] if unreadable(n) else [g for g in n["gpus"] if isinstance(g.get("util_gpu_pct"), int)
+                                     and g["util_gpu_pct"] >= 90 and g.get("processes") == []]
     lines = [] if unreadable(k) else k["wpr2"]
     if unreadable(k) and unreadable(n):
         return [could_not(id_, title, k, "idle GPUs, no WPR2 line", "P35")]
-    out = [judge(id_, title, not busy and not lines, "; ".join(busy + lines[:2]) or "no busy GPU without a process, "
-                 "no WPR2 line", "idle GPUs, no WPR2 line", "a hung NCCL collective leaves the GPU spinning until a "
-                 "reset: reboot before the next stage (the driver cannot boot GSP on it again: \"WPR2 already up\")",
-                 pitfall="P35")]
+    # the figure: the busiest GPU that runs no process (a kernel line alone carries no number)
+    top = max(busy, key=lambda g: g["util_gpu_pct"]) if busy else None
+    text = "; ".join([f"{g['bus_id']} {'{}' if g is top else show(g['util_gpu_pct'], '%')} busy, no process"
+                      for g in busy] + lines[:2])
+    out = [reading(id_, title, FAIL if busy or lines else PASS, top["util_gpu_pct"] if top else None, "%",
+                   "idle GPUs, no WPR2 line", "a hung NCCL collective leaves the GPU spinning until a reset: reboot "
+                   "before the next stage (the driver cannot boot GSP on it again: \"WPR2 already up\")", "P35",
+                   text=text, missing="; ".join(lines[:2]) or "no busy GPU without a process, no WPR2 line")]
     if unreadable(k):
         out.append(could_not(id_ + ".kernel_log", "kernel log readable", k, "readable", "P35"))
     return out
@@ -256,7 +279,7 @@ def roce(f: dict, p: Profile) -> list[Check]:
                          "NCCL_IB_GID_INDEX unset so NCCL picks the RoCE v2 IPv4 GID per device; give the port its "
                          "IPv4 address", pitfall="P38"))
         for nd, mtu in port["mtu"].items():
-            out.append(judge(f"{id_}.mtu.{nd}", f"{nd} MTU", mtu >= MIN_ROCE_MTU, mtu, f">= {MIN_ROCE_MTU}",
-                             f"the MTU fell back to {mtu} (firmware updates do this): `ip link set {nd} mtu 9000` on "
-                             "both nodes and in netplan", pitfall="P38", severity=WARN))
+            out.append(figure(f"{id_}.mtu.{nd}", f"{nd} MTU", mtu, ">=", MIN_ROCE_MTU, "bytes",
+                              f"the MTU fell back to {mtu} (firmware updates do this): `ip link set {nd} mtu 9000` "
+                              "on both nodes and in netplan", pitfall="P38", severity=WARN))
     return out

@@ -3,7 +3,7 @@ engine that was built can read it (P08, P09)."""
 
 from __future__ import annotations
 
-from p2pkit.checks import FAIL, PASS, Check, failed, judge, not_measured, reads, unknown
+from p2pkit.checks import FAIL, PASS, Check, failed, figure, judge, not_measured, reading, reads, unknown
 from p2pkit.config import Profile
 
 GIB = 1 << 30
@@ -45,9 +45,10 @@ def check(f: dict, p: Profile) -> list[Check]:
             return out
         d = b.get("disk")
         if d:
-            out.append(judge("model.disk", "free disk for the conversion", d["free_bytes"] >= d["need_bytes"],
-                             f"{d['free_bytes'] / GIB:.1f} GiB free", f">= {d['need_bytes'] / GIB:.1f} GiB",
-                             "free disk space under the output directory, or point model.output elsewhere"))
+            out.append(figure("model.disk", "free disk for the conversion", d["free_bytes"] / GIB, ">=",
+                              d["need_bytes"] / GIB, "GiB",
+                              "free disk space under the output directory, or point model.output elsewhere",
+                              context="free"))
             if out[-1].status == FAIL:
                 return out
         tail = " | ".join(b.get("convert_tail", [])) or f"exit {b.get('convert_rc')}"
@@ -84,8 +85,8 @@ def check(f: dict, p: Profile) -> list[Check]:
                              "a dflash2 branch", "an engine without TP2 DFlash2 crashes on this artifact at --tp 2: "
                              "pin an engine commit that has it", pitfall="P09"))
     else:
-        out.append(judge("model.tensors", "GGUF tensors present", v.get("tensor_count", 0) > 0,
-                         v.get("tensor_count"), "> 0", "the GGUF file holds no tensors"))
+        out.append(figure("model.tensors", "GGUF tensors present", v.get("tensor_count"), ">", 0, "count",
+                          "the GGUF file holds no tensors", context="tensors"))
         out.append(judge("model.architecture", "GGUF names its architecture", bool(v.get("architecture")),
                          v.get("architecture") or "no general.architecture", "an architecture",
                          "the converter wrote no general.architecture: the engine cannot load it; convert again "
@@ -117,10 +118,12 @@ def _source(s: dict) -> Check:
             problems.append(f"{name} truncated")
         elif sh.get("missing_keys"):
             problems.append(f"{name} lacks {', '.join(sh['missing_keys'])}")
-    return judge("model.source", "source model complete (HF layout)", not problems,
-                 "; ".join(problems) or f"{len(s.get('shards', {}))} shard(s), "
-                 f"{s.get('total_bytes', 0) / GIB:.2f} GiB", "config.json, index, every shard whole",
-                 f"download the source again into {s.get('path')}: {problems[0] if problems else ''}")
+    want = "config.json, index, every shard whole"
+    if not problems:
+        return reading("model.source", "source model complete (HF layout)", PASS, s.get("total_bytes", 0) / GIB,
+                       "GiB", want, text=f"{len(s.get('shards', {}))} shard(s), {{}}")
+    return judge("model.source", "source model complete (HF layout)", False, "; ".join(problems), want,
+                 f"download the source again into {s.get('path')}: {problems[0]}")
 
 
 def nvme(found, p: Profile) -> list[Check]:

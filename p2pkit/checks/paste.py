@@ -3,7 +3,7 @@ pitfall it shows and its fix; a paste too short to tell gives "could not determi
 
 from __future__ import annotations
 
-from p2pkit.checks import FAIL, PASS, SKIP, Check, judge
+from p2pkit.checks import FAIL, PASS, SKIP, Check, figure
 from p2pkit.checks.engine import NO_CUDA_COMPILER, NO_DEFAULT_ARCH
 from p2pkit.checks.rebar import FIX as REBAR_FIX
 from p2pkit.config import Profile
@@ -44,13 +44,15 @@ def lspci(text: str, p: Profile) -> list[Check]:
         if size is None:
             out.append(could_not(f"paste.bar1.{g['bdf']}", title, where, want, "P31"))
             continue
-        out.append(judge(f"paste.bar1.{g['bdf']}", title, size >= vram, f"{_size(size)} ({where})", want, P31_FIX,
-                         pitfall="P31"))
+        unit, scale = _unit(size)
+        out.append(figure(f"paste.bar1.{g['bdf']}", title, size / scale, ">=", vram / scale, unit, P31_FIX, "P31",
+                          context=where, expected_context=f"(VRAM, profile {p.name})"))
         bus = g["bdf"].split(":")[-2].lower()
         for b in (d for d in devs if d["secondary_bus"] == bus and d["bridge_prefetch"] is not None):
-            out.append(judge(f"paste.bridge_window.{b['bdf']}", f"bridge {b['bdf']} above {g['bdf']} has room for "
-                             "BAR1", b["bridge_prefetch"] >= vram, f"prefetchable window {_size(b['bridge_prefetch'])}",
-                             want, P31_FIX, pitfall="P31"))
+            unit, scale = _unit(b["bridge_prefetch"])
+            out.append(figure(f"paste.bridge_window.{b['bdf']}", f"bridge {b['bdf']} above {g['bdf']} has room for "
+                              "BAR1", b["bridge_prefetch"] / scale, ">=", vram / scale, unit, P31_FIX, "P31",
+                              text="prefetchable window {}", expected_context=f"(VRAM, profile {p.name})"))
     return out
 
 
@@ -104,10 +106,11 @@ def smi_q(text: str, p: Profile) -> list[Check]:
         if g["bar1_total_mib"] is None or g["fb_total_mib"] is None:
             out.append(could_not(id_, title, "no BAR1 or FB Memory Usage Total in the paste", "BAR1 >= FB", "P31"))
             continue
-        out.append(judge(id_, title, g["bar1_total_mib"] >= g["fb_total_mib"], f"BAR1 {g['bar1_total_mib']} MiB",
-                         f">= FB {g['fb_total_mib']} MiB", P31_FIX, pitfall="P31"))
+        out.append(figure(id_, title, g["bar1_total_mib"], ">=", g["fb_total_mib"], "MiB", P31_FIX, "P31",
+                          text="BAR1 {}", expected_context="(FB Memory Usage Total)"))
     return out
 
 
-def _size(n: int) -> str:
-    return f"{n / GIB:g} GiB" if n >= GIB else f"{n >> 20} MiB"
+def _unit(n: int) -> tuple[str, int]:
+    """The unit a size is shown in: GiB from one GiB up, MiB below (a 256 MiB BAR1)."""
+    return ("GiB", GIB) if n >= GIB else ("MiB", 1 << 20)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from p2pkit.checks import FAIL, PASS, WARN, Check, failed, figure, judge, reads, unknown
+from p2pkit.checks import FAIL, PASS, WARN, Check, failed, figure, judge, reading, reads, show, unknown
 from p2pkit.config import Profile
 from p2pkit.parse.system import kernel_tuple
 
@@ -179,9 +179,9 @@ def _gpu_count(f, p) -> Check:
     if failed(gpus):
         return unknown("preflight.gpu_count", "NVIDIA GPUs in sysfs", gpus, want)
     if not gpus:
-        return Check("preflight.gpu_count", "NVIDIA GPUs in sysfs", FAIL, 0, want,
-                     "no NVIDIA GPU was found under /sys/bus/pci/devices; this host cannot run the "
-                     f"profile's stages. Check the cards are seated and enabled in the firmware; {SIM_HINT}")
+        return figure("preflight.gpu_count", "NVIDIA GPUs in sysfs", 0, "==", want, "count",
+                      "no NVIDIA GPU was found under /sys/bus/pci/devices; this host cannot run the "
+                      f"profile's stages. Check the cards are seated and enabled in the firmware; {SIM_HINT}")
     return figure("preflight.gpu_count", "NVIDIA GPUs in sysfs", len(gpus), "==", want, "count",
                   f"the profile expects {want} GPU(s) and P2P needs two: seat the missing card, check "
                   "it in `lspci -d 10de:`, or use a profile that matches this host",
@@ -261,10 +261,11 @@ def _cgroup(f) -> Check:
     if failed(cg):
         return unknown("preflight.cgroup", "p2pkit not in a memory-capped cgroup", cg, "no memory cap",
                        needed=False, pitfall="P12")
-    caps = cg["memory_caps"]
-    measured = ", ".join(f"{c['file']} = {c['limit_bytes'] / GIB:.1f} GiB" for c in caps) or "no memory cap"
-    return Check("preflight.cgroup", "p2pkit not in a memory-capped cgroup", WARN if caps else PASS, measured,
-                 "no memory cap",
-                 "p2pkit runs inside a memory-capped cgroup (a tool's background terminal?). That is fine "
-                 "for p2pkit; the engine runs as a system service in its own slice and does not inherit "
-                 "this cap" if caps else "", "P12")
+    caps = sorted(cg["memory_caps"], key=lambda c: c["limit_bytes"])  # the tightest first: it is the one that binds
+    return reading("preflight.cgroup", "p2pkit not in a memory-capped cgroup", WARN if caps else PASS,
+                   caps[0]["limit_bytes"] / GIB if caps else None, "GiB", "no memory cap",
+                   "p2pkit runs inside a memory-capped cgroup (a tool's background terminal?). That is fine "
+                   "for p2pkit; the engine runs as a system service in its own slice and does not inherit "
+                   "this cap", "P12", text=f"{caps[0]['file'] if caps else ''} = {{}}"
+                   + "".join(f", {c['file']} = {show(c['limit_bytes'] / GIB, 'GiB')}" for c in caps[1:]),
+                   missing="no memory cap")

@@ -2,7 +2,21 @@
 
 from __future__ import annotations
 
-from p2pkit.checks import FAIL, PASS, SKIP, Check, could_not, failed, figure, judge, reads, unknown, unreadable
+from p2pkit.checks import (
+    FAIL,
+    PASS,
+    SKIP,
+    Check,
+    could_not,
+    failed,
+    figure,
+    place,
+    reading,
+    reads,
+    show,
+    unknown,
+    unreadable,
+)
 from p2pkit.config import Profile
 
 GIB = 1 << 30
@@ -27,8 +41,8 @@ def check(f: dict, p: Profile) -> list[Check]:
     if failed(gpus):
         return [unknown("rebar.gpus", "GPUs in sysfs", gpus, "NVIDIA GPUs")]
     if not gpus:
-        return [Check("rebar.gpus", "GPUs in sysfs", FAIL, "none", f"{p.gpus.count}",
-                      "no NVIDIA GPU in /sys/bus/pci/devices: see preflight")]
+        return [figure("rebar.gpus", "GPUs in sysfs", 0, "==", p.gpus.count, "count",
+                       "no NVIDIA GPU in /sys/bus/pci/devices: see preflight")]
     by_bus = nvml_by_bus(f.get("nvml", {}))
     out = []
     for g in gpus:
@@ -76,23 +90,28 @@ def bar_assignment(f: dict, p: Profile) -> list[Check]:
         return [could_not(id_, title, k, want, "P31")]
     lines = k["bar_no_space"] + k["resize_fatal"]
     small = small_windows(f.get("pci_gpus"), p.gpus.vram_gib << 30)
-    measured = "; ".join(lines[:3] + small) or "no such kernel line, BAR1 and the bridge windows cover VRAM"
-    return [judge(id_, title, not lines and not small, measured, want + f"; BAR1 and bridge window >= "
-                  f"{p.gpus.vram_gib} GiB",
-                  "the firmware left too little address space for BAR1 (it boots at 256 MiB and the resize fails; "
+    # the figure: the smallest BAR1 or bridge window short of VRAM (a kernel line alone carries no number)
+    least = min(small, key=lambda x: x[1]) if small else None
+    text = "; ".join([place(w, "{}" if (w, n) == least else show(n >> 20, "MiB")) for w, n in small] + lines[:3])
+    return [reading(id_, title, FAIL if lines or small else PASS, least[1] >> 20 if least else None, "MiB",
+                    want + f"; BAR1 and bridge window >= {p.gpus.vram_gib} GiB",
+                    "the firmware left too little address space for BAR1 (it boots at 256 MiB and the resize fails; "
                   "a failed resize at probe leaves the GPU unbound): enable Above 4G Decoding and Resizable BAR "
-                  "in the BIOS, disable CSM, then reboot", pitfall="P31")]
+                    "in the BIOS, disable CSM, then reboot", "P31",
+                    text=text,
+                    missing="; ".join(lines[:3]) or "no such kernel line, BAR1 and the bridge windows cover VRAM")]
 
 
-def small_windows(gpus, vram: int) -> list[str]:
-    """P31 from sysfs: a GPU's BAR1 or its upstream bridge's prefetchable window smaller than VRAM."""
+def small_windows(gpus, vram: int) -> list[tuple[str, int]]:
+    """P31 from sysfs: each GPU BAR1 or upstream bridge prefetchable window smaller than VRAM, as (what,
+    with {} where its size goes; the size in bytes)."""
     out = []
     for g in gpus if isinstance(gpus, list) else []:
         if not isinstance(g, dict):
             continue
         if g.get("aperture") and g["aperture"]["size"] < vram:
-            out.append(f"{g['bdf']} BAR1 {g['aperture']['size'] >> 20} MiB")
+            out.append((f"{g['bdf']} BAR1 {{}}", g["aperture"]["size"]))
         w = g.get("bridge_window") or {}
         if isinstance(w.get("prefetch_size"), int) and w["prefetch_size"] < vram:
-            out.append(f"bridge {w['bdf']} above {g['bdf']}: prefetchable window {w['prefetch_size'] >> 20} MiB")
+            out.append((f"bridge {w['bdf']} above {g['bdf']}: prefetchable window {{}}", w["prefetch_size"]))
     return out

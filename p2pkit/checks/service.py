@@ -17,7 +17,9 @@ from p2pkit.checks import (
     judge,
     not_measured,
     pair,
+    reading,
     reads,
+    show,
     unknown,
     unreadable,
 )
@@ -80,13 +82,14 @@ def check(f: dict, p: Profile) -> list[Check]:
     tail = " | ".join(s.get("log_tail", [])[-5:])
     if s.get("role") == "worker":  # headless: no API; joined when NCCL formed its communicator with the head
         why = gone(s.get("log_tail", [])) if h.get("exited") else f"no NCCL channel within {h['seconds']} s"
-        out.append(judge("service.joined", "this worker joined the head", h["ok"],
-                         f"after {h['seconds']} s: {h['line']}" if h["ok"] else f"{why}; last log lines: {tail}",
-                         "an NCCL channel to the head", "read `p2pkit serve logs`; the head must be up first (P27) "
-                         "and reachable over the fabric (master-addr)", pitfall="P27"))
+        out.append(reading("service.joined", "this worker joined the head", PASS if h["ok"] else FAIL,
+                           h["seconds"] if h["ok"] else None, "s", "an NCCL channel to the head",
+                           "read `p2pkit serve logs`; the head must be up first (P27) and reachable over the fabric "
+                           "(master-addr)", "P27", text=f"after {{}}: {h['line']}",
+                           missing=f"{why}; last log lines: {tail}"))
     elif h["ok"]:
-        out.append(Check("service.health", "/health answers 200", PASS, f"200 after {h['seconds']} s "
-                         f"(codes seen: {h['codes']})", 200))
+        out.append(reading("service.health", "/health answers 200", PASS, h["seconds"], "s", 200,
+                           text=f"200 after {{}} (codes seen: {h['codes']})"))
     else:
         why = gone(s.get("log_tail", [])) if h.get("exited") else h.get("stalled") or f"no 200 within {h['seconds']} s"
         if h.get("stalled") and "state T" in h["stalled"]:
@@ -110,10 +113,12 @@ def check(f: dict, p: Profile) -> list[Check]:
         fix = LAUNCHER_CAP_FIX if s.get("manager") == "launcher" else (
             "a memory cap will OOM-kill the engine under load: the unit must run in p2pkit.slice "
             "(MemoryMax=infinity), not in a user session")
-        out.append(judge("service.memory_cap", "service's cgroup has no memory cap", not caps,
-                         ", ".join(f"{c['file']} = {c['limit_bytes']} bytes ({c['limit_bytes'] / GIB:.1f} GiB)"
-                                   for c in caps) or
-                         f"none up from {pc['v2_path'] or pc['v1_memory_path']}", "no cap", fix, pitfall="P12"))
+        caps = sorted(caps, key=lambda c: c["limit_bytes"])  # the tightest first: it is the one that binds
+        shown = [f"{c['file']} = {c['limit_bytes']} bytes ({show(c['limit_bytes'] / GIB, 'GiB')})" for c in caps]
+        text = ", ".join([f"{c['file']} = {c['limit_bytes']} bytes ({{}})" for c in caps[:1]] + shown[1:])
+        out.append(reading("service.memory_cap", "service's cgroup has no memory cap", FAIL if caps else PASS,
+                           caps[0]["limit_bytes"] / GIB if caps else None, "GiB", "no cap", fix, "P12", text=text,
+                           missing=f"none up from {pc['v2_path'] or pc['v1_memory_path']}"))
         own = f.get("cgroup", {})
         if not failed(own) and own.get("memory_caps") and not caps:
             out.append(Check("service.not_inherited", "p2pkit's own memory cap is not the service's", WARN,
@@ -201,10 +206,11 @@ def madv_random(t: dict) -> Check:
         return Check("service.madv_random", title, FAIL, why, "rr in VmFlags", "the engine does not mmap the table: "
                      "set serve.env.VLLM_PLE_MMAP = \"1\" and VLLM_PLE_MMAP_DIR to the local copy, on a vLLM tree "
                      "that has the mmap path (seed 004)", "P26")
-    return judge("service.madv_random", title, not plain, f"without rr: {', '.join(plain)}" if plain else
-                 f"{len(maps)} mapping(s), all rr (pid {t['pid']})", "rr in VmFlags",
-                 "the table is mapped without MADV_RANDOM: reads amplify about 30x on hash-scattered lookups; use "
-                 "the seed's vLLM tree, whose mmap path advises MADV_RANDOM", pitfall="P26")
+    return figure("service.madv_random", title, len(plain), "==", 0, "count",
+                  "the table is mapped without MADV_RANDOM: reads amplify about 30x on hash-scattered lookups; use "
+                  "the seed's vLLM tree, whose mmap path advises MADV_RANDOM", "P26",
+                  text=f"{{}} of {len(maps)} mapping(s) without rr (pid {t['pid']})", context=", ".join(plain),
+                  expected_context="(rr in VmFlags)")
 
 
 def head_up(h: dict | None) -> list[Check]:
@@ -249,11 +255,13 @@ def nccl_local(n: dict) -> Check:
     if not n.get("local"):
         return Check(id_, title, SKIP, f"{about}; every connection crosses nodes ({', '.join(n.get('across', []))})",
                      want, "", "P30")
-    return judge(id_, title, not bad, f"{about}; between local GPUs: {', '.join(n['local'])}"
-                 + (f" ({len(bad)} not P2P, first {bad[0]})" if bad else ""), want,
-                 "NCCL took shared memory between GPUs that talk P2P (P30: its default P2P level stops short of "
-                 "the pair's relation on this CPU, or NCCL_P2P_DISABLE/LEVEL in the engine's environment): see "
-                 "`p2pkit doctor` field.nccl_p2p_level, then `p2pkit up --from service --force`", pitfall="P30")
+    # the figure: the local connections not via P2P (the number first: the rest is read from the engine's log)
+    return figure(id_, title, len(bad), "==", 0, "count",
+                  "NCCL took shared memory between GPUs that talk P2P (P30: its default P2P level stops short of "
+                  "the pair's relation on this CPU, or NCCL_P2P_DISABLE/LEVEL in the engine's environment): see "
+                  "`p2pkit doctor` field.nccl_p2p_level, then `p2pkit up --from service --force`", "P30",
+                  text="{} local connection(s) not via P2P" + (f", first {bad[0]}" if bad else "")
+                  + f"; {about}; between local GPUs: {', '.join(n['local'])}", expected_context=f"({want})")
 
 
 def _spec(s: dict, p: Profile) -> list[Check]:
@@ -268,21 +276,24 @@ SPEC_TITLE = "speculative decoding is really running"
 
 def first_completion(fc: dict, s: dict, generated: int, shown: str, hint: str) -> tuple[bool, Check]:
     """The one real request after /health 200 (P19): answered with generated tokens, the server still
-    running; `shown` says what it generated, a failure says the answer and the log's last lines."""
+    running; `shown` says what it generated (the count at its first {}), a failure says the answer and
+    the log's last lines."""
     ok = fc.get("status") == 200 and generated > 0 and fc.get("alive_after", True)
     tail = " | ".join(s.get("log_tail", [])[-5:])
-    got = shown if ok else (f"HTTP {fc.get('status')}: {str(fc.get('error', ''))[:160]}; alive after: "
-                            f"{fc.get('alive_after')}; last log lines: {tail}")
-    return ok, judge("service.first_completion", "one real completion after /health 200", ok, got,
-                     "HTTP 200 with generated tokens, the server still running", hint, pitfall="P19")
+    failed_text = (f"HTTP {fc.get('status')}: {str(fc.get('error', ''))[:160]}; alive after: "
+                   f"{fc.get('alive_after')}; last log lines: {tail}")
+    # the figure: the tokens generated (a failure's text is the server's answer, with no number of its own)
+    return ok, reading("service.first_completion", "one real completion after /health 200", PASS if ok else FAIL,
+                       generated if ok else None, "count", "HTTP 200 with generated tokens, the server still running",
+                       hint, "P19", text=shown, missing=failed_text)
 
 
 def _openai_first(fc: dict, s: dict, engine: str) -> Check:
     """vLLM and NInfer: the one real request answered with generated tokens, the server still running."""
     u = fc.get("usage") or {}
     return first_completion(fc, s, u.get("completion_tokens") or 0,
-                            f"{u.get('completion_tokens')} tokens (usage), {fc.get('client_seconds')} s at the "
-                            "client", f"{engine} said healthy but failed its first decode: read `p2pkit serve logs`")[1]
+                            f"{{}} tokens (usage), {fc.get('client_seconds')} s at the client",
+                            f"{engine} said healthy but failed its first decode: read `p2pkit serve logs`")[1]
 
 
 def check_vllm_requests(s: dict, p: Profile) -> list[Check]:
@@ -318,11 +329,12 @@ def vllm_spec_running(fc: dict, config: str) -> Check:
     accepted = d.get("spec_decode_num_accepted_tokens_total", 0)
     per = fc.get("accepted_per_pos_delta") or {}
     rates = ", ".join(f"{per[k] / drafts:.2f}" for k in sorted(per, key=int)) if drafts else ""
-    return judge("service.spec_running", SPEC_TITLE, drafts > 0 and tokens > 0,
-                 f"drafts +{drafts:g}, draft tokens +{tokens:g}, accepted +{accepted:g}"
-                 + (f"; acceptance per position {rates}" if rates else ""), want,
-                 f"--speculative-config {config} is set but nothing was drafted: the MTP layers or the draft model "
-                 "are missing from the checkpoint, or the method does not match it", pitfall="P19")
+    # the figure: the draft tokens made over the request (the drafts and acceptances stay in the text)
+    return reading("service.spec_running", SPEC_TITLE, PASS if drafts > 0 and tokens > 0 else FAIL, tokens, "count",
+                   want, f"--speculative-config {config} is set but nothing was drafted: the MTP layers or the draft "
+                   "model are missing from the checkpoint, or the method does not match it", "P19",
+                   text=f"drafts +{drafts:g}, draft tokens +{{}}, accepted +{accepted:g}"
+                   + (f"; acceptance per position {rates}" if rates else ""))
 
 
 def check_ninfer_requests(s: dict, p: Profile) -> list[Check]:
@@ -355,11 +367,12 @@ def ninfer_spec_running(fc: dict, spec: str) -> Check:
     drafted, accepted, rounds = (sp.get("drafted_tokens") or 0), (sp.get("accepted_tokens") or 0), sp.get("rounds")
     per = sp.get("accepted_per_position") or []
     rates = ", ".join(f"{n / rounds:.2f}" for n in per) if rounds else ""
-    return judge("service.spec_running", SPEC_TITLE, sp.get("backend") not in (None, "none") and drafted > 0,
-                 f"backend {sp.get('backend')}, rounds {rounds}, drafted {drafted}, accepted {accepted}"
-                 + (f"; acceptance per position {rates}" if rates else ""), want,
-                 f"--spec {spec} is set but NInfer drafted nothing: the artifact lacks the draft components "
-                 "(convert it with the draft head), or the engine ignored the method", pitfall="P19")
+    # the figure: the tokens drafted for the request (rounds and acceptances stay in the text)
+    return reading("service.spec_running", SPEC_TITLE, PASS if sp.get("backend") not in (None, "none") and drafted > 0
+                   else FAIL, drafted, "count", want, f"--spec {spec} is set but NInfer drafted nothing: the "
+                   "artifact lacks the draft components (convert it with the draft head), or the engine ignored the "
+                   "method", "P19", text=f"backend {sp.get('backend')}, rounds {rounds}, drafted {{}}, accepted "
+                   f"{accepted}" + (f"; acceptance per position {rates}" if rates else ""))
 
 
 def check_llamacpp_requests(s: dict, p: Profile) -> list[Check]:
@@ -373,8 +386,8 @@ def check_llamacpp_requests(s: dict, p: Profile) -> list[Check]:
         return []  # /health never answered 200: the health check already failed
     t = fc.get("timings") or {}
     ok, first = first_completion(
-        fc, s, t.get("predicted_n") or 0, f"{t.get('predicted_n')} tokens in {t.get('predicted_ms', 0):.1f} ms "
-        "(server timings)", "the server said healthy but failed its first decode: read `p2pkit serve logs` (with "
+        fc, s, t.get("predicted_n") or 0, f"{{}} tokens in {t.get('predicted_ms', 0):.1f} ms (server timings)",
+        "the server said healthy but failed its first decode: read `p2pkit serve logs` (with "
         "MTP under --split-mode tensor this is the known crash; try --split-mode layer or another KV type)")
     out = [first]
     if not spec:
@@ -391,13 +404,13 @@ def check_llamacpp_requests(s: dict, p: Profile) -> list[Check]:
     drafted = d.get("spec_decode_num_draft_tokens_total", 0)
     accepted = d.get("spec_decode_num_accepted_tokens_total", 0)
     ok = ok and (t.get("draft_n") or 0) > 0 and drafted > 0
-    out.append(judge("service.spec_running", "speculative decoding is really running", ok,
-                     f"response draft_n {t.get('draft_n', 0)}, accepted {t.get('draft_n_accepted', 0)}; /metrics "
-                     f"spec_decode_num_draft_tokens_total +{drafted:g}, accepted_tokens_total +{accepted:g}",
-                     "draft tokens in the response and in /metrics",
-                     f"--spec-type {spec} is set but nothing was drafted: the draft model or the MTP layers are "
-                     "missing (`-md` alone leaves drafting off; the model stage checks the nextn layers)",
-                     pitfall="P19"))
+    # the figure: the draft tokens /metrics counted over the request (the response's own counts stay in the text)
+    out.append(reading("service.spec_running", "speculative decoding is really running", PASS if ok else FAIL,
+                       drafted, "count", "draft tokens in the response and in /metrics",
+                       f"--spec-type {spec} is set but nothing was drafted: the draft model or the MTP layers are "
+                       "missing (`-md` alone leaves drafting off; the model stage checks the nextn layers)", "P19",
+                       text=f"response draft_n {t.get('draft_n', 0)}, accepted {t.get('draft_n_accepted', 0)}; "
+                       f"/metrics spec_decode_num_draft_tokens_total +{{}}, accepted_tokens_total +{accepted:g}"))
     return out
 
 
@@ -408,9 +421,10 @@ def running_slots(n: int | dict, flag) -> Check:
     given = f"--parallel {flag}" if flag is not None else "--parallel omitted (auto)"
     if not isinstance(n, int):
         return unknown("service.spec_slots_running", title, n, 1, needed=False, pitfall="P20")
-    return judge("service.spec_slots_running", title, n == 1, f"/props total_slots {n} ({given})", 1,
-                 "MTP only pays at one concurrent slot: set serve.flags.parallel = 1 and "
-                 "`p2pkit up --from service --force`", pitfall="P20", severity=WARN)
+    return figure("service.spec_slots_running", title, n, "==", 1, "count",
+                  "MTP only pays at one concurrent slot: set serve.flags.parallel = 1 and "
+                  "`p2pkit up --from service --force`", pitfall="P20", severity=WARN,
+                  context=f"/props total_slots, {given}")
 
 
 def _user_access(u: dict | None) -> list[Check]:
