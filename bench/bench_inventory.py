@@ -4,8 +4,9 @@
 a plain `p2pkit status` of one host beside them (the part each host's own p2pkit costs).
 
 With --vs-source DIR (another p2pkit source tree, e.g. `git archive <commit> | tar -x -C DIR`),
-that tree brings up hosts of its own (its stand-ins, its files) and `status --inventory` runs A B A B
-... against it, paired run by run, with a fixed and per-host fit for each.
+that tree brings up hosts of its own (its stand-ins, its files) with `up --inventory --reboot` (a
+fixed and per-host fit for each, and the per-host ratio) and `status --inventory` runs A B A B ...
+against it, paired run by run, with a fixed and per-host fit for each.
 
 --no-bytecode keeps PYTHONDONTWRITEBYTECODE=1 (this environment sets it; issue 20 measured with it:
 every p2pkit process compiles every module it imports); by default byte code is written, as a
@@ -85,7 +86,7 @@ def main() -> None:
     argv, env = p2pkit(None)
     work = Path(tempfile.mkdtemp(prefix="bench-inventory-"))
     out: dict = {"bytecode_written": BYTECODE, "sizes": {}}
-    up_points, status_points, vs_points = [], [], []
+    up_points, status_points, vs_points, vs_up_points = [], [], [], []
     for n in a.sizes:
         d = work / f"n{n}"
         d.mkdir()
@@ -106,11 +107,12 @@ def main() -> None:
             row["vs"] = {"pairs": pairs, "median_B_cpu_s": statistics.median(p["B"]["cpu_s"] for p in pairs),
                          "median_ratio_cpu": statistics.median(p["ratio_cpu"] for p in pairs)}
             vs_points.append((n, row["vs"]["median_B_cpu_s"]))
+            vs_up_points.append((n, row["vs_up"]["cpu_s"]))
+            for r in b_roots:  # the engines B's hosts started
+                subprocess.run([*b_argv, "sim", "stop", str(r)], env=b_env, cwd=work, capture_output=True)
         if n == a.sizes[0]:
             out["plain_status_one_host"] = [timed([*argv, "--root", str(roots[0]), "--json", "status"], env, work)
                                             for _ in range(a.runs)]
-            for r in b_roots:
-                subprocess.run([*b_argv, "sim", "stop", str(r)], env=b_env, cwd=work, capture_output=True)
         for r in roots:
             subprocess.run([*argv, "sim", "stop", str(r)], env=env, cwd=work, capture_output=True)
         out["sizes"][n] = row
@@ -120,6 +122,10 @@ def main() -> None:
     out["status_fit"] = fit(status_points)
     if vs_points:
         out["status_fit_B"] = fit(vs_points)
+        out["up_fit_B"] = fit(vs_up_points)
+        b_per_host = out["up_fit_B"]["per_host_cpu_s"]
+        a_per_host = out["up_fit"]["per_host_cpu_s"]
+        out["up_per_host_ratio_A_over_B"] = round(a_per_host / b_per_host, 3) if b_per_host else None
     print(json.dumps(out, indent=2))
 
 

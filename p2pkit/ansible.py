@@ -30,12 +30,14 @@ def share_dir() -> Path:
 
 
 def render(template: str, **values) -> str:
-    """One of p2pkit's templates (templates/), rendered as Ansible's template module renders it
-    (blocks trimmed, the trailing newline kept); every value in it was already written by the
-    writer of its format, and a {{ }} inside a value is printed, never evaluated."""
+    """One of p2pkit's templates (templates/, or a role's templates/ where a role owns it), rendered as
+    Ansible's template module renders it (blocks trimmed, the trailing newline kept); every value in
+    it was already written by the writer of its format, and a {{ }} inside a value is printed, never
+    evaluated."""
     from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
-    env = Environment(loader=FileSystemLoader(share_dir() / "templates"), undefined=StrictUndefined,
+    dirs = [share_dir() / "templates", *sorted((share_dir() / "playbooks/roles").glob("*/templates"))]
+    env = Environment(loader=FileSystemLoader(dirs), undefined=StrictUndefined,
                       trim_blocks=True, keep_trailing_newline=True, autoescape=False)
     return env.get_template(template).render(**values)
 
@@ -57,7 +59,6 @@ def base_vars(ctx) -> dict:
         "p2pkit_path": ctx.host.runner.path_env(),
         "p2pkit_state_dir": str(ctx.store.dir),
         "p2pkit_templates": str(share_dir() / "templates"),
-        "p2pkit_systemd": str(share_dir() / "systemd"),
         "ansible_python_interpreter": sys.executable,
     }
 
@@ -92,6 +93,7 @@ def run_playbook(ctx, stage: str, extra: dict, check_mode: bool = False) -> dict
     # Ansible itself reads a 0600 copy whose every string is !unsafe (a {{ ... }} from a profile is
     # never evaluated), removed afterwards.
     tmp = ansible_temp(ctx.store.dir)
+    tasks_file = tmp / "tasks.json"
     vars_file = atomic_write(tmp / f"{stage}.vars.yml", writers.ansible_vars(doc).encode(), mode=0o600)
     argv = [playbook_binary(), "-i", "localhost,", "-c", "local", "-e", f"@{vars_file}", str(book)]
     if check_mode:
@@ -109,6 +111,10 @@ def run_playbook(ctx, stage: str, extra: dict, check_mode: bool = False) -> dict
         # a p2pkit run by an inventory run on a local host inherits its results callback: each stage
         # playbook's results stay here, never among the hosts' results on the controller
         "P2PKIT_LAST_RESULT_DIR": str(ctx.store.dir / ".ansible/results"),
+        # each task's own result (p2pkit_tasks), read back into the stage's artifact
+        "ANSIBLE_CALLBACKS_ENABLED": ",".join(filter(None, [os.environ.get("ANSIBLE_CALLBACKS_ENABLED"),
+                                                            "p2pkit_tasks"])),
+        "P2PKIT_TASK_RESULTS": str(tasks_file),
     }
     log = logs / f"{stage}.log"
     logfiles.rotate(log)  # the last runs' logs kept as .1 .. .3
@@ -116,16 +122,32 @@ def run_playbook(ctx, stage: str, extra: dict, check_mode: bool = False) -> dict
     try:
         with ctx.out.working(f"[{stage}] ansible-playbook {book.name}", log=str(log), follow=follow_cmd(stage)):
             res = ctx.host.runner.run(argv, check=False, env=env, timeout=3600, output_log=log)
+        tasks = read_tasks(tasks_file)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     m = RECAP.search(res.stdout)
-    summary = {"playbook": book.name, "log": str(log), "returncode": res.returncode, "check_mode": check_mode}
+    summary = {"playbook": book.name, "log": str(log), "returncode": res.returncode, "check_mode": check_mode,
+               "tasks": tasks}
     if m:
         summary.update(dict(zip(("ok", "changed", "unreachable", "failed", "skipped"), map(int, m.groups()))))
     if res.returncode != 0:
         raise P2pkitError(f"the {stage} playbook failed: {failed_task(res.stdout + res.stderr)}",
                           hint=f"nothing after the failed task ran; the full log is {log}")
     return summary
+
+
+def read_tasks(path: Path) -> dict:
+    """The p2pkit_tasks callback's counts per task name; {} when it wrote none (killed, not loaded)."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def changed_tasks(summary: dict) -> list[str]:
+    """The names of the tasks that changed the host in a playbook run, in the order they ran."""
+    return [name for name, c in summary.get("tasks", {}).items() if c.get("changed")]
 
 
 def failed_task(text: str) -> str:

@@ -171,14 +171,54 @@ def run_stage(ctx: Ctx, st: Stage, prev_name: str | None) -> dict:
         old = None
     resumed = old if old and old.get("status") == REBOOT and \
         old.get("reboot", {}).get("boot_id") != identity(ctx.host)["boot_id"] else None
+    marker = ctx.store.dir / RUNNING_FILE
+    gate = gate_applies(ctx, st, old, _killed_acting(marker, st.name))
     ctx.store.delete(st.name)
     started = now()
-    marker = ctx.store.dir / RUNNING_FILE
     atomic_write(marker, json.dumps({"stage": st.name, "started": started}).encode())
     try:
-        return _run_stage(ctx, st, prev_name, started, resumed)
+        return _run_stage(ctx, st, prev_name, started, resumed, gate)
     finally:
         marker.unlink(missing_ok=True)
+
+
+def _killed_acting(marker: Path, stage: str) -> bool:
+    """A run was killed while acting on this stage: its marker is still there (the lock is ours now)."""
+    try:
+        return json.loads(marker.read_text()).get("stage") == stage
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def gate_applies(ctx: Ctx, st: Stage, old: dict | None, killed: bool) -> str | None:
+    """Whether the artifact gate may skip this stage's act when its proof already holds, and why not.
+
+    Not with --force (act again, whatever the proof says), not after a run killed while acting on the
+    stage (a file written and its follow-up never run: the proof does not look at follow-ups), and not
+    when the profile inputs changed since the last artifact (a proof need not read every value it sets)."""
+    if st.act is None:
+        return "the stage does not act"
+    if ctx.options.get("force"):
+        return "--force"
+    if killed:
+        return "a run was killed while acting on this stage"
+    if old is not None and old.get("inputs") != section_digests(ctx.profile, st):
+        return "the profile inputs changed since the last artifact"
+    return None
+
+
+def _gated(ctx: Ctx, st: Stage) -> tuple[dict, list[Check], dict] | None:
+    """The artifact gate: the stage's proof on fresh facts before acting. When it holds (nothing fails,
+    no reboot pending), the act is skipped and the artifact says why."""
+    ctx.options["acted"] = {}
+    found, checks = prove(ctx, st)
+    if worst(checks) == FAIL or (st.reboot is not None and st.reboot(found, ctx)):
+        return None
+    passed = sum(1 for c in checks if c.status != SKIP)
+    ctx.out.step(st.name, f"not acting: its proof holds before acting ({passed} checks)")
+    return found, checks, {"started": False,
+                           "why": f"the artifact gate: the stage's proof held before acting ({passed} checks); "
+                                  "nothing was started"}
 
 
 def _proved_after_reboot(ctx: Ctx, st: Stage, resumed: dict | None) -> tuple[dict, list[Check]] | None:
@@ -191,7 +231,8 @@ def _proved_after_reboot(ctx: Ctx, st: Stage, resumed: dict | None) -> tuple[dic
     return (found, checks) if worst(checks) != FAIL and not pending else None
 
 
-def _run_stage(ctx: Ctx, st: Stage, prev_name: str | None, started: str, resumed: dict | None = None) -> dict:
+def _run_stage(ctx: Ctx, st: Stage, prev_name: str | None, started: str, resumed: dict | None = None,
+               gate: str | None = "not asked") -> dict:
     t0 = time.monotonic()
     acted: dict = {}
     reboot_why = None
@@ -208,6 +249,8 @@ def _run_stage(ctx: Ctx, st: Stage, prev_name: str | None, started: str, resumed
         found, checks = held
         acted = {"before_reboot": resumed.get("acted", {}),
                  "after_reboot": "nothing: the proof held without acting again"}
+    elif gate is None and (gated := _gated(ctx, st)) is not None:
+        found, checks, acted = gated
     else:
         if st.act is not None:
             try:
@@ -293,6 +336,7 @@ class UpResult:
 def up(ctx: Ctx, start: str | None = None, stop: str | None = None, force: bool = False) -> UpResult:
     selected = select(start, stop)
     order = [s.name for s in registry()]
+    ctx.options["force"] = force  # the artifact gate never skips a forced stage's act
     with state_lock(ctx.store.dir, say=ctx.out.warn, root=ctx.host.root):
         hoststate.record_profile(ctx.store.dir, ctx.profile)  # later commands use these values
         states = {s.stage: s for s in evaluate(ctx)}

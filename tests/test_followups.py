@@ -1,6 +1,7 @@
-"""No follow-up lost to a kill (issue 31, item 2): update-grub, update-initramfs and depmod are proven
-from their effects, so a run killed after a file was written and before its follow-up ran is
-repaired by the next `up`, and by `up --force`."""
+"""No follow-up lost to a kill (issue 31, item 2): update-grub, update-initramfs and depmod are decided
+by the p2p-module role's tasks from their effects (grub.cfg's default entries, the times of
+modules.dep and the initramfs against the module), so a run killed after a file was written and
+before its follow-up ran is repaired by the next `up`, and by `up --force`."""
 
 import os
 import subprocess
@@ -10,40 +11,19 @@ from p2pkit.ansible import render
 from p2pkit.host import Host, boot, system
 from p2pkit.parse import system as ps
 from p2pkit.sim.render import load_state
-from p2pkit.stages import acting, followups
+from p2pkit.stages import acting
 
 FIX = Path(__file__).parent / "fixtures/grub"
 KERNEL = "6.8.0-88-generic"
 DROPIN = "etc/default/grub.d/60-p2pkit-iommu.cfg"
+VIDEO_KO = "kernel/drivers/video/nvidia.ko"
 
 
 def test_grub_default_args_skips_recovery_and_memtest_over_a_real_grub_cfg():
     text = (FIX / "linux-lines-6.8.0-57.txt").read_text()
     args = ps.grub_default_args(text, "6.8.0-57-generic")
     assert len(args) == 2 and all(a[-3:] == ["quiet", "splash", "$vt_handoff"] for a in args), args
-    assert followups.grub(args, ["iommu=pt"]) == ["grub.cfg lacks iommu=pt, which the drop-in sets"]
-    assert followups.grub(args, ["quiet", "splash"]) == []
     assert len(ps.grub_default_args(text, "6.9.9-1-generic")) == 3  # no entry names it: every default entry
-    assert followups.grub(None, ["iommu=pt"]) == []  # no grub.cfg: nothing for update-grub to regenerate
-
-
-def test_depmod_and_initramfs_judge_the_effect():
-    ko = followups.VIDEO_KO
-    assert followups.depmod({"paths": [ko], "mtime_ns": 10}, 5) == []
-    assert followups.depmod(None, 5) == ["modules.dep is missing"]
-    assert followups.depmod({"paths": [ko], "mtime_ns": 4}, 5) == [f"modules.dep is older than {ko}"]
-    assert followups.depmod({"paths": [ko, "updates/dkms/nvidia.ko"], "mtime_ns": 9}, 5) \
-        == ["modules.dep still lists updates/dkms/nvidia.ko"]
-    assert followups.depmod(None, None) == []  # nothing installed yet: the install task has the work
-    image = {"files": ["etc/modprobe.d/a.conf", "usr/lib/modules/k/" + ko], "nvidia": ["usr/lib/modules/k/" + ko],
-             "mtime_ns": 10}
-    assert followups.initramfs(image, {"/etc/modprobe.d/a.conf": 9, ko: 9}, only_patched=True) == []
-    assert followups.initramfs(image, {"/etc/modprobe.d/b.conf": 9}) == ["the initramfs lacks /etc/modprobe.d/b.conf"]
-    assert followups.initramfs(image, {ko: 11}) == [f"the initramfs is older than {ko}"]
-    other = {**image, "nvidia": ["usr/lib/modules/k/updates/dkms/nvidia.ko"]}
-    assert followups.initramfs(other, {}, only_patched=True) and followups.initramfs(other, {}) == []
-    # an image without modprobe.d at all (a generator that does not copy it) is judged by its age alone
-    assert followups.initramfs({**image, "files": []}, {"/etc/modprobe.d/b.conf": 9}) == []
 
 
 def grub_carries(root: Path, option: str) -> bool:
@@ -72,7 +52,7 @@ def test_a_kill_between_the_drop_in_and_its_follow_ups_is_repaired_by_up_and_by_
     (root / DROPIN).write_text(dropin)
     dep = root / "lib/modules" / KERNEL / "modules.dep"
     dep.write_text("".join(ln + "\n" for ln in dep.read_text().splitlines() if "video/nvidia.ko" not in ln))
-    ko = root / "lib/modules" / KERNEL / followups.VIDEO_KO
+    ko = root / "lib/modules" / KERNEL / VIDEO_KO
     img = root / "boot" / f"initrd.img-{KERNEL}"
     later = img.stat().st_mtime_ns + 10**9
     os.utime(ko, ns=(later, later))
@@ -82,7 +62,7 @@ def test_a_kill_between_the_drop_in_and_its_follow_ups_is_repaired_by_up_and_by_
     r = cli("--root", str(root), "--json", "up", "--from", "p2p-module", "--to", "p2p-module", "--force")
     assert r.code in (0, 4), r.err
     assert grub_carries(root, "iommu=pt")
-    assert followups.VIDEO_KO in dep.read_text()
+    assert VIDEO_KO in dep.read_text()
     assert load_state(root)["initramfs_updates"] == updates + 1 and img.stat().st_mtime_ns >= later
 
 

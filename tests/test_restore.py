@@ -12,7 +12,6 @@ from p2pkit import config
 from p2pkit.artifacts import Store
 from p2pkit.reboot import render_resume_unit
 from p2pkit.sim import lifecycle
-from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
 NEW = "6.8.0-90-generic"
@@ -156,7 +155,7 @@ def test_units_and_hooks_are_installed_and_verify(cli, sim, tmp_path):
     d = tmp_path / "units"
     d.mkdir()
     (d / "p2pkit-restore.service").write_text(service)
-    shutil.copy(REPO / "systemd/p2pkit-restore.timer", d)
+    shutil.copy(units / "p2pkit-restore.timer", d)  # as the role wrote it
     resume = render_resume_unit(config.load("dual-5090-ninfer", ["serve.port=8001"]), root / "var/lib/p2pkit")
     assert "--profile dual-5090-ninfer --set serve.port=8001 --state-dir" in resume  # the run's overrides too
     (d / "p2pkit-resume.service").write_text(resume)

@@ -273,7 +273,8 @@ def test_restore_hook_and_unit_quote_a_hostile_state_dir(tmp_path, monkeypatch):
     monkeypatch.setattr(acting, "own_executable", lambda: str(fake))
     ctx = pipeline.Ctx(profile=config.load("dual-5090-ninfer"), host=Host.at("/"), store=Store(state), out=Output())
     v = acting.restore_command_vars(ctx)
-    env = Environment(loader=FileSystemLoader(share_dir() / "templates"), undefined=StrictUndefined)
+    env = Environment(loader=FileSystemLoader(share_dir() / "playbooks/roles/p2pkit_p2p_module/templates"),
+                      undefined=StrictUndefined)
     hook = tmp_path / "zz-p2pkit"
     hook.write_text(env.get_template("p2pkit-kernel-postinst.j2").render(**v))
     subprocess.run(["sh", str(hook), "6.8.0-99-generic"], check=True, cwd=tmp_path)

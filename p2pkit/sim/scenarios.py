@@ -32,8 +32,10 @@ HEALTHY: dict = {
     "driver": {"userspace": None},
     "module": {"installed": None, "loaded": None},
     "cgroup_memory_cap": None,
+    # build-essential and git: an Ubuntu box that builds kernel modules has them (the p2p-module role
+    # installs what dpkg's database lacks, through the simulated host's apt-get)
     "packages": {"linux-image-6.8.0-88-generic": "ii", "linux-firmware": "ii", "nvidia-firmware-580-580.95.05": "ii",
-                 "libnvidia-cfg1-580": "rc"},
+                 "libnvidia-cfg1-580": "rc", "build-essential": "ii", "git": "ii"},
 }
 
 
@@ -62,7 +64,8 @@ def _spark(head: bool):
         s["profile"] = "dual-spark-vllm"
         s["arch"] = "aarch64"
         s["kernel"] = "6.11.0-1016-nvidia"
-        s["packages"] = {"linux-image-6.11.0-1016-nvidia": "ii", "linux-firmware": "ii"}
+        s["packages"] = {"linux-image-6.11.0-1016-nvidia": "ii", "linux-firmware": "ii", "build-essential": "ii",
+                         "git": "ii"}
         s["gpus"] = [{"bdf": "000f:01:00.0", "root_port": "000f:00:00.0", "device": "0x2e12", "name": "NVIDIA GB10",
                       "vram_gib": 128, "bar1_bytes": 128 * GIB, "gpu_max_gen": 5, "gpu_max_width": 16,
                       "slot_gen": 5, "slot_width": 16, "switch": False, "monitor": False}]

@@ -1,14 +1,14 @@
-"""What the driver and p2p-module stages do to the host: their playbooks, with the variables the
-profile and the host give them."""
+"""What the driver and p2p-module stages do to the host: their roles, complete on their own, handed
+the profile and what p2pkit read of the host as variables; what each task did comes back from
+Ansible (p2pkit_tasks), never predicted here."""
 
 from __future__ import annotations
 
-import os
 import stat
 from pathlib import Path
 
 from p2pkit import writers
-from p2pkit.ansible import render, share_dir
+from p2pkit.ansible import run_playbook
 from p2pkit.backup import DRIVER_PATHS, P2P_PATHS, Backup, module_paths, userspace_paths
 from p2pkit.checks.driver import GUARDED_PACKAGES, installer_arch
 from p2pkit.config import p2p_src_dir
@@ -16,11 +16,9 @@ from p2pkit.errors import P2pkitError, UsageError
 from p2pkit.host import arch, boot, system
 from p2pkit.parse import boot as pb
 from p2pkit.runner import own_executable
-from p2pkit.stages import followups, work
 
 # The kernel hook pins the boot default here when the module does not build for a new kernel (P36).
 BOOT_HOLD = system.BOOT_HOLD
-GRUB_DROPIN = "/etc/default/grub.d/60-p2pkit-iommu.cfg"
 
 
 def iommu_cmdline(mode: str, cpu_vendor: str, machine: str = "x86_64") -> str:
@@ -33,60 +31,36 @@ def iommu_cmdline(mode: str, cpu_vendor: str, machine: str = "x86_64") -> str:
 
 
 def driver(ctx) -> dict:
+    """The driver role, handed the profile's [driver] values and the host's architecture; what its
+    tasks did comes back from Ansible (per task: ok, changed, failed, skipped)."""
     d = ctx.profile.driver
     a = arch.host_arch(ctx.host)
     wrong = installer_arch(a.machine, ctx.profile)
     if wrong.status != "pass":
         raise UsageError(f"{wrong.title}: {wrong.measured}, expected {wrong.expected}", hint=wrong.hint)
-    packages = system.package_holds(ctx.host)
-    held = packages["held"]
+    held = system.package_holds(ctx.host)["held"]
     kernel = system.kernel_release(ctx.host)
     backup = Backup(ctx.store.dir, "driver", ctx.host)
     backup.snapshot(  # config files and every driver file the installer may replace: rollback puts them back
         [*DRIVER_PATHS, *userspace_paths(ctx.host)], kernel, d.version,
         extra={"held_before": held, "installer": f"{d.cache_dir}/{d.installer_url.rsplit('/', 1)[-1]}"})
     try:
-        return work.run_if_work(ctx, "driver", {
-            "p2pkit_driver_version": d.version,
-            "p2pkit_driver_installer_url": d.installer_url,
-            "p2pkit_driver_installer_sha256": d.installer_sha256,
-            "p2pkit_driver_cache_dir": d.cache_dir,
-            "p2pkit_driver_libdir": a.libdir,
-        }, *driver_work(ctx, a.libdir, packages), files_var="p2pkit_driver_files", todo_var="p2pkit_driver_todo")
+        return run_playbook(ctx, "driver", driver_vars(ctx, a.machine))
     finally:  # what the installer added (even when a later task failed): rollback removes it
         backup.record_added(userspace_paths(ctx.host), kernel, d.version)
 
 
-def driver_work(ctx, libdir: str, packages: dict) -> tuple[dict, dict]:
-    """What each driver task would change, from p2pkit's own read-only probes; and whether the
-    initramfs must be generated again (nouveau's blacklist changes now, or an earlier run wrote it
-    and never got to update-initramfs)."""
-    d, host = ctx.profile.driver, ctx.host
-    installer = host.path(f"{d.cache_dir}/{d.installer_url.rsplit('/', 1)[-1]}")
-    cached = work.sha256_of(installer) == d.installer_sha256
-    version = {"p2pkit_driver_version": d.version, "p2pkit_driver_guarded_packages": list(GUARDED_PACKAGES)}
-    blacklist = "/etc/modprobe.d/p2pkit-blacklist-nouveau.conf"
-    files = work.pending(host, [
-        work.dir_entry(d.cache_dir),
-        work.file_entry(blacklist, render("modprobe-p2pkit-blacklist-nouveau.conf.j2")),
-        work.file_entry("/etc/apt/preferences.d/p2pkit-nvidia", render("apt-p2pkit-nvidia-pin.j2", **version)),
-        work.file_entry("/etc/apt/apt.conf.d/51p2pkit-unattended-upgrades",
-                        render("unattended-upgrades-p2pkit.j2", **version))])
+def driver_vars(ctx, machine: str) -> dict:
+    """The driver role's variables: the profile's [driver] section, the host's architecture."""
+    d = ctx.profile.driver
     return {
-        "files": {"all": files},
-        "download": not cached,
-        "executable": cached and stat.S_IMODE(installer.stat().st_mode) != 0o755,
-        # the installer's effects, both: its libraries and the GSP firmware for exactly this version (an
-        # installer killed half-way leaves the one without the other, and only running it again mends it)
-        "install": not host.path(f"{libdir}/libnvidia-ml.so.{d.version}").exists()
-        or not any(host.path(f"/lib/firmware/nvidia/{d.version}").glob("gsp_*.bin")),
-        # installed, not held, and guarded: the holds task's loop (P02)
-        "unheld": sorted(p for p in packages["installed"]
-                         if p not in packages["held"] and p.startswith(GUARDED_PACKAGES)),
-        "initramfs": (["the nouveau blacklist changes in this run"] if any(f["path"] == blacklist for f in files)
-                      else followups.initramfs(boot.initramfs(host, system.kernel_release(host)),
-                                               {blacklist: boot.mtime_ns(host, blacklist)})),
-    }, {}
+        "p2pkit_arch": machine,
+        "p2pkit_driver_version": d.version,
+        "p2pkit_driver_installer_url": d.installer_url,
+        "p2pkit_driver_installer_sha256": d.installer_sha256,
+        "p2pkit_driver_cache_dir": d.cache_dir,
+        "p2pkit_driver_guarded_packages": list(GUARDED_PACKAGES),
+    }
 
 
 BUILD_CAUSES = (
@@ -118,7 +92,8 @@ def p2p_module(ctx, kernel: str | None = None) -> dict:
 def _p2p_module(ctx, kernel: str | None = None) -> dict:
     m = ctx.profile.p2p_module
     kernel = kernel or system.kernel_release(ctx.host)
-    cmdline = iommu_cmdline(m.iommu, system.cpu_vendor(ctx.host), arch.machine(ctx.host))
+    machine = arch.machine(ctx.host)
+    cmdline = iommu_cmdline(m.iommu, system.cpu_vendor(ctx.host), machine)
     loader = boot.bootloader(ctx.host)
     refuse_unknown_bootloader(loader, cmdline.split(), system.cmdline(ctx.host).split())
     wants = "/etc/systemd/system/timers.target.wants/p2pkit-restore.timer"
@@ -126,18 +101,20 @@ def _p2p_module(ctx, kernel: str | None = None) -> dict:
         [*P2P_PATHS, wants, *module_paths(ctx.host, kernel), *bootloader_paths(loader)], kernel,
         ctx.profile.driver.version)
     values = {
+        "p2pkit_arch": machine,
         "p2pkit_p2p_module_repo": m.repo,
         "p2pkit_p2p_module_branch": m.branch,
         "p2pkit_p2p_module_commit": m.commit,
         "p2pkit_p2p_module_src_dir": p2p_src_dir(ctx.profile),
         "p2pkit_p2p_module_kernel": kernel,
         "p2pkit_p2p_module_cmdline": cmdline,
+        "p2pkit_p2p_module_bootloader": loader["name"],
+        "p2pkit_p2p_module_loader_files": loader_files(ctx.host, loader, cmdline.split()),
         **restore_command_vars(ctx),
         # the fork's driver parameters (P28): only for the patched module of a GPU pair
         "p2pkit_p2p_module_registry_dwords": m.registry_dwords if m.patched else "",
     }
-    done = work.run_if_work(ctx, "p2p-module", values, *p2p_work(ctx, values, loader),
-                            files_var="p2pkit_p2p_module_files", todo_var="p2pkit_p2p_module_todo")
+    done = run_playbook(ctx, "p2p-module", values)
     return {**done, "bootloader": {"name": loader["name"], "why": loader["why"], "options": cmdline.split()}}
 
 
@@ -162,100 +139,27 @@ def bootloader_paths(loader: dict) -> list[str]:
     return []
 
 
-def bootloader_files(host, loader: dict, options: list[str], v: dict) -> list[dict]:
-    """Where the IOMMU options go for this bootloader, as files: GRUB's drop-in (update-grub follows);
-    systemd-boot's /etc/kernel/cmdline (the entries kernel-install writes for new kernels) and each
-    loader entry's options line (the next boot). kernelstub changes its own files (a command)."""
-    if loader["name"] == pb.GRUB:
-        return [work.file_entry(GRUB_DROPIN, render("grub-p2pkit-iommu.cfg.j2", **v))]
+def loader_files(host, loader: dict, options: list[str]) -> list[dict]:
+    """systemd-boot's files, each whole (p2pkit_files entries): /etc/kernel/cmdline (what kernel-install
+    writes for new kernels) and each loader entry with the options on its options line (the next
+    boot), read from the host and given to the role like a writer's lines. GRUB's drop-in is the
+    role's own template; kernelstub changes its own files (a command)."""
     if loader["name"] != pb.SYSTEMD_BOOT:
         return []
     base = loader["kernel_cmdline"]
     if base is None:
         base = pb.kernel_install_cmdline(system.cmdline(host))
-    files = [work.file_entry(boot.KERNEL_CMDLINE, " ".join([*base, *(o for o in options if o not in base)]) + "\n")]
+    files = [_entry(boot.KERNEL_CMDLINE, " ".join([*base, *(o for o in options if o not in base)]) + "\n")]
     for path in loader["entries"]:
         text = host.read(path, "a systemd-boot loader entry")
         # the ESP is FAT: its files keep the mode the mount gives them
-        files.append(work.file_entry(path, pb.entry_with_options(text, options),
-                                     mode=f"0{stat.S_IMODE(host.path(path).stat().st_mode):o}"))
+        files.append(_entry(path, pb.entry_with_options(text, options),
+                            mode=f"0{stat.S_IMODE(host.path(path).stat().st_mode):o}"))
     return files
 
 
-def p2p_work(ctx, v: dict, loader: dict) -> tuple[dict, dict]:
-    """What each p2p-module task would change, from p2pkit's own read-only probes; and which
-    handlers that work needs."""
-    host, kernel, commit = ctx.host, v["p2pkit_p2p_module_kernel"], v["p2pkit_p2p_module_commit"]
-    src = host.path(v["p2pkit_p2p_module_src_dir"])
-    head = host.runner.run(["git", "-C", str(src), "rev-parse", "HEAD"], check=False).stdout.strip() \
-        if (src / ".git").is_dir() else ""
-    checkout = head != commit or bool(host.runner.run(["git", "-C", str(src), "status", "--porcelain",
-                                                       "--untracked-files=no"], check=False).stdout.strip())
-    build = checkout or not (src / f".p2pkit-built-{kernel}-{commit}").is_file()
-    target = host.path(f"/lib/modules/{kernel}/kernel/drivers/video/nvidia.ko")
-    ko = work.sha256_of(src / "kernel-open/nvidia.ko")
-    stock_dir = f"/lib/modules/{kernel}/updates"
-    backup = Backup(ctx.store.dir, "p2p-module", host)
-    stock = sorted("/" + str(p.relative_to(host.root)) for p in host.path(stock_dir).rglob("nvidia*.ko*")
-                   if p.is_file() or p.is_symlink())
-    options = "/etc/modprobe.d/p2pkit-nvidia.conf"
-    cmdline = v["p2pkit_p2p_module_cmdline"].split()
-    files = work.pending(host, [
-        *([work.file_entry(options, render("modprobe-p2pkit-nvidia.conf.j2", **v))]
-          if v["p2pkit_p2p_module_registry_dwords"] else []),
-        *bootloader_files(host, loader, cmdline, v),
-        work.file_entry(system.RESTORE_UNIT, render("p2pkit-restore.service.j2", **v)),
-        work.file_entry(system.RESTORE_TIMER, (share_dir() / "systemd/p2pkit-restore.timer").read_text()),
-        work.file_entry(system.KERNEL_HOOK, render("p2pkit-kernel-postinst.j2", **v), mode="0755"),
-        work.file_entry(system.APT_HOOK, render("apt-p2pkit-restore.j2", **v))])
-    written = {f["path"] for f in files}
-    enabled = host.runner.run(["systemctl", f"--root={host.root}", "is-enabled", "p2pkit-restore.timer"],
-                              check=False).stdout.strip()
-    todo = {
-        "files": {"all": files},
-        "packages": bool(work.missing_packages(host, ["build-essential", "git", f"linux-headers-{kernel}"]))
-        and not host.simulated,  # the apt task's own condition: real hosts only
-        "checkout": checkout,
-        "headers_missing": not host.path(f"/lib/modules/{kernel}/build/Makefile").is_file(),
-        "build": build,
-        # an earlier build (another kernel or commit) is cleaned first; a fresh checkout has none
-        "clean": build and (ko is not None or any(src.glob(".p2pkit-built-*"))),
-        "install": ko is None or ko != work.sha256_of(target),
-        "stock": [{"path": p, "backed_up": backup.copy_path(p).exists()} for p in stock],
-        "enable_timer": enabled != "enabled",
-    }
-    todo.update(p2p_followups(ctx, v, todo, written, loader))
-    return todo, {}
-
-
-def p2p_followups(ctx, v: dict, todo: dict, written: set[str], loader: dict) -> dict:
-    """Which follow-up commands the p2p-module playbook runs, each with its reasons: what this run
-    changes, or an effect an earlier run left missing (killed between a file and its follow-up)."""
-    host, kernel = ctx.host, v["p2pkit_p2p_module_kernel"]
-    options, grub = "/etc/modprobe.d/p2pkit-nvidia.conf", GRUB_DROPIN
-    cmdline = v["p2pkit_p2p_module_cmdline"].split()
-    ko = boot.mtime_ns(host, f"/lib/modules/{kernel}/{followups.VIDEO_KO}")
-    changes = [why for flag, why in ((todo["build"], "the module is built in this run"),
-                                     (todo["install"], "the module is installed in this run"),
-                                     (bool(todo["stock"]), "stock copies are removed in this run")) if flag]
-    units = sorted({system.RESTORE_UNIT, system.RESTORE_TIMER} & written)
-    return {
-        "depmod": changes or followups.depmod(boot.modules_dep(host, kernel), ko),
-        "initramfs": changes + ([f"{options} changes in this run"] if options in written else [])
-        or followups.initramfs(boot.initramfs(host, kernel),
-                               {followups.VIDEO_KO: ko,
-                                **({options: boot.mtime_ns(host, options)} if v["p2pkit_p2p_module_registry_dwords"]
-                                   else {})}, only_patched=True),
-        "grub": ([f"{grub} changes in this run"] if grub in written
-                 else followups.grub(boot.grub_args(host, kernel), cmdline)) if loader["name"] == pb.GRUB else [],
-        # kernelstub --add-options: the options its configuration lacks (it rewrites the loader entry too)
-        "kernelstub": [o for o in cmdline if o not in (loader["kernelstub"] or [])]
-        if loader["name"] == pb.KERNELSTUB else [],
-        "daemon_reload": [f"{u} changes in this run" for u in units]
-        or (["systemd runs an older copy of the restore units"]
-            if boot.need_daemon_reload(host, [os.path.basename(system.RESTORE_UNIT),
-                                              os.path.basename(system.RESTORE_TIMER)]) else []),
-    }
+def _entry(path: str, content: str, mode: str = "0644") -> dict:
+    return {"path": path, "content": content, "mode": mode}
 
 
 def restore_command_vars(ctx) -> dict:

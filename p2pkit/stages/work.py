@@ -1,5 +1,7 @@
-"""What a stage's playbook would change, found before it starts by p2pkit's own read-only probes
-(files, commands through the host's runner: one code path for real and simulated hosts).
+"""What the service's and engine's playbooks would change, found before they start by p2pkit's own
+read-only probes (files, commands through the host's runner: one code path for real and simulated
+hosts). The driver and p2p-module roles decide their own work from the host (one p2pkit_files run
+probes what their tasks decide from) and p2pkit reads each task's result back.
 
 Every Ansible module run costs about 0.3 CPU-s in the module interpreter before it does anything,
 so a playbook starts only when one of its tasks has work to do, and its tasks get only the work:
@@ -13,7 +15,6 @@ from __future__ import annotations
 import os
 import pwd
 import stat
-from pathlib import Path
 
 from p2pkit.ansible import run_playbook, share_dir, write_vars
 from p2pkit.host import Host, system
@@ -128,10 +129,3 @@ def role_defaults(role: str) -> dict:
     import yaml
 
     return yaml.safe_load((share_dir() / "playbooks/roles" / role / "defaults/main.yml").read_text()) or {}
-
-
-def sha256_of(p: Path) -> str | None:
-    from p2pkit.backup import sha256
-
-    return sha256(p) if p.is_file() else None
-

@@ -6,13 +6,21 @@ Each ansible.builtin.copy or template task is two module runs (a stat, then the 
 on them. This module takes the whole list (contents rendered by p2pkit, every value already
 written by the writer of its format) and writes only what differs, each file atomically, in one
 run. It supports check mode and reports the paths it changed.
+
+It also reads, in the same run and before it writes, what the role's other tasks decide their work
+from (`probe`): whether a path exists, its mtime, mode and sha256, the files a glob matches, a small
+file's content, the matches of a regular expression in a file. A role reads its host once and its
+tasks run only where the host differs from what they ensure.
 """
 
 from __future__ import annotations
 
+import glob
 import grp
+import hashlib
 import os
 import pwd
+import re
 import stat
 import tempfile
 
@@ -33,7 +41,16 @@ options:
     description: Entries with path, and content (a file) or state=directory, mode, owner, group (names or ids).
     type: list
     elements: dict
-    required: true
+    default: []
+  probe:
+    description:
+      - Entries with name and path (under root), read before anything is written. With glob, the paths
+        under path that match it (each probed). sha256 adds the checksum, content the text (small
+        files), findall a regular expression (multiline) whose matches are returned; absolute, a
+        path taken as it is, without root.
+    type: list
+    elements: dict
+    default: []
 author: p2pkit
 """
 
@@ -41,6 +58,11 @@ RETURN = r"""
 changed_paths:
   description: The paths (without the root prefix) that were written or created.
   type: list
+  returned: always
+probed:
+  description: Per probe name, exists, mtime_ns, mode (octal text), sha256, content, found; a glob's
+    probe has matches, a list of those for each path it matched (paths without the root prefix).
+  type: dict
   returned: always
 """
 
@@ -109,12 +131,57 @@ def _file(path: str, entry: dict, check: bool) -> bool:
     return True
 
 
+def _probe_path(root: str, rel: str, entry: dict) -> dict:
+    path = root + rel
+    try:
+        st = os.stat(path)
+    except OSError:
+        return {"path": rel, "exists": os.path.lexists(path), "mtime_ns": None, "mode": None}
+    out = {"path": rel, "exists": True, "mtime_ns": st.st_mtime_ns, "mode": f"0{stat.S_IMODE(st.st_mode):o}"}
+    if not stat.S_ISREG(st.st_mode):
+        return out
+    if entry.get("sha256"):
+        h = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+        out["sha256"] = h.hexdigest()
+    if entry.get("content") or entry.get("findall"):
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+        if entry.get("content"):
+            out["content"] = text
+        if entry.get("findall"):
+            out["found"] = [list(m) if isinstance(m, tuple) else m for m in re.findall(entry["findall"], text, re.M)]
+    return out
+
+
+def probe(root: str, entry: dict) -> dict:
+    """What one probe entry reads from the host (nothing is changed); `absolute` paths (p2pkit's own
+    state directory, given whole) take no root prefix."""
+    rel = entry.get("path", "")
+    root = "" if entry.get("absolute") else root
+    if not rel.startswith("/"):
+        raise ValueError(f"probe path {rel!r} is not absolute")
+    if not entry.get("glob"):
+        return _probe_path(root, rel, entry)
+    found = sorted(glob.glob(os.path.join(glob.escape(root + rel), entry["glob"]), recursive=True))
+    return {"path": rel, "matches": [_probe_path(root, p[len(root):], entry) for p in found]}
+
+
 def main() -> None:
     module = AnsibleModule(argument_spec={"root": {"type": "str", "default": ""},
-                                          "files": {"type": "list", "elements": "dict", "required": True}},
+                                          "files": {"type": "list", "elements": "dict", "default": []},
+                                          "probe": {"type": "list", "elements": "dict", "default": []}},
                            supports_check_mode=True)
     root = module.params["root"].rstrip("/")
-    changed = []
+    changed: list[str] = []
+    probed = {}
+    for entry in module.params["probe"]:
+        try:
+            probed[entry.get("name") or entry.get("path")] = probe(root, entry)
+        except (OSError, ValueError, re.error) as e:
+            module.fail_json(msg=f"p2pkit_files: probe {entry.get('name')}: {e}", changed_paths=changed)
     for entry in module.params["files"]:
         rel = entry.get("path", "")
         if not rel.startswith("/"):
@@ -126,10 +193,10 @@ def main() -> None:
             else:
                 done = _file(path, entry, module.check_mode)
         except (OSError, KeyError, ValueError) as e:
-            module.fail_json(msg=f"{rel}: {e}", changed_paths=changed)
+            module.fail_json(msg=f"{rel}: {e}", changed_paths=changed, probed=probed)
         if done:
             changed.append(rel)
-    module.exit_json(changed=bool(changed), changed_paths=changed)
+    module.exit_json(changed=bool(changed), changed_paths=changed, probed=probed)
 
 
 if __name__ == "__main__":
