@@ -117,29 +117,6 @@ def test_driver_and_p2p_module_start_a_playbook_only_for_work_and_fix_what_diffe
     assert started(acting.p2p_module(ctx)) is False  # and now there is nothing left
 
 
-@pytest.mark.slow
-def test_service_starts_its_playbook_only_for_work_and_restarts_on_a_changed_file(sim):
-    root = sim("healthy")
-    ctx = ctx_for(root)
-    ctx = replace(ctx, profile=replace(ctx.profile, serve=replace(ctx.profile.serve, health_timeout_s=30.0)))
-    lifecycle.place_engine(root, ctx.profile)
-    assert started(svc.act(ctx))
-    assert svc.unit_alive(ctx.host)
-    assert not started(svc.act(ctx))  # written, enabled and running: nothing to do
-    env = root / "etc/p2pkit/engine.env"
-    good = env.read_text()
-    env.write_text(good + "EXTRA=1\n")
-    pid = svc.main_pid(ctx.host)
-    res = svc.act(ctx)
-    assert started(res) and res["work"]["files"] == {"all": ["/etc/p2pkit/engine.env"], "secrets": []}
-    assert env.read_text() == good
-    assert svc.main_pid(ctx.host) not in (None, pid)  # restarted: it reads the environment file at start
-    subprocess.run([str(root / "usr/bin/systemctl"), "stop", svc.UNIT], check=True)
-    res = svc.act(ctx)
-    assert started(res) and res["work"]["start"] and res["work"]["files"]["all"] == []
-    assert svc.unit_alive(ctx.host)
-
-
 def test_engine_stage_starts_no_playbook_and_makes_its_directory(sim):
     root = sim("healthy")
     ctx = ctx_for(root)
