@@ -5,7 +5,6 @@ starts and puts exactly that right (a probe that missed it would leave it wrong)
 
 import os
 import subprocess
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,10 +13,8 @@ from p2pkit import config, pipeline
 from p2pkit.artifacts import Store
 from p2pkit.host import Host
 from p2pkit.output import Output
-from p2pkit.sim import lifecycle
 from p2pkit.stages import acting, work
 from p2pkit.stages import engine as engine_stage
-from p2pkit.stages import service as svc
 
 
 def test_differs_reads_content_mode_and_kind(tmp_path):
