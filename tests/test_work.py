@@ -14,7 +14,6 @@ from p2pkit.artifacts import Store
 from p2pkit.host import Host
 from p2pkit.output import Output
 from p2pkit.stages import acting, work
-from p2pkit.stages import engine as engine_stage
 
 
 def test_differs_reads_content_mode_and_kind(tmp_path):
@@ -112,19 +111,6 @@ def test_driver_and_p2p_module_start_a_playbook_only_for_work_and_fix_what_diffe
     reload = p2p_log.rsplit("Ensure systemd has read the restore units]", 1)[1].split("PLAY RECAP")[0]
     assert "skipping: [localhost]" in reload
     assert started(acting.p2p_module(ctx)) is False  # and now there is nothing left
-
-
-def test_engine_stage_starts_no_playbook_and_makes_its_directory(sim):
-    root = sim("healthy")
-    ctx = ctx_for(root)
-    parent = root / Path(ctx.profile.engine.build_dir).parent.relative_to("/")
-    assert not parent.exists()
-    res = engine_stage.dependencies(ctx)
-    assert res["started"] is False and parent.is_dir() and parent.stat().st_mode & 0o777 == 0o755
-    assert not (ctx.store.dir / "logs/engine.log").exists()
-    parent.chmod(0o700)  # an existing directory's mode is the operator's
-    engine_stage.dependencies(ctx)
-    assert parent.stat().st_mode & 0o777 == 0o700
 
 
 def test_the_failure_named_is_the_one_that_stopped_the_run_not_one_a_rescue_caught():
