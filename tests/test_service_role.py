@@ -139,8 +139,37 @@ def test_a_host_without_the_render_group_fails_with_ansibles_message_and_the_fix
     assert not (root / "etc/p2pkit").exists()  # nothing after the failed task ran
 
 
-def test_the_roles_name_no_simulated_host():
-    for path in [*(REPO / "playbooks/roles/p2pkit_service").rglob("*"), REPO / "p2pkit/stages/service.py",
-                 REPO / "p2pkit/stages/service_launcher.py"]:
-        if path.is_file():
-            assert "p2pkit_simulated" not in path.read_text() and ".simulated" not in path.read_text(), path
+def test_the_roles_and_stages_branch_on_no_simulated_host():
+    """The host seam: the roles and the service and engine stages never ask whether the host is
+    simulated (a label that prints SIMULATED is fine); the host object and the simulator decide."""
+    roles = REPO / "playbooks/roles"
+    files = [*(roles / "p2pkit_service").rglob("*"), *(roles / "p2pkit_engine").rglob("*"),
+             *(REPO / "p2pkit/stages" / n for n in ("service.py", "service_launcher.py", "engine.py", "llamacpp.py"))]
+    for path in files:
+        if not path.is_file():
+            continue
+        for line in path.read_text().splitlines():
+            assert "p2pkit_simulated" not in line, (path, line)
+            assert ".simulated" not in line or "SIMULATED" in line, (path, line)
+
+
+def test_the_simulated_useradd_and_usermod_change_only_the_hosts_files(tmp_path):
+    """The stand-ins as shadow's tools: a user once (exit 9 the second time), groups that exist (exit 6
+    for one that does not), --append keeps the others; another tree's --root is refused."""
+    from p2pkit.sim.standins import user_tool
+
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
+    (tmp_path / "etc/group").write_text("root:x:0:\nvideo:x:44:\nrender:x:992:\nkvm:x:993:\n")
+    args = ["--root", str(tmp_path), "--system", "--no-create-home", "--shell", "/usr/sbin/nologin"]
+    assert user_tool("useradd", tmp_path, [*args, "--groups", "video,nope", "eng"]) == 6
+    assert "eng" not in (tmp_path / "etc/passwd").read_text()
+    assert user_tool("useradd", tmp_path, [*args, "--groups", "video", "eng"]) == 0
+    assert user_tool("useradd", tmp_path, [*args, "eng"]) == 9
+    assert user_tool("usermod", tmp_path, ["--root", str(tmp_path), "--append", "--groups", "render", "eng"]) == 0
+    groups = (tmp_path / "etc/group").read_text()
+    assert "video:x:44:eng\n" in groups and "render:x:992:eng\n" in groups and "kvm:x:993:\n" in groups
+    line = next(ln for ln in (tmp_path / "etc/passwd").read_text().splitlines() if ln.startswith("eng:"))
+    assert line.split(":")[2:4] == [str(os.getuid()), str(os.getgid())] and line.endswith(":/usr/sbin/nologin")
+    assert user_tool("usermod", tmp_path, ["--root", "/", "--append", "--groups", "kvm", "eng"]) == 1
+    assert user_tool("usermod", tmp_path, ["--root", str(tmp_path), "-a", "-G", "video", "nobody"]) == 6
