@@ -287,3 +287,21 @@ def test_up_on_a_host_without_systemd_then_serve_status_restart_stop(sim, cli):
     assert not launcher.is_running(launcher.read_record(root / launcher.RECORD.lstrip("/")))
     r = cli("--root", str(root), "serve", "status")
     assert r.code == Exit.CHECK_FAILED and "not running" in r.out and "no answer" in r.out
+
+
+def test_host_paths_reach_the_engine_process_through_the_host_object(tmp_path):
+    """What the engine process (a process of this machine) gets under a host root other than /: a
+    path that exists in that root points into it, anything else stays; the host's own additions to
+    the engine's environment come from the host; the unit's user is never looked up on this machine
+    for another tree."""
+    hl = launcher
+    (tmp_path / "opt/e").mkdir(parents=True)
+    (tmp_path / "opt/e/serve").write_text("")
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/bash\np2pkit-engine:x:0:0::/:/bin/false\n")
+    tree, here = Host.at(tmp_path), Host.at("/")
+    assert hl.on_this_machine(tree, "/opt/e/serve") == str(tmp_path / "opt/e/serve")
+    assert hl.on_this_machine(tree, "/opt/e/none") == "/opt/e/none" and hl.on_this_machine(tree, "x") == "x"
+    assert hl.on_this_machine(here, "/usr") == "/usr"
+    assert hl.process_env(tree, {"M": "/opt/e/serve", "N": "2"}) == {"M": str(tmp_path / "opt/e/serve"), "N": "2"}
+    assert hl.run_as(tree, "p2pkit-engine") is None  # another tree's user: not this machine's

@@ -532,7 +532,8 @@ def test_the_rendered_unit_starts_as_its_user_and_answers_health():
     try:
         (root / "etc/passwd").write_text(f"root:x:0:0::/root:/bin/sh\n{service.SERVICE_USER}:x:{nobody}:{nobody}::/:"
                                          "/usr/sbin/nologin\n")
-        (root / "etc/group").write_text(f"root:x:0:\nvideo:x:44:{service.SERVICE_USER}\n")
+        # the render group as Ubuntu has it (udev's system group): the role adds the user to it
+        (root / "etc/group").write_text(f"root:x:0:\nvideo:x:44:{service.SERVICE_USER}\nrender:x:992:\n")
         h = Host.at(root)
         prof = config.load(h.sim["profile"])
         port = free_port()

@@ -5,8 +5,6 @@ everything is in place no playbook starts; on one where a single thing differs t
 starts and puts exactly that right (a probe that missed it would leave it wrong)."""
 
 import os
-import subprocess
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,9 +13,6 @@ from p2pkit import config, pipeline
 from p2pkit.artifacts import Store
 from p2pkit.host import Host
 from p2pkit.output import Output
-from p2pkit.sim import lifecycle
-from p2pkit.stages import engine as engine_stage
-from p2pkit.stages import service as svc
 from p2pkit.stages import work
 
 
@@ -58,39 +53,6 @@ def started(res: dict) -> bool:
 
 
 @pytest.mark.slow
-def test_service_starts_its_playbook_only_for_work_and_restarts_on_a_changed_file(sim):
-    root = sim("healthy")
-    ctx = ctx_for(root)
-    ctx = replace(ctx, profile=replace(ctx.profile, serve=replace(ctx.profile.serve, health_timeout_s=30.0)))
-    lifecycle.place_engine(root, ctx.profile)
-    assert started(svc.act(ctx))
-    assert svc.unit_alive(ctx.host)
-    assert not started(svc.act(ctx))  # written, enabled and running: nothing to do
-    env = root / "etc/p2pkit/engine.env"
-    good = env.read_text()
-    env.write_text(good + "EXTRA=1\n")
-    pid = svc.main_pid(ctx.host)
-    res = svc.act(ctx)
-    assert started(res) and res["work"]["files"] == {"all": ["/etc/p2pkit/engine.env"], "secrets": []}
-    assert env.read_text() == good
-    assert svc.main_pid(ctx.host) not in (None, pid)  # restarted: it reads the environment file at start
-    subprocess.run([str(root / "usr/bin/systemctl"), "stop", svc.UNIT], check=True)
-    res = svc.act(ctx)
-    assert started(res) and res["work"]["start"] and res["work"]["files"]["all"] == []
-    assert svc.unit_alive(ctx.host)
-
-
-def test_engine_stage_starts_no_playbook_and_makes_its_directory(sim):
-    root = sim("healthy")
-    ctx = ctx_for(root)
-    parent = root / Path(ctx.profile.engine.build_dir).parent.relative_to("/")
-    assert not parent.exists()
-    res = engine_stage.dependencies(ctx)
-    assert res["started"] is False and parent.is_dir() and parent.stat().st_mode & 0o777 == 0o755
-    assert not (ctx.store.dir / "logs/engine.log").exists()
-    parent.chmod(0o700)  # an existing directory's mode is the operator's
-    engine_stage.dependencies(ctx)
-    assert parent.stat().st_mode & 0o777 == 0o700
 
 
 def test_the_failure_named_is_the_one_that_stopped_the_run_not_one_a_rescue_caught():

@@ -51,6 +51,37 @@ def systemd_booted(host: Host) -> bool:
         return True  # /proc mounted with hidepid: the directory is sd_booted()'s whole test
 
 
+def on_this_machine(host: Host, word: str) -> str:
+    """A host path as this machine names it, for a process this machine runs for the host (the
+    engine, systemd-analyze's ExecStart): under a host root other than / an absolute path that exists
+    in that root points into it (as the simulated host's systemctl does for ExecStart), and so does a
+    file still to be written in a directory that exists there (the engine's request log); anything
+    else as it is."""
+    if host.root != Path("/") and word.startswith("/") and (host.path(word).exists()
+                                                            or host.path(word).parent.is_dir()):
+        return str(host.path(word))
+    return word
+
+
+def process_env(host: Host, env: dict[str, str]) -> dict[str, str]:
+    """The engine's environment as this machine's process gets it: its path values mapped as
+    on_this_machine maps them, and the host's own additions for its engine (a simulated host's
+    state names them; a real host has none)."""
+    extra = (host.sim or {}).get("engine_env", {})
+    return {k: on_this_machine(host, v) for k, v in env.items()} | {k: str(v) for k, v in extra.items()}
+
+
+def run_as(host: Host, user: str) -> str | None:
+    """The user the engine runs as: the unit's user where this machine is the host (root /), p2pkit
+    runs as root and the host's /etc/passwd has the user; else None (p2pkit's own user). Under
+    another root the name is that tree's, not this machine's."""
+    from p2pkit.host import access
+
+    if host.root != Path("/") or os.geteuid() != 0:
+        return None
+    return user if access.user_ids(host, user) is not None else None
+
+
 def record_path(host: Host) -> Path:
     return host.path(RECORD)
 

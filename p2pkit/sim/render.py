@@ -15,7 +15,7 @@ from p2pkit.sim.scenarios import GIB
 
 STANDINS = ["nvidia-smi", "modinfo", "dpkg", "dpkg-query", "apt-mark", "apt-get", "apt-cache", "update-initramfs",
             "depmod", "update-grub", "fuser", "modprobe", "systemctl", "journalctl", "nvcc", "uname", "dmesg",
-            "lsinitramfs", "cuobjdump", "kernelstub"]
+            "lsinitramfs", "cuobjdump", "kernelstub", "useradd", "usermod"]
 AMD, NV = "0x1022", "0x10de"
 
 
@@ -226,6 +226,12 @@ def render(root: Path, state: dict) -> None:
     for rel, text in state.get("files", {}).items():  # files a scenario's earlier life left behind
         write(root, rel, text)
     write(root, "etc/machine-id", state["machine_id"] + "\n")
+    # Ubuntu's base users and groups (video: base-passwd's fixed 44; render: a system gid udev's
+    # package makes), laid out once: the useradd and usermod stand-ins change them afterwards
+    for rel, text in (("etc/passwd", "root:x:0:0:root:/root:/bin/bash\n"),
+                      ("etc/group", "root:x:0:\nvideo:x:44:\nrender:x:992:\n")):
+        if not (root / rel).exists():
+            write(root, rel, text)
     os_ = state["os"]
     write(root, "etc/os-release", "".join(f'{k}="{v}"\n' for k, v in os_.items()) + "ID_LIKE=debian\n")
     _dpkg_database(root, state)

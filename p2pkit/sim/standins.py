@@ -63,7 +63,7 @@ def main(name: str, args: list[str]) -> int:
           "update-initramfs": update_initramfs, "depmod": depmod, "update-grub": update_grub,
           "fuser": fuser, "modprobe": modprobe, "systemctl": systemctl, "journalctl": journalctl,
           "nvcc": nvcc, "uname": uname, "dmesg": dmesg, "lsinitramfs": lsinitramfs, "cuobjdump": cuobjdump,
-          "kernelstub": kernelstub}.get(name)
+          "kernelstub": kernelstub, "useradd": useradd, "usermod": usermod}.get(name)
     if fn is None:  # a package tool's launcher from before it became a shell script
         raise SystemExit(f"SIMULATED stand-in for {name} is out of date: lay the host out again "
                          "(`p2pkit sim init --force DIR`)")
@@ -706,3 +706,82 @@ def nvcc(root: Path, state: dict, args: list[str]) -> int:
     print(f"nvcc: NVIDIA (R) Cuda compiler driver\nCopyright (c) 2005-2026 NVIDIA Corporation\n"
           f"Cuda compilation tools, release {v}, V{v}.80\nBuild cuda_{v}.r{v}/compiler.0_0 (SIMULATED)")
     return 0
+
+
+# ---------------------------------------------------------------------------------------- users
+
+def _user_args(args: list[str]) -> tuple[dict, str | None]:
+    """useradd/usermod's options this host's roles use (--root, --system, --no-create-home,
+    --shell S, --groups G, --append) and the user's name."""
+    opts: dict = {}
+    rest = list(args)
+    name = None
+    while rest:
+        a = rest.pop(0)
+        if a in ("--root", "-R", "--shell", "-s", "--groups", "-G"):
+            opts[a.lstrip("-")[:1] if a.startswith("--") else a[1].lower()] = rest.pop(0) if rest else ""
+        elif a.startswith("-"):
+            opts[a] = True
+        else:
+            name = a
+    return opts, name
+
+
+def user_tool(tool: str, root: Path, args: list[str]) -> int:
+    """useradd and usermod on the simulated host's /etc/passwd and /etc/group, as shadow's tools
+    change a real host's (exit 9 for a user that exists, 6 for one or a group that does not). The
+    user the simulated host makes gets this machine's running uid and gid: its engine is a process of
+    this machine (run by this machine's user), and the files the roles give to the user must be
+    that process's to enter."""
+    opts, name = _user_args(args)
+    if opts.get("r") and Path(opts["r"]).resolve() != root.resolve():
+        print(f"{tool}: SIMULATED host at {root}: --root {opts['r']} is another tree", file=sys.stderr)
+        return 1
+    if not name:
+        print(f"Usage: {tool} [options] LOGIN", file=sys.stderr)
+        return 2
+    passwd, group = root / "etc/passwd", root / "etc/group"
+    users = passwd.read_text().splitlines() if passwd.is_file() else []
+    groups = group.read_text().splitlines() if group.is_file() else []
+    exists = any(ln.split(":")[0] == name for ln in users)
+    wanted = [g for g in str(opts.get("g") or "").split(",") if g]
+    known = {ln.split(":")[0] for ln in groups}
+    for g in wanted:
+        if g not in known:
+            print(f"{tool}: group '{g}' does not exist", file=sys.stderr)
+            return 6
+    if tool == "useradd" and exists:
+        print(f"useradd: user '{name}' already exists", file=sys.stderr)
+        return 9
+    if tool == "usermod" and not exists:
+        print(f"usermod: user '{name}' does not exist", file=sys.stderr)
+        return 6
+    if tool == "useradd":
+        uid, gid = os.getuid(), os.getgid()
+        users.append(f"{name}:x:{uid}:{gid}::/nonexistent:{opts.get('s') or '/usr/sbin/nologin'}")
+        groups.append(f"{name}:x:{gid}:")
+    out = []
+    for ln in groups:
+        f = ln.split(":")
+        if len(f) >= 4 and f[0] in wanted:
+            members = [m for m in f[3].split(",") if m]
+            if name not in members:
+                members.append(name)
+            f[3] = ",".join(members)
+        elif len(f) >= 4 and tool == "usermod" and not opts.get("--append") and "-a" not in opts and wanted:
+            f[3] = ",".join(m for m in f[3].split(",") if m and m != name)  # -G without -a: only these groups
+        out.append(":".join(f))
+    passwd.parent.mkdir(parents=True, exist_ok=True)
+    for path, lines in ((passwd, users), (group, out)):
+        tmp = path.with_name(f".{path.name}.p2pkit-sim")
+        tmp.write_text("".join(f"{ln}\n" for ln in lines))
+        os.replace(tmp, path)
+    return 0
+
+
+def useradd(root: Path, state: dict, args: list[str]) -> int:
+    return user_tool("useradd", root, args)
+
+
+def usermod(root: Path, state: dict, args: list[str]) -> int:
+    return user_tool("usermod", root, args)

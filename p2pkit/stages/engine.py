@@ -12,12 +12,13 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
+from p2pkit.ansible import run_playbook
 from p2pkit.checks.engine import PKG_MODULES
 from p2pkit.engine_cmd import binary
 from p2pkit.errors import P2pkitError
 from p2pkit.output import follow_cmd
 from p2pkit.parse import build as pb
-from p2pkit.stages import llamacpp, work
+from p2pkit.stages import llamacpp
 
 CONFIGURE_MARK = "\n$ cmake -S "  # how _run records the configure command in the log
 
@@ -273,32 +274,13 @@ def act(ctx) -> dict:
     return {"dependencies": deps, "log": ctx.options["engine_build"]["log"]}
 
 
-TOOLS_OF = {"build-essential": ("gcc", "g++", "make"), "cmake": ("cmake",), "ninja-build": ("ninja",),
-            "git": ("git",), "pkg-config": ("pkg-config",)}  # a package that only brings a tool: the tool will do
-
-
 def dependencies(ctx) -> dict:
-    """The build dependencies through Ansible's apt, only on a real host where dpkg-query says one is
-    missing (a playbook for nothing costs seconds); the build directory's parent made here, its mode
-    set only when p2pkit creates it."""
+    """The engine role: the build directory's parent (a mode only when it makes it), and the build
+    dependencies dpkg does not have and whose tools are not on PATH, through apt-get. The role
+    decides each from the host; p2pkit hands it the profile's recipe and build directory and keeps
+    Ansible's own count."""
     e = ctx.profile.engine
-    packages = work.role_defaults("p2pkit_engine")["p2pkit_engine_packages"][e.recipe]
-    missing = [] if ctx.host.simulated else work.missing_packages(ctx.host, packages)  # the task's own condition
-    on_path = {pkg: tools for pkg, tools in TOOLS_OF.items() if pkg in missing
-               and all(ctx.host.runner.which(t) for t in tools)}
-    missing = [x for x in missing if x not in on_path]  # a CUDA image's pip cmake, a lab's own toolchain
-    parent = ctx.host.path(e.build_dir).parent
-    made = []
-    for d in reversed([parent, *parent.parents]):
-        if not d.exists():
-            d.mkdir(mode=0o755)
-            d.chmod(0o755)
-            made.append(ctx.host.host_path(d))
-    res = work.run_if_work(ctx, "engine", {"p2pkit_engine_recipe": e.recipe}, {"missing": missing},
-                           files_var="p2pkit_engine_files", todo_var="p2pkit_engine_todo") if missing else \
-        {"playbook": "engine.yml", "started": False, "why": "every build dependency is installed"
-         + (" (apt is not used on a simulated host)" if ctx.host.simulated else ""), "changed": 0}
-    return {**res, "created": made, **({"tools_on_path": on_path} if on_path else {})}
+    return run_playbook(ctx, "engine", {"p2pkit_engine_recipe": e.recipe, "p2pkit_engine_build_dir": e.build_dir})
 
 
 def measure(ctx) -> dict:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from p2pkit import config, engine_cmd, engine_env, secrets, writers
-from p2pkit.ansible import render
+from p2pkit.ansible import run_playbook
 from p2pkit.artifacts import CorruptArtifact
 from p2pkit.checks import fit
 from p2pkit.errors import Exit, P2pkitError
@@ -20,7 +20,7 @@ from p2pkit.host import Host, access, engine_api, launcher, nvml, system
 from p2pkit.parse import engine_api as pe
 from p2pkit.parse import nccl
 from p2pkit.runner import own_executable
-from p2pkit.stages import service_launcher, work
+from p2pkit.stages import service_launcher
 
 UNIT = system.ENGINE_UNIT
 OOM_CAUSE = ("out of GPU memory at start (P18): the weights, the KV cache at this context and KV type and the draft "
@@ -98,17 +98,16 @@ def act(ctx) -> dict:
     v = service_vars(ctx)
     mark = log_mark(ctx)
     if service_launcher.manager(ctx) == "launcher":  # systemd is not PID 1 here
-        acted.update(service_launcher.act(ctx, v, env_file=ENV_FILE, secrets_file=SECRETS_FILE, user=SERVICE_USER,
-                                          user_missing=not ctx.host.simulated and not user_ready(ctx.host)))
+        acted.update(service_launcher.act(ctx, v, user=SERVICE_USER))
         acted["started_at"] = time.time()
         if acted.get("launcher", {}).get("started") is not False:
             acted["log_from"] = mark
         return acted
-    todo, known = service_work(ctx, v)
-    acted.update(work.run_if_work(ctx, "service", v, todo, known, files_var="p2pkit_service_files",
-                                  todo_var="p2pkit_service_todo"))
+    before = system.service_main_pid(ctx.host, UNIT)
+    acted.update(run_playbook(ctx, "service", v))
     acted["started_at"] = time.time()
-    if todo["start"] or known["restart"]:  # the lines after the mark are this start's
+    after = system.service_main_pid(ctx.host, UNIT)
+    if after is None or after != before:  # started or restarted by the role: the lines after the mark are its
         acted["log_from"] = mark
     return acted
 
@@ -149,7 +148,9 @@ def service_vars(ctx) -> dict:
         "p2pkit_service_profile": writers.unit_value("the profile's name", p.source),
         "p2pkit_service_exec_start": exec_start(p),
         "p2pkit_service_exec_start_pre": exec_start_pre(p),
-        "p2pkit_service_owner": service_owner(ctx),
+        "p2pkit_service_user": SERVICE_USER,
+        "p2pkit_service_env_file": ENV_FILE,
+        "p2pkit_service_secrets_file": SECRETS_FILE,
         "p2pkit_service_work_dir": writers.unit_path("the state directory", f"{ctx.host.host_path(ctx.store.dir)}"
                                                                             "/engine"),
         "p2pkit_service_env_lines": [writers.env_line(k, v, f"serve.env.{k}" if k in p.serve.env else k)
@@ -162,46 +163,6 @@ def service_vars(ctx) -> dict:
 
 
 ENV_FILE, SECRETS_FILE = "/etc/p2pkit/engine.env", "/etc/p2pkit/engine.secrets.env"
-
-
-def service_work(ctx, v: dict) -> tuple[dict, dict]:
-    """What each service task would change, from p2pkit's own read-only probes; and whether the
-    engine runs now (a change to what it reads restarts it, else it is started)."""
-    host, simulated = ctx.host, ctx.host.simulated
-    owner = v["p2pkit_service_owner"] or None  # on a simulated host the uid its /etc/passwd gives the user
-    group, root = (None, None) if simulated else (SERVICE_USER, "root")
-    unit = {"profile": v["p2pkit_service_profile"], "recipe": v["p2pkit_service_recipe"], "user": SERVICE_USER,
-            "env_file": ENV_FILE, "secrets_file": SECRETS_FILE, "exec_start": v["p2pkit_service_exec_start"],
-            "exec_start_pre": v["p2pkit_service_exec_start_pre"], "work_dir": v["p2pkit_service_work_dir"],
-            "ip_deny": v["p2pkit_service_ip_deny"], "ip_allow": v["p2pkit_service_ip_allow"]}
-    unit_path = f"/etc/systemd/system/{UNIT}"
-    files = work.pending(host, [
-        work.dir_entry(v["p2pkit_service_work_dir"], "0750", owner, group), work.dir_entry("/etc/p2pkit"),
-        work.file_entry("/etc/systemd/system/p2pkit.slice", render("p2pkit.slice.j2")),
-        work.file_entry(ENV_FILE, render("p2pkit-engine.env.j2", env_lines=v["p2pkit_service_env_lines"])),
-        work.file_entry(unit_path, render("p2pkit-engine.service.j2", **unit))])
-    secret = work.pending(host, [work.file_entry(SECRETS_FILE, v["p2pkit_service_secret_env"], "0600", root, root)])
-    state = {k: _systemctl(host, f"is-{k}", UNIT).stdout.strip() for k in ("enabled", "active")}
-    active = state["active"] in ("active", "activating")
-    written = {f["path"] for f in files}
-    return {"files": {"all": files, "secrets": secret}, "user": not simulated and not user_ready(host),
-            "start": state["enabled"] != "enabled" or not active}, {
-        # systemd re-reads the units when one is written; the engine restarts when what it reads
-        # changed while it runs (else the start starts it)
-        "daemon_reload": bool({unit_path, "/etc/systemd/system/p2pkit.slice"} & written),
-        "restart": active and bool(secret or {unit_path, ENV_FILE} & written)}
-
-
-def user_ready(host: Host) -> bool:
-    """The engine's user exists and is in the video and render groups (what the user task ensures)."""
-    if access.user_ids(host, SERVICE_USER) is None:
-        return False
-    try:
-        groups = host.path("/etc/group").read_text(errors="replace").splitlines()
-    except OSError:
-        return False
-    member = {g.split(":")[0] for g in groups if len(g.split(":")) >= 4 and SERVICE_USER in g.split(":")[3].split(",")}
-    return {"video", "render"} <= member
 
 
 def poll(probe, timeout: float, *, alive=None, interval: float = 0.25, note=None, every: float = 5.0,
@@ -252,14 +213,16 @@ def _systemctl(host: Host, *args: str):
 
 
 def _unit_copy(host: Host) -> Path:
-    """The installed unit; on a simulated host a copy whose paths point into the simulated root, so
-    that systemd-analyze (which resolves ExecStart on this machine) checks what would run."""
+    """The installed unit; under a host root other than / a copy whose ExecStart points where this
+    machine finds the engine (launcher.on_this_machine), so that systemd-analyze (which resolves
+    ExecStart on this machine) checks what would run."""
     unit = host.path(f"/etc/systemd/system/{UNIT}")
-    if not host.simulated:
-        return unit
     text = unit.read_text()
-    parts = shlex.split(re.search(r"^ExecStart=(.*)$", text, re.M).group(1))
-    parts[0] = str(host.path(parts[0]))
+    m = re.search(r"^ExecStart=(.*)$", text, re.M)
+    parts = shlex.split(m.group(1)) if m else []
+    if not parts or launcher.on_this_machine(host, parts[0]) == parts[0]:
+        return unit
+    parts[0] = launcher.on_this_machine(host, parts[0])
     text = re.sub(r"^ExecStart=.*$", "ExecStart=" + shlex.join(parts), text, flags=re.M)
     d = Path(tempfile.mkdtemp(prefix="p2pkit-unit-"))
     (d / UNIT).write_text(text)
@@ -552,15 +515,6 @@ def measure(ctx) -> dict:
 
 
 SERVICE_USER = "p2pkit-engine"
-
-
-def service_owner(ctx) -> str:
-    """Who the engine's working directory belongs to: the unit's user; on a simulated host the uid the
-    host's /etc/passwd gives that user (its name is not this machine's), or "" (left as it is)."""
-    if not ctx.host.simulated:
-        return SERVICE_USER
-    ids = access.user_ids(ctx.host, SERVICE_USER)
-    return str(ids[0]) if ids else ""
 
 
 def user_access(ctx) -> dict:

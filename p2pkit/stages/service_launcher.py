@@ -1,5 +1,5 @@
 """The service stage where systemd is not PID 1: the engine's files as on any host (the service role
-writes the environment files and the working directory, no unit), then p2pkit's launcher
+makes the user and writes the environment files and the working directory, no unit), then p2pkit's launcher
 (p2pkit/host/launcher.py) starts the engine with the unit's ExecStart argv and environment, in a
 session and an uncapped memory cgroup of its own. `serve status|restart|stop` and `status` go
 through the same record. Nothing restarts such an engine after a reboot: `status` says so."""
@@ -9,9 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from p2pkit import engine_cmd, engine_env, secrets
-from p2pkit.ansible import render
-from p2pkit.host import Host, access, launcher
-from p2pkit.stages import work
+from p2pkit.ansible import run_playbook
+from p2pkit.host import Host, launcher
 
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # the PATH systemd gives a service
 LOG = "logs/engine-launcher.log"  # under the state directory
@@ -54,27 +53,12 @@ def logs(host: Host, n: int = 30) -> list[str]:
     return launcher.log_tail(rec["log"], n) if rec else []
 
 
-def work_todo(ctx, v: dict, env_file: str, secrets_file: str, user: str, user_missing: bool) -> tuple[dict, dict]:
-    """The service role's work without a unit: the working directory, the environment files; no
-    slice, no unit, no systemd (p2pkit_service_manager = launcher skips that task)."""
-    host, simulated = ctx.host, ctx.host.simulated
-    owner = v["p2pkit_service_owner"] or None
-    group, root = (None, None) if simulated else (user, "root")
-    files = work.pending(host, [
-        work.dir_entry(v["p2pkit_service_work_dir"], "0750", owner, group), work.dir_entry("/etc/p2pkit"),
-        work.file_entry(env_file, render("p2pkit-engine.env.j2", env_lines=v["p2pkit_service_env_lines"]))])
-    secret = work.pending(host, [work.file_entry(secrets_file, v["p2pkit_service_secret_env"], "0600", root, root)])
-    return ({"files": {"all": files, "secrets": secret}, "user": user_missing,
-             "start": False}, {"daemon_reload": False, "restart": False})
-
-
-def act(ctx, v: dict, *, env_file: str, secrets_file: str, user: str, user_missing: bool) -> dict:
-    """Write the engine's files (the service stage's environment files, its user when missing), then
-    start the engine (restart it when what it reads changed while it runs)."""
-    todo, known = work_todo(ctx, v, env_file, secrets_file, user, user_missing)
-    changed = bool(todo["files"]["all"] or todo["files"]["secrets"])
-    acted = work.run_if_work(ctx, "service", {**v, "p2pkit_service_manager": "launcher"}, todo, known,
-                             files_var="p2pkit_service_files", todo_var="p2pkit_service_todo")
+def act(ctx, v: dict, *, user: str) -> dict:
+    """The service role without a unit (the engine's user, working directory and environment files),
+    then the engine's start (a restart when the role changed something it reads, or its command line
+    changed, while it runs)."""
+    acted = run_playbook(ctx, "service", {**v, "p2pkit_service_manager": "launcher"})
+    changed = bool(acted.get("changed"))  # Ansible's own count: the role wrote or made something
     rec_path = launcher.record_path(ctx.host)
     rec = launcher.read_record(rec_path)
     if launcher.is_running(rec):
@@ -93,33 +77,18 @@ def act(ctx, v: dict, *, env_file: str, secrets_file: str, user: str, user_missi
 
 def start(ctx, service_user: str) -> dict:
     """The launcher's start of the engine: the unit's ExecStart argv and environment, as the unit's
-    user where p2pkit runs as root on a real host that has it."""
+    user where p2pkit runs as root on the host itself and the host has the user."""
     p, host = ctx.profile, ctx.host
     shown = engine_cmd.argv(p)
     env = {"PATH": PATH, **engine_env.engine_env(p, engine_env.pair_level(host, p))}
     plain, secret = secrets.split_env(env, p.secret_names())
-    env = {**plain, **secret}
-    if host.simulated:  # the engine is a process of this machine: host paths point into the simulated root
-        env = {k: _into(host, x) for k, x in env.items()} | {k: str(x) for k, x in (host.sim or {}).get(
-            "engine_env", {}).items()}
+    env = launcher.process_env(host, {**plain, **secret})
     work_dir = host.path(f"{host.host_path(ctx.store.dir)}/engine")
-    user = None
-    if not host.simulated and access.user_ids(host, service_user) is not None:
-        import os
-
-        user = service_user if os.geteuid() == 0 else None
     ctx.out.step("service", f"no systemd as PID 1 here: starting the engine with p2pkit's launcher "
                             f"(log {ctx.store.dir / LOG})")
     return launcher.start(host, record=launcher.record_path(host), log=ctx.store.dir / LOG,
-                          argv=[_into(host, a) for a in shown], env=env, cwd=work_dir, user=user, shown_argv=shown)
-
-
-def _into(host: Host, a: str) -> str:
-    """A host path in the simulated root (one that exists, or a file in a directory that exists there),
-    as this machine names it (what the simulated systemctl does for ExecStart); anything else as it is."""
-    if host.simulated and a.startswith("/") and (host.path(a).exists() or host.path(a).parent.is_dir()):
-        return str(host.path(a))
-    return a
+                          argv=[launcher.on_this_machine(host, a) for a in shown], env=env, cwd=work_dir,
+                          user=launcher.run_as(host, service_user), shown_argv=shown)
 
 
 def stop(ctx) -> dict:

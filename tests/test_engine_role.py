@@ -1,0 +1,98 @@
+"""The engine role is complete on its own (issue 28, item 3): it decides from the host which build
+dependencies are missing (dpkg's database under the host root, or the package's tools on the host's
+PATH) and installs only those through the host's apt-get; it makes the build directory's parent with
+a mode only when it creates it. Alone (`ansible-playbook -i INVENTORY playbooks/engine.yml`) it does
+what the engine stage does, and a second run reports changed=0."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from p2pkit import config, pipeline
+from p2pkit.ansible import RECAP
+from p2pkit.artifacts import Store
+from p2pkit.errors import P2pkitError
+from p2pkit.host import Host
+from p2pkit.output import Output
+from p2pkit.stages import engine as engine_stage
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+
+def ctx_for(root: Path) -> pipeline.Ctx:
+    h = Host.at(root)
+    return pipeline.Ctx(profile=config.load(h.sim["profile"]), host=h, store=Store(root / "var/lib/p2pkit"),
+                        out=Output())
+
+
+def by_hand(tmp: Path, given: dict) -> subprocess.CompletedProcess:
+    inv = tmp / "inventory.yml"
+    inv.write_text(json.dumps({"all": {"hosts": {"localhost": {
+        "ansible_connection": "local", "ansible_python_interpreter": sys.executable, **given}}}}))
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "playbooks/ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+           "ANSIBLE_HOME": str(tmp / ".ansible"), "ANSIBLE_LOCAL_TEMP": str(tmp / ".ansible/tmp")}
+    return subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inv),
+                           str(REPO / "playbooks/engine.yml")], env=env, capture_output=True, text=True, timeout=600)
+
+
+def changed(out: str) -> int:
+    m = RECAP.search(out)
+    assert m, out[-2000:]
+    return int(m.group(2))
+
+
+def test_the_stage_makes_the_parent_once_and_leaves_an_existing_mode_alone(sim):
+    root = sim("healthy")
+    ctx = ctx_for(root)
+    parent = root / Path(ctx.profile.engine.build_dir).parent.relative_to("/")
+    assert not parent.exists()
+    first = engine_stage.dependencies(ctx)
+    assert first["changed"] == 1 and parent.is_dir() and parent.stat().st_mode & 0o777 == 0o755
+    log = (ctx.store.dir / "logs/engine.log").read_text()
+    assert "skipping: [localhost]" in log.split("Ensure the missing build dependencies are installed]", 1)[1][:200]
+    parent.chmod(0o700)  # an existing directory's mode is the operator's
+    assert engine_stage.dependencies(ctx)["changed"] == 0
+    assert parent.stat().st_mode & 0o777 == 0o700
+
+
+def test_the_role_alone_on_the_simulated_host_then_nothing(sim, tmp_path):
+    root = sim("healthy")
+    h = Host.at(root)
+    prof = config.load(h.sim["profile"])
+    given = {"p2pkit_root": str(root), "p2pkit_path": h.runner.path_env(),
+             "p2pkit_engine_recipe": prof.engine.recipe, "p2pkit_engine_build_dir": prof.engine.build_dir}
+    r = by_hand(tmp_path, given)
+    assert r.returncode == 0 and changed(r.stdout) == 1, r.stdout[-3000:]
+    assert (root / prof.engine.build_dir.lstrip("/")).parent.is_dir()
+    again = by_hand(tmp_path, given)
+    assert again.returncode == 0 and changed(again.stdout) == 0, again.stdout[-3000:]
+
+
+def test_without_a_required_variable_the_first_task_stops_naming_it(sim, tmp_path):
+    root = sim("healthy")
+    r = by_hand(tmp_path, {"p2pkit_root": str(root), "p2pkit_path": Host.at(root).runner.path_env(),
+                           "p2pkit_engine_recipe": "ninfer"})
+    assert r.returncode != 0 and r.stdout.count("TASK [") == 1, r.stdout[-3000:]
+    assert re.search(r"fatal: .*the engine role needs p2pkit_engine_build_dir", r.stdout)
+
+
+def test_a_missing_dependency_goes_to_the_hosts_apt_get_and_its_message_comes_back(sim):
+    """The simulated host's dpkg no longer lists libcurl4-openssl-dev (and it has no tool to stand in
+    for it): the role finds it missing and runs the host's apt-get, the real apt on the simulated
+    host's database, which has no package lists: apt's own message is in p2pkit's error."""
+    root = sim("healthy")
+    status = root / "var/lib/dpkg/status"
+    text = status.read_text()
+    stanza = re.search(r"Package: libcurl4-openssl-dev\n.*?\n\n", text, re.S).group(0)
+    status.write_text(text.replace(stanza, ""))
+    ctx = ctx_for(root)
+    with pytest.raises(P2pkitError) as e:
+        engine_stage.dependencies(ctx)
+    assert "Ensure the missing build dependencies are installed" in e.value.message
+    assert "libcurl4-openssl-dev" in e.value.message
