@@ -15,7 +15,7 @@ from p2pkit.sim.scenarios import GIB
 
 STANDINS = ["nvidia-smi", "modinfo", "dpkg", "dpkg-query", "apt-mark", "apt-get", "apt-cache", "update-initramfs",
             "depmod", "update-grub", "fuser", "modprobe", "systemctl", "journalctl", "nvcc", "uname", "dmesg",
-            "lsinitramfs", "cuobjdump", "kernelstub"]
+            "lsinitramfs", "cuobjdump", "kernelstub", "mokutil"]
 AMD, NV = "0x1022", "0x10de"
 
 

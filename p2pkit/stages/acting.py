@@ -16,7 +16,7 @@ from p2pkit.errors import P2pkitError, UsageError
 from p2pkit.host import arch, boot, system
 from p2pkit.parse import boot as pb
 from p2pkit.runner import own_executable
-from p2pkit.stages import followups, work
+from p2pkit.stages import followups, signing, work
 
 # The kernel hook pins the boot default here when the module does not build for a new kernel (P36).
 BOOT_HOLD = system.BOOT_HOLD
@@ -121,6 +121,7 @@ def _p2p_module(ctx, kernel: str | None = None) -> dict:
     cmdline = iommu_cmdline(m.iommu, system.cpu_vendor(ctx.host), arch.machine(ctx.host))
     loader = boot.bootloader(ctx.host)
     refuse_unknown_bootloader(loader, cmdline.split(), system.cmdline(ctx.host).split())
+    sign = signing.prepare(ctx, kernel)  # Secure Boot: key, enrolment and sign-file settled before any change
     wants = "/etc/systemd/system/timers.target.wants/p2pkit-restore.timer"
     Backup(ctx.store.dir, "p2p-module", ctx.host).snapshot(
         [*P2P_PATHS, wants, *module_paths(ctx.host, kernel), *bootloader_paths(loader)], kernel,
@@ -135,6 +136,7 @@ def _p2p_module(ctx, kernel: str | None = None) -> dict:
         **restore_command_vars(ctx),
         # the fork's driver parameters (P28): only for the patched module of a GPU pair
         "p2pkit_p2p_module_registry_dwords": m.registry_dwords if m.patched else "",
+        **sign,
     }
     done = work.run_if_work(ctx, "p2p-module", values, *p2p_work(ctx, values, loader),
                             files_var="p2pkit_p2p_module_files", todo_var="p2pkit_p2p_module_todo")
@@ -223,9 +225,24 @@ def p2p_work(ctx, v: dict, loader: dict) -> tuple[dict, dict]:
         "install": ko is None or ko != work.sha256_of(target),
         "stock": [{"path": p, "backed_up": backup.copy_path(p).exists()} for p in stock],
         "enable_timer": enabled != "enabled",
+        "sign": unsigned_modules(host, v, src, kernel),
     }
     todo.update(p2p_followups(ctx, v, todo, written, loader))
     return todo, {}
+
+
+def unsigned_modules(host, v: dict, src, kernel: str) -> list[str]:
+    """With Secure Boot on: the built and installed modules sign.yml signs (not signed by the key)."""
+    if not v.get("p2pkit_p2p_module_sign_key"):
+        return []
+    from p2pkit.host import mok
+    from p2pkit.parse import mok as pm
+
+    video = host.path(f"/lib/modules/{kernel}/kernel/drivers/video")
+    kos = [*src.glob("kernel-open/nvidia*.ko"), *video.glob("nvidia*.ko")]
+    cert = {"serial": v["p2pkit_p2p_module_sign_serial"]}
+    return [host.host_path(k) for k in sorted(kos)
+            if not pm.signed_by(mok.module_signature(host, host.host_path(k))["sig_key"], cert)]
 
 
 def p2p_followups(ctx, v: dict, todo: dict, written: set[str], loader: dict) -> dict:
@@ -237,7 +254,8 @@ def p2p_followups(ctx, v: dict, todo: dict, written: set[str], loader: dict) -> 
     ko = boot.mtime_ns(host, f"/lib/modules/{kernel}/{followups.VIDEO_KO}")
     changes = [why for flag, why in ((todo["build"], "the module is built in this run"),
                                      (todo["install"], "the module is installed in this run"),
-                                     (bool(todo["stock"]), "stock copies are removed in this run")) if flag]
+                                     (bool(todo["stock"]), "stock copies are removed in this run"),
+                                     (bool(todo["sign"]), "the modules are signed in this run")) if flag]
     units = sorted({system.RESTORE_UNIT, system.RESTORE_TIMER} & written)
     return {
         "depmod": changes or followups.depmod(boot.modules_dep(host, kernel), ko),

@@ -11,9 +11,9 @@ from p2pkit.stages import service as service_stage
 from p2pkit.stages.stage import Stage
 
 PREFLIGHT_FACTS = ("os", "kernel", "is_root", "disk", "secure_boot", "pci_gpus", "iommu", "bootloader",
-                   "dpkg_nvidia", "cgroup", "tools")
+                   "dpkg_nvidia", "cgroup", "tools", "mok")
 P2P_FACTS = ("kernel", "nvidia_version", "module", "built_module", "nvml", "secure_boot", "iommu", "bootloader",
-             "restore_guards", "pending_kernel")
+             "restore_guards", "pending_kernel", "mok")
 
 def one_gpu_per_host(p) -> str | None:
     """BAR1 P2P is between two GPUs of one host; a host with one GPU (a DGX Spark node) has none."""
