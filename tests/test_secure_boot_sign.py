@@ -9,7 +9,9 @@ import subprocess
 import pytest
 
 from p2pkit.artifacts import Store
+from p2pkit.host import Host
 from p2pkit.sim import lifecycle
+from p2pkit.stages import acting
 
 pytestmark = pytest.mark.slow
 
@@ -36,6 +38,14 @@ def test_secure_boot_on_signs_enrols_and_proves_after_the_reboot(cli, sim, monke
     serial = s["mok"]["enrolled"][0]["serial"]
     kos = sorted((root / "lib/modules/6.8.0-88-generic/kernel/drivers/video").glob("nvidia*.ko"))
     assert len(kos) == 4 and all(_sig_key(ko) == serial for ko in kos)
+    # a second run signs nothing again: every module is signed by the key already (sign.yml's probe)
+    assert not acting.unsigned_modules(Host.at(root), {"p2pkit_p2p_module_sign_key": str(key),
+                                                       "p2pkit_p2p_module_sign_serial": serial},
+                                       root / "var/cache/p2pkit/open-gpu-kernel-modules", "6.8.0-88-generic")
+    r = cli("--root", str(root), "up", "--from", "p2p-module", "--to", "p2p-module")
+    assert r.code == 0, r.err
+    doc = Store(root / "var/lib/p2pkit").read("p2p-module")
+    assert "sign" not in json.dumps(doc["acted"].get("work", {})), doc["acted"]
     # the kernel postinst hook's restore builds for a new kernel and signs what it builds (no password
     # needed: the key is enrolled), so the reboot into it loads a signed module
     monkeypatch.delenv("P2PKIT_MOK_PASSWORD")
