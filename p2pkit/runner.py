@@ -179,6 +179,7 @@ class Runner:
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
+        env.pop("P2PKIT_MOK_PASSWORD", None)  # the MOK enrolment password reaches mokutil's stdin, no child's env
         env.update({"LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PATH": self.path_env()})
         env.update(self.extra_env)
         return env

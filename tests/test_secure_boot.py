@@ -84,3 +84,13 @@ def test_p2p_checks_prove_the_signer_and_the_enrolment():
     assert "p2p.mok_enrolled" in p2p_module.REBOOT_FIXES and "p2p.secure_boot" not in p2p_module.REBOOT_FIXES
     off = {x.id: x for x in p2p_module.runtime_checks({"secure_boot": "off", **REST}, P)}
     assert off["p2p.secure_boot"].status == "pass" and "p2p.mok_enrolled" not in off
+
+
+def test_the_enrolment_password_goes_to_stdin_and_into_no_child_environment(monkeypatch):
+    from p2pkit.runner import Runner
+
+    monkeypatch.setenv("P2PKIT_MOK_PASSWORD", "one-time-pw")
+    r = Runner().run(["sh", "-c", 'read a; read b; echo "$a|$b|${P2PKIT_MOK_PASSWORD:-unset}"'],
+                     input_text="one-time-pw\none-time-pw\n")
+    assert r.stdout.strip() == "one-time-pw|one-time-pw|unset"
+    assert Runner().run(["sh", "-c", "cat; echo end"]).stdout.strip() == "end"  # stdin stays /dev/null

@@ -27,6 +27,8 @@ def test_secure_boot_on_signs_enrols_and_proves_after_the_reboot(cli, sim, monke
     assert r.code == 0, r.err
     assert "MokManager" in r.err and "Enroll MOK" in r.err  # said before the reboot
     key = root / "var/lib/p2pkit/mok/p2pkit-mok.priv"
+    logged = [p for p in (root / "var/lib/p2pkit").rglob("*") if p.is_file() and b"one-time-pw" in p.read_bytes()]
+    assert logged == []  # the password went to mokutil's stdin only
     assert stat.S_IMODE(key.stat().st_mode) == 0o600
     s = _state(root)
     assert s["boots"] == 2 and len(s["mok"]["enrolled"]) == 1 and s["mok"]["new"] == []
