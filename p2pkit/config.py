@@ -102,7 +102,7 @@ class P2pModule:
     commit: str = f("", pattern=COMMIT, expect="a full git commit id (40 hex digits)")
     iommu: str = f("passthrough", choices=("passthrough", "off"))
     signing_key: str = f("", chars="path", expect="the machine owner key (PEM private key) that signs the modules "
-                         "with Secure Boot on; empty: p2pkit makes one under <state>/mok/")
+                         "with Secure Boot on; empty: p2pkit makes one under /var/lib/p2pkit/mok/ (one per machine)")
     signing_cert: str = f("", chars="path", expect="the key's X.509 certificate in DER format (what mokutil "
                           "enrols); empty: the key's path with .der for its suffix")
     live_reload: bool = f(True, expect="true to swap the module without a reboot when nothing holds the GPUs")

@@ -199,8 +199,8 @@ PROFILE_COLLECTORS: dict[str, Callable[[Host, object], object]] = {
     "engine_nccl": _engine_nccl,
     "engine_archs": _engine_archs,
     "profile_nccl": _profile_nccl,
-    # the module signing key under the default state directory or where the profile says (host/mok.py)
-    "mok": lambda h, p: mok.facts(h, p, "/var/lib/p2pkit"),
+    # the machine's module signing key: where the profile says, else /var/lib/p2pkit/mok/ (host/mok.py)
+    "mok": lambda h, p: mok.facts(h, p, mok.KEY_STATE_DIR),
 }
 
 COLLECTORS: dict[str, Callable[[Host], object]] = {

@@ -134,3 +134,16 @@ def test_no_password_and_no_queued_key_stops_at_preflight(cli, sim, monkeypatch)
     for words in ("/var/lib/p2pkit/mok/p2pkit-mok.priv", "mokutil --import", "P2PKIT_MOK_PASSWORD", "sign-file",
                   "Enroll MOK"):
         assert words in c["hint"], c["hint"]
+
+
+def test_no_live_reload_before_the_key_is_enrolled(cli, sim, monkeypatch):
+    """The stock module (signed by Canonical) stays loaded: the kernel would refuse the patched one
+    until MokManager enrols p2pkit's key at the next boot, so unloading the stock one would leave the
+    GPUs without a driver."""
+    monkeypatch.setenv("P2PKIT_MOK_PASSWORD", "one-time-pw")
+    root = sim("secure-boot-stock-driver")
+    r = cli("--root", str(root), "up", "--to", "p2p-module")
+    assert r.code == 4, r.err  # a reboot is needed
+    assert "no live reload: Secure Boot: the signing key is enrolled at the next boot" in r.err, r.err
+    s = _state(root)
+    assert s["module"]["loaded"]["version"] == "580.95.05" and len(s["mok"]["new"]) == 1

@@ -11,12 +11,16 @@ from p2pkit.host import Host
 from p2pkit.parse import mok as pm
 
 KEY_NAME, CERT_NAME = "p2pkit-mok.priv", "p2pkit-mok.der"
+# One key per machine (its firmware enrols it once): under the default state directory whatever
+# --state-dir names, so every state directory, the restore service and the kernel hook sign with it.
+KEY_STATE_DIR = "/var/lib/p2pkit"
 PASSWORD_ENV = "P2PKIT_MOK_PASSWORD"  # the one-time enrolment password, read only from the environment
 
 
 def key_paths(profile, state_dir: str) -> tuple[str, str]:
     """The key and its certificate (host paths): p2p_module.signing_key and signing_cert, else
-    <state>/mok/; a key without a cert path has its cert beside it (KEY with .der for its suffix)."""
+    /var/lib/p2pkit/mok/ (KEY_STATE_DIR); a key without a cert path has its cert beside it (KEY with
+    .der for its suffix)."""
     m = profile.p2p_module
     key = m.signing_key or f"{state_dir.rstrip('/')}/mok/{KEY_NAME}"
     cert = m.signing_cert or (str(Path(key).with_suffix(".der")) if m.signing_key

@@ -3,7 +3,9 @@ the values the role's sign.yml signs the built modules with.
 
 Python, not tasks, for the key and the enrolment: both must be settled before the playbook builds
 and installs anything (a bad key, a refusing mokutil or a missing sign-file stops the stage with
-nothing changed), and the enrolment password must never reach a playbook's variables or its log.
+nothing changed), and the enrolment password must never reach a playbook's variables or its log. The key is the
+machine's (its firmware enrols it once): /var/lib/p2pkit/mok/ whatever --state-dir says, or where
+p2p_module.signing_key and signing_cert say.
 The signing itself is tasks (sign.yml): it runs between the build and the follow-ups, on the files
 the playbook made.
 
@@ -56,7 +58,7 @@ def prepare(ctx, kernel: str) -> dict:
         raise P2pkitError("Secure Boot is on and mokutil is not installed: p2pkit cannot queue its signing key's "
                           "enrolment; nothing was changed",
                           hint="sudo apt-get install mokutil, then run `p2pkit up` again")
-    key, cert = mok.key_paths(ctx.profile, host.host_path(ctx.store.dir))
+    key, cert = mok.key_paths(ctx.profile, mok.KEY_STATE_DIR)
     made = False
     if not host.path(key).is_file() and not host.path(cert).is_file():
         make_key(ctx, key, cert)
@@ -71,7 +73,8 @@ def prepare(ctx, kernel: str) -> dict:
     if problem:
         raise P2pkitError(f"the module signing key cannot be used: {problem}; nothing was changed",
                           hint="set p2p_module.signing_key to a PEM private key and p2p_module.signing_cert to its "
-                               "DER certificate, or leave both empty and p2pkit makes a pair under <state>/mok/")
+                               "DER certificate, or leave both empty and p2pkit makes a pair under "
+                               "/var/lib/p2pkit/mok/")
     identity = mok.cert_identity(host, cert)
     queue_enrolment(ctx, cert)
     ctx.out.step("p2p-module", f"Secure Boot: signing with {key} ({'made now, ' if made else ''}serial "
