@@ -13,7 +13,10 @@ The password: mokutil --import asks twice for a one-time password the operator t
 MokManager at the next boot. p2pkit takes it only from the environment (P2PKIT_MOK_PASSWORD, given
 to mokutil on its stdin, never on a command line, in a file or a log); without it p2pkit stops
 before anything changes and names both ways: set it, or run `sudo mokutil --import CERT` yourself
-(p2pkit then sees the request queued and goes on).
+(p2pkit then sees the request queued and goes on). Not --hash-file: making that file needs
+`mokutil --generate-hash=PASSWORD` (the password on a command line) or mokutil's crypt format
+rewritten here; stdin is what mokutil's own get_password() reads (read_hidden_line: getline on
+stdin, no terminal needed).
 """
 
 from __future__ import annotations
