@@ -101,7 +101,10 @@ class P2pModule:
                       "(one GPU per host, like a DGX Spark node)")
     commit: str = f("", pattern=COMMIT, expect="a full git commit id (40 hex digits)")
     iommu: str = f("passthrough", choices=("passthrough", "off"))
-    signing_key: str = f("", chars="path")
+    signing_key: str = f("", chars="path", expect="the machine owner key (PEM private key) that signs the modules "
+                         "with Secure Boot on; empty: p2pkit makes one under /var/lib/p2pkit/mok/ (one per machine)")
+    signing_cert: str = f("", chars="path", expect="the key's X.509 certificate in DER format (what mokutil "
+                          "enrols); empty: the key's path with .der for its suffix")
     live_reload: bool = f(True, expect="true to swap the module without a reboot when nothing holds the GPUs")
     registry_dwords: str = f("RMForceStaticBar1=1", chars="url", pattern=r"^(\w+=[0-9A-Fa-fx]+(;\w+=[0-9A-Fa-fx]+)*)?$",
                              expect="NVreg_RegistryDwords for the patched module, like RMForceStaticBar1=1: without "
@@ -580,8 +583,8 @@ def anchored(p: Profile, state_dir: str) -> Profile:
 # Profile paths that must resolve inside the directory they are named in (their parent as written):
 # what p2pkit writes into or creates as root, reads as root and hands on, or gives the engine's user.
 # A symlink there that leads out (to /etc, another disk) is refused before anything is written.
-CONTAINED = ("driver.cache_dir", "p2p_module.signing_key", "engine.build_dir", "model.source", "model.output",
-             "model.draft_source")
+CONTAINED = ("driver.cache_dir", "p2p_module.signing_key", "p2p_module.signing_cert", "engine.build_dir",
+             "model.source", "model.output", "model.draft_source")
 # Path keys left out, each for its reason: places a tool is only used from, where a link is how they are
 # installed, and p2pkit writes nothing there.
 NOT_CONTAINED = {

@@ -427,6 +427,29 @@ class SmiQ(TypedDict, total=False):
     gpus: list[SmiQGpu]
 
 
+class CertIdentity(TypedDict, total=False):
+    serial: str  # upper-case hex, no colons or leading zeros (as modinfo's sig_key reads without them)
+    cn: str
+
+
+class Mok(TypedDict, total=False):
+    """The module signing with Secure Boot on (host/mok.facts); {"needed": False} with it off."""
+    needed: bool
+    key: str
+    cert: str
+    key_exists: bool
+    cert_exists: bool
+    sign_file: str | None
+    mokutil: bool
+    password_given: bool
+    kernel: str
+    cert_id: CertIdentity
+    enrolment: Literal["enrolled", "in-db", "queued", "not-enrolled"]
+    cert_error: str
+    module_sig_key: str | None
+    module_signer: str | None
+
+
 FACTS: dict[str, Any] = {
     "driver_guards": Guards,
     "arch": str,
@@ -470,6 +493,7 @@ FACTS: dict[str, Any] = {
     "engine_nccl": EngineNccl,
     "engine_archs": EngineArchs,
     "profile_nccl": ProfileNccl | None,
+    "mok": Mok,
     # recorded by earlier versions, read by none now: still typed, so an old recording loads as it was
     "smi_q": SmiQ,
 }

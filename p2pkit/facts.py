@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath
 
 from p2pkit import __version__, fact_types, hoststate
 from p2pkit.errors import P2pkitError, UsageError
-from p2pkit.host import Host, arch, boot, kmod, nvml, pci, roce, smi, storage, system
+from p2pkit.host import Host, arch, boot, kmod, mok, nvml, pci, roce, smi, storage, system
 from p2pkit.host import field_facts as hfield
 from p2pkit.parse import system as ps
 from p2pkit.secrets import REDACTED, is_secret
@@ -199,6 +199,8 @@ PROFILE_COLLECTORS: dict[str, Callable[[Host, object], object]] = {
     "engine_nccl": _engine_nccl,
     "engine_archs": _engine_archs,
     "profile_nccl": _profile_nccl,
+    # the machine's module signing key: where the profile says, else /var/lib/p2pkit/mok/ (host/mok.py)
+    "mok": lambda h, p: mok.facts(h, p, mok.KEY_STATE_DIR),
 }
 
 COLLECTORS: dict[str, Callable[[Host], object]] = {

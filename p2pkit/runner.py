@@ -194,6 +194,7 @@ class Runner:
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
+        env.pop("P2PKIT_MOK_PASSWORD", None)  # the MOK enrolment password reaches mokutil's stdin, no child's env
         env.update({"LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PATH": self.path_env()})
         env.update(self.extra_env)
         return env
@@ -215,9 +216,11 @@ class Runner:
         env: dict[str, str] | None = None,
         capture: bool = True,
         output_log: Path | None = None,
+        input_text: str | None = None,
     ) -> Result:
         """`output_log`: a file the command line and then its output (stdout and stderr, as they come) are
-        appended to while it runs; the output is still captured and returned."""
+        appended to while it runs; the output is still captured and returned. `input_text`: the command's
+        stdin (a password mokutil reads), else /dev/null; never logged."""
         exe = self.which(argv[0]) if "/" not in argv[0] else argv[0]
         if exe is not None and "/" in exe and not os.access(exe, os.X_OK):  # a path that is not there
             raise MissingError(f"{exe} does not exist or is not executable",
@@ -242,13 +245,20 @@ class Runner:
         log.debug("run (timeout %g s): %s", limit, redact(shlex.join(argv)))
         start = time.monotonic()
         pipe = subprocess.PIPE if capture else None
-        proc = subprocess.Popen([exe, *argv[1:]], stdin=subprocess.DEVNULL, stdout=pipe, stderr=pipe, env=full_env,
+        stdin = subprocess.DEVNULL if input_text is None else subprocess.PIPE
+        proc = subprocess.Popen([exe, *argv[1:]], stdin=stdin, stdout=pipe, stderr=pipe, env=full_env,
                                 cwd=cwd, preexec_fn=_die_with_parent)
         children.started(proc.pid, argv, token)
         sink = _LogSink(output_log, argv) if output_log is not None and capture else None
         readers = [_Capped(p, sink) for p in (proc.stdout, proc.stderr) if p is not None]
         for r in readers:
             r.start()
+        if proc.stdin is not None:
+            try:
+                proc.stdin.write(input_text.encode())
+                proc.stdin.close()
+            except BrokenPipeError:
+                pass
         finished = False
         try:
             try:

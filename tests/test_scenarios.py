@@ -26,7 +26,7 @@ def failing(root, stage):
     ("no-gpu", "preflight", "preflight.gpu_count", "p2pkit sim init"),
     ("one-gpu", "preflight", "preflight.gpu_count", "P2P needs two"),
     ("wrong-os", "preflight", "preflight.os", "host.allow_other_os"),
-    ("secure-boot-on", "preflight", "preflight.secure_boot", "turn it off in the firmware setup"),
+    ("secure-boot-on", "preflight", "preflight.secure_boot", "P2PKIT_MOK_PASSWORD"),
     ("driver-595", "driver", "driver.pin", "595's GSP firmware cannot build the BAR1 P2P mailbox"),
     ("gsp-firmware-missing", "driver", "driver.gsp_firmware", "error -2"),
     ("small-bar", "rebar", "rebar.bar1.0000:01:00.0", "Resizable BAR and Above 4G Decoding"),

@@ -116,7 +116,7 @@ def safeguards(g: dict) -> Check:
                  "all in place", ", ".join(g), RESTORE_FIX, pitfall="P02")
 
 
-@reads("nvidia_version", "module", "built_module", "nvml", "secure_boot", "iommu", "bootloader")
+@reads("nvidia_version", "module", "built_module", "nvml", "secure_boot", "mok", "iommu", "bootloader")
 def runtime_checks(f: dict, p: Profile) -> list[Check]:
     """What holds only after the module is loaded and the command line applied (after a reboot)."""
     out = []
@@ -145,10 +145,7 @@ def runtime_checks(f: dict, p: Profile) -> list[Check]:
     out.append(judge("p2p.nvml", "NVML initialises", not failed(nv), nv.get("error", "ok") if failed(nv) else "ok",
                      "ok", "a 'Driver/library version mismatch' means the loaded module and the userspace driver "
                      "differ: reboot after the p2p-module stage"))
-    sb = f.get("secure_boot")
-    out.append(judge("p2p.secure_boot", "Secure Boot off", sb in ("off", "legacy-bios"), sb, "off",
-                     "Secure Boot refuses the unsigned patched module (p2pkit does not sign it yet, whatever "
-                     "p2p_module.signing_key says): turn it off in firmware setup"))
+    out += _secure_boot(f)
     io = f.get("iommu", {})
     if failed(io):
         out.append(unknown("p2p.iommu", "IOMMU mode on the running command line", io, p.p2p_module.iommu))
@@ -203,7 +200,9 @@ def check(f: dict, p: Profile) -> list[Check]:
     return precheck(p) + install_checks(f, p) + runtime_checks(f, p)
 
 
-REBOOT_FIXES = ("p2p.loaded_version", "p2p.loaded_srcversion", "p2p.nvml", "p2p.iommu", "field.static_bar1")
+# p2p.mok_enrolled: MokManager enrols a queued key at the next boot (Secure Boot on, issue 29)
+REBOOT_FIXES = ("p2p.loaded_version", "p2p.loaded_srcversion", "p2p.nvml", "p2p.iommu", "field.static_bar1",
+               "p2p.mok_enrolled")
 
 
 def reboot_reason(f: dict, p: Profile) -> tuple[str, list[str]] | None:
@@ -301,3 +300,37 @@ def boot_default(f: dict, p: Profile) -> list[Check]:
                   "(a kernel API removed): pin a fork commit that builds for it, then rerun the hook "
                   f"(`sudo /etc/kernel/postinst.d/zz-p2pkit {held['new_kernel'] if held else '<new>'}`: it lifts "
                   "the hold when the build succeeds) and `sudo update-grub`", pitfall="P36", severity=WARN)]
+
+
+def _secure_boot(f) -> list[Check]:
+    """Secure Boot off; or on, with the installed module signed by p2pkit's key (modinfo's sig_key is
+    the key's serial: an install property) and that key enrolled (mokutil --test-key: a queued key is
+    enrolled by MokManager at the next boot, so that one a reboot fixes). Issue 29."""
+    sb = f.get("secure_boot")
+    if sb in ("off", "legacy-bios"):
+        return [judge("p2p.secure_boot", "Secure Boot off", True, sb, "off")]
+    if failed(sb):
+        return [unknown("p2p.secure_boot", "Secure Boot off", sb, "off")]
+    m = f.get("mok") or {"error": "not read"}
+    title = "the module is signed by p2pkit's key"
+    if failed(m):
+        return [unknown("p2p.secure_boot", title, m, "the key's serial")]
+    from p2pkit.parse.mok import signed_by
+
+    serial = (m.get("cert_id") or {}).get("serial")
+    sig = m.get("module_sig_key") or ""
+    signed = judge("p2p.secure_boot", title, bool(serial) and signed_by(sig, {"serial": serial}),
+                   f"on; nvidia.ko signed by {m.get('module_signer') or 'nobody'} (sig_key {sig or 'none'})",
+                   f"{m.get('cert')} (serial {serial or 'no key yet'})",
+                   "Secure Boot refuses a module not signed by an enrolled key: run `p2pkit up --from p2p-module` "
+                   "(it signs the modules it builds with the key)")
+    state = m.get("enrolment") or "no key"
+    enrolled = judge("p2p.mok_enrolled", "the signing key is enrolled", state in ("enrolled", "in-db"),
+                     f"{m.get('cert')}: {state}", "enrolled",
+                     "a queued key is enrolled at the next boot: reboot and, in MokManager, choose \"Enroll MOK\" "
+                     "and type the one-time password given to mokutil; if none is queued (`mokutil --list-new`), "
+                     "run `p2pkit up --from p2p-module` again")
+    if state not in ("enrolled", "in-db", "queued"):
+        enrolled = replace(enrolled, hint="no enrolment is queued: run `p2pkit up --from p2p-module` (it queues "
+                           "the key with mokutil --import)")
+    return [signed, enrolled]

@@ -12,7 +12,7 @@ SIM_HINT = ("to try p2pkit without GPUs: `p2pkit sim init /tmp/p2pkit-sim` then 
 
 
 @reads("tools", "os", "kernel", "is_root", "disk", "secure_boot", "pci_gpus", "iommu", "bootloader",
-       "dpkg_nvidia", "cgroup")
+       "dpkg_nvidia", "cgroup", "mok")
 def check(f: dict, p: Profile) -> list[Check]:
     # GPUs first: on a machine without them nothing else matters, and the first failure is the headline
     # a facts file recorded before p2pkit read the bootloader has none: that check is left out for it
@@ -158,19 +158,52 @@ def _disk(f, p) -> Check:
                   context=f"free under {d['path']}")
 
 
-SECURE_BOOT_OFF = ("Secure Boot refuses the unsigned P2P-patched modules, and p2pkit does not sign them yet: "
-                   "turn it off in the firmware setup (`mokutil --sb-state` then prints \"SecureBoot disabled\"), "
-                   "then run `p2pkit up` again")
+def secure_boot_path(m: dict) -> str:
+    """What p2pkit does with Secure Boot on, said whole (issue 29): the key, its enrolment, the signing."""
+    return (f"with Secure Boot on, the p2p-module stage signs the modules it builds: it makes a key at {m.get('key')} "
+            f"(0600; its certificate {m.get('cert')}) unless p2p_module.signing_key names one, queues its enrolment "
+            "with `mokutil --import` (a one-time password: give it as P2PKIT_MOK_PASSWORD in the environment of "
+            f"`sudo p2pkit up`, or run `sudo mokutil --import {m.get('cert')}` yourself first), signs each module "
+            "with the kernel's sign-file, and after the reboot MokManager asks for that password once (choose "
+            "\"Enroll MOK\"); or turn Secure Boot off in the firmware setup")
 
 
 def _secure_boot(f, p) -> Check:
     sb = f.get("secure_boot")
     if failed(sb):
         return unknown("preflight.secure_boot", "Secure Boot", sb, "off", needed=False)
-    key = p.p2p_module.signing_key
-    return judge("preflight.secure_boot", "Secure Boot", sb in ("off", "legacy-bios"),
-                 sb + (f" (p2p_module.signing_key = {key} is not used: nothing signs the modules)" if key else ""),
-                 "off", SECURE_BOOT_OFF, severity=FAIL)
+    if sb in ("off", "legacy-bios"):
+        return judge("preflight.secure_boot", "Secure Boot", True, sb, "off")
+    m = f.get("mok") or {"error": "not read"}
+    expected = "off, or a signing key p2pkit can enrol"
+    if failed(m):
+        return unknown("preflight.secure_boot", "Secure Boot", m, expected)
+    if not m.get("sign_file"):
+        return judge("preflight.secure_boot", "Secure Boot", False,
+                     f"on; no scripts/sign-file in the headers of {m.get('kernel')}", expected,
+                     f"install linux-headers-{m.get('kernel')} (it ships scripts/sign-file); " + secure_boot_path(m),
+                     severity=FAIL)
+    if not m.get("mokutil"):
+        return judge("preflight.secure_boot", "Secure Boot", False, "on; mokutil is not installed", expected,
+                     "sudo apt-get install mokutil; " + secure_boot_path(m), severity=FAIL)
+    if m.get("cert_error"):
+        return judge("preflight.secure_boot", "Secure Boot", False, f"on; {m['cert_error']}", expected,
+                     secure_boot_path(m), severity=FAIL)
+    state = m.get("enrolment")
+    if state in ("enrolled", "in-db"):
+        return judge("preflight.secure_boot", "Secure Boot", True, f"on; key {m['cert']} enrolled", expected)
+    if state == "queued":
+        return judge("preflight.secure_boot", "Secure Boot", False, f"on; key {m['cert']} queued for enrolment",
+                     expected, "MokManager enrols it at the next boot: type the one-time password there "
+                     "(choose \"Enroll MOK\")", severity=WARN)
+    if m.get("password_given"):
+        what = f"key {m['cert']} not enrolled" if m.get("cert_exists") else "no key yet"
+        return judge("preflight.secure_boot", "Secure Boot", False,
+                     f"on; {what}: p2pkit queues its enrolment (P2PKIT_MOK_PASSWORD is set)", expected,
+                     secure_boot_path(m), severity=WARN)
+    return judge("preflight.secure_boot", "Secure Boot", False,
+                 f"on; {'key ' + m['cert'] + ' not enrolled' if m.get('cert_exists') else 'no signing key yet'} "
+                 "and no enrolment password (P2PKIT_MOK_PASSWORD)", expected, secure_boot_path(m), severity=FAIL)
 
 
 def _gpu_count(f, p) -> Check:

@@ -109,6 +109,7 @@ def reboot(root: Path) -> dict:
         cmdline = loader_next_cmdline(root, state)
     if cmdline and loader in ("grub", "systemd-boot", "kernelstub") and not state.get("cmdline_frozen"):
         state["cmdline"] = cmdline
+    enrol_queued_keys(state)
     state["module"]["loaded"] = None
     load_module(root, state)
     for svc in state.get("services", {}).values():
@@ -118,6 +119,15 @@ def reboot(root: Path) -> dict:
     for unit in sorted(p.name for p in wants.iterdir()) if wants.is_dir() else []:
         systemctl(root, load_state(root), ["start", unit])
     return load_state(root)
+
+
+def enrol_queued_keys(state: dict) -> None:
+    """MokManager at boot: the keys mokutil --import queued become enrolled (the operator typed the
+    password); with Secure Boot off shim's MokManager still runs for a queued request."""
+    mok = state.get("mok")
+    if mok and mok.get("new"):
+        mok["enrolled"] = [*mok.get("enrolled", []), *mok["new"]]
+        mok["new"] = []
 
 
 STOCK_KO = ("P2PKIT-SIM-KO\nname=nvidia\nversion=580.95.05\nsrcversion=5A1B2C3D4E5F60718293A4B5\npatched=0\n"

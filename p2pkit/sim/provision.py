@@ -92,6 +92,11 @@ def make_headers(root: Path, kernel: str) -> None:
     build = root / "lib/modules" / kernel / "build"
     build.mkdir(parents=True, exist_ok=True)
     (build / "Makefile").write_text(f"# SIMULATED linux-headers-{kernel}\n")
+    from p2pkit.sim.render import standin_script  # the headers' scripts/sign-file (Secure Boot signing)
+
+    (build / "scripts").mkdir(exist_ok=True)
+    (build / "scripts/sign-file").write_text(standin_script("sign-file"))
+    (build / "scripts/sign-file").chmod(0o755)
 
 
 def write_profile(root: Path, base: str, installer: Path, sha: str, fork: Path, commit: str,

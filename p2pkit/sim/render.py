@@ -15,7 +15,7 @@ from p2pkit.sim.scenarios import GIB
 
 STANDINS = ["nvidia-smi", "modinfo", "dpkg", "dpkg-query", "apt-mark", "apt-get", "apt-cache", "update-initramfs",
             "depmod", "update-grub", "fuser", "modprobe", "systemctl", "journalctl", "nvcc", "uname", "dmesg",
-            "lsinitramfs", "cuobjdump", "kernelstub", "useradd", "usermod"]
+            "lsinitramfs", "cuobjdump", "kernelstub", "useradd", "usermod", "mokutil"]
 AMD, NV = "0x1022", "0x10de"
 
 
@@ -278,8 +278,12 @@ LIBRARIES = {"nvml": "p2pkit.sim.nvml", "devices": "p2pkit.sim.devices", "machin
 # The commands of this machine the simulated host lends p2pkit by name (p2pkit.runner: every other
 # command is the simulated host's own stand-in, or missing): the engine is built for real (git,
 # pkg-config, CMake, Ninja, make, the compilers; ldd reads what it links) and the service's unit is
-# verified by the real systemd-analyze. What reads the host (dmesg, modinfo, nvidia-smi, ...) is never lent.
-LENDS = ("git", "pkg-config", "cmake", "ninja", "make", "cc", "c++", "ldd", "systemd-analyze")
+# verified by the real systemd-analyze; the Secure Boot key is made and checked by the real openssl (the
+# simulated mokutil and sign-file read certificates with it too). What reads the host (dmesg, modinfo,
+# nvidia-smi, ...) is never lent.
+LENDS = ("git", "pkg-config", "cmake", "ninja", "make", "cc", "c++", "ldd", "systemd-analyze", "openssl")
+
+
 def roce_gids(nic: dict) -> list[tuple[str, str]]:
     """The GID table of a ConnectX port as the kernel shows it: link-local IPv6 as RoCE v1 and v2, then
     the IPv4-mapped address as v1 and v2 (index 3 here; `gid_shift` moves it, as interface events do)."""

@@ -105,6 +105,10 @@ SCENARIOS: dict[str, tuple[str, list]] = {
                  [_set("os", {"ID": "ubuntu", "VERSION_ID": "22.04", "PRETTY_NAME": "Ubuntu 22.04.5 LTS",
                               "VERSION_CODENAME": "jammy"}), _set("kernel", "5.15.0-126-generic")]),
     "secure-boot-on": ("Secure Boot enabled in firmware", [_set("secure_boot", True)]),
+    "secure-boot-stock-driver": ("Secure Boot on, iommu=pt already, Ubuntu's signed stock 580 DKMS driver loaded: "
+                                 "the patched module is signed, and loads only after MokManager enrols the key",
+                                 [_set("secure_boot", True), _set("cmdline", READY),
+                                  _set("stock_driver", "580.95.05")]),
     "small-bar": ("Resizable BAR off in BIOS: BAR1 is 256 MiB", [_gpus(bar1_bytes=256 << 20)]),
     "behind-switch": ("both GPUs behind a PLX switch", [_gpus(switch=True)]),
     "gen4-slot": ("the second GPU in a Gen4 x8 slot", [_set("gpus.1.slot_gen", 4)]),

@@ -63,7 +63,8 @@ def main(name: str, args: list[str]) -> int:
           "update-initramfs": update_initramfs, "depmod": depmod, "update-grub": update_grub,
           "fuser": fuser, "modprobe": modprobe, "systemctl": systemctl, "journalctl": journalctl,
           "nvcc": nvcc, "uname": uname, "dmesg": dmesg, "lsinitramfs": lsinitramfs, "cuobjdump": cuobjdump,
-          "kernelstub": kernelstub, "useradd": useradd, "usermod": usermod}.get(name)
+          "kernelstub": kernelstub, "useradd": useradd, "usermod": usermod, "mokutil": mokutil,
+          "sign-file": sign_file}.get(name)
     if fn is None:  # a package tool's launcher from before it became a shell script
         raise SystemExit(f"SIMULATED stand-in for {name} is out of date: lay the host out again "
                          "(`p2pkit sim init --force DIR`)")
@@ -126,7 +127,7 @@ def load_module(root: Path, state: dict) -> str | None:
         return state["module"]["load_error"]
     path, info = hit
     fw = root / "lib/firmware/nvidia" / info["version"]
-    if state["secure_boot"] and info.get("signed") != "1":
+    if state["secure_boot"] and not signature_trusted(state, info):
         state["module"]["load_error"] = "Key was rejected by service (Secure Boot: module not signed)"
     elif not any(fw.glob("gsp_*.bin")):
         state["module"]["load_error"] = f"RmFetchGspRmImages: No firmware image found (error -2) in {fw}"
@@ -785,3 +786,126 @@ def useradd(root: Path, state: dict, args: list[str]) -> int:
 
 def usermod(root: Path, state: dict, args: list[str]) -> int:
     return user_tool("usermod", root, args)
+
+
+# ------------------------------------------------------------------------------- Secure Boot (MOK)
+
+def _cert(path: str) -> dict | None:
+    """A DER certificate's sha256, serial and CN, read with the real openssl (as mokutil reads it)."""
+    import hashlib
+    import subprocess
+
+    try:
+        data = Path(path).read_bytes()
+    except OSError:
+        return None
+    r = subprocess.run(["openssl", "x509", "-inform", "DER", "-noout", "-serial", "-subject"], input=data,
+                       capture_output=True, check=False)
+    if r.returncode != 0:
+        return None
+    from p2pkit.parse.mok import cert_identity
+
+    return {"sha256": hashlib.sha256(data).hexdigest(), **cert_identity(r.stdout.decode())}
+
+
+def signature_trusted(state: dict, info: dict) -> bool:
+    """What the kernel accepts with Secure Boot on: a module signed by a key it trusts (Canonical's for
+    the stock modules, which carry no sig_key here; an enrolled MOK's serial for p2pkit's)."""
+    if info.get("signed") != "1":
+        return False
+    serial = info.get("sig_key", "").replace(":", "").upper().lstrip("0")
+    return not serial or any(k["serial"] == serial for k in state.get("mok", {}).get("enrolled", []))
+
+
+def mokutil(root: Path, state: dict, args: list[str]) -> int:
+    """mokutil --sb-state | --import CERT [--hash-file F] | --list-new | --list-enrolled | --test-key CERT.
+    Messages as lcp/mokutil's src/mokutil.c prints them (print_sb_state, get_password, test_key,
+    print_skip_message, list_keys' "[key N]"). Keys queued by --import are enrolled by the next
+    simulated boot (lifecycle.reboot: MokManager, the operator typing the password)."""
+    mok = state.setdefault("mok", {"enrolled": [], "new": []})
+    if args == ["--sb-state"]:
+        print("SecureBoot enabled" if state["secure_boot"] else "SecureBoot disabled")
+        return 0
+    if args in (["--list-new"], ["--list-enrolled"]):
+        keys = mok["new" if args[0] == "--list-new" else "enrolled"]
+        if not keys:
+            print("MokNew is empty" if args[0] == "--list-new" else "MokListRT is empty", file=sys.stderr)
+            return 1
+        for i, k in enumerate(keys, 1):
+            print(f"[key {i}]\nSHA256 Fingerprint: {k['sha256']}\nCertificate:\n    Data:\n        Serial Number: "
+                  f"{k['serial']}\n        Subject: CN={k['cn']}")
+        return 0
+    if len(args) == 2 and args[0] == "--test-key":
+        cert = _cert(args[1])
+        if cert is None:
+            print("Not a valid x509 certificate", file=sys.stderr)
+            return -1 & 0xFF
+        if any(k["sha256"] == cert["sha256"] for k in mok["enrolled"]):
+            print(f"{args[1]} is already enrolled")
+            return 0
+        if any(k["sha256"] == cert["sha256"] for k in mok["new"]):
+            print(f"{args[1]} is already in the enrollment request")
+            return 0
+        print(f"{args[1]} is not enrolled")
+        return 1
+    if args and args[0] == "--import" and len(args) >= 2:
+        if state.get("mok_refuses"):  # a full EFI variable store, as a real firmware refuses SetVariable
+            print("Failed to enroll new keys", file=sys.stderr)
+            return 255
+        cert = _cert(args[1])
+        if cert is None:
+            print(f"Abort!!! {args[1]} is not a valid x509 certificate in DER format", file=sys.stderr)
+            return 255
+        if "--hash-file" not in args:
+            first = sys.stdin.readline().rstrip("\n")
+            print("input password: ")
+            again = sys.stdin.readline().rstrip("\n")
+            print("input password again: ")
+            if not first:
+                print("password should be 1~256 characters", file=sys.stderr)
+                print("Abort", file=sys.stderr)
+                return 255
+            if first != again:
+                print("password doesn't match", file=sys.stderr)
+                print("Abort", file=sys.stderr)
+                return 255
+        if any(k["sha256"] == cert["sha256"] for k in mok["enrolled"]):
+            print(f"SKIP: {args[1]} is already enrolled")
+            return 0
+        if not any(k["sha256"] == cert["sha256"] for k in mok["new"]):
+            mok["new"].append(cert)
+        save(root, state)
+        return 0
+    print(f"mokutil: unknown arguments {' '.join(args)}", file=sys.stderr)
+    return 255
+
+
+def sign_file(root: Path, state: dict, args: list[str]) -> int:
+    """scripts/sign-file HASH KEY CERT MODULE: appends the signature in place (sign-file.c writes
+    MODULE.~signed~ and renames it over MODULE). The simulated module records what kmod's modinfo
+    reads of a PKCS#7 signature: signer (the issuer's CN), sig_key (the serial, colon-separated hex),
+    sig_hashalgo. Errors as sign-file.c's ERR() prints them ("sign-file: KEY: ...")."""
+    import subprocess
+
+    if len(args) != 4:
+        print("Usage: scripts/sign-file [-dp] <hash algo> <key> <x509> <module> [<dest>]", file=sys.stderr)
+        return 2
+    algo, key, cert_path, module = args
+    if subprocess.run(["openssl", "pkey", "-in", key, "-noout"], capture_output=True).returncode != 0:
+        print(f"sign-file: {key}: error reading private key", file=sys.stderr)
+        return 1
+    cert = _cert(cert_path)
+    if cert is None:
+        print(f"sign-file: {cert_path}: error reading X.509 certificate", file=sys.stderr)
+        return 1
+    info = read_ko(Path(module))
+    if info is None:
+        print(f"sign-file: {module}: No such file or not a module", file=sys.stderr)
+        return 1
+    serial = cert["serial"] if len(cert["serial"]) % 2 == 0 else "0" + cert["serial"]
+    info.update(signed="1", signer=cert["cn"], sig_key=":".join(serial[i:i + 2] for i in range(0, len(serial), 2)),
+                sig_hashalgo=algo)
+    tmp = Path(module + ".~signed~")
+    tmp.write_text("P2PKIT-SIM-KO\n" + "".join(f"{k}={v}\n" for k, v in info.items()))
+    os.replace(tmp, module)
+    return 0

@@ -16,6 +16,7 @@ from p2pkit.errors import P2pkitError, UsageError
 from p2pkit.host import arch, boot, system
 from p2pkit.parse import boot as pb
 from p2pkit.runner import own_executable
+from p2pkit.stages import signing
 
 # The kernel hook pins the boot default here when the module does not build for a new kernel (P36).
 BOOT_HOLD = system.BOOT_HOLD
@@ -96,6 +97,7 @@ def _p2p_module(ctx, kernel: str | None = None) -> dict:
     cmdline = iommu_cmdline(m.iommu, system.cpu_vendor(ctx.host), machine)
     loader = boot.bootloader(ctx.host)
     refuse_unknown_bootloader(loader, cmdline.split(), system.cmdline(ctx.host).split())
+    sign = signing.prepare(ctx, kernel)  # Secure Boot: key, enrolment and sign-file settled before any change
     wants = "/etc/systemd/system/timers.target.wants/p2pkit-restore.timer"
     Backup(ctx.store.dir, "p2p-module", ctx.host).snapshot(
         [*P2P_PATHS, wants, *module_paths(ctx.host, kernel), *bootloader_paths(loader)], kernel,
@@ -113,6 +115,7 @@ def _p2p_module(ctx, kernel: str | None = None) -> dict:
         **restore_command_vars(ctx),
         # the fork's driver parameters (P28): only for the patched module of a GPU pair
         "p2pkit_p2p_module_registry_dwords": m.registry_dwords if m.patched else "",
+        **sign,
     }
     done = run_playbook(ctx, "p2p-module", values)
     return {**done, "bootloader": {"name": loader["name"], "why": loader["why"], "options": cmdline.split()}}

@@ -42,7 +42,11 @@ def try_live_reload(ctx) -> dict:
     intent = iommu_intent(system.cmdline(host), system.cpu_vendor(host)).mode
     if intent != p.iommu:
         return {"done": False, "why": "the kernel command line changes at the next boot"}
-    f = facts.collect(host, ["module", "built_module"], ctx.profile)
+    f = facts.collect(host, ["module", "built_module", "mok"], ctx.profile)
+    if f["mok"].get("needed") and f["mok"].get("enrolment") not in ("enrolled", "in-db"):
+        # the kernel refuses the signed module until MokManager enrols its key: unloading the one that
+        # works now would leave the GPUs without a driver until the reboot
+        return {"done": False, "why": "Secure Boot: the signing key is enrolled at the next boot (MokManager)"}
     built, loaded = f["built_module"].get("srcversion"), f["module"].get("loaded_srcversion")
     if built is None or loaded == built:
         return {"done": False, "why": "nothing to swap"}
