@@ -148,12 +148,16 @@ def test_functions() -> list[dict]:
         tree = ast.parse(src)
         module_slow = "pytestmark = pytest.mark.slow" in src
         lines = src.splitlines()
+        hosts = {n.name for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("test_")
+                 and any("fixture" in ast.unparse(d) for d in n.decorator_list)
+                 and SIM_HOST.search(ast.get_source_segment(src, n) or "")}
         for node in tree.body:
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
                 start = min([d.lineno for d in node.decorator_list] + [node.lineno]) - 1
                 text = "\n".join(lines[start:node.end_lineno])
                 slow = module_slow or "mark.slow" in text.split("def ", 1)[0]
-                out.append({"node": f"tests/{path.name}::{node.name}", "slow": slow, "text": text})
+                out.append({"node": f"tests/{path.name}::{node.name}", "slow": slow, "text": text,
+                            "host_fixture": bool(hosts & {a.arg for a in node.args.args})})
     return out
 
 
@@ -194,14 +198,15 @@ def relevant_tests(fn: dict, tests: list[dict]) -> list[dict]:
             or any(n.search(t["text"]) for n in needles)]
 
 
-SIM_HOST = re.compile(r"\bsim\(")
+SIM_HOST = re.compile(r"\b(make_)?sim\(")
 
 
 def scenario_wide(t: dict) -> bool:
-    """A test that lays out a simulated host and runs p2pkit over it (`sim(...)`): it exercises every
-    check of the stages it runs, and is slow beside a test of one check; a condition's set holds it
-    only where it names the condition's pitfall or a scenario that does."""
-    return bool(SIM_HOST.search(t["text"]))
+    """A test that lays out a simulated host and runs p2pkit over it (`sim(...)`, `make_sim(...)`, or a
+    fixture of its file that does, like test_engine_truth's `served`): it exercises every check of
+    the stages it runs, and is slow beside a test of one check; a condition's set holds it only where
+    it names the condition's pitfall or a scenario that does."""
+    return bool(SIM_HOST.search(t["text"])) or t.get("host_fixture", False)
 
 
 def condition_list(fn: dict) -> list[dict]:

@@ -164,30 +164,49 @@ def _alarm(signum, frame):
     raise _Hang("a mutant ran past the guard's time for one test")
 
 
+def _one(item, nxt, limit: int) -> list:
+    """One item through setup, call and teardown (up to what `nxt` shares with it), unreported; a
+    run past `limit` seconds is a failed call."""
+    from _pytest.runner import runtestprotocol
+
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(limit)
+    try:
+        return runtestprotocol(item, nextitem=nxt, log=False)
+    except _Hang:
+        return [_HangReport()]
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+class _HangReport:
+    failed = True
+
+
+def _each(items: list, limit: int):
+    """Every item in turn (item, its reports, its seconds), torn down at the end."""
+    try:
+        for i, item in enumerate(items):
+            t = time.monotonic()
+            reports = _one(item, items[i + 1] if i + 1 < len(items) else None, limit)
+            yield item, reports, time.monotonic() - t
+    finally:
+        if items:
+            items[0].session._setupstate.teardown_exact(None)
+
+
 def _run(items: list, limit: int) -> str | None:
     """Run these items in turn until one fails: its node id, or None when all pass. Nothing is
     reported to the terminal; what the items set up is torn down before returning."""
-    from _pytest.runner import runtestprotocol
-
-    session = items[0].session if items else None
+    run = _each(items, limit)
     try:
-        for i, item in enumerate(items):
-            nxt = items[i + 1] if i + 1 < len(items) else None
-            old = signal.signal(signal.SIGALRM, _alarm)
-            signal.alarm(limit)
-            try:
-                reports = runtestprotocol(item, nextitem=nxt, log=False)
-            except _Hang:
-                return item.nodeid
-            finally:
-                signal.alarm(0)
-                signal.signal(signal.SIGALRM, old)
+        for item, reports, _ in run:
             if any(r.failed for r in reports):
                 return item.nodeid
         return None
     finally:
-        if session is not None:
-            session._setupstate.teardown_exact(None)
+        run.close()
 
 
 def campaign(session, plan: dict) -> dict:
@@ -215,14 +234,14 @@ def campaign(session, plan: dict) -> dict:
     broken: set[str] = set()
     seconds: dict[str, float] = {}
     t0 = time.monotonic()
-    try:
-        for item in session.items:
-            current.clear()
-            t = time.monotonic()
-            if _run([item], limit) is not None:
+    try:  # one pass in session order: a module's fixtures set up once, as in a plain run
+        for item, reports, secs in _each(session.items, limit):
+            if any(r.failed for r in reports):
                 broken.add(item.nodeid)
-            seconds[item.nodeid] = time.monotonic() - t
-            for t in current:
+            seconds[item.nodeid] = secs
+            callers_now = set(current)
+            current.clear()
+            for t in callers_now:
                 callers[t].add(item.nodeid)
     finally:
         for orig, w in wrapped:

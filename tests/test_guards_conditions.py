@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 
 
 def finding(doc: dict, id_: str) -> dict:
@@ -65,3 +66,75 @@ def test_p34_an_initramfs_older_than_the_installed_patched_module_fails(cli, sim
     os.utime(image, (stamp, stamp))
     c = finding(doctor(cli, root), "field.module_sources")
     assert c["status"] == "pass", c
+
+
+# ------------------------------------------------------------------------------- driver (P01, P02)
+
+def _by_id(checks) -> dict:
+    return {c.id: c for c in checks}
+
+
+def test_driver_pin_allowed_other_versions_and_595_warns():
+    """driver.pin: the pin passes; another version passes only when allowed; 595 (P01) stays a warning
+    even when allowed, a fail when not. The installer checksum's measured text is the sha or (empty)."""
+    from p2pkit import config
+    from p2pkit.checks import driver
+
+    p = config.load(None)
+
+    def pin(version: str, allow: bool):
+        q = replace(p, driver=replace(p.driver, version=version, allow_other_version=allow))
+        return _by_id(driver.precheck(q))["driver.pin"]
+
+    assert pin(p.driver.version, False).status == "pass"
+    assert pin("580.95.05", False).status == "fail"
+    assert pin("580.95.05", True).status == "pass"
+    w = pin("595.71.05", True)
+    assert w.status == "warn" and w.pitfall == "P01" and "allowed by driver.allow_other_version" in w.hint
+    assert pin("595.71.05", False).status == "fail"
+    assert _by_id(driver.precheck(p))["driver.installer_sha256"].measured == "(empty)"
+    sha = "ab" * 32
+    c = _by_id(driver.precheck(replace(p, driver=replace(p.driver, installer_sha256=sha))))["driver.installer_sha256"]
+    assert c.status == "pass" and c.measured == sha
+
+
+def test_driver_check_reads_each_fact_or_says_it_could_not():
+    """driver's stage check on the facts it reads: the host's architecture (judged, could not be read,
+    absent, unknown to p2pkit), the userspace driver and its GSP firmware, the apt guards, the holds."""
+    from p2pkit import config
+    from p2pkit.checks import driver
+
+    p = config.load(None)
+    want = p.driver.version
+    good = {"arch": "x86_64", "userspace_driver": {"versions": [want], "gsp_firmware": {want: ["gsp_ga10x.bin",
+                                                                                                 "gsp_tu10x.bin"]}},
+            "driver_guards": {"nouveau_blacklisted": True, "apt_pin": True},
+            "package_holds": {"installed": ["adduser", "nvidia-dkms-615", "libnvidia-compute-615"],
+                              "held": ["nvidia-dkms-615", "libnvidia-compute-615"]}}
+    c = _by_id(driver.check(good, p))
+    assert c["driver.installer_arch"].status == "pass"
+    assert c["driver.gsp_firmware"].measured == "gsp_ga10x.bin, gsp_tu10x.bin"
+    assert c["driver.guards"].status == "pass" and c["driver.guards"].hint == ""
+    assert c["driver.guards"].measured == "nouveau_blacklisted: yes, apt_pin: yes"
+    assert c["driver.holds"].status == "pass" and c["driver.holds"].measured == "2 held"
+    # an unheld package that is not NVIDIA's is not p2pkit's to hold
+    unheld = {**good["package_holds"], "held": ["nvidia-dkms-615"]}
+    h = _by_id(driver.check({**good, "package_holds": unheld}, p))["driver.holds"]
+    assert h.status == "fail" and h.measured == "not held: libnvidia-compute-615"
+    assert "driver.installer_arch" not in _by_id(driver.check({k: v for k, v in good.items() if k != "arch"}, p))
+    assert "driver.holds" not in _by_id(driver.check({k: v for k, v in good.items() if k != "package_holds"}, p))
+    err = _by_id(driver.check({**good, "arch": {"error": "uname: not found"}}, p))["driver.installer_arch"]
+    assert err.status == "fail" and err.measured == "could not determine: uname: not found"
+    other = _by_id(driver.check({**good, "arch": "riscv64"}, p))["driver.installer_arch"]
+    assert other.status == "fail" and other.expected == "an installer for riscv64"
+    c = _by_id(driver.check({**good, "userspace_driver": {"error": "no nvidia-smi"},
+                             "driver_guards": {"error": "cannot read /etc/apt"}}, p))
+    assert c["driver.userspace_version"].measured == "could not determine: no nvidia-smi"
+    assert "driver.gsp_firmware" not in c and "driver.guards" not in c
+    c = _by_id(driver.check({**good, "driver_guards": {"error": "cannot read /etc/apt"}}, p))
+    assert c["driver.guards"].status == "fail" and c["driver.guards"].measured.startswith("could not determine")
+    c = _by_id(driver.check({**good, "driver_guards": {"nouveau_blacklisted": True, "apt_pin": False},
+                             "userspace_driver": {"versions": [want], "gsp_firmware": {}}}, p))
+    assert c["driver.guards"].status == "fail" and "p2pkit restore" in c["driver.guards"].hint
+    assert c["driver.guards"].measured == "nouveau_blacklisted: yes, apt_pin: no"
+    assert c["driver.gsp_firmware"].status == "fail" and c["driver.gsp_firmware"].measured.startswith("none in")
