@@ -186,15 +186,15 @@ def scenarios_naming(pitfalls: set[str]) -> list[str]:
 
 def relevant_tests(fn: dict, tests: list[dict]) -> list[dict]:
     """The tests that exercise a check however they name it: by its ids or name (tests_for), every
-    test of its module's test file (not those over a simulated host: scenario_wide), and those naming
-    one of its pitfalls or a scenario that does. tests/guard_plugin.py then keeps, per function, those
-    that call it."""
+    test of its module's test file (not those over a simulated host that name none of these:
+    scenario_wide), and those naming one of its pitfalls or a scenario that does.
+    tests/guard_plugin.py then keeps, per function, those that call it."""
     named = {t["node"] for t in tests_for(fn, tests)}
     pits = pitfalls_of(fn)
     needles = [re.compile(rf"\b{p}\b") for p in pits]
     needles += [re.compile(re.escape(f'"{s}"')) for s in scenarios_naming(pits)]
     own = re.compile(rf"^tests/test_{re.escape(fn['module'])}(_\w+)?\.py::")
-    return [t for t in tests if ((t["node"] in named or own.match(t["node"])) and not scenario_wide(t))
+    return [t for t in tests if t["node"] in named or (own.match(t["node"]) and not scenario_wide(t))
             or any(n.search(t["text"]) for n in needles)]
 
 
@@ -205,7 +205,7 @@ def scenario_wide(t: dict) -> bool:
     """A test that lays out a simulated host and runs p2pkit over it (`sim(...)`, `make_sim(...)`, or a
     fixture of its file that does, like test_engine_truth's `served`): it exercises every check of
     the stages it runs, and is slow beside a test of one check; a condition's set holds it only where
-    it names the condition's pitfall or a scenario that does."""
+    it names the function's check ids, the function, its pitfall or a scenario that does."""
     return bool(SIM_HOST.search(t["text"])) or t.get("host_fixture", False)
 
 
@@ -330,7 +330,8 @@ to (`service.precheck` is `engine_cmd.validate`), at two depths:
 The tests of a function: those naming its ids or itself, every test of `tests/test_<module>*.py`, and
 those naming a pitfall it judges or a simulated scenario whose description names that pitfall. A test
 over a simulated host (`sim(...)`: doctor or `up` over a whole scenario) is kept only where it names
-the pitfall: it exercises every check and would run for every surviving mutant. One pytest process per
+the check's ids, the function, its pitfall or such a scenario, not for being in the module's test
+file: it exercises every check and would run for every surviving mutant. One pytest process per
 module runs the campaign (`P2PKIT_GUARD_PLAN`): its tests collected once and run once unmutated (a test
 that fails then proves nothing and is left out; a test that never calls the function is not that
 function's), then each mutant in turn over the function's tests, quickest first, stopping at the first

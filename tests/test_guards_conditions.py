@@ -10,6 +10,8 @@ import json
 import os
 from dataclasses import replace
 
+from tests.conftest import FIXTURES
+
 
 def finding(doc: dict, id_: str) -> dict:
     """A check of a doctor document by its id, whichever group (stage) judges it."""
@@ -138,3 +140,110 @@ def test_driver_check_reads_each_fact_or_says_it_could_not():
     assert c["driver.guards"].status == "fail" and "p2pkit restore" in c["driver.guards"].hint
     assert c["driver.guards"].measured == "nouveau_blacklisted: yes, apt_pin: no"
     assert c["driver.gsp_firmware"].status == "fail" and c["driver.gsp_firmware"].measured.startswith("none in")
+
+
+# ------------------------------------------------------------------------------------------- P19
+
+def _fc_llamacpp(name: str) -> dict:
+    """The first completion's facts from a recorded llama-server run (tests/fixtures/llamacpp)."""
+    from tests.test_llamacpp import _first_completion
+
+    rec = json.loads((FIXTURES / f"llamacpp/{name}.json").read_text())
+    return _first_completion(rec)
+
+
+def _llamacpp(fc: dict | None, spec: bool = True) -> dict:
+    from p2pkit import config
+    from p2pkit.checks import service as sc
+
+    p = config.load("dual-5090-llamacpp", ["serve.flags.spec-type=draft-simple"] if spec else [])
+    if not spec:
+        p = replace(p, serve=replace(p.serve, flags={k: v for k, v in p.serve.flags.items()
+                                                     if k not in ("spec-type", "model-draft", "spec-draft-n-max",
+                                                                  "spec-draft-n-min")}))
+    s = {"health": {"ok": True}, "log_tail": ["(recorded)"]} | ({"first_completion": fc} if fc is not None else {})
+    return _by_id(sc.check_llamacpp_requests(s, p))
+
+
+def test_p19_llamacpp_needs_the_responses_and_the_metrics_draft_counts_and_a_first_completion():
+    """The recorded server with drafting on passes; the same run with the response's draft_n gone (or
+    /metrics' draft counter not grown) fails: each of the two counts must show drafting. A first
+    completion that generated nothing fails it and the spec check; no /health 200, no request: nothing
+    to judge; without a speculative type, no spec check."""
+    fc = _fc_llamacpp("spec_on")
+    c = _llamacpp(fc)
+    assert c["service.first_completion"].status == "pass" and c["service.spec_running"].status == "pass"
+    no_draft_n = {**fc, "timings": {k: v for k, v in fc["timings"].items() if not k.startswith("draft_n")}}
+    r = _llamacpp(no_draft_n)["service.spec_running"]
+    assert r.status == "fail" and "response draft_n 0" in r.measured
+    flat = {**fc, "metrics_delta": {**fc["metrics_delta"], "spec_decode_num_draft_tokens_total": 0}}
+    r = _llamacpp(flat)["service.spec_running"]
+    assert r.status == "fail" and "spec_decode_num_draft_tokens_total +0" in r.measured
+    nothing = {**fc, "timings": {**fc["timings"], "predicted_n": 0}}
+    c = _llamacpp(nothing)
+    assert c["service.first_completion"].status == "fail" and c["service.spec_running"].status == "fail"
+    assert _llamacpp(None) == {}
+    assert list(_llamacpp(fc, spec=False)) == ["service.first_completion"]
+
+
+def _vllm(fc: dict) -> dict:
+    from p2pkit import config
+    from p2pkit.checks import service as sc
+
+    p = config.load("dual-spark-vllm", ['serve.flags.speculative-config={"method":"mtp","num_speculative_tokens":3}'])
+    s = {"health": {"ok": True}, "first_completion": {"status": 200, "usage": {"completion_tokens": 16},
+                                                      "alive_after": True, **fc}, "log_tail": []}
+    return _by_id(sc.check_vllm_requests(s, p))
+
+
+def test_p19_vllm_needs_metrics_and_both_draft_counters():
+    """vLLM's /metrics not answering is its own finding (the counters cannot be read, not 'no spec
+    counters'); drafts and draft tokens must both have grown; no acceptance text without drafts."""
+    r = _vllm({"metrics_status": 404, "metrics_delta": {}})["service.spec_running"]
+    assert r.status == "fail" and r.measured == "/metrics answered 404" and "engine's own port" in r.hint
+    grown = {"spec_decode_num_drafts_total": 4, "spec_decode_num_draft_tokens_total": 12,
+             "spec_decode_num_accepted_tokens_total": 7}
+    r = _vllm({"metrics_status": 200, "metrics_delta": grown, "accepted_per_pos_delta": {"0": 3, "1": 2, "2": 2}})
+    r = r["service.spec_running"]
+    assert r.status == "pass" and r.measured.endswith("acceptance per position 0.75, 0.50, 0.50")
+    for key in ("spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total"):
+        r = _vllm({"metrics_status": 200, "metrics_delta": {**grown, key: 0}})["service.spec_running"]
+        assert r.status == "fail", key
+    r = _vllm({"metrics_status": 200, "metrics_delta": {**grown, "spec_decode_num_drafts_total": 0},
+               "accepted_per_pos_delta": {"0": 0}})["service.spec_running"]
+    assert "acceptance" not in r.measured
+
+
+def _ninfer(fc: dict) -> dict:
+    from p2pkit import config
+    from p2pkit.checks import service as sc
+
+    p = config.load("dual-5090-ninfer", ["serve.flags.spec=dflash2"])
+    s = {"health": {"ok": True}, "first_completion": {"status": 200, "usage": {"completion_tokens": 24},
+                                                      "alive_after": True, **fc}, "log_tail": []}
+    return _by_id(sc.check_ninfer_requests(s, p))
+
+
+def test_p19_ninfer_reads_the_request_done_line_of_its_own_log():
+    """NInfer's recorded request log passes with its acceptance per position; no log kept is its own
+    finding; only a request_done line counts; a backend of none, or zero drafted, fails."""
+    from tests.test_spec_running import _log_events
+
+    events = _log_events((FIXTURES / "ninfer/request_log.jsonl").read_text())
+    (done,) = events
+    r = _ninfer({"request_log": "requests.jsonl", "log_events": events})["service.spec_running"]
+    assert r.status == "pass"
+    assert r.measured == ("backend dflash2, rounds 5, drafted 35, accepted 18; acceptance per position "
+                          "1.00, 1.00, 0.80, 0.60, 0.20, 0.00, 0.00")
+    r = _ninfer({"request_log": None, "log_events": events})["service.spec_running"]
+    assert r.status == "fail" and r.measured == "the engine keeps no request log"
+    r = _ninfer({"request_log": "requests.jsonl", "log_events": [{**done, "event": "request_start"}]})
+    assert r["service.spec_running"].measured.startswith("no request_done line")
+    sp = done["speculative"]
+    for bad in ({"backend": "none"}, {"drafted_tokens": 0}):
+        ev = [{**done, "speculative": {**sp, **bad}}]
+        assert _ninfer({"request_log": "r", "log_events": ev})["service.spec_running"].status == "fail", bad
+    # a line without rounds (an older log): the per-position counts cannot be turned into rates
+    ev = [{**done, "speculative": {k: v for k, v in sp.items() if k != "rounds"}}]
+    r = _ninfer({"request_log": "r", "log_events": ev})["service.spec_running"]
+    assert r.status == "pass" and "acceptance" not in r.measured and "rounds None" in r.measured
