@@ -247,3 +247,84 @@ def test_p19_ninfer_reads_the_request_done_line_of_its_own_log():
     ev = [{**done, "speculative": {k: v for k, v in sp.items() if k != "rounds"}}]
     r = _ninfer({"request_log": "r", "log_events": ev})["service.spec_running"]
     assert r.status == "pass" and "acceptance" not in r.measured and "rounds None" in r.measured
+
+
+# ----------------------------------------------------- P22 and the vLLM node flags (service.precheck)
+
+def _spark(**flags):
+    """The built-in dual-Spark vLLM profile with these serve flags changed (None removes one)."""
+    from p2pkit import config
+
+    p = config.load("dual-spark-vllm")
+    f = {k: v for k, v in {**p.serve.flags, **flags}.items() if v is not None}
+    return replace(p, serve=replace(p.serve, flags=f))
+
+
+def _precheck(p) -> dict:
+    from p2pkit.stages import registry
+
+    (service,) = [st for st in registry() if st.name == "service"]
+    return _by_id(service.precheck(p))
+
+
+def test_p22_eager_is_judged_where_mtp_runs_at_tp2_and_says_which():
+    """service.eager: eager with MTP at TP2 passes (measured 'eager', no hint), CUDA graphs fail with
+    the fix; one GPU on one node, or no speculative config, has no such check."""
+    from p2pkit import config
+
+    ok = _precheck(_spark())["service.eager"]
+    assert (ok.status, ok.measured, ok.hint) == ("pass", "eager", "")
+    bad = _precheck(_spark(**{"enforce-eager": None}))["service.eager"]
+    assert bad.status == "fail" and bad.measured == "CUDA graphs" and "enforce-eager = true" in bad.hint
+    one = _spark(**{"enforce-eager": None, "nnodes": None, "node-rank": None, "tensor-parallel-size": 1})
+    one = replace(one, profile=replace(one.profile, nodes=1))
+    assert config.load("dual-spark-vllm").gpus.count == 1 and "service.eager" not in _precheck(one)
+    assert "service.eager" not in _precheck(_spark(**{"speculative-config": None, "enforce-eager": None}))
+
+
+def test_vllm_node_flags_tp_rank_rendezvous_headless_and_ip_filter():
+    """The dual-Spark head: tensor parallel over both nodes, --nnodes 2, rank 0 in range, the
+    rendezvous address and port, the head serving the API, the IP filter; each broken in turn."""
+    c = _precheck(_spark(**{"master-addr": "10.10.0.1"}))
+    for id_ in ("service.tp", "service.nnodes", "service.node_rank", "service.rendezvous", "service.headless"):
+        assert c[id_].status == "pass", c[id_]
+    assert c["service.rendezvous"].measured == "10.10.0.1:29511"
+    assert c["service.headless"].measured == "serves the API" and c["service.headless"].expected == "serves the API"
+    assert c["service.ip_filter"].status == "warn" and c["service.ip_filter"].measured == "no IP filter"
+    assert "network.fabric_cidr" in c["service.ip_filter"].hint
+    assert _precheck(_spark(**{"tensor-parallel-size": 1}))["service.tp"].status == "fail"
+    assert _precheck(_spark(nnodes=3))["service.nnodes"].status == "fail"
+    for rank in (None, 2, -1, "x"):
+        assert _precheck(_spark(**{"node-rank": rank, "nnodes": 2}))["service.node_rank"].status == \
+            ("pass" if rank is None else "fail"), rank  # an omitted rank is vLLM's default 0
+    r = _precheck(_spark())["service.rendezvous"]
+    assert r.status == "fail" and r.measured == "(no master-addr):29511"
+    r = _precheck(_spark(**{"master-addr": "10.10.0.1", "master-port": None}))["service.rendezvous"]
+    assert r.status == "fail" and r.measured == "10.10.0.1:(no master-port)"
+    w = _precheck(_spark(**{"master-addr": "10.10.0.1", "node-rank": 1}))["service.headless"]
+    assert w.status == "fail" and (w.measured, w.expected) == ("serves the API", "headless")
+    w = _precheck(_spark(**{"master-addr": "10.10.0.1", "node-rank": 1, "headless": True}))["service.headless"]
+    assert w.status == "pass" and w.measured == "headless"
+    h = _precheck(_spark(**{"master-addr": "10.10.0.1", "headless": True}))["service.headless"]
+    assert h.status == "fail" and h.expected == "serves the API"
+    p = _spark()
+    fenced = replace(p, network=replace(p.network, fabric_cidr="10.10.0.0/24"))
+    f = _precheck(fenced)["service.ip_filter"]
+    assert (f.status, f.measured, f.hint) == ("pass", "10.10.0.0/24", "")
+    one = replace(_spark(**{"nnodes": None, "node-rank": None, "tensor-parallel-size": 1}),
+                  profile=replace(p.profile, nodes=1))
+    assert "service.nnodes" not in _precheck(one) and "service.ip_filter" not in _precheck(one)
+
+
+def test_vllm_sequences_with_mtp_and_the_ngram_table_mmap():
+    """service.spec_slots: one sequence passes with no hint, more warn; service.ple_mmap only where
+    the n-gram table directory is set."""
+    c = _precheck(_spark(**{"max-num-seqs": 1}))["service.spec_slots"]
+    assert (c.status, c.hint) == ("pass", "")
+    c = _precheck(_spark())["service.spec_slots"]
+    assert c.status == "warn" and "45.9" in c.hint
+    assert "service.spec_slots" not in _precheck(_spark(**{"speculative-config": None, "enforce-eager": None}))
+    p = _spark()
+    assert _precheck(p)["service.ple_mmap"].status == "pass"
+    bare = replace(p, serve=replace(p.serve, env={k: v for k, v in p.serve.env.items() if k != "VLLM_PLE_MMAP_DIR"}))
+    assert "service.ple_mmap" not in _precheck(bare)
