@@ -6,6 +6,7 @@ left and why."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from dataclasses import replace
@@ -328,3 +329,65 @@ def test_vllm_sequences_with_mtp_and_the_ngram_table_mmap():
     assert _precheck(p)["service.ple_mmap"].status == "pass"
     bare = replace(p, serve=replace(p.serve, env={k: v for k, v in p.serve.env.items() if k != "VLLM_PLE_MMAP_DIR"}))
     assert "service.ple_mmap" not in _precheck(bare)
+
+
+# ------------------------------------------------------------------------------------------ rebar
+
+H200 = json.loads((FIXTURES / "h200-device/facts.json").read_text())["facts"]
+GIB = 1 << 30
+
+
+def _rebar(**facts) -> dict:
+    """The rebar stage's check over the recorded H200's facts with these changed."""
+    from p2pkit import config
+    from p2pkit.stages import registry
+
+    (st,) = [s for s in registry() if s.name == "rebar"]
+    f = copy.deepcopy(H200) | facts
+    return _by_id(st.check(f, config.load(None)))
+
+
+def test_rebar_floor_from_nvml_or_the_profile_and_what_the_card_offers():
+    """The recorded H200: BAR1 256 GiB against NVML's 140.4 GiB of VRAM, NVML's bar1Total agreeing.
+    Without NVML (or without its memory total) the floor is the profile's VRAM and the NVML
+    comparison is a skip; a small BAR1 names the largest size the card offers above the floor."""
+    bdf = H200["pci_gpus"][0]["bdf"]
+    c = _rebar()
+    assert c[f"rebar.bar1.{bdf}"].expected == ">= 140.4 GiB (VRAM from NVML)"
+    assert c[f"rebar.nvml.{bdf}"].status == "pass"
+    c = _rebar(nvml={"error": "NVML Shared Library Not Found"})
+    assert c[f"rebar.bar1.{bdf}"].expected == ">= 32.0 GiB (VRAM from the profile)"
+    assert c[f"rebar.nvml.{bdf}"].status == "skip"
+    assert c[f"rebar.nvml.{bdf}"].measured == "could not determine: NVML Shared Library Not Found"
+    nv = copy.deepcopy(H200["nvml"])
+    nv["gpus"][0]["memory_total"] = None
+    nv["gpus"][0]["bar1_total"] = None
+    c = _rebar(nvml=nv)
+    assert c[f"rebar.bar1.{bdf}"].expected == ">= 32.0 GiB (VRAM from NVML)"
+    assert c[f"rebar.nvml.{bdf}"].status == "fail" and c[f"rebar.nvml.{bdf}"].measured == "not read: None"
+    small = copy.deepcopy(H200["pci_gpus"])
+    small[0]["aperture"] = {**small[0]["aperture"], "size": 256 << 20,
+                            "resizable_to": [256 << 20, 64 * GIB, 128 * GIB, 256 * GIB]}
+    b = _rebar(pci_gpus=small)[f"rebar.bar1.{bdf}"]
+    assert b.status == "fail" and b.hint.endswith("; this card offers 256 GiB (resource2_resize)")
+    small[0]["aperture"]["resizable_to"] = [256 << 20, 64 * GIB, 128 * GIB]  # none reaches 140.4 GiB
+    b = _rebar(pci_gpus=small)[f"rebar.bar1.{bdf}"]
+    assert b.status == "fail" and "this card offers" not in b.hint
+
+
+def test_rebar_without_gpus_or_a_bar_table_says_what_it_could_not_read():
+    bdf = H200["pci_gpus"][0]["bdf"]
+    c = _rebar(pci_gpus={"error": "/sys/bus/pci/devices unreadable"})["rebar.gpus"]
+    assert c.status == "fail" and c.measured == "could not determine: /sys/bus/pci/devices unreadable"
+    c = _rebar(pci_gpus=[])["rebar.gpus"]
+    assert c.status == "fail" and c.measured == "none"
+    gone = copy.deepcopy(H200["pci_gpus"])
+    gone[0]["aperture"] = None
+    c = _rebar(pci_gpus=gone)
+    assert c[f"rebar.bar1.{bdf}"].measured == ("could not determine: no 64-bit prefetchable memory BAR in the "
+                                               "resource table")
+    assert f"rebar.nvml.{bdf}" not in c
+    gone[0]["errors"] = ["could not determine the BAR table of x: bad line", "second"]
+    c = _rebar(pci_gpus=gone)[f"rebar.bar1.{bdf}"]
+    assert c.status == "fail" and c.measured == ("could not determine: could not determine the BAR table of x: "
+                                                 "bad line; second")
