@@ -391,3 +391,60 @@ def test_rebar_without_gpus_or_a_bar_table_says_what_it_could_not_read():
     c = _rebar(pci_gpus=gone)[f"rebar.bar1.{bdf}"]
     assert c.status == "fail" and c.measured == ("could not determine: could not determine the BAR table of x: "
                                                  "bad line; second")
+
+
+# ----------------------------------------------------------------- field checks through doctor's judge
+
+FIELD_RUN = json.loads((FIXTURES / "h200-device/field-run/facts.json").read_text())
+FIELD_RUN = FIELD_RUN.get("facts", FIELD_RUN)
+
+
+def judged(profile=None, **facts) -> dict:
+    """doctor's judge over the H200's recorded field-run facts with these changed: its checks by id."""
+    from p2pkit import config, doctor
+
+    doc = doctor.judge(copy.deepcopy(FIELD_RUN) | facts, profile or config.load(None), simulated=False)
+    return {c["id"]: c for g in doc["groups"] for c in g["checks"]}
+
+
+def _gpus(*groups: str) -> list[dict]:
+    """The recorded GPU twice (the pair the profile wants), with these IOMMU groups."""
+    one = FIELD_RUN["pci_gpus"][0]
+    return [{**copy.deepcopy(one), "bdf": f"0000:0{i + 1}:00.0", "iommu_group": g} for i, g in enumerate(groups)]
+
+
+def test_p32_a_translating_domain_or_an_io_page_fault_fails_only_for_a_pair():
+    from p2pkit import config
+
+    c = judged()["field.iommu_domain"]
+    assert c["status"] == "pass" and c["measured"] == "passthrough (identity) or no IOMMU group on every GPU"
+    c = judged(pci_gpus=_gpus("identity", "translating"))["field.iommu_domain"]
+    assert c["status"] == "fail" and c["measured"] == "0000:02:00.0 (translating)" and c["pitfall"] == "P32"
+    assert "iommu=pt" in c["hint"]
+    log = {**FIELD_RUN["kernel_log"], "io_page_fault": ["(fault 1)", "(fault 2)", "(fault 3)"]}
+    c = judged(kernel_log=log)["field.iommu_domain"]
+    assert c["status"] == "fail" and c["measured"] == "(fault 1); (fault 2)"
+    c = judged(kernel_log={"error": "dmesg: read kernel buffer failed: Operation not permitted"})
+    assert c["field.iommu_domain"]["status"] == "pass"  # the kernel log is judged as could-not elsewhere
+    # the GPUs unreadable (a failed fact is a dict {"error": ...}): nothing to name, no crash
+    assert judged(pci_gpus={"error": "sysfs unreadable"})["field.iommu_domain"]["status"] == "pass"
+    one = config.load(None, ["gpus.count=1"])
+    assert "field.iommu_domain" not in judged(one, pci_gpus=_gpus("translating"))
+
+
+def test_p33_a_connected_display_on_a_gpu_of_the_pair_warns():
+    from p2pkit import config
+
+    gpus = _gpus("identity", "identity")
+    conn = [{"connector": "DP-1", "card": "card1", "status": "connected", "bdf": "0000:01:00.0"},
+            {"connector": "HDMI-A-1", "card": "card1", "status": "disconnected", "bdf": "0000:01:00.0"},
+            {"connector": "DP-2", "card": "card0", "status": "connected", "bdf": "0000:00:02.0"}]  # an iGPU
+    c = judged(pci_gpus=gpus, drm={"connectors": conn})["field.display"]
+    assert c["status"] == "warn" and c["measured"] == "card1-DP-1 on 0000:01:00.0" and c["pitfall"] == "P33"
+    c = judged(pci_gpus=gpus, drm={"connectors": conn[1:]})["field.display"]
+    assert c["status"] == "pass" and c["measured"] == "no connected display on the GPUs"
+    c = judged(pci_gpus={"error": "sysfs unreadable"}, drm={"connectors": conn})["field.display"]
+    assert c["status"] == "pass"  # no GPU read: no display on one can be named
+    c = judged(drm={"error": "/sys/class/drm unreadable"})["field.display"]
+    assert c["measured"].startswith("could not check") and c["pitfall"] == "P33"
+    assert "field.display" not in judged(config.load(None, ["gpus.count=1"]), drm={"connectors": conn})
