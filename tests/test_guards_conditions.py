@@ -448,3 +448,49 @@ def test_p33_a_connected_display_on_a_gpu_of_the_pair_warns():
     c = judged(drm={"error": "/sys/class/drm unreadable"})["field.display"]
     assert c["measured"].startswith("could not check") and c["pitfall"] == "P33"
     assert "field.display" not in judged(config.load(None, ["gpus.count=1"]), drm={"connectors": conn})
+
+
+def test_p34_module_sources_from_facts_updates_initramfs_copies_and_holders():
+    """field.module_sources over the recorded facts (no initramfs in that VM: could-not for it, the
+    rest judged), then with a DKMS copy under updates/, an initramfs that holds the stock module or
+    the patched one, and a loaded module that is not the built one while other modules hold it."""
+    from p2pkit import config
+
+    kver = FIELD_RUN["module_sources"]["kernel"]
+    c = judged()
+    assert c["field.module_sources"]["status"] == "pass"
+    assert c["field.module_sources"]["measured"] == "no copy under updates/"
+    assert c["field.module_sources.initramfs"]["measured"].startswith("could not check")
+    ms = FIELD_RUN["module_sources"]
+    dkms = f"/lib/modules/{kver}/updates/dkms/nvidia.ko"
+    c = judged(module_sources={**ms, "updates": [dkms]})["field.module_sources"]
+    assert c["status"] == "fail" and c["measured"] == f"{dkms} (DKMS wins over kernel/drivers/video)"
+    image = {"path": f"/boot/initrd.img-{kver}", "mtime": 2.0}
+    ok = {**ms, "installed_mtime": 1.0, "initramfs": {**image, "nvidia": [
+        f"usr/lib/modules/{kver}/kernel/drivers/video/nvidia.ko"]}}
+    c = judged(module_sources=ok)
+    assert c["field.module_sources"]["status"] == "pass" and "field.module_sources.initramfs" not in c
+    assert c["field.module_sources"]["measured"] == "no copy under updates/, the initramfs holds the patched module"
+    stock = {**ok, "initramfs": {**image, "nvidia": [f"usr/lib/modules/{kver}/updates/dkms/nvidia.ko"]}}
+    c = judged(module_sources=stock)["field.module_sources"]
+    assert c["status"] == "fail"
+    assert c["measured"] == f"initramfs /boot/initrd.img-{kver}: usr/lib/modules/{kver}/updates/dkms/nvidia.ko"
+    built = {"path": "/x/nvidia.ko", "srcversion": "AAAA"}
+    held = {**ok, "holders": ["nvidia_uvm", "nvidia_modeset"]}
+    c = judged(module_sources=held, built_module=built)["field.module_sources"]
+    assert c["status"] == "fail" and c["measured"] == (
+        f"loaded srcversion {FIELD_RUN['module']['loaded_srcversion']} is not the built AAAA; nvidia_uvm, "
+        "nvidia_modeset hold nvidia (rmmod nvidia fails until they are unloaded)")
+    assert judged(module_sources=ok, built_module=built)["field.module_sources"]["status"] == "pass"  # none hold
+    same = {**built, "srcversion": FIELD_RUN["module"]["loaded_srcversion"]}
+    assert judged(module_sources=held, built_module=same)["field.module_sources"]["status"] == "pass"
+    assert judged(module_sources=held, built_module={**built, "srcversion": None})[
+        "field.module_sources"]["status"] == "pass"  # nothing built to compare with
+    assert judged(module_sources=held, built_module=built, module={"error": "no module loaded"})[
+        "field.module_sources"]["status"] == "pass"
+    c = judged(module_sources={"error": "/proc/sys/kernel/osrelease unreadable"})["field.module_sources"]
+    assert c["measured"].startswith("could not check") and c["pitfall"] == "P34"
+    stockp = config.load(None)
+    stockp = replace(stockp, p2p_module=replace(stockp.p2p_module, patched=False))
+    assert "field.module_sources" not in judged(stockp, module_sources={**ms, "updates": [dkms]})
+    assert "field.module_sources" not in judged(config.load(None, ["gpus.count=1"]), module_sources=stock)
