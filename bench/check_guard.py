@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 CHECKS = REPO / "p2pkit/checks"
 TESTS = REPO / "tests"
-MAKERS = {"judge", "Check", "unknown", "not_measured"}
+MAKERS = {"judge", "Check", "unknown", "not_measured", "could_not", "figure"}
 GENERIC = {"check", "precheck", "judge", "unknown", "failed", "worst", "not_measured"}
 
 
@@ -63,7 +63,7 @@ def _ids_in(path: Path, fn_name: str, seen: set | None = None) -> set[str]:
     for call in ast.walk(node):
         if isinstance(call, ast.Call) and isinstance(call.func, ast.Name):
             if call.func.id in MAKERS and call.args:
-                ids |= _literal_prefix(call.args[0])
+                ids |= _literal_prefix(call.args[0], _local_strings(node))
             elif call.func.id in funcs:
                 ids |= _ids_in(path, call.func.id, seen)
     return ids
@@ -112,26 +112,52 @@ def check_functions(only: str | None = None) -> list[dict]:
             ids = set()
             for call in ast.walk(node):
                 if isinstance(call, ast.Call) and getattr(call.func, "id", None) in MAKERS and call.args:
-                    ids |= _literal_prefix(call.args[0])
+                    ids |= _literal_prefix(call.args[0], _local_strings(node))
             calls = {c.func.id for c in ast.walk(node) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
             for c in ast.walk(node):  # engine_cmd.validate(p) and the like: the other module's ids
                 if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and \
                         isinstance(c.func.value, ast.Name) and c.func.value.id in aliases:
                     ids |= _ids_in(aliases[c.func.value.id], c.func.attr)
             name = f"{dotted}:{node.name}"
-            if only and not {path.stem, node.name, name, f"{path.stem}:{node.name}"} & set(only.split(",")):
-                continue
             out.append({"target": name, "module": path.stem, "path": str(path.relative_to(REPO)),
                         "function": node.name, "ids": sorted(ids), "calls": calls, "node": node})
     by_name = {(f["module"], f["function"]): f for f in out}
-    for f in out:  # a function that gathers others (check, precheck) is caught by what catches them
-        for c in sorted(f.pop("calls")):
+    own = {id(f): set(f["ids"]) for f in out}
+    for f in out:  # a function that gathers others (check, precheck) is caught by what catches them,
+        for c in sorted(f.pop("calls")):  # and a helper (field.could_not) by what catches its callers
             if (f["module"], c) in by_name and c != f["function"]:
-                f["ids"] = sorted(set(f["ids"]) | set(by_name[(f["module"], c)]["ids"]))
+                helper = by_name[(f["module"], c)]
+                f["ids"] = sorted(set(f["ids"]) | own[id(helper)])
+                helper["ids"] = sorted(set(helper["ids"]) | own[id(f)])
+    if only:
+        want = set(only.split(","))
+        out = [f for f in out if {f["module"], f["function"], f["target"], f"{f['module']}:{f['function']}"} & want]
     return out
 
 
-def _literal_prefix(arg: ast.expr) -> set[str]:
+def _local_strings(fn: ast.FunctionDef) -> dict[str, str]:
+    """The function's names bound once to a string literal (`id_, title = "field.acs", "..."`)."""
+    out: dict[str, str] = {}
+    for a in ast.walk(fn):
+        if not isinstance(a, ast.Assign) or len(a.targets) != 1:
+            continue
+        t, v = a.targets[0], a.value
+        pairs = zip(t.elts, v.elts) if isinstance(t, ast.Tuple) and isinstance(v, ast.Tuple) else [(t, v)]
+        for name, val in pairs:
+            if isinstance(name, ast.Name) and isinstance(val, ast.Constant) and isinstance(val.value, str):
+                out[name.id] = val.value
+    return out
+
+
+def _literal_prefix(arg: ast.expr, local: dict[str, str] | None = None) -> set[str]:
+    """The check id a maker's first argument writes: a literal, the constant start of an f-string, a
+    local name bound to a literal, or such a name with a suffix added (`id_ + ".unread"`)."""
+    local = local or {}
+    if isinstance(arg, ast.Name) and arg.id in local:
+        return {local[arg.id]}
+    if isinstance(arg, ast.BinOp) and isinstance(arg.op, ast.Add) and isinstance(arg.left, ast.Name) \
+            and arg.left.id in local:
+        return {local[arg.left.id]}
     if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
         return {arg.value}
     if isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
@@ -232,6 +258,7 @@ def conditions_run(fns: list[dict], a) -> dict:
     t_all = time.monotonic()
     for fn in fns:
         fn["conditions"] = condition_list(fn)
+    modules: dict[str, dict] = {}
     for module in sorted({fn["module"] for fn in fns}):
         mine = [fn for fn in fns if fn["module"] == module]
         for fn in mine:
@@ -240,7 +267,11 @@ def conditions_run(fns: list[dict], a) -> dict:
         plan = {"module": module, "timeout": a.timeout,
                 "functions": [{"target": fn["target"], "n_conditions": len(fn["conditions"]), "tests": fn["tests"]}
                               for fn in mine]}
+        t_mod = time.monotonic()
         res = _campaign(plan, nodes, a.timeout * (4 + sum(len(f["conditions"]) for f in mine)))
+        secs = res.get("test_seconds", {})
+        modules[module] = {"seconds": round(time.monotonic() - t_mod), "baseline_seconds": res.get("baseline_seconds"),
+                           "tests": len(secs), "slowest": sorted(secs, key=secs.get, reverse=True)[:3]}
         got = {f["target"]: f for f in res.get("functions", [])}
         for fn in mine:
             r = got.get(fn["target"])
@@ -257,7 +288,7 @@ def conditions_run(fns: list[dict], a) -> dict:
                   + (f"; {len(fn['broken'])} failing unmutated left out" if fn["broken"] else "") + ")"
                   + ("" if r else f"; no result: {res.get('error', '')}"), file=sys.stderr)
     secs = time.monotonic() - t_all
-    res = summary(fns, secs)
+    res = summary(fns, secs) | {"modules": modules}
     killed, total, n_cond, caught = res["killed"], res["total"], res["conditions"], res["caught"]
     print(f"{killed} of {total} condition mutants killed in {len(fns)} check functions; {caught} of {n_cond} "
           f"conditions caught both ways ({'fast and slow' if a.slow else 'fast'} tests, {secs:.0f} s)")
@@ -365,15 +396,16 @@ def markdown(res: dict, a) -> str:
            f"- **{res['killed']} of {res['total']} mutants killed**; of the {res['total'] - res['killed']} "
            f"survivors, {res['equivalent']} are equivalent (below, with the reason) and "
            f"{res['total'] - res['killed'] - res['equivalent']} are gaps.\n",
-           "| module | check functions | conditions | caught both ways | mutants killed | survivors (gaps) |",
-           "|---|---|---|---|---|---|"]
+           "| module | check functions | conditions | caught both ways | mutants killed | survivors (gaps) | seconds |",
+           "|---|---|---|---|---|---|---|"]
     for m in mods:
         fs = n_fn[m]
         c = sum(len(f["conditions"]) for f in fs)
         both = sum(1 for f in fs for x in f["conditions"] if all(x["killed"].values()))
         sv = sum(len(f["survivors"]) for f in fs)
         gaps = sum(1 for f in fs for x in f["survivors"] if not x.get("equivalent"))
-        out.append(f"| {m} | {len(fs)} | {c} | {both} | {2 * c - sv} of {2 * c} | {sv} ({gaps}) |")
+        took = ((res.get("modules") or {}).get(m) or {}).get("seconds", "")
+        out.append(f"| {m} | {len(fs)} | {c} | {both} | {2 * c - sv} of {2 * c} | {sv} ({gaps}) | {took} |")
     out += ["\n## By check function\n", "| check function | conditions | mutants killed | tests that call it |",
             "|---|---|---|---|"]
     for f in fns:
@@ -441,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
         for fn in res["functions"]:
             for sv in fn["survivors"]:
                 sv.pop("equivalent", None)
-        res = summary(res["functions"], res["seconds"]) | {"only": res.get("only"), "slow": res.get("slow")}
+        res = summary(res["functions"], res["seconds"]) | {k: res.get(k) for k in ("only", "slow", "modules")}
         a.only, a.slow = res["only"], res["slow"]
         if a.markdown:
             a.markdown.write_text(markdown(res, a))

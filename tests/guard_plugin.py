@@ -13,10 +13,11 @@ recompiled from its source with that one node replaced, then put everywhere the 
 
 With P2PKIT_GUARD_PLAN=FILE (bench/check_guard.py --conditions writes it, one pytest process per
 check module), the plugin runs the whole campaign inside this one session: the tests are collected
-once; each runs once unmutated, with every planned function wrapped to record which tests call it
-(a test that fails unmutated, or never calls the function, cannot tell its mutants apart); then for
-each function, each condition, True then False: the mutant is put everywhere the function is
-referenced (the test modules included), the function's tests run in turn until the first one fails
+once; each runs once unmutated, with every planned function traced while it runs (through the
+references the mutants replace) to record which of its lines each test runs (a test that fails
+unmutated, or never runs a condition's line, cannot tell its mutants apart); then for each
+function, each condition, True then False: the mutant is put everywhere the function is referenced
+(the test modules included), the tests that ran its line run in turn until the first one fails
 (the quickest first, by the unmutated run's times), and the original is put back. The result goes to
 P2PKIT_GUARD_RESULT as JSON.
 """
@@ -147,15 +148,6 @@ def mutate(target: str) -> None:
     _replace_everywhere(orig, wrapper)
 
 
-def _recording(orig, name: str, calls: set):
-    def wrapper(*args, **kwargs):
-        calls.add(name)
-        return orig(*args, **kwargs)
-    wrapper.__name__ = orig.__name__
-    wrapper.__wrapped__ = orig
-    return wrapper
-
-
 class _Hang(Exception):
     pass
 
@@ -209,6 +201,15 @@ def _run(items: list, limit: int) -> str | None:
         run.close()
 
 
+def _codes(code) -> list:
+    """A function's code object and those of the functions and comprehensions inside it."""
+    out = [code]
+    for c in code.co_consts:
+        if hasattr(c, "co_code"):
+            out += _codes(c)
+    return out
+
+
 def campaign(session, plan: dict) -> dict:
     """The condition campaign of one check module (module docstring), inside this session."""
     by_test: dict[str, list] = {}
@@ -220,17 +221,40 @@ def campaign(session, plan: dict) -> dict:
     for f in funcs:
         mod_name, fn_name = f["target"].split(":")
         originals[f["target"]] = (importlib.import_module(mod_name), fn_name)
-    # the baseline: every item once, unmutated, each planned function wrapped to record its callers
-    calls: dict[str, set] = {}
-    wrapped = []
+    # the baseline: every item once, unmutated, the lines of each planned function it runs recorded
+    codes = {}
     for target, (mod, fn_name) in originals.items():
-        orig = getattr(mod, fn_name)
-        w = _recording(orig, target, calls.setdefault("__current__", set()))
-        wrapped.append((orig, w))
-    current = calls["__current__"]
+        for code in _codes(getattr(mod, fn_name).__code__):
+            codes[code] = target
+    lines: dict[str, dict[str, set]] = {t: {} for t in originals}  # target -> node id -> lines run
+    current: set = set()
+
+    def local(frame, event, arg):
+        if event == "line":
+            current.add((codes[frame.f_code], frame.f_lineno))
+        return local
+
+    def calls(frame, event, arg):
+        if frame.f_code in codes:
+            current.add((codes[frame.f_code], frame.f_lineno))
+            return local
+        return None
+
+    def traced(orig):  # the function as referenced, tracing its own lines while it runs
+        def wrapper(*args, **kwargs):
+            before = sys.gettrace()
+            sys.settrace(calls)
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                sys.settrace(before)
+        wrapper.__name__ = orig.__name__
+        wrapper.__wrapped__ = orig
+        return wrapper
+
+    wrapped = [(getattr(mod, fn_name), traced(getattr(mod, fn_name))) for mod, fn_name in originals.values()]
     for orig, w in wrapped:
         _replace_everywhere(orig, w)
-    callers: dict[str, set] = {t: set() for t in originals}
     broken: set[str] = set()
     seconds: dict[str, float] = {}
     t0 = time.monotonic()
@@ -239,10 +263,9 @@ def campaign(session, plan: dict) -> dict:
             if any(r.failed for r in reports):
                 broken.add(item.nodeid)
             seconds[item.nodeid] = secs
-            callers_now = set(current)
+            for target, line in current:
+                lines[target].setdefault(item.nodeid, set()).add(line)
             current.clear()
-            for t in callers_now:
-                callers[t].add(item.nodeid)
     finally:
         for orig, w in wrapped:
             _replace_everywhere(w, orig)
@@ -251,22 +274,26 @@ def campaign(session, plan: dict) -> dict:
     for f in funcs:
         mod, fn_name = originals[f["target"]]
         orig = getattr(mod, fn_name)
+        ran = lines[f["target"]]
         items = sorted((i for n in f["tests"] for i in by_test.get(n, [])
-                        if i.nodeid not in broken and i.nodeid in callers[f["target"]]),
+                        if i.nodeid not in broken and i.nodeid in ran),
                        key=lambda i: seconds[i.nodeid])  # the quickest first: a kill costs least
         res = {"target": f["target"], "tests": [i.nodeid for i in items], "conditions": []}
         t1 = time.monotonic()
-        for index in range(f["n_conditions"]):
+        _, node = function_node(mod, fn_name)
+        for index, cond in enumerate(conditions(node)):
+            span = set(range(cond.lineno, (cond.end_lineno or cond.lineno) + 1))
+            reach = [i for i in items if ran[i.nodeid] & span]  # a test that never ran its line cannot tell
             killed = {}
             for value in (True, False):
                 new = mutated_function(mod, fn_name, index, value)
                 _replace_everywhere(orig, new)
                 try:
-                    killer = _run(items, limit) if items else None
+                    killer = _run(reach, limit) if reach else None
                 finally:
                     _replace_everywhere(new, orig)
                 killed[str(value)] = killer
-            res["conditions"].append({"index": index, "killed": killed})
+            res["conditions"].append({"index": index, "killed": killed, "tests": len(reach)})
         res["seconds"] = round(time.monotonic() - t1, 1)
         out["functions"].append(res)
         print(f"guard: {f['target']}: {sum(1 for c in res['conditions'] for v in c['killed'].values() if v)} of "

@@ -494,3 +494,86 @@ def test_p34_module_sources_from_facts_updates_initramfs_copies_and_holders():
     stockp = replace(stockp, p2p_module=replace(stockp.p2p_module, patched=False))
     assert "field.module_sources" not in judged(stockp, module_sources={**ms, "updates": [dkms]})
     assert "field.module_sources" not in judged(config.load(None, ["gpus.count=1"]), module_sources=stock)
+
+
+def _params(registry: str) -> dict:
+    """The recorded H200's live driver parameters with RegistryDwords set as the params file says it."""
+    from p2pkit.parse import field as pf
+
+    d = copy.deepcopy(FIELD_RUN["driver_params"])
+    d["params"]["RegistryDwords"] = registry
+    d["registry_dwords"] = pf.registry_dwords(registry)
+    return d
+
+
+def test_p28_static_bar1_judged_for_a_patched_pair_with_dwords_only():
+    from p2pkit import config
+
+    c = judged()["field.static_bar1"]
+    assert c["status"] == "fail" and c["measured"] == 'RegistryDwords: ""' and c["pitfall"] == "P28"
+    assert judged(driver_params=_params("RMForceStaticBar1=1"))["field.static_bar1"]["status"] == "pass"
+    gone = {k: v for k, v in FIELD_RUN.items() if k != "driver_params"}  # a fact never collected
+    from p2pkit import doctor
+
+    doc = doctor.judge(copy.deepcopy(gone), config.load(None), simulated=False)
+    c = finding(doc, "field.static_bar1")
+    assert (c["status"], c["measured"], c["hint"]) == ("warn", "could not check, because None", "rerun as root")
+    c = judged(driver_params={**FIELD_RUN["driver_params"], "loaded": False})["field.static_bar1"]
+    assert (c["status"], c["measured"]) == ("skip", "no nvidia module loaded")
+    p = config.load(None)
+    for q in (config.load(None, ["gpus.count=1"]), replace(p, p2p_module=replace(p.p2p_module, patched=False)),
+              replace(p, p2p_module=replace(p.p2p_module, registry_dwords=""))):
+        assert "field.static_bar1" not in judged(q)
+
+
+def test_p29_acs_ports_unread_none_found_or_without_redirect():
+    from p2pkit import config
+    from p2pkit.parse import field as pf
+
+    c = judged()["field.acs"]  # the VM: no bridge above the GPU
+    assert c["measured"] == "could not check, because no bridge above the GPUs was found in sysfs"
+    assert c["hint"].startswith("run by hand: sudo lspci")
+    off = {"bdf": "0000:00:01.1", "ctl": 0, "flags": pf.acs_flags(0)}
+    c = judged(acs={"ports": [off]})
+    assert c["field.acs"]["status"] == "pass" and c["field.acs"]["measured"] == "no redirect on 0000:00:01.1"
+    assert "field.acs.unread" not in c
+    denied = {"bdf": "0000:00:03.1", "error": "readable by root only", "by_hand": "sudo lspci -vvv"}
+    c = judged(acs={"ports": [off, denied]})
+    assert c["field.acs"]["status"] == "pass" and c["field.acs.unread"]["status"] == "warn"
+    assert c["field.acs.unread"]["measured"] == "could not check, because readable by root only"
+    c = judged(acs={"ports": [denied]})
+    assert "field.acs" not in c and c["field.acs.unread"]["hint"] == "run by hand: sudo lspci -vvv"
+    c = judged(acs={"error": "lspci: not found"})["field.acs"]
+    assert c["measured"] == "could not check, because lspci: not found" and c["hint"] == "rerun as root"
+    assert "field.acs" not in judged(config.load(None, ["gpus.count=1"]), acs={"ports": [off]})
+
+
+def test_p35_wedged_from_nvml_and_the_kernel_log_each_or_neither():
+    nv = copy.deepcopy(FIELD_RUN["nvml"])
+    nv["gpus"][0].update(util_gpu_pct=100, processes=[])
+    bus = nv["gpus"][0]["bus_id"]
+    c = judged(nvml=nv)["field.gpu_wedged"]
+    assert c["status"] == "fail" and c["measured"] == f"{bus} 100% busy, no process" and c["pitfall"] == "P35"
+    nv["gpus"][0]["util_gpu_pct"] = None  # not read: no claim
+    assert judged(nvml=nv)["field.gpu_wedged"]["status"] == "pass"
+    log = {"error": "dmesg: read kernel buffer failed: Operation not permitted"}
+    c = judged(kernel_log=log)
+    assert c["field.gpu_wedged"]["status"] == "pass"  # NVML still read
+    assert c["field.gpu_wedged.kernel_log"]["measured"] == f"could not check, because {log['error']}"
+    c = judged(kernel_log=log, nvml={"error": "NVML Shared Library Not Found"})
+    assert c["field.gpu_wedged"]["measured"] == f"could not check, because {log['error']}"
+    assert "field.gpu_wedged.kernel_log" not in c
+    c = judged(nvml={"error": "NVML Shared Library Not Found"})
+    assert c["field.gpu_wedged"]["status"] == "pass" and "field.gpu_wedged.kernel_log" not in c
+
+
+def test_p36_boot_default_hold_warns_and_names_the_kernels():
+    held = {"held": {"kernel": "6.8.0-88-generic", "new_kernel": "6.8.0-90-generic"}}
+    c = judged(boot_hold=held)["field.boot_default"]
+    assert c["status"] == "warn" and c["pitfall"] == "P36"
+    assert c["measured"] == "booting 6.8.0-88-generic: the P2P module did not build for 6.8.0-90-generic"
+    assert "the new kernel 6.8.0-90-generic breaks" in c["hint"] and "zz-p2pkit 6.8.0-90-generic" in c["hint"]
+    c = judged()["field.boot_default"]
+    assert (c["status"], c["measured"], c["hint"]) == ("pass", "no hold", "")
+    assert "field.boot_default" not in judged(boot_hold={"error": "unreadable"})
+    assert "field.boot_default" not in judged(boot_hold=None)
