@@ -363,10 +363,10 @@ those naming a pitfall it judges or a simulated scenario whose description names
 over a simulated host (`sim(...)`: doctor or `up` over a whole scenario) is kept only where it names
 the check's ids, the function, its pitfall or such a scenario, not for being in the module's test
 file: it exercises every check and would run for every surviving mutant. One pytest process per
-module runs the campaign (`P2PKIT_GUARD_PLAN`): its tests collected once and run once unmutated (a test
-that fails then proves nothing and is left out; a test that never calls the function is not that
-function's), then each mutant in turn over the function's tests, quickest first, stopping at the first
-failure. Fast tests by default; `--slow` adds the end-to-end ones, `--only MODULE[,MODULE:FUNCTION]`
+module runs the campaign (`P2PKIT_GUARD_PLAN`): its tests collected once and run once unmutated, each
+check function traced meanwhile (a test that fails then proves nothing and is left out; a test that
+never runs a condition's line cannot tell its mutants apart), then each mutant in turn over the tests
+that ran its line, quickest first, stopping at the first failure. Fast tests by default; `--slow` adds the end-to-end ones, `--only MODULE[,MODULE:FUNCTION]`
 narrows the run.
 
 What it cannot see: a check judged only in another process (an Ansible-run `p2pkit verify` on a lab
@@ -378,7 +378,10 @@ ensured, a default that only shapes the text); those known are marked below with
 
 # Survivors that are equivalent mutants: (module:function, the condition's source, True/False) -> why no
 # test can kill them. check_guard marks them in docs/guards.md; a survivor not here is a gap.
-EQUIVALENT: dict[tuple[str, str, bool], str] = {}
+EQUIVALENT: dict[tuple[str, str, bool], str] = {
+    ("engine:_source", "bool(head)", True): "an empty HEAD never starts with a non-empty engine.commit, and an "
+    "empty engine.commit already fails the operand before it",
+}
 
 
 def markdown(res: dict, a) -> str:
@@ -396,6 +399,7 @@ def markdown(res: dict, a) -> str:
            f"- **{res['killed']} of {res['total']} mutants killed**; of the {res['total'] - res['killed']} "
            f"survivors, {res['equivalent']} are equivalent (below, with the reason) and "
            f"{res['total'] - res['killed'] - res['equivalent']} are gaps.\n",
+           *([f"({res['note']}.)\n"] if res.get("note") else []),
            "| module | check functions | conditions | caught both ways | mutants killed | survivors (gaps) | seconds |",
            "|---|---|---|---|---|---|---|"]
     for m in mods:
@@ -465,15 +469,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=int, default=900, help="seconds for one pytest run")
     ap.add_argument("--conditions", action="store_true", help="mutate each condition inside each check instead")
     ap.add_argument("--markdown", type=Path, help="with --conditions: write this result as docs/guards.md's table")
-    ap.add_argument("--from-json", type=Path, help="with --markdown: the doc from a saved --json result, not a run "
-                    "(after EQUIVALENT changed)")
+    ap.add_argument("--from-json", type=Path, action="append", help="with --markdown: the doc from saved --json "
+                    "results, not a run (after EQUIVALENT changed); given again, a later result replaces the "
+                    "earlier one's functions and modules (a module run again after its tests changed)")
     a = ap.parse_args(argv)
     if a.from_json:
-        res = json.loads(a.from_json.read_text())
+        docs = [json.loads(f.read_text()) for f in a.from_json]
+        res = docs[0]
+        again_mods = sorted({m for later in docs[1:] for m in (later.get("modules") or {})})
+        for later in docs[1:]:
+            again = {f["target"] for f in later["functions"]}
+            res["functions"] = [f for f in res["functions"] if f["target"] not in again] + later["functions"]
+            res["modules"] = {**(res.get("modules") or {}), **(later.get("modules") or {})}
         for fn in res["functions"]:
             for sv in fn["survivors"]:
                 sv.pop("equivalent", None)
-        res = summary(res["functions"], res["seconds"]) | {k: res.get(k) for k in ("only", "slow", "modules")}
+        order = {f["target"]: i for i, f in enumerate(check_functions())}
+        res["functions"].sort(key=lambda f: order.get(f["target"], len(order)))
+        secs = sum(m.get("seconds") or 0 for m in (res.get("modules") or {}).values()) or res["seconds"]
+        res = summary(res["functions"], secs) | {k: res.get(k) for k in ("only", "slow", "modules")}
+        if again_mods:
+            res["note"] = (f"{', '.join(again_mods)} run again (`--only {','.join(again_mods)}`) after tests for "
+                           "them were added, its result in place of the first run's")
         a.only, a.slow = res["only"], res["slow"]
         if a.markdown:
             a.markdown.write_text(markdown(res, a))
