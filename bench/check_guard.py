@@ -366,8 +366,8 @@ file: it exercises every check and would run for every surviving mutant. One pyt
 module runs the campaign (`P2PKIT_GUARD_PLAN`): its tests collected once and run once unmutated, each
 check function traced meanwhile (a test that fails then proves nothing and is left out; a test that
 never runs a condition's line cannot tell its mutants apart), then each mutant in turn over the tests
-that ran its line, quickest first, stopping at the first failure. Fast tests by default; `--slow` adds the end-to-end ones, `--only MODULE[,MODULE:FUNCTION]`
-narrows the run.
+that ran its line, quickest first, stopping at the first failure. Fast tests by default; `--slow` adds
+the end-to-end ones, `--only MODULE[,MODULE:FUNCTION]` narrows the run.
 
 What it cannot see: a check judged only in another process (an Ansible-run `p2pkit verify` on a lab
 host, the kernel postinst hook's `p2pkit restore`); and whether a test fails for the right reason (the
