@@ -46,3 +46,39 @@ def test_one_modules_campaign_runs_in_one_session(tmp_path):
     assert [c["index"] for c in f["conditions"]] == [0, 1, 2, 3]
     assert f["conditions"][0]["killed"] == {"True": HOLDS_TEST, "False": HOLDS_TEST}
     assert "guard: p2pkit.checks.driver:holds:" in r.stderr
+
+
+def _fn(target: str, killed: list[tuple[str | None, str | None]]) -> dict:
+    module, function = target.split(":")[0].rsplit(".", 1)[1], target.split(":")[1]
+    conds = [{"index": i, "line": 10 + i, "source": f"c{i}", "killed": {"True": t, "False": f}}
+             for i, (t, f) in enumerate(killed)]
+    survivors = [{"line": c["line"], "source": c["source"], "as": v == "True"} for c in conds
+                 for v in ("True", "False") if not c["killed"][v]]
+    return {"target": target, "module": module, "function": function, "tests": ["t"], "conditions": conds,
+            "survivors": survivors}
+
+
+def test_doc_from_saved_results_a_module_run_again_replaces_the_first(tmp_path, monkeypatch):
+    """--from-json twice: the second result's functions replace the first's; the figure counts
+    conditions caught both ways, one way, neither, and marks the equivalent survivors."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import check_guard
+
+    monkeypatch.setitem(check_guard.EQUIVALENT, ("rebar:check", "c1", False), "a reason")
+    first = {"seconds": 100, "modules": {"rebar": {"seconds": 60}, "driver": {"seconds": 40}}, "functions": [
+        _fn("p2pkit.checks.rebar:check", [(None, None)]),
+        _fn("p2pkit.checks.driver:holds", [("t", "t"), ("t", None)])]}
+    again = {"seconds": 30, "modules": {"rebar": {"seconds": 30}}, "functions": [
+        _fn("p2pkit.checks.rebar:check", [("t", "t"), ("t", None)])]}
+    (tmp_path / "a.json").write_text(json.dumps(first))
+    (tmp_path / "b.json").write_text(json.dumps(again))
+    out = tmp_path / "guards.md"
+    assert check_guard.main(["--from-json", str(tmp_path / "a.json"), "--from-json", str(tmp_path / "b.json"),
+                             "--markdown", str(out)]) == 0
+    doc = out.read_text()
+    assert "**4 conditions** in 2 check functions of 2 modules (driver, rebar)" in doc
+    assert "**2 of them caught both ways**" in doc and "2 one way only, 0 neither" in doc
+    assert "**6 of 8 mutants killed**; of the 2 survivors, 1 are equivalent" in doc and "1 are gaps" in doc
+    assert "(rebar run again" in doc and "70 s on two shared cores" in doc
+    assert "- line 11: `c1` replaced by False (equivalent: a reason)" in doc
+    assert "- line 11: `c1` replaced by False\n" in doc  # driver's, not marked
