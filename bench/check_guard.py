@@ -167,7 +167,8 @@ def _literal_prefix(arg: ast.expr, local: dict[str, str] | None = None) -> set[s
 
 
 def test_functions() -> list[dict]:
-    """Every test function: its node id, whether it is slow, and its source (decorators included)."""
+    """Every test function: its node id, whether it is slow, and its source (decorators included, and
+    the module-level helpers of its file it calls: `source()` naming engine.source names it for the test)."""
     out = []
     for path in sorted(TESTS.glob("test_*.py")):
         src = path.read_text()
@@ -177,10 +178,14 @@ def test_functions() -> list[dict]:
         hosts = {n.name for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("test_")
                  and any("fixture" in ast.unparse(d) for d in n.decorator_list)
                  and SIM_HOST.search(ast.get_source_segment(src, n) or "")}
+        helpers = {n.name: ast.get_source_segment(src, n) or "" for n in tree.body
+                   if isinstance(n, ast.FunctionDef) and not n.name.startswith("test_")}
         for node in tree.body:
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
                 start = min([d.lineno for d in node.decorator_list] + [node.lineno]) - 1
                 text = "\n".join(lines[start:node.end_lineno])
+                used = sorted({n.id for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in helpers})
+                text += "".join("\n" + helpers[h] for h in used)  # what its helpers name, it names
                 slow = module_slow or "mark.slow" in text.split("def ", 1)[0]
                 out.append({"node": f"tests/{path.name}::{node.name}", "slow": slow, "text": text,
                             "host_fixture": bool(hosts & {a.arg for a in node.args.args})})
