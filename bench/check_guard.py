@@ -386,6 +386,8 @@ ensured, a default that only shapes the text); those known are marked below with
 EQUIVALENT: dict[tuple[str, str, bool], str] = {
     ("engine:_source", "bool(head)", True): "an empty HEAD never starts with a non-empty engine.commit, and an "
     "empty engine.commit already fails the operand before it",
+    ("service:_spec", "p.engine.recipe in by_recipe", True): "engine.recipe is one of ninfer, llamacpp, vllm "
+    "(config.py refuses any other), the three keys of by_recipe: the test is always true",
 }
 
 
