@@ -33,8 +33,9 @@ def test_one_modules_campaign_runs_in_one_session(tmp_path):
     plan = {"module": "driver", "timeout": 120, "functions": [
         {"target": "p2pkit.checks.driver:holds", "n_conditions": 4, "tests": [HOLDS_TEST, NOT_A_CALLER]}]}
     (tmp_path / "plan.json").write_text(json.dumps(plan))
-    env = {**os.environ, "P2PKIT_GUARD_PLAN": str(tmp_path / "plan.json"),
-           "P2PKIT_GUARD_RESULT": str(tmp_path / "result.json"), "P2PKIT_FAST": "1"}
+    env = {k: v for k, v in os.environ.items() if k not in ("P2PKIT_GUARD_MUTATE", "P2PKIT_GUARD_COND")}
+    env |= {"P2PKIT_GUARD_PLAN": str(tmp_path / "plan.json"), "P2PKIT_GUARD_RESULT": str(tmp_path / "result.json"),
+            "P2PKIT_FAST": "1"}  # the campaign's own, never a guard run's mutant around this test
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.guard_plugin",
                         "-n", "0", HOLDS_TEST, NOT_A_CALLER], cwd=REPO, env=env, capture_output=True, text=True,
                        timeout=300)
