@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 CHECKS = REPO / "p2pkit/checks"
 TESTS = REPO / "tests"
-MAKERS = {"judge", "Check", "unknown", "not_measured"}
+MAKERS = {"judge", "Check", "unknown", "not_measured", "could_not", "figure"}
 GENERIC = {"check", "precheck", "judge", "unknown", "failed", "worst", "not_measured"}
 
 
@@ -63,7 +63,7 @@ def _ids_in(path: Path, fn_name: str, seen: set | None = None) -> set[str]:
     for call in ast.walk(node):
         if isinstance(call, ast.Call) and isinstance(call.func, ast.Name):
             if call.func.id in MAKERS and call.args:
-                ids |= _literal_prefix(call.args[0])
+                ids |= _literal_prefix(call.args[0], _local_strings(node))
             elif call.func.id in funcs:
                 ids |= _ids_in(path, call.func.id, seen)
     return ids
@@ -81,43 +81,83 @@ def _module_aliases(tree: ast.Module) -> dict[str, Path]:
     return out
 
 
+def _check_defs(path: Path) -> list[ast.FunctionDef]:
+    """The module's functions whose return annotation names Check."""
+    return [n for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef) and n.returns is not None
+            and "Check" in ast.unparse(n.returns)]
+
+
 def check_functions(only: str | None = None) -> list[dict]:
-    """Every function of p2pkit/checks whose return annotation names Check, with the ids it writes."""
+    """Every function of p2pkit/checks whose return annotation names Check, with the ids it writes;
+    and those of the other p2pkit modules the checks delegate to (service.precheck is
+    engine_cmd.validate: engine_cmd's _vllm, _llamacpp, ... judge there)."""
     out = []
+    delegates: set[Path] = set()
     for path in sorted(CHECKS.glob("*.py")):
         if path.name == "__init__.py":
             continue
-        src = path.read_text()
-        tree = ast.parse(src)
-        aliases = _module_aliases(tree)
-        for node in tree.body:
-            if not isinstance(node, ast.FunctionDef) or node.returns is None:
-                continue
-            if "Check" not in ast.unparse(node.returns):
-                continue
+        aliases = _module_aliases(ast.parse(path.read_text()))
+        for node in _check_defs(path):
+            for c in ast.walk(node):
+                if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and \
+                        isinstance(c.func.value, ast.Name) and c.func.value.id in aliases and \
+                        aliases[c.func.value.id].parent != CHECKS:
+                    delegates.add(aliases[c.func.value.id])
+    for path in sorted(CHECKS.glob("*.py")) + sorted(delegates):
+        if path.name == "__init__.py":
+            continue
+        aliases = _module_aliases(ast.parse(path.read_text()))
+        dotted = ".".join(path.relative_to(REPO).with_suffix("").parts)
+        for node in _check_defs(path):
             ids = set()
             for call in ast.walk(node):
                 if isinstance(call, ast.Call) and getattr(call.func, "id", None) in MAKERS and call.args:
-                    ids |= _literal_prefix(call.args[0])
+                    ids |= _literal_prefix(call.args[0], _local_strings(node))
             calls = {c.func.id for c in ast.walk(node) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
             for c in ast.walk(node):  # engine_cmd.validate(p) and the like: the other module's ids
                 if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and \
                         isinstance(c.func.value, ast.Name) and c.func.value.id in aliases:
                     ids |= _ids_in(aliases[c.func.value.id], c.func.attr)
-            name = f"p2pkit.checks.{path.stem}:{node.name}"
-            if only and not {path.stem, name.split(":", 1)[1], name, f"{path.stem}:{node.name}"} & set(only.split(",")):
-                continue
-            out.append({"target": name, "module": path.stem, "function": node.name, "ids": sorted(ids),
-                        "calls": calls, "node": node})
+            name = f"{dotted}:{node.name}"
+            out.append({"target": name, "module": path.stem, "path": str(path.relative_to(REPO)),
+                        "function": node.name, "ids": sorted(ids), "calls": calls, "node": node})
     by_name = {(f["module"], f["function"]): f for f in out}
-    for f in out:  # a function that gathers others (check, precheck) is caught by what catches them
-        for c in sorted(f.pop("calls")):
+    own = {id(f): set(f["ids"]) for f in out}
+    for f in out:  # a function that gathers others (check, precheck) is caught by what catches them,
+        for c in sorted(f.pop("calls")):  # and a helper (field.could_not) by what catches its callers
             if (f["module"], c) in by_name and c != f["function"]:
-                f["ids"] = sorted(set(f["ids"]) | set(by_name[(f["module"], c)]["ids"]))
+                helper = by_name[(f["module"], c)]
+                f["ids"] = sorted(set(f["ids"]) | own[id(helper)])
+                helper["ids"] = sorted(set(helper["ids"]) | own[id(f)])
+    if only:
+        want = set(only.split(","))
+        out = [f for f in out if {f["module"], f["function"], f["target"], f"{f['module']}:{f['function']}"} & want]
     return out
 
 
-def _literal_prefix(arg: ast.expr) -> set[str]:
+def _local_strings(fn: ast.FunctionDef) -> dict[str, str]:
+    """The function's names bound once to a string literal (`id_, title = "field.acs", "..."`)."""
+    out: dict[str, str] = {}
+    for a in ast.walk(fn):
+        if not isinstance(a, ast.Assign) or len(a.targets) != 1:
+            continue
+        t, v = a.targets[0], a.value
+        pairs = zip(t.elts, v.elts) if isinstance(t, ast.Tuple) and isinstance(v, ast.Tuple) else [(t, v)]
+        for name, val in pairs:
+            if isinstance(name, ast.Name) and isinstance(val, ast.Constant) and isinstance(val.value, str):
+                out[name.id] = val.value
+    return out
+
+
+def _literal_prefix(arg: ast.expr, local: dict[str, str] | None = None) -> set[str]:
+    """The check id a maker's first argument writes: a literal, the constant start of an f-string, a
+    local name bound to a literal, or such a name with a suffix added (`id_ + ".unread"`)."""
+    local = local or {}
+    if isinstance(arg, ast.Name) and arg.id in local:
+        return {local[arg.id]}
+    if isinstance(arg, ast.BinOp) and isinstance(arg.op, ast.Add) and isinstance(arg.left, ast.Name) \
+            and arg.left.id in local:
+        return {local[arg.left.id]}
     if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
         return {arg.value}
     if isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
@@ -127,19 +167,28 @@ def _literal_prefix(arg: ast.expr) -> set[str]:
 
 
 def test_functions() -> list[dict]:
-    """Every test function: its node id, whether it is slow, and its source (decorators included)."""
+    """Every test function: its node id, whether it is slow, and its source (decorators included, and
+    the module-level helpers of its file it calls: `source()` naming engine.source names it for the test)."""
     out = []
     for path in sorted(TESTS.glob("test_*.py")):
         src = path.read_text()
         tree = ast.parse(src)
         module_slow = "pytestmark = pytest.mark.slow" in src
         lines = src.splitlines()
+        hosts = {n.name for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("test_")
+                 and any("fixture" in ast.unparse(d) for d in n.decorator_list)
+                 and SIM_HOST.search(ast.get_source_segment(src, n) or "")}
+        helpers = {n.name: ast.get_source_segment(src, n) or "" for n in tree.body
+                   if isinstance(n, ast.FunctionDef) and not n.name.startswith("test_")}
         for node in tree.body:
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
                 start = min([d.lineno for d in node.decorator_list] + [node.lineno]) - 1
                 text = "\n".join(lines[start:node.end_lineno])
+                used = sorted({n.id for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in helpers})
+                text += "".join("\n" + helpers[h] for h in used)  # what its helpers name, it names
                 slow = module_slow or "mark.slow" in text.split("def ", 1)[0]
-                out.append({"node": f"tests/{path.name}::{node.name}", "slow": slow, "text": text})
+                out.append({"node": f"tests/{path.name}::{node.name}", "slow": slow, "text": text,
+                            "host_fixture": bool(hosts & {a.arg for a in node.args.args})})
     return out
 
 
@@ -156,7 +205,7 @@ PITFALL = re.compile(r"\bP\d\d\b")
 
 def pitfalls_of(fn: dict) -> set[str]:
     """The pitfall ids a check function names (pitfall="P30", or a "P16" in its source)."""
-    src = ast.get_source_segment((CHECKS / f"{fn['module']}.py").read_text(), fn["node"]) or ""
+    src = ast.get_source_segment((REPO / fn["path"]).read_text(), fn["node"]) or ""
     return set(PITFALL.findall(src))
 
 
@@ -168,14 +217,27 @@ def scenarios_naming(pitfalls: set[str]) -> list[str]:
 
 def relevant_tests(fn: dict, tests: list[dict]) -> list[dict]:
     """The tests that exercise a check however they name it: by its ids or name (tests_for), every
-    test of its module's test file, and those naming one of its pitfalls or a scenario that does."""
+    test of its module's test file (not those over a simulated host that name none of these:
+    scenario_wide), and those naming one of its pitfalls or a scenario that does.
+    tests/guard_plugin.py then keeps, per function, those that call it."""
     named = {t["node"] for t in tests_for(fn, tests)}
     pits = pitfalls_of(fn)
     needles = [re.compile(rf"\b{p}\b") for p in pits]
     needles += [re.compile(re.escape(f'"{s}"')) for s in scenarios_naming(pits)]
     own = re.compile(rf"^tests/test_{re.escape(fn['module'])}(_\w+)?\.py::")
-    return [t for t in tests if t["node"] in named or own.match(t["node"])
+    return [t for t in tests if t["node"] in named or (own.match(t["node"]) and not scenario_wide(t))
             or any(n.search(t["text"]) for n in needles)]
+
+
+SIM_HOST = re.compile(r"\b(make_)?sim\(")
+
+
+def scenario_wide(t: dict) -> bool:
+    """A test that lays out a simulated host and runs p2pkit over it (`sim(...)`, `make_sim(...)`, or a
+    fixture of its file that does, like test_engine_truth's `served`): it exercises every check of
+    the stages it runs, and is slow beside a test of one check; a condition's set holds it only where
+    it names the function's check ids, the function, its pitfall or a scenario that does."""
+    return bool(SIM_HOST.search(t["text"])) or t.get("host_fixture", False)
 
 
 def condition_list(fn: dict) -> list[dict]:
@@ -186,97 +248,194 @@ def condition_list(fn: dict) -> list[dict]:
 
     mod = importlib.import_module(fn["target"].split(":")[0])
     _, node = function_node(mod, fn["function"])
-    src = (CHECKS / f"{fn['module']}.py").read_text()
+    src = (REPO / fn["path"]).read_text()
     return [{"index": i, "line": c.lineno, "source": ast.get_source_segment(src, c) or ast.unparse(c)}
             for i, c in enumerate(conditions(node))]
 
 
 def conditions_run(fns: list[dict], a) -> dict:
-    """Every condition of every function replaced by True, then False; its tests run on each mutant."""
+    """Every condition of every function replaced by True, then False; its tests run on each mutant.
+    One pytest process per check module: tests/guard_plugin.py (P2PKIT_GUARD_PLAN) collects the
+    module's tests once, runs each once unmutated (dropping those that fail, and, per function, those
+    that never call it), then applies the mutants in turn inside that session, each run stopping at
+    its first failing test."""
     tests = test_functions()
-    total = killed = 0
     t_all = time.monotonic()
     for fn in fns:
-        chosen = [t for t in relevant_tests(fn, tests) if a.slow or not t["slow"]]
-        broken = baseline([t["node"] for t in chosen], a.timeout * 4)
-        nodes = [t["node"] for t in chosen if t["node"] not in broken]
-        fn["tests"] = nodes
         fn["conditions"] = condition_list(fn)
-        fn["survivors"] = []
-        for c in fn["conditions"]:
-            c["killed"] = {}
-            for value in (True, False):
-                total += 1
-                spec = f"{fn['target']}:{c['index']}:{value}"
-                rc, out, _ = pytest(nodes, None, a.timeout, cond=spec) if nodes else (5, "", 0.0)
-                if rc not in (0, 5):
-                    killed += 1
-                    failed = re.search(r"^FAILED (\S+)", out, re.M)
-                    c["killed"][str(value)] = failed.group(1) if failed else f"exit {rc}"
-                else:
-                    c["killed"][str(value)] = None
-                    fn["survivors"].append({"line": c["line"], "source": c["source"], "as": value})
-        n = 2 * len(fn["conditions"])
-        print(f"{n - len(fn['survivors']):3} of {n:3} killed  {fn['target']} ({len(nodes)} tests"
-              + (f"; {len(broken)} failing unmutated left out" if broken else "") + ")", file=sys.stderr)
-    print(f"{killed} of {total} condition mutants killed in {len(fns)} check functions "
-          f"({'fast and slow' if a.slow else 'fast'} tests, {time.monotonic() - t_all:.0f} s)")
+    modules: dict[str, dict] = {}
+    for module in sorted({fn["module"] for fn in fns}):
+        mine = [fn for fn in fns if fn["module"] == module]
+        for fn in mine:
+            fn["tests"] = [t["node"] for t in relevant_tests(fn, tests) if a.slow or not t["slow"]]
+        nodes = sorted({n for fn in mine for n in fn["tests"]})
+        plan = {"module": module, "timeout": a.timeout,
+                "functions": [{"target": fn["target"], "n_conditions": len(fn["conditions"]), "tests": fn["tests"]}
+                              for fn in mine]}
+        t_mod = time.monotonic()
+        res = _campaign(plan, nodes, a.timeout * (4 + sum(len(f["conditions"]) for f in mine)))
+        secs = res.get("test_seconds", {})
+        modules[module] = {"seconds": round(time.monotonic() - t_mod), "baseline_seconds": res.get("baseline_seconds"),
+                           "tests": len(secs), "slowest": sorted(secs, key=secs.get, reverse=True)[:3]}
+        got = {f["target"]: f for f in res.get("functions", [])}
+        for fn in mine:
+            r = got.get(fn["target"])
+            fn["broken"] = [n for n in res.get("broken", []) if n.split("[", 1)[0] in fn["tests"]]
+            fn["tests"] = r["tests"] if r else []
+            fn["survivors"] = []
+            for c in fn["conditions"]:
+                c["killed"] = r["conditions"][c["index"]]["killed"] if r else {"True": None, "False": None}
+                for value in ("True", "False"):
+                    if not c["killed"][value]:
+                        fn["survivors"].append({"line": c["line"], "source": c["source"], "as": value == "True"})
+            n = 2 * len(fn["conditions"])
+            print(f"{n - len(fn['survivors']):3} of {n:3} killed  {fn['target']} ({len(fn['tests'])} tests call it"
+                  + (f"; {len(fn['broken'])} failing unmutated left out" if fn["broken"] else "") + ")"
+                  + ("" if r else f"; no result: {res.get('error', '')}"), file=sys.stderr)
+    secs = time.monotonic() - t_all
+    res = summary(fns, secs) | {"modules": modules}
+    killed, total, n_cond, caught = res["killed"], res["total"], res["conditions"], res["caught"]
+    print(f"{killed} of {total} condition mutants killed in {len(fns)} check functions; {caught} of {n_cond} "
+          f"conditions caught both ways ({'fast and slow' if a.slow else 'fast'} tests, {secs:.0f} s)")
     for fn in fns:
         for sv in fn["survivors"]:
-            print(f"  survives: {fn['target']} line {sv['line']}: `{sv['source']}` as {sv['as']}")
-    return {"killed": killed, "total": total, "functions": [
-        {k: v for k, v in fn.items() if k != "node"} for fn in fns]}
+            print(f"  survives: {fn['target']} line {sv['line']}: `{sv['source']}` as {sv['as']}"
+                  + (" (equivalent)" if sv.get("equivalent") else ""))
+    return res
+
+
+def summary(fns: list[dict], secs: float) -> dict:
+    """The figure over the campaign's functions; survivors known to be equivalent marked (EQUIVALENT)."""
+    for fn in fns:
+        for sv in fn["survivors"]:
+            why = EQUIVALENT.get((f"{fn['module']}:{fn['function']}", " ".join(sv["source"].split()), sv["as"]))
+            if why:
+                sv["equivalent"] = why
+    total = sum(2 * len(fn["conditions"]) for fn in fns)
+    killed = total - sum(len(fn["survivors"]) for fn in fns)
+    n_cond = sum(len(fn["conditions"]) for fn in fns)
+    caught = sum(1 for fn in fns for c in fn["conditions"] if all(c["killed"].values()))
+    partly = sum(1 for fn in fns for c in fn["conditions"] if any(c["killed"].values())) - caught
+    equivalent = sum(1 for fn in fns for sv in fn["survivors"] if sv.get("equivalent"))
+    return {"killed": killed, "total": total, "conditions": n_cond, "caught": caught, "partly": partly,
+            "none": n_cond - caught - partly, "equivalent": equivalent, "seconds": round(secs),
+            "functions": [{k: v for k, v in fn.items() if k != "node"} for fn in fns]}
+
+
+def _campaign(plan: dict, nodes: list[str], timeout: int) -> dict:
+    """One pytest process for one check module's campaign (tests/guard_plugin.py): its result."""
+    import tempfile
+
+    if not nodes:
+        return {"functions": [], "broken": []}
+    with tempfile.TemporaryDirectory(prefix="p2pkit-guard-") as d:
+        plan_file, result = Path(d, "plan.json"), Path(d, "result.json")
+        plan_file.write_text(json.dumps(plan))
+        env = {**os.environ, "COLUMNS": "200", "P2PKIT_GUARD_PLAN": str(plan_file), "P2PKIT_GUARD_RESULT": str(result)}
+        env.pop("P2PKIT_GUARD_MUTATE", None)
+        env.pop("P2PKIT_GUARD_COND", None)
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.guard_plugin",
+               "-n", "0", "--no-header", *nodes]
+        try:
+            # its progress (a line per function, tests/guard_plugin.py) goes to our stderr as it comes
+            r = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"error": f"timed out after {timeout} s"}
+        if not result.is_file():
+            return {"error": f"pytest exit {r.returncode}: {r.stdout[-1500:]}"}
+        return json.loads(result.read_text())
 
 
 DOC_HEAD = """# Which checks a test guards
 
-<!-- Generated by `python3 bench/check_guard.py --conditions --markdown docs/guards.md`: do not edit by hand. -->
+<!-- Generated by `python3 bench/check_guard.py --conditions --markdown docs/guards.md`: do not edit by hand
+(the reasons for equivalent mutants live in bench/check_guard.py, EQUIVALENT). -->
 
 A check nobody tests can rot silently. `bench/check_guard.py` measures it for every check function in
-`p2pkit/checks` (a function whose return annotation names `Check`) at two depths:
+`p2pkit/checks` (a function whose return annotation names `Check`), and in the modules those delegate
+to (`service.precheck` is `engine_cmd.validate`), at two depths:
 
 - the function (the default): `tests/guard_plugin.py` forces it to pass (every fail, warn or pending it
   returns comes back as a pass without a hint) and runs the tests that name its check ids or itself;
-- each condition inside it (`--conditions`): every operand of an `and`/`or`, every `if` test and
-  comprehension filter, every comparison is replaced by True, then by False, one at a time (the
-  function recompiled from its source with that node replaced, put wherever the original is
-  referenced), and its tests run on each mutant: those naming its ids or itself, every test of
-  `tests/test_<module>*.py`, and those naming a pitfall it judges or a simulated scenario whose
-  description names that pitfall. A mutant under which every one of them passes survives: no test
-  notices that condition going away.
+- each condition inside it (`--conditions`): every operand of an `and`/`or` (a literal default such as
+  `x or "none"` is a value, not a condition), every `if` test and comprehension filter, every comparison
+  is replaced by True, then by False, one at a time (the function recompiled from its source with that
+  node replaced, put wherever the original is referenced, the test modules included). A mutant under
+  which every test of the function passes survives: no test notices that condition going away.
 
-Tests that fail unmutated are left out (a baseline run per function) and named. Fast tests by default;
-`--slow` adds the end-to-end ones, `--only MODULE[,MODULE:FUNCTION]` narrows the run.
+The tests of a function: those naming its ids or itself, every test of `tests/test_<module>*.py`, and
+those naming a pitfall it judges or a simulated scenario whose description names that pitfall. A test
+over a simulated host (`sim(...)`: doctor or `up` over a whole scenario) is kept only where it names
+the check's ids, the function, its pitfall or such a scenario, not for being in the module's test
+file: it exercises every check and would run for every surviving mutant. One pytest process per
+module runs the campaign (`P2PKIT_GUARD_PLAN`): its tests collected once and run once unmutated, each
+check function traced meanwhile (a test that fails then proves nothing and is left out; a test that
+never runs a condition's line cannot tell its mutants apart), then each mutant in turn over the tests
+that ran its line, quickest first, stopping at the first failure. Fast tests by default; `--slow` adds
+the end-to-end ones, `--only MODULE[,MODULE:FUNCTION]` narrows the run.
 
 What it cannot see: a check judged only in another process (an Ansible-run `p2pkit verify` on a lab
 host, the kernel postinst hook's `p2pkit restore`); and whether a test fails for the right reason (the
 tests assert the check's id, status, pitfall and measured value). A surviving mutant can be an
-equivalent one: a condition that cannot change the result (say, a guard that an earlier line already
-ensured); the list below names each survivor so that a reader can tell which.
+equivalent one: a condition that cannot change the result (a guard that an earlier line already
+ensured, a default that only shapes the text); those known are marked below with the reason.
 """
+
+# Survivors that are equivalent mutants: (module:function, the condition's source, True/False) -> why no
+# test can kill them. check_guard marks them in docs/guards.md; a survivor not here is a gap.
+EQUIVALENT: dict[tuple[str, str, bool], str] = {
+    ("engine:_source", "bool(head)", True): "an empty HEAD never starts with a non-empty engine.commit, and an "
+    "empty engine.commit already fails the operand before it",
+    ("service:_spec", "p.engine.recipe in by_recipe", True): "engine.recipe is one of ninfer, llamacpp, vllm "
+    "(config.py refuses any other), the three keys of by_recipe: the test is always true",
+}
 
 
 def markdown(res: dict, a) -> str:
     fns = res["functions"]
     mods = sorted({f["module"] for f in fns})
+    n_fn = {m: [f for f in fns if f["module"] == m] for m in mods}
     out = [DOC_HEAD, "## The last run\n",
            f"`python3 bench/check_guard.py --conditions{' --slow' if a.slow else ''}"
-           f"{' --only ' + a.only if a.only else ''}` on {time.strftime('%Y-%m-%d')}: "
-           f"**{res['killed']} of {res['total']} condition mutants killed** in {len(fns)} check functions of "
-           f"{', '.join(mods)} ({'fast and slow' if a.slow else 'fast'} tests).\n",
-           "| check function | conditions | mutants killed | tests run |", "|---|---|---|---|"]
+           f"{' --only ' + a.only if a.only else ''}` on {time.strftime('%Y-%m-%d')} "
+           f"({'fast and slow' if a.slow else 'fast'} tests, {res['seconds']} s on two shared cores):\n",
+           f"- **{res['conditions']} conditions** in {len(fns)} check functions of {len(mods)} modules "
+           f"({', '.join(mods)});",
+           f"- **{res['caught']} of them caught both ways** (a test fails when the condition is replaced by True, "
+           f"and one when it is replaced by False), {res['partly']} one way only, {res['none']} neither;",
+           f"- **{res['killed']} of {res['total']} mutants killed**; of the {res['total'] - res['killed']} "
+           f"survivors, {res['equivalent']} are equivalent (below, with the reason) and "
+           f"{res['total'] - res['killed'] - res['equivalent']} are gaps.\n",
+           *([f"({res['note']}.)\n"] if res.get("note") else []),
+           "| module | check functions | conditions | caught both ways | mutants killed | survivors (gaps) | seconds |",
+           "|---|---|---|---|---|---|---|"]
+    for m in mods:
+        fs = n_fn[m]
+        c = sum(len(f["conditions"]) for f in fs)
+        both = sum(1 for f in fs for x in f["conditions"] if all(x["killed"].values()))
+        sv = sum(len(f["survivors"]) for f in fs)
+        gaps = sum(1 for f in fs for x in f["survivors"] if not x.get("equivalent"))
+        took = ((res.get("modules") or {}).get(m) or {}).get("seconds", "")
+        out.append(f"| {m} | {len(fs)} | {c} | {both} | {2 * c - sv} of {2 * c} | {sv} ({gaps}) | {took} |")
+    out += ["\n## By check function\n", "| check function | conditions | mutants killed | tests that call it |",
+            "|---|---|---|---|"]
     for f in fns:
         n = 2 * len(f["conditions"])
         out.append(f"| {f['module']}:{f['function']} | {len(f['conditions'])} | {n - len(f['survivors'])} of {n} "
                    f"| {len(f['tests'])} |")
-    survivors = [(f, s) for f in fns for s in f["survivors"]]
-    out.append("\n## Surviving mutants\n")
-    if not survivors:
+    out.append("\n## Surviving mutants, by check function\n")
+    if not any(f["survivors"] for f in fns):
         out.append("None.")
-    for f, sv in survivors:
-        src = " ".join(sv["source"].split())
-        out.append(f"- {f['module']}:{f['function']}, line {sv['line']}: `{src}` replaced by {sv['as']}")
-    return "\n".join(out) + "\n"
+    for f in fns:
+        if not f["survivors"]:
+            continue
+        out.append(f"### {f['module']}:{f['function']}\n")
+        for sv in f["survivors"]:
+            src = " ".join(sv["source"].split()).replace("|", "\\|")
+            why = f" (equivalent: {sv['equivalent']})" if sv.get("equivalent") else ""
+            out.append(f"- line {sv['line']}: `{src}` replaced by {sv['as']}{why}")
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
 
 
 def pytest(nodes: list[str], mutate: str | None, timeout: int, cond: str | None = None) -> tuple[int, str, float]:
@@ -317,10 +476,37 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=int, default=900, help="seconds for one pytest run")
     ap.add_argument("--conditions", action="store_true", help="mutate each condition inside each check instead")
     ap.add_argument("--markdown", type=Path, help="with --conditions: write this result as docs/guards.md's table")
+    ap.add_argument("--from-json", type=Path, action="append", help="with --markdown: the doc from saved --json "
+                    "results, not a run (after EQUIVALENT changed); given again, a later result replaces the "
+                    "earlier one's functions and modules (a module run again after its tests changed)")
     a = ap.parse_args(argv)
+    if a.from_json:
+        docs = [json.loads(f.read_text()) for f in a.from_json]
+        res = docs[0]
+        again_mods = sorted({m for later in docs[1:] for m in (later.get("modules") or {})})
+        for later in docs[1:]:
+            again = {f["target"] for f in later["functions"]}
+            res["functions"] = [f for f in res["functions"] if f["target"] not in again] + later["functions"]
+            res["modules"] = {**(res.get("modules") or {}), **(later.get("modules") or {})}
+        for fn in res["functions"]:
+            for sv in fn["survivors"]:
+                sv.pop("equivalent", None)
+        order = {f["target"]: i for i, f in enumerate(check_functions())}
+        res["functions"].sort(key=lambda f: order.get(f["target"], len(order)))
+        secs = sum(m.get("seconds") or 0 for m in (res.get("modules") or {}).values()) or res["seconds"]
+        res = summary(res["functions"], secs) | {k: res.get(k) for k in ("only", "slow", "modules")}
+        if again_mods:
+            res["note"] = (f"{', '.join(again_mods)} run again (`--only {','.join(again_mods)}`) after tests for "
+                           "them were added, its result in place of the first run's")
+        a.only, a.slow = res["only"], res["slow"]
+        if a.markdown:
+            a.markdown.write_text(markdown(res, a))
+        if a.json:
+            a.json.write_text(json.dumps(res, indent=2))
+        return 0
     fns = check_functions(a.only)
     if a.conditions:
-        res = conditions_run(fns, a)
+        res = conditions_run(fns, a) | {"only": a.only, "slow": a.slow}
         if a.json:
             a.json.write_text(json.dumps(res, indent=2))
         if a.markdown:
