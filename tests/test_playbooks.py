@@ -187,3 +187,19 @@ def test_driver_on_an_aarch64_spark_node_installs_once(sim):
     checks = {c.id: c for c in driver_checks.check(facts.collect(ctx.host, ["userspace_driver", "driver_guards",
                                                                             "arch"]), ctx.profile)}
     assert checks["driver.installer_arch"].status == "pass" and checks["driver.userspace_version"].status == "pass"
+
+
+def test_the_failure_named_is_the_one_that_stopped_the_run_not_one_a_rescue_caught():
+    from p2pkit.ansible import failed_task
+
+    log = ("TASK [r : Download the installer and check its pinned sha256] ***\n"
+           'fatal: [localhost]: FAILED! => {"msg": "The checksum did not match"}\n'
+           "TASK [r : Keep the download with the wrong checksum aside] ***\nchanged: [localhost]\n"
+           "TASK [r : Stop on a wrong checksum] ***\n"
+           'fatal: [localhost]: FAILED! => {"msg": "has sha256 ab, not the pinned 00"}\n'
+           "TASK [r : Hold packages] ***\n"
+           'failed: [localhost] (item=a) => {"msg": "no such package a"}\n'
+           'fatal: [localhost]: FAILED! => {"msg": "One or more items failed"}\n')
+    assert failed_task(log) == "task 'r : Hold packages': no such package a"  # a loop: its first item's failure
+    assert failed_task(log.split("TASK [r : Hold")[0]) == "task 'r : Stop on a wrong checksum': " \
+                                                          "has sha256 ab, not the pinned 00"
