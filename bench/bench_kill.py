@@ -32,7 +32,7 @@ from pathlib import Path
 
 MAIN = "import sys; from p2pkit.cli.main import main; sys.argv[0] = 'p2pkit'; sys.exit(main())"
 STATE = "var/lib/p2pkit"
-LOCKED = 5  # p2pkit.errors.Exit.LOCKED
+LOCKED = 5  # p2pkit.core.errors.Exit.LOCKED
 
 
 def p2pkit(*args: str) -> list[str]:

@@ -22,8 +22,8 @@ def main() -> None:
     import pynvml
     import torch
 
-    from p2pkit.checks.link import ceiling_gbps
     from p2pkit.load.worker import host_bandwidth
+    from p2pkit.stages.link.checks import ceiling_gbps
 
     exe = Path(tempfile.mkdtemp()) / "h2d_ref"
     subprocess.run(["nvcc", "-O2", "-o", str(exe), str(Path(__file__).with_name("h2d_ref.cu"))], check=True)

@@ -39,11 +39,12 @@ def main() -> None:
     import llama_real
     import tiny_checkpoint
 
-    from p2pkit import bench, config, pipeline
-    from p2pkit.artifacts import Store
+    from p2pkit.app import bench, pipeline
+    from p2pkit.core import config
+    from p2pkit.core.artifacts import Store
+    from p2pkit.core.output import Output
     from p2pkit.host import Host
-    from p2pkit.output import Output
-    from p2pkit.stages import service
+    from p2pkit.stages.service import act as service
 
     llama_real.wait()
     build = llama_real.build_dir()

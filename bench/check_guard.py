@@ -1,14 +1,14 @@
-"""Which checks a test guards: force each check function of p2pkit/checks to pass, in turn, and run
+"""Which checks a test guards: force each check function of p2pkit's check modules to pass, in turn, and run
 the tests that should catch it. A check is guarded when at least one of them then fails.
 
     python3 bench/check_guard.py                 # fast tests only (the default; minutes on 2 cores)
     python3 bench/check_guard.py --slow          # end-to-end tests too, for checks no fast test catches
     python3 bench/check_guard.py --only engine   # the check functions of one module (or module:function)
     python3 bench/check_guard.py --json out.json
-    python3 bench/check_guard.py --conditions --only field   # condition by condition (below)
+    python3 bench/check_guard.py --conditions --only link   # condition by condition (below)
     python3 bench/check_guard.py --conditions --markdown docs/guards.md   # the doc, from the result
 
-A check function is a function in p2pkit/checks/*.py whose return annotation names Check. Forcing it
+A check function is a function in p2pkit/stages/*/checks.py whose return annotation names Check. Forcing it
 to pass (tests/guard_plugin.py) turns every fail, warn or pending it returns into a pass with no
 hint. Its tests are the test functions (decorators included) that name one of the check ids the
 function writes (the literal first argument of its judge/Check/unknown calls, the constant part of
@@ -42,7 +42,15 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-CHECKS = REPO / "p2pkit/checks"
+# the check modules: each stage's checks.py (named by its stage), the VRAM fit the service stage
+# judges, and the reader of pasted outputs
+CHECK_FILES = sorted([*REPO.glob("p2pkit/stages/*/checks.py"), REPO / "p2pkit/stages/service/fit.py",
+                      REPO / "p2pkit/app/paste.py"])
+
+
+def module_of(path: Path) -> str:
+    """A check module's short name: its stage's for a stage's checks.py (engine), else its own (fit)."""
+    return path.parent.name if path.name == "checks.py" else path.stem
 TESTS = REPO / "tests"
 MAKERS = {"judge", "Check", "unknown", "not_measured", "could_not", "figure"}
 GENERIC = {"check", "precheck", "judge", "unknown", "failed", "worst", "not_measured"}
@@ -88,24 +96,20 @@ def _check_defs(path: Path) -> list[ast.FunctionDef]:
 
 
 def check_functions(only: str | None = None) -> list[dict]:
-    """Every function of p2pkit/checks whose return annotation names Check, with the ids it writes;
+    """Every function of p2pkit's check modules whose return annotation names Check, with the ids it writes;
     and those of the other p2pkit modules the checks delegate to (service.precheck is
     engine_cmd.validate: engine_cmd's _vllm, _llamacpp, ... judge there)."""
     out = []
     delegates: set[Path] = set()
-    for path in sorted(CHECKS.glob("*.py")):
-        if path.name == "__init__.py":
-            continue
+    for path in CHECK_FILES:
         aliases = _module_aliases(ast.parse(path.read_text()))
         for node in _check_defs(path):
             for c in ast.walk(node):
                 if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and \
                         isinstance(c.func.value, ast.Name) and c.func.value.id in aliases and \
-                        aliases[c.func.value.id].parent != CHECKS:
+                        aliases[c.func.value.id] not in CHECK_FILES:
                     delegates.add(aliases[c.func.value.id])
-    for path in sorted(CHECKS.glob("*.py")) + sorted(delegates):
-        if path.name == "__init__.py":
-            continue
+    for path in CHECK_FILES + sorted(delegates):
         aliases = _module_aliases(ast.parse(path.read_text()))
         dotted = ".".join(path.relative_to(REPO).with_suffix("").parts)
         for node in _check_defs(path):
@@ -119,7 +123,7 @@ def check_functions(only: str | None = None) -> list[dict]:
                         isinstance(c.func.value, ast.Name) and c.func.value.id in aliases:
                     ids |= _ids_in(aliases[c.func.value.id], c.func.attr)
             name = f"{dotted}:{node.name}"
-            out.append({"target": name, "module": path.stem, "path": str(path.relative_to(REPO)),
+            out.append({"target": name, "module": module_of(path), "path": str(path.relative_to(REPO)),
                         "function": node.name, "ids": sorted(ids), "calls": calls, "node": node})
     by_name = {(f["module"], f["function"]): f for f in out}
     own = {id(f): set(f["ids"]) for f in out}
@@ -352,7 +356,7 @@ DOC_HEAD = """# Which checks a test guards
 (the reasons for equivalent mutants live in bench/check_guard.py, EQUIVALENT). -->
 
 A check nobody tests can rot silently. `bench/check_guard.py` measures it for every check function in
-`p2pkit/checks` (a function whose return annotation names `Check`), and in the modules those delegate
+`p2pkit/stages/*/checks.py` (a function whose return annotation names `Check`), and in the modules those delegate
 to (`service.precheck` is `engine_cmd.validate`), at two depths:
 
 - the function (the default): `tests/guard_plugin.py` forces it to pass (every fail, warn or pending it
@@ -471,7 +475,7 @@ def baseline(nodes: list[str], timeout: int) -> set[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--slow", action="store_true", help="also run end-to-end tests for checks no fast test catches")
-    ap.add_argument("--only", help="one module of p2pkit/checks (engine) or module:function")
+    ap.add_argument("--only", help="one module of p2pkit's check modules (engine) or module:function")
     ap.add_argument("--json", type=Path, help="write the result here as JSON")
     ap.add_argument("--timeout", type=int, default=900, help="seconds for one pytest run")
     ap.add_argument("--conditions", action="store_true", help="mutate each condition inside each check instead")

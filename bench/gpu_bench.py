@@ -18,9 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 def main(argv: list[str]) -> int:
     from gpu_stages import context, parser  # beside this script: the options and context of the GPU run
 
-    from p2pkit import bench
+    from p2pkit.app import bench
     from p2pkit.cli import bench_cmd
-    from p2pkit.errors import P2pkitError
+    from p2pkit.core.errors import P2pkitError
 
     ap = parser(__doc__)
     ap.add_argument("--shapes")

@@ -31,17 +31,18 @@ def parser(doc: str):
 
 def context(a):
     """The real host at / with the profile and state directory the options name."""
-    from p2pkit import config, pipeline
-    from p2pkit.artifacts import Store
+    from p2pkit.app import pipeline
+    from p2pkit.core import config
+    from p2pkit.core.artifacts import Store
+    from p2pkit.core.output import Output
     from p2pkit.host import Host
-    from p2pkit.output import Output
 
     return pipeline.Ctx(profile=config.load(a.profile, a.overrides), host=Host.at("/"), store=Store(a.state_dir),
                         out=Output())
 
 
 def main(argv: list[str]) -> int:
-    from p2pkit import pipeline
+    from p2pkit.app import pipeline
     from p2pkit.stages import get
 
     ap = parser(__doc__)

@@ -62,7 +62,9 @@ def untyped(checks: list[dict]) -> list[dict]:
 def findings(scenario: str, base: Path) -> list[dict]:
     from conftest import make_sim
 
-    from p2pkit import config, doctor, facts
+    from p2pkit.app import doctor
+    from p2pkit.core import config
+    from p2pkit.facts import collect as facts
     from p2pkit.host import Host
     from p2pkit.sim import lifecycle
 

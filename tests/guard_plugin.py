@@ -1,7 +1,7 @@
 """pytest plugin for bench/check_guard.py: forces one check function of p2pkit/checks to pass.
 
 Loaded with `-p tests.guard_plugin` and P2PKIT_GUARD_MUTATE=module:function (like
-p2pkit.checks.engine:_result). Every Check the function returns (alone or in a list) that is not a
+p2pkit.stages.engine.checks:_result). Every Check the function returns (alone or in a list) that is not a
 pass or a skip comes back as a pass with no hint, as if the check had been made to always pass.
 The function is replaced everywhere it is referenced: the module, every p2pkit module that
 imported it by name, and the stage registry. Loaded before conftest, so before the tests import.
@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _forced(result):
-    from p2pkit.checks import PASS, SKIP, Check
+    from p2pkit.rules.findings import PASS, SKIP, Check
 
     if isinstance(result, Check):
         return result if result.status in (PASS, SKIP) else dataclasses.replace(result, status=PASS, hint="")

@@ -25,7 +25,7 @@ WAIT_S = float(os.environ.get("P2PKIT_LLAMA_WAIT_S", "2400"))
 
 
 def pinned() -> tuple[str, str]:
-    from p2pkit import config
+    from p2pkit.core import config
 
     e = config.load(PROFILE).engine
     return e.source_url, e.source_sha256
@@ -36,7 +36,7 @@ def build_dir() -> Path:
 
 
 def archive() -> Path:
-    from p2pkit.stages.llamacpp import archive_name
+    from p2pkit.stages.engine.llamacpp import archive_name
 
     return CACHE / "dl" / archive_name(pinned()[0])
 
@@ -54,11 +54,12 @@ def ensure_archive() -> Path:
     """The pinned archive in the cache: downloaded once by p2pkit's own fetch (sha256 verified)."""
     from dataclasses import replace
 
-    from p2pkit import config, pipeline
-    from p2pkit.artifacts import Store
+    from p2pkit.app import pipeline
+    from p2pkit.core import config
+    from p2pkit.core.artifacts import Store
+    from p2pkit.core.output import Output
     from p2pkit.host import Host
-    from p2pkit.output import Output
-    from p2pkit.stages import llamacpp
+    from p2pkit.stages.engine import llamacpp
 
     p = config.load(PROFILE)
     p = replace(p, driver=replace(p.driver, cache_dir=str(archive().parent)))
@@ -72,11 +73,12 @@ def ensure_archive() -> Path:
 
 def build() -> dict:
     """p2pkit's engine recipe over the cache (unpack once, configure, build the targets)."""
-    from p2pkit import config, pipeline
-    from p2pkit.artifacts import Store
+    from p2pkit.app import pipeline
+    from p2pkit.core import config
+    from p2pkit.core.artifacts import Store
+    from p2pkit.core.output import Output
     from p2pkit.host import Host
-    from p2pkit.output import Output
-    from p2pkit.stages import engine
+    from p2pkit.stages.engine import act as engine
 
     ensure_archive()
     p = config.load(PROFILE, overrides())
@@ -101,7 +103,7 @@ def built() -> dict | None:
         rec = json.loads(done_file().read_text())
     except (OSError, ValueError):
         return None
-    from p2pkit import config
+    from p2pkit.core import config
 
     same = rec.get("targets") == config.load(PROFILE).engine.targets and rec.get("sha256") == pinned()[1]
     return rec if same and rec.get("ok") else None

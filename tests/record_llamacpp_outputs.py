@@ -99,11 +99,12 @@ def build_logs(out: Path) -> None:
     """The first build's log (the one llama_real's build kept), then p2pkit's own recipe again over the
     built tree (a re-configure and a no-op rebuild, in a fresh state directory), Ninja's dry run of the
     targets, and CMakeCache.txt."""
-    from p2pkit import config, pipeline
-    from p2pkit.artifacts import Store
+    from p2pkit.app import pipeline
+    from p2pkit.core import config
+    from p2pkit.core.artifacts import Store
+    from p2pkit.core.output import Output
     from p2pkit.host import Host
-    from p2pkit.output import Output
-    from p2pkit.stages import engine
+    from p2pkit.stages.engine import act as engine
 
     out.mkdir(parents=True, exist_ok=True)
     rec = llama_real.built()

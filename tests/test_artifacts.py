@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from p2pkit.artifacts import CorruptArtifact, Store, atomic_write
-from p2pkit.errors import LockedError, P2pkitError
-from p2pkit.lock import state_lock
+from p2pkit.core.artifacts import CorruptArtifact, Store, atomic_write
+from p2pkit.core.errors import LockedError, P2pkitError
+from p2pkit.core.lock import state_lock
 
 
 def test_write_read_digest(tmp_path):
@@ -71,9 +71,10 @@ def test_lock_refuses_a_second_holder(tmp_path):
 
 
 def test_a_stage_not_built_fails_and_never_passes(tmp_path, sim):
-    from p2pkit import config, pipeline
+    from p2pkit.app import pipeline
+    from p2pkit.core import config
+    from p2pkit.core.output import Output
     from p2pkit.host import Host
-    from p2pkit.output import Output
     from p2pkit.stages import Stage
 
     ctx = pipeline.Ctx(profile=config.load(None), host=Host.at(sim("healthy")), store=Store(tmp_path / "s"),
@@ -84,7 +85,7 @@ def test_a_stage_not_built_fails_and_never_passes(tmp_path, sim):
 
 
 def test_unwritable_path_is_a_usage_error_and_leaves_nothing(tmp_path):
-    from p2pkit.errors import Exit
+    from p2pkit.core.errors import Exit
 
     missing = tmp_path / "no/such/dir/x.json"
     with pytest.raises(P2pkitError) as e:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from p2pkit import bench
+from p2pkit.app import bench
 from p2pkit.cli import bench_cmd
-from p2pkit.errors import P2pkitError
+from p2pkit.core.errors import P2pkitError
 from p2pkit.parse import engine_api as pe
 
 FIX = Path(__file__).parent / "fixtures/llamacpp"
@@ -62,10 +62,11 @@ def test_bench_before_the_service_stage_exits_3(sim, cli):
 
 
 def ctx_for(profile: str, root: Path = Path("/"), store: Path = Path("/nonexistent")):
-    from p2pkit import config, pipeline
-    from p2pkit.artifacts import Store
+    from p2pkit.app import pipeline
+    from p2pkit.core import config
+    from p2pkit.core.artifacts import Store
+    from p2pkit.core.output import Output
     from p2pkit.host import Host
-    from p2pkit.output import Output
 
     return pipeline.Ctx(profile=config.load(profile), host=Host.at(root), store=Store(store), out=Output())
 
@@ -252,8 +253,9 @@ def ab_interrupted_in_the_second_arm(root: Path) -> None:
     assert {f: (root / f.lstrip("/")).read_bytes() for f in bench.UNIT_FILES} == unit
     last = [x for x in log_records(log, offset) if x["event"] == "server_start"][-1]
     assert last["server_instance_id"] != b_server and draft_tokens(last) == "7"
-    from p2pkit import config, engine_cmd
+    from p2pkit.core import config
     from p2pkit.host import engine_api
+    from p2pkit.rules import engine_cmd
 
     assert engine_api.get(engine_cmd.health_url(config.load(str(root / ".p2pkit-sim/profile.toml"))))[0] == 200
 

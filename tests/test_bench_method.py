@@ -9,9 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from p2pkit import bench, config
+from p2pkit.app import bench
 from p2pkit.cli import bench_cmd
-from p2pkit.errors import UsageError
+from p2pkit.core import config
+from p2pkit.core.errors import UsageError
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -92,7 +93,7 @@ def test_engines_read_one_request_at_a_time_refuse_concurrency_and_the_reference
     """vLLM's /metrics are read around each request and NInfer's log lines in order: at 2 streams their
     figures could not be told apart per request, so bench refuses before any request; llama-bench
     measures llama.cpp only."""
-    from p2pkit.errors import P2pkitError
+    from p2pkit.core.errors import P2pkitError
 
     ctx = SimpleNamespace(profile=config.load(profile))
     with pytest.raises(P2pkitError) as e:

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from p2pkit.errors import P2pkitError
+from p2pkit.core.errors import P2pkitError
 from p2pkit.parse import boot as pb
-from p2pkit.stages import acting
+from p2pkit.stages.p2p_module import act as acting
 
 # kernelstub's make_loader_entry (pop-os/kernelstub, kernelstub/installer.py) writes these four lines
 POP_ENTRY = ("title Pop!_OS\nlinux /EFI/Pop_OS-5d0c7a51/vmlinuz.efi\ninitrd /EFI/Pop_OS-5d0c7a51/initrd.img\n"

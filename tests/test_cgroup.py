@@ -6,14 +6,14 @@ import os
 import subprocess
 import sys
 
-from p2pkit import facts
+from p2pkit.facts import collect as facts
 from p2pkit.host import Host
 
 GIB = 1 << 30
 
 
 def test_real_capped_cgroup_is_found(capped_cgroup):
-    code = ("import json; from p2pkit import facts; from p2pkit.host import Host; "
+    code = ("import json; from p2pkit.facts import collect as facts; from p2pkit.host import Host; "
             "print(json.dumps(facts.collect(Host.at('/'), ['cgroup'])))")
 
     def enter():

@@ -27,11 +27,11 @@ def test_conditions_are_operands_tests_filters_and_comparisons_not_literal_defau
 
 
 def test_one_modules_campaign_runs_in_one_session(tmp_path):
-    """driver.holds (conditions: failed(h), the package filter, the held filter, `unheld`) over a test
+    """driver.holds (conditions: failed(h), the package filter, the held filter) over a test
     that calls it and one that does not: the non-caller is left out; removing `failed(h)` either way
     breaks the caller (True: every input unknown; False: the error dict read as a package list)."""
     plan = {"module": "driver", "timeout": 120, "functions": [
-        {"target": "p2pkit.checks.driver:holds", "n_conditions": 4, "tests": [HOLDS_TEST, NOT_A_CALLER]}]}
+        {"target": "p2pkit.stages.driver.checks:holds", "n_conditions": 3, "tests": [HOLDS_TEST, NOT_A_CALLER]}]}
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     env = {k: v for k, v in os.environ.items() if k not in ("P2PKIT_GUARD_MUTATE", "P2PKIT_GUARD_COND")}
     env |= {"P2PKIT_GUARD_PLAN": str(tmp_path / "plan.json"), "P2PKIT_GUARD_RESULT": str(tmp_path / "result.json"),
@@ -44,13 +44,15 @@ def test_one_modules_campaign_runs_in_one_session(tmp_path):
     assert res["broken"] == [] and set(res["test_seconds"]) == {HOLDS_TEST, NOT_A_CALLER}
     (f,) = res["functions"]
     assert f["tests"] == [HOLDS_TEST]
-    assert [c["index"] for c in f["conditions"]] == [0, 1, 2, 3]
+    assert [c["index"] for c in f["conditions"]] == [0, 1, 2]
     assert f["conditions"][0]["killed"] == {"True": HOLDS_TEST, "False": HOLDS_TEST}
-    assert "guard: p2pkit.checks.driver:holds:" in r.stderr
+    assert "guard: p2pkit.stages.driver.checks:holds:" in r.stderr
 
 
 def _fn(target: str, killed: list[tuple[str | None, str | None]]) -> dict:
-    module, function = target.split(":")[0].rsplit(".", 1)[1], target.split(":")[1]
+    dotted, function = target.split(":")
+    parts = dotted.split(".")
+    module = parts[-2] if parts[-1] == "checks" else parts[-1]  # a stage's checks.py is named by its stage
     conds = [{"index": i, "line": 10 + i, "source": f"c{i}", "killed": {"True": t, "False": f}}
              for i, (t, f) in enumerate(killed)]
     survivors = [{"line": c["line"], "source": c["source"], "as": v == "True"} for c in conds
@@ -67,10 +69,10 @@ def test_doc_from_saved_results_a_module_run_again_replaces_the_first(tmp_path, 
 
     monkeypatch.setitem(check_guard.EQUIVALENT, ("rebar:check", "c1", False), "a reason")
     first = {"seconds": 100, "modules": {"rebar": {"seconds": 60}, "driver": {"seconds": 40}}, "functions": [
-        _fn("p2pkit.checks.rebar:check", [(None, None)]),
-        _fn("p2pkit.checks.driver:holds", [("t", "t"), ("t", None)])]}
+        _fn("p2pkit.stages.rebar.checks:check", [(None, None)]),
+        _fn("p2pkit.stages.driver.checks:holds", [("t", "t"), ("t", None)])]}
     again = {"seconds": 30, "modules": {"rebar": {"seconds": 30}}, "functions": [
-        _fn("p2pkit.checks.rebar:check", [("t", "t"), ("t", None)])]}
+        _fn("p2pkit.stages.rebar.checks:check", [("t", "t"), ("t", None)])]}
     (tmp_path / "a.json").write_text(json.dumps(first))
     (tmp_path / "b.json").write_text(json.dumps(again))
     out = tmp_path / "guards.md"

@@ -2,8 +2,10 @@
 
 import json
 
-from p2pkit import config
-from p2pkit.checks import link, rebar, topology
+from p2pkit.core import config
+from p2pkit.stages.link import checks as link
+from p2pkit.stages.rebar import checks as rebar
+from p2pkit.stages.topology import checks as topology
 from tests.conftest import FIXTURES
 
 FACTS = json.loads((FIXTURES / "h200-device/facts.json").read_text())["facts"]

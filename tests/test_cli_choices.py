@@ -50,7 +50,7 @@ def test_ctrl_c_says_interrupted_and_exits_130(cli, monkeypatch):
     import signal
     import time
 
-    from p2pkit import config
+    from p2pkit.core import config
 
     def ctrl_c(*a, **kw):
         os.kill(os.getpid(), signal.SIGINT)

@@ -4,8 +4,8 @@ import tomllib
 
 import pytest
 
-from p2pkit import config
-from p2pkit.errors import ProfileError
+from p2pkit.core import config
+from p2pkit.core.errors import ProfileError
 
 BASE = tomllib.loads(config.builtin_path("dual-5090-ninfer").read_text())
 

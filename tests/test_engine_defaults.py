@@ -8,11 +8,13 @@ import copy
 import json
 from dataclasses import replace
 
-from p2pkit import config, engine_cmd
-from p2pkit.checks import link, rebar
-from p2pkit.checks import service as sc
+from p2pkit.core import config
 from p2pkit.parse import field as pf
 from p2pkit.parse import pci as pp
+from p2pkit.rules import engine_cmd
+from p2pkit.stages.link import checks as link
+from p2pkit.stages.rebar import checks as rebar
+from p2pkit.stages.service import checks as sc
 from tests.conftest import FIXTURES
 
 H200 = json.loads((FIXTURES / "h200-device/facts.json").read_text())["facts"]

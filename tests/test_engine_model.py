@@ -10,15 +10,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from p2pkit import config, pipeline
-from p2pkit.artifacts import Store
-from p2pkit.checks.model import check as check_model
+from p2pkit.app import pipeline
+from p2pkit.core import config
+from p2pkit.core.artifacts import Store
+from p2pkit.core.output import Output
 from p2pkit.host import Host
-from p2pkit.output import Output
 from p2pkit.parse import artifact as pa
 from p2pkit.sim.render import load_state, render
 from p2pkit.stages import get
-from p2pkit.stages import model as model_stage
+from p2pkit.stages.model import act as model_stage
+from p2pkit.stages.model.checks import check as check_model
 
 pytestmark = pytest.mark.slow
 
@@ -112,8 +113,8 @@ def test_real_cmake_failures_are_named(sim, setup, needle, pitfall):
     else:
         pc = root / "opt/ffmpeg/lib/pkgconfig/libavformat.pc"
         pc.write_text(pc.read_text().replace("Version: 60.16.100", "Version: 59.27.100"))
-    from p2pkit.checks import engine as ec
-    from p2pkit.stages import engine as es
+    from p2pkit.stages.engine import act as es
+    from p2pkit.stages.engine import checks as ec
 
     b = es.build(ctx)
     assert b["configure_rc"] != 0 and needle in b["first_error"]
@@ -274,8 +275,8 @@ def test_gguf_written_by_the_gguf_package_is_verified(tmp_path):
                                               ("/usr/lib/x86_64-linux-gnu/libnccl.so.2", "fail")])
 def test_llamacpp_must_link_the_profiles_nccl(nccl_path, status):
     """P16 over ldd output: llama-server and libggml-cuda.so must resolve libnccl in engine.nccl_root."""
-    from p2pkit.checks import engine as ec
     from p2pkit.parse.build import ldd
+    from p2pkit.stages.engine import checks as ec
 
     p = config.load("dual-5090-llamacpp")
     out = (f"\tlinux-vdso.so.1 (0x00007ffd)\n\tlibnccl.so.2 => {nccl_path} (0x00007f01)\n"
@@ -295,7 +296,7 @@ def test_engine_source_needs_a_pinned_commit_and_a_checkout():
     """Found on the lent H200: with no commit and no checkout, the source check must not pass."""
     from dataclasses import replace
 
-    from p2pkit.checks import engine as ec
+    from p2pkit.stages.engine import checks as ec
 
     p = config.load("dual-5090-ninfer")
     unpinned = replace(p, engine=replace(p.engine, commit=""))

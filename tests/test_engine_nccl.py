@@ -9,7 +9,8 @@ from types import SimpleNamespace
 from p2pkit.host import Host
 from p2pkit.host import field_facts as hf
 from p2pkit.parse import nccl
-from p2pkit.stages import service, service_launcher
+from p2pkit.stages.service import act as service
+from p2pkit.stages.service import launcher as service_launcher
 from tests.conftest import FIXTURES
 
 BY_RELEASE = (FIXTURES / "nccl/channels_by_release.txt").read_text().splitlines()

@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from p2pkit import config, pipeline
-from p2pkit.ansible import RECAP
-from p2pkit.artifacts import Store
-from p2pkit.errors import P2pkitError
+from p2pkit.app import pipeline
+from p2pkit.core import config
+from p2pkit.core.ansible import RECAP
+from p2pkit.core.artifacts import Store
+from p2pkit.core.errors import P2pkitError
+from p2pkit.core.output import Output
 from p2pkit.host import Host
-from p2pkit.output import Output
-from p2pkit.stages import engine as engine_stage
+from p2pkit.stages.engine import act as engine_stage
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow

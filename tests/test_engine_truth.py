@@ -13,15 +13,16 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, make_sim, p2pkit_proc
 
-from p2pkit import config, pipeline, runner
-from p2pkit.artifacts import Store
-from p2pkit.checks import service as checks
-from p2pkit.errors import Exit, P2pkitError
+from p2pkit.app import pipeline
+from p2pkit.core import config, runner
+from p2pkit.core.artifacts import Store
+from p2pkit.core.errors import Exit, P2pkitError
+from p2pkit.core.output import Output
 from p2pkit.host import Host
-from p2pkit.output import Output
 from p2pkit.parse import system as ps
 from p2pkit.sim import lifecycle
-from p2pkit.stages import service as svc
+from p2pkit.stages.service import act as svc
+from p2pkit.stages.service import checks
 
 
 @pytest.fixture(scope="module")

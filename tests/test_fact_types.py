@@ -1,4 +1,4 @@
-"""Every fact has a declared type with its units (p2pkit/fact_types.py): what the collectors return on
+"""Every fact has a declared type with its units (p2pkit/facts/types.py): what the collectors return on
 every simulated scenario and what the H200 recorded is of its type; a recorded fact of the wrong type
 is judged as "could not determine: <fact> is not <type>", never a traceback."""
 
@@ -9,7 +9,9 @@ import json
 import pytest
 from conftest import FIXTURES
 
-from p2pkit import config, fact_types, facts
+from p2pkit.core import config
+from p2pkit.facts import collect as facts
+from p2pkit.facts import types as fact_types
 from p2pkit.host import Host
 from p2pkit.sim import lifecycle, scenarios
 
@@ -94,7 +96,7 @@ def test_a_recording_of_the_wrong_shape_is_refused(cli, tmp_path, doc, why):
 def test_any_fact_refused_for_its_type_is_judged_not_raised(profile):
     """Whichever recorded fact is not its type, every check reads its replacement as a fact that could not
     be read: doctor judges the rest, and nothing raises."""
-    from p2pkit import doctor
+    from p2pkit.app import doctor
 
     found = json.loads((FIXTURES / RECORDINGS[1]).read_text())["facts"]
     prof = config.load(profile)

@@ -8,9 +8,15 @@ import json
 
 import pytest
 
-from p2pkit import config, engine_env
-from p2pkit.checks import engine, link, p2p_module, rebar, service, topology
+from p2pkit.core import config
 from p2pkit.parse import field as pf
+from p2pkit.rules import engine_env
+from p2pkit.stages.engine import checks as engine
+from p2pkit.stages.link import checks as link
+from p2pkit.stages.p2p_module import checks as p2p_module
+from p2pkit.stages.rebar import checks as rebar
+from p2pkit.stages.service import checks as service
+from p2pkit.stages.topology import checks as topology
 from tests.conftest import FIXTURES
 
 FX = FIXTURES / "field"
@@ -268,7 +274,7 @@ def hook(tmp_path, p2pkit_exit: int) -> tuple:
 
 
 def test_p36_kernel_hook_keeps_the_working_kernel_as_boot_default(tmp_path):
-    from p2pkit import facts
+    from p2pkit.facts import collect as facts
     from p2pkit.host import Host
 
     root, r = hook(tmp_path, 1)
@@ -291,7 +297,7 @@ def test_link_stage_fails_when_nccl_hangs_or_takes_shm_although_topo_says_ok(cli
     (P2P OK) and fails the link stage's NCCL all-reduce as hung; `verify link` then judges the same
     box with the parameter live on an Intel host whose GPUs meet at the CPU (P30): P2P with the
     rendered NCCL_P2P_LEVEL=PHB, SHM when [serve.env] disables P2P (P17)."""
-    from p2pkit.artifacts import Store
+    from p2pkit.core.artifacts import Store
     from p2pkit.sim import lifecycle
     from p2pkit.sim.render import load_state, render
 
@@ -349,7 +355,7 @@ def test_static_bar1_on_the_real_h200_params_file():
     a stock driver with RegistryDwords empty, judged for the pair profile, is named P28."""
     import json
 
-    from p2pkit import config
+    from p2pkit.core import config
     facts = json.loads((FIXTURES / "h200-device/field-run/facts.json").read_text())["facts"]
     assert facts["driver_params"]["loaded"] and len(facts["driver_params"]["params"]) == 42
     (c,) = p2p_module.static_bar1(facts, config.load(None))

@@ -8,8 +8,12 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from p2pkit import config, reports
-from p2pkit.checks import FAIL, PASS, figure, link, preflight, rebar
+from p2pkit.app import reports
+from p2pkit.core import config
+from p2pkit.rules.findings import FAIL, PASS, figure
+from p2pkit.stages.link import checks as link
+from p2pkit.stages.preflight import checks as preflight
+from p2pkit.stages.rebar import checks as rebar
 from tests.test_checks_recorded import FACTS
 
 

@@ -8,10 +8,15 @@ import count_figures
 import pytest
 from conftest import FIXTURES
 
-from p2pkit import config, engine_cmd
-from p2pkit.checks import FAIL, PASS, WARN, figure, fit, link, paste, place, preflight, reading, show
-from p2pkit.checks import driver as driver_checks
+from p2pkit.app import paste
+from p2pkit.core import config
+from p2pkit.rules import engine_cmd
+from p2pkit.rules.findings import FAIL, PASS, WARN, figure, place, reading, show
 from p2pkit.sim import scenarios
+from p2pkit.stages.driver import checks as driver_checks
+from p2pkit.stages.link import checks as link
+from p2pkit.stages.preflight import checks as preflight
+from p2pkit.stages.service import fit
 
 GIB = 1 << 30
 P = config.load(None)
@@ -80,8 +85,8 @@ def test_counts_and_sizes_of_verify_and_paste_checks():
 
 
 def test_drafting_carries_its_draft_tokens():
-    from p2pkit.checks import service as service_checks
     from p2pkit.parse import engine_api as pe
+    from p2pkit.stages.service import checks as service_checks
 
     # NInfer's own request log (tests/fixtures/ninfer/README)
     events = pe.ninfer_done(pe.jsonl((FIXTURES / "ninfer/request_log.jsonl").read_text()))
@@ -90,7 +95,7 @@ def test_drafting_carries_its_draft_tokens():
 
 
 def test_the_first_completion_carries_its_tokens():
-    from p2pkit.checks import service as service_checks
+    from p2pkit.stages.service import checks as service_checks
 
     fc = {"status": 200, "usage": {"completion_tokens": 24}, "client_seconds": 0.5, "alive_after": True}
     c = service_checks._openai_first(fc, {"log_tail": []}, "vLLM")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from p2pkit import config
+from p2pkit.core import config
 from p2pkit.host import SIM_MARKER
 
 
@@ -63,7 +63,7 @@ def test_the_gate_error_suggests_a_command_the_gate_lets_through(cli, sim, tmp_p
 def test_status_shows_the_stage_a_locked_run_is_acting_on(cli, sim, monkeypatch):
     """The lock message says `p2pkit status` shows progress: while a run acts on a stage (its
     artifact deleted), status names that stage as running, with the run's pid."""
-    from p2pkit import pipeline
+    from p2pkit.app import pipeline
 
     root = sim("healthy")
     seen = {}
@@ -169,7 +169,7 @@ def test_doctor_judges_facts_with_the_profile_they_were_recorded_under(cli, sim,
 def test_the_toml_writer_round_trips_every_builtin_profile_and_hostile_strings():
     import tomllib
 
-    from p2pkit import config, tomlwrite
+    from p2pkit.core import config, tomlwrite
 
     for name in config.builtin_names():
         d = config.load(name).as_dict()
@@ -188,7 +188,7 @@ def test_the_reboot_budget_survives_reboots_and_stops_a_reboot_loop(cli, sim):
     import json
     import subprocess
 
-    from p2pkit.reboot import UNIT, render_resume_unit
+    from p2pkit.app.reboot import UNIT, render_resume_unit
 
     root = sim("other-bootloader")
     boot = (root / "proc/sys/kernel/random/boot_id").read_text().strip()
@@ -239,7 +239,7 @@ def test_an_edited_artifact_is_named_by_status_the_last_stages_too(cli, sim):
 
 
 def test_preflight_names_every_missing_tool_with_the_apt_line(cli, sim, monkeypatch):
-    from p2pkit.checks import preflight
+    from p2pkit.stages.preflight import checks as preflight
 
     prof = config.load(None)
     c = preflight._tools({"tools": {"make": "/usr/bin/make"}}, prof)

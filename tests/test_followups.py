@@ -7,11 +7,11 @@ import os
 import subprocess
 from pathlib import Path
 
-from p2pkit.ansible import render
+from p2pkit.core.ansible import render
 from p2pkit.host import Host, boot, system
 from p2pkit.parse import system as ps
 from p2pkit.sim.render import load_state
-from p2pkit.stages import acting
+from p2pkit.stages.p2p_module import act as acting
 
 FIX = Path(__file__).parent / "fixtures/grub"
 KERNEL = "6.8.0-88-generic"

@@ -6,8 +6,11 @@ import copy
 import json
 from dataclasses import replace
 
-from p2pkit import config
-from p2pkit.checks import model, p2p_module, preflight, topology
+from p2pkit.core import config
+from p2pkit.stages.model import checks as model
+from p2pkit.stages.p2p_module import checks as p2p_module
+from p2pkit.stages.preflight import checks as preflight
+from p2pkit.stages.topology import checks as topology
 from tests.conftest import FIXTURES
 
 FACTS = json.loads((FIXTURES / "h200-device/facts.json").read_text())["facts"]
@@ -101,7 +104,7 @@ def test_module_install_and_runtime_on_the_recorded_host():
 
 
 def test_driver_pin_checksum_userspace_firmware_and_guards():
-    from p2pkit.checks import driver
+    from p2pkit.stages.driver import checks as driver
 
     c = by_id(driver.precheck(P))
     assert c["driver.pin"].status == "pass" and c["driver.installer_sha256"].status == "fail"  # built-in: unpinned
@@ -120,7 +123,7 @@ def test_driver_pin_checksum_userspace_firmware_and_guards():
 
 
 def test_engine_prechecks_and_configure_failures_named():
-    from p2pkit.checks import engine
+    from p2pkit.stages.engine import checks as engine
 
     c = by_id(engine.precheck(P))
     assert c["engine.commit"].status == "fail" and c["engine.cuda_arch"].status == "pass"
@@ -163,7 +166,7 @@ def h200_load(**pair):
 
 
 def test_link_under_load_judged_from_the_recorded_figures():
-    from p2pkit.checks import link
+    from p2pkit.stages.link import checks as link
 
     c = by_id(link.check(h200_load(), P))  # (the NCCL all-reduce is not in this record: skipped, P28)
     assert all(x.status in ("pass", "skip") for x in c.values()), [x for x in c.values() if x.status != "pass"]
@@ -186,7 +189,7 @@ def test_link_under_load_judged_from_the_recorded_figures():
 
 
 def test_fabric_rate_of_the_resolved_roce_port():
-    from p2pkit.checks import link
+    from p2pkit.stages.link import checks as link
 
     sp = config.load("dual-spark-vllm")
     port = {"device": "rocep1s0f0", "port": 1, "state": "ACTIVE", "link_layer": "Ethernet",
@@ -199,7 +202,7 @@ def test_fabric_rate_of_the_resolved_roce_port():
 
 
 def test_model_source_completeness():
-    from p2pkit.checks import model as mc
+    from p2pkit.stages.model import checks as mc
 
     whole = {"path": "/srv/m", "config": True, "shards": {"a.safetensors": {"present": True, "size": 10}},
              "total_bytes": 10}
@@ -210,7 +213,7 @@ def test_model_source_completeness():
 
 
 def test_model_build_record_judged():
-    from p2pkit.checks import model as mc
+    from p2pkit.stages.model import checks as mc
 
     src = {"path": "/srv/m", "config": True, "shards": {"a.safetensors": {"present": True, "size": 10}},
            "total_bytes": 10}
@@ -228,8 +231,8 @@ def test_model_build_record_judged():
 
 
 def test_service_proofs_judged_and_an_oom_start_named_with_its_cause():
-    from p2pkit.checks import service as sc
-    from p2pkit.stages.service import CAUSES
+    from p2pkit.stages.service import checks as sc
+    from p2pkit.stages.service.act import CAUSES
 
     p = config.load("dual-5090-llamacpp")
     line = "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 4096.00 MiB on device 1: cudaMalloc failed: " \

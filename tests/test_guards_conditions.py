@@ -80,8 +80,8 @@ def _by_id(checks) -> dict:
 def test_driver_pin_allowed_other_versions_and_595_warns():
     """driver.pin: the pin passes; another version passes only when allowed; 595 (P01) stays a warning
     even when allowed, a fail when not. The installer checksum's measured text is the sha or (empty)."""
-    from p2pkit import config
-    from p2pkit.checks import driver
+    from p2pkit.core import config
+    from p2pkit.stages.driver import checks as driver
 
     p = config.load(None)
 
@@ -104,8 +104,8 @@ def test_driver_pin_allowed_other_versions_and_595_warns():
 def test_driver_check_reads_each_fact_or_says_it_could_not():
     """driver's stage check on the facts it reads: the host's architecture (judged, could not be read,
     absent, unknown to p2pkit), the userspace driver and its GSP firmware, the apt guards, the holds."""
-    from p2pkit import config
-    from p2pkit.checks import driver
+    from p2pkit.core import config
+    from p2pkit.stages.driver import checks as driver
 
     p = config.load(None)
     want = p.driver.version
@@ -119,11 +119,12 @@ def test_driver_check_reads_each_fact_or_says_it_could_not():
     assert c["driver.gsp_firmware"].measured == "gsp_ga10x.bin, gsp_tu10x.bin"
     assert c["driver.guards"].status == "pass" and c["driver.guards"].hint == ""
     assert c["driver.guards"].measured == "nouveau_blacklisted: yes, apt_pin: yes"
-    assert c["driver.holds"].status == "pass" and c["driver.holds"].measured == "2 held"
+    assert (c["driver.holds"].status, c["driver.holds"].value, c["driver.holds"].measured) == ("pass", 0,
+                                                                                               "0 of 2 not held")
     # an unheld package that is not NVIDIA's is not p2pkit's to hold
     unheld = {**good["package_holds"], "held": ["nvidia-dkms-615"]}
     h = _by_id(driver.check({**good, "package_holds": unheld}, p))["driver.holds"]
-    assert h.status == "fail" and h.measured == "not held: libnvidia-compute-615"
+    assert h.status == "fail" and h.measured == "1 of 2 not held (libnvidia-compute-615)"
     assert "driver.installer_arch" not in _by_id(driver.check({k: v for k, v in good.items() if k != "arch"}, p))
     assert "driver.holds" not in _by_id(driver.check({k: v for k, v in good.items() if k != "package_holds"}, p))
     err = _by_id(driver.check({**good, "arch": {"error": "uname: not found"}}, p))["driver.installer_arch"]
@@ -154,8 +155,8 @@ def _fc_llamacpp(name: str) -> dict:
 
 
 def _llamacpp(fc: dict | None, spec: bool = True) -> dict:
-    from p2pkit import config
-    from p2pkit.checks import service as sc
+    from p2pkit.core import config
+    from p2pkit.stages.service import checks as sc
 
     p = config.load("dual-5090-llamacpp", ["serve.flags.spec-type=draft-simple"] if spec else [])
     if not spec:
@@ -188,8 +189,8 @@ def test_p19_llamacpp_needs_the_responses_and_the_metrics_draft_counts_and_a_fir
 
 
 def _vllm(fc: dict) -> dict:
-    from p2pkit import config
-    from p2pkit.checks import service as sc
+    from p2pkit.core import config
+    from p2pkit.stages.service import checks as sc
 
     p = config.load("dual-spark-vllm", ['serve.flags.speculative-config={"method":"mtp","num_speculative_tokens":3}'])
     s = {"health": {"ok": True}, "first_completion": {"status": 200, "usage": {"completion_tokens": 16},
@@ -216,8 +217,8 @@ def test_p19_vllm_needs_metrics_and_both_draft_counters():
 
 
 def _ninfer(fc: dict) -> dict:
-    from p2pkit import config
-    from p2pkit.checks import service as sc
+    from p2pkit.core import config
+    from p2pkit.stages.service import checks as sc
 
     p = config.load("dual-5090-ninfer", ["serve.flags.spec=dflash2"])
     s = {"health": {"ok": True}, "first_completion": {"status": 200, "usage": {"completion_tokens": 24},
@@ -254,7 +255,7 @@ def test_p19_ninfer_reads_the_request_done_line_of_its_own_log():
 
 def _spark(**flags):
     """The built-in dual-Spark vLLM profile with these serve flags changed (None removes one)."""
-    from p2pkit import config
+    from p2pkit.core import config
 
     p = config.load("dual-spark-vllm")
     f = {k: v for k, v in {**p.serve.flags, **flags}.items() if v is not None}
@@ -271,7 +272,7 @@ def _precheck(p) -> dict:
 def test_p22_eager_is_judged_where_mtp_runs_at_tp2_and_says_which():
     """service.eager: eager with MTP at TP2 passes (measured 'eager', no hint), CUDA graphs fail with
     the fix; one GPU on one node, or no speculative config, has no such check."""
-    from p2pkit import config
+    from p2pkit.core import config
 
     ok = _precheck(_spark())["service.eager"]
     assert (ok.status, ok.measured, ok.hint) == ("pass", "eager", "")
@@ -339,7 +340,7 @@ GIB = 1 << 30
 
 def _rebar(**facts) -> dict:
     """The rebar stage's check over the recorded H200's facts with these changed."""
-    from p2pkit import config
+    from p2pkit.core import config
     from p2pkit.stages import registry
 
     (st,) = [s for s in registry() if s.name == "rebar"]
@@ -380,7 +381,7 @@ def test_rebar_without_gpus_or_a_bar_table_says_what_it_could_not_read():
     c = _rebar(pci_gpus={"error": "/sys/bus/pci/devices unreadable"})["rebar.gpus"]
     assert c.status == "fail" and c.measured == "could not determine: /sys/bus/pci/devices unreadable"
     c = _rebar(pci_gpus=[])["rebar.gpus"]
-    assert c.status == "fail" and c.measured == "none"
+    assert c.status == "fail" and (c.value, c.measured) == (0, "0")
     gone = copy.deepcopy(H200["pci_gpus"])
     gone[0]["aperture"] = None
     c = _rebar(pci_gpus=gone)
@@ -401,7 +402,8 @@ FIELD_RUN = FIELD_RUN.get("facts", FIELD_RUN)
 
 def judged(profile=None, **facts) -> dict:
     """doctor's judge over the H200's recorded field-run facts with these changed: its checks by id."""
-    from p2pkit import config, doctor
+    from p2pkit.app import doctor
+    from p2pkit.core import config
 
     doc = doctor.judge(copy.deepcopy(FIELD_RUN) | facts, profile or config.load(None), simulated=False)
     return {c["id"]: c for g in doc["groups"] for c in g["checks"]}
@@ -414,7 +416,7 @@ def _gpus(*groups: str) -> list[dict]:
 
 
 def test_p32_a_translating_domain_or_an_io_page_fault_fails_only_for_a_pair():
-    from p2pkit import config
+    from p2pkit.core import config
 
     c = judged()["field.iommu_domain"]
     assert c["status"] == "pass" and c["measured"] == "passthrough (identity) or no IOMMU group on every GPU"
@@ -433,7 +435,7 @@ def test_p32_a_translating_domain_or_an_io_page_fault_fails_only_for_a_pair():
 
 
 def test_p33_a_connected_display_on_a_gpu_of_the_pair_warns():
-    from p2pkit import config
+    from p2pkit.core import config
 
     gpus = _gpus("identity", "identity")
     conn = [{"connector": "DP-1", "card": "card1", "status": "connected", "bdf": "0000:01:00.0"},
@@ -454,7 +456,7 @@ def test_p34_module_sources_from_facts_updates_initramfs_copies_and_holders():
     """field.module_sources over the recorded facts (no initramfs in that VM: could-not for it, the
     rest judged), then with a DKMS copy under updates/, an initramfs that holds the stock module or
     the patched one, and a loaded module that is not the built one while other modules hold it."""
-    from p2pkit import config
+    from p2pkit.core import config
 
     kver = FIELD_RUN["module_sources"]["kernel"]
     c = judged()
@@ -507,13 +509,13 @@ def _params(registry: str) -> dict:
 
 
 def test_p28_static_bar1_judged_for_a_patched_pair_with_dwords_only():
-    from p2pkit import config
+    from p2pkit.core import config
 
     c = judged()["field.static_bar1"]
     assert c["status"] == "fail" and c["measured"] == 'RegistryDwords: ""' and c["pitfall"] == "P28"
     assert judged(driver_params=_params("RMForceStaticBar1=1"))["field.static_bar1"]["status"] == "pass"
     gone = {k: v for k, v in FIELD_RUN.items() if k != "driver_params"}  # a fact never collected
-    from p2pkit import doctor
+    from p2pkit.app import doctor
 
     doc = doctor.judge(copy.deepcopy(gone), config.load(None), simulated=False)
     c = finding(doc, "field.static_bar1")
@@ -527,7 +529,7 @@ def test_p28_static_bar1_judged_for_a_patched_pair_with_dwords_only():
 
 
 def test_p29_acs_ports_unread_none_found_or_without_redirect():
-    from p2pkit import config
+    from p2pkit.core import config
     from p2pkit.parse import field as pf
 
     c = judged()["field.acs"]  # the VM: no bridge above the GPU
@@ -575,5 +577,6 @@ def test_p36_boot_default_hold_warns_and_names_the_kernels():
     assert "the new kernel 6.8.0-90-generic breaks" in c["hint"] and "zz-p2pkit 6.8.0-90-generic" in c["hint"]
     c = judged()["field.boot_default"]
     assert (c["status"], c["measured"], c["hint"]) == ("pass", "no hold", "")
-    assert "field.boot_default" not in judged(boot_hold={"error": "unreadable"})
-    assert "field.boot_default" not in judged(boot_hold=None)
+    # a hold that could not be read is never a silent pass
+    c = judged(boot_hold={"error": "unreadable"})["field.boot_default"]
+    assert (c["status"], c["measured"]) == ("warn", "could not check, because unreadable")

@@ -1,5 +1,5 @@
 """Condition guards for the engine stage's vLLM environment check (P21, P25): every condition of
-p2pkit.checks.engine._vllm, judged through the engine stage's check on the engine_build fact (see
+p2pkit.stages.engine.checks._vllm, judged through the engine stage's check on the engine_build fact (see
 tests/test_guards_conditions.py for the others)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import subprocess
 import sys
 from dataclasses import replace
 
-from p2pkit import config
+from p2pkit.core import config
 from p2pkit.stages import registry
-from p2pkit.stages.engine import VLLM_PROBE
+from p2pkit.stages.engine.act import VLLM_PROBE
 
 SPARK = config.load("dual-spark-vllm")
 PINNED = replace(SPARK, engine=replace(SPARK.engine, commit="3f2a9c1d4b5e6f708192a3b4c5d6e7f8091a2b3c"))

@@ -1,4 +1,4 @@
-"""Condition guards for engine.source (p2pkit.checks.engine._source): judged through the engine
+"""Condition guards for engine.source (p2pkit.stages.engine.checks._source): judged through the engine
 stage's check over the engine artifact recorded on the lent H200 (tests/fixtures/h200-device/
 engine-build: llama.cpp 0c1e570 from a pinned archive), its profile and overrides as recorded."""
 
@@ -8,7 +8,7 @@ import copy
 import json
 from dataclasses import replace
 
-from p2pkit import config
+from p2pkit.core import config
 from p2pkit.stages import registry
 from tests.conftest import FIXTURES, REPO
 

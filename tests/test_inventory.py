@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from p2pkit.inventory import HOST_TIMEOUT_S
+from p2pkit.app.inventory import HOST_TIMEOUT_S
 from p2pkit.stages import names
 from tests.conftest import REPO
 
@@ -221,7 +221,7 @@ def test_p2pkit_settings_only_where_the_operator_has_none(tmp_path):
     """Ansible's own order (ANSIBLE_CONFIG, ./ansible.cfg, ~/.ansible.cfg): p2pkit's settings are added
     only for keys that config and the environment leave unset; its results callback joins the operator's;
     host key checking is never among them."""
-    from p2pkit.inventory import P2PKIT_SETTINGS, ansible_env, operator_config
+    from p2pkit.app.inventory import P2PKIT_SETTINGS, ansible_env, operator_config
 
     home, cwd = tmp_path / "home", tmp_path / "cwd"
     home.mkdir()
@@ -249,7 +249,7 @@ def test_p2pkit_settings_only_where_the_operator_has_none(tmp_path):
 
 
 def test_a_host_with_no_result_is_read_from_the_results_callbacks_json(tmp_path):
-    from p2pkit.inventory import ansible_failure
+    from p2pkit.app.inventory import ansible_failure
 
     (tmp_path / "gone").write_text('{"changed": false, "msg": "Task failed: Failed to connect to the host via ssh: '
                                    'ssh: connect to host 127.0.0.1 port 1: Connection refused", "unreachable": true}')
@@ -266,7 +266,7 @@ def test_a_hosts_result_comes_from_the_results_callbacks_json_of_its_run_task(tm
     result is no run (its failure is reported instead)."""
     import json
 
-    from p2pkit.inventory import host_result
+    from p2pkit.app.inventory import host_result
 
     ran = tmp_path / "ran"
     ran.write_text(json.dumps({"changed": False, "rc": 1, "stdout": "{}", "stderr": "x", "cmd": ["p2pkit"]}))

@@ -11,7 +11,8 @@ import jsonschema
 import pytest
 from conftest import check_document
 
-from p2pkit import config, schemas
+from p2pkit import schemas
+from p2pkit.core import config
 
 
 def test_every_shipped_schema_is_a_valid_schema():

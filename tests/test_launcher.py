@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from p2pkit import config, pipeline
-from p2pkit.artifacts import Store
-from p2pkit.errors import Exit, P2pkitError
+from p2pkit.app import pipeline
+from p2pkit.core import config
+from p2pkit.core.artifacts import Store
+from p2pkit.core.errors import Exit, P2pkitError
+from p2pkit.core.output import Output
 from p2pkit.host import Host, launcher, system
-from p2pkit.output import Output
 from p2pkit.sim import lifecycle
 from p2pkit.stages import get
 
@@ -84,7 +85,7 @@ DRIVER = """
 import json, sys
 from pathlib import Path
 from p2pkit.host import Host, launcher
-from p2pkit.errors import P2pkitError
+from p2pkit.core.errors import P2pkitError
 spec = json.loads(sys.argv[1])
 if spec.get("pause_before_record"):  # stop in the middle of a start: the stub runs, nothing is recorded yet
     real = launcher.atomic_write

@@ -1,6 +1,14 @@
-"""The product's layers hold: each module imports only its own layer or layers below it, there are
-no import cycles, and no product module imports the simulator (a simulated host plugs in through
-the host object; only the `sim` commands reach the simulator from the CLI)."""
+"""The product's layers hold, read from the folder names: each module imports only what lies below it
+in its own layer or in a lower layer; siblings of one rank (two stage folders, two host probes) never
+import each other; there are no import cycles; and no product module imports the simulator (a
+simulated host plugs in through the host object; only the `sim` commands reach the simulator).
+
+Layers, top to bottom (the folder is the layer):
+  cli/      the commands             app/    the use cases (up, doctor, restore, bench, pin, ...)
+  stages/   one folder per stage     facts/  the facts, collected once    rules/  findings and engine rules
+  host/     probes of a host root    parse/  pure parsers                 core/   errors, writers, config, ...
+Inside a layer, RANKS orders its modules top to bottom; a module may import only a lower rank.
+"""
 
 from __future__ import annotations
 
@@ -8,22 +16,40 @@ import ast
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parent.parent / "p2pkit"
+STAGE_FOLDERS = ("preflight", "driver", "p2p_module", "rebar", "topology", "link", "engine", "model", "service")
 
-# top to bottom; a module belongs to the first layer whose prefix names it (longest prefix wins)
-LAYERS = [
-    ("cli", ["p2pkit.cli", "p2pkit.__main__"]),
-    ("use cases", ["p2pkit.pipeline", "p2pkit.doctor", "p2pkit.restore", "p2pkit.rollback", "p2pkit.pin",
-                   "p2pkit.inventory", "p2pkit.bench",
-                   "p2pkit.reboot", "p2pkit.reports", "p2pkit.report"]),
-    ("stages", ["p2pkit.stages"]),
-    ("checks and facts", ["p2pkit.checks", "p2pkit.facts", "p2pkit.fact_types", "p2pkit.engine_cmd",
-                           "p2pkit.engine_env"]),
-    ("host probes", ["p2pkit.host", "p2pkit.backup"]),
-    ("parsers", ["p2pkit.parse"]),
-    ("base", ["p2pkit.runner", "p2pkit.artifacts", "p2pkit.output", "p2pkit.errors", "p2pkit.config",
-              "p2pkit.ansible", "p2pkit.lock", "p2pkit.children", "p2pkit.pitfalls", "p2pkit.load",
-              "p2pkit.profiles", "p2pkit.schemas", "p2pkit.writers", "p2pkit.secrets", "p2pkit.tomlwrite",
-              "p2pkit.hoststate", "p2pkit.logfiles", "p2pkit"]),
+# (layer, [ranks, top to bottom]); a rank is a list of module prefixes (longest prefix wins)
+LAYERS: list[tuple[str, list[list[str]]]] = [
+    ("cli", [["p2pkit.__main__"], ["p2pkit.cli.top_help"], ["p2pkit.cli.main"], ["p2pkit.cli.app"],
+             ["p2pkit.cli.stages_cmd", "p2pkit.cli.bench_cmd", "p2pkit.cli.net_cmd", "p2pkit.cli.pin_cmd",
+              "p2pkit.cli.profile_cmd", "p2pkit.cli.report_cmd", "p2pkit.cli.serve_cmd", "p2pkit.cli.sim_cmd"],
+             ["p2pkit.cli.common"], ["p2pkit.cli.argv", "p2pkit.cli"]]),
+    ("app", [["p2pkit.app.doctor", "p2pkit.app.bench", "p2pkit.app.pin", "p2pkit.app.restore", "p2pkit.app.rollback",
+              "p2pkit.app.inventory"],
+             ["p2pkit.app.pipeline"],
+             ["p2pkit.app.paste", "p2pkit.app.report", "p2pkit.app.reports", "p2pkit.app.reboot", "p2pkit.app"]]),
+    # a stage folder's modules may import each other (its act reads its checks); one stage never imports another
+    ("stages", [["p2pkit.stages"], ["p2pkit.stages.definitions"],
+                [f"p2pkit.stages.{s}" for s in STAGE_FOLDERS],
+                ["p2pkit.stages.stage"]]),
+    ("facts", [["p2pkit.facts.collect"], ["p2pkit.facts.types", "p2pkit.facts"]]),
+    ("rules", [["p2pkit.rules.engine_cmd", "p2pkit.rules.engine_env"],
+               ["p2pkit.rules.findings", "p2pkit.rules.pitfalls", "p2pkit.rules"]]),
+    ("host", [["p2pkit.host.field_facts", "p2pkit.host.kmod", "p2pkit.host.launcher", "p2pkit.host.mok"],
+              ["p2pkit.host.system", "p2pkit.host.pci", "p2pkit.host.smi", "p2pkit.host.nvml", "p2pkit.host.arch",
+               "p2pkit.host.access", "p2pkit.host.roce", "p2pkit.host.storage", "p2pkit.host.model",
+               "p2pkit.host.engine_api", "p2pkit.host.boot", "p2pkit.host.backup"],
+              ["p2pkit.host"]]),
+    ("parse", [["p2pkit.parse.paste"], ["p2pkit.parse"]]),
+    ("core", [["p2pkit.core.ansible", "p2pkit.core.hoststate", "p2pkit.schemas"],
+              ["p2pkit.core.config", "p2pkit.core.artifacts"],
+              ["p2pkit.core.writers"],
+              ["p2pkit.core.tomlwrite", "p2pkit.core.logfiles", "p2pkit.core.output", "p2pkit.core.lock",
+               "p2pkit.core.runner"],
+              ["p2pkit.core.errors", "p2pkit.core.secrets", "p2pkit.core.children", "p2pkit.core"]]),
+    # data and child processes: the profiles (read with importlib.resources), the load worker (a child
+    # process that imports nothing of p2pkit), the package itself (its version)
+    ("data", [["p2pkit.profiles", "p2pkit.load", "p2pkit"]]),
 ]
 SIM = "p2pkit.sim"
 SIM_DOORS = {"p2pkit.cli.sim_cmd"}  # the sim commands: outside the product's layers, plugged into the CLI
@@ -53,13 +79,30 @@ def imports(name: str, f: Path, known: dict) -> set[str]:
     return {m for m in out if m == "p2pkit" or m.startswith("p2pkit.")} - {name}
 
 
-def layer(name: str) -> int | None:
+def place(name: str) -> tuple[int, int, str] | None:
+    """(layer, rank, prefix) of a module: the longest prefix that names it."""
     best = None
-    for i, (_, prefixes) in enumerate(LAYERS):
-        for p in prefixes:
-            if (name == p or (p != "p2pkit" and name.startswith(p + "."))) and (best is None or len(p) > best[1]):
-                best = (i, len(p))
-    return best[0] if best else None
+    for li, (_, ranks) in enumerate(LAYERS):
+        for ri, prefixes in enumerate(ranks):
+            for p in prefixes:
+                covers = name == p or (p != "p2pkit" and name.startswith(p + "."))
+                if covers and (best is None or len(p) > len(best[2])):
+                    best = (li, ri, p)
+    return best
+
+
+def stage_folder(name: str) -> str | None:
+    parts = name.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "stages" and parts[2] in STAGE_FOLDERS else None
+
+
+def allowed(m: str, d: str) -> bool:
+    pm, pd = place(m), place(d)
+    if pm[0] != pd[0]:
+        return pd[0] > pm[0]  # a smaller index is a higher layer
+    if stage_folder(m) and stage_folder(m) == stage_folder(d):
+        return True  # inside one stage's folder
+    return pd[1] > pm[1]  # strictly lower rank: siblings never import each other
 
 
 def graph() -> dict[str, set[str]]:
@@ -67,22 +110,34 @@ def graph() -> dict[str, set[str]]:
     return {m: imports(m, f, mods) for m, f in mods.items()}
 
 
-def test_every_product_module_has_a_layer():
-    unplaced = [m for m in graph() if not m.startswith(SIM) and layer(m) is None]
+def violations(g: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for m, deps in g.items():
+        if m.startswith(SIM) or m in SIM_DOORS or place(m) is None:
+            continue
+        for d in deps:
+            if d.startswith(SIM) or place(d) is None:  # unplaced: the test below names it
+                continue
+            if not allowed(m, d):
+                (lm, rm, _), (ld, rd, _) = place(m), place(d)
+                why = "upward" if ld < lm or (ld == lm and rd < rm) else "across one rank"
+                bad.append(f"{m} ({LAYERS[lm][0]}) -> {d} ({LAYERS[ld][0]}): {why}")
+    return sorted(bad)
+
+
+def test_every_product_module_has_a_place():
+    unplaced = [m for m in graph() if not m.startswith(SIM) and place(m) is None]
     assert unplaced == [], f"place these modules in a layer in tests/test_layers.py: {unplaced}"
 
 
-def test_no_upward_import():
-    up = []
-    for m, deps in graph().items():
-        if m.startswith(SIM) or m in SIM_DOORS or layer(m) is None:
-            continue
-        for d in deps:
-            if d.startswith(SIM) or layer(d) is None:  # unplaced: the test above names it
-                continue
-            if layer(d) < layer(m):  # a smaller index is a higher layer
-                up.append(f"{m} ({LAYERS[layer(m)][0]}) -> {d} ({LAYERS[layer(d)][0]})")
-    assert up == [], "imports that run up the layers:\n" + "\n".join(sorted(up))
+def test_the_top_level_holds_only_layer_folders():
+    loose = sorted(f.name for f in PKG.glob("*.py") if f.name not in ("__init__.py", "__main__.py"))
+    assert loose == [], f"every module lives in its layer's folder: {loose}"
+
+
+def test_imports_run_only_down_and_never_across():
+    bad = violations(graph())
+    assert bad == [], "imports that run up a layer or across one rank:\n" + "\n".join(bad)
 
 
 def test_no_product_module_imports_the_simulator():
@@ -112,12 +167,20 @@ def test_no_import_cycles():
     assert cycles == [], "import cycles:\n" + "\n".join(cycles)
 
 
-def test_the_layer_test_sees_an_upward_import(tmp_path, monkeypatch):
-    """The guard itself: a parser that imported a stage would be reported."""
-    f = PKG / "parse" / "build.py"
-    g = imports("p2pkit.parse.build", f, modules())
-    assert layer("p2pkit.parse.build") > layer("p2pkit.stages.engine")
+def test_the_layer_test_sees_an_upward_a_sideways_and_an_across_import(tmp_path):
+    """The guard itself: a parser that imports a stage (upward), one stage that imports another
+    (across), and a core module that imports its sibling of the same rank, are each reported."""
     fake = tmp_path / "x.py"
-    fake.write_text("from p2pkit.stages import engine\nimport p2pkit.sim.model\n")
+    fake.write_text("from p2pkit.stages.engine import act\nimport p2pkit.sim.model\n")
     got = imports("p2pkit.parse.x", fake, {**modules(), "p2pkit.parse.x": fake})
-    assert got == {"p2pkit.stages.engine", "p2pkit.sim.model"} and "p2pkit.stages.engine" not in g
+    assert got == {"p2pkit.stages.engine.act", "p2pkit.sim.model"}
+    g = {"p2pkit.parse.x": got,
+         "p2pkit.stages.link.checks": {"p2pkit.stages.topology.checks"},  # one stage reads another's
+         "p2pkit.core.runner": {"p2pkit.core.output"},  # siblings of one rank
+         "p2pkit.stages.service.act": {"p2pkit.stages.service.checks", "p2pkit.rules.findings"}}  # allowed
+    bad = violations(g)
+    assert bad == [
+        "p2pkit.core.runner (core) -> p2pkit.core.output (core): across one rank",
+        "p2pkit.parse.x (parse) -> p2pkit.stages.engine.act (stages): upward",
+        "p2pkit.stages.link.checks (stages) -> p2pkit.stages.topology.checks (stages): across one rank",
+    ], bad

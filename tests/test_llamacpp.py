@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from p2pkit import config, pipeline
-from p2pkit.artifacts import Store
-from p2pkit.checks import engine as ec
+from p2pkit.app import pipeline
+from p2pkit.core import config
+from p2pkit.core.artifacts import Store
+from p2pkit.core.output import Output
 from p2pkit.host import Host
-from p2pkit.output import Output
-from p2pkit.stages import engine as engine_stage
-from p2pkit.stages import llamacpp
+from p2pkit.stages.engine import act as engine_stage
+from p2pkit.stages.engine import checks as ec
+from p2pkit.stages.engine import llamacpp
 
 FIX = Path(__file__).parent / "fixtures/llamacpp"
 
@@ -182,7 +183,7 @@ def test_help_of_the_real_llama_server_lists_the_flags_p2pkit_writes():
 def test_spec_running_from_the_real_servers_counters(name, status):
     """P19 the real way: `--spec-type` on gives draft counts in the response and growing spec_decode
     counters; `-md` alone loads the draft and drafts nothing; without --metrics /metrics is 501."""
-    from p2pkit.checks import service as sc
+    from p2pkit.stages.service import checks as sc
 
     rec = json.loads((FIX / f"{name}.json").read_text())
     assert rec["health_codes"][-1][0] == 200
@@ -200,7 +201,7 @@ def test_spec_running_from_the_real_servers_counters(name, status):
 
 
 def test_a_crash_at_the_first_decode_fails_the_service_with_p19():
-    from p2pkit.checks import service as sc
+    from p2pkit.stages.service import checks as sc
 
     p = config.load("dual-5090-llamacpp")
     fc = {"status": None, "error": "RemoteDisconnected: Remote end closed connection without response",
@@ -236,7 +237,7 @@ def test_a_pypi_source_that_pip_cannot_find_is_an_error_and_leaves_nothing(tmp_p
 @pytest.mark.parametrize("bad", ["pypi:llama-cpp-python", "pypi:llama cpp==1", "pypi:x==1;rm",
                                  "pypi:-r==1", "pypi:x==-e"])  # never an option to pip
 def test_a_malformed_pypi_source_is_refused_by_the_profile(bad):
-    from p2pkit.errors import ProfileError
+    from p2pkit.core.errors import ProfileError
 
     with pytest.raises(ProfileError):
         config.load("dual-5090-llamacpp", [f"engine.source_url={bad}"])

@@ -132,8 +132,8 @@ def test_up_builds_converts_serves_and_benches_the_real_llamacpp(served, cli):
     assert (root / UNIT).read_bytes() == before
 
     # a server that dies during the B arm: requests done so far kept, unit restored, exit 1, its last lines
-    from p2pkit import bench as bench_mod
-    from p2pkit.stages import service as svc_mod
+    from p2pkit.app import bench as bench_mod
+    from p2pkit.stages.service import act as svc_mod
 
     real_one = bench_mod.one_request
     calls = {"n": 0}
@@ -158,10 +158,11 @@ def test_up_builds_converts_serves_and_benches_the_real_llamacpp(served, cli):
 
 
 def sim_ctx(root: Path, *more: str):
-    from p2pkit import config, pipeline
-    from p2pkit.artifacts import Store
+    from p2pkit.app import pipeline
+    from p2pkit.core import config
+    from p2pkit.core.artifacts import Store
+    from p2pkit.core.output import Output
     from p2pkit.host import Host
-    from p2pkit.output import Output
 
     h = Host.at(root)
     ctx = pipeline.Ctx(profile=config.load(h.sim["profile"], [*SETS, *more]), host=h,
@@ -174,8 +175,8 @@ def test_the_real_converter_failing_leaves_no_output_file(tmp_path):
     """llama.cpp's own converter, run by the model stage from the real source (as a module, P08) over a
     tiny checkpoint whose architecture it does not know: it exits 1 naming it, and neither the output
     nor a partial file nor an output record is left. The converter alone, not a whole `up`."""
-    from p2pkit.checks import model as model_checks
-    from p2pkit.stages import model as model_stage
+    from p2pkit.stages.model import act as model_stage
+    from p2pkit.stages.model import checks as model_checks
 
     llama_real.wait()
     root = llama_sim(tmp_path / "host")
@@ -195,9 +196,9 @@ def test_a_flag_the_built_server_does_not_list_is_refused_before_a_start(tmp_pat
     """A flag p2pkit's own list allows (patched here: a p2pkit newer than the engine commit) that the
     built llama-server's --help does not list: refused with the usage exit code before anything is
     installed or started."""
-    from p2pkit import engine_cmd
-    from p2pkit.errors import Exit, P2pkitError
-    from p2pkit.stages import service
+    from p2pkit.core.errors import Exit, P2pkitError
+    from p2pkit.rules import engine_cmd
+    from p2pkit.stages.service import act as service
 
     monkeypatch.setattr(engine_cmd, "LLAMACPP_FLAGS", engine_cmd.LLAMACPP_FLAGS | {"no-such-flag"})
     llama_real.wait()

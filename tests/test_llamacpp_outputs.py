@@ -104,12 +104,13 @@ def _verify_engine(tmp_path, log_text: str, *sets: str) -> tuple[dict, dict]:
     tests/llama_real.py made), with log_text as the last build log in a fresh state directory."""
     import llama_real
 
-    from p2pkit import config, pipeline
-    from p2pkit.artifacts import Store
-    from p2pkit.checks import engine as ec
+    from p2pkit.app import pipeline
+    from p2pkit.core import config
+    from p2pkit.core.artifacts import Store
+    from p2pkit.core.output import Output
     from p2pkit.host import Host
-    from p2pkit.output import Output
-    from p2pkit.stages import engine as es
+    from p2pkit.stages.engine import act as es
+    from p2pkit.stages.engine import checks as ec
 
     llama_real.wait()
     p = config.load(llama_real.PROFILE, [*llama_real.overrides(), *sets])
@@ -252,7 +253,7 @@ def test_the_real_servers_start_failures_are_named(case, word):
     """Each start failure of the real llama-server (recorded: exit code and its own stderr) maps to
     its cause the way the service stage reads the unit's log (likely_cause: the first needle of
     CAUSES found in it)."""
-    from p2pkit.stages.service import CAUSES
+    from p2pkit.stages.service.act import CAUSES
 
     rec = json.loads((FIX / f"server-start/{case}.json").read_text())
     assert rec["rc"] != 0
@@ -268,9 +269,9 @@ def test_a_removed_flag_is_refused_before_a_start_by_the_real_servers_help(tmp_p
     import llama_real
     from test_llamacpp_e2e import llama_sim, sim_ctx
 
-    from p2pkit import engine_cmd
-    from p2pkit.errors import Exit, P2pkitError
-    from p2pkit.stages import service
+    from p2pkit.core.errors import Exit, P2pkitError
+    from p2pkit.rules import engine_cmd
+    from p2pkit.stages.service import act as service
 
     monkeypatch.setattr(engine_cmd, "LLAMACPP_FLAGS", engine_cmd.LLAMACPP_FLAGS | {"draft-max"})
     llama_real.wait()

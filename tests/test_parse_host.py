@@ -116,7 +116,7 @@ def test_json_result_of_a_helper_process(tmp_path):
     """How the link worker and the vLLM probe report: the last JSON line, or an error naming the helper."""
     import sys
 
-    from p2pkit.runner import Runner
+    from p2pkit.core.runner import Runner
 
     r = Runner()
     ok = r.json_result([sys.executable, "-c", "print('noise'); print('{\"a\": 1}')"], "the helper", 30)
@@ -130,7 +130,7 @@ def test_json_result_of_a_helper_process(tmp_path):
 
 def test_architecture_picks_installer_libdir_and_iommu_option():
     from p2pkit.host.arch import ARCHES
-    from p2pkit.stages.acting import iommu_cmdline
+    from p2pkit.stages.p2p_module.act import iommu_cmdline
 
     x86, arm = ARCHES["x86_64"], ARCHES["aarch64"]
     assert x86.installer("615.71.09") == "NVIDIA-Linux-x86_64-615.71.09.run"
@@ -143,8 +143,8 @@ def test_architecture_picks_installer_libdir_and_iommu_option():
 
 
 def test_an_installer_for_another_architecture_is_refused():
-    from p2pkit import config
-    from p2pkit.checks.driver import installer_arch
+    from p2pkit.core import config
+    from p2pkit.stages.driver.checks import installer_arch
 
     x86_profile = config.load("dual-5090-ninfer")
     c = installer_arch("aarch64", x86_profile)

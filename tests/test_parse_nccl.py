@@ -2,10 +2,10 @@
 
 import pytest
 
-from p2pkit import config
-from p2pkit.checks import service as service_checks
+from p2pkit.core import config
 from p2pkit.parse import nccl
-from p2pkit.stages.service import joined_line
+from p2pkit.stages.service import checks as service_checks
+from p2pkit.stages.service.act import joined_line
 from tests.conftest import FIXTURES
 
 BY_RELEASE = (FIXTURES / "nccl/channels_by_release.txt").read_text().splitlines()
@@ -59,8 +59,8 @@ def test_the_join_wait_sees_every_form():
 
 def test_ldd_version_not_found_is_a_failure_naming_library_and_version():
     """A real ldd capture (fixtures/ldd): the library resolves, yet lacks GLIBC_2.38: it will not load."""
-    from p2pkit.checks import engine as ec
     from p2pkit.parse.build import ldd
+    from p2pkit.stages.engine import checks as ec
 
     libs = ldd((FIXTURES / "ldd/version_not_found.txt").read_text())
     foo = next(x for x in libs if x["name"] == "libfoo.so.6")

@@ -93,7 +93,7 @@ def _topo_fact(name: str) -> dict:
 
 
 def test_topo_m_cross_checks_the_sysfs_root_ports():
-    from p2pkit.checks.topology import _topo_m
+    from p2pkit.stages.topology.checks import _topo_m
 
     phb = _topo_fact("2x5090_phb.txt")  # the real 2x5090 post: they meet at the CPU
     ok = _topo_m(phb, _pair(switch=False))

@@ -5,8 +5,8 @@ and they fail when the pending kernel has no patched module (the hook failed or 
 
 import pytest
 
-from p2pkit.checks import p2p_module
 from p2pkit.sim import lifecycle
+from p2pkit.stages.p2p_module import checks as p2p_module
 
 NEW = "6.8.0-90-generic"
 

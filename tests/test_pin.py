@@ -7,7 +7,7 @@ import json
 import tomllib
 from pathlib import Path
 
-from p2pkit import config
+from p2pkit.core import config
 
 
 def blank_profile(root: Path, tmp_path: Path) -> tuple[Path, dict]:

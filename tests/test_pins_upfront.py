@@ -6,8 +6,8 @@ import tomllib
 
 from test_pin import blank_profile
 
-from p2pkit import config
-from p2pkit.checks import preflight
+from p2pkit.core import config
+from p2pkit.stages.preflight import checks as preflight
 
 
 def test_the_builtin_profiles_pins_are_named_up_front():

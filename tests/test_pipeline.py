@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from p2pkit.artifacts import Store
-from p2pkit.lock import state_lock
+from p2pkit.core.artifacts import Store
+from p2pkit.core.lock import state_lock
 from p2pkit.sim import lifecycle
 from tests.conftest import p2pkit_proc
 

@@ -1,7 +1,7 @@
 """Pitfalls judged over the real formats (issue 18): each test fails when its detection is removed."""
 
-from p2pkit.checks import engine as ec
 from p2pkit.parse import build as pb
+from p2pkit.stages.engine import checks as ec
 from tests.conftest import FIXTURES
 
 CM = FIXTURES / "cmake"
@@ -50,7 +50,7 @@ def test_build_log_check_names_p07_and_the_rebuild():
     b = {"source": {"head": "abc1234"}, "cuda": {"version": "13.1"}, "pkg_config": {}, "log": "/l",
          "configure_rc": 0, "build_rc": 0, "binary": {"runs": True}, "libraries": [{"name": "x", "path": "/x"}],
          "criteria": pb.ninfer_criteria(cm("reconfigure.txt") + cm("noop_build.txt"))}
-    from p2pkit import config
+    from p2pkit.core import config
 
     c = {x.id: x for x in ec.check({"engine_build": b}, config.load(None))}
     assert c["engine.build_log"].status == "fail" and c["engine.build_log"].pitfall == "P07"
@@ -76,7 +76,7 @@ def test_dpkg_query_status_abbrev_read_as_the_driver_playbook_reads_it():
 
 
 def test_an_unheld_nvidia_package_is_p02_with_restore_as_the_fix():
-    from p2pkit.checks import driver
+    from p2pkit.stages.driver import checks as driver
 
     h = {"installed": ["adduser", "libnvidia-compute-615", "nvidia-firmware-580-580.95.05"],
          "held": ["nvidia-firmware-580-580.95.05"]}
@@ -90,7 +90,7 @@ def test_an_unheld_nvidia_package_is_p02_with_restore_as_the_fix():
 def test_guarded_packages_are_the_driver_playbooks():
     import yaml
 
-    from p2pkit.checks import driver
+    from p2pkit.stages.driver import checks as driver
     from tests.conftest import REPO
 
     d = yaml.safe_load((REPO / "playbooks/roles/p2pkit_driver/defaults/main.yml").read_text())
@@ -98,8 +98,8 @@ def test_guarded_packages_are_the_driver_playbooks():
 
 
 def test_restore_guards_read_from_the_files_systemctl_and_the_stage_write(tmp_path):
-    from p2pkit.checks import p2p_module
     from p2pkit.host import Host, system
+    from p2pkit.stages.p2p_module import checks as p2p_module
 
     root = tmp_path
     units = root / "etc/systemd/system"
@@ -133,7 +133,7 @@ def test_restore_guards_read_from_the_files_systemctl_and_the_stage_write(tmp_pa
 def test_nccl_install_path_compared_by_path_not_by_string():
     from dataclasses import replace
 
-    from p2pkit import config
+    from p2pkit.core import config
 
     p = config.load("dual-5090-llamacpp")
     p = replace(p, engine=replace(p.engine, nccl_root="/opt/nccl"))
@@ -154,7 +154,7 @@ def test_nccl_install_path_compared_by_path_not_by_string():
 # ------------------------------------------------------------------------------------------- P27
 
 def test_p27_refusal_carries_its_id_in_junit_and_prometheus():
-    from p2pkit import reports
+    from p2pkit.app import reports
 
     refusal = {"id": "service.act", "title": "service: act", "status": "fail", "pitfall": "P27",
                "measured": "the head's rendezvous port 10.0.0.1:29500 did not answer within 1800 s",
@@ -172,9 +172,10 @@ def test_p27_refusal_carries_its_id_in_junit_and_prometheus():
 def test_worker_whose_head_is_down_is_p27_in_doctor():
     import socket
 
-    from p2pkit import config, facts
-    from p2pkit.checks import service
+    from p2pkit.core import config
+    from p2pkit.facts import collect as facts
     from p2pkit.host import Host
+    from p2pkit.stages.service import checks as service
 
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
@@ -197,7 +198,7 @@ def test_worker_whose_head_is_down_is_p27_in_doctor():
 def spark(**engine):
     from dataclasses import replace
 
-    from p2pkit import config
+    from p2pkit.core import config
 
     p = config.load("dual-spark-vllm")
     return replace(p, engine=replace(p.engine, **engine))
@@ -252,7 +253,8 @@ def test_builtin_spark_profile_cannot_prove_its_vllm_tree():
 # ------------------------------------------------------------------------------------------- P20
 
 def test_llamacpp_several_slots_with_speculative_decoding_warns():
-    from p2pkit import config, engine_cmd
+    from p2pkit.core import config
+    from p2pkit.rules import engine_cmd
 
     p = config.load("dual-5090-llamacpp")
     assert {c.id: c for c in engine_cmd.validate(p)}["service.spec_slots"].status == "pass"  # --parallel 1
@@ -267,7 +269,8 @@ def test_llamacpp_several_slots_with_speculative_decoding_warns():
 
 
 def test_vllm_max_num_seqs_with_mtp_warns():
-    from p2pkit import config, engine_cmd
+    from p2pkit.core import config
+    from p2pkit.rules import engine_cmd
 
     c = {c.id: c for c in engine_cmd.validate(config.load("dual-spark-vllm"))}["service.spec_slots"]
     assert c.status == "warn" and c.pitfall == "P20" and c.value == 13  # the seed's own setting
@@ -278,8 +281,8 @@ def test_vllm_max_num_seqs_with_mtp_warns():
 # ------------------------------------------------------------------------------------------- P26
 
 def test_madv_random_read_from_real_smaps():
-    from p2pkit.checks import service
     from p2pkit.parse import system as ps
+    from p2pkit.stages.service import checks as service
 
     maps = ps.smaps_mappings((FIXTURES / "smaps/smaps_madv_random.txt").read_text())
     assert [m["path"] for m in maps] == ["[heap]", "/tmp/ple-table.bin", "/tmp/ple-table.bin"]
@@ -317,7 +320,8 @@ def test_madv_random_on_a_live_process(tmp_path):
 
 
 def test_ple_mmap_off_is_refused_before_start():
-    from p2pkit import config, engine_cmd
+    from p2pkit.core import config
+    from p2pkit.rules import engine_cmd
 
     on = {c.id: c for c in engine_cmd.validate(config.load("dual-spark-vllm"))}["service.ple_mmap"]
     assert on.status == "pass"
@@ -339,8 +343,8 @@ FREE = (gib(31.5), gib(31.5))
 
 
 def fit_checks(shape=None, free=FREE, sets=(), refused=False):
-    from p2pkit import config
-    from p2pkit.checks import fit
+    from p2pkit.core import config
+    from p2pkit.stages.service import fit
 
     p = config.load("dual-5090-llamacpp", list(sets))
     f = {"model": shape or SHAPE, "gpus": [{"index": i, "total": gib(32), "free": x, "engine_used": 0}
@@ -398,7 +402,7 @@ def test_tree_guard_and_gguf_shape_read_from_files(tmp_path):
     import numpy as np
     from gguf import GGUFWriter
 
-    from p2pkit import config
+    from p2pkit.core import config
     from p2pkit.host import Host, model
 
     src = tmp_path / "opt/p2pkit/llama.cpp/src"
@@ -431,9 +435,9 @@ def test_tree_guard_and_gguf_shape_read_from_files(tmp_path):
 
 
 def test_headroom_after_start_and_oom_cause():
-    from p2pkit import config
-    from p2pkit.checks import fit
-    from p2pkit.stages.service import CAUSES
+    from p2pkit.core import config
+    from p2pkit.stages.service import fit
+    from p2pkit.stages.service.act import CAUSES
 
     p = config.load("dual-5090-llamacpp")
     c = fit.headroom({"gpus": [{"index": 0, "free": gib(3)}, {"index": 1, "free": gib(1)}]}, p)[0]
@@ -451,9 +455,10 @@ def test_service_refuses_to_start_a_model_that_does_not_fit(monkeypatch):
 
     import pytest
 
-    from p2pkit import config, facts
-    from p2pkit.errors import P2pkitError
-    from p2pkit.stages import service as ss
+    from p2pkit.core import config
+    from p2pkit.core.errors import P2pkitError
+    from p2pkit.facts import collect as facts
+    from p2pkit.stages.service import act as ss
 
     p = config.load("dual-5090-llamacpp", ["serve.flags.ctx-size=400000"])
     f = {"model": SHAPE, "gpus": [{"index": i, "total": gib(32), "free": gib(31.5), "engine_used": 0} for i in (0, 1)],
@@ -466,8 +471,8 @@ def test_service_refuses_to_start_a_model_that_does_not_fit(monkeypatch):
 
 
 def test_fit_that_cannot_be_read_yet_is_could_not_check_never_a_pass():
-    from p2pkit import config
-    from p2pkit.checks import fit
+    from p2pkit.core import config
+    from p2pkit.stages.service import fit
 
     p = config.load("dual-5090-llamacpp")
     for f in ({"model": {"error": "/srv/x.gguf does not exist yet"}, "gpus": []},

@@ -11,7 +11,7 @@ import sys
 
 from rich.console import Console
 
-from p2pkit.output import Output, plain_table
+from p2pkit.core.output import Output, plain_table
 
 
 def piped(*args: str, columns: int = 30) -> subprocess.CompletedProcess:

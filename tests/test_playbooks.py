@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from p2pkit import ansible, config
-from p2pkit.artifacts import Store
-from p2pkit.errors import P2pkitError
+from p2pkit.app.pipeline import Ctx
+from p2pkit.core import ansible, config
+from p2pkit.core.artifacts import Store
+from p2pkit.core.errors import P2pkitError
+from p2pkit.core.output import Output
 from p2pkit.host import Host
-from p2pkit.output import Output
-from p2pkit.pipeline import Ctx
-from p2pkit.stages import acting
+from p2pkit.stages.driver import act as driver_act
+from p2pkit.stages.p2p_module import act as acting
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
@@ -40,9 +41,9 @@ def tree_digest(root: Path) -> dict[str, str]:
 def test_driver_and_p2p_playbooks_are_idempotent_and_check_mode_is_clean(sim):
     root = sim("healthy")
     ctx = ctx_for(root)
-    first = acting.driver(ctx)
+    first = driver_act.driver(ctx)
     assert first["changed"] > 0 and first["failed"] == 0
-    second = acting.driver(ctx)
+    second = driver_act.driver(ctx)
     assert second["changed"] == 0, second
     p1 = acting.p2p_module(ctx)
     assert p1["changed"] > 0
@@ -84,7 +85,7 @@ def test_what_the_playbooks_leave_on_the_host(sim, tmp_path):
     assert real("apt-get", "update").returncode == 0
     assert "Candidate: 580.95.05-0ubuntu1" in real("apt-cache", "policy", "nvidia-driver-580").stdout  # no pin yet
     ctx = ctx_for(root)
-    acting.driver(ctx)
+    driver_act.driver(ctx)
     acting.p2p_module(ctx)
     state = json.loads((root / ".p2pkit-sim/state.json").read_text())
     assert state["driver"]["userspace"] == "615.71.09"
@@ -116,7 +117,7 @@ def test_wrong_checksum_stops_before_anything_runs_and_keeps_the_file(sim):
     bad = replace(good, driver=replace(good.driver, installer_sha256="0" * 64))
     ctx = ctx_for(root, bad)
     with pytest.raises(P2pkitError) as e:
-        acting.driver(ctx)
+        driver_act.driver(ctx)
     assert "not the pinned 000000" in e.value.message
     name = good.driver.installer_url.rsplit("/", 1)[-1]
     assert (root / "var/cache/p2pkit" / f"{name}.rejected").is_file()
@@ -128,7 +129,7 @@ def test_wrong_checksum_stops_before_anything_runs_and_keeps_the_file(sim):
 def test_missing_kernel_headers_named(sim):
     root = sim("healthy")
     ctx = ctx_for(root)
-    acting.driver(ctx)
+    driver_act.driver(ctx)
     shutil.rmtree(root / "lib/modules/6.8.0-88-generic/build")
     with pytest.raises(P2pkitError) as e:
         acting.p2p_module(ctx)
@@ -139,7 +140,7 @@ def test_missing_kernel_headers_named(sim):
 def test_kernel_too_new_for_the_branch_named(sim):
     root = sim("healthy")
     ctx = ctx_for(root)
-    acting.driver(ctx)
+    driver_act.driver(ctx)
     from p2pkit.sim import provision
 
     provision.make_headers(root, "7.2.0-3-generic")
@@ -174,15 +175,15 @@ def test_driver_on_an_aarch64_spark_node_installs_once(sim):
     assert subprocess.run([str(root / "usr/bin/uname"), "-m"], capture_output=True, text=True).stdout == "aarch64\n"
     ctx = ctx_for(root)
     assert ctx.profile.driver.installer_url.endswith("/NVIDIA-Linux-aarch64-615.71.09.run")
-    assert acting.driver(ctx)["changed"] > 0
+    assert driver_act.driver(ctx)["changed"] > 0
     assert (root / "usr/lib/aarch64-linux-gnu/libnvidia-ml.so.615.71.09").is_file()
     assert not (root / "usr/lib/x86_64-linux-gnu").exists()
-    second = acting.driver(ctx)
+    second = driver_act.driver(ctx)
     assert second["changed"] == 0, second
     log = (ctx.store.dir / "logs/driver.log").read_text()
     assert "Ensure the userspace driver is installed without kernel modules" in log
-    from p2pkit import facts
-    from p2pkit.checks import driver as driver_checks
+    from p2pkit.facts import collect as facts
+    from p2pkit.stages.driver import checks as driver_checks
 
     checks = {c.id: c for c in driver_checks.check(facts.collect(ctx.host, ["userspace_driver", "driver_guards",
                                                                             "arch"]), ctx.profile)}
@@ -190,7 +191,7 @@ def test_driver_on_an_aarch64_spark_node_installs_once(sim):
 
 
 def test_the_failure_named_is_the_one_that_stopped_the_run_not_one_a_rescue_caught():
-    from p2pkit.ansible import failed_task
+    from p2pkit.core.ansible import failed_task
 
     log = ("TASK [r : Download the installer and check its pinned sha256] ***\n"
            'fatal: [localhost]: FAILED! => {"msg": "The checksum did not match"}\n'

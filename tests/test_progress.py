@@ -5,8 +5,8 @@ import sys
 import threading
 import time
 
-from p2pkit.output import Output, elapsed
-from p2pkit.runner import Runner
+from p2pkit.core.output import Output, elapsed
+from p2pkit.core.runner import Runner
 
 
 def test_output_reaches_the_log_while_the_command_runs(tmp_path):
@@ -34,7 +34,7 @@ def test_output_reaches_the_log_while_the_command_runs(tmp_path):
 
 
 def test_a_long_step_says_its_elapsed_time(capsys, monkeypatch):
-    import p2pkit.output as output
+    import p2pkit.core.output as output
 
     monkeypatch.setattr(output, "HEARTBEAT_S", 0.2)
     out = Output()
@@ -48,7 +48,7 @@ def test_a_long_step_says_its_elapsed_time(capsys, monkeypatch):
 
 
 def test_logs_follow_prints_until_the_run_ends(cli, sim):
-    from p2pkit.lock import state_lock
+    from p2pkit.core.lock import state_lock
 
     root = sim("healthy")
     state = root / "var/lib/p2pkit"

@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from p2pkit import config
+from p2pkit.core import config
 
 
 def test_relative_keys_are_anchored_under_the_state_directory():

@@ -8,7 +8,7 @@ import tarfile
 
 import pytest
 
-from p2pkit import secrets, writers
+from p2pkit.core import secrets, writers
 
 
 def members(path) -> dict[str, bytes]:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from p2pkit.checks.link import ceiling_gbps
 from p2pkit.sim import lifecycle
+from p2pkit.stages.link.checks import ceiling_gbps
 
 NODE_EXPORTER = "prometheus-node-exporter"  # Debian's package of node_exporter 1.5.0 (.ci/run installs it)
 

@@ -8,9 +8,9 @@ import subprocess
 
 import pytest
 
-from p2pkit import config
-from p2pkit.artifacts import Store
-from p2pkit.reboot import render_resume_unit
+from p2pkit.app.reboot import render_resume_unit
+from p2pkit.core import config
+from p2pkit.core.artifacts import Store
 from p2pkit.sim import lifecycle
 
 pytestmark = pytest.mark.slow

@@ -2,11 +2,11 @@
 
 from pathlib import Path
 
-from p2pkit import config
-from p2pkit.checks import topology
+from p2pkit.core import config
 from p2pkit.host import Host
 from p2pkit.host.roce import ports
 from p2pkit.parse.roce import resolve
+from p2pkit.stages.topology import checks as topology
 
 SPARK = config.load("dual-spark-vllm")
 

@@ -17,14 +17,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from p2pkit import config, pipeline
-from p2pkit.ansible import playbook_binary
-from p2pkit.artifacts import Store
-from p2pkit.errors import P2pkitError
+from p2pkit.app import pipeline
+from p2pkit.core import config
+from p2pkit.core.ansible import playbook_binary
+from p2pkit.core.artifacts import Store
+from p2pkit.core.errors import P2pkitError
+from p2pkit.core.output import Output
 from p2pkit.host import Host
-from p2pkit.output import Output
-from p2pkit.stages import acting
 from p2pkit.stages import get as get_stage
+from p2pkit.stages.driver import act as driver_act
+from p2pkit.stages.p2p_module import act as acting
 from tests.conftest import REPO
 
 KERNEL = "6.8.0-88-generic"
@@ -94,7 +96,7 @@ def test_each_role_alone_changes_the_host_as_up_does_and_a_second_run_changes_no
         r, recap = playbook(book, inventory, tmp_path)
         assert r.returncode == 0 and recap["changed"] == 0, r.stdout[-3000:]  # idempotent: changed=0
     ctx = ctx_for(by_p2pkit)
-    acting.driver(ctx)
+    driver_act.driver(ctx)
     acting.p2p_module(ctx)
     for rel in SAME:
         assert sha(alone / rel) == sha(by_p2pkit / rel), rel
@@ -133,7 +135,7 @@ def test_a_role_without_a_required_variable_stops_at_its_first_task_naming_it(si
 def test_a_profile_value_the_role_cannot_use_carries_ansibles_message_and_the_fix(sim):
     root = sim("healthy")
     ctx = ctx_for(root)
-    acting.driver(ctx)
+    driver_act.driver(ctx)
     p = ctx.profile
     ctx.profile = replace(p, p2p_module=replace(p.p2p_module, commit="release-615"))  # not a commit
     with pytest.raises(P2pkitError) as e:
@@ -155,7 +157,7 @@ def test_the_roles_put_right_exactly_what_differs_and_say_so_per_task(sim):
     follow-ups run), every other task reports ok or skipped; then nothing is left to change."""
     root = sim("healthy")
     ctx = ctx_for(root)
-    assert acting.driver(ctx)["changed"] > 0 and acting.p2p_module(ctx)["changed"] > 0
+    assert driver_act.driver(ctx)["changed"] > 0 and acting.p2p_module(ctx)["changed"] > 0
 
     def changed(res: dict) -> set[str]:
         return {name for name, c in res["tasks"].items() if c["changed"]}
@@ -168,7 +170,7 @@ def test_the_roles_put_right_exactly_what_differs_and_say_so_per_task(sim):
     apt_mark = str(root / "usr/bin/apt-mark")  # the real apt-mark on the simulated root's dpkg database
     held = subprocess.run([apt_mark, "showhold"], check=True, capture_output=True, text=True).stdout.split()
     subprocess.run([apt_mark, "unhold", *held], check=True, capture_output=True)
-    res = acting.driver(ctx)
+    res = driver_act.driver(ctx)
     assert changed(res) == {"Ensure the installer cache directory, nouveau's blacklist, the apt pin and the "
                             "unattended-upgrades blacklist are in place", "Download the installer and check its "
                             "pinned sha256", "Ensure installed NVIDIA packages are held"}, res["tasks"]
@@ -178,7 +180,7 @@ def test_the_roles_put_right_exactly_what_differs_and_say_so_per_task(sim):
 
     lib = root / "usr/lib/x86_64-linux-gnu" / f"libnvidia-ml.so.{ctx.profile.driver.version}"
     lib.unlink()
-    res = acting.driver(ctx)
+    res = driver_act.driver(ctx)
     assert changed(res) == {"Ensure the userspace driver is installed without kernel modules"} and lib.is_file()
 
     grub = root / "etc/default/grub.d/60-p2pkit-iommu.cfg"
@@ -199,7 +201,7 @@ def test_the_roles_put_right_exactly_what_differs_and_say_so_per_task(sim):
     assert res["tasks"]["Ensure systemd has read the restore units"]["skipped"] == 1
     assert grub.read_text() == good_grub and ko.read_bytes() == good_ko
     assert (root / "etc/systemd/system/timers.target.wants/p2pkit-restore.timer").is_symlink()
-    assert acting.driver(ctx)["changed"] == 0 and acting.p2p_module(ctx)["changed"] == 0
+    assert driver_act.driver(ctx)["changed"] == 0 and acting.p2p_module(ctx)["changed"] == 0
 
 
 @pytest.mark.slow

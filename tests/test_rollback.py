@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from p2pkit.artifacts import Store
+from p2pkit.core.artifacts import Store
 from p2pkit.sim import lifecycle
 from p2pkit.sim.lifecycle import STOCK_KO
 
 pytestmark = pytest.mark.slow
 KERNEL = "6.8.0-88-generic"
 SKIP = (".p2pkit-sim", "var/lib/p2pkit", "var/cache/p2pkit", "proc", "sys", "dev",
-        "run/p2pkit.lock")  # the host's run lock: a runtime file p2pkit leaves for the next run, like /run's
+        "run/p2pkit.core.lock")  # the host's run lock: a runtime file p2pkit leaves for the next run, like /run's
 # what the real dpkg and apt-mark write for their own bookkeeping when they run on the simulated root
 # (locks, the previous status, the database format): not host state a rollback puts back
 DPKG_BOOKKEEPING = {"var/lib/dpkg/lock", "var/lib/dpkg/lock-frontend", "var/lib/dpkg/triggers/Lock",

@@ -15,13 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from p2pkit import config, pipeline, secrets, writers
-from p2pkit.artifacts import Store
-from p2pkit.errors import ProfileError
+from p2pkit.app import pipeline
+from p2pkit.core import config, secrets, writers
+from p2pkit.core.artifacts import Store
+from p2pkit.core.errors import ProfileError
+from p2pkit.core.output import Output
 from p2pkit.host import Host
-from p2pkit.output import Output
 from p2pkit.sim import lifecycle
-from p2pkit.stages import get, service
+from p2pkit.stages import get
+from p2pkit.stages.service import act as service
 
 BASE = tomllib.loads(config.builtin_path("dual-5090-ninfer").read_text())
 INJECT = "x\nExecStartPre=+/bin/sh -c 'touch /tmp/pwned'"
@@ -260,8 +262,8 @@ def test_restore_hook_and_unit_quote_a_hostile_state_dir(tmp_path, monkeypatch):
     same path with % escaped for systemd."""
     from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
-    from p2pkit.ansible import share_dir
-    from p2pkit.stages import acting
+    from p2pkit.core.ansible import share_dir
+    from p2pkit.stages.p2p_module import act as acting
 
     pwned = tmp_path / "pwned"  # the hook runs in tmp_path: a $(touch${IFS}pwned) that ran leaves it there
     state = tmp_path / "st$(touch${IFS}pwned)`touch${IFS}pwned`x%i"
@@ -295,7 +297,7 @@ def test_restore_hook_and_unit_quote_a_hostile_state_dir(tmp_path, monkeypatch):
 
 
 def test_resume_unit_escapes_its_state_dir(tmp_path):
-    from p2pkit.reboot import render_resume_unit
+    from p2pkit.app.reboot import render_resume_unit
 
     state = tmp_path / "a%b c"
     with pytest.raises(writers.UnsafeValue, match="' '"):
@@ -313,7 +315,7 @@ def test_a_model_run_killed_at_its_rename_is_finished_by_the_next(sim, monkeypat
     output as its own (or renames the recorded partial file) and passes; it never refuses its own model."""
     import os as os_
 
-    from p2pkit.stages import model as model_stage
+    from p2pkit.stages.model import act as model_stage
 
     root = sim("healthy")
     h = Host.at(root)
@@ -346,9 +348,9 @@ def test_a_model_run_killed_at_its_rename_is_finished_by_the_next(sim, monkeypat
 def restore_ctx(tmp_path, monkeypatch):
     """restore's own logic with the host seams replaced: a running engine unit (systemctl calls
     recorded), a p2p-module gate that drifted, and a rebuild that is interrupted."""
-    from p2pkit import restore as rs
-    from p2pkit.checks import FAIL, Check
-    from p2pkit.stages import service as svc
+    from p2pkit.app import restore as rs
+    from p2pkit.rules.findings import FAIL, Check
+    from p2pkit.stages.service import act as svc
 
     root = tmp_path / "host"
     (root / "etc/systemd/system").mkdir(parents=True)
@@ -400,8 +402,8 @@ def test_a_restore_killed_with_the_engine_stopped_is_undone_by_the_next(restore_
 @pytest.mark.parametrize("data,fragment", [(b"\xff\xfe{", "cannot be read"), (b"[1, 2]", "not a p2pkit model record"),
                                            (b'{"path": "/srv/x"}', "not a p2pkit model record")])
 def test_a_broken_model_record_is_a_clear_error(tmp_path, data, fragment):
-    from p2pkit.artifacts import CorruptArtifact
-    from p2pkit.stages import model as model_stage
+    from p2pkit.core.artifacts import CorruptArtifact
+    from p2pkit.stages.model import act as model_stage
 
     rec = tmp_path / "model-output.json"
     rec.write_bytes(data)
@@ -504,7 +506,7 @@ def test_the_rendered_unit_starts_as_its_user_and_answers_health():
     import urllib.error
     import urllib.request
 
-    from p2pkit.checks import service as service_checks
+    from p2pkit.stages.service import checks as service_checks
     from tests.conftest import REPO, make_sim
     from tests.test_inventory import free_port
 
@@ -646,7 +648,7 @@ def test_the_engine_user_must_read_the_draft_model_too(tmp_path):
 
 @pytest.mark.slow
 def test_the_driver_playbook_leaves_an_existing_directory_mode_alone(sim):
-    from p2pkit.stages import acting
+    from p2pkit.stages.driver import act as driver_act
 
     root = sim("healthy")
     h = Host.at(root)
@@ -655,7 +657,7 @@ def test_the_driver_playbook_leaves_an_existing_directory_mode_alone(sim):
     cache = h.path(ctx.profile.driver.cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
     cache.chmod(0o700)  # the user's choice
-    assert acting.driver(ctx)["failed"] == 0
+    assert driver_act.driver(ctx)["failed"] == 0
     assert cache.stat().st_mode & 0o777 == 0o700
 
 
@@ -664,7 +666,7 @@ def test_the_driver_playbook_leaves_an_existing_directory_mode_alone(sim):
 def test_a_model_output_that_is_a_symlink_leading_out_is_refused(tmp_path):
     """`..` is refused when the profile is read (above); a link planted where the model goes is
     refused before p2pkit reads or writes through it (root hashing /etc/shadow, or /dev/zero forever)."""
-    from p2pkit.stages import model as model_stage
+    from p2pkit.stages.model import act as model_stage
 
     host = Host.at(tmp_path)
     models = tmp_path / "srv/models"
@@ -723,7 +725,7 @@ def test_the_remote_install_refuses_a_tampered_wheel_or_lock_entry(tmp_path):
     import yaml
     from jinja2 import Environment
 
-    from p2pkit import inventory
+    from p2pkit.app import inventory
     from tests.conftest import REPO
 
     book = yaml.safe_load((REPO / "playbooks/inventory.yml").read_text())
@@ -769,7 +771,7 @@ def test_the_remote_install_refuses_a_tampered_wheel_or_lock_entry(tmp_path):
 # 14. logs capped and rotated ---------------------------------------------------------------------
 
 def test_playbook_logs_are_capped_rotated_and_redacted(tmp_path):
-    from p2pkit import logfiles
+    from p2pkit.core import logfiles
 
     secrets.register("tok_ABCDEFGH")
     log = tmp_path / "driver.log"

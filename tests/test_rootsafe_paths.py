@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from p2pkit import ansible
+from p2pkit.core import ansible
 from tests.conftest import make_sim
 
 # 1. no path reaches a shell -----------------------------------------------------------------------
@@ -62,8 +62,8 @@ def test_a_space_in_the_state_dir_is_refused_at_the_door_not_after_the_driver_ac
 
 def test_ansible_temp_is_a_new_directory_of_safe_characters_and_refuses_an_unsafe_state_dir(tmp_path):
     """Behind the door too: Ansible's temporary directories are made by p2pkit, never named by the user."""
-    from p2pkit.config import unsafe_path_char
-    from p2pkit.errors import UsageError
+    from p2pkit.core.config import unsafe_path_char
+    from p2pkit.core.errors import UsageError
 
     a, b = ansible.ansible_temp(tmp_path / "state"), ansible.ansible_temp(tmp_path / "state")
     assert a != b and a.is_dir() and a.parent == tmp_path / "state/.ansible/tmp"
@@ -77,11 +77,12 @@ def test_ansible_temp_is_a_new_directory_of_safe_characters_and_refuses_an_unsaf
 def test_the_playbook_runs_with_its_own_temp_directories_and_removes_them(sim, monkeypatch):
     """The driver playbook, run for real: Ansible is handed p2pkit's directory for both temps, and
     it is gone afterwards."""
-    from p2pkit import config, pipeline
-    from p2pkit.artifacts import Store
+    from p2pkit.app import pipeline
+    from p2pkit.core import config
+    from p2pkit.core.artifacts import Store
+    from p2pkit.core.output import Output
     from p2pkit.host import Host
-    from p2pkit.output import Output
-    from p2pkit.stages import acting
+    from p2pkit.stages.driver import act as driver_act
 
     root = sim("healthy")
     h = Host.at(root)
@@ -96,7 +97,7 @@ def test_the_playbook_runs_with_its_own_temp_directories_and_removes_them(sim, m
             assert Path(kw["env"]["ANSIBLE_LOCAL_TEMP"]).is_dir()
         return real(argv, *a, **kw)
     monkeypatch.setattr(h.runner, "run", spy)
-    assert acting.driver(ctx)["failed"] == 0
+    assert driver_act.driver(ctx)["failed"] == 0
     assert seen and seen[0]["ANSIBLE_LOCAL_TEMP"] == seen[0]["ANSIBLE_REMOTE_TEMP"]
     tmp = Path(seen[0]["ANSIBLE_LOCAL_TEMP"])
     assert tmp.parent == root / "var/lib/p2pkit/.ansible/tmp" and not tmp.exists()
@@ -107,7 +108,7 @@ def test_the_playbook_runs_with_its_own_temp_directories_and_removes_them(sim, m
 
 def _held_by_an_up(root: Path, state: Path):
     """What `up` holds while it acts (pipeline.up): the host's lock and its state directory's."""
-    from p2pkit.lock import state_lock
+    from p2pkit.core.lock import state_lock
 
     return state_lock(state, root=root)
 
@@ -122,8 +123,8 @@ def test_two_state_directories_on_one_host_run_one_at_a_time(cli, sim, tmp_path)
     assert not (tmp_path / "state-b/preflight.json").exists()
     r = cli("--root", str(root), "--state-dir", str(tmp_path / "state-b"), "--yes", "up", "--to", "preflight")
     assert r.code == 0, r.err  # released with its holder
-    from p2pkit.lock import host_lock_path
-    assert host_lock_path(root) == root / "run/p2pkit.lock" and host_lock_path(root).is_file()
+    from p2pkit.core.lock import host_lock_path
+    assert host_lock_path(root) == root / "run/p2pkit.core.lock" and host_lock_path(root).is_file()
 
 
 @pytest.mark.parametrize("args", [("serve", "restart"), ("bench", "--ab", "serve.env.NCCL_P2P_DISABLE=1")])
@@ -163,9 +164,9 @@ def test_dotdot_is_refused_in_every_path_key(key):
 def test_a_symlinked_parent_of_model_output_leading_out_of_the_models_directory_is_refused(tmp_path):
     """model.source /srv/models/Q and model.output /srv/models/sub/m.gguf share /srv/models: `sub`
     a link to /etc is refused; the models directory itself a link to another disk is not."""
-    from p2pkit import config
+    from p2pkit.core import config
     from p2pkit.host import Host
-    from p2pkit.stages import model as model_stage
+    from p2pkit.stages.model import act as model_stage
     from tests.test_rootsafe import profile_with
 
     prof = config.from_dict(profile_with(model__source="/srv/models/Q", model__output="/srv/models/sub/m.gguf"),
@@ -202,7 +203,7 @@ def test_git_gets_double_dash_before_every_url():
 
     from tests.conftest import REPO
 
-    for f in ("p2pkit/stages/engine.py", "p2pkit/pin.py"):
+    for f in ("p2pkit/stages/engine/act.py", "p2pkit/app/pin.py"):
         text = (REPO / f).read_text()
         calls = re.findall(r'\["git", "(?:clone|ls-remote)"[^\]]*\]', text)
         assert calls and all('"--", ' in c for c in calls), (f, calls)
@@ -223,8 +224,8 @@ def test_a_fit_flag_out_of_range_is_a_profile_error_not_an_internal_one(cli, sim
 
 
 def test_fit_flags_are_checked_per_recipe():
-    from p2pkit import config
-    from p2pkit.errors import ProfileError
+    from p2pkit.core import config
+    from p2pkit.core.errors import ProfileError
     from tests.test_rootsafe import profile_with
 
     for recipe, flag, bad in [("llamacpp", "ctx-size", True), ("llamacpp", "tensor-split", "0,0"),
@@ -260,7 +261,7 @@ def test_a_full_disk_at_the_lock_is_a_clear_error(cli, sim, monkeypatch):
     """ENOSPC where the lock records its holder (os.pwrite, in-process): exit 2 naming the disk."""
     import errno
 
-    from p2pkit import lock
+    from p2pkit.core import lock
 
     def full(*a, **kw):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -274,7 +275,7 @@ def test_a_full_disk_at_the_lock_is_a_clear_error(cli, sim, monkeypatch):
 def test_a_full_disk_at_an_artifact_write_is_a_clear_error(cli, sim, monkeypatch):
     import errno
 
-    from p2pkit import artifacts
+    from p2pkit.core import artifacts
 
     def full(*a, **kw):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from p2pkit import children
+from p2pkit.core import children
+from p2pkit.core.lock import state_lock
+from p2pkit.core.runner import HEAD_CAP, TAIL_CAP, Runner, timeout_for
 from p2pkit.host import Host, smi
-from p2pkit.lock import state_lock
-from p2pkit.runner import HEAD_CAP, TAIL_CAP, Runner, timeout_for
 
 
 def _alive(pid: int) -> bool:
@@ -75,8 +75,8 @@ PLAYBOOK = """\
 HOLDER = """\
 import sys
 from pathlib import Path
-from p2pkit.lock import state_lock
-from p2pkit.runner import Runner
+from p2pkit.core.lock import state_lock
+from p2pkit.core.runner import Runner
 with state_lock(Path(sys.argv[1])):
     Runner().run(sys.argv[2:], check=False)
 """

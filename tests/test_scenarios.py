@@ -2,7 +2,7 @@
 
 import pytest
 
-from p2pkit.artifacts import Store
+from p2pkit.core.artifacts import Store
 from p2pkit.sim import lifecycle
 
 pytestmark = pytest.mark.slow
@@ -88,11 +88,11 @@ def test_iommu_translating_is_fixed_by_the_p2p_module_stage(cli, sim):
 def test_translating_iommu_left_in_place_fails_link_integrity(cli, sim):
     """What a real box does with P2P over a translating IOMMU: status OK, data zero-filled. The real
     load worker runs against the simulated host's devices and NVML."""
-    from p2pkit import config
-    from p2pkit.checks import link
+    from p2pkit.core import config
     from p2pkit.host import Host
     from p2pkit.load import worker
     from p2pkit.sim.render import load_state, save
+    from p2pkit.stages.link import checks as link
     from tests.conftest import install_userspace
 
     root = sim("iommu-translating")

@@ -8,9 +8,9 @@ import os
 import stat
 from pathlib import Path
 
-from p2pkit import config, hoststate
+from p2pkit.core import config, hoststate
 from p2pkit.host import Host
-from p2pkit.stages import service as svc
+from p2pkit.stages.service import act as svc
 
 TOKEN, CREDS = "hf_kept_s3cr3t_value", "creds-not-token-like-9f2"
 

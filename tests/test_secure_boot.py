@@ -5,9 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from p2pkit import config
-from p2pkit.checks import p2p_module, preflight
+from p2pkit.core import config
 from p2pkit.parse import mok as pm
+from p2pkit.stages.p2p_module import checks as p2p_module
+from p2pkit.stages.preflight import checks as preflight
 
 FIX = Path(__file__).parent / "fixtures/mok"
 P = config.load("dual-5090-ninfer")
@@ -87,7 +88,7 @@ def test_p2p_checks_prove_the_signer_and_the_enrolment():
 
 
 def test_the_enrolment_password_goes_to_stdin_and_into_no_child_environment(monkeypatch):
-    from p2pkit.runner import Runner
+    from p2pkit.core.runner import Runner
 
     monkeypatch.setenv("P2PKIT_MOK_PASSWORD", "one-time-pw")
     r = Runner().run(["sh", "-c", 'read a; read b; echo "$a|$b|${P2PKIT_MOK_PASSWORD:-unset}"'],

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from p2pkit.artifacts import Store
+from p2pkit.core.artifacts import Store
 from p2pkit.sim import lifecycle
 
 pytestmark = pytest.mark.slow

@@ -14,13 +14,15 @@ from typing import ClassVar
 
 import pytest
 
-from p2pkit import config, engine_cmd, pipeline
-from p2pkit.artifacts import Store
+from p2pkit.app import pipeline
+from p2pkit.core import config
+from p2pkit.core.artifacts import Store
+from p2pkit.core.output import Output
 from p2pkit.host import Host
-from p2pkit.output import Output
+from p2pkit.rules import engine_cmd
 from p2pkit.sim import lifecycle
 from p2pkit.stages import get
-from p2pkit.stages import service as svc
+from p2pkit.stages.service import act as svc
 
 BASE = config.load(None)
 
@@ -66,7 +68,7 @@ def test_warnings(changes, check, pitfall):
 def test_the_builtin_profiles_do_not_warn_on_their_own_slots():
     """The default profile serves DFlash2 at --max-concurrency 8 (seed 000's production setting): P20
     (MTP pays at one slot, seed 003) is not its warning; MTP at several slots still is."""
-    from p2pkit import config
+    from p2pkit.core import config
 
     for name in ("dual-5090-ninfer", "dual-5090-llamacpp"):
         found = {c.id: c for c in engine_cmd.validate(config.load(name))}
@@ -171,7 +173,7 @@ def test_flags_refused_before_anything_is_installed(service_host):
 def test_serve_commands_use_the_overrides_the_host_was_brought_up_with(service_host, cli):
     """The service was brought up with --set serve.port=P (recorded in the host's state, as `up`
     does): serve status and restart find it there without repeating the --set (issue 17)."""
-    from p2pkit import hoststate
+    from p2pkit.core import hoststate
     from p2pkit.sim.provision import free_port
 
     ctx = service_host()

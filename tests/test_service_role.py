@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from p2pkit import ansible, config, pipeline
-from p2pkit.artifacts import Store
-from p2pkit.errors import P2pkitError
+from p2pkit.app import pipeline
+from p2pkit.core import ansible, config
+from p2pkit.core.artifacts import Store
+from p2pkit.core.errors import P2pkitError
+from p2pkit.core.output import Output
 from p2pkit.host import Host
-from p2pkit.output import Output
 from p2pkit.sim import lifecycle
-from p2pkit.stages import service as svc
+from p2pkit.stages.service import act as svc
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from p2pkit import config, engine_cmd
+from p2pkit.core import config
 from p2pkit.host.arch import ARCHES
 from p2pkit.parse import field as pf
 from p2pkit.parse import pci
 from p2pkit.parse import system as ps
 from p2pkit.parse.smi import TOPO_LEGEND
+from p2pkit.rules import engine_cmd
 from p2pkit.sim import engine as sim_engine
 from p2pkit.sim import model, rules, scenarios
 
@@ -24,8 +25,8 @@ SIM = Path(__file__).resolve().parent.parent / "p2pkit/sim"
 # flag table and command line, the architecture table, the pitfall list, the stages' own logic). The
 # simulator may import the product's plumbing (errors, writers, the TOML writer, the profile loader,
 # the host object and its launcher), never these.
-RULE_MODULES = ("p2pkit.parse", "p2pkit.checks", "p2pkit.engine_cmd", "p2pkit.engine_env", "p2pkit.host.arch",
-                "p2pkit.pitfalls", "p2pkit.stages", "p2pkit.doctor", "p2pkit.facts")
+RULE_MODULES = ("p2pkit.parse", "p2pkit.rules", "p2pkit.host.arch", "p2pkit.stages", "p2pkit.app.doctor",
+                "p2pkit.facts")
 
 
 def imported(source: str) -> set[str]:
@@ -52,10 +53,10 @@ def test_the_simulator_imports_none_of_the_products_rules():
 
 def test_the_rule_finder_finds_a_rule_imported_anywhere():
     src = ("from p2pkit import config, writers\nfrom p2pkit.host import SIM_MARKER\n"
-           "def f():\n    from p2pkit.parse.system import iommu_intent\n    import p2pkit.engine_cmd\n"
-           "    from p2pkit import pitfalls\n")
-    assert rules_imported(src) == ["p2pkit.engine_cmd", "p2pkit.parse.system", "p2pkit.parse.system.iommu_intent",
-                                   "p2pkit.pitfalls"]
+           "def f():\n    from p2pkit.parse.system import iommu_intent\n    import p2pkit.rules.engine_cmd\n"
+           "    from p2pkit.rules import pitfalls\n")
+    assert rules_imported(src) == ["p2pkit.parse.system", "p2pkit.parse.system.iommu_intent", "p2pkit.rules",
+                                   "p2pkit.rules.engine_cmd", "p2pkit.rules.pitfalls"]
 
 
 def test_a_broken_product_rule_does_not_move_the_simulator(monkeypatch):

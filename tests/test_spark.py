@@ -7,10 +7,10 @@ import re
 
 import pytest
 
-from p2pkit import config
-from p2pkit.checks import service as service_checks
+from p2pkit.core import config
 from p2pkit.parse.roce import rate_gbps
-from p2pkit.stages.service import nccl_transports
+from p2pkit.stages.service import checks as service_checks
+from p2pkit.stages.service.act import nccl_transports
 from tests.test_inventory import controller
 
 pytestmark = pytest.mark.slow
@@ -88,9 +88,9 @@ def test_spark_pair_from_one_inventory(cli, sim, tmp_path):
 def bench_on_the_head(cli, head):
     """`p2pkit bench` on the head: the simulated vLLM's own /metrics (vLLM's names and shapes, read
     around each request) are the figures; the deltas the test reads itself agree; not the client's clock."""
-    from p2pkit import engine_cmd
     from p2pkit.host import engine_api
     from p2pkit.parse import engine_api as pe
+    from p2pkit.rules import engine_cmd
 
     base = engine_cmd.base_url(config.load(str(head / ".p2pkit-sim/profile.toml")))
     before = engine_api.metrics(base, "vllm:")
@@ -164,7 +164,7 @@ def test_port_rate_parsed():
     (["serve.flags.tensor-parallel-size=1"], "service.tp"),
 ])
 def test_multi_node_flags_refused_before_start(sets, check):
-    from p2pkit import engine_cmd
+    from p2pkit.rules import engine_cmd
 
     p = config.load("dual-spark-vllm", ["serve.flags.master-addr=10.10.0.1", *sets])
     failed = [c.id for c in engine_cmd.validate(p) if c.status == "fail"]
@@ -189,7 +189,7 @@ def test_link_where_nvml_reports_no_pcie_link():
     crash: on a one-GPU node it is a skip, and the fabric is still judged; with a GPU pair it fails."""
     from dataclasses import replace
 
-    from p2pkit.checks import link
+    from p2pkit.stages.link import checks as link
 
     p = config.load("dual-spark-vllm")
     g = {"index": 0, "idle": {"gen": None, "width": None}, "max_seen": {"gen": None, "width": None},
@@ -207,7 +207,8 @@ def test_link_where_nvml_reports_no_pcie_link():
 
 def test_doctor_does_not_judge_a_stage_that_does_not_apply(sim):
     """On a one-GPU node doctor says rebar does not apply, as up and verify do, even when BAR1 is small."""
-    from p2pkit import doctor, facts
+    from p2pkit.app import doctor
+    from p2pkit.facts import collect as facts
     from p2pkit.host import Host
     from p2pkit.stages import registry
 

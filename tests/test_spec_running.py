@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from p2pkit import config
-from p2pkit.checks import service as sc
+from p2pkit.core import config
 from p2pkit.host import engine_api
 from p2pkit.sim import serving
+from p2pkit.stages.service import checks as sc
 
 FIX = Path(__file__).parent / "fixtures"
 SPEC = '{"method":"mtp","num_speculative_tokens":3}'

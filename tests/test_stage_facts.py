@@ -10,10 +10,10 @@ import json
 
 import pytest
 
-from p2pkit import config
-from p2pkit import facts as facts_mod
-from p2pkit.checks import reads
-from p2pkit.pitfalls import CHECKED_BY, PITFALLS
+from p2pkit.core import config
+from p2pkit.facts import collect as facts_mod
+from p2pkit.rules.findings import reads
+from p2pkit.rules.pitfalls import CHECKED_BY, PITFALLS
 from p2pkit.stages import registry
 from tests.conftest import FIXTURES
 

@@ -18,7 +18,7 @@ from p2pkit.cli import main as entry
 from p2pkit.cli import top_help
 
 EXE = str(Path(sys.executable).parent / "p2pkit")
-HEAVY = ("typer", "click", "rich", "p2pkit.cli.app", "p2pkit.pipeline")
+HEAVY = ("typer", "click", "rich", "p2pkit.cli.app", "p2pkit.app.pipeline")
 
 
 def plain_env(**extra: str) -> dict[str, str]:
@@ -94,9 +94,9 @@ def test_canned_help_only_where_typer_prints_it(monkeypatch, env, tty, expect):
 def test_uname_m_is_answered_in_process(sim, monkeypatch):
     """The arch fact starts no process: the simulated host's state on a simulated host (x86_64 and
     a Spark's aarch64, as its uname stand-in prints them), the kernel's own answer on a real one."""
-    from p2pkit import facts
+    from p2pkit.core.runner import Runner
+    from p2pkit.facts import collect as facts
     from p2pkit.host import Host
-    from p2pkit.runner import Runner
 
     def no_process(self, argv, **kw):
         raise AssertionError(f"started {argv}")
@@ -168,9 +168,9 @@ def test_named_command(argv, word):
 def test_doctor_starts_its_waiting_facts_before_the_cli_and_collect_takes_them(sim, monkeypatch):
     """The facts started early are the ones collect() hands back (no second read), and they equal
     what a plain read gives; only doctor without --facts, --help or --debug starts them."""
-    from p2pkit import facts
+    from p2pkit.core.runner import Runner
+    from p2pkit.facts import collect as facts
     from p2pkit.host import Host
-    from p2pkit.runner import Runner
 
     root = sim("healthy")
     plain = facts.collect(Host.at(root), list(facts.WAITING), None)

@@ -5,10 +5,11 @@ import json
 import shutil
 from pathlib import Path
 
-from p2pkit import config, facts
-from p2pkit.checks import model as model_checks
+from p2pkit.core import config
+from p2pkit.facts import collect as facts
 from p2pkit.host import Host
 from p2pkit.parse.system import mount_of, mountinfo
+from p2pkit.stages.model import checks as model_checks
 
 REAL = Path(__file__).parent / "fixtures/h200-device/storage"
 TABLE = "/var/lib/vllm/ple-table"
@@ -54,7 +55,7 @@ def test_table_on_local_nvme_nfs_or_missing(sim):
 
 
 def test_table_dir_must_be_proven():
-    from p2pkit.errors import ProfileError
+    from p2pkit.core.errors import ProfileError
 
     try:
         config.load("dual-spark-vllm", ["model.nvme_paths=[]"])

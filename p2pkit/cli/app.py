@@ -12,10 +12,11 @@ from typing import Annotated
 
 import typer
 
-from p2pkit import __version__, children
+from p2pkit import __version__
 from p2pkit.cli import common
 from p2pkit.cli.argv import COMMANDS, GLOBAL_VALUES, hoist_global_options, named_command
-from p2pkit.errors import Exit, P2pkitError, disk_full
+from p2pkit.core import children
+from p2pkit.core.errors import Exit, P2pkitError, disk_full
 
 
 def _version(value: bool) -> None:
@@ -26,7 +27,7 @@ def _version(value: bool) -> None:
 
 def _complete_profile(incomplete: str) -> list[str]:
     """The built-in profiles, then the TOML files in the current directory."""
-    from p2pkit.config import builtin_names
+    from p2pkit.core.config import builtin_names
 
     files = sorted(str(f) for f in Path().glob(f"{incomplete}*.toml"))
     return [n for n in builtin_names() if n.startswith(incomplete)] + files
@@ -144,7 +145,7 @@ def _usage_error(e: Exception) -> bool:
 
 
 def run() -> None:
-    from p2pkit import output
+    from p2pkit.core import output
 
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _terminated)

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from p2pkit.cli import common
-from p2pkit.errors import Exit, MissingError
+from p2pkit.core.errors import Exit, MissingError
 
 
 def _fmt(s: dict | None, unit: str = "") -> str:
@@ -44,7 +44,7 @@ def _ints(text: str | None, what: str) -> list[int] | None:
     except ValueError:
         vals = []
     if not vals or any(v < 1 or v > 256 for v in vals):
-        from p2pkit.errors import UsageError
+        from p2pkit.core.errors import UsageError
 
         raise UsageError(f"{what} {text!r}: expected a comma-separated list of whole numbers from 1 to 256",
                          hint=f"for example {what} 1,2,4,8")
@@ -52,14 +52,14 @@ def _ints(text: str | None, what: str) -> list[int] | None:
 
 
 def _shapes(text: str | None) -> list[str] | None:
-    from p2pkit.bench import SHAPES
+    from p2pkit.app.bench import SHAPES
 
     if text is None:
         return None
     names = [x.strip() for x in text.split(",") if x.strip()]
     bad = [n for n in names if n not in SHAPES]
     if not names or bad:
-        from p2pkit.errors import UsageError
+        from p2pkit.core.errors import UsageError
 
         raise UsageError(f"--shapes {text!r}: unknown shape {', '.join(bad) or '(none given)'}",
                          hint="shapes are " + ", ".join(f"{k} ({v[0]} prompt / {v[1]} output tokens)"
@@ -133,7 +133,7 @@ def _default(key: str) -> str:
     """Where an unset length comes from: the profile's [bench] key, and the built-in default."""
     from dataclasses import fields
 
-    from p2pkit.config import Bench
+    from p2pkit.core.config import Bench
 
     default = next(f.default for f in fields(Bench) if f.name == key)
     return f"(default: the profile's bench.{key}; {default} unless it sets one)"
@@ -170,10 +170,10 @@ def bench(
     """Benchmark the served engine (it gates nothing): fixed lengths, warm-up left out, the server's own figures."""
     from contextlib import nullcontext
 
-    from p2pkit import bench as b
-    from p2pkit.artifacts import atomic_write
-    from p2pkit.lock import state_lock
-    from p2pkit.stages import service
+    from p2pkit.app import bench as b
+    from p2pkit.core.artifacts import atomic_write
+    from p2pkit.core.lock import state_lock
+    from p2pkit.stages.service import act as service
 
     ctx = common.context()
     cfg = ctx.profile.bench

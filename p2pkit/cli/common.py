@@ -7,12 +7,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from p2pkit import config, hoststate
-from p2pkit.artifacts import Store
-from p2pkit.errors import P2pkitError, ProfileError, UsageError
+from p2pkit.app.pipeline import Ctx, state_dir_default
+from p2pkit.core import config, hoststate
+from p2pkit.core.artifacts import Store
+from p2pkit.core.errors import P2pkitError, ProfileError, UsageError
+from p2pkit.core.output import Output
 from p2pkit.host import HOST_ROOT_SIGNS, SIM_MARKER, Host
-from p2pkit.output import Output
-from p2pkit.pipeline import Ctx, state_dir_default
 
 
 @dataclass
@@ -79,8 +79,8 @@ def refuse_unsafe_path(option: str, value: str) -> None:
 def sim_hint(h: Host) -> str:
     """On a host that is not simulated and has no NVIDIA GPU: how to try p2pkit on a simulated one
     (what doctor's and preflight's GPU check say); "" elsewhere."""
-    from p2pkit.checks.preflight import SIM_HINT
     from p2pkit.host import pci
+    from p2pkit.stages.preflight.checks import SIM_HINT
 
     if not h.offers_simulator():
         return ""

@@ -83,7 +83,7 @@ def start_early_facts(argv: list[str]) -> None:
     skip = {"--facts", "--from-paste", "--help", "--debug"}
     if named_command(argv) != "doctor" or skip & {a.split("=", 1)[0] for a in argv}:
         return
-    from p2pkit import facts
+    from p2pkit.facts import collect as facts
     from p2pkit.host import Host
 
     root = option_value(argv, "--root") or os.environ.get("P2PKIT_ROOT") or "/"

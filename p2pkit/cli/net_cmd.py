@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from p2pkit.cli import common
-from p2pkit.errors import Exit
+from p2pkit.core.errors import Exit
 
 app = typer.Typer(help="The network between hosts (RoCE for NCCL).", no_args_is_help=True)
 
@@ -28,7 +28,7 @@ def hca(env_file: Annotated[str | None, typer.Option(
     out = common.output()
     out.simulated = h.simulated
     if hcas and env_file:
-        from p2pkit.artifacts import atomic_write
+        from p2pkit.core.artifacts import atomic_write
 
         first = next(x for x in found if f"{x['device']}:{x['port']}" == hcas[0])
         netdev = next(n for n in first["netdevs"] if not p.network.fabric_netdevs or n in p.network.fabric_netdevs)

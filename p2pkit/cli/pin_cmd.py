@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from p2pkit.cli import common
-from p2pkit.errors import Exit, UsageError
+from p2pkit.core.errors import Exit, UsageError
 
 
 def pin(
@@ -30,10 +30,10 @@ def pin(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="write it (without: show the diff only)")] = False,
 ) -> None:
     """Fill the profile's three pins for a real box; the diff is shown first, --yes writes it."""
-    from p2pkit import config
-    from p2pkit import pin as pin_mod
-    from p2pkit.artifacts import atomic_write
-    from p2pkit.runner import Runner
+    from p2pkit.app import pin as pin_mod
+    from p2pkit.core import config
+    from p2pkit.core.artifacts import atomic_write
+    from p2pkit.core.runner import Runner
 
     prof = config.load(common.OPTS.profile, common.OPTS.overrides)
     if out is None:

@@ -8,10 +8,10 @@ from typing import Annotated
 
 import typer
 
-from p2pkit import config, tomlwrite
 from p2pkit.cli import common
-from p2pkit.errors import Exit, ProfileError
-from p2pkit.secrets import redact
+from p2pkit.core import config, tomlwrite
+from p2pkit.core.errors import Exit, ProfileError
+from p2pkit.core.secrets import redact
 
 app = typer.Typer(help="Built-in profiles, and checking your own.", no_args_is_help=True)
 

@@ -1,4 +1,4 @@
-"""`p2pkit report FILE`: one archive for a bug report (p2pkit.report)."""
+"""`p2pkit report FILE`: one archive for a bug report (p2pkit.app.report)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from p2pkit.cli import common
-from p2pkit.errors import P2pkitError
+from p2pkit.core.errors import P2pkitError
 
 
 def report(
@@ -17,7 +17,7 @@ def report(
 ) -> None:
     """One archive for a bug report: the artifacts, each stage's last log, the facts, the profile and
     its overrides, the versions; secrets redacted. Runs without the GPUs working; says what it left out."""
-    from p2pkit import report as report_mod
+    from p2pkit.app import report as report_mod
 
     final = report_mod.target(file, force)  # refused before any work
     h = common.host()

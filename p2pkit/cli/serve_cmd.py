@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from p2pkit.cli import common
-from p2pkit.errors import Exit
+from p2pkit.core.errors import Exit
 
 app = typer.Typer(help="The inference engine's system service.", no_args_is_help=True)
 
@@ -16,8 +16,9 @@ app = typer.Typer(help="The inference engine's system service.", no_args_is_help
 @app.command()
 def status() -> None:
     """systemctl status of the engine, and whether /health answers."""
-    from p2pkit import engine_cmd
-    from p2pkit.stages import service, service_launcher
+    from p2pkit.rules import engine_cmd
+    from p2pkit.stages.service import act as service
+    from p2pkit.stages.service import launcher as service_launcher
 
     ctx = common.context()
     if service_launcher.in_use(ctx):
@@ -36,9 +37,9 @@ def status() -> None:
 
 
 def _launcher_status(ctx) -> bool:
-    from p2pkit.checks.service import NO_RESTART
     from p2pkit.host import launcher
-    from p2pkit.stages import service_launcher
+    from p2pkit.stages.service import launcher as service_launcher
+    from p2pkit.stages.service.checks import NO_RESTART
 
     st = launcher.state(service_launcher.path_of(ctx))
     rec = st.get("record", {})
@@ -57,7 +58,7 @@ def _launcher_status(ctx) -> bool:
 @app.command()
 def logs(lines: Annotated[int, typer.Option("--lines", "-n")] = 50) -> None:
     """The engine's last log lines (journalctl, or the launcher's log file where systemd is not PID 1)."""
-    from p2pkit.stages import service
+    from p2pkit.stages.service import act as service
 
     ctx = common.context()
     for line in service.logs(ctx.host, lines):
@@ -67,9 +68,10 @@ def logs(lines: Annotated[int, typer.Option("--lines", "-n")] = 50) -> None:
 @app.command()
 def restart() -> None:
     """Restart the engine and wait until /health answers 200."""
-    from p2pkit import engine_cmd
-    from p2pkit.lock import state_lock
-    from p2pkit.stages import service, service_launcher
+    from p2pkit.core.lock import state_lock
+    from p2pkit.rules import engine_cmd
+    from p2pkit.stages.service import act as service
+    from p2pkit.stages.service import launcher as service_launcher
 
     ctx = common.context()
     name = service.UNIT
@@ -95,8 +97,9 @@ def restart() -> None:
 @app.command()
 def stop() -> None:
     """Stop the engine (SIGTERM, then SIGKILL of what is left after 30 s where p2pkit's launcher started it)."""
-    from p2pkit.lock import state_lock
-    from p2pkit.stages import service, service_launcher
+    from p2pkit.core.lock import state_lock
+    from p2pkit.stages.service import act as service
+    from p2pkit.stages.service import launcher as service_launcher
 
     ctx = common.context()
     with state_lock(ctx.store.dir, say=ctx.out.warn, root=ctx.host.root):  # never beside an `up`

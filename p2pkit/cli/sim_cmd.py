@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from p2pkit.cli import common
-from p2pkit.errors import UsageError
+from p2pkit.core.errors import UsageError
 from p2pkit.host import SIM_MARKER
 from p2pkit.sim import scenarios
 
@@ -70,7 +70,7 @@ def init(
     lifecycle.init(d, state)
     out = sim_output()
     out.log(f"simulated host ({scenario}: {scenarios.SCENARIOS[scenario][0]}) laid out in {d}")
-    from p2pkit import config
+    from p2pkit.core import config
 
     prof = config.load(state["profile"])
     if prof.name == "dual-spark-vllm":

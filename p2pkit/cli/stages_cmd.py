@@ -8,10 +8,12 @@ from typing import Annotated
 
 import typer
 
-from p2pkit import config, facts, hoststate, pipeline
-from p2pkit.artifacts import atomic_write
+from p2pkit.app import pipeline
 from p2pkit.cli import common
-from p2pkit.errors import Exit, UsageError
+from p2pkit.core import config, hoststate
+from p2pkit.core.artifacts import atomic_write
+from p2pkit.core.errors import Exit, UsageError
+from p2pkit.facts import collect as facts
 from p2pkit.host.system import identity
 from p2pkit.stages import get, names
 
@@ -79,7 +81,7 @@ def up(
         ctx.out.log(ctx.host.banner())
     ctx.out.log(f"profile {ctx.profile.name}; state in {ctx.store.dir}")
     if pin:
-        from p2pkit.pin import pin_for_up
+        from p2pkit.app.pin import pin_for_up
 
         pinned = pin_for_up(ctx)
         if pinned is not None:
@@ -93,7 +95,7 @@ def up(
             raise UsageError("a reboot is needed and --reboot asks p2pkit to do it, but this is a real host",
                              hint="add --yes to let p2pkit reboot this machine, or reboot yourself and run "
                                   "`p2pkit up` again")
-        from p2pkit.reboot import UNIT, disable_resume_unit, reboot_host
+        from p2pkit.app.reboot import UNIT, disable_resume_unit, reboot_host
 
         spent = hoststate.spend_reboot(ctx.store.dir, identity(ctx.host)["boot_id"], res.message)
         if spent:  # said on stderr: the resume unit's journal; `status` says it too
@@ -136,8 +138,8 @@ def budget_fix(ctx) -> str:
 
 def _inventory(inventory: Path, action: str, command: list[str], wheel: Path | None = None,
                junit: Path | None = None) -> None:
-    from p2pkit import inventory as inv
-    from p2pkit import reports
+    from p2pkit.app import inventory as inv
+    from p2pkit.app import reports
 
     out = common.output()
     logs = common.state_dir(common.host()) / "logs"  # the controller's: ansible-playbook's log goes there
@@ -210,8 +212,8 @@ def status(
 
 def _no_systemd_note(ctx) -> None:
     """Where p2pkit's launcher started the engine (systemd is not PID 1), say plainly what that costs."""
-    from p2pkit.checks.service import NO_RESTART
-    from p2pkit.stages import service_launcher
+    from p2pkit.stages.service import launcher as service_launcher
+    from p2pkit.stages.service.checks import NO_RESTART
 
     if service_launcher.launched(ctx.host) or (ctx.store.exists("service") and service_launcher.in_use(ctx)):
         ctx.out.line(f"{NO_RESTART} (run `p2pkit up` again after one; `p2pkit serve status` shows the engine)")
@@ -231,7 +233,7 @@ def verify(
                                                "install on remote hosts")] = None,
 ) -> None:
     """Prove the host again: run the stages' read-only checks now. Writes no artifact."""
-    from p2pkit import reports
+    from p2pkit.app import reports
 
     if inventory is not None:
         cmd = ["verify", *([stage] if stage else []), *(["--prometheus", str(prometheus)] if prometheus else [])]
@@ -246,7 +248,7 @@ def verify(
         reports.write(junit, reports.junit(results, simulated=ctx.host.simulated))
     if prometheus:
         if "nvml" not in collected:
-            from p2pkit import facts as facts_mod
+            from p2pkit.facts import collect as facts_mod
 
             collected.update(facts_mod.collect(ctx.host, ["nvml"]))
         reports.write_prometheus(prometheus, reports.prometheus(results, collected, simulated=ctx.host.simulated,
@@ -266,7 +268,7 @@ def doctor(
                                                     "NVIDIA installer's log, CMake's output, nvidia-smi -q)")] = None,
 ) -> None:
     """Every read-only check p2pkit has, grouped by stage, with PITFALLS ids and fixes."""
-    from p2pkit import doctor as doctor_mod
+    from p2pkit.app import doctor as doctor_mod
 
     if paste_file is not None:
         try:
@@ -304,7 +306,7 @@ def restore(
                                                "(a kernel postinst hook passes the new one)")] = None,
 ) -> None:
     """Re-check the driver and p2p-module gates; on drift after an upgrade, rebuild and prove again."""
-    from p2pkit.restore import restore as do_restore
+    from p2pkit.app.restore import restore as do_restore
 
     ctx = common.context()
     code, record = do_restore(ctx, kernel)
@@ -325,7 +327,7 @@ def rollback(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="act on the plan")] = False,
 ) -> None:
     """Back to the stock driver: put back what the stage replaced, from its backup. Plan first."""
-    from p2pkit import rollback as rb
+    from p2pkit.app import rollback as rb
 
     if stage not in ROLLBACK_STAGES:
         raise UsageError(f"p2pkit can roll back p2p-module and driver, not {stage!r}",
@@ -381,8 +383,8 @@ def logs(
     import sys
     import time
 
-    from p2pkit.lock import lock_holder
-    from p2pkit.stages.engine import build_logs
+    from p2pkit.core.lock import lock_holder
+    from p2pkit.stages.engine.act import build_logs
 
     st = get(stage).name
     ctx = common.context()

@@ -11,8 +11,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from p2pkit.errors import MissingError, ProbeError
-from p2pkit.runner import Runner
+from p2pkit.core.errors import MissingError, ProbeError
+from p2pkit.core.runner import Runner
 
 SIM_MARKER = ".p2pkit-sim/state.json"
 HOST_ROOT_SIGNS = ("etc/os-release", "proc", "sys")  # what a host's root filesystem holds
@@ -193,6 +193,11 @@ class Host:
             return None
         return (f"host root {self.root} is a simulated host (scenario {self.sim.get('scenario')}): nothing real "
                 "is changed or measured")
+
+    def wrote(self, doc: dict, machine_id: str | None) -> bool:
+        """Whether an artifact was written on this host: the same machine id, and simulated exactly when
+        this host is (a simulated host's artifact never passes for a real one's, nor the reverse)."""
+        return doc.get("simulated") == self.simulated and doc.get("host", {}).get("machine_id") == machine_id
 
     def offers_simulator(self) -> bool:
         """Whether pointing the user at p2pkit's simulated host can help here: not on one already."""

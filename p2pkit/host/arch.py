@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from p2pkit.errors import P2pkitError
+from p2pkit.core.errors import P2pkitError
 from p2pkit.host import Host
 
 

@@ -5,7 +5,7 @@ on the next run whether or not the change that asked for it happens again."""
 
 from __future__ import annotations
 
-from p2pkit.errors import P2pkitError, ProbeError
+from p2pkit.core.errors import P2pkitError, ProbeError
 from p2pkit.host import Host
 from p2pkit.parse import boot as pb
 from p2pkit.parse import field as pf

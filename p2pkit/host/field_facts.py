@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 
-from p2pkit.errors import P2pkitError, ProbeError
+from p2pkit.core.errors import P2pkitError, ProbeError
 from p2pkit.host import Host
 from p2pkit.host import pci as hpci
 from p2pkit.parse import field as pf

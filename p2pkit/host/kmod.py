@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from p2pkit.errors import P2pkitError, ProbeError
+from p2pkit.core.errors import P2pkitError, ProbeError
 from p2pkit.host import Host
 from p2pkit.parse import system as ps
 

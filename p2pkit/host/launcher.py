@@ -26,9 +26,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from p2pkit import children
-from p2pkit.artifacts import atomic_write
-from p2pkit.errors import Exit, P2pkitError, ProbeError
+from p2pkit.core import children
+from p2pkit.core.artifacts import atomic_write
+from p2pkit.core.errors import Exit, P2pkitError, ProbeError
 from p2pkit.host import Host, system
 from p2pkit.parse import system as ps
 

@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from p2pkit.errors import ProbeError
+from p2pkit.core.errors import ProbeError
 from p2pkit.host import Host
 from p2pkit.parse import artifact as pa
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from p2pkit.errors import P2pkitError, ProbeError
+from p2pkit.core.errors import P2pkitError, ProbeError
 from p2pkit.host import Host
 from p2pkit.parse import mok as pm
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from p2pkit.errors import ProbeError
+from p2pkit.core.errors import ProbeError
 from p2pkit.host import Host
 from p2pkit.parse import pci as pp
 from p2pkit.parse import system as ps

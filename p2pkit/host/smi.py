@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from p2pkit.errors import P2pkitError
+from p2pkit.core.errors import P2pkitError
 from p2pkit.host import Host
 from p2pkit.parse import smi as psmi
 

@@ -6,7 +6,7 @@ import os
 import shutil
 from pathlib import Path
 
-from p2pkit.errors import ProbeError
+from p2pkit.core.errors import ProbeError
 from p2pkit.host import Host
 from p2pkit.parse import system as ps
 

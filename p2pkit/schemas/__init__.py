@@ -30,7 +30,7 @@ def _json_type(tp) -> dict:
 
 def profile_schema() -> dict:
     """The profile TOML's schema: sections, keys, types, patterns, choices, ranges, required keys."""
-    from p2pkit import config
+    from p2pkit.core import config
 
     sections = {}
     for sec, cls in config.SECTIONS.items():

@@ -25,7 +25,7 @@ def init(root: Path, state: dict) -> None:
                                               machine=state.get("arch", "x86_64"))
     import tomllib
 
-    from p2pkit import config
+    from p2pkit.core import config
 
     base = tomllib.loads(config.builtin_path(state["profile"]).read_text())
     fork, commit = provision.make_fork(root, driver_version, patched=base["p2p_module"].get("patched", True))

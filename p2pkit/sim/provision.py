@@ -10,7 +10,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from p2pkit import config, tomlwrite
+from p2pkit.core import config, tomlwrite
 
 # makeself's header (makeself-header.sh) as NVIDIA's .run carries it: the checksums, label, target
 # directory and payload sizes as assignments, and the number of header lines the stub skips to reach

@@ -275,7 +275,7 @@ def write_standin(root: Path, name: str, text: str) -> None:
 
 
 LIBRARIES = {"nvml": "p2pkit.sim.nvml", "devices": "p2pkit.sim.devices", "machine": "p2pkit.sim.lifecycle"}
-# The commands of this machine the simulated host lends p2pkit by name (p2pkit.runner: every other
+# The commands of this machine the simulated host lends p2pkit by name (p2pkit.core.runner: every other
 # command is the simulated host's own stand-in, or missing): the engine is built for real (git,
 # pkg-config, CMake, Ninja, make, the compilers; ldd reads what it links) and the service's unit is
 # verified by the real systemd-analyze; the Secure Boot key is made and checked by the real openssl (the

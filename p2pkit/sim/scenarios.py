@@ -185,7 +185,7 @@ SCENARIOS: dict[str, tuple[str, list]] = {
 
 def build(name: str) -> dict:
     if name not in SCENARIOS:
-        from p2pkit.errors import UsageError
+        from p2pkit.core.errors import UsageError
 
         raise UsageError(f"no simulated scenario named {name!r}", hint="scenarios: " + ", ".join(SCENARIOS))
     state = copy.deepcopy(HEALTHY)

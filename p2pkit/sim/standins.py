@@ -513,7 +513,7 @@ def nvidia_smi(root: Path, state: dict, args: list[str]) -> int:
 
 def _unit(root: Path, unit: str) -> dict:
     """ExecStart and EnvironmentFile of a unit under the simulated /etc/systemd/system."""
-    from p2pkit import writers
+    from p2pkit.core import writers
 
     path = root / "etc/systemd/system" / unit
     out: dict = {"path": path, "exists": path.is_file(), "env": {}}
@@ -803,9 +803,17 @@ def _cert(path: str) -> dict | None:
                        capture_output=True, check=False)
     if r.returncode != 0:
         return None
-    from p2pkit.parse.mok import cert_identity
-
-    return {"sha256": hashlib.sha256(data).hexdigest(), **cert_identity(r.stdout.decode())}
+    # openssl prints "serial=0A1B..." and "subject=CN = NAME"; the simulator keeps the serial in upper-case
+    # hex without leading zeros (its own statement, not the product's parser)
+    out = {"sha256": hashlib.sha256(data).hexdigest(), "serial": "", "cn": ""}
+    for line in r.stdout.decode().splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "serial":
+            out["serial"] = value.strip().upper().lstrip("0") or "0"
+        elif key.strip() == "subject":
+            out["cn"] = next((x.split("=", 1)[1].strip() for x in value.split(",") if x.strip().startswith("CN")),
+                             value.strip())
+    return out
 
 
 def signature_trusted(state: dict, info: dict) -> bool:

@@ -22,6 +22,6 @@ def get(name: str) -> Stage:
     for s in registry():
         if s.name == name:
             return s
-    from p2pkit.errors import UsageError
+    from p2pkit.core.errors import UsageError
 
     raise UsageError(f"no stage named {name!r}", hint="stages are: " + ", ".join(names()))

@@ -1,17 +1,27 @@
 """The registry, in order: preflight, driver, p2p-module, rebar, topology, link, engine, model, service.
 
 A stage's check is its module's check plus the field pitfalls (P28-P39) that break that stage's result;
-the facts a stage collects are the ones its checks declare (p2pkit.checks.reads)."""
+the facts a stage collects are the ones its checks declare (p2pkit.rules.findings.reads)."""
 
 from __future__ import annotations
 
-from p2pkit.checks import combine, driver, engine, link, model, p2p_module, preflight, rebar, service, topology
-from p2pkit.stages import acting
-from p2pkit.stages import engine as engine_stage
-from p2pkit.stages import link as link_stage
-from p2pkit.stages import model as model_stage
-from p2pkit.stages import service as service_stage
+from p2pkit.rules.findings import combine
+from p2pkit.stages.driver import act as driver_act
+from p2pkit.stages.driver import checks as driver
+from p2pkit.stages.engine import act as engine_stage
+from p2pkit.stages.engine import checks as engine
+from p2pkit.stages.link import checks as link
+from p2pkit.stages.link import measure as link_stage
+from p2pkit.stages.model import act as model_stage
+from p2pkit.stages.model import checks as model
+from p2pkit.stages.p2p_module import act as acting
+from p2pkit.stages.p2p_module import checks as p2p_module
+from p2pkit.stages.preflight import checks as preflight
+from p2pkit.stages.rebar import checks as rebar
+from p2pkit.stages.service import act as service_stage
+from p2pkit.stages.service import checks as service
 from p2pkit.stages.stage import Stage
+from p2pkit.stages.topology import checks as topology
 
 
 def one_gpu_per_host(p) -> str | None:
@@ -27,7 +37,7 @@ STAGES: list[Stage] = [
           check=preflight.check),
     Stage("driver", "pinned userspace driver", inputs=("driver",), check=driver.check,
           precheck=driver.precheck,
-          act=acting.driver),
+          act=driver_act.driver),
     Stage("p2p-module", "open kernel modules (the P2P fork for a GPU pair)", inputs=("driver", "p2p_module"),
           check=combine(p2p_module.check, p2p_module.static_bar1, p2p_module.module_sources,
                         p2p_module.boot_default),

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from p2pkit.checks import Check
+from p2pkit.rules.findings import Check
 
 
 @dataclass(frozen=True)
@@ -14,7 +14,7 @@ class Stage:
     name: str
     title: str
     inputs: tuple[str, ...]
-    # facts, profile -> findings; it declares the facts it reads (p2pkit.checks.reads)
+    # facts, profile -> findings; it declares the facts it reads (p2pkit.rules.findings.reads)
     check: Callable[[dict, object], list[Check]] | None = None
     precheck: Callable[[object], list[Check]] | None = None  # profile -> refusals before acting
     act: Callable[[object], dict] | None = None  # ctx -> what was done

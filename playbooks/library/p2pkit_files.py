@@ -112,7 +112,7 @@ def _file(path: str, entry: dict, check: bool) -> bool:
         pass
     if check:
         return True
-    # p2pkit's atomic writer (p2pkit/artifacts.py) again, on purpose: a module runs standalone under
+    # p2pkit's atomic writer (p2pkit/core/artifacts.py) again, on purpose: a module runs standalone under
     # Ansible's module interpreter; the mode is set before the rename (a 0600 file is never readable
     # by others, as AnsibleModule.atomic_move's chmod afterwards would leave it for a moment)
     d = os.path.dirname(path)

@@ -1,0 +1,180 @@
+"""Run a stage's playbook with ansible-playbook against the host root (local connection).
+
+Facts gathering is off: the playbooks act on the host root p2pkit was pointed at, and every path
+in them is prefixed with p2pkit_root. The full log goes to <state>/logs/<stage>.log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from p2pkit.core import config, logfiles, writers
+from p2pkit.core.artifacts import atomic_write
+from p2pkit.core.errors import MissingError, P2pkitError, UsageError
+from p2pkit.core.output import follow_cmd
+from p2pkit.core.secrets import redact_doc
+
+RECAP = re.compile(r"ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+skipped=(\d+)")
+
+
+def share_dir() -> Path:
+    """playbooks/, templates/, systemd/: inside the wheel, or at the top of a source checkout."""
+    package = Path(__file__).resolve().parent.parent  # p2pkit/
+    installed = package / "_share"
+    return installed if (installed / "playbooks").is_dir() else package.parent
+
+
+def render(template: str, **values) -> str:
+    """One of p2pkit's templates (templates/, or a role's templates/ where a role owns it), rendered as
+    Ansible's template module renders it (blocks trimmed, the trailing newline kept); every value in
+    it was already written by the writer of its format, and a {{ }} inside a value is printed, never
+    evaluated."""
+    from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+    dirs = [share_dir() / "templates", *sorted((share_dir() / "playbooks/roles").glob("*/templates"))]
+    env = Environment(loader=FileSystemLoader(dirs), undefined=StrictUndefined,
+                      trim_blocks=True, keep_trailing_newline=True, autoescape=False)
+    return env.get_template(template).render(**values)
+
+
+def playbook_binary() -> str:
+    local = Path(sys.executable).parent / "ansible-playbook"
+    found = str(local) if local.exists() else shutil.which("ansible-playbook")
+    if not found:
+        raise MissingError("ansible-playbook is not installed",
+                           hint="install p2pkit with its dependencies (`pip install p2pkit` brings ansible-core)")
+    return found
+
+
+def base_vars(ctx) -> dict:
+    root = "" if ctx.host.root == Path("/") else str(ctx.host.root)
+    return {
+        "p2pkit_root": root,
+        "p2pkit_path": ctx.host.runner.path_env(),
+        "p2pkit_state_dir": str(ctx.store.dir),
+        "ansible_python_interpreter": sys.executable,
+    }
+
+
+def write_vars(ctx, stage: str, extra: dict) -> dict:
+    """What the playbook is given, for the reader (secrets redacted): <state>/logs/<stage>.vars.json."""
+    logs = ctx.store.dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    doc = {**base_vars(ctx), **extra}
+    atomic_write(logs / f"{stage}.vars.json", writers.json_text(redact_doc(doc)).encode())
+    return doc
+
+
+def ansible_temp(state_dir: Path) -> Path:
+    """This run's temporary directory for Ansible (local and remote temp, the vars file): a new 0700
+    directory under <state>/.ansible/tmp with a name of letters and digits. Refused (exit 2) when the
+    state directory's path holds a character a shell would interpret (the CLI refuses it at the door)."""
+    base = Path(os.path.abspath(state_dir)) / ".ansible/tmp"
+    why = config.unsafe_path_char(str(base))
+    if why:
+        raise UsageError(f"the state directory {str(state_dir)!r} holds {why}: Ansible makes its temporary "
+                         "directories under it through a shell, which would interpret it",
+                         hint="give --state-dir a path of letters, digits and . _ / + @ , = ~ : -; nothing was done")
+    base.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="run", dir=base))
+
+
+def run_playbook(ctx, stage: str, extra: dict, check_mode: bool = False) -> dict:
+    book = share_dir() / "playbooks" / f"{stage}.yml"
+    doc = write_vars(ctx, stage, extra)  # makes <state>/logs too
+    logs = ctx.store.dir / "logs"
+    # Ansible itself reads a 0600 copy whose every string is !unsafe (a {{ ... }} from a profile is
+    # never evaluated), removed afterwards.
+    tmp = ansible_temp(ctx.store.dir)
+    tasks_file = tmp / "tasks.json"
+    vars_file = atomic_write(tmp / f"{stage}.vars.yml", writers.ansible_vars(doc).encode(), mode=0o600)
+    argv = [playbook_binary(), "-i", "localhost,", "-c", "local", "-e", f"@{vars_file}", str(book)]
+    if check_mode:
+        argv += ["--check", "--diff"]
+    env = {
+        "ANSIBLE_HOME": str(ctx.store.dir / ".ansible"),
+        # Ansible makes its temporary directories through a shell that expands what they hold: both are
+        # this run's own directory, made here, whose path holds no character a shell interprets
+        "ANSIBLE_LOCAL_TEMP": str(tmp),
+        "ANSIBLE_REMOTE_TEMP": str(tmp),
+        "ANSIBLE_RETRY_FILES_ENABLED": "false",
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_FORCE_COLOR": "0",
+        "ANSIBLE_CONFIG": str(share_dir() / "playbooks" / "ansible.cfg"),
+        # a p2pkit run by an inventory run on a local host inherits its results callback: each stage
+        # playbook's results stay here, never among the hosts' results on the controller
+        "P2PKIT_LAST_RESULT_DIR": str(ctx.store.dir / ".ansible/results"),
+        # each task's own result (p2pkit_tasks), read back into the stage's artifact
+        "ANSIBLE_CALLBACKS_ENABLED": ",".join(filter(None, [os.environ.get("ANSIBLE_CALLBACKS_ENABLED"),
+                                                            "p2pkit_tasks"])),
+        "P2PKIT_TASK_RESULTS": str(tasks_file),
+    }
+    log = logs / f"{stage}.log"
+    logfiles.rotate(log)  # the last runs' logs kept as .1 .. .3
+    log.write_text("")  # this run's output only, streamed there as ansible-playbook prints it (capped, redacted)
+    try:
+        with ctx.out.working(f"[{stage}] ansible-playbook {book.name}", log=str(log), follow=follow_cmd(stage)):
+            res = ctx.host.runner.run(argv, check=False, env=env, timeout=3600, output_log=log)
+        tasks = read_tasks(tasks_file)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    m = RECAP.search(res.stdout)
+    summary = {"playbook": book.name, "log": str(log), "returncode": res.returncode, "check_mode": check_mode,
+               "tasks": tasks}
+    if m:
+        summary.update(dict(zip(("ok", "changed", "unreachable", "failed", "skipped"), map(int, m.groups()))))
+    if res.returncode != 0:
+        raise P2pkitError(f"the {stage} playbook failed: {failed_task(res.stdout + res.stderr)}",
+                          hint=f"nothing after the failed task ran; the full log is {log}")
+    return summary
+
+
+def read_tasks(path: Path) -> dict:
+    """The p2pkit_tasks callback's counts per task name; {} when it wrote none (killed, not loaded)."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def changed_tasks(summary: dict) -> list[str]:
+    """The names of the tasks that changed the host in a playbook run, in the order they ran."""
+    return [name for name, c in summary.get("tasks", {}).items() if c.get("changed")]
+
+
+def failed_task(text: str) -> str:
+    """The task name and message of the failure that stopped an ansible-playbook run: the last task
+    that failed (one a rescue caught comes before it), its first failed line (a loop's item)."""
+    task, found = "", None
+    for line in text.splitlines():
+        if line.startswith(("TASK [", "RUNNING HANDLER [")):
+            task = line.split("[", 1)[1].split("]")[0]
+        if line.startswith(("fatal:", "failed:")) and (found is None or found[0] != task):
+            found = (task, line)
+    if found:
+        return f"task '{found[0]}': {_failure_detail(found[1])}"
+    tail = [ln for ln in text.splitlines() if ln.strip()][-3:]
+    return " / ".join(tail) or "no output"
+
+
+def _failure_detail(line: str) -> str:
+    """msg, and the last lines of stderr/stdout, from 'fatal: [host]: FAILED! => {json}'."""
+    _, _, blob = line.partition("=> ")
+    try:
+        res = json.loads(blob)
+    except ValueError:
+        return line
+    parts = [str(res.get("msg", "failed"))]
+    for key in ("stderr", "stdout"):
+        tail = [ln for ln in str(res.get(key) or "").splitlines() if ln.strip()][-4:]
+        if tail and res.get("rc"):
+            parts.append(f"{key}: " + " | ".join(tail))
+            break
+    return "; ".join(parts)

@@ -1,0 +1,141 @@
+"""The artifact store: one JSON document per stage, written atomically, chained by digest.
+
+A stage deletes its own artifact before it acts and writes it last, so a crash never leaves a
+stale "passed". Each artifact carries the sha256 of the previous stage's artifact file: a
+changed or re-run earlier stage breaks the chain and makes the later ones stale.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from p2pkit.core import writers
+from p2pkit.core.errors import P2pkitError, UsageError, disk_full, immutable_hint, state_dir_unwritable
+from p2pkit.core.secrets import redact_doc
+
+SCHEMA = 1
+
+
+class CorruptArtifact(P2pkitError):
+    pass
+
+
+def atomic_write(final: Path, data: bytes, mode: int = 0o644) -> Path:
+    """temp file in the same directory, fsync, rename, fsync the directory: all or nothing. A path
+    that cannot be written is a UsageError naming it, never a traceback. The file has `mode` from
+    its first byte (a 0600 file is never readable by others, not even for a moment)."""
+    try:
+        return _atomic_write(Path(final), data, mode)
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise disk_full(final, e) from e
+        raise UsageError(f"cannot write {final}: {e.strerror or e}", hint=unwritable_hint(Path(final).parent, e)) from e
+
+
+def unwritable_hint(d: Path, e: OSError) -> str:
+    if e.errno == errno.EPERM and os.geteuid() == 0:  # what root gets from an immutable (chattr +i) directory
+        return immutable_hint(d)
+    return f"check that {d} exists and is writable, and that its disk is not full; nothing was written there"
+
+
+def read_json(path: Path, what: str, fix: str) -> Any:
+    """A JSON file p2pkit wrote earlier, read defensively: missing is None; unreadable, not UTF-8 or
+    not JSON is a CorruptArtifact naming the file and the fix (never a traceback)."""
+    try:
+        return json.loads(Path(path).read_bytes().decode("utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise CorruptArtifact(f"{what} {path} cannot be read: {e}", hint=fix) from e
+
+
+def _atomic_write(final: Path, data: bytes, mode: int = 0o644) -> Path:
+    fd, tmp = tempfile.mkstemp(prefix=f".{final.stem}.", suffix=".tmp", dir=final.parent)  # 0600
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, final)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dfd = os.open(final.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+    return final
+
+
+def self_digest(doc: dict[str, Any]) -> str:
+    """sha256 of the document without its "digest" key, in canonical JSON."""
+    body = {k: v for k, v in doc.items() if k != "digest"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+class Store:
+    def __init__(self, state_dir: Path):
+        self.dir = Path(state_dir)
+
+    def ensure(self) -> None:
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise state_dir_unwritable(self.dir, e) from e
+
+    def path(self, stage: str) -> Path:
+        return self.dir / f"{stage}.json"
+
+    def exists(self, stage: str) -> bool:
+        return self.path(stage).is_file()
+
+    def digest(self, stage: str) -> str | None:
+        try:
+            return hashlib.sha256(self.path(stage).read_bytes()).hexdigest()
+        except FileNotFoundError:
+            return None
+
+    def read(self, stage: str) -> dict[str, Any] | None:
+        p = self.path(stage)
+        try:
+            doc = json.loads(p.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            raise CorruptArtifact(f"artifact {p} cannot be read: {e}",
+                                  hint=f"run `p2pkit up --from {stage} --force` to redo that stage") from e
+        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or doc.get("stage") != stage:
+            raise CorruptArtifact(f"artifact {p} is not a p2pkit schema {SCHEMA} artifact for {stage}",
+                                  hint=f"run `p2pkit up --from {stage} --force` to redo that stage")
+        if doc.get("digest") != self_digest(doc):
+            raise CorruptArtifact(f"artifact {p} was edited after p2pkit wrote it: the digest it carries "
+                                  f"{'is missing' if 'digest' not in doc else 'does not match its content'}",
+                                  hint=f"run `p2pkit up --from {stage} --force` to prove that stage again")
+        return doc
+
+    def delete(self, stage: str) -> None:
+        try:
+            self.path(stage).unlink()
+        except FileNotFoundError:
+            pass
+
+    def write(self, stage: str, doc: dict[str, Any]) -> Path:
+        """The artifact with its own digest inside (an edit is seen by whoever reads it, the last
+        stage's too: no later artifact's chain is needed for that)."""
+        self.ensure()
+        plain = redact_doc(json.loads(writers.json_text(doc)))  # no NaN, no secret
+        plain.pop("digest", None)
+        plain["digest"] = self_digest(plain)
+        return atomic_write(self.path(stage), writers.json_text(plain).encode())
+
+    def leftovers(self) -> list[Path]:
+        """Temp files a killed run left behind (never read as artifacts)."""
+        return sorted(self.dir.glob(".*.tmp")) if self.dir.is_dir() else []

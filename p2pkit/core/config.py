@@ -1,0 +1,761 @@
+"""The typed profile: load TOML, validate every key with its path, digest what each stage needs.
+
+A profile names everything a stage needs. Each section is a frozen dataclass; field metadata
+says what a value must look like, so `validate` can report `driver.version: expected X.Y.Z,
+got "615"` for every problem at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import math
+import os
+import posixpath
+import re
+import shlex
+import socket
+import stat
+import tomllib
+import typing
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from p2pkit.core import secrets, writers
+from p2pkit.core.errors import ProfileError, UsageError
+
+VERSION3 = r"^\d+\.\d+\.\d+$"
+SHA256 = r"^([0-9a-f]{64})?$"
+COMMIT = r"^([0-9a-f]{40})?$"  # a full commit id: a prefix is not a pin (it can grow ambiguous, or be chosen)
+PCI_ID = r"^0x[0-9a-f]{4}$"
+DEFAULT_PROFILE = "dual-5090-ninfer"
+NOT_AN_OPTION = r"^(?!-)"  # a value handed to a command as an argument: never read as one of its options
+
+
+# Which characters a string key may hold. Every string (table values and list items too) is one line
+# without control characters; a kind narrows that to what its files can hold unescaped.
+CHARS = {
+    "text": (None, "any printable characters"),
+    "path": (r"[A-Za-z0-9._/+@,=~:-]", "letters, digits and . _ / + @ , = ~ : -"),
+    "url": (r"[A-Za-z0-9._/+@,=~:%?&#!*()\[\];-]", "the characters of a URL (no spaces, quotes, $, `, \\ or braces)"),
+    "word": (r"[A-Za-z0-9._,;:+@-]", "letters, digits and . _ , ; : + @ -"),
+    "host": (r"[A-Za-z0-9.:_-]", "the characters of a host name or an IP address"),
+}
+
+
+def spec(expect: str = "", pattern: str | None = None, choices: tuple | None = None,
+         lo: float | None = None, hi: float | None = None, chars: str = "text", **kw) -> dict:
+    return {"expect": expect, "pattern": pattern, "choices": choices, "lo": lo, "hi": hi, "chars": chars, **kw}
+
+
+def f(default=MISSING, *, factory=MISSING, **meta):
+    if factory is not MISSING:
+        return field(default_factory=factory, metadata=spec(**meta))
+    return field(default=default, metadata=spec(**meta))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Meta:
+    name: str = f(expect="a profile name", pattern=r"^[a-z0-9][a-z0-9-]*$")
+    description: str = f("")
+    nodes: int = f(1, lo=1, hi=64, expect="the number of hosts (1, or 2 for the Spark pair)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Host:
+    os_id: str = f("ubuntu")
+    os_version: str = f("24.04", pattern=r"^\d+\.\d+$", expect="a release like 24.04")
+    allow_other_os: bool = f(False)
+    min_kernel: str = f("6.8", pattern=r"^\d+\.\d+$", expect="a kernel like 6.8")
+    min_free_disk_gib: int = f(150, lo=0, hi=100_000)
+    require_root: bool = f(True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gpus:
+    count: int = f(lo=1, hi=16, expect="how many GPUs this host must have")
+    model: str = f(expect="the model name NVML reports")
+    pci_device_ids: list[str] = f(factory=list, item_pattern=PCI_ID, expect="PCI device ids like 0x2b85")
+    vram_gib: int = f(lo=1, hi=1024)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Driver:
+    version: str = f(pattern=VERSION3, expect="X.Y.Z")
+    installer_url: str = f(chars="url", pattern=r"^(https://|file://|/)", expect="an https:// URL or a local path")
+    installer_sha256: str = f("", pattern=SHA256, expect="64 lowercase hex digits (or empty until pinned)")
+    allow_other_version: bool = f(False)
+    cache_dir: str = f("/var/cache/p2pkit", chars="path", pattern=r"^/", expect="an absolute path")
+
+
+@dataclass(frozen=True, kw_only=True)
+class P2pModule:
+    repo: str = f(chars="url", pattern=NOT_AN_OPTION, expect="the fork's git URL (not starting with -: git would "
+                  "read it as an option)")
+    branch: str = f(pattern=r"^\d+\.\d+(\.\d+)?(-p2p)?$", expect="the driver version plus -p2p (or the bare "
+                    "version for NVIDIA's unpatched tree)")
+    patched: bool = f(True, expect="true for the P2P fork (a GPU pair on PCIe); false for NVIDIA's own open modules "
+                      "(one GPU per host, like a DGX Spark node)")
+    commit: str = f("", pattern=COMMIT, expect="a full git commit id (40 hex digits)")
+    iommu: str = f("passthrough", choices=("passthrough", "off"))
+    signing_key: str = f("", chars="path", expect="the machine owner key (PEM private key) that signs the modules "
+                         "with Secure Boot on; empty: p2pkit makes one under /var/lib/p2pkit/mok/ (one per machine)")
+    signing_cert: str = f("", chars="path", expect="the key's X.509 certificate in DER format (what mokutil "
+                          "enrols); empty: the key's path with .der for its suffix")
+    live_reload: bool = f(True, expect="true to swap the module without a reboot when nothing holds the GPUs")
+    registry_dwords: str = f("RMForceStaticBar1=1", chars="url", pattern=r"^(\w+=[0-9A-Fa-fx]+(;\w+=[0-9A-Fa-fx]+)*)?$",
+                             expect="NVreg_RegistryDwords for the patched module, like RMForceStaticBar1=1: without "
+                             "the static full-VRAM BAR1 mapping NCCL hangs while topo says OK (P28)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pcie:
+    min_gen: int = f(lo=1, hi=6)
+    min_width: int = f(lo=1, hi=16)
+    bar1_min_gib: int = f(0, lo=0, hi=4096, expect="GiB; 0 means at least the GPU's VRAM")
+    allow_switch: bool = f(False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Link:
+    load_seconds: float = f(15.0, lo=1, hi=600)
+    nccl_timeout_s: float = f(120.0, lo=5, hi=1800, expect="seconds the NCCL all-reduce across the pair may take "
+                              "before it counts as hung (P28)")
+    train_within_s: float = f(10.0, lo=0.1, hi=600)
+    poll_ms: int = f(50, lo=10, hi=1000)
+    sample_mib: int = f(256, lo=1, hi=8192)
+    samples: int = f(5, lo=1, hi=100)
+    p2p_min_ratio: float = f(0.80, lo=0.0, hi=1.0)
+    h2d_min_ratio: float = f(0.80, lo=0.0, hi=1.0)
+    p2p_max_latency_us: float = f(5.0, lo=0.0, hi=1000.0)
+    max_replay_increase: int = f(0, lo=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Engine:
+    recipe: str = f(choices=("ninfer", "llamacpp", "vllm"))
+    repo: str = f("", chars="url", pattern=NOT_AN_OPTION, expect="the engine's git URL (not starting with -: git "
+                  "would read it as an option)")
+    commit: str = f("", pattern=COMMIT, expect="a full git commit id (40 hex digits)")
+    branch: str = f("", chars="path", expect="the branch the engine's source tree is on (vLLM on a Spark: the PR "
+                    "branch), or empty")
+    cuda_min: str = f("13.1", pattern=r"^\d+\.\d+$")
+    cuda_architectures: str = f("120a", chars="word")
+    pkg_config_path: str = f("", chars="path")
+    nccl_root: str = f("", chars="path", pattern=r"^(/.*)?$", expect="an absolute path (or empty)")
+    nccl_min: str = f("", chars="word", pattern=r"^(\d+\.\d+\.\d+)?$", expect="the lowest NCCL version the engine "
+                      "may map, like 2.26.2 (P16: older ones fail on the 5090; P37: before 2.29.3 aarch64 leaks proxy "
+                      "slots)")
+    build_dir: str = f("/opt/p2pkit/engine", chars="path", pattern=r"^/", expect="an absolute path")
+    source_url: str = f("", chars="url",
+                        pattern=r"^((https://|file://|/).+|pypi:[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9][A-Za-z0-9.+!-]*)?$",
+                        expect="a source archive: pypi:NAME==VERSION (the source distribution, through pip and "
+                        "the package index it is set up for), an https:// URL or a local path (instead of repo "
+                        "and commit)")
+    source_sha256: str = f("", pattern=SHA256, expect="the archive's sha256, 64 lowercase hex digits")
+    source_subdir: str = f("", chars="path", pattern=r"^(\w[\w.+-]*(/\w[\w.+-]*)*)?$",
+                           expect="the engine's directory inside the archive, like "
+                           "llama_cpp_python-0.3.36/vendor/llama.cpp")
+    cuda: bool = f(True, expect="false builds the engine for the CPU only (CI, a laptop trying it): said in the "
+                   "output and the artifact, and the engine stage warns; p2pkit never turns CUDA off by itself")
+    targets: list[str] = f(factory=list, chars="word",
+                           expect="the CMake targets to build, like llama-server (empty: all)")
+    python: str = f("python3", chars="path", pattern=r"^[^-]",
+                    expect="the Python that runs the engine's tools (convert), or vLLM itself")
+    python_pins: dict = f(factory=dict, expect="exact versions of packages in the engine's Python, like "
+                          "flashinfer-python = \"0.6.18\"")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Model:
+    source: str = f("", chars="url")
+    output: str = f("", chars="path", pattern=r"^(/.*)?$", expect="an absolute path (or empty)")
+    components: list[str] = f(factory=list)
+    format: str = f("ninfer", choices=("ninfer", "gguf", "hf"))
+    convert_recipe: str = f("", chars="word", expect="the engine's convert recipe (NInfer: qwen3_8_27b_nvfp4)")
+    draft_source: str = f("", chars="path", expect="a directory with the DFlash2 drafter weights, or empty")
+    nvme_paths: list[str] = f(factory=list, item_pattern=r"^/", chars="path",
+                              expect="absolute directories that must sit on a local NVMe disk, like the n-gram table "
+                                     "vLLM mmaps at random (P26)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Network:
+    require_roce: bool = f(False, expect="true when NCCL runs across hosts over RoCE (the Spark pair)")
+    fabric_netdevs: list[str] = f(factory=list, chars="word", expect="the netdevs of the RoCE fabric, like enp1s0f0np0")
+    min_rate_gbps: int = f(0, lo=0, hi=1600, expect="the lowest port rate in Gb/s the fabric may run at (0: any)")
+    fabric_cidr: str = f("", pattern=r"^([0-9a-f.:]+/\d+)?$", expect="the fabric's subnet, like 10.10.0.0/24: the "
+                         "only addresses besides loopback a multi-node engine's unit may talk to")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Serve:
+    host: str = f("127.0.0.1", chars="host", expect="an address or host name to listen on; anything but "
+                  "loopback needs serve.allow_public = true")
+    port: int = f(12435, lo=1, hi=65535)
+    allow_public: bool = f(False)
+    health_timeout_s: float = f(900.0, lo=1, hi=7200, expect="seconds to wait for /health while the model loads")
+    stall_timeout_s: float = f(60.0, lo=1, hi=7200, expect="seconds the engine may make no progress while it loads "
+                               "(no CPU time used, /health's answer unchanged) before the wait for /health fails")
+    vram_headroom_gib: float = f(2.0, lo=0, hi=256, expect="GiB of VRAM each GPU keeps free beyond the weights, "
+                                 "the KV cache and the draft layers (compute buffers, CUDA context; P18)")
+    security_max_exposure: float = f(5.0, lo=0, hi=10, expect="the highest `systemd-analyze security` exposure")
+    head_wait_s: float = f(1800.0, lo=1, hi=86400, expect="seconds a worker node waits for its head's rendezvous "
+                           "port before it starts (P27)")
+    flags: dict = f(factory=dict, expect="a table of engine flags")
+    env: dict = f(factory=dict, expect="a table of environment variables for the engine, like VLLM_PLE_MMAP = \"1\"")
+    manager: str = f("auto", choices=("auto", "systemd", "launcher"), expect="what starts the engine: a systemd "
+                     "unit, p2pkit's launcher (where systemd is not PID 1), or auto (systemd when it is PID 1)")
+    secret_env: list[str] = f(factory=list, chars="word", expect="names in [serve.env] that are secrets (besides "
+                              "those named like one: TOKEN, KEY, SECRET, PASSWORD): kept in a root-only file, "
+                              "a value given with --set kept in the state's 0600 store until --unset")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bench:
+    prompt_tokens: int = f(128, lo=1, hi=1_000_000, expect="the fixed prompt length of every bench request (P13)")
+    output_tokens: int = f(64, lo=1, hi=100_000, expect="the fixed output length of every bench request (P13)")
+    requests: int = f(5, lo=1, hi=10_000, expect="timed requests per arm")
+    warmup: int = f(1, lo=0, hi=100, expect="warm-up requests per arm, left out of the figures")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Profile:
+    profile: Meta
+    host: Host
+    gpus: Gpus
+    driver: Driver
+    p2p_module: P2pModule
+    pcie: Pcie
+    link: Link
+    engine: Engine
+    model: Model
+    serve: Serve
+    network: Network
+    bench: Bench = field(default_factory=Bench)
+    source: str = "builtin"
+    overrides: tuple[str, ...] = ()  # `--set KEY=VALUE` applied on top of the source, in order
+    stored_secrets: tuple[str, ...] = ()  # serve.env names whose value came from the state's 0600 store
+
+    def section(self, name: str) -> Any:
+        return getattr(self, name)
+
+    def digest(self, sections: tuple[str, ...]) -> str:
+        """sha256 over the named sections (or single keys, "section.key"): a stage's inputs."""
+        doc = {}
+        for name in sorted(sections):
+            sec, _, key = name.partition(".")
+            doc[name] = getattr(getattr(self, sec), key) if key else asdict(getattr(self, sec))
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("source")
+        d.pop("overrides")
+        d.pop("stored_secrets")
+        return d
+
+    def cli_args(self) -> list[str]:
+        """`--profile SOURCE --set K=V ...`: how a unit or hook p2pkit writes loads this same profile.
+        A secret given with --set (serve.env.HF_TOKEN=...) is left out: units and hooks are
+        world-readable, so a secret belongs in the profile file (root-only) or the engine's own file."""
+        return ["--profile", self.source, *[a for o in self.public_overrides() for a in ("--set", o)]]
+
+    def public_overrides(self) -> list[str]:
+        """The --set overrides without secrets: what may be recorded or written where others read it."""
+        return [o for o in self.overrides if not _secret_override(o, self.secret_names())]
+
+    def secret_overrides(self) -> list[str]:
+        """The --set overrides that are secrets: what the state's 0600 store keeps (hoststate)."""
+        return [o for o in self.overrides if _secret_override(o, self.secret_names())]
+
+    def secret_names(self) -> tuple[str, ...]:
+        """The serve.env names declared secret: serve.secret_env, and every one read from the 0600 store."""
+        return (*self.serve.secret_env, *self.stored_secrets)
+
+    @property
+    def name(self) -> str:
+        return self.profile.name
+
+
+SECTIONS: dict[str, type] = {
+    f_.name: typing.get_type_hints(Profile)[f_.name] for f_ in fields(Profile)
+    if f_.name not in ("source", "overrides", "stored_secrets")
+}
+
+
+def _secret_override(item: str, marked) -> bool:
+    key = item.partition("=")[0].strip()
+    return key.startswith("serve.env.") and secrets.is_secret(key.removeprefix("serve.env."), marked)
+
+
+def _chars(value: str, kind: str) -> str | None:
+    """Why `value` cannot be held by a key of this kind (naming the character), or None."""
+    m = writers.CONTROL.search(value)
+    if m:
+        return (f"holds {writers.char_name(m.group())} at character {m.start() + 1}: no file p2pkit writes can "
+                "hold it; remove it")
+    allowed, desc = CHARS.get(kind, CHARS["text"])
+    if allowed:
+        bad = next((ch for ch in value if not re.fullmatch(allowed, ch)), None)
+        if bad is not None:
+            return f"holds {writers.char_name(bad)}, which a {kind} may not hold (use {desc})"
+    if kind in ("path", "url"):  # a URL's path too: model.source is a local directory, `..` leads out of it
+        for part in re.split(r"[:/]", value):
+            if part in (".", ".."):
+                return f"holds a {part!r} component: write the path resolved, without . or .. ({value})"
+    if "{{" in value or "{%" in value:
+        return "holds a Jinja2 expression ({{ or {%): p2pkit never evaluates one from a profile; remove it"
+    return None
+
+
+def unsafe_path_char(path: str) -> str | None:
+    """The first character of a path p2pkit is given (--root, --state-dir, --profile) that a shell, or
+    Ansible's handling of its temporary directories, would interpret (named), or None. The same
+    characters as a profile's path keys: letters, digits and . _ / + @ , = ~ : -."""
+    allowed = CHARS["path"][0]
+    bad = next((ch for ch in path if not re.fullmatch(allowed, ch)), None)
+    return None if bad is None else writers.char_name(bad)
+
+
+def _table_problems(path: str, table: dict) -> list[tuple[str, str]]:
+    """Keys and values of a free-form table ([serve.flags], [serve.env], engine.python_pins)."""
+    out = []
+    for k, v in table.items():
+        sub = f"{path}.{k}"
+        why = _chars(str(k), "word")
+        if why:
+            out.append((sub, f"the name {why}"))
+        for item in v if isinstance(v, list) else [v]:
+            if isinstance(item, float) and not math.isfinite(item):
+                out.append((sub, f"expected a finite number, got {item}"))
+            elif isinstance(item, str) and (why := _chars(item, "text")):
+                out.append((sub, why))
+    return out
+
+
+def _type_name(tp) -> str:
+    origin = typing.get_origin(tp)
+    if origin is list:
+        return "a list of strings"
+    return {str: "a string", int: "an integer", float: "a number", bool: "true or false", dict: "a table"}.get(
+        tp if origin is None else origin, str(tp)
+    )
+
+
+def _check_value(path: str, tp, value, meta: dict) -> str | None:
+    expect = meta.get("expect") or _type_name(tp)
+    origin = typing.get_origin(tp)
+    if tp is bool:
+        if not isinstance(value, bool):
+            return f"expected true or false, got {value!r}"
+        return None
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"expected an integer, got {json.dumps(value)}"
+    elif tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return f"expected a number, got {json.dumps(value)}"
+        if not math.isfinite(value):  # every comparison with NaN is false: a NaN threshold passes every check
+            return f"expected a finite number, got {value}"
+    elif tp is str:
+        if not isinstance(value, str):
+            return f"expected {expect}, got {json.dumps(value, default=str)}"
+        why = _chars(value, meta.get("chars") or "text")
+        if why:
+            return why
+    elif origin is list:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            return f"expected a list of strings, got {json.dumps(value, default=str)}"
+        why = next((w for v in value if (w := _chars(v, meta.get("chars") or "text"))), None)
+        if why:
+            return why
+        pat = meta.get("item_pattern")
+        bad = [v for v in value if pat and not re.match(pat, v)]
+        if bad:
+            return f"expected {expect}, got {json.dumps(bad[0])}"
+        return None
+    elif tp is dict:
+        if not isinstance(value, dict):
+            return f"expected a table, got {json.dumps(value, default=str)}"
+        return None
+    if meta.get("lo") is not None and value < meta["lo"]:
+        return f"expected at least {meta['lo']}, got {value}"
+    if meta.get("hi") is not None and value > meta["hi"]:
+        return f"expected at most {meta['hi']}, got {value}"
+    if meta.get("choices") and value not in meta["choices"]:
+        return f"expected one of {', '.join(meta['choices'])}, got {json.dumps(value)}"
+    if meta.get("pattern") and isinstance(value, str) and not re.match(meta["pattern"], value):
+        return f"expected {expect}, got {json.dumps(value)}"
+    return None
+
+
+def validate_command(source: str, overrides: tuple[str, ...] | list[str]) -> str:
+    """The command line that validates a profile with its overrides (global options before the
+    command; a secret's value left for the user to type)."""
+    sets = []
+    for o in overrides:
+        key, _, value = o.partition("=")
+        shown = "<your value>" if secrets.is_secret(key.rsplit(".", 1)[-1]) else value
+        sets += ["--set", shlex.quote(f"{key}={shown}")]
+    return " ".join(["p2pkit", *sets, "profile", "validate", shlex.quote(source)])
+
+
+def from_dict(data: dict, source: str, overrides: tuple[str, ...] = (),
+              stored_secrets: tuple[str, ...] = ()) -> Profile:
+    """Validate a parsed profile; raise ProfileError naming every problem by key path."""
+    shown = source + (f" with --set {', '.join(o.partition('=')[0] for o in overrides)}" if overrides else "")
+    check = validate_command(source, overrides)
+    problems: list[tuple[str, str]] = []
+    built: dict[str, Any] = {}
+    if not isinstance(data, dict):
+        raise ProfileError(shown, [("(top)", "expected a TOML document of tables")], check)
+    for key in data:
+        if key not in SECTIONS:
+            problems.append((key, f"unknown section; expected one of {', '.join(SECTIONS)}"))
+    for sec, cls in SECTIONS.items():
+        raw = data.get(sec)
+        if raw is None:
+            required = [x.name for x in fields(cls) if x.default is MISSING and x.default_factory is MISSING]
+            if required:
+                problems.append((sec, f"missing section; it needs {', '.join(required)}"))
+                continue
+            raw = {}
+        if not isinstance(raw, dict):
+            problems.append((sec, f"expected a table, got {json.dumps(raw, default=str)}"))
+            continue
+        hints = typing.get_type_hints(cls)
+        known = {x.name for x in fields(cls)}
+        for key in raw:
+            if key not in known:
+                problems.append((f"{sec}.{key}", f"unknown key; expected one of {', '.join(sorted(known))}"))
+        values = {}
+        for fl in fields(cls):
+            path = f"{sec}.{fl.name}"
+            if fl.name not in raw:
+                if fl.default is MISSING and fl.default_factory is MISSING:
+                    expect = fl.metadata.get("expect") or _type_name(hints[fl.name])
+                    problems.append((path, f"missing; expected {expect}"))
+                continue
+            tp = hints[fl.name]
+            msg = _check_value(path, tp, raw[fl.name], dict(fl.metadata))
+            if not msg and tp is dict and (table := _table_problems(path, raw[fl.name])):
+                problems += table
+            elif msg:
+                problems.append((path, msg))
+            else:
+                v = raw[fl.name]
+                values[fl.name] = float(v) if tp is float else v
+        built[sec] = values
+    if problems:
+        raise ProfileError(shown, problems, check)
+    profile = Profile(**{sec: cls(**built[sec]) for sec, cls in SECTIONS.items()}, source=source,
+                      overrides=tuple(overrides), stored_secrets=tuple(stored_secrets))
+    cross = _cross_checks(profile)
+    if cross:
+        raise ProfileError(shown, cross, check)
+    for k, v in profile.serve.env.items():
+        if secrets.is_secret(k, profile.secret_names()):
+            secrets.register(v)
+    return profile
+
+
+# Engine flags the fit check (stages/service/fit.py) computes with, per recipe: what each must be. A context
+# beyond 2^24 tokens or a tensor-parallel size beyond 64 GPUs is no engine's.
+MAX_CONTEXT = 1 << 24
+FIT_FLAGS: dict[str, dict[str, tuple[str, float, float]]] = {
+    "llamacpp": {"ctx-size": ("int", 0, MAX_CONTEXT), "tensor-split": ("split", 0, 0)},
+    "ninfer": {"tp": ("int", 1, 64), "max-context": ("int", 0, MAX_CONTEXT)},
+    "vllm": {"tensor-parallel-size": ("int", 1, 64), "max-model-len": ("int", 0, MAX_CONTEXT),
+             "gpu-memory-utilization": ("float", 0.01, 1.0)},
+}
+
+
+def _fit_flag_problem(kind: str, lo: float, hi: float, value) -> str | None:
+    """Why an engine flag the fit check reads cannot be computed with, or None."""
+    if kind == "split":
+        parts = [x.strip() for x in str(value).split(",")]
+        try:
+            shares = [float(x) for x in parts]
+        except ValueError:
+            return f"expected comma-separated shares like 0.5,0.5, got {json.dumps(value)}"
+        if not all(math.isfinite(x) and x >= lo for x in shares) or not sum(shares) > 0:
+            return f"expected shares of at least {lo}, not all 0, like 0.5,0.5, got {json.dumps(value)}"
+        return None
+    want = f"{'an integer' if kind == 'int' else 'a number'} from {lo} to {hi}"
+    if isinstance(value, bool) or not isinstance(value, int | float) or (kind == "int" and not isinstance(value, int)):
+        return f"expected {want}, got {json.dumps(value)}"
+    if not math.isfinite(value) or not lo <= value <= hi:
+        return f"expected {want}, got {value}"
+    return None
+
+
+def _cross_checks(p: Profile) -> list[tuple[str, str]]:
+    out = []
+    for name, (kind, lo, hi) in FIT_FLAGS.get(p.engine.recipe, {}).items():
+        if name in p.serve.flags and (why := _fit_flag_problem(kind, lo, hi, p.serve.flags[name])):
+            out.append((f"serve.flags.{name}", f"{why} (the VRAM fit check computes with it, P18)"))
+    want_branch = p.driver.version + ("-p2p" if p.p2p_module.patched else "")
+    if p.p2p_module.branch != want_branch:
+        out.append(("p2p_module.branch", f"expected {want_branch} to match driver.version"
+                                         f"{'' if p.p2p_module.patched else ' (p2p_module.patched = false)'}, "
+                                         f"got {json.dumps(p.p2p_module.branch)}"))
+    for k, v in p.serve.env.items():
+        if not re.match(r"^[A-Z_][A-Z0-9_]*$", k) or isinstance(v, dict | list):
+            out.append((f"serve.env.{k}", "expected NAME = \"value\" (an upper-case variable name and a scalar)"))
+    table = p.serve.env.get("VLLM_PLE_MMAP_DIR")
+    if table and table not in p.model.nvme_paths:
+        out.append(("model.nvme_paths", f"expected it to hold serve.env.VLLM_PLE_MMAP_DIR ({table}): the mmapped "
+                                        "table must be proven to sit on local NVMe (P26)"))
+    if not p.serve.allow_public:
+        public = public_address(p.serve.host)
+        if public:
+            out.append(("serve.host", f"{p.serve.host} {public}: that exposes the API to the network; set "
+                                      "serve.allow_public = true to mean it, or use 127.0.0.1"))
+    for k in p.serve.flags:
+        if secrets.is_secret(k):
+            out.append((f"serve.flags.{k}", "looks like a secret, and a flag's value is on the unit's command line, "
+                                            "which every user can read (systemctl show): put it in [serve.env] "
+                                            "instead (vLLM reads VLLM_API_KEY, llama-server LLAMA_API_KEY), which "
+                                            "p2pkit keeps in a root-only file"))
+    return out
+
+
+def public_address(host: str) -> str:
+    """Why `host` is not loopback only ("is not a loopback address", "resolves to 10.0.0.2"), or ""
+    when it is. Names are resolved; an address of every interface ("0.0.0.0", "::") is public."""
+    def loopback(addr: str) -> bool:
+        ip = ipaddress.ip_address(addr.split("%")[0])
+        mapped = getattr(ip, "ipv4_mapped", None)
+        return (mapped or ip).is_loopback
+    try:
+        return "" if loopback(host) else "is not a loopback address"
+    except ValueError:
+        pass
+    try:
+        addrs = sorted({a[4][0] for a in socket.getaddrinfo(host, None)})
+    except (OSError, UnicodeError):
+        return "does not resolve, so p2pkit cannot tell it is loopback"
+    public = [a for a in addrs if not loopback(a)]
+    return f"resolves to {', '.join(public)}" if public else ""
+
+
+# Profile path keys a relative value is allowed in: a relative value means "under the state directory"
+# (never the directory p2pkit was started from), made absolute once, where the profile meets its host.
+# serve.flags naming a file the engine itself writes go under the engine's own directory there
+# (<state>/engine: the engine's user may write only there).
+RELATIVE_KEYS = ("p2p_module.signing_key", "model.draft_source")
+RELATIVE_LIST_KEYS = {"engine.pkg_config_path": ":"}
+RELATIVE_FLAGS = ("request-log-jsonl",)
+
+
+def anchored(p: Profile, state_dir: str) -> Profile:
+    """The profile with each relative path of RELATIVE_KEYS, RELATIVE_LIST_KEYS and RELATIVE_FLAGS made
+    absolute under `state_dir` (the state directory as the host names it); absolute ones unchanged."""
+    def under(v: str, base: str = state_dir) -> str:
+        return v if not v or v.startswith("/") else posixpath.normpath(posixpath.join(base, v))
+
+    sections: dict[str, dict] = {}
+    for key in RELATIVE_KEYS:
+        sec, name = key.split(".")
+        v = getattr(getattr(p, sec), name)
+        if under(v) != v:
+            sections.setdefault(sec, {})[name] = under(v)
+    for key, sep in RELATIVE_LIST_KEYS.items():
+        sec, name = key.split(".")
+        v = getattr(getattr(p, sec), name)
+        new = sep.join(under(x) for x in v.split(sep)) if v else v
+        if new != v:
+            sections.setdefault(sec, {})[name] = new
+    engine_dir = posixpath.join(state_dir, STATE_PATHS["the service's working directory"])
+    flags = {k: under(p.serve.flags[k], engine_dir) for k in RELATIVE_FLAGS
+             if isinstance(p.serve.flags.get(k), str) and under(p.serve.flags[k], engine_dir) != p.serve.flags[k]}
+    if flags:
+        sections.setdefault("serve", {})["flags"] = {**p.serve.flags, **flags}
+    if not sections:
+        return p
+    return replace(p, **{sec: replace(getattr(p, sec), **vals) for sec, vals in sections.items()})
+
+
+# Profile paths that must resolve inside the directory they are named in (their parent as written):
+# what p2pkit writes into or creates as root, reads as root and hands on, or gives the engine's user.
+# A symlink there that leads out (to /etc, another disk) is refused before anything is written.
+CONTAINED = ("driver.cache_dir", "p2p_module.signing_key", "p2p_module.signing_cert", "engine.build_dir",
+             "model.source", "model.output", "model.draft_source")
+# Path keys left out, each for its reason: places a tool is only used from, where a link is how they are
+# installed, and p2pkit writes nothing there.
+NOT_CONTAINED = {
+    "engine.python": "a virtual environment's python is a link to the system's",
+    "engine.nccl_root": "a read-only prefix NCCL is used from (/opt/nccl -> nccl-2.26.2 is how it is installed)",
+    "engine.pkg_config_path": "a read-only search path",
+    "engine.branch": "a git branch name, not a path",
+    "engine.source_subdir": "a directory inside the archive, checked when it is unpacked",
+    "model.nvme_paths": "a link to the NVMe copy is the copy (P26); the storage check follows it",
+}
+# Engine flags whose value is a file the engine reads (llama.cpp's draft model and projector): held to
+# the same rule as serve.flags.NAME.
+FLAG_PATHS = ("model-draft", "mmproj")
+
+
+def flag_paths(p: Profile) -> dict[str, str]:
+    """serve.flags.NAME -> the file it names, for each of FLAG_PATHS set to a path."""
+    return {f"serve.flags.{k}": str(p.serve.flags[k]) for k in FLAG_PATHS
+            if str(p.serve.flags.get(k, "")).startswith("/")}
+# Paths under the state directory (--state-dir) that the playbooks write or give the engine's user.
+STATE_PATHS = {"the service's working directory": "engine", "the stages' logs": "logs"}
+
+
+def leads_out(realpath, path: str, under: str) -> str | None:
+    """Why `path` does not stay inside `under` once symlinks are followed (`realpath` resolves a path
+    as the host sees it), or None when it stays. `under` may itself be a link: where it leads is the
+    directory."""
+    real, base = realpath(path), realpath(under)
+    if real.startswith(base.rstrip("/") + "/"):
+        return None
+    return (f"{path} leads to {real}, outside {under}" + (f" ({base})" if base != under else "") +
+            " (a symlink leads out)")
+
+
+def models_dir(p: Profile) -> str:
+    """The models directory model.output must resolve inside: the directory model.source and
+    model.output share (/srv/models for /srv/models/Q and /srv/models/Q.gguf), else model.output's own.
+    The directory itself may be a link (the models on another disk); a link below it leading out
+    (/srv/models/sub -> /etc for /srv/models/sub/x) is refused."""
+    out_dir = p.model.output.rstrip("/").rpartition("/")[0] or "/"
+    if not p.model.source.startswith("/"):
+        return out_dir
+    common = posixpath.commonpath([p.model.source.rstrip("/") or "/", out_dir])
+    return common if common != "/" else out_dir
+
+
+def escaping_paths(p: Profile, realpath, state_dir: str | None = None) -> list[tuple[str, str]]:
+    """(key, why) for every profile path in CONTAINED and FLAG_PATHS, and each of STATE_PATHS under
+    `state_dir`, that a symlink leads out of the directory it belongs to. `realpath`: the host's
+    (Host.realpath)."""
+    out = []
+    named = [(k, getattr(getattr(p, k.split(".")[0]), k.split(".")[1]), None) for k in CONTAINED]
+    named = [(k, path, models_dir(p) if k == "model.output" else under) for k, path, under in named]
+    named += [(key, path, None) for key, path in flag_paths(p).items()]
+    if state_dir:
+        named += [(what, f"{state_dir.rstrip('/')}/{sub}", state_dir) for what, sub in STATE_PATHS.items()]
+    for key, path, under in named:
+        if not path:
+            continue
+        path = path.rstrip("/") or "/"
+        why = leads_out(realpath, path, under or path.rpartition("/")[0] or "/")
+        if why:
+            fix = (f"remove the link, or write where it is meant to be in {key} itself" if under is None
+                   or key in CONTAINED else "remove the link, or give a --state-dir whose own directories are real")
+            out.append((key, f"{why}: p2pkit writes and reads as root only inside the directory a path names; "
+                             f"{fix}"))
+    return out
+
+
+def builtin_names() -> list[str]:
+    return sorted(p.name.removesuffix(".toml") for p in resources.files("p2pkit.profiles").iterdir()
+                  if p.name.endswith(".toml"))
+
+
+def builtin_path(name: str):
+    return resources.files("p2pkit.profiles") / f"{name}.toml"
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """`section.key=VALUE` (or `section.table.key=VALUE`): VALUE read as a TOML value (1, true,
+    "x", ["a", "b"]), or taken as a plain string when it is not one."""
+    key, eq, raw = item.partition("=")
+    parts = key.strip().split(".")
+    if not eq or len(parts) not in (2, 3) or not all(re.match(r"^[A-Za-z0-9_-]+$", x) for x in parts):
+        raise UsageError(f"--set {item!r} is not section.key=VALUE",
+                         hint="write it like --set serve.port=8001 or --set serve.flags.node-rank=1")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return parts, value
+
+
+def apply_overrides(data: dict, overrides: tuple[str, ...]) -> dict:
+    for item in overrides:
+        parts, value = parse_override(item)
+        d = data
+        for k in parts[:-1]:
+            nxt = d.setdefault(k, {})
+            if not isinstance(nxt, dict):
+                raise UsageError(f"--set {item!r}: {'.'.join(parts[:-1])} is not a table",
+                                 hint="set a key inside a table, like serve.flags.node-rank")
+            d = nxt
+        d[parts[-1]] = value
+    return data
+
+
+def from_record(rec: dict, overrides: tuple[str, ...] = ()) -> Profile:
+    """A profile recorded whole (a facts file's), with more `--set` overrides on top."""
+    values = rec.get("values") if isinstance(rec, dict) else None
+    if not isinstance(values, dict):
+        raise ProfileError("(recorded)", [("profile", "the record holds no profile values")])
+    source = f"{rec.get('source') or rec.get('name')} (as recorded)"
+    return from_dict(apply_overrides(json.loads(json.dumps(values)), tuple(overrides)), source,
+                     tuple(rec.get("overrides") or ()) + tuple(overrides))
+
+
+def read_profile_file(path: Path) -> str:
+    """A profile file's text: a regular file (a FIFO or a device is refused, never waited on) of UTF-8
+    text; anything else is a UsageError (exit 2) that says what it is and the fix."""
+    fix = "give a readable TOML file or one of: " + ", ".join(builtin_names())
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO opens at once, never blocks
+    except OSError as e:
+        raise UsageError(f"cannot read profile {path}: {e.strerror or e}", hint=fix) from e
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            what = ("a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else
+                    "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode)
+                    else "not a regular file")
+            raise UsageError(f"profile {path} is {what}, not a file: p2pkit reads a profile only from a regular "
+                             "file", hint=fix)
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            data = fh.read()
+    except OSError as e:
+        raise UsageError(f"cannot read profile {path}: {e.strerror or e}", hint=fix) from e
+    finally:
+        os.close(fd)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"profile {path} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}): a TOML "
+                         "profile is UTF-8", hint=f"save {path} as UTF-8 (`iconv -f latin1 -t utf-8`), or "
+                         "give another profile") from e
+
+
+def load(name_or_path: str | None, overrides: tuple[str, ...] | list[str] = (),
+         stored_secrets: tuple[str, ...] = ()) -> Profile:
+    """A built-in profile by name, or a TOML file by path; `overrides` (`section.key=VALUE`) go on
+    top and are validated like the file itself (a host's own values from an inventory);
+    `stored_secrets`: the serve.env names whose override came from the state's 0600 store."""
+    name_or_path = name_or_path or DEFAULT_PROFILE
+    path = Path(name_or_path)
+    if name_or_path in builtin_names():
+        text = (resources.files("p2pkit.profiles") / f"{name_or_path}.toml").read_text()
+        source = name_or_path
+    elif path.suffix == ".toml" or path.exists():
+        text = read_profile_file(path)
+        source = str(path)
+    else:
+        raise UsageError(f"no profile named {name_or_path!r}",
+                         hint="use one of: " + ", ".join(builtin_names()) + ", or a path to a .toml file")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ProfileError(source, [("(toml)", f"not valid TOML: {e}")]) from e
+    overrides = tuple(overrides)
+    return from_dict(apply_overrides(data, overrides), source, overrides, stored_secrets)
+
+
+def p2p_src_dir(profile) -> str:
+    """Where the kernel-module source is checked out and built (the driver stage's cache)."""
+    return f"{profile.driver.cache_dir}/open-gpu-kernel-modules"

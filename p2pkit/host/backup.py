@@ -1,0 +1,183 @@
+"""What the driver and p2p-module stages replace, kept so that `p2pkit rollback` can put it back.
+
+Layout: <state>/backup/<stage>/manifest.json and files/<path on the host>. The manifest records,
+for every path a stage may replace or add, its state before p2pkit first touched it: "original"
+(a copy is kept, with its sha256) or "absent" (p2pkit added it; rollback removes it). An entry is
+written once: re-running a stage never overwrites the record of the host as it was.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+from p2pkit.core.artifacts import atomic_write
+from p2pkit.core.errors import P2pkitError
+from p2pkit.host import Host
+
+DRIVER_PATHS = [
+    "/etc/modprobe.d/p2pkit-blacklist-nouveau.conf",
+    "/etc/apt/preferences.d/p2pkit-nvidia",
+    "/etc/apt/apt.conf.d/51p2pkit-unattended-upgrades",
+]
+P2P_PATHS = [
+    "/etc/default/grub.d/60-p2pkit-iommu.cfg",
+    "/etc/modprobe.d/p2pkit-nvidia.conf",
+    "/etc/kernel/postinst.d/zz-p2pkit",
+    "/etc/apt/apt.conf.d/99p2pkit-restore",
+    "/etc/systemd/system/p2pkit-restore.service",
+    "/etc/systemd/system/p2pkit-restore.timer",
+]
+MODULES = ("nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-drm")
+# What NVIDIA's .run installer writes, replaces or removes (the library, firmware, binary and
+# configuration entries of its .manifest): another driver's files there are kept before it runs.
+USERSPACE_GLOBS = (
+    "usr/lib/*-linux-gnu/libnvidia-*.so*", "usr/lib/*-linux-gnu/libcuda.so*",
+    "usr/lib/*-linux-gnu/libcudadebugger.so*", "usr/lib/*-linux-gnu/libnvcuvid.so*",
+    "usr/lib/*-linux-gnu/libnvoptix.so*", "usr/lib/*-linux-gnu/lib*_nvidia.so*",
+    "usr/lib/*-linux-gnu/vdpau/libvdpau_nvidia.so*", "usr/lib/*-linux-gnu/gbm/nvidia-drm_gbm.so",
+    "usr/lib/xorg/modules/drivers/nvidia_drv.so", "usr/lib/xorg/modules/extensions/libglxserver_nvidia.so*",
+    "lib/firmware/nvidia/*/*", "etc/OpenCL/vendors/nvidia.icd", "usr/share/vulkan/icd.d/nvidia_icd.json",
+    "usr/share/vulkan/implicit_layer.d/nvidia_layers.json", "usr/share/glvnd/egl_vendor.d/10_nvidia.json",
+    "usr/share/egl/egl_external_platform.d/*nvidia*", "usr/share/nvidia/*",
+    "usr/bin/nvidia-smi", "usr/bin/nvidia-debugdump", "usr/bin/nvidia-persistenced", "usr/bin/nvidia-cuda-mps-*",
+    "usr/bin/nvidia-modprobe", "usr/bin/nvidia-settings", "usr/bin/nvidia-xconfig", "usr/bin/nvidia-powerd",
+    "usr/bin/nvidia-bug-report.sh",
+)
+
+
+def userspace_paths(host: Host) -> list[str]:
+    """The driver files on the host now (files and links) that the installer may replace or remove."""
+    found = set()
+    for pattern in USERSPACE_GLOBS:
+        for p in host.root.glob(pattern):
+            if p.is_file() or p.is_symlink():
+                found.add("/" + str(p.relative_to(host.root)))
+    return sorted(found)
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class Backup:
+    def __init__(self, state_dir: Path, stage: str, host: Host):
+        self.dir = Path(state_dir) / "backup" / stage
+        self.stage = stage
+        self.host = host
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.dir / "manifest.json"
+
+    def manifest(self) -> dict:
+        if not self.manifest_path.exists():
+            return {"stage": self.stage, "entries": {}, "held_before": None}
+        return json.loads(self.manifest_path.read_text())
+
+    def save(self, m: dict) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.manifest_path, (json.dumps(m, indent=2, sort_keys=True) + "\n").encode())
+
+    def copy_path(self, path: str) -> Path:
+        return self.dir / "files" / path.lstrip("/")
+
+    def snapshot(self, paths: list[str], kernel: str, driver_version: str, extra: dict | None = None) -> dict:
+        """Record each path's state before this run changes it (first time only)."""
+        m = self.manifest()
+        now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+        for path in paths:
+            if path in m["entries"]:
+                continue
+            real = self.host.path(path)
+            entry = {"kernel": kernel, "driver_version": driver_version, "time": now}
+            if real.is_symlink():  # a library's soname link: its target is what was there
+                target = os.readlink(real)
+                entry.update(kind="symlink", target=target, sha256=hashlib.sha256(target.encode()).hexdigest())
+            elif real.is_file():
+                dest = self.copy_path(path)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(real, dest)
+                entry.update(kind="original", sha256=sha256(dest), mode=real.stat().st_mode & 0o7777)
+            else:
+                entry.update(kind="absent")
+            m["entries"][path] = entry
+        for k, v in (extra or {}).items():
+            if m.get(k) is None:
+                m[k] = v
+        self.save(m)
+        return m
+
+    def record_added(self, paths: list[str], kernel: str, driver_version: str) -> None:
+        """Paths a stage created that were not there before it ran: rollback removes them."""
+        m = self.manifest()
+        now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+        new = [p for p in paths if p not in m["entries"]]
+        for path in new:
+            m["entries"][path] = {"kind": "absent", "kernel": kernel, "driver_version": driver_version, "time": now}
+        if new:
+            self.save(m)
+
+    def verify(self) -> list[str]:
+        """Backed-up copies whose sha256 no longer matches the manifest (rollback refuses then)."""
+        bad = []
+        for path, e in self.manifest()["entries"].items():
+            if e["kind"] == "original":
+                copy = self.copy_path(path)
+                if not copy.is_file() or sha256(copy) != e["sha256"]:
+                    bad.append(str(copy))
+        return bad
+
+    def plan(self) -> list[tuple[str, str]]:
+        out = []
+        for path, e in sorted(self.manifest()["entries"].items()):
+            real = self.host.path(path)
+            exists = real.exists() or real.is_symlink()
+            if e["kind"] in ("original", "symlink"):
+                out.append(("restore", path))
+            elif exists:
+                out.append(("remove", path))
+        return out
+
+    def apply(self) -> list[tuple[str, str]]:
+        bad = self.verify()
+        if bad:
+            raise P2pkitError(f"backed-up file changed since it was saved: {bad[0]} (sha256 differs from the "
+                              "manifest); rollback would put back something else than what was there",
+                              hint="restore that file from your own backup, or remove its entry from "
+                                   f"{self.manifest_path} to leave that path as it is")
+        done = []
+        for action, path in self.plan():
+            real = self.host.path(path)
+            if action == "restore":
+                real.parent.mkdir(parents=True, exist_ok=True)
+                e = self.manifest()["entries"][path]
+                if real.is_symlink() or (e["kind"] == "symlink" and real.exists()):
+                    real.unlink()
+                if e["kind"] == "symlink":
+                    os.symlink(e["target"], real)
+                else:
+                    shutil.copy2(self.copy_path(path), real)
+                    real.chmod(e.get("mode", 0o644))
+            else:
+                real.unlink()
+            done.append((action, path))
+        return done
+
+
+def module_paths(host: Host, kernel: str) -> list[str]:
+    """The .ko files make modules_install overwrites, and the stock DKMS copies it moves aside."""
+    base = f"/lib/modules/{kernel}"
+    paths = [f"{base}/kernel/drivers/video/{m}.ko" for m in MODULES]
+    updates = host.path(f"{base}/updates")
+    if updates.is_dir():
+        paths += sorted("/" + str(p.relative_to(host.root)) for p in updates.rglob("nvidia*.ko*"))
+    return paths

@@ -1,0 +1,150 @@
+"""What the driver and p2p-module stages do to the host: their roles, complete on their own, handed
+the profile and what p2pkit read of the host as variables; what each task did comes back from
+Ansible (p2pkit_tasks), never predicted here."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+from p2pkit.core import writers
+from p2pkit.core.ansible import run_playbook
+from p2pkit.core.config import p2p_src_dir
+from p2pkit.core.errors import P2pkitError
+from p2pkit.core.runner import own_executable
+from p2pkit.host import arch, boot, system
+from p2pkit.host.backup import P2P_PATHS, Backup, module_paths
+from p2pkit.parse import boot as pb
+from p2pkit.stages.p2p_module import signing
+
+# The kernel hook pins the boot default here when the module does not build for a new kernel (P36).
+BOOT_HOLD = system.BOOT_HOLD
+
+
+def iommu_cmdline(mode: str, cpu_vendor: str, machine: str = "x86_64") -> str:
+    """The kernel options for the profile's IOMMU mode on this architecture (arm64: iommu.passthrough)."""
+    if mode == "passthrough":
+        return arch.of(machine).iommu_passthrough(cpu_vendor)
+    if machine == "aarch64":
+        return "iommu.passthrough=1"  # the SMMU has no generic off switch: passthrough is what P2P needs
+    return f"{'amd_iommu' if 'AMD' in cpu_vendor.upper() else 'intel_iommu'}=off"
+
+
+BUILD_CAUSES = (
+    ("kernel headers for", "install the headers for that kernel (linux-headers-<release>), then run again"),
+    ("implicit declaration", "the kernel is newer than the fork's branch supports: boot the previous kernel "
+                             "(hold linux-image-generic) or pin a newer p2p branch and commit"),
+    ("No rule to make target", "the fork checkout is not a kernel-module tree: check p2p_module.repo and commit"),
+)
+
+
+def p2p_module(ctx, kernel: str | None = None) -> dict:
+    try:
+        done = _p2p_module(ctx, kernel)
+        if kernel is None or kernel == system.kernel_release(ctx.host):
+            from p2pkit.stages.p2p_module.live_reload import try_live_reload
+
+            done["live_reload"] = try_live_reload(ctx)
+            ctx.out.step("p2p-module", ("live reload: " if done["live_reload"]["done"] else "no live reload: ")
+                         + done["live_reload"]["why"])
+        return done
+    except P2pkitError as e:
+        for needle, cause in BUILD_CAUSES:
+            if needle in e.message:
+                e.hint = f"likely cause: {cause}. {e.hint}"
+                break
+        raise
+
+
+def _p2p_module(ctx, kernel: str | None = None) -> dict:
+    m = ctx.profile.p2p_module
+    kernel = kernel or system.kernel_release(ctx.host)
+    machine = arch.machine(ctx.host)
+    cmdline = iommu_cmdline(m.iommu, system.cpu_vendor(ctx.host), machine)
+    loader = boot.bootloader(ctx.host)
+    refuse_unknown_bootloader(loader, cmdline.split(), system.cmdline(ctx.host).split())
+    sign = signing.prepare(ctx, kernel)  # Secure Boot: key, enrolment and sign-file settled before any change
+    wants = "/etc/systemd/system/timers.target.wants/p2pkit-restore.timer"
+    Backup(ctx.store.dir, "p2p-module", ctx.host).snapshot(
+        [*P2P_PATHS, wants, *module_paths(ctx.host, kernel), *bootloader_paths(loader)], kernel,
+        ctx.profile.driver.version)
+    values = {
+        "p2pkit_arch": machine,
+        "p2pkit_p2p_module_repo": m.repo,
+        "p2pkit_p2p_module_branch": m.branch,
+        "p2pkit_p2p_module_commit": m.commit,
+        "p2pkit_p2p_module_src_dir": p2p_src_dir(ctx.profile),
+        "p2pkit_p2p_module_kernel": kernel,
+        "p2pkit_p2p_module_cmdline": cmdline,
+        "p2pkit_p2p_module_bootloader": loader["name"],
+        "p2pkit_p2p_module_loader_files": loader_files(ctx.host, loader, cmdline.split()),
+        **restore_command_vars(ctx),
+        # the fork's driver parameters (P28): only for the patched module of a GPU pair
+        "p2pkit_p2p_module_registry_dwords": m.registry_dwords if m.patched else "",
+        **sign,
+    }
+    done = run_playbook(ctx, "p2p-module", values)
+    return {**done, "bootloader": {"name": loader["name"], "why": loader["why"], "options": cmdline.split()}}
+
+
+def refuse_unknown_bootloader(loader: dict, options: list[str], running: list[str]) -> None:
+    """Stop before anything is built or rebooted where p2pkit cannot set the command line it needs."""
+    missing = [o for o in options if o not in running]
+    if loader["name"] != pb.UNKNOWN or not missing:
+        return
+    raise P2pkitError(
+        f"the kernel command line needs {' '.join(missing)} and p2pkit does not know this host's bootloader "
+        f"({loader['why']}): nothing was changed and the host is not rebooted",
+        hint=f"add {' '.join(missing)} by hand to the kernel command line of the bootloader that boots this box, "
+             "reboot, check /proc/cmdline, then run `p2pkit up` again")
+
+
+def bootloader_paths(loader: dict) -> list[str]:
+    """The bootloader's files the stage may change, kept for rollback."""
+    if loader["name"] == pb.SYSTEMD_BOOT:
+        return [boot.KERNEL_CMDLINE, *loader["entries"]]
+    if loader["name"] == pb.KERNELSTUB:
+        return [boot.KERNELSTUB_CONFIG, *loader["entries"]]
+    return []
+
+
+def loader_files(host, loader: dict, options: list[str]) -> list[dict]:
+    """systemd-boot's files, each whole (p2pkit_files entries): /etc/kernel/cmdline (what kernel-install
+    writes for new kernels) and each loader entry with the options on its options line (the next
+    boot), read from the host and given to the role like a writer's lines. GRUB's drop-in is the
+    role's own template; kernelstub changes its own files (a command)."""
+    if loader["name"] != pb.SYSTEMD_BOOT:
+        return []
+    base = loader["kernel_cmdline"]
+    if base is None:
+        base = pb.kernel_install_cmdline(system.cmdline(host))
+    files = [_entry(boot.KERNEL_CMDLINE, " ".join([*base, *(o for o in options if o not in base)]) + "\n")]
+    for path in loader["entries"]:
+        text = host.read(path, "a systemd-boot loader entry")
+        # the ESP is FAT: its files keep the mode the mount gives them
+        files.append(_entry(path, pb.entry_with_options(text, options),
+                            mode=f"0{stat.S_IMODE(host.path(path).stat().st_mode):o}"))
+    return files
+
+
+def _entry(path: str, content: str, mode: str = "0644") -> dict:
+    return {"path": path, "content": content, "mode": mode}
+
+
+def restore_command_vars(ctx) -> dict:
+    """The restore service's and the kernel hook's command lines, each written whole by the writer of
+    its format (systemd Exec= line, shell words): no path is pasted into a file root runs."""
+    root = str(ctx.host.root) if ctx.host.root != Path("/") else "/"
+    prefix = "" if root == "/" else root
+    exe = own_executable()
+    argv = [exe, "--root", root, *ctx.profile.cli_args(), "--state-dir", str(ctx.store.dir), "--yes", "restore"]
+    return {
+        "p2pkit_p2p_module_unit_exec": writers.unit_exec(argv, "the restore command"),
+        "p2pkit_p2p_module_unit_state_dir": writers.unit_path("the state directory", str(ctx.store.dir)),
+        "p2pkit_p2p_module_hook_exe": writers.shell_word("the p2pkit executable", exe),
+        "p2pkit_p2p_module_hook_command": writers.shell_command(argv, "the restore command"),
+        # P36: the boot-default hold the hook writes when the module does not build for a new kernel
+        "p2pkit_p2p_module_hook_hold": writers.shell_word("the boot-default hold", prefix + BOOT_HOLD),
+        "p2pkit_p2p_module_hook_osrelease": writers.shell_word("the kernel release",
+                                                               prefix + "/proc/sys/kernel/osrelease"),
+    }

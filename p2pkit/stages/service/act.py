@@ -1,0 +1,530 @@
+"""service: install the engine as a system service (Ansible), then prove it: the unit verifies,
+its exposure is low, /health answers, the main PID's cgroup has no memory cap anywhere up the
+tree (P12), it listens where the profile says, speculative decoding is really running (P19)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+from p2pkit.core import config, secrets, writers
+from p2pkit.core.ansible import run_playbook
+from p2pkit.core.artifacts import CorruptArtifact
+from p2pkit.core.errors import Exit, P2pkitError
+from p2pkit.core.runner import own_executable
+from p2pkit.host import Host, access, engine_api, launcher, nvml, system
+from p2pkit.parse import engine_api as pe
+from p2pkit.parse import nccl
+from p2pkit.rules import engine_cmd, engine_env
+from p2pkit.stages.service import fit
+from p2pkit.stages.service import launcher as service_launcher
+
+UNIT = system.ENGINE_UNIT
+OOM_CAUSE = ("out of GPU memory at start (P18): the weights, the KV cache at this context and KV type and the draft "
+             "layers do not fit with headroom; see service.vram_fit for the numbers and the context that fits")
+CAUSES = (
+    # out of memory at start, as each engine says it: llama.cpp's ggml-cuda.cu and llama-kv-cache.cpp, torch
+    # (vLLM), vLLM's KV profiler
+    ("cudaMalloc failed: out of memory", OOM_CAUSE),
+    ("failed to allocate buffer for kv cache", OOM_CAUSE),
+    ("CUDA out of memory", OOM_CAUSE),
+    ("No available memory for the cache blocks", OOM_CAUSE),
+    ("does not fit", "the KV cache does not fit the free VRAM: lower max-context or the KV dtype, keep "
+                     "--kv-capacity auto, leave headroom for draft layers (P11, P18)"),
+    ("p2p off", "the engine fell back to host-staged copies: P2P is not working; see the topology and link stages"),
+    ("requires the optimized proposal head", "DFlash2 at TP2 needs --lm-head-draft (P10)"),
+    ("unknown option", "a flag the engine does not know: check serve.flags"),
+    ("Permission denied", "the engine's user may not read or enter a path it needs: see service.user_access"),
+    ("cannot open artifact", "the model artifact is missing: see the model stage"),
+    # llama-server's own start failures (tests/fixtures/llamacpp/server-start: common/arg.cpp, server-http.cpp,
+    # server.cpp): each exits 1 with the line on stderr
+    ("the argument has been removed", "a serve flag this llama-server no longer accepts: its line names what "
+                                      "replaced it; rename it in serve.flags"),
+    ("error: invalid argument: ", "a flag this llama-server does not know (its line names it): remove or rename it in "
+                                  "serve.flags, or build the engine commit that has it"),
+    ("couldn't bind HTTP server socket", "the port is taken: another process listens on the address and port the "
+                                         "profile gives (serve.host, serve.port; `ss -ltnp`): stop it or choose "
+                                         "another serve.port"),
+    ("exiting due to model loading error", "llama-server could not load the model file: missing, unreadable by the "
+                                           "engine's user, or not a GGUF file this build reads; see the model stage "
+                                           "(model.output)"),
+)
+
+
+def exec_start(profile) -> str:
+    return writers.unit_exec(engine_cmd.argv(profile))
+
+
+NCCL_ENV = "/run/p2pkit-engine/nccl.env"
+
+
+def exec_start_pre(profile) -> str:
+    """For NCCL over RoCE: `p2pkit net hca --env-file` before every start, so the RDMA device names
+    are this boot's (P24). Empty when the profile does not use RoCE."""
+    if not profile.network.require_roce:
+        return ""
+    return writers.unit_exec([own_executable(), "--root", "/", *profile.cli_args(), "net", "hca", "--env-file",
+                              NCCL_ENV])
+
+
+def ip_filter(p) -> tuple[str, str]:
+    """IPAddressDeny/Allow: loopback only, unless the API is public or the engine spans nodes (the
+    rendezvous and NCCL's bootstrap cross the fabric: network.fabric_cidr, or no filter)."""
+    if p.serve.host in ("0.0.0.0", "::"):
+        return "", ""
+    if engine_cmd.node(p)["nnodes"] > 1:
+        return ("any", f"localhost {p.network.fabric_cidr}") if p.network.fabric_cidr else ("", "")
+    return "any", "localhost"
+
+
+def act(ctx) -> dict:
+    p = ctx.profile
+    acted: dict = {}
+    n = engine_cmd.node(p)
+    if n["role"] == "worker":  # the worker starts only after the head is up (P27)
+        acted["head"] = wait_head(ctx, n["master_addr"], n["master_port"], p.serve.head_wait_s)
+        if not acted["head"]["ok"]:
+            raise P2pkitError(
+                f"the head's rendezvous port {n['master_addr']}:{n['master_port']} did not answer within "
+                f"{p.serve.head_wait_s:g} s, so this worker was not started",
+                hint="start the head node first (its `p2pkit up`), then this one: a worker started before its head "
+                     "fails (P27); in an inventory run p2pkit waits for the head by itself", pitfall="P27")
+    fit_before_start(ctx)
+    if p.engine.recipe == "llamacpp":
+        acted["flags_checked"] = flags_accepted(ctx)
+    v = service_vars(ctx)
+    mark = log_mark(ctx)
+    if service_launcher.manager(ctx) == "launcher":  # systemd is not PID 1 here
+        acted.update(service_launcher.act(ctx, v, user=SERVICE_USER))
+        acted["started_at"] = time.time()
+        if acted.get("launcher", {}).get("started") is not False:
+            acted["log_from"] = mark
+        return acted
+    before = system.service_main_pid(ctx.host, UNIT)
+    acted.update(run_playbook(ctx, "service", v))
+    acted["started_at"] = time.time()
+    after = system.service_main_pid(ctx.host, UNIT)
+    if after is None or after != before:  # started or restarted by the role: the lines after the mark are its
+        acted["log_from"] = mark
+    return acted
+
+
+def flags_accepted(ctx) -> list[str]:
+    """The serve flags against what the built binary accepts (its --help): an unknown flag is refused
+    before a start, not found in a crash log after it. Returns the flags checked."""
+    p = ctx.profile
+    exe = ctx.host.path(engine_cmd.binary(p))
+    if not exe.is_file():
+        raise P2pkitError(f"{engine_cmd.binary(p)} does not exist, so the service was not started",
+                          hint="run the engine stage first: `p2pkit up --from engine`")
+    r = ctx.host.runner.run([str(exe), "--help"], check=False, timeout=60)
+    known = pe.help_flags(r.stdout + r.stderr)
+    removed = pe.help_removed(r.stdout + r.stderr)  # listed by --help only to say what replaced them
+    used = [k for k, v in engine_cmd.flags_of(p).items() if v is not False and v is not None]
+    unknown = sorted(set(used) - known)
+    if not known or unknown:
+        said = "".join(f"; --{k}: {removed[k]}" for k in unknown if k in removed)
+        raise P2pkitError(
+            f"serve flag(s) {', '.join('--' + k for k in unknown) or '(none listed)'} are not accepted by the built "
+            f"{engine_cmd.binary(p)} (its --help lists {len(known)} options){said}: refused before a start",
+            hint="remove or rename them in serve.flags (`p2pkit --unset serve.flags.NAME ...`), or build the engine "
+                 "commit that has them", code=Exit.USAGE)
+    return sorted(used)
+
+
+def service_vars(ctx) -> dict:
+    """The service role's variables: every value from the profile already written by the writer of
+    the file it lands in (p2pkit.core.writers), secrets only in the text of the 0600 file."""
+    p = ctx.profile
+    deny, allow = ip_filter(p)
+    # the whole environment (P16 NCCL, P17 GGML_CUDA_P2P, P30 NCCL_P2P_LEVEL, [serve.env] last):
+    # p2pkit/rules/engine_env.py
+    env = engine_env.engine_env(p, engine_env.pair_level(ctx.host, p))
+    plain, secret = secrets.split_env(env, p.secret_names())
+    return {
+        "p2pkit_service_recipe": p.engine.recipe,
+        "p2pkit_service_profile": writers.unit_value("the profile's name", p.source),
+        "p2pkit_service_exec_start": exec_start(p),
+        "p2pkit_service_exec_start_pre": exec_start_pre(p),
+        "p2pkit_service_user": SERVICE_USER,
+        "p2pkit_service_env_file": ENV_FILE,
+        "p2pkit_service_secrets_file": SECRETS_FILE,
+        "p2pkit_service_work_dir": writers.unit_path("the state directory", f"{ctx.host.host_path(ctx.store.dir)}"
+                                                                            "/engine"),
+        "p2pkit_service_env_lines": [writers.env_line(k, v, f"serve.env.{k}" if k in p.serve.env else k)
+                                     for k, v in plain.items()],
+        "p2pkit_service_secret_env": writers.env_file(secret, "Written by p2pkit: the engine's secrets (root only)",
+                                                      "serve.env"),
+        "p2pkit_service_ip_deny": writers.unit_value("the IP filter", deny),
+        "p2pkit_service_ip_allow": writers.unit_value("the IP filter", allow),
+    }
+
+
+ENV_FILE, SECRETS_FILE = "/etc/p2pkit/engine.env", "/etc/p2pkit/engine.secrets.env"
+
+
+def poll(probe, timeout: float, *, alive=None, interval: float = 0.25, note=None, every: float = 5.0,
+         stalled=None) -> dict:
+    """Call probe() until it returns a result (a dict), alive() says the thing waited on is gone,
+    stalled() says why it makes no progress, or the timeout passes; note(elapsed) every `every`
+    seconds meanwhile. The result carries ok and seconds (and exited, and stalled, when it did not
+    succeed)."""
+    t0 = time.monotonic()
+    last_note = t0
+    while True:
+        elapsed = time.monotonic() - t0
+        found = probe()
+        if found is not None:
+            return {"ok": True, "seconds": round(elapsed, 2), **found}
+        if alive is not None and not alive():
+            return {"ok": False, "seconds": round(elapsed, 2), "exited": True}
+        why = stalled() if stalled is not None else None
+        if why:
+            return {"ok": False, "seconds": round(elapsed, 2), "exited": False, "stalled": why}
+        if elapsed > timeout:
+            return {"ok": False, "seconds": round(elapsed, 2), "exited": False}
+        if note is not None and time.monotonic() - last_note >= every:
+            note(elapsed)
+            last_note = time.monotonic()
+        time.sleep(interval)
+
+
+def wait_head(ctx, addr: str, port: int, timeout: float) -> dict:
+    """Poll the head's rendezvous port until it accepts a connection (the head is up), or time out."""
+    last = {"error": ""}
+
+    def probe():
+        try:
+            with socket.create_connection((addr, port), timeout=2):
+                return {"up_at": time.time()}
+        except OSError as e:
+            last["error"] = str(e)
+            return None
+
+    res = poll(probe, timeout, interval=0.5, every=10, note=lambda _: ctx.out.step(
+        "service", f"waiting for the head at {addr}:{port} ({last['error']}) before starting this worker"))
+    return {**res, "address": f"{addr}:{port}", **({} if res["ok"] else last)}
+
+
+def _systemctl(host: Host, *args: str):
+    return host.runner.run(["systemctl", *args], check=False)
+
+
+def _unit_copy(host: Host) -> Path:
+    """The installed unit; under a host root other than / a copy whose ExecStart points where this
+    machine finds the engine (launcher.on_this_machine), so that systemd-analyze (which resolves
+    ExecStart on this machine) checks what would run."""
+    unit = host.path(f"/etc/systemd/system/{UNIT}")
+    text = unit.read_text()
+    m = re.search(r"^ExecStart=(.*)$", text, re.M)
+    parts = shlex.split(m.group(1)) if m else []
+    if not parts or launcher.on_this_machine(host, parts[0]) == parts[0]:
+        return unit
+    parts[0] = launcher.on_this_machine(host, parts[0])
+    text = re.sub(r"^ExecStart=.*$", "ExecStart=" + shlex.join(parts), text, flags=re.M)
+    d = Path(tempfile.mkdtemp(prefix="p2pkit-unit-"))
+    (d / UNIT).write_text(text)
+    return d / UNIT
+
+
+def analyze(host: Host) -> dict:
+    unit = _unit_copy(host)
+    v = host.runner.run(["systemd-analyze", "verify", str(unit)], check=False)
+    issues = [ln for ln in (v.stderr + v.stdout).splitlines() if UNIT in ln or "p2pkit" in ln]
+    s = host.runner.run(["systemd-analyze", "security", "--offline=true", str(unit)], check=False)
+    m = re.search(r"Overall exposure level for \S+:\s*([\d.]+)\s*(\S+)", s.stdout + s.stderr)
+    return {"verify_rc": v.returncode, "verify_issues": issues,
+            "exposure": float(m.group(1)) if m else None, "exposure_label": m.group(2) if m else None}
+
+
+def unit_alive(host: Host) -> bool:
+    if service_launcher.launched(host):
+        return service_launcher.alive(host)
+    return _systemctl(host, "is-active", UNIT).stdout.strip() in ("active", "activating")
+
+
+class Progress:
+    """Whether a loading engine moves: the CPU time its process and its descendants used grew
+    (/proc/PID/stat utime+stime, through the host root), or /health answered something new. A
+    stopped process (state T) makes no progress at once; no progress for `limit` seconds is a stall."""
+
+    def __init__(self, host: Host, limit: float, pid_of=None, every: float = 1.0):
+        self.host, self.limit, self.every = host, limit, every
+        self.pid_of = pid_of or (lambda: main_pid(host))
+        self.pid: int | None = None
+        self.ticks: int | None = None
+        self.answer: object = None
+        self.since = time.monotonic()
+        self.checked = self.since - every  # the first call reads the process at once: its baseline
+        self.moved = "nothing yet"
+        self.seen_pid = False
+
+    def saw(self, code: int | None, body: bytes) -> None:
+        """/health's answer now (its code and body): a change is progress."""
+        if (code, body) != self.answer:
+            self.answer, self.since, self.moved = (code, body), time.monotonic(), "/health answered anew"
+
+    def stalled(self) -> str | None:
+        now = time.monotonic()
+        if now - self.checked < self.every:
+            return None
+        self.checked = now
+        cpu = system.process_cpu(self.host, self.pid) if self.pid else None
+        if cpu is None:  # not found yet, or restarted: ask for the main PID again
+            self.pid = self.pid_of()
+            cpu = system.process_cpu(self.host, self.pid) if self.pid else None
+            self.ticks = None
+        if cpu is None:
+            return None  # no process to judge: alive() tells a gone engine
+        if cpu["state"] in ("T", "t"):
+            return (f"no progress: pid {self.pid} is stopped (state {cpu['state']} in /proc/{self.pid}/stat); "
+                    "something sent it SIGSTOP")
+        if self.ticks is not None and cpu["cpu_ticks"] > self.ticks:
+            self.since, self.moved = now, "used CPU time"
+        elif self.ticks is None and self.seen_pid:  # a new main PID (restarted): a fresh start
+            self.since, self.moved = now, "started again"
+        self.seen_pid = True
+        self.ticks = cpu["cpu_ticks"]
+        if now - self.since > self.limit:
+            return (f"no progress for {now - self.since:.0f} s (serve.stall_timeout_s = {self.limit:g}): pid "
+                    f"{self.pid} used no CPU time and /health answered the same "
+                    f"({(self.answer or (None,))[0] or 'no answer'})")
+        return None
+
+    def said(self) -> str:
+        quiet = time.monotonic() - self.since
+        return f"loading: {self.moved} {quiet:.0f} s ago" if quiet >= 2 else f"loading: {self.moved}"
+
+
+def wait_health(ctx, url: str, timeout: float, alive=None, stall: float | None = None) -> dict:
+    """Poll /health until 200, the server dies, it makes no progress for serve.stall_timeout_s
+    (`stall`), or the timeout; every 5 s it says whether loading moves."""
+    import urllib.error  # here: a read-only command (status) does not pay for urllib
+    import urllib.request
+
+    codes: list[int] = []
+    now: dict = {"code": None}
+    progress = Progress(ctx.host, ctx.profile.serve.stall_timeout_s if stall is None else stall)
+
+    def probe():
+        code, body = None, ""
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                code, body = r.status, r.read(4096)
+        except urllib.error.HTTPError as e:
+            code, body = e.code, e.read(4096) if e.fp is not None else b""
+        except (OSError, ValueError):
+            code = None
+        now["code"] = code
+        progress.saw(code, body)
+        if code is not None and (not codes or codes[-1] != code):
+            codes.append(code)
+        return {} if code == 200 else None
+
+    res = poll(probe, timeout, alive=alive or (lambda: unit_alive(ctx.host)), stalled=progress.stalled,
+               note=lambda elapsed: ctx.out.step("service", f"waiting for {url}: {now['code'] or 'no answer'} after "
+                                                            f"{elapsed:.0f} s ({progress.said()})"))
+    return {**res, "codes": codes}
+
+
+def vram_after(host: Host) -> dict:
+    nv = nvml.facts(host)
+    if "error" in nv:
+        return {"error": nv["error"]}
+    return {"gpus": [{"index": g["index"], "free": g.get("memory_free") if isinstance(g.get("memory_free"), int)
+                      else None} for g in nv.get("gpus", [])]}
+
+
+def fit_before_start(ctx) -> None:
+    """P18 before the service starts: refuse a model that does not fit, naming the numbers."""
+    from p2pkit.facts import collect as facts
+
+    bad = [c for c in fit.check(facts.collect(ctx.host, ["vram_fit"], ctx.profile)["vram_fit"], ctx.profile)
+           if c.status == "fail" and not str(c.measured).startswith("could not determine")]
+    if bad:
+        raise P2pkitError(f"{bad[0].title}: {bad[0].measured}; the service was not started", hint=bad[0].hint,
+                          pitfall="P18")
+
+
+def main_pid(host: Host) -> int | None:
+    if service_launcher.launched(host):
+        return service_launcher.main_pid(host)
+    return system.service_main_pid(host, UNIT)
+
+
+def pid_caps(host: Host, pid: int) -> dict:
+    return system.pid_caps(host, pid)
+
+
+def listening(p, pid: int | None) -> dict:
+    out: dict = {"connect": False, "addresses": []}
+    try:
+        with socket.create_connection((engine_cmd.client_host(p), p.serve.port), timeout=2):
+            out["connect"] = True
+    except OSError as e:
+        out["connect_error"] = str(e)
+    if pid:
+        try:
+            import psutil
+
+            procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+            out["addresses"] = sorted({f"{c.laddr.ip}:{c.laddr.port}" for pr in procs
+                                       for c in pr.net_connections(kind="tcp") if c.status == "LISTEN"})
+        except Exception as e:  # psutil.Error, or no such process
+            out["addresses_error"] = str(e)
+    return out
+
+
+def log_mark(ctx) -> dict | None:
+    """Where the engine's log ends now, taken before a start, so that the proof reads that start's
+    lines however long the log grows after it (a bench of 40 requests): the journal's cursor
+    (`journalctl -n 0 --show-cursor`), or the byte size of the launcher's log where systemd is not
+    PID 1. None when neither can be read (the proof then reads the log's last lines)."""
+    if service_launcher.manager(ctx) == "launcher":
+        path = ctx.store.dir / service_launcher.LOG
+        return {"file": str(path), "offset": path.stat().st_size if path.is_file() else 0}
+    r = ctx.host.runner.run(["journalctl", "-n", "0", "--show-cursor", "--no-pager"], check=False)
+    m = re.search(r"^-- cursor: (\S+)", r.stdout, re.M)
+    return {"cursor": m.group(1)} if m else None
+
+
+def start_lines(host: Host, mark: dict | None) -> list[str]:
+    """The engine's log lines of the start it judges, however long the log has grown since: from `mark`
+    on (taken before that start); without a mark, the current start's (the launcher's log from its last
+    start line; the unit's current invocation in the journal)."""
+    if mark and "file" in mark:
+        try:
+            with open(mark["file"], "rb") as fh:
+                fh.seek(int(mark["offset"]))
+                return fh.read().decode(errors="replace").splitlines()
+        except OSError:
+            return []
+    if mark and "cursor" in mark:
+        r = host.runner.run(["journalctl", "-u", UNIT, f"--after-cursor={mark['cursor']}", "--no-pager"],
+                            check=False)
+        return [ln for ln in r.stdout.splitlines() if ln != "-- No entries --"]
+    if service_launcher.launched(host):
+        rec = service_launcher.record(host) or {}
+        try:
+            lines = Path(rec["log"]).read_text(errors="replace").splitlines()
+        except (OSError, KeyError, TypeError):
+            return []
+        starts = [i for i, ln in enumerate(lines) if ln.startswith(launcher.START_LINE)]
+        return lines[starts[-1]:] if starts else lines
+    inv = _systemctl(host, "show", "-p", "InvocationID", "--value", UNIT).stdout.strip()
+    args = [f"_SYSTEMD_INVOCATION_ID={inv}"] if inv else ["-u", UNIT, "-b"]
+    r = host.runner.run(["journalctl", *args, "--no-pager"], check=False)
+    return [ln for ln in r.stdout.splitlines() if ln != "-- No entries --"]
+
+
+def judged_mark(ctx) -> dict | None:
+    """The log mark of the start this proof judges: this run's act, or the service artifact's (verify)."""
+    acted = ctx.options.get("acted")
+    if acted is None:
+        try:
+            acted = (ctx.store.read("service") or {}).get("acted") or {}
+        except CorruptArtifact:  # no mark: the log's tail
+            acted = {}
+    return acted.get("log_from")
+
+
+def logs(host: Host, n: int = 30) -> list[str]:
+    if service_launcher.launched(host):
+        return service_launcher.logs(host, n)
+    r = host.runner.run(["journalctl", "-u", UNIT, "-n", str(n), "--no-pager"], check=False)
+    return r.stdout.splitlines()
+
+
+def wait_joined(ctx, timeout: float) -> dict:
+    """A headless worker serves no /health: it has joined when NCCL's channel lines show its
+    communicator formed with the head (or it died, or the timeout passed)."""
+    mark = judged_mark(ctx)
+
+    def probe():
+        line = joined_line(start_lines(ctx.host, mark))
+        return {"line": line} if line else None
+
+    return poll(probe, timeout, alive=lambda: unit_alive(ctx.host))
+
+
+def joined_line(lines: list[str]) -> str | None:
+    """The first NCCL connection line, in any release's form (a worker whose NCCL falls back to SHM
+    or predates 2.12 has joined all the same)."""
+    return next((ln for ln in lines if nccl.transport(ln)), None)
+
+
+def nccl_transports(lines: list[str]) -> list[str]:
+    """The transports NCCL picked ("NET/IB", "NET/Socket", "P2P/direct pointer", "SHM"...), from NCCL_DEBUG=INFO."""
+    return nccl.transports(lines)
+
+
+def first_completion(ctx) -> dict:
+    """One real request with the engine's own counters around it (P19): llama-server's response and
+    /metrics, vLLM's /metrics, NInfer's request log."""
+    p, base = ctx.profile, engine_cmd.base_url(ctx.profile)
+    if p.engine.recipe == "vllm":
+        return engine_api.vllm_first_completion(base, engine_cmd.served_model(p))
+    if p.engine.recipe == "ninfer":
+        return engine_api.ninfer_first_completion(base, engine_cmd.served_model(p),
+                                                  engine_cmd.request_log(p, ctx.host, ctx.store.dir))
+    return engine_api.first_completion(base)
+
+
+def measure(ctx) -> dict:
+    p = ctx.profile
+    host = ctx.host
+    launched = service_launcher.launched(host)
+    if not launched and not host.path(f"/etc/systemd/system/{UNIT}").is_file():
+        return {"service": {"error": f"{UNIT} is not installed: run `p2pkit up` (the service stage)"}}
+    role = engine_cmd.node(p)["role"]
+    if role == "worker":
+        with ctx.out.working("[service] waiting for this worker to join the head (NCCL)"):
+            health = wait_joined(ctx, p.serve.health_timeout_s)
+    else:
+        url = engine_cmd.health_url(p)
+        with ctx.out.working(f"[service] waiting for {url}"):
+            health = wait_health(ctx, url, p.serve.health_timeout_s)
+    pid = main_pid(host)
+    res = {"unit": UNIT, "role": role, "analyze": None if launched else analyze(host), "health": health,
+           "main_pid": pid, **(service_launcher.measured(host) if launched else {}),
+           "pid_cgroup": pid_caps(host, pid) if pid else {"error": "the service has no main PID (not running)"},
+           "listen": listening(p, pid) if role != "worker" else None}
+    if health.get("ok") and role != "worker":
+        with ctx.out.working("[service] one real completion (the first decode, P19)"):
+            res["first_completion"] = first_completion(ctx)
+        res["first_completion"]["alive_after"] = unit_alive(host)
+    mark = judged_mark(ctx)
+    lines = start_lines(host, mark)  # this start's lines, however many requests came after it
+    res["log_from"] = mark
+    res["log_tail"] = lines[-30:]
+    if p.network.require_roce or role != "single":
+        res["nccl_transports"] = nccl_transports(lines)  # P23 across nodes
+    if p.gpus.count >= 2 or role != "single":
+        res["nccl"] = nccl.init_summary(lines)  # NCCL's own init lines of this start (P30 on this one)
+    if health.get("ok"):
+        res["vram_after"] = vram_after(host)  # P18: the headroom the running engine left
+    table = p.serve.env.get("VLLM_PLE_MMAP_DIR")
+    if table and pid:  # P26: the n-gram table mapped with MADV_RANDOM in the running engine
+        res["table_maps"] = system.mapped_under(host, pid, str(table))
+    text = "\n".join(lines)
+    res["likely_cause"] = next((c for needle, c in CAUSES if needle in text), None)
+    res["user_access"] = user_access(ctx)
+    return {"service": res}
+
+
+SERVICE_USER = "p2pkit-engine"
+
+
+def user_access(ctx) -> dict:
+    """What the unit's User= must reach: its working directory (enter), the engine (run), the model (read)."""
+    p = ctx.profile
+    wants = {f"{ctx.host.host_path(ctx.store.dir)}/engine": "x", engine_cmd.binary(p): "x"}
+    if p.model.format != "hf" and p.model.output:
+        wants[p.model.output] = "r"
+    for path in config.flag_paths(p).values():  # a draft model, a projector: read by the engine too
+        wants[path] = "r"
+    return access.engine_reach(ctx.host, SERVICE_USER, wants)

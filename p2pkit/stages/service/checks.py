@@ -1,0 +1,545 @@
+"""service: the engine's flags (before start) and the proofs that it runs right (after)."""
+
+from __future__ import annotations
+
+from p2pkit.core.config import Profile
+from p2pkit.parse import field as pf
+from p2pkit.parse import nccl
+from p2pkit.rules import engine_cmd
+from p2pkit.rules import engine_env as ee
+from p2pkit.rules.findings import (
+    FAIL,
+    PASS,
+    SKIP,
+    WARN,
+    Check,
+    could_not,
+    failed,
+    figure,
+    judge,
+    not_measured,
+    pair,
+    reading,
+    reads,
+    show,
+    unknown,
+    unreadable,
+)
+from p2pkit.stages.service import fit
+
+GIB = 1 << 30
+
+
+def precheck(p: Profile) -> list[Check]:
+    return engine_cmd.validate(p)
+
+
+def alive(live: dict | None) -> list[Check]:
+    """The engine now, asked once within a second or two: its process not stopped (state T) and
+    /health answering. status and doctor judge it; a frozen engine is never "done"."""
+    id_, title = "service.engine_alive", "the engine's process runs and /health answers"
+    if live is None or live.get("installed") is False:
+        return []
+    if failed(live):
+        return [unknown(id_, title, live, "running, /health answering")]
+    want, pid, health = "running (not stopped), /health answering", live.get("pid"), live.get("health")
+    if not pid:
+        return [Check(id_, title, FAIL, "not running: the unit has no main PID", want,
+                      "start it: `p2pkit serve restart`; read why it stopped: `p2pkit serve logs`")]
+    if live.get("state") in ("T", "t"):
+        return [Check(id_, title, FAIL, f"frozen: pid {pid} is stopped (state {live['state']} in /proc/{pid}/stat)",
+                      want, f"something sent it SIGSTOP (a debugger, a job-control stop): `kill -CONT {pid}`, or "
+                      "`p2pkit serve restart`")]
+    if health is None:  # a headless worker: the process is all there is to ask
+        return [Check(id_, title, PASS, f"pid {pid} running (state {live.get('state')})", want)]
+    if health["code"] is None:
+        return [Check(id_, title, FAIL, f"frozen: pid {pid} (state {live.get('state')}) did not answer /health: "
+                      f"{health['text']}", want, "read `p2pkit serve logs`; a hung engine needs "
+                      "`p2pkit serve restart`")]
+    if health["code"] != 200:
+        return [Check(id_, title, WARN, f"pid {pid} answers /health {health['code']} (loading?)", want,
+                      "wait for the model to load: `p2pkit verify service` shows its progress")]
+    return [Check(id_, title, PASS, f"pid {pid} running, /health 200", want)]
+
+
+# engine_live: given by doctor and status only (a stage's proof waits on /health instead)
+@reads("cgroup", "head_rendezvous", "vram_fit", given=("service", "engine_live"))
+def check(f: dict, p: Profile) -> list[Check]:
+    out = [*precheck(p), *head_up(f.get("head_rendezvous")), *fit.check(f.get("vram_fit"), p),
+           *alive(f.get("engine_live"))]
+    missing = not_measured(f, "service", "service.running", "engine service proven",
+                           "doctor does not wait on the service", "a run of `p2pkit verify service`")
+    if missing:
+        return [*out, missing]
+    s = f["service"]
+    a = s["analyze"]
+    if a is None:  # no systemd as PID 1: p2pkit's launcher started the engine
+        out += launcher_findings(s)
+    else:
+        out += _unit(a, p)
+    h = s["health"]
+    cause = s.get("likely_cause")
+    tail = " | ".join(s.get("log_tail", [])[-5:])
+    if s.get("role") == "worker":  # headless: no API; joined when NCCL formed its communicator with the head
+        why = gone(s.get("log_tail", [])) if h.get("exited") else f"no NCCL channel within {h['seconds']} s"
+        out.append(reading("service.joined", "this worker joined the head", PASS if h["ok"] else FAIL,
+                           h["seconds"] if h["ok"] else None, "s", "an NCCL channel to the head",
+                           "read `p2pkit serve logs`; the head must be up first (P27) and reachable over the fabric "
+                           "(master-addr)", "P27", text=f"after {{}}: {h['line']}",
+                           missing=f"{why}; last log lines: {tail}"))
+    elif h["ok"]:
+        out.append(reading("service.health", "/health answers 200", PASS, h["seconds"], "s", 200,
+                           text=f"200 after {{}} (codes seen: {h['codes']})"))
+    else:
+        why = gone(s.get("log_tail", [])) if h.get("exited") else h.get("stalled") or f"no 200 within {h['seconds']} s"
+        if h.get("stalled") and "state T" in h["stalled"]:
+            hint, pit = "something stopped the engine (SIGSTOP): `kill -CONT` its pid, or `p2pkit serve restart`", ""
+        elif h.get("stalled") and not cause:
+            hint, pit = ("the engine hangs while loading: read `p2pkit serve logs` for its last step, then "
+                         "`p2pkit serve restart`; a slow load that moves gets longer with serve.stall_timeout_s", "")
+        elif s.get("role") == "head" and not h.get("exited") and not cause:
+            hint, pit = ("the head answers /health only once every worker node has joined: bring the workers up "
+                         "(`p2pkit up` on each, or one inventory run for all nodes)", "P27")
+        else:
+            hint = f"likely cause: {cause}" if cause else "read `p2pkit serve logs`"
+            pit = "P18" if cause and "(P18)" in cause else "P11" if cause and "fit" in cause else ""
+        out.append(Check("service.health", "/health answers 200", FAIL, f"{why}; last log lines: {tail}", 200,
+                         hint, pit))
+    pc = s.get("pid_cgroup", {})
+    if failed(pc):
+        out.append(unknown("service.memory_cap", "service's cgroup has no memory cap", pc, "no cap", pitfall="P12"))
+    else:
+        caps = pc["memory_caps"]
+        fix = LAUNCHER_CAP_FIX if s.get("manager") == "launcher" else (
+            "a memory cap will OOM-kill the engine under load: the unit must run in p2pkit.slice "
+            "(MemoryMax=infinity), not in a user session")
+        caps = sorted(caps, key=lambda c: c["limit_bytes"])  # the tightest first: it is the one that binds
+        shown = [f"{c['file']} = {c['limit_bytes']} bytes ({show(c['limit_bytes'] / GIB, 'GiB')})" for c in caps]
+        text = ", ".join([f"{c['file']} = {c['limit_bytes']} bytes ({{}})" for c in caps[:1]] + shown[1:])
+        out.append(reading("service.memory_cap", "service's cgroup has no memory cap", FAIL if caps else PASS,
+                           caps[0]["limit_bytes"] / GIB if caps else None, "GiB", "no cap", fix, "P12", text=text,
+                           missing=f"none up from {pc['v2_path'] or pc['v1_memory_path']}"))
+        own = f.get("cgroup", {})
+        if not failed(own) and own.get("memory_caps") and not caps:
+            out.append(Check("service.not_inherited", "p2pkit's own memory cap is not the service's", WARN,
+                             f"p2pkit runs capped ({own['memory_caps'][0]['file']}); the service does not",
+                             "service uncapped", "fine: the engine runs in p2pkit's own cgroup (its launcher's)"
+                             if s.get("manager") == "launcher" else "fine: the service runs in p2pkit.slice and "
+                             "does not inherit the cap of the terminal p2pkit was started from", "P12"))
+    if "nccl_transports" in s:
+        out.append(_nccl(s["nccl_transports"], p))
+    if "nccl" in s:
+        out.append(nccl_local(s["nccl"]))
+    out += _user_access(s.get("user_access"))
+    out += fit.headroom(s.get("vram_after"), p)
+    if "table_maps" in s:
+        out.append(madv_random(s["table_maps"]))
+    if s.get("listen") is None:
+        return out + _spec(s, p)
+    ln = s["listen"]
+    want = f"{p.serve.host}:{p.serve.port}"
+    addrs = ln.get("addresses", [])
+    ok = ln["connect"] and (not addrs or want in addrs or (p.serve.host == "::" and f":::{p.serve.port}" in addrs))
+    out.append(judge("service.listen_where", "listening where the profile says", ok,
+                     ", ".join(addrs) or ("connected" if ln["connect"] else ln.get("connect_error", "no answer")),
+                     want, "the engine listens elsewhere: check serve.host and serve.port"))
+    return out + _spec(s, p)
+
+
+LAUNCHER_CAP_FIX = (
+    "a memory cap will OOM-kill the engine under load, and p2pkit's launcher could not start it in a cgroup "
+    "without one: run p2pkit from a root shell outside the capped cgroup (one that may write the root of the "
+    "cgroup hierarchy), or give the engine a systemd unit on a host where systemd is PID 1")
+NO_RESTART = "no systemd: nothing restarts the engine after a reboot"
+
+
+def _unit(a: dict, p: Profile) -> list[Check]:
+    """The installed unit: systemd-analyze verify and security."""
+    out = [judge("service.unit_verify", "systemd-analyze verify is clean", a["verify_rc"] == 0 and
+                 not a["verify_issues"], "; ".join(a["verify_issues"]) or f"exit {a['verify_rc']}", "clean",
+                 "fix the unit (playbooks/roles/p2pkit_service/templates/p2pkit-engine.service.j2) or the "
+                 "profile values it was rendered from")]
+    exp = a["exposure"]
+    out.append(figure("service.exposure", "systemd-analyze security exposure", exp, "<=",
+                      p.serve.security_max_exposure, "exposure", "the unit's hardening was weakened: restore it, or "
+                      "raise serve.security_max_exposure knowingly", context=a["exposure_label"] or "",
+                      missing="not read"))
+    return out
+
+
+def launcher_findings(s: dict) -> list[Check]:
+    """No systemd as PID 1: the engine is p2pkit's launcher's, and nothing starts it after a reboot."""
+    la = s.get("launcher", {})
+    cg = la.get("cgroup", {})
+    where = cg.get("dir") or cg.get("error", "no cgroup")
+    out = [Check("service.manager", "something restarts the engine after a reboot", WARN,
+                 f"{NO_RESTART} (started by p2pkit's launcher, pid {la.get('pid')}, cgroup {where})",
+                 "a systemd unit", "after a reboot run `p2pkit up` (or `p2pkit serve restart`) again; on a host "
+                 "where systemd is PID 1 p2pkit installs a unit instead")]
+    if la.get("move_error"):
+        out.append(Check("service.launcher_cgroup", "the engine runs in the launcher's own cgroup", FAIL,
+                         la["move_error"], "moved before it started", LAUNCHER_CAP_FIX, "P12"))
+    return out
+
+
+# What an engine prints once it serves: llama.cpp's "main: server is listening on http://...", vLLM's
+# (uvicorn's) "Application startup complete.", NInfer's "listening on HOST:PORT".
+SERVING_LINES = ("server is listening on", "Application startup complete", "listening on ")
+
+
+def gone(tail: list[str]) -> str:
+    """Why the engine is not there, from its last log lines: it never came up (exited at start), or
+    it had served and was stopped since (by hand, `systemctl stop`, a crash after start)."""
+    if any(n in ln for ln in tail for n in SERVING_LINES):
+        last = tail[-1].strip() if tail else ""
+        return f"the engine is not running (stopped after it had started: last log line {last!r})"
+    return "the engine exited at start"
+
+
+def madv_random(t: dict) -> Check:
+    """P26 on the running engine: every mapping of the n-gram table carries MADV_RANDOM (`rr` in its
+    VmFlags); an environment variable alone proves nothing (the tree may ignore it, or map it plainly)."""
+    title = "the n-gram table is mapped with MADV_RANDOM"
+    maps = t.get("mappings", [])
+    plain = sorted({m["path"] for m in maps if "rr" not in m["flags"]})
+    if not maps:
+        why = "; ".join(t.get("unread", [])) or f"no process of the engine maps a file under {t['directory']}"
+        return Check("service.madv_random", title, FAIL, why, "rr in VmFlags", "the engine does not mmap the table: "
+                     "set serve.env.VLLM_PLE_MMAP = \"1\" and VLLM_PLE_MMAP_DIR to the local copy, on a vLLM tree "
+                     "that has the mmap path (seed 004)", "P26")
+    return figure("service.madv_random", title, len(plain), "==", 0, "count",
+                  "the table is mapped without MADV_RANDOM: reads amplify about 30x on hash-scattered lookups; use "
+                  "the seed's vLLM tree, whose mmap path advises MADV_RANDOM", "P26",
+                  text=f"{{}} of {len(maps)} mapping(s) without rr (pid {t['pid']})", context=", ".join(plain),
+                  expected_context="(rr in VmFlags)")
+
+
+def head_up(h: dict | None) -> list[Check]:
+    """P27 on a worker node: its head must be up (its rendezvous port answering) before it starts;
+    the service stage refuses to start it otherwise. doctor reads the same, without waiting."""
+    if not h or h.get("role") != "worker":
+        return []
+    if failed(h):
+        return [unknown("service.head_up", "the head node is up before this worker", h, "answering", pitfall="P27")]
+    return [judge("service.head_up", "the head node is up before this worker", h["up"],
+                  f"{h['address']} answers" if h["up"] else f"{h['address']}: {h.get('why')}", "answering",
+                  "start the head node first (its `p2pkit up`), then this worker, about 30 s later: a worker started "
+                  "before its head fails; an inventory run waits for the head by itself", pitfall="P27")]
+
+
+def _nccl(seen: list[str], p: Profile) -> Check:
+    """NCCL across hosts must say NET/IB (RoCE); NET/Socket is the silent TCP fallback (P23)."""
+    want = "NET/IB" if p.network.require_roce else "a network transport"
+    if not seen:
+        return Check("service.nccl_transport", "NCCL runs over RoCE", FAIL, "no NCCL channel line in the log", want,
+                     "the engine's environment must have NCCL_DEBUG=INFO (p2pkit's env file sets it); without the "
+                     "line nobody can tell IB from sockets", "P23")
+    socket_ = [t for t in seen if nccl.is_socket(t)]
+    ib = [t for t in seen if nccl.is_rdma(t)]  # NET/IB, or an external IB plugin's NET/IBext_v8
+    ok = not socket_ and (not p.network.require_roce or bool(ib))
+    return judge("service.nccl_transport", "NCCL runs over RoCE", ok, ", ".join(seen), want,
+                 "NCCL fell back to TCP sockets (about 40% of the prefill speed): run natively, not in a default "
+                 "container; NCCL_IB_HCA must name this boot's ACTIVE port (`p2pkit net hca`)", pitfall="P23")
+
+
+def nccl_local(n: dict) -> Check:
+    """P30 from the engine's own NCCL: every connection between GPUs of this node, in the start being
+    judged, goes via P2P (not SHM); those across nodes are P23's."""
+    id_, title = "service.nccl_p2p", "the engine's NCCL takes P2P between this node's GPUs"
+    want = "every local pair via P2P"
+    if not n.get("connections"):
+        return Check(id_, title, SKIP, "no NCCL connection line in this start's log (the engine formed no "
+                     "communicator, or runs without NCCL_DEBUG=INFO)", want, "", "P30")
+    about = f"NCCL {n.get('version') or '(version not printed)'}" + "".join(
+        f"; {k}={v} (set by environment)" for k, v in n.get("env", {}).items() if k.startswith("NCCL_P2P"))
+    bad = n.get("local_not_p2p", [])
+    if not n.get("local"):
+        return Check(id_, title, SKIP, f"{about}; every connection crosses nodes ({', '.join(n.get('across', []))})",
+                     want, "", "P30")
+    # the figure: the local connections not via P2P (the number first: the rest is read from the engine's log)
+    return figure(id_, title, len(bad), "==", 0, "count",
+                  "NCCL took shared memory between GPUs that talk P2P (P30: its default P2P level stops short of "
+                  "the pair's relation on this CPU, or NCCL_P2P_DISABLE/LEVEL in the engine's environment): see "
+                  "`p2pkit doctor` field.nccl_p2p_level, then `p2pkit up --from service --force`", "P30",
+                  text="{} local connection(s) not via P2P" + (f", first {bad[0]}" if bad else "")
+                  + f"; {about}; between local GPUs: {', '.join(n['local'])}", expected_context=f"({want})")
+
+
+def _spec(s: dict, p: Profile) -> list[Check]:
+    """P19 from each engine's own counters around the one real request: llama-server's response and
+    /metrics, vLLM's spec-decode counters, NInfer's request log."""
+    by_recipe = {"llamacpp": check_llamacpp_requests, "vllm": check_vllm_requests, "ninfer": check_ninfer_requests}
+    return by_recipe[p.engine.recipe](s, p) if p.engine.recipe in by_recipe else []
+
+
+SPEC_TITLE = "speculative decoding is really running"
+
+
+def first_completion(fc: dict, s: dict, generated: int, shown: str, hint: str) -> tuple[bool, Check]:
+    """The one real request after /health 200 (P19): answered with generated tokens, the server still
+    running; `shown` says what it generated (the count at its first {}), a failure says the answer and
+    the log's last lines."""
+    ok = fc.get("status") == 200 and generated > 0 and fc.get("alive_after", True)
+    tail = " | ".join(s.get("log_tail", [])[-5:])
+    failed_text = (f"HTTP {fc.get('status')}: {str(fc.get('error', ''))[:160]}; alive after: "
+                   f"{fc.get('alive_after')}; last log lines: {tail}")
+    # the figure: the tokens generated (a failure's text is the server's answer, with no number of its own)
+    return ok, reading("service.first_completion", "one real completion after /health 200", PASS if ok else FAIL,
+                       generated if ok else None, "count", "HTTP 200 with generated tokens, the server still running",
+                       hint, "P19", text=shown, missing=failed_text)
+
+
+def _openai_first(fc: dict, s: dict, engine: str) -> Check:
+    """vLLM and NInfer: the one real request answered with generated tokens, the server still running."""
+    u = fc.get("usage") or {}
+    return first_completion(fc, s, u.get("completion_tokens") or 0,
+                            f"{{}} tokens (usage), {fc.get('client_seconds')} s at the client",
+                            f"{engine} said healthy but failed its first decode: read `p2pkit serve logs`")[1]
+
+
+def check_vllm_requests(s: dict, p: Profile) -> list[Check]:
+    """vLLM: one real completion once /health is 200, and with a speculative-config its spec-decode
+    counters (vllm:spec_decode_num_drafts, _num_draft_tokens, _num_accepted_tokens, and the accepted
+    tokens per position) must have grown over it (P19)."""
+    fc = s.get("first_completion")
+    if fc is None:
+        return []
+    out = [_openai_first(fc, s, "vLLM")]
+    if "speculative-config" in p.serve.flags:
+        out.append(vllm_spec_running(fc, str(p.serve.flags["speculative-config"])))
+    return out
+
+
+def vllm_spec_running(fc: dict, config: str) -> Check:
+    """P19 on vLLM from its own counters' deltas over one request: drafts made (zero drafts with a
+    speculative config set is speculative decoding not running), and the acceptance per draft
+    position (accepted at that position / drafts)."""
+    want = "vllm:spec_decode_num_drafts and _num_draft_tokens growing"
+    if fc.get("metrics_status") != 200:
+        return Check("service.spec_running", SPEC_TITLE, FAIL, f"/metrics answered {fc.get('metrics_status')}",
+                     want, "vLLM's API server serves /metrics unless something in front of it hides it: read the "
+                     "counters at the engine's own port", "P19")
+    d = fc.get("metrics_delta") or {}
+    if "spec_decode_num_drafts_total" not in d:
+        return Check("service.spec_running", SPEC_TITLE, FAIL, "no vllm:spec_decode_* counters in /metrics", want,
+                     f"vLLM registers the spec-decode counters only when a speculative config is in force: "
+                     f"--speculative-config {config} did not take (read the start-up log for the config it "
+                     "printed)", "P19")
+    drafts = d.get("spec_decode_num_drafts_total", 0)
+    tokens = d.get("spec_decode_num_draft_tokens_total", 0)
+    accepted = d.get("spec_decode_num_accepted_tokens_total", 0)
+    per = fc.get("accepted_per_pos_delta") or {}
+    rates = ", ".join(f"{per[k] / drafts:.2f}" for k in sorted(per, key=int)) if drafts else ""
+    # the figure: the draft tokens made over the request (the drafts and acceptances stay in the text)
+    return reading("service.spec_running", SPEC_TITLE, PASS if drafts > 0 and tokens > 0 else FAIL, tokens, "count",
+                   want, f"--speculative-config {config} is set but nothing was drafted: the MTP layers or the draft "
+                   "model are missing from the checkpoint, or the method does not match it", "P19",
+                   text=f"drafts +{drafts:g}, draft tokens +{{}}, accepted +{accepted:g}"
+                   + (f"; acceptance per position {rates}" if rates else ""))
+
+
+def check_ninfer_requests(s: dict, p: Profile) -> list[Check]:
+    """NInfer: one real completion once /health is 200, and with --spec the `speculative` block of its
+    request log's `request_done` line must show drafted tokens (P19)."""
+    fc = s.get("first_completion")
+    if fc is None:
+        return []
+    out = [_openai_first(fc, s, "NInfer")]
+    spec = p.serve.flags.get("spec")
+    if spec:
+        out.append(ninfer_spec_running(fc, str(spec)))
+    return out
+
+
+def ninfer_spec_running(fc: dict, spec: str) -> Check:
+    """P19 on NInfer from its JSONL request log (src/serve/request_log.cpp, the `speculative` block of
+    `request_done`: backend, rounds, drafted_tokens, accepted_tokens, accepted_per_position)."""
+    want = f"request_done with speculative.backend {spec} and drafted tokens"
+    if fc.get("request_log") is None:
+        return Check("service.spec_running", SPEC_TITLE, FAIL, "the engine keeps no request log", want,
+                     'set serve.flags.request-log-jsonl = "requests.jsonl" (the built-in profile does): NInfer '
+                     "counts drafts only there, and nothing else proves drafting", "P19")
+    done = [e for e in fc.get("log_events", []) if e.get("event") == "request_done"]
+    if not done:
+        return Check("service.spec_running", SPEC_TITLE, FAIL, f"no request_done line in {fc['request_log']} "
+                     "for the request", want, "the request log did not record the request: check that the engine "
+                     "writes where serve.flags.request-log-jsonl says (relative to its working directory)", "P19")
+    sp = done[-1].get("speculative") or {}
+    drafted, accepted, rounds = (sp.get("drafted_tokens") or 0), (sp.get("accepted_tokens") or 0), sp.get("rounds")
+    per = sp.get("accepted_per_position") or []
+    rates = ", ".join(f"{n / rounds:.2f}" for n in per) if rounds else ""
+    # the figure: the tokens drafted for the request (rounds and acceptances stay in the text)
+    return reading("service.spec_running", SPEC_TITLE, PASS if sp.get("backend") not in (None, "none") and drafted > 0
+                   else FAIL, drafted, "count", want, f"--spec {spec} is set but NInfer drafted nothing: the "
+                   "artifact lacks the draft components (convert it with the draft head), or the engine ignored the "
+                   "method", "P19", text=f"backend {sp.get('backend')}, rounds {rounds}, drafted {{}}, accepted "
+                   f"{accepted}" + (f"; acceptance per position {rates}" if rates else ""))
+
+
+def check_llamacpp_requests(s: dict, p: Profile) -> list[Check]:
+    """llama-server: one real completion once /health is 200 (MTP under tensor split can crash at the
+    first decode with /health already 200), and with a speculative type the draft counts of that
+    response and of /metrics' spec_decode counters must have grown (P19). `-md` alone leaves
+    drafting off and the start-up log does not say either way: only the counters tell."""
+    spec = engine_cmd.llamacpp_spec(p.serve.flags)
+    fc = s.get("first_completion")
+    if fc is None:
+        return []  # /health never answered 200: the health check already failed
+    t = fc.get("timings") or {}
+    ok, first = first_completion(
+        fc, s, t.get("predicted_n") or 0, f"{{}} tokens in {t.get('predicted_ms', 0):.1f} ms (server timings)",
+        "the server said healthy but failed its first decode: read `p2pkit serve logs` (with "
+        "MTP under --split-mode tensor this is the known crash; try --split-mode layer or another KV type)")
+    out = [first]
+    if not spec:
+        return out
+    if "total_slots" in fc:
+        out.append(running_slots(fc["total_slots"], p.serve.flags.get("parallel")))
+    if fc.get("metrics_status") != 200:
+        out.append(Check("service.spec_running", "speculative decoding is really running", FAIL,
+                         f"/metrics answered {fc.get('metrics_status')}", "spec_decode counters growing",
+                         "start llama-server with --metrics (serve.flags.metrics = true): without it /metrics "
+                         "answers 501 and nothing proves drafting", "P19"))
+        return out
+    d = fc.get("metrics_delta", {})
+    drafted = d.get("spec_decode_num_draft_tokens_total", 0)
+    accepted = d.get("spec_decode_num_accepted_tokens_total", 0)
+    ok = ok and (t.get("draft_n") or 0) > 0 and drafted > 0
+    # the figure: the draft tokens /metrics counted over the request (the response's own counts stay in the text)
+    out.append(reading("service.spec_running", "speculative decoding is really running", PASS if ok else FAIL,
+                       drafted, "count", "draft tokens in the response and in /metrics",
+                       f"--spec-type {spec} is set but nothing was drafted: the draft model or the MTP layers are "
+                       "missing (`-md` alone leaves drafting off; the model stage checks the nextn layers)", "P19",
+                       text=f"response draft_n {t.get('draft_n', 0)}, accepted {t.get('draft_n_accepted', 0)}; "
+                       f"/metrics spec_decode_num_draft_tokens_total +{{}}, accepted_tokens_total +{accepted:g}"))
+    return out
+
+
+def running_slots(n: int | dict, flag) -> Check:
+    """P20 on the running llama-server: its slots as /props says (an omitted --parallel is its automatic
+    default, not 1)."""
+    title = "the running server drafts for one slot"
+    given = f"--parallel {flag}" if flag is not None else "--parallel omitted (auto)"
+    if not isinstance(n, int):
+        return unknown("service.spec_slots_running", title, n, 1, needed=False, pitfall="P20")
+    return figure("service.spec_slots_running", title, n, "==", 1, "count",
+                  "MTP only pays at one concurrent slot: set serve.flags.parallel = 1 and "
+                  "`p2pkit up --from service --force`", pitfall="P20", severity=WARN,
+                  context=f"/props total_slots, {given}")
+
+
+def _user_access(u: dict | None) -> list[Check]:
+    if not u:
+        return []
+    if "error" in u:
+        return [unknown("service.user_access", "the engine's user reaches what the engine reads", u,
+                        "the unit's User= exists", needed=False)]
+    blocked = u["blocked"]
+    return [judge("service.user_access", "the engine's user reaches what the engine reads", not blocked,
+                  "; ".join(blocked.values()) or f"{u['user']} reaches all", "working directory, engine and model "
+                  f"reachable by {u['user']}", f"give {u['user']} search (x) on each directory named and read on the "
+                  "model (chown/chmod that path, never the whole tree); re-run `p2pkit up --from service`")]
+
+
+# ---------------------------------------------------------------- field pitfalls (shared/PITFALLS.md)
+
+
+def relation(f: dict) -> str | None:
+    t = f.get("smi_topo_m")
+    if unreadable(t):
+        return None
+    return t.get("pair") or t["matrix"].get("GPU0", {}).get("GPU1")
+
+
+def service_env(f: dict, p: Profile) -> tuple[dict[str, str], str]:
+    """The engine's environment as installed (/etc/p2pkit/engine.env), else what p2pkit would render."""
+    installed = f.get("engine_env_file")
+    if isinstance(installed, dict) and installed.get("env") is not None:
+        return installed["env"], installed["path"]
+    vendor = (f.get("iommu") or {}).get("cpu_vendor", "")
+    rel = relation(f)
+    return ee.engine_env(p, ee.p2p_level(rel, vendor, p.gpus.count) if rel else None), "the rendered environment"
+
+
+@reads("smi_topo_m", "iommu", "engine_env_file")
+def nccl_p2p_level(f: dict, p: Profile) -> list[Check]:
+    """P30 and P17: NCCL's own rule lets it take P2P across this pair in the engine's environment."""
+    if not pair(p):
+        return []
+    rel = relation(f)
+    io = f.get("iommu") or {}
+    vendor = io.get("cpu_vendor", "unknown")
+    id_, title = "field.nccl_p2p_level", "NCCL's P2P level reaches across the pair"
+    if rel is None:
+        return [could_not(id_, title, f.get("smi_topo_m") or {"error": "no GPU pair in `nvidia-smi topo -m`",
+                                                              "by_hand": "nvidia-smi topo -m"},
+                          "NCCL_P2P_LEVEL at or above the pair's relation", "P30")]
+    env, where = service_env(f, p)
+    need = pf.nccl_level_needed(rel, vendor, p.gpus.count) if rel in pf.SMI_TO_NCCL else None
+    default = pf.nccl_default_level(vendor, p.gpus.count)
+    level = env.get("NCCL_P2P_LEVEL")
+    ok = need is None or (level is not None and level.upper() in pf.P2P_LEVELS and pf.nccl_level_allows(level, rel))
+    out = [judge(id_, title, ok, f"{vendor} CPU, GPUs {rel} apart; NCCL default {default}; "
+                 f"NCCL_P2P_LEVEL={level or '(unset)'} in {where}", f"NCCL_P2P_LEVEL>={need}" if need else
+                 f"default {default} covers {rel}",
+                 f"NCCL's default P2P level stops at {default} on this CPU, so it takes SHM across {rel} although P2P "
+                 f"works: the service must set NCCL_P2P_LEVEL={need} (`p2pkit up --from service --force` renders it)",
+                 pitfall="P30")]
+    blockers = ee.p2p_blockers(env, rel)
+    out.append(judge("field.engine_nccl_p2p", "the engine's own NCCL may take P2P", not blockers,
+                     "; ".join(blockers) or f"nothing in {where} turns NCCL's P2P off", "no NCCL_P2P_DISABLE, level "
+                     f">= {pf.SMI_TO_NCCL.get(rel, rel)}", "P2P is proven on the hardware but the engine's NCCL is "
+                     "told not to use it: remove it from [serve.env] (keep NCCL_P2P_DISABLE=1 only for an A/B run)",
+                     pitfall="P17"))
+    if p.engine.recipe == "llamacpp":
+        out.append(judge("field.ggml_cuda_p2p", "llama.cpp enables peer access (GGML_CUDA_P2P)",
+                         env.get("GGML_CUDA_P2P", "") not in ("", "0"), env.get("GGML_CUDA_P2P", "(unset)"), "set",
+                         "llama.cpp enables peer access outside NCCL only when GGML_CUDA_P2P is set "
+                         "(ggml-cuda.cu): `p2pkit up --from service --force` writes it", pitfall="P17"))
+    return out
+
+
+def floor_check(id_: str, title: str, found: list[tuple[str, str | None]], p: Profile) -> Check:
+    pit = "P16" if p.engine.recipe == "llamacpp" else "P37"
+    floor = pf.version_tuple(p.engine.nccl_min)
+    low = [f"{path} {v or 'version unknown'}" for path, v in found if v is None or pf.version_tuple(v) < floor]
+    measured = "; ".join(f"{path} {v or 'version unknown'}" for path, v in found)
+    return judge(id_, title, bool(found) and not low, measured or "no libnccl", f">= {p.engine.nccl_min}",
+                 ("NCCL 2.25.1 fails on the 5090 (ncclMaxSharedMem ... exceeds) and 2.18.3 hangs on SM120: point "
+                  "engine.nccl_root at NCCL >= 2.26.2" if pit == "P16" else
+                  "NCCL before 2.29.3 leaks proxy slots on aarch64 (hangs after 20-55 minutes); the pip wheel and "
+                  "the system library are different builds: install NCCL >= 2.29.3 where the engine loads it "
+                  "and restart it"), pitfall=pit)
+
+
+@reads("profile_nccl", "engine_nccl")
+def nccl_floor(f: dict, p: Profile) -> list[Check]:
+    """P16/P37: the NCCL the profile points at, and the one the running engine has mapped, meet the floor."""
+    if not p.engine.nccl_min:
+        return []
+    out = []
+    pn = f.get("profile_nccl")
+    if isinstance(pn, dict) and pn.get("path"):
+        if unreadable(pn):
+            out.append(could_not("field.nccl_floor.profile", "the profile's NCCL meets the floor", pn,
+                                 f">= {p.engine.nccl_min}", "P16"))
+        else:
+            out.append(floor_check("field.nccl_floor.profile", "the profile's NCCL meets the floor",
+                                   [(pn["path"], pn["version"])], p))
+    e = f.get("engine_nccl")
+    if e is None or (isinstance(e, dict) and e.get("running") is False):
+        out.append(Check("field.nccl_floor.engine", "the engine's mapped NCCL meets the floor", SKIP,
+                         "the engine is not running", f">= {p.engine.nccl_min}", "", "P37"))
+    elif unreadable(e):
+        out.append(could_not("field.nccl_floor.engine", "the engine's mapped NCCL meets the floor", e,
+                             f">= {p.engine.nccl_min}", "P37"))
+    else:
+        found = [(x["path"], x["version"]) for x in e["libraries"]]
+        c = floor_check("field.nccl_floor.engine", f"NCCL mapped by the engine (pid {e['pid']}) meets the floor",
+                        found, p)
+        if len({v for _, v in found}) > 1 or len(found) > 1:
+            c = Check(c.id, c.title, FAIL if c.status == FAIL else WARN, c.measured + " (more than one NCCL mapped)",
+                      c.expected, c.hint or "two NCCL builds in one process: keep one (LD_LIBRARY_PATH, RUNPATH)",
+                      c.pitfall)
+        out.append(c)
+    return out

@@ -1,0 +1,162 @@
+"""P18: does the model fit the GPUs before the service starts, and what headroom is left after.
+What cannot be read yet (no NVML before the driver stage, no model before the model stage) is a
+"could not check", never a pass.
+
+Weights, the KV cache at the configured context and KV type, and the draft (MTP) layers' KV, split
+over the GPUs the engine uses, against each GPU's free VRAM (plus what the engine itself already
+holds, when it runs) less the profile's headroom (serve.vram_headroom_gib). KV bytes per token:
+layers x KV heads x (K head dim x K bytes + V head dim x V bytes); every layer is counted, so a
+hybrid model with linear-attention layers is over-estimated, never under.
+
+llama.cpp's tensor split (--split-mode tensor) refused a quantized KV cache until PR #23792
+("simultaneous use of SPLIT_MODE_TENSOR and KV cache quantization not implemented", issue #23567);
+after it q8_0 and q4_0 work while q4_1, q5_0, q5_1 and iq4_nl still abort at start with
+GGML_ASSERT(ret.axis != GGML_BACKEND_SPLIT_AXIS_UNKNOWN) (issue #27116). The built tree tells which.
+"""
+
+from __future__ import annotations
+
+from p2pkit.core.config import Profile
+from p2pkit.rules import engine_cmd
+from p2pkit.rules.findings import FAIL, PASS, WARN, Check, failed, figure, judge, show, unknown
+
+GIB = 1 << 30
+# bytes per element: ggml's block types are (block bytes / 32 elements)
+KV_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "fp16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_1": 20 / 32,
+            "q5_0": 22 / 32, "q5_1": 24 / 32, "iq4_nl": 18 / 32, "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0,
+            "int8": 1.0, "nvfp4": 0.5625, "auto": 2.0}
+TP_KV_OLD = {"f32", "f16", "bf16"}  # before llama.cpp PR #23792
+TP_KV_ASSERTS = {"q4_1", "q5_0", "q5_1", "iq4_nl"}  # issue #27116
+FIT_FIX = "lower the context ({ctx}), pick a smaller KV type (q4_0 at 95K fit where 100K did not, seed 003) or " \
+          "fewer draft tokens, or raise the GPUs' free VRAM (close what else uses them)"
+
+
+def plan(p: Profile) -> dict:
+    """What the profile asks of VRAM: context, K/V types, draft, and each GPU's share."""
+    f = p.serve.flags
+    r = p.engine.recipe
+    if r == "llamacpp":
+        ctx, kt, vt = f.get("ctx-size"), f.get("cache-type-k", "f16"), f.get("cache-type-v", "f16")
+        draft = bool(engine_cmd.llamacpp_spec(f))
+        split = str(f.get("split-mode", "layer"))
+        shares = [float(x) for x in str(f.get("tensor-split", "")).split(",") if x.strip()] or [1.0] * p.gpus.count
+        if split == "none":
+            shares = [1.0] + [0.0] * (p.gpus.count - 1)
+        return {"ctx": ctx, "k": str(kt), "v": str(vt), "draft": draft, "split": split,
+                "shares": [s / sum(shares) for s in shares], "ctx_flag": "ctx-size"}
+    if r == "ninfer":
+        tp = int(f.get("tp", 1) or 1)
+        kv = str(f.get("kv-dtype", "bf16"))
+        return {"ctx": f.get("max-context"), "k": kv, "v": kv, "draft": f.get("spec") is not None, "split": "tp",
+                "shares": [1 / tp] * tp, "ctx_flag": "max-context"}
+    tp = int(f.get("tensor-parallel-size", 1) or 1)
+    kv = str(f.get("kv-cache-dtype", "auto"))
+    return {"ctx": f.get("max-model-len"), "k": kv, "v": kv, "draft": "speculative-config" in f, "split": "tp",
+            "shares": [1 / tp] * p.gpus.count, "ctx_flag": "max-model-len",
+            "utilization": float(f.get("gpu-memory-utilization", 0.9))}
+
+
+def kv_per_token(m: dict, k: str, v: str) -> float:
+    return m["kv_heads"] * (m["head_dim_k"] * KV_BYTES[k] + m["head_dim_v"] * KV_BYTES[v])
+
+
+def check(fit: dict | None, p: Profile) -> list[Check]:
+    if fit is None:
+        return []
+    if failed(fit) or "error" in fit:
+        return [unknown("service.vram_fit", "the model fits the GPUs' free VRAM", fit, "fits", needed=False,
+                        pitfall="P18")]
+    pl = plan(p)
+    out = _kv_types(fit, p, pl)
+    m, gpus = fit.get("model", {}), fit.get("gpus", [])
+    if failed(m) or "error" in m:
+        return [*out, unknown("service.vram_fit", "the model fits the GPUs' free VRAM", m, "fits", needed=False,
+                              pitfall="P18")]
+    if failed(gpus) or not isinstance(gpus, list) or not gpus:
+        return [*out, unknown("service.vram_fit", "the model fits the GPUs' free VRAM",
+                              gpus if isinstance(gpus, dict) else {"error": "no GPU free-memory reading"}, "fits",
+                              needed=False, pitfall="P18")]
+    if pl["k"] not in KV_BYTES or pl["v"] not in KV_BYTES:
+        return [*out, Check("service.vram_fit", "the model fits the GPUs' free VRAM", FAIL,
+                            f"unknown KV type {pl['k']}/{pl['v']}", "/".join(sorted(KV_BYTES)), "use a KV type the "
+                            "engine knows", "P18")]
+    ctx = int(pl["ctx"] or m.get("context_length") or 0)
+    per_tok = kv_per_token(m, pl["k"], pl["v"])
+    kv = m["layers"] * ctx * per_tok
+    draft_kv = (m.get("draft_layers") or 0) * ctx * per_tok if pl["draft"] else 0.0
+    weights = float(m["weights_bytes"])
+    dm = m.get("draft_model")
+    if dm is not None:
+        if "error" in dm or not all(dm.get(k) for k in ("layers", "kv_heads", "head_dim_k", "head_dim_v")):
+            return [*out, unknown("service.vram_fit", "the model and its draft model fit the GPUs' free VRAM",
+                                  {"error": dm.get("error") or f"the draft model {dm.get('path')} does not say its "
+                                   "shape"}, "fits", needed=False, pitfall="P18")]
+        # the draft's own KV cache: f16 unless --spec-draft-type-k/-v say otherwise (llama-server --help)
+        draft_kv += int(dm["layers"]) * ctx * kv_per_token(dm, "f16", "f16")
+        weights += float(dm["weights_bytes"])
+    head = p.serve.vram_headroom_gib * GIB
+    for i, share in enumerate(pl["shares"]):
+        if share <= 0:
+            continue
+        g = next((x for x in gpus if x.get("index") == i), None)
+        if g is None or g.get("free") is None:
+            out.append(unknown(f"service.vram_fit.gpu{i}", f"GPU {i}: the model fits its free VRAM",
+                               {"error": f"no free-memory reading for GPU {i}"}, "fits", pitfall="P18"))
+            continue
+        avail = float(g["free"]) + float(g.get("engine_used") or 0)
+        if "utilization" in pl:
+            avail = min(avail, pl["utilization"] * float(g.get("total") or avail))
+        need = share * (weights + kv + draft_kv)
+        per_ctx = share * ((m["layers"] + ((m.get("draft_layers") or 0) if pl["draft"] else 0)) * per_tok
+                           + (int(dm["layers"]) * kv_per_token(dm, "f16", "f16") if dm else 0))
+        max_ctx = int(max(0.0, avail - head - share * weights) // per_ctx) if per_ctx else 0
+        # the figure: what the GPU must hold (the model's share and the headroom) against what it has free
+        parts = (f"needs {show(need / GIB, 'GiB')} (weights {share * weights / GIB:.1f}"
+                 + (f" with the draft model's {share * float(dm['weights_bytes']) / GIB:.2f}" if dm else "")
+                 + f" + KV {share * kv / GIB:.1f} at {show(ctx, 'tokens')} {pl['k']}/{pl['v']} + draft KV "
+                 f"{share * draft_kv / GIB:.1f}) + headroom {show(head / GIB, 'GiB')}; fits up to "
+                 f"{show(max_ctx, 'tokens')}")
+        out.append(figure(f"service.vram_fit.gpu{i}", f"GPU {i}: the model fits its free VRAM", (need + head) / GIB,
+                          "<=", avail / GIB, "GiB", f"it would run out of memory at start (P18): set serve.flags."
+                          f"{pl['ctx_flag']} to at most {max_ctx}, or " + FIT_FIX.format(ctx=pl["ctx_flag"]),
+                          pitfall="P18", context=parts, expected_context="free"))
+    return out
+
+
+def _kv_types(fit: dict, p: Profile, pl: dict) -> list[Check]:
+    """llama.cpp with --split-mode tensor: the KV types the built tree accepts."""
+    if p.engine.recipe != "llamacpp" or pl["split"] != "tensor":
+        return []
+    guard = fit.get("tp_quant_kv_refused")
+    if guard is None:
+        return [unknown("service.kv_split", "the built llama.cpp accepts this KV type with tensor split",
+                        {"error": "the llama.cpp source tree was not readable"}, "accepted", pitfall="P18")]
+    bad = sorted({t for t in (pl["k"], pl["v"]) if (t not in TP_KV_OLD if guard else t in TP_KV_ASSERTS)})
+    why = ("this llama.cpp predates PR #23792: tensor split refuses every quantized KV type ('simultaneous use of "
+           "SPLIT_MODE_TENSOR and KV cache quantization not implemented'): use f16/bf16 KV, or build a newer commit"
+           if guard else "with tensor split these KV types abort at start (GGML_ASSERT(ret.axis != "
+           "GGML_BACKEND_SPLIT_AXIS_UNKNOWN), llama.cpp #27116): use q8_0 or q4_0")
+    return [judge("service.kv_split", "the built llama.cpp accepts this KV type with tensor split", not bad,
+                  f"{pl['k']}/{pl['v']}" + (f" ({', '.join(bad)} refused)" if bad else ""),
+                  "/".join(sorted(TP_KV_OLD)) if guard else "not " + "/".join(sorted(TP_KV_ASSERTS)), why,
+                  pitfall="P18")]
+
+
+def headroom(after: dict | None, p: Profile) -> list[Check]:
+    """After start: the free VRAM NVML reads on each GPU the engine uses, against the headroom."""
+    if after is None:
+        return []
+    if failed(after) or not isinstance(after.get("gpus"), list):
+        return [unknown("service.vram_headroom", "VRAM headroom after start", after, "measured", needed=False,
+                        pitfall="P18")]
+    head = p.serve.vram_headroom_gib * GIB
+    read = [g for g in after["gpus"] if g.get("free") is not None]
+    fix = ("the engine left less headroom than the profile asks: a longer prompt or a second request can run out "
+           "of memory (P18); lower the context or the KV type")
+    if not read:
+        return [Check("service.vram_headroom", "VRAM headroom after start", PASS, "no reading",
+                      f">= {show(head / GIB, 'GiB')} free on each GPU", "", "P18")]
+    # the figure: the least free VRAM of any GPU the engine uses, against the headroom
+    return [figure("service.vram_headroom", "VRAM headroom after start", min(g["free"] for g in read) / GIB, ">=",
+                   head / GIB, "GiB", fix, "P18", WARN, expected_context="free on each GPU",
+                   context=", ".join(f"GPU {g['index']}: {show(g['free'] / GIB, 'GiB')} free" for g in read))]
