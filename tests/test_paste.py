@@ -136,3 +136,21 @@ def test_doctor_from_a_truncated_paste_is_never_a_pass(cli, tmp_path):
     r = cli("--json", "doctor", "--from-paste", str(f))
     doc = json.loads(r.out)
     assert r.code == 1 and not doc["failed"] and doc["not_checked"][0]["why"].startswith("could not determine")
+
+
+def test_p29_from_a_pasted_lspci_acsctl_grep_and_an_unprivileged_lspci():
+    """`sudo lspci -vvv | grep ACSCtl` as owners paste it (NCCL issues 523 and 1405, tests/fixtures/field)
+    judged by the topology stage's own ACS rule; lspci without root is "could not check", never a pass."""
+    field = FIXTURES / "field"
+    p = config.load(None)
+    on = (field / "lspci_acsctl_nccl523.txt").read_text()
+    assert pp.kind(on) == "lspci"
+    bad = pc.check("lspci", on, p)
+    assert [(c.id, c.status, c.pitfall) for c in bad] == [("field.acs", "fail", "P29")], bad
+    assert bad[0].measured.count("ReqRedir+ CmpltRedir+") == 2 and "pci=noacs" in bad[0].hint
+    off = pc.check("lspci", (field / "lspci_acsctl_off_nccl1405.txt").read_text(), p)
+    assert [(c.id, c.status) for c in off] == [("field.acs", "pass")]
+    denied = pc.check("lspci", "00:01.1 PCI bridge: Advanced Micro Devices, Inc. [AMD] Device 14ab\n"
+                               "\tCapabilities: <access denied>\n", p)
+    acs = [c for c in denied if c.id.startswith("field.acs")]
+    assert acs and all(c.status == "warn" for c in acs) and "sudo lspci" in acs[-1].hint, acs

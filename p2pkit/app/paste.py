@@ -4,10 +4,12 @@ pitfall it shows and its fix; a paste too short to tell gives "could not determi
 from __future__ import annotations
 
 from p2pkit.core.config import Profile
+from p2pkit.parse import field as pf
 from p2pkit.parse import paste as pp
 from p2pkit.rules.findings import FAIL, PASS, SKIP, Check, figure
 from p2pkit.stages.engine.checks import NO_CUDA_COMPILER, NO_DEFAULT_ARCH
 from p2pkit.stages.rebar.checks import FIX as REBAR_FIX
+from p2pkit.stages.topology.checks import acs_redirect
 
 GIB = 1 << 30
 P31_FIX = (REBAR_FIX + ". When the kernel cannot fit the window (\"BAR 1 ... can't assign; no space\"), enable Above "
@@ -29,7 +31,29 @@ def check(kind: str, text: str, p: Profile) -> list[Check]:
 
 def lspci(text: str, p: Profile) -> list[Check]:
     """P31 (and rebar) from `lspci -v`/`-vv`: each NVIDIA GPU's BAR1 and the prefetchable window of
-    the bridge above it (the one whose secondary bus is the GPU's) hold the whole VRAM."""
+    the bridge above it (the one whose secondary bus is the GPU's) hold the whole VRAM; P29 where the
+    paste shows ACS control (`sudo lspci -vvv`, or its ACSCtl lines alone)."""
+    acs = _acs(text, p)
+    if acs and not pp.lspci(text):
+        return acs  # `lspci -vvv | grep ACSCtl`: no device lines, nothing to say of BAR1
+    return _bars(text, p) + acs
+
+
+def _acs(text: str, p: Profile) -> list[Check]:
+    """P29 judged by the topology stage's own rule over the ports the paste shows: ACSCtl flags, or
+    "Capabilities: <access denied>" (lspci run without root) as a port that could not be read."""
+    ports = []
+    for x in pf.lspci_acs(text):
+        bdf = x["bdf"] or f"(line {len(ports) + 1}, no device in the paste)"
+        if x["denied"] and x["flags"] is None:
+            ports.append({"bdf": bdf, "error": "lspci ran without root (Capabilities: <access denied>)",
+                          "by_hand": "sudo lspci -vvv | grep -E '^[0-9a-f]|ACSCtl'"})
+        elif x["flags"] is not None:
+            ports.append({"bdf": bdf, "flags": x["flags"]})
+    return acs_redirect({"acs": {"ports": ports}}, p) if ports else []
+
+
+def _bars(text: str, p: Profile) -> list[Check]:
     vram = p.gpus.vram_gib * GIB
     devs = pp.lspci(text)
     gpus = [d for d in devs if d["gpu"]]

@@ -144,9 +144,6 @@ def read_tasks(path: Path) -> dict:
     return doc if isinstance(doc, dict) else {}
 
 
-def changed_tasks(summary: dict) -> list[str]:
-    """The names of the tasks that changed the host in a playbook run, in the order they ran."""
-    return [name for name, c in summary.get("tasks", {}).items() if c.get("changed")]
 
 
 def failed_task(text: str) -> str:

@@ -73,16 +73,6 @@ def enrolment(host: Host, cert: str) -> str:
         raise ProbeError("the key's enrolment", f"mokutil --test-key exited {r.returncode}: {e}") from None
 
 
-def module_signature(host: Host, path: str) -> dict:
-    """A module file's signer and sig_key (modinfo -F on the file); empty strings when unsigned."""
-    out = {}
-    for field in ("signer", "sig_key"):
-        r = host.runner.run(["modinfo", "-F", field, str(host.path(path))], check=False)
-        if r.returncode != 0:
-            raise ProbeError(f"the signature of {path}", (r.stderr or r.stdout).strip() or f"modinfo exited "
-                             f"{r.returncode}")
-        out[field] = r.stdout.strip()
-    return out
 
 
 def facts(host: Host, profile, state_dir: str) -> dict:

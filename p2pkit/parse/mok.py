@@ -4,7 +4,6 @@ Formats:
 - `mokutil --test-key CERT` (lcp/mokutil src/mokutil.c, test_key() and print_skip_message()):
   "CERT is not enrolled" (exit 1), "CERT is already enrolled" (in MokListRT), "CERT is already in
   the enrollment request" (in MokNew, enrolled at the next boot in MokManager), "CERT is already in db".
-- `mokutil --sb-state` (mokutil.c, print_sb_state()): "SecureBoot enabled" / "SecureBoot disabled".
 - `openssl x509 -inform DER -noout -serial -subject`: "serial=113C23...C9" and "subject=CN = NAME".
 - `modinfo -F sig_key FILE` (kmod, libkmod-signature.c): the signing certificate's serial number as
   colon-separated hex bytes ("11:3C:23:..."), the DER integer's bytes (a leading 00 when its top bit is
@@ -27,13 +26,6 @@ def test_key(text: str) -> str:
                      f"{text.strip()[:200]!r}")
 
 
-def sb_state(text: str) -> bool:
-    """`mokutil --sb-state`: whether Secure Boot is enforced."""
-    if "SecureBoot enabled" in text:
-        return True
-    if "SecureBoot disabled" in text:
-        return False
-    raise ValueError(f"mokutil --sb-state printed neither 'SecureBoot enabled' nor 'disabled': {text.strip()[:200]!r}")
 
 
 def cert_identity(text: str) -> dict:

@@ -10,7 +10,8 @@ import re
 from p2pkit.parse import smi_q
 
 KINDS = {
-    "lspci": "`lspci -v` / `lspci -vv` (BAR regions and sizes, the Resizable BAR capability, bridge windows)",
+    "lspci": "`lspci -v` / `lspci -vv` (BAR regions and sizes, the Resizable BAR capability, bridge windows); "
+             "`sudo lspci -vvv` (or its ACSCtl lines) for ACS redirect",
     "nvidia-installer": "the NVIDIA installer's output or /var/log/nvidia-installer.log, or install.sh's rmmod lines",
     "cmake": "CMake's configure output (the engine build)",
     "nvidia-smi-q": "`nvidia-smi -q`",
@@ -35,7 +36,7 @@ def kind(text: str) -> str | None:
         return "nvidia-installer"
     if re.search(r"^CMake (Error|Warning)|^-- (The CUDA compiler identification|Configuring)", text, re.M):
         return "cmake"
-    if any(LSPCI_HEAD.match(ln) for ln in text.splitlines()):
+    if any(LSPCI_HEAD.match(ln) for ln in text.splitlines()) or re.search(r"^\s*ACSCtl:", text, re.M):
         return "lspci"
     return None
 

@@ -216,18 +216,6 @@ def mount_of(mounts: list[dict], path: str) -> dict | None:
 
 # ------------------------------------------------------------------ what the follow-up commands left
 
-def grub_default_args(cfg: str, kernel: str) -> list[list[str]]:
-    """The kernel arguments of every `linux` line of /boot/grub/grub.cfg that GRUB_CMDLINE_LINUX_DEFAULT
-    reaches (not a recovery entry, not linux16's memtest), for vmlinuz-<kernel> when a line names it,
-    else for every kernel: what the next boot gets from the last update-grub."""
-    lines = []
-    for line in cfg.splitlines():
-        words = line.split()
-        if words[:1] != ["linux"] or len(words) < 2 or "vmlinuz" not in words[1] or "recovery" in words[2:]:
-            continue
-        lines.append((words[1], words[2:]))
-    mine = [args for image, args in lines if image.endswith(f"vmlinuz-{kernel}")]
-    return mine or [args for _image, args in lines]
 
 
 def proc_stat_state(text: str) -> str:
@@ -246,7 +234,3 @@ def proc_stat_session(text: str) -> int:
     """The session id of /proc/PID/stat (the fourth field after the command name: state ppid pgrp session)."""
     return int(text[text.rindex(")") + 1:].split()[3])
 
-
-def modules_dep_paths(text: str) -> list[str]:
-    """The module paths modules.dep maps (relative to /lib/modules/<kernel>), in order."""
-    return [ln.split(":", 1)[0].strip() for ln in text.splitlines() if ":" in ln and not ln.startswith("#")]

@@ -20,7 +20,6 @@ from p2pkit.rules.findings import (
 )
 
 GIB = 1 << 30
-MIB = 1 << 20
 FIX = ("enable Resizable BAR and Above 4G Decoding in the BIOS/UEFI setup; keep the GPU off a PLX switch; "
        "do not attach a monitor to a P2P GPU. The patched module resizes BAR1 to its largest size at load")
 
