@@ -292,7 +292,8 @@ def test_up_on_a_host_without_systemd_then_serve_status_restart_stop(sim, cli):
 
 def test_host_paths_reach_the_engine_process_through_the_host_object(tmp_path):
     """What the engine process (a process of this machine) gets under a host root other than /: a
-    path that exists in that root points into it, anything else stays; the host's own additions to
+    path that exists in that root points into it, and so does a file still to be written in a
+    directory that exists there (the engine's request log); anything else stays; the host's own additions to
     the engine's environment come from the host; the unit's user is never looked up on this machine
     for another tree."""
     hl = launcher
@@ -302,7 +303,8 @@ def test_host_paths_reach_the_engine_process_through_the_host_object(tmp_path):
     (tmp_path / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/bash\np2pkit-engine:x:0:0::/:/bin/false\n")
     tree, here = Host.at(tmp_path), Host.at("/")
     assert hl.on_this_machine(tree, "/opt/e/serve") == str(tmp_path / "opt/e/serve")
-    assert hl.on_this_machine(tree, "/opt/e/none") == "/opt/e/none" and hl.on_this_machine(tree, "x") == "x"
+    assert hl.on_this_machine(tree, "/opt/e/new.jsonl") == str(tmp_path / "opt/e/new.jsonl")
+    assert hl.on_this_machine(tree, "/opt/none/x") == "/opt/none/x" and hl.on_this_machine(tree, "x") == "x"
     assert hl.on_this_machine(here, "/usr") == "/usr"
     assert hl.process_env(tree, {"M": "/opt/e/serve", "N": "2"}) == {"M": str(tmp_path / "opt/e/serve"), "N": "2"}
     assert hl.run_as(tree, "p2pkit-engine") is None  # another tree's user: not this machine's

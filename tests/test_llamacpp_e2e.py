@@ -85,16 +85,9 @@ def test_up_builds_converts_serves_and_benches_the_real_llamacpp(served, cli):
     assert r.code == 0, r.err[-3000:]
     assert "CUDA OFF" in r.err  # said plainly, never silent
     state = root / "var/lib/p2pkit"
-    eng = json.loads((state / "engine.json").read_text())
-    b = eng["facts"]["engine_build"]
-    assert b["cuda_enabled"] is False and "-DGGML_CUDA=OFF" in b["cmake_options"]
-    assert b["source"]["sha256"] == llama_real.pinned()[1] and b["binary"]["runs"]
-    checks = {c["id"]: c for c in eng["checks"]}
-    assert checks["engine.cuda"]["status"] == "warn" and "CUDA OFF" in checks["engine.cuda"]["measured"]
-    # P07 the llama.cpp way: the build dir is the cache's, already built, so this run links nothing and
-    # Ninja's explained dry run says both binaries are current
-    assert checks["engine.build_log"]["status"] == "pass" and b["up_to_date"] is True
-    assert "linked bin/llama-bench: up to date" in checks["engine.build_log"]["measured"]
+    # the simulated hosts share one real build dir, already built: the engine's proof holds before it
+    # acts, and the artifact gate skips its build (the build path itself is forced at the end)
+    assert "[engine] not acting: its proof holds before acting" in r.err
     model = json.loads((state / "model.json").read_text())
     v = model["facts"]["model_build"]["verify"]
     assert v["architecture"] == "llama" and v["tensor_count"] == 21 and model["facts"]["model_build"]["sha256"]
@@ -155,6 +148,27 @@ def test_up_builds_converts_serves_and_benches_the_real_llamacpp(served, cli):
     assert len(doc["arms"][0]["requests"]) == 2 and len(doc["arms"][1]["requests"]) == 1
     assert doc["restored"]["files_identical"] and doc["restored"]["health"]
     assert (root / UNIT).read_bytes() == before
+
+    # the engine stage's build path on the real llama.cpp, forced past the gate: CMake configures from
+    # its cache with CUDA off, said plainly
+    import fcntl
+
+    with open(llama_real.CACHE / "llama-up.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        r = cli("--root", str(root), *[a for s in SETS for a in ("--set", s)], "--yes", "up", "--from", "engine",
+                "--to", "engine", "--force")
+    assert r.code == 0, r.err[-3000:]
+    assert "CUDA OFF" in r.err  # said plainly, never silent
+    eng = json.loads((state / "engine.json").read_text())
+    b = eng["facts"]["engine_build"]
+    assert b["cuda_enabled"] is False and "-DGGML_CUDA=OFF" in b["cmake_options"]
+    assert b["source"]["sha256"] == llama_real.pinned()[1] and b["binary"]["runs"]
+    checks = {c["id"]: c for c in eng["checks"]}
+    assert checks["engine.cuda"]["status"] == "warn" and "CUDA OFF" in checks["engine.cuda"]["measured"]
+    # P07 the llama.cpp way: the build dir is the cache's, already built, so this run links nothing and
+    # Ninja's explained dry run says both binaries are current
+    assert checks["engine.build_log"]["status"] == "pass" and b["up_to_date"] is True
+    assert "linked bin/llama-bench: up to date" in checks["engine.build_log"]["measured"]
 
 
 def sim_ctx(root: Path, *more: str):
