@@ -52,11 +52,28 @@ def test_secure_boot_on_signs_enrols_and_proves_after_the_reboot(cli, sim, monke
     assert printed and printed[0].startswith("zz-p2pkit: exit 0"), printed
     new = sorted((root / f"lib/modules/{NEW}/kernel/drivers/video").glob("nvidia*.ko"))
     assert len(new) == 4 and all(_sig_key(ko) == serial for ko in new), [ko.read_text() for ko in new]
+    # between the hook and the reboot: doctor says the pending kernel's module is built and signed (a
+    # warning to reboot, not a failure); the same module unsigned is a failure before the reboot
+    pend = _pending(cli, root)
+    assert pend["status"] == "warn" and f"built and signed for the pending kernel {NEW}" in pend["hint"], pend
+    ko = root / f"lib/modules/{NEW}/kernel/drivers/video/nvidia.ko"
+    signed_text = ko.read_text()
+    ko.write_text("".join(ln + "\n" for ln in signed_text.splitlines()
+                          if not ln.startswith(("signed=", "signer=", "sig_key=", "sig_hashalgo="))))
+    pend = _pending(cli, root)
+    assert pend["status"] == "fail" and "signed by nobody" in pend["measured"], pend
+    assert f"p2pkit restore --kernel {NEW}" in pend["hint"]
+    ko.write_text(signed_text)
     s = lifecycle.reboot(root)
     assert s["kernel"] == NEW and s["module"]["loaded"] and s["module"]["load_error"] is None
 
 
 NEW = "6.8.0-90-generic"
+
+
+def _pending(cli, root) -> dict:
+    r = cli("--root", str(root), "--json", "doctor")
+    return next(c for g in r.json()["groups"] for c in g["checks"] if c["id"] == "p2p.pending_kernel")
 
 
 def _sig_key(ko) -> str:

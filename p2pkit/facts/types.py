@@ -157,6 +157,7 @@ class Module(TypedDict, total=False):
 
 
 class PendingKernel(Module, total=False):
+    modinfo_sig_key: str | None  # colon-separated hex serial of the key that signed it; None: unsigned
     running: str
     boot_image: str
     kernel: str | None

@@ -55,8 +55,8 @@ def pending_kernel(host: Host) -> dict:
 
 
 def modinfo(host: Host, kernel: str) -> dict:
-    """What modprobe would load for `kernel`: the nvidia module's file and srcversion (one modinfo
-    prints both)."""
+    """What modprobe would load for `kernel`: the nvidia module's file, srcversion and signing key
+    (one modinfo prints them all)."""
     out: dict = {}
     try:
         r = host.runner.run(["modinfo", "-k", kernel, "nvidia"], check=False)
@@ -64,6 +64,7 @@ def modinfo(host: Host, kernel: str) -> dict:
             fields = ps.modinfo_fields(r.stdout)
             out["modinfo_filename"] = fields.get("filename")
             out["modinfo_srcversion"] = fields.get("srcversion") or None
+            out["modinfo_sig_key"] = fields.get("sig_key") or None  # the signing key's serial (Secure Boot)
         else:
             out["modinfo_filename"] = None
             out["modinfo_error"] = (r.stderr or r.stdout).strip()

@@ -165,6 +165,10 @@ def modinfo(root: Path, state: dict, args: list[str]) -> int:
     if field is None:
         for k in ("filename", "version", "srcversion", "vermagic"):
             print(f"{k + ':':<16}{info.get(k, '')}")
+        if info.get("signed") == "1":  # kmod prints a PKCS#7 signature's fields after vermagic
+            print(f"{'sig_id:':<16}PKCS#7")
+            for k in ("signer", "sig_key", "sig_hashalgo"):
+                print(f"{k + ':':<16}{info.get(k, '')}")
     else:
         print(info.get(field, ""))
     return 0

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from p2pkit.core.config import Profile
 from p2pkit.parse import field as pf
+from p2pkit.parse.mok import signed_by
 from p2pkit.rules.findings import (
     FAIL,
     PASS,
@@ -32,7 +33,7 @@ def precheck(p: Profile) -> list[Check]:
                   "builds an unpinned kernel module")]
 
 
-@reads("module", "built_module", "kernel", "restore_guards", "pending_kernel")
+@reads("module", "built_module", "kernel", "restore_guards", "pending_kernel", "mok")
 def install_checks(f: dict, p: Profile) -> list[Check]:
     """What the stage itself must have achieved; a reboot does not change these."""
     m, built = f.get("module", {}), f.get("built_module", {})
@@ -52,7 +53,7 @@ def install_checks(f: dict, p: Profile) -> list[Check]:
               built["srcversion"], m.get("modinfo_srcversion"), built["srcversion"],
               "the installed nvidia.ko is not this build: rerun `p2pkit up --from p2p-module --force`"),
         *([safeguards(f["restore_guards"])] if "restore_guards" in f else []),
-        *([pending_kernel(f["pending_kernel"], built)] if "pending_kernel" in f else []),
+        *([pending_kernel(f["pending_kernel"], built, f.get("mok"))] if "pending_kernel" in f else []),
     ]
 
 
@@ -76,13 +77,14 @@ def module_file(kernel: str) -> str:
     return f"/lib/modules/{kernel}/kernel/drivers/video/nvidia.ko"
 
 
-def pending_note(kernel: str) -> str:
-    return f"module built for the pending kernel {kernel}; reboot to load it"
+def pending_note(kernel: str, signed: bool = False) -> str:
+    return f"module built{' and signed' if signed else ''} for the pending kernel {kernel}; reboot to load it"
 
 
-def pending_kernel(pk: dict, built: dict) -> Check:
+def pending_kernel(pk: dict, built: dict, mok: dict | None = None) -> Check:
     """An upgrade installed a kernel the next boot starts: it must have the patched module before the
-    reboot (the kernel hook builds it), or the box boots without P2P (P02)."""
+    reboot (the kernel hook builds it), or the box boots without P2P (P02); with Secure Boot on, signed
+    by p2pkit's key (the hook signs what it builds), or the next boot refuses to load it."""
     title = "the pending kernel has the patched module"
     if failed(pk):
         return unknown("p2p.pending_kernel", title, pk, "no pending kernel, or one with the patched module",
@@ -95,9 +97,19 @@ def pending_kernel(pk: dict, built: dict) -> Check:
     want = module_file(k)
     got = pk.get("modinfo_filename")
     same_build = built.get("kernel") != k or pk.get("modinfo_srcversion") == built.get("srcversion")
+    signing = isinstance(mok, dict) and mok.get("needed") is True
+    if got == want and same_build and signing:
+        serial = (mok.get("cert_id") or {}).get("serial")
+        sig = pk.get("modinfo_sig_key") or ""
+        if not (serial and signed_by(sig, {"serial": serial})):
+            return Check("p2p.pending_kernel", title, FAIL,
+                         f"{k}: {got} ({pk.get('modinfo_srcversion')}) signed by {sig or 'nobody'}",
+                         f"{want} signed by {mok.get('cert')} (serial {serial or 'no key yet'})",
+                         f"Secure Boot refuses this module at the next boot into {k}: run `sudo p2pkit restore "
+                         f"--kernel {k}` before you reboot (it signs the modules it builds with the key)", "P02")
     if got == want and same_build:
         return Check("p2p.pending_kernel", title, WARN, f"{k}: {got} ({pk.get('modinfo_srcversion')})", want,
-                     pending_note(k), "P02")
+                     pending_note(k, signed=signing), "P02")
     return Check("p2p.pending_kernel", title, FAIL,
                  f"{k} ({pk.get('boot_image')}): modprobe would load {got or pk.get('modinfo_error') or 'nothing'}"
                  + ("" if same_build or got != want else f", srcversion {pk.get('modinfo_srcversion')} is not "
@@ -315,8 +327,6 @@ def _secure_boot(f) -> list[Check]:
     title = "the module is signed by p2pkit's key"
     if failed(m):
         return [unknown("p2p.secure_boot", title, m, "the key's serial")]
-    from p2pkit.parse.mok import signed_by
-
     serial = (m.get("cert_id") or {}).get("serial")
     sig = m.get("module_sig_key") or ""
     signed = judge("p2p.secure_boot", title, bool(serial) and signed_by(sig, {"serial": serial}),
