@@ -265,3 +265,39 @@ def test_the_files_module_probes_what_the_tasks_decide_from(tmp_path):
     assert absolute["content"].startswith("Package: a")
     with pytest.raises(ValueError):
         mod.probe(str(tmp_path), {"path": "relative"})
+
+
+@pytest.mark.slow
+def test_site_yml_alone_brings_a_host_through_every_acting_role_and_then_nothing(sim, tmp_path):
+    """`ansible-playbook -i INVENTORY playbooks/site.yml` without p2pkit: driver, p2p-module, engine and
+    service roles in one run from an operator's inventory, then a second run that changes nothing. The
+    engine's own build is p2pkit's CMake run, not a role: placed here as the service test places it."""
+    from p2pkit.sim import lifecycle
+    from p2pkit.stages.service import act as svc
+
+    ref, hand = sim("healthy", "ref"), sim("healthy", "site")
+    prof = config.load(Host.at(ref).sim["profile"])
+    prof = replace(prof, serve=replace(prof.serve, health_timeout_s=30.0))
+    # the service role's values as p2pkit hands them (its command lines written by writers.py), taken from
+    # a reference host's run and pointed at this one
+    lifecycle.place_engine(ref, prof)
+    ctx = pipeline.Ctx(profile=prof, host=Host.at(ref), store=Store(ref / "var/lib/p2pkit"), out=Output())
+    svc.act(ctx)
+    subprocess.run([str(ref / "usr/bin/systemctl"), "stop", svc.UNIT], check=True)
+    given = json.loads((ctx.store.dir / "logs/service.vars.json").read_text())
+    service = {k: v for k, v in given.items() if k.startswith("p2pkit_service_")}
+    lifecycle.place_engine(hand, prof)
+    hostvars = {**profile_vars(hand), **service, "p2pkit_engine_recipe": prof.engine.recipe,
+                "p2pkit_engine_build_dir": prof.engine.build_dir}
+    inventory = write_inventory(tmp_path / "hosts.yml", hostvars)
+    try:
+        r, recap = playbook("site.yml", inventory, tmp_path)
+        assert r.returncode == 0 and recap["failed"] == 0 and recap["changed"] > 0, r.stdout[-3000:]
+        plays = re.findall(r"^PLAY \[(.+?)\]", r.stdout, re.M)
+        assert len(plays) == 4, plays
+        assert svc.unit_alive(Host.at(hand)) and (hand / "etc/p2pkit/engine.env").is_file()
+        assert (hand / f"lib/modules/{KERNEL}/kernel/drivers/video/nvidia.ko").is_file()
+        r, recap = playbook("site.yml", inventory, tmp_path)
+        assert r.returncode == 0 and recap["changed"] == 0, r.stdout[-3000:]  # every role idempotent
+    finally:
+        subprocess.run([str(hand / "usr/bin/systemctl"), "stop", svc.UNIT], capture_output=True)
