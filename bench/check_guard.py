@@ -178,6 +178,7 @@ def test_functions() -> list[dict]:
         src = path.read_text()
         tree = ast.parse(src)
         module_slow = "pytestmark = pytest.mark.slow" in src
+        imported = _imported_modules(tree)
         lines = src.splitlines()
         hosts = {n.name for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("test_")
                  and any("fixture" in ast.unparse(d) for d in n.decorator_list)
@@ -192,7 +193,20 @@ def test_functions() -> list[dict]:
                 text += "".join("\n" + helpers[h] for h in used)  # what its helpers name, it names
                 slow = module_slow or "mark.slow" in text.split("def ", 1)[0]
                 out.append({"node": f"tests/{path.name}::{node.name}", "slow": slow, "text": text,
-                            "host_fixture": bool(hosts & {a.arg for a in node.args.args})})
+                            "host_fixture": bool(hosts & {a.arg for a in node.args.args}), "imports": imported})
+    return out
+
+
+def _imported_modules(tree: ast.Module) -> set[str]:
+    """The p2pkit modules a test file imports, anywhere in it (`from p2pkit.stages.link import checks`
+    is p2pkit.stages.link.checks)."""
+    out = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.ImportFrom) and n.module and n.module.startswith("p2pkit") and not n.level:
+            out.add(n.module)
+            out |= {f"{n.module}.{a.name}" for a in n.names}
+        elif isinstance(n, ast.Import):
+            out |= {a.name for a in n.names if a.name.startswith("p2pkit")}
     return out
 
 
@@ -221,15 +235,18 @@ def scenarios_naming(pitfalls: set[str]) -> list[str]:
 
 def relevant_tests(fn: dict, tests: list[dict]) -> list[dict]:
     """The tests that exercise a check however they name it: by its ids or name (tests_for), every
-    test of its module's test file (not those over a simulated host that name none of these:
-    scenario_wide), and those naming one of its pitfalls or a scenario that does.
+    test of its module's test file or of a file that imports its module (not those over a simulated
+    host that name none of these: scenario_wide), and those naming one of its pitfalls or a scenario
+    that does.
     tests/guard_plugin.py then keeps, per function, those that call it."""
     named = {t["node"] for t in tests_for(fn, tests)}
     pits = pitfalls_of(fn)
     needles = [re.compile(rf"\b{p}\b") for p in pits]
     needles += [re.compile(re.escape(f'"{s}"')) for s in scenarios_naming(pits)]
     own = re.compile(rf"^tests/test_{re.escape(fn['module'])}(_\w+)?\.py::")
-    return [t for t in tests if t["node"] in named or (own.match(t["node"]) and not scenario_wide(t))
+    dotted = ".".join(Path(fn["path"]).with_suffix("").parts)
+    return [t for t in tests if t["node"] in named
+            or ((own.match(t["node"]) or dotted in t.get("imports", ())) and not scenario_wide(t))
             or any(n.search(t["text"]) for n in needles)]
 
 

@@ -85,3 +85,23 @@ def test_doc_from_saved_results_a_module_run_again_replaces_the_first(tmp_path, 
     assert "(rebar run again" in doc and "70 s on two shared cores" in doc
     assert "- line 11: `c1` replaced by False (equivalent: a reason)" in doc
     assert "- line 11: `c1` replaced by False\n" in doc  # driver's, not marked
+
+
+def test_a_test_file_that_imports_the_check_module_is_its_own():
+    """The field checks' tests live in tests/test_field.py, not test_link*.py: a test of a file that
+    imports the check's module exercises it however the file is named; a scenario-wide one does not."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import check_guard
+
+    fn = {"ids": ["field.gpu_wedged"], "function": "wedged", "module": "link", "path": "p2pkit/stages/link/checks.py",
+          "node": None}
+    imports = {"p2pkit.stages.link", "p2pkit.stages.link.checks"}
+    tests = [{"node": "tests/test_field.py::test_x", "text": "def test_x():\n    assert 1", "imports": imports},
+             {"node": "tests/test_field.py::test_y", "text": "def test_y(sim):\n    sim('healthy')",
+              "imports": imports},
+             {"node": "tests/test_other.py::test_z", "text": "def test_z():\n    assert 1", "imports": set()}]
+    import unittest.mock as um
+
+    with um.patch.object(check_guard, "pitfalls_of", return_value=set()):
+        got = [t["node"] for t in check_guard.relevant_tests(fn, tests)]
+    assert got == ["tests/test_field.py::test_x"]
