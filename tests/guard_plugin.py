@@ -112,6 +112,10 @@ def _ours(name: str, m) -> bool:
 
 
 def _replace_everywhere(orig, new) -> None:
+    # what a decorator marked on the function goes with it (@reads: the facts a stage collects for it)
+    for key, val in vars(orig).items():
+        if not key.startswith("__") and key not in vars(new):
+            setattr(new, key, val)
     mods = [m for name, m in list(sys.modules.items()) if _ours(name, m)]
     for m in mods:
         for attr, val in list(vars(m).items()):

@@ -105,3 +105,20 @@ def test_a_test_file_that_imports_the_check_module_is_its_own():
     with um.patch.object(check_guard, "pitfalls_of", return_value=set()):
         got = [t["node"] for t in check_guard.relevant_tests(fn, tests)]
     assert got == ["tests/test_field.py::test_x"]
+
+
+def test_a_replaced_check_keeps_what_its_decorator_marked():
+    """A traced, forced or mutated check keeps its @reads marks: a stage collects its facts from them,
+    and without them every test of that stage fails unmutated (and is left out of the campaign)."""
+    from tests import guard_plugin
+
+    def orig():
+        return 1
+
+    orig.reads, orig.given = ("kernel_log",), ()
+
+    def new():
+        return 2
+
+    guard_plugin._replace_everywhere(orig, new)
+    assert (new.reads, new.given) == (("kernel_log",), ())
