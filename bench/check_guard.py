@@ -517,8 +517,8 @@ def main(argv: list[str] | None = None) -> int:
         secs = sum(m.get("seconds") or 0 for m in (res.get("modules") or {}).values()) or res["seconds"]
         res = summary(res["functions"], secs) | {k: res.get(k) for k in ("only", "slow", "modules")}
         if again_mods:
-            res["note"] = (f"{', '.join(again_mods)} run again (`--only {','.join(again_mods)}`) after tests for "
-                           "them were added, its result in place of the first run's")
+            res["note"] = (f"{', '.join(again_mods)} run again (`--only {','.join(again_mods)}`), its result "
+                           "in place of the first run's")
         a.only, a.slow = res["only"], res["slow"]
         if a.markdown:
             a.markdown.write_text(markdown(res, a))
