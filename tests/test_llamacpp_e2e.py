@@ -54,9 +54,9 @@ def llama_sim(root: Path, scenario: str = "healthy", context: int = 2048) -> Pat
     return root
 
 
-def up(cli, root: Path, *more: str):
+def up(cli, root: Path, *more: str, up_args: tuple[str, ...] = ()):
     """`up` to the end: the first run stops for the p2p-module reboot, the simulated host reboots,
-    the second run resumes."""
+    the second run resumes. `more` goes before the command, `up_args` after it."""
     import fcntl
 
     args = [a for s in SETS for a in ("--set", s)]
@@ -64,10 +64,10 @@ def up(cli, root: Path, *more: str):
     # a time, as p2pkit's own lock keeps one run at a time on a real host
     with open(llama_real.CACHE / "llama-up.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        r = cli("--root", str(root), *args, *more, "--yes", "up")
+        r = cli("--root", str(root), *args, *more, "--yes", "up", *up_args)
         if "reboot, then run p2pkit up again" in r.err:
             lifecycle.reboot(root)
-            r = cli("--root", str(root), *args, *more, "--yes", "up")
+            r = cli("--root", str(root), *args, *more, "--yes", "up", *up_args)
     return r
 
 
@@ -151,12 +151,7 @@ def test_up_builds_converts_serves_and_benches_the_real_llamacpp(served, cli):
 
     # the engine stage's build path on the real llama.cpp, forced past the gate: CMake configures from
     # its cache with CUDA off, said plainly
-    import fcntl
-
-    with open(llama_real.CACHE / "llama-up.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        r = cli("--root", str(root), *[a for s in SETS for a in ("--set", s)], "--yes", "up", "--from", "engine",
-                "--to", "engine", "--force")
+    r = up(cli, root, up_args=("--from", "engine", "--to", "engine", "--force"))
     assert r.code == 0, r.err[-3000:]
     assert "CUDA OFF" in r.err  # said plainly, never silent
     eng = json.loads((state / "engine.json").read_text())

@@ -98,16 +98,14 @@ def pending_kernel(pk: dict, built: dict, mok: dict | None = None) -> Check:
     got = pk.get("modinfo_filename")
     same_build = built.get("kernel") != k or pk.get("modinfo_srcversion") == built.get("srcversion")
     signing = isinstance(mok, dict) and mok.get("needed") is True
-    if got == want and same_build and signing:
-        serial = (mok.get("cert_id") or {}).get("serial")
+    if got == want and same_build:
         sig = pk.get("modinfo_sig_key") or ""
-        if not (serial and signed_by(sig, {"serial": serial})):
+        if signing and not signed_by_key(sig, mok):
             return Check("p2p.pending_kernel", title, FAIL,
                          f"{k}: {got} ({pk.get('modinfo_srcversion')}) signed by {sig or 'nobody'}",
-                         f"{want} signed by {mok.get('cert')} (serial {serial or 'no key yet'})",
+                         f"{want} signed by {mok.get('cert')} (serial {key_serial(mok) or 'no key yet'})",
                          f"Secure Boot refuses this module at the next boot into {k}: run `sudo p2pkit restore "
                          f"--kernel {k}` before you reboot (it signs the modules it builds with the key)", "P02")
-    if got == want and same_build:
         return Check("p2p.pending_kernel", title, WARN, f"{k}: {got} ({pk.get('modinfo_srcversion')})", want,
                      pending_note(k, signed=signing), "P02")
     return Check("p2p.pending_kernel", title, FAIL,
@@ -116,6 +114,17 @@ def pending_kernel(pk: dict, built: dict, mok: dict | None = None) -> Check:
                     f"the build's {built.get('srcversion')}"), want,
                  f"the kernel hook did not build the patched module for {k} (it failed or did not run): run "
                  f"`sudo p2pkit restore --kernel {k}` before you reboot, or the box boots {k} without P2P", "P02")
+
+
+def key_serial(mok: dict) -> str | None:
+    """The serial of p2pkit's signing certificate, as the mok fact read it (None: no key yet)."""
+    return (mok.get("cert_id") or {}).get("serial")
+
+
+def signed_by_key(sig_key: str, mok: dict) -> bool:
+    """Whether a module's sig_key (modinfo) is p2pkit's signing key; never with no key."""
+    serial = key_serial(mok)
+    return bool(serial) and signed_by(sig_key, {"serial": serial})
 
 
 def safeguards(g: dict) -> Check:
@@ -327,11 +336,10 @@ def _secure_boot(f) -> list[Check]:
     title = "the module is signed by p2pkit's key"
     if failed(m):
         return [unknown("p2p.secure_boot", title, m, "the key's serial")]
-    serial = (m.get("cert_id") or {}).get("serial")
     sig = m.get("module_sig_key") or ""
-    signed = judge("p2p.secure_boot", title, bool(serial) and signed_by(sig, {"serial": serial}),
+    signed = judge("p2p.secure_boot", title, signed_by_key(sig, m),
                    f"on; nvidia.ko signed by {m.get('module_signer') or 'nobody'} (sig_key {sig or 'none'})",
-                   f"{m.get('cert')} (serial {serial or 'no key yet'})",
+                   f"{m.get('cert')} (serial {key_serial(m) or 'no key yet'})",
                    "Secure Boot refuses a module not signed by an enrolled key: run `p2pkit up --from p2p-module` "
                    "(it signs the modules it builds with the key)")
     state = m.get("enrolment") or "no key"
