@@ -7,6 +7,7 @@ import pytest
 
 from p2pkit.sim import lifecycle
 from p2pkit.stages.p2p_module import checks as p2p_module
+from tests.conftest import FIXTURES
 
 NEW = "6.8.0-90-generic"
 
@@ -60,3 +61,28 @@ def test_between_the_hook_and_the_reboot_doctor_and_status_say_reboot(cli, sim):
     r = cli("--root", str(root), "--json", "doctor")
     c = checks_of(r.json())
     assert c["p2p.pending_kernel"]["status"] == "pass" and c["p2p.loaded_srcversion"]["status"] == "pass"
+
+
+def test_a_pending_kernels_module_signature_read_from_real_modinfo_output():
+    """kmod's modinfo of a signed module (tests/fixtures/mok, a real Ubuntu 6.2 kernel's overlay.ko):
+    its sig_key, colon-separated with the DER integer's leading 00, is the signing certificate's serial
+    as openssl prints it (no colons, no leading zeros); the pending-kernel check passes it to a reboot
+    note when it is p2pkit's key and fails it before the reboot when it is another."""
+    from p2pkit.parse import system as ps
+    from p2pkit.stages.p2p_module import checks as p2p
+
+    fields = ps.modinfo_fields((FIXTURES / "mok/modinfo-signed-overlay-6.2.0-25.txt").read_text())
+    assert fields["sig_key"] == "03:91:76:66:F0:D5:23:99:A0:4F:17:5E:BD:A8:42:D6:08:A9:5F:71"
+    kernel = "6.8.0-90-generic"
+    pk = {"kernel": kernel, "boot_image": f"/boot/vmlinuz -> vmlinuz-{kernel}", "running": "6.8.0-88-generic",
+          "modinfo_filename": p2p.module_file(kernel), "modinfo_srcversion": fields["srcversion"],
+          "modinfo_sig_key": fields["sig_key"]}
+    built = {"kernel": kernel, "srcversion": fields["srcversion"]}
+    ours = {"needed": True, "cert": "/var/lib/p2pkit/mok/p2pkit-mok.der",
+            "cert_id": {"serial": "3917666F0D52399A04F175EBDA842D608A95F71", "cn": "p2pkit"}}
+    c = p2p.pending_kernel(pk, built, ours)
+    assert c.status == "warn" and "built and signed for the pending kernel" in c.hint
+    other = {**ours, "cert_id": {"serial": "8A3F00112233445566778899AABBCCDDEEFF0011", "cn": "p2pkit"}}
+    c = p2p.pending_kernel(pk, built, other)
+    assert c.status == "fail" and fields["sig_key"] in c.measured and f"restore --kernel {kernel}" in c.hint
+    assert p2p.pending_kernel(pk, built, {"needed": False}).status == "warn"  # Secure Boot off: no key asked
