@@ -407,6 +407,10 @@ ensured, a default that only shapes the text); those known are marked below with
 EQUIVALENT: dict[tuple[str, str, bool], str] = {
     ("engine:_source", "bool(head)", True): "an empty HEAD never starts with a non-empty engine.commit, and an "
     "empty engine.commit already fails the operand before it",
+    ("engine:vllm_tree", "failed(t)", False): "failed(t) is true only when 'error' is in t, so the operand "
+    "beside it already decides and nothing changes",
+    ("engine:kernel_archs", "isinstance(e, dict)", True): "e is None (returned earlier) or a dict (the collector "
+    "gives EngineArchs, {'missing'} or {'error'}); for any other value both versions crash alike",
     ("service:_spec", "p.engine.recipe in by_recipe", True): "engine.recipe is one of ninfer, llamacpp, vllm "
     "(config.py refuses any other), the three keys of by_recipe: the test is always true",
 }
