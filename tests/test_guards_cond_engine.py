@@ -326,7 +326,8 @@ def test_vllm_tree_at_the_pinned_commit_and_branch_with_the_sm121_patch():
     c = by_id(checks.vllm_tree(tree(), SPARK))
     s = c["engine.vllm_source"]
     assert (s.status, s.expected, s.pitfall) == (PASS, f"{COMMIT[:12]} on release/qwen38next", "P21")
-    assert s.measured.startswith(f"{COMMIT[:12]} on release/qwen38next")
+    # the checked-out branch also holds HEAD (`git branch --contains HEAD` names it): named once
+    assert s.measured == f"{COMMIT[:12]} on release/qwen38next"
     m = c["engine.vllm_sm121"]
     assert (m.status, m.measured, m.pitfall) == (PASS, "12.1 in all four arch lists, E2M1 fallback", "P21")
 
@@ -339,7 +340,7 @@ def test_vllm_tree_on_a_detached_head_is_found_on_the_branches_holding_it():
 def test_vllm_tree_without_a_pinned_branch_takes_any():
     s = checks.vllm_tree(tree(branch="main", branches_with_head=["main"]), eng(SPARK, branch=""))[0]
     assert (s.status, s.expected) == (PASS, f"{COMMIT[:12]} on any branch")
-    assert s.measured.startswith(f"{COMMIT[:12]} on main")
+    assert s.measured == f"{COMMIT[:12]} on main"
 
 
 @pytest.mark.parametrize("p,t,measured,expected,hint", [

@@ -226,7 +226,8 @@ def vllm_tree(t: dict | None, p: Profile) -> list[Check]:
     if failed(t) or "error" in t:
         return [unknown("engine.vllm_source", "the vLLM source tree", t, p.engine.build_dir, pitfall="P21")]
     out = []
-    where = [x for x in (t.get("branch"), *t.get("branches_with_head", [])) if x]
+    # the branch checked out, then every branch holding HEAD (which names the checked-out one again), once each
+    where = list(dict.fromkeys(x for x in (t.get("branch"), *t.get("branches_with_head", [])) if x))
     head = t.get("head") or ""
     out.append(judge("engine.vllm_source", "the vLLM tree is the pinned commit on the pinned branch",
                      bool(p.engine.commit) and head == p.engine.commit and (not p.engine.branch or
