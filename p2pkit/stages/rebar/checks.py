@@ -47,7 +47,8 @@ def check(f: dict, p: Profile) -> list[Check]:
     for g in gpus:
         bdf = g["bdf"]
         nv = by_bus.get(bdf.lower()[-12:])
-        vram = nv["memory_total"] if nv and isinstance(nv.get("memory_total"), int) else p.gpus.vram_gib * GIB
+        from_nvml = bool(nv) and isinstance(nv.get("memory_total"), int)
+        vram = nv["memory_total"] if from_nvml else p.gpus.vram_gib * GIB
         floor = max(vram, p.pcie.bar1_min_gib * GIB)
         ap = g.get("aperture")
         title = f"BAR1 of {bdf} covers VRAM"
@@ -62,7 +63,7 @@ def check(f: dict, p: Profile) -> list[Check]:
             hint += f"; this card offers {_gib(max(bigger))} (resource{ap['index']}_resize)"
         out.append(figure(f"rebar.bar1.{bdf}", title, ap["size"] / GIB, ">=", floor / GIB, "GiB", hint,
                           context=f"at resource{ap['index']}",
-                          expected_context=f"({'VRAM from NVML' if nv else 'VRAM from the profile'})"))
+                          expected_context=f"({'VRAM from NVML' if from_nvml else 'VRAM from the profile'})"))
         if nv is None:
             out.append(Check(f"rebar.nvml.{bdf}", f"NVML bar1Total of {bdf} agrees with sysfs", SKIP,
                              f"could not determine: {f.get('nvml', {}).get('error', 'GPU not in NVML')}",
