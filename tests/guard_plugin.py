@@ -126,10 +126,32 @@ def _replace_everywhere(orig, new) -> None:
         for f in dataclasses.fields(st):
             if getattr(st, f.name) is orig:
                 object.__setattr__(st, f.name, new)
+            _swap_in_closure(getattr(st, f.name), orig, new)
+    for m in mods:
+        for val in list(vars(m).values()):
+            _swap_in_closure(val, orig, new)
     for m in mods:
         for attr, val in list(vars(m).items()):  # tuples of judges (field.JUDGES)
             if isinstance(val, tuple) and any(x is orig for x in val):
                 setattr(m, attr, tuple(new if x is orig else x for x in val))
+
+
+def _swap_in_closure(fn, orig, new) -> None:
+    """A function made by another (findings.combine: the rebar stage's check is combine(check,
+    bar_assignment)) holds its parts in its closure: each cell holding the original, alone or in a
+    tuple, holds the replacement instead (and `parts`, the combined check's list of them)."""
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            val = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if val is orig:
+            cell.cell_contents = new
+        elif isinstance(val, tuple) and any(x is orig for x in val):
+            cell.cell_contents = tuple(new if x is orig else x for x in val)
+    parts = getattr(fn, "parts", None)
+    if isinstance(parts, tuple) and any(x is orig for x in parts):
+        fn.parts = tuple(new if x is orig else x for x in parts)
 
 
 def mutate_condition(spec: str) -> None:

@@ -122,3 +122,32 @@ def test_a_replaced_check_keeps_what_its_decorator_marked():
 
     guard_plugin._replace_everywhere(orig, new)
     assert (new.reads, new.given) == (("kernel_log",), ())
+
+
+def test_a_replaced_check_reaches_the_stage_check_that_combines_it():
+    """The rebar stage's check is findings.combine(rebar.check, rebar.bar_assignment): the parts live in
+    the combined function's closure, out of reach of a module attribute. A replaced part is the one the
+    stage runs (before, a test through the stage never ran the mutant, and every rebar mutant it could
+    have caught survived)."""
+    from p2pkit.core import config
+    from p2pkit.stages import definitions
+    from p2pkit.stages.rebar import checks as rebar
+    from tests import guard_plugin
+
+    stage = next(s for s in definitions.STAGES if s.name == "rebar")
+    orig = rebar.bar_assignment
+    marker = object()
+
+    def new(f, p):
+        return [marker]
+
+    try:
+        guard_plugin._replace_everywhere(orig, new)
+        assert rebar.bar_assignment is new
+        assert new in stage.check.parts and orig not in stage.check.parts
+        # what the stage runs: its own check's findings (facts it could not read), then the replacement's
+        got = stage.check({}, config.load("dual-5090-ninfer"))
+        assert got[-1] is marker, got
+    finally:
+        guard_plugin._replace_everywhere(new, orig)
+    assert orig in stage.check.parts and rebar.bar_assignment is orig

@@ -26,7 +26,8 @@ def gpu(size=32 * GIB, resizable_to=(), index=1, **kw) -> dict:
 
 def nvml(memory_total=32 * GIB, bar1_total=32 * GIB) -> dict:
     return {"driver_version": "615.71.09",
-            "gpus": [{"index": 0, "bus_id": "00000000:01:00.0", "memory_total": memory_total, "bar1_total": bar1_total}]}
+            "gpus": [{"index": 0, "bus_id": "00000000:01:00.0", "memory_total": memory_total,
+                      "bar1_total": bar1_total}]}
 
 
 def by_id(checks) -> dict:

@@ -217,7 +217,8 @@ def test_nvml_p2p_unread_is_could_not_determine():
     ({"error": "Not Supported"}, "OK", "0->1 read {'error': 'Not Supported'} write OK", ""),
 ])
 def test_nvml_p2p_a_direction_not_ok_fails_naming_its_code(read, write, measured, hint):
-    nv = {"p2p": [{"from": 0, "to": 1, "read": read, "write": write}, {"from": 1, "to": 0, "read": "OK", "write": "OK"}]}
+    nv = {"p2p": [{"from": 0, "to": 1, "read": read, "write": write},
+                  {"from": 1, "to": 0, "read": "OK", "write": "OK"}]}
     c = topology._nvml_p2p({"nvml": nv})
     assert (c.id, c.status, c.pitfall, c.measured, c.hint) == ("topology.nvml_p2p", "fail", "P17", measured, hint)
 
