@@ -85,6 +85,30 @@ def ansible_temp(state_dir: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix="run", dir=base))
 
 
+def module_cache(state_dir: Path) -> Path:
+    """Where the stage playbooks share the modules Ansible built (callback p2pkit_module_cache):
+    <state>/.ansible/modules/<key>, the key a digest of what a payload is built from (ansible-core's
+    version, Python's, p2pkit's own modules); a directory of another key is removed, never reused."""
+    import hashlib
+    from importlib import metadata
+
+    h = hashlib.sha256()
+    try:
+        h.update(metadata.version("ansible-core").encode())
+    except metadata.PackageNotFoundError:
+        h.update(b"ansible-core ?")
+    h.update(sys.version.encode())
+    for f in sorted((share_dir() / "playbooks").glob("**/library/*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    base = Path(os.path.abspath(state_dir)) / ".ansible/modules"
+    key = h.hexdigest()[:16]
+    if base.is_dir():
+        for old in base.iterdir():
+            if old.name != key:
+                shutil.rmtree(old, ignore_errors=True)
+    return base / key
+
+
 def run_playbook(ctx, stage: str, extra: dict, check_mode: bool = False) -> dict:
     book = share_dir() / "playbooks" / f"{stage}.yml"
     doc = write_vars(ctx, stage, extra)  # makes <state>/logs too
@@ -110,10 +134,14 @@ def run_playbook(ctx, stage: str, extra: dict, check_mode: bool = False) -> dict
         # a p2pkit run by an inventory run on a local host inherits its results callback: each stage
         # playbook's results stay here, never among the hosts' results on the controller
         "P2PKIT_LAST_RESULT_DIR": str(ctx.store.dir / ".ansible/results"),
-        # each task's own result (p2pkit_tasks), read back into the stage's artifact
+        # each task's own result (p2pkit_tasks), read back into the stage's artifact; one cache of built
+        # modules for every stage's playbook (p2pkit_module_cache)
         "ANSIBLE_CALLBACKS_ENABLED": ",".join(filter(None, [os.environ.get("ANSIBLE_CALLBACKS_ENABLED"),
-                                                            "p2pkit_tasks"])),
+                                                            "p2pkit_tasks", "p2pkit_module_cache"])),
         "P2PKIT_TASK_RESULTS": str(tasks_file),
+        "P2PKIT_MODULE_CACHE": str(module_cache(ctx.store.dir)),
+        # the one inventory p2pkit gives (-i localhost,) is a host list: no other inventory plugin tried
+        "ANSIBLE_INVENTORY_ENABLED": "host_list",
     }
     log = logs / f"{stage}.log"
     logfiles.rotate(log)  # the last runs' logs kept as .1 .. .3
