@@ -12,7 +12,8 @@ against it, paired run by run, with a fixed and per-host fit for each.
 every p2pkit process compiles every module it imports); by default byte code is written, as a
 pip-installed p2pkit has it.
 
-Run by hand: `python3 bench/bench_inventory.py [--sizes 1 4 8] [--runs 3] [--vs-source DIR] [--no-bytecode]`.
+Run by hand: `python3 bench/bench_inventory.py [--sizes 1 4 8] [--runs 3] [--up-runs 1] [--vs-source DIR]
+[--no-bytecode]`; --up-runs N brings up fresh hosts N times per size, A and B in turn, and takes the median.
 Not a test: nothing here asserts a time."""
 
 from __future__ import annotations
@@ -74,10 +75,18 @@ def hosts(d: Path, prefix: str, n: int, argv: list[str], env: dict, work: Path) 
     return roots, inv
 
 
+def stop(roots: list[Path], argv: list[str], env: dict, work: Path) -> None:
+    """The engines these simulated hosts' `up` started."""
+    for r in roots:
+        subprocess.run([*argv, "sim", "stop", str(r)], env=env, cwd=work, capture_output=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", type=int, nargs="+", default=[1, 4, 8])
     ap.add_argument("--runs", type=int, default=3, help="status --inventory runs per size (median)")
+    ap.add_argument("--up-runs", type=int, default=1, help="`up --inventory` runs per size, A B A B on fresh "
+                    "hosts (median)")
     ap.add_argument("--vs-source", type=Path, help="another p2pkit source tree to pair status --inventory against")
     ap.add_argument("--no-bytecode", action="store_true", help="keep PYTHONDONTWRITEBYTECODE=1, as issue 20 measured")
     a = ap.parse_args()
@@ -90,15 +99,26 @@ def main() -> None:
     for n in a.sizes:
         d = work / f"n{n}"
         d.mkdir()
-        roots, inv = hosts(d, "h", n, argv, env, work)
-        up = timed([*argv, "--json", "up", "--inventory", str(inv), "--reboot"], env, work)
+        b_argv, b_env = p2pkit(a.vs_source.resolve()) if a.vs_source else (None, None)
+        ups, b_ups = [], []
+        for k in range(a.up_runs):  # A B A B ...: fresh hosts for every `up`
+            roots, inv = hosts(d, f"h{k}-", n, argv, env, work)
+            ups.append(timed([*argv, "--json", "up", "--inventory", str(inv), "--reboot"], env, work))
+            if k < a.up_runs - 1:
+                stop(roots, argv, env, work)
+            if a.vs_source:
+                b_roots, b_inv = hosts(d, f"b{k}-", n, b_argv, b_env, work)
+                b_ups.append(timed([*b_argv, "--json", "up", "--inventory", str(b_inv), "--reboot"], b_env, work))
+                if k < a.up_runs - 1:
+                    stop(b_roots, b_argv, b_env, work)
+        up = {"runs": ups, "cpu_s": statistics.median(u["cpu_s"] for u in ups),
+              "wall_s": statistics.median(u["wall_s"] for u in ups)}
         status = [timed([*argv, "--json", "status", "--inventory", str(inv)], env, work) for _ in range(a.runs)]
         row = {"up": up, "status_inventory": status,
                "status_inventory_median_cpu_s": statistics.median(s["cpu_s"] for s in status)}
         if a.vs_source:
-            b_argv, b_env = p2pkit(a.vs_source.resolve())
-            b_roots, b_inv = hosts(d, "b", n, b_argv, b_env, work)
-            row["vs_up"] = timed([*b_argv, "--json", "up", "--inventory", str(b_inv), "--reboot"], b_env, work)
+            row["vs_up"] = {"runs": b_ups, "cpu_s": statistics.median(u["cpu_s"] for u in b_ups),
+                            "wall_s": statistics.median(u["wall_s"] for u in b_ups)}
             pairs = []
             for _ in range(a.runs):
                 x = timed([*argv, "--json", "status", "--inventory", str(inv)], env, work)
@@ -108,13 +128,11 @@ def main() -> None:
                          "median_ratio_cpu": statistics.median(p["ratio_cpu"] for p in pairs)}
             vs_points.append((n, row["vs"]["median_B_cpu_s"]))
             vs_up_points.append((n, row["vs_up"]["cpu_s"]))
-            for r in b_roots:  # the engines B's hosts started
-                subprocess.run([*b_argv, "sim", "stop", str(r)], env=b_env, cwd=work, capture_output=True)
+            stop(b_roots, b_argv, b_env, work)  # the engines B's hosts started
         if n == a.sizes[0]:
             out["plain_status_one_host"] = [timed([*argv, "--root", str(roots[0]), "--json", "status"], env, work)
                                             for _ in range(a.runs)]
-        for r in roots:
-            subprocess.run([*argv, "sim", "stop", str(r)], env=env, cwd=work, capture_output=True)
+        stop(roots, argv, env, work)
         out["sizes"][n] = row
         up_points.append((n, up["cpu_s"]))
         status_points.append((n, row["status_inventory_median_cpu_s"]))
