@@ -139,7 +139,10 @@ def _replace_everywhere(orig, new) -> None:
 def _swap_in_closure(fn, orig, new) -> None:
     """A function made by another (findings.combine: the rebar stage's check is combine(check,
     bar_assignment)) holds its parts in its closure: each cell holding the original, alone or in a
-    tuple, holds the replacement instead (and `parts`, the combined check's list of them)."""
+    tuple, holds the replacement instead (and `parts`, the combined check's list of them). Never the
+    replacement's own closure: a traced or forced wrapper holds the original it calls."""
+    if fn is new:
+        return
     for cell in getattr(fn, "__closure__", None) or ():
         try:
             val = cell.cell_contents

@@ -151,3 +151,28 @@ def test_a_replaced_check_reaches_the_stage_check_that_combines_it():
     finally:
         guard_plugin._replace_everywhere(new, orig)
     assert orig in stage.check.parts and rebar.bar_assignment is orig
+
+
+def test_a_wrapper_put_in_place_of_a_check_still_calls_the_original():
+    """The traced and forced wrappers hold the check they wrap in their own closure: replacing the check
+    by its wrapper must not make the wrapper call itself (every call a RecursionError, every test
+    'failing unmutated')."""
+    from p2pkit.core import config
+    from p2pkit.stages import definitions
+    from p2pkit.stages.rebar import checks as rebar
+    from tests import guard_plugin
+
+    stage = next(s for s in definitions.STAGES if s.name == "rebar")
+    orig = rebar.bar_assignment
+    seen = []
+
+    def wrapper(f, p):
+        seen.append(1)
+        return orig(f, p)
+
+    try:
+        guard_plugin._replace_everywhere(orig, wrapper)
+        stage.check({}, config.load("dual-5090-ninfer"))
+        assert seen == [1]
+    finally:
+        guard_plugin._replace_everywhere(wrapper, orig)
