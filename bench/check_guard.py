@@ -411,6 +411,10 @@ EQUIVALENT: dict[tuple[str, str, bool], str] = {
     "beside it already decides and nothing changes",
     ("engine:kernel_archs", "isinstance(e, dict)", True): "e is None (returned earlier) or a dict (the collector "
     "gives EngineArchs, {'missing'} or {'error'}); for any other value both versions crash alike",
+    ("preflight:_pins", "keys", True): "with no empty pin ok is True and judge drops the hint of a pass: the "
+    "hint built anyway changes nothing",
+    ("preflight:bootloader", "not failed(io)", True): "a failed iommu fact is exactly {'error': ...}: its "
+    "intent is None, never the profile's passthrough or off, so applied stays False either way",
     ("service:_spec", "p.engine.recipe in by_recipe", True): "engine.recipe is one of ninfer, llamacpp, vllm "
     "(config.py refuses any other), the three keys of by_recipe: the test is always true",
 }
