@@ -415,6 +415,10 @@ EQUIVALENT: dict[tuple[str, str, bool], str] = {
     "hint built anyway changes nothing",
     ("preflight:bootloader", "not failed(io)", True): "a failed iommu fact is exactly {'error': ...}: its "
     "intent is None, never the profile's passthrough or off, so applied stays False either way",
+    ("p2p_module:install_checks", "failed(built)", False): "a failed built fact is {'error': ...} alone: "
+    "`not built.get('srcversion')` beside it is already true",
+    ("p2p_module:pending_kernel", "same_build", False): "that line runs only when `got == want and same_build` "
+    "was false: wherever same_build holds there, got != want holds too and the suffix is empty either way",
     ("service:_spec", "p.engine.recipe in by_recipe", True): "engine.recipe is one of ninfer, llamacpp, vllm "
     "(config.py refuses any other), the three keys of by_recipe: the test is always true",
 }
