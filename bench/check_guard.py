@@ -419,6 +419,16 @@ EQUIVALENT: dict[tuple[str, str, bool], str] = {
     "`not built.get('srcversion')` beside it is already true",
     ("p2p_module:pending_kernel", "same_build", False): "that line runs only when `got == want and same_build` "
     "was false: wherever same_build holds there, got != want holds too and the suffix is empty either way",
+    ("fit:check", "failed(fit)", False): "failed(x) implies 'error' in x: the `'error' in fit` operand beside it "
+    "returns the same could-not-determine finding",
+    ("fit:check", "failed(m)", False): "failed(m) implies 'error' in m: the `'error' in m` operand beside it "
+    "returns the same could-not-determine finding",
+    ("fit:check", "failed(gpus)", False): "a failed fact is a dict, never a list: `not isinstance(gpus, list)` "
+    "already holds and returns the same finding",
+    ("fit:_kv_types", 'p.engine.recipe != "llamacpp"', False): "plan() splits every engine but llama.cpp by "
+    "\"tp\": `pl['split'] != 'tensor'` already returns [] for them",
+    ("fit:headroom", "failed(after)", False): "a failed fact holds only its 'error': after.get('gpus') is None and "
+    "`not isinstance(..., list)` returns the same could-not-determine finding",
     ("service:_spec", "p.engine.recipe in by_recipe", True): "engine.recipe is one of ninfer, llamacpp, vllm "
     "(config.py refuses any other), the three keys of by_recipe: the test is always true",
 }
