@@ -429,6 +429,8 @@ EQUIVALENT: dict[tuple[str, str, bool], str] = {
     "\"tp\": `pl['split'] != 'tensor'` already returns [] for them",
     ("fit:headroom", "failed(after)", False): "a failed fact holds only its 'error': after.get('gpus') is None and "
     "`not isinstance(..., list)` returns the same could-not-determine finding",
+    ("link:locked_clocks", "failed(nv)", False): "a failed nv is exactly {'error': ...}: the operand beside it, "
+    "`'gpus' not in nv`, is then true too and returns the same unknown finding",
     ("service:_spec", "p.engine.recipe in by_recipe", True): "engine.recipe is one of ninfer, llamacpp, vllm "
     "(config.py refuses any other), the three keys of by_recipe: the test is always true",
 }
