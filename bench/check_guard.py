@@ -431,6 +431,21 @@ EQUIVALENT: dict[tuple[str, str, bool], str] = {
     "`not isinstance(..., list)` returns the same could-not-determine finding",
     ("link:locked_clocks", "failed(nv)", False): "a failed nv is exactly {'error': ...}: the operand beside it, "
     "`'gpus' not in nv`, is then true too and returns the same unknown finding",
+    ("service:check", "not failed(own)", True): "a failed fact is exactly {'error': ...}: own.get('memory_caps') "
+    "is None and the conjunction is false either way",
+    ("service:check", 'p.serve.host == "::" and f":::{p.serve.port}" in addrs', False): "with serve.host '::' the "
+    "address wanted is already :::port, so `want in addrs` decides the same case",
+    ("service:check", 'p.serve.host == "::"', False): "with serve.host '::', `want in addrs` already accepts :::port",
+    ("service:check", 'f":::{p.serve.port}" in addrs', False): "the one case it matters (serve.host '::') is "
+    "already matched by `want in addrs`",
+    ("service:floor_check", "v", True): "the entries of `low` are only tested for emptiness, their text never "
+    "shown: `v or 'version unknown'` cannot change a result",
+    ("service:floor_check", "v", False): "the entries of `low` are only tested for emptiness, their text never "
+    "shown: `v or 'version unknown'` cannot change a result",
+    ("service:nccl_floor", "isinstance(e, dict)", True): "None is handled by `e is None` before it and every dict "
+    "gives the same answer; any other value crashes either way",
+    ("service:nccl_floor", "len({v for _, v in found}) > 1", False): "two different versions mean two libraries "
+    "at least: `len(found) > 1` beside it gives the same result",
     ("service:_spec", "p.engine.recipe in by_recipe", True): "engine.recipe is one of ninfer, llamacpp, vllm "
     "(config.py refuses any other), the three keys of by_recipe: the test is always true",
 }
