@@ -65,8 +65,8 @@ def alive(live: dict | None) -> list[Check]:
 # engine_live: given by doctor and status only (a stage's proof waits on /health instead)
 @reads("cgroup", "head_rendezvous", "vram_fit", given=("service", "engine_live"))
 def check(f: dict, p: Profile) -> list[Check]:
-    out = [*precheck(p), *head_up(f.get("head_rendezvous")), *fit.check(f.get("vram_fit"), p),
-           *alive(f.get("engine_live"))]
+    out = [*precheck(p), *head_up(f.get("head_rendezvous"), engine_cmd.node(p)["role"]),
+           *fit.check(f.get("vram_fit"), p), *alive(f.get("engine_live"))]
     missing = not_measured(f, "service", "service.running", "engine service proven",
                            "doctor does not wait on the service", "a run of `p2pkit verify service`")
     if missing:
@@ -214,10 +214,11 @@ def madv_random(t: dict) -> Check:
                   expected_context="(rr in VmFlags)")
 
 
-def head_up(h: dict | None) -> list[Check]:
+def head_up(h: dict | None, role: str | None = None) -> list[Check]:
     """P27 on a worker node: its head must be up (its rendezvous port answering) before it starts;
-    the service stage refuses to start it otherwise. doctor reads the same, without waiting."""
-    if not h or h.get("role") != "worker":
+    the service stage refuses to start it otherwise. doctor reads the same, without waiting. A fact
+    that could not be read carries no role: the profile's (`role`) says whether this node is a worker."""
+    if not h or (h.get("role") or role) != "worker":
         return []
     if failed(h):
         return [unknown("service.head_up", "the head node is up before this worker", h, "answering", pitfall="P27")]
