@@ -141,12 +141,18 @@ def test_trained_context_names_when_or_the_best_reached(t, context):
     assert c.measured.endswith(f"({context})")
 
 
-@pytest.mark.parametrize("before, after, rise", [(2, 7, 5), (None, 4, 4), (None, None, 0)])
-def test_replay_rise_counts_a_missing_reading_as_zero(before, after, rise):
+@pytest.mark.parametrize("before, after, rise, status", [(2, 7, 5, FAIL), (3, 3, 0, PASS), (None, 4, None, WARN),
+                                                         (4, None, None, WARN), (None, None, None, WARN)])
+def test_replay_rise_is_judged_only_from_two_readings(before, after, rise, status):
+    """A counter read before and after the load: its rise is judged. One NVML did not give (before or
+    after) is no rise of 0 (an after-only reading of 4 is not 4 replays, a before-only one is not
+    minus 4): a warning that says it was not read."""
     g = load_gpu(0, replay_before=before, replay_after=after)
     c = by_id(link.check(load(gpus=[g, load_gpu(1)]), P))["link.replays.gpu0"]
-    assert (c.value, c.status) == (rise, PASS if rise <= 0 else FAIL)
-    assert c.measured.endswith(f"(replays under load: {before} -> {after})")
+    assert (c.value, c.status) == (rise, status)
+    assert c.measured == (f"{rise} (replays under load: {before} -> {after})" if rise is not None else
+                          f"not read (replays under load: {before} -> {after})")
+    assert ("NVML gave no PCIe replay counter" in c.hint) == (status == WARN)
 
 
 @pytest.mark.parametrize("on, status, text", [(True, WARN, "applications/locked clocks limit active"),

@@ -92,12 +92,16 @@ def check(f: dict, p: Profile) -> list[Check]:
                                    f"best Gen{best['gen']} x{best['width']} in {r['load_seconds']:.1f} s of load; "
                                    f"{idle}"),
                           expected_context=f"to Gen{tgt[0]} x{tgt[1]} or better", missing="never trained"))
-        rise = (g["replay_after"] or 0) - (g["replay_before"] or 0)
+        # a counter NVML did not give before or after the load is no rise of 0: a warning, not read
+        read = g["replay_before"] is not None and g["replay_after"] is not None
+        rise = g["replay_after"] - g["replay_before"] if read else None
         out.append(figure(f"link.replays.gpu{i}", f"GPU{i} PCIe replay counter steady", rise, "<=",
                           lk.max_replay_increase, "count",
                           "replays under load mean a marginal link: reseat, drop a riser, or force one Gen lower "
-                          "in BIOS and compare", context=f"replays under load: {g['replay_before']} -> "
-                          f"{g['replay_after']}"))
+                          "in BIOS and compare" if read else "NVML gave no PCIe replay counter (nvidia-smi -q, "
+                          "'Replays Number'): judge the link by its training and bandwidth, or update the driver",
+                          severity=FAIL if read else WARN, missing="not read",
+                          context=f"replays under load: {g['replay_before']} -> {g['replay_after']}"))
         out.append(judge(f"link.clocks.gpu{i}", f"GPU{i} clocks not locked", not g["app_clocks_reason_under_load"],
                          "applications/locked clocks limit active" if g["app_clocks_reason_under_load"] else "free",
                          "free", LOCKED_FIX, pitfall="P04",
