@@ -7,11 +7,18 @@ the host's own useradd and usermod (`--root ROOT` where a root is given, found o
 so a run against a host root never reads or changes this machine's users. It returns the user's uid
 and gid as the host's files give them (for the owner of the files the role writes next), and
 changed only when it ran a tool.
+
+A WANT_JSON module, as p2pkit_files is (its docstring says why): a plain script that reads its
+arguments from the JSON file Ansible gives it and prints its result as JSON.
 """
 
 from __future__ import annotations
 
-from ansible.module_utils.basic import AnsibleModule
+import json
+import os
+import shutil
+import subprocess
+import sys
 
 DOCUMENTATION = r"""
 module: p2pkit_user
@@ -69,42 +76,79 @@ def _state(root: str, name: str) -> tuple[tuple[int, int] | None, set[str], set[
     return ids, member, {f[0] for f in groups if f}
 
 
+def _exit(result: dict, rc: int = 0):
+    print(json.dumps(result))
+    sys.exit(rc)
+
+
+def fail(msg: str, **result):
+    _exit({"failed": True, "msg": msg, **result}, 1)
+
+
+def arguments(path: str) -> tuple[dict, bool]:
+    """root, name, groups and shell from Ansible's arguments file, checked as AnsibleModule would
+    (name required, unknown names refused, groups a list of strings); and whether in check mode."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            given = json.load(fh)
+    except (OSError, ValueError) as e:
+        fail(f"p2pkit_user: cannot read the module arguments from {path}: {e}")
+    options = {"root": "", "name": None, "groups": [], "shell": "/usr/sbin/nologin"}
+    unknown = sorted(k for k in given if not k.startswith("_ansible_") and k not in options)
+    if unknown:
+        fail(f"Unsupported parameters for (p2pkit_user) module: {', '.join(unknown)}. "
+             f"Supported parameters include: {', '.join(sorted(options))}.")
+    params = {k: default if given.get(k) is None else given[k] for k, default in options.items()}
+    if not isinstance(params["name"], str) or not params["name"]:
+        fail("missing required arguments: name")
+    if not all(isinstance(params[k], str) for k in ("root", "shell")):
+        fail("arguments 'root' and 'shell' are strings")
+    if not isinstance(params["groups"], list) or not all(isinstance(g, str) for g in params["groups"]):
+        fail("argument 'groups' is a list of group names")
+    return params, bool(given.get("_ansible_check_mode"))
+
+
+def tool(name: str) -> str:
+    """The tool on the task's PATH, or in the sbin directories (as AnsibleModule.get_bin_path looks)."""
+    path = os.environ.get("PATH", "") + os.pathsep + os.pathsep.join(["/sbin", "/usr/sbin", "/usr/local/sbin"])
+    found = shutil.which(name, path=path)
+    if not found:
+        fail(f"Failed to find required executable \"{name}\" in paths: {path}")
+    return found
+
+
 def main() -> None:
-    module = AnsibleModule(argument_spec={
-        "root": {"type": "str", "default": ""},
-        "name": {"type": "str", "required": True},
-        "groups": {"type": "list", "elements": "str", "default": []},
-        "shell": {"type": "str", "default": "/usr/sbin/nologin"},
-    }, supports_check_mode=True)
-    root, name = module.params["root"].rstrip("/"), module.params["name"]
-    wanted = list(module.params["groups"])
+    if len(sys.argv) != 2:
+        fail("p2pkit_user: Ansible runs this module with one argument, its arguments file")
+    params, check_mode = arguments(sys.argv[1])
+    root, name = params["root"].rstrip("/"), params["name"]
+    wanted = list(params["groups"])
     ids, member, known = _state(root, name)
     unknown = [g for g in wanted if g not in known]
     if unknown:
-        module.fail_json(msg=f"p2pkit_user: the group(s) {', '.join(unknown)} are not in {root}/etc/group, so "
-                             f"{name} cannot join them: install the package that makes them (video and render "
-                             "come with udev/systemd on Ubuntu) or create them with groupadd --system")
+        fail(f"p2pkit_user: the group(s) {', '.join(unknown)} are not in {root}/etc/group, so "
+             f"{name} cannot join them: install the package that makes them (video and render "
+             "come with udev/systemd on Ubuntu) or create them with groupadd --system")
     missing = [g for g in wanted if g not in member]
     if ids is not None and not missing:
-        module.exit_json(changed=False, uid=ids[0], gid=ids[1])
+        _exit({"changed": False, "uid": ids[0], "gid": ids[1]})
     rooted = ["--root", root] if root else []
     if ids is None:
-        argv = [module.get_bin_path("useradd", required=True), *rooted, "--system", "--no-create-home",
-                "--shell", module.params["shell"], *(["--groups", ",".join(wanted)] if wanted else []), name]
+        argv = [tool("useradd"), *rooted, "--system", "--no-create-home", "--shell", params["shell"],
+                *(["--groups", ",".join(wanted)] if wanted else []), name]
     else:
-        argv = [module.get_bin_path("usermod", required=True), *rooted, "--append", "--groups", ",".join(missing),
-                name]
-    if module.check_mode:
-        module.exit_json(changed=True, uid=ids[0] if ids else None, gid=ids[1] if ids else None, would_run=argv)
-    rc, out, err = module.run_command(argv)
-    if rc != 0:
-        module.fail_json(msg=f"p2pkit_user: {' '.join(argv)} failed (exit {rc}): {(err or out).strip()[-400:]}",
-                         rc=rc, stderr=err, stdout=out)
+        argv = [tool("usermod"), *rooted, "--append", "--groups", ",".join(missing), name]
+    if check_mode:
+        _exit({"changed": True, "uid": ids[0] if ids else None, "gid": ids[1] if ids else None, "would_run": argv})
+    r = subprocess.run(argv, capture_output=True, text=True, errors="replace", stdin=subprocess.DEVNULL)
+    if r.returncode != 0:
+        fail(f"p2pkit_user: {' '.join(argv)} failed (exit {r.returncode}): {(r.stderr or r.stdout).strip()[-400:]}",
+             rc=r.returncode, stderr=r.stderr, stdout=r.stdout)
     ids, member, _ = _state(root, name)
     if ids is None or not set(wanted) <= member:
-        module.fail_json(msg=f"p2pkit_user: {argv[0]} exited 0 but {root}/etc/passwd and /etc/group do not show "
-                             f"{name} in {', '.join(wanted)}")
-    module.exit_json(changed=True, uid=ids[0], gid=ids[1], ran=argv)
+        fail(f"p2pkit_user: {argv[0]} exited 0 but {root}/etc/passwd and /etc/group do not show "
+             f"{name} in {', '.join(wanted)}")
+    _exit({"changed": True, "uid": ids[0], "gid": ids[1], "ran": argv})
 
 
 if __name__ == "__main__":
