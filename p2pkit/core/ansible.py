@@ -140,8 +140,10 @@ def run_playbook(ctx, stage: str, extra: dict, check_mode: bool = False) -> dict
                                                             "p2pkit_tasks", "p2pkit_module_cache"])),
         "P2PKIT_TASK_RESULTS": str(tasks_file),
         "P2PKIT_MODULE_CACHE": str(module_cache(ctx.store.dir)),
-        # the one inventory p2pkit gives (-i localhost,) is a host list: no other inventory plugin tried
+        # the one inventory p2pkit gives (-i localhost,) is a host list: no other inventory plugin tried;
+        # the roles use ansible.builtin and their own modules only: no collections looked for on sys.path
         "ANSIBLE_INVENTORY_ENABLED": "host_list",
+        "ANSIBLE_COLLECTIONS_SCAN_SYS_PATH": "false",
     }
     log = logs / f"{stage}.log"
     logfiles.rotate(log)  # the last runs' logs kept as .1 .. .3
