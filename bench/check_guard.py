@@ -438,10 +438,6 @@ EQUIVALENT: dict[tuple[str, str, bool], str] = {
     ("service:check", 'p.serve.host == "::"', False): "with serve.host '::', `want in addrs` already accepts :::port",
     ("service:check", 'f":::{p.serve.port}" in addrs', False): "the one case it matters (serve.host '::') is "
     "already matched by `want in addrs`",
-    ("service:floor_check", "v", True): "the entries of `low` are only tested for emptiness, their text never "
-    "shown: `v or 'version unknown'` cannot change a result",
-    ("service:floor_check", "v", False): "the entries of `low` are only tested for emptiness, their text never "
-    "shown: `v or 'version unknown'` cannot change a result",
     ("service:nccl_floor", "isinstance(e, dict)", True): "None is handled by `e is None` before it and every dict "
     "gives the same answer; any other value crashes either way",
     ("service:nccl_floor", "len({v for _, v in found}) > 1", False): "two different versions mean two libraries "
