@@ -5,19 +5,17 @@ figure or text, so that the condition replaced by True or by False is noticed.""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from p2pkit.core import config
 from p2pkit.stages.service import fit
+from tests.test_guards_cond_engine_cmd import DROP, prof  # serve.flags changed, DROP removes one
 
 GIB = 1 << 30
 LLAMA = config.load("dual-5090-llamacpp")  # tensor split 0.5,0.5, ctx 95000, q4_0 K and V, MTP drafting
 NINFER = config.load("dual-5090-ninfer")  # TP2, max-context 131072, nvfp4 KV, DFlash2
 SPARK = config.load("dual-spark-vllm")  # one GPU a node, TP2 over two nodes, gpu-memory-utilization 0.85
 HEAD = 2 * GIB  # every built-in profile's serve.vram_headroom_gib
-DROP = object()
 Q4 = 18 / 32  # q4_0: bytes per element
 
 # 4 KV heads x (256 + 256) x q4_0 = 1,152 bytes a token of context in each layer
@@ -26,15 +24,6 @@ SHAPE = {"layers": 64, "kv_heads": 4, "head_dim_k": 256, "head_dim_v": 256, "dra
 PER_TOK = 4 * (256 * Q4 + 256 * Q4)
 
 
-def prof(base: config.Profile, **flags) -> config.Profile:
-    f = dict(base.serve.flags)
-    for k, v in flags.items():
-        k = k.replace("_", "-")
-        if v is DROP:
-            f.pop(k, None)
-        else:
-            f[k] = v
-    return replace(base, serve=replace(base.serve, flags=f))
 
 
 def gpus(*free, total=32 * GIB, engine_used=0) -> list[dict]:
