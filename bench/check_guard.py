@@ -311,7 +311,8 @@ def conditions_run(fns: list[dict], a) -> dict:
                         fn["survivors"].append({"line": c["line"], "source": c["source"], "as": value == "True"})
             n = 2 * len(fn["conditions"])
             print(f"{n - len(fn['survivors']):3} of {n:3} killed  {fn['target']} ({len(fn['tests'])} tests call it"
-                  + (f"; {len(fn['broken'])} failing unmutated left out" if fn["broken"] else "") + ")"
+                  + (f"; {len(fn['broken'])} failing unmutated left out: {', '.join(fn['broken'])}"
+                     if fn["broken"] else "") + ")"
                   + ("" if r else f"; no result: {res.get('error', '')}"), file=sys.stderr)
     secs = time.monotonic() - t_all
     res = summary(fns, secs) | {"modules": modules}
