@@ -111,6 +111,16 @@ def _ours(name: str, m) -> bool:
     return f.startswith(str(REPO / "tests") + os.sep)
 
 
+def _swapped(val, orig, new):
+    """val with orig replaced by new: orig itself, or a tuple holding it (field.JUDGES, a combined
+    check's parts); anything else as it is."""
+    if val is orig:
+        return new
+    if isinstance(val, tuple) and any(x is orig for x in val):
+        return tuple(new if x is orig else x for x in val)
+    return val
+
+
 def _replace_everywhere(orig, new) -> None:
     # what a decorator marked on the function goes with it (@reads: the facts a stage collects for it)
     for key, val in vars(orig).items():
@@ -119,8 +129,8 @@ def _replace_everywhere(orig, new) -> None:
     mods = [m for name, m in list(sys.modules.items()) if _ours(name, m)]
     for m in mods:
         for attr, val in list(vars(m).items()):
-            if val is orig:
-                setattr(m, attr, new)
+            if _swapped(val, orig, new) is not val:
+                setattr(m, attr, _swapped(val, orig, new))
     defs = sys.modules.get("p2pkit.stages.definitions")
     for st in getattr(defs, "STAGES", []):
         for f in dataclasses.fields(st):
@@ -130,10 +140,6 @@ def _replace_everywhere(orig, new) -> None:
     for m in mods:
         for val in list(vars(m).values()):
             _swap_in_closure(val, orig, new)
-    for m in mods:
-        for attr, val in list(vars(m).items()):  # tuples of judges (field.JUDGES)
-            if isinstance(val, tuple) and any(x is orig for x in val):
-                setattr(m, attr, tuple(new if x is orig else x for x in val))
 
 
 def _swap_in_closure(fn, orig, new) -> None:
@@ -148,13 +154,11 @@ def _swap_in_closure(fn, orig, new) -> None:
             val = cell.cell_contents
         except ValueError:  # an empty cell
             continue
-        if val is orig:
-            cell.cell_contents = new
-        elif isinstance(val, tuple) and any(x is orig for x in val):
-            cell.cell_contents = tuple(new if x is orig else x for x in val)
+        if _swapped(val, orig, new) is not val:
+            cell.cell_contents = _swapped(val, orig, new)
     parts = getattr(fn, "parts", None)
-    if isinstance(parts, tuple) and any(x is orig for x in parts):
-        fn.parts = tuple(new if x is orig else x for x in parts)
+    if isinstance(parts, tuple) and _swapped(parts, orig, new) is not parts:
+        fn.parts = _swapped(parts, orig, new)
 
 
 def mutate_condition(spec: str) -> None:
