@@ -503,7 +503,7 @@ def nccl_p2p_level(f: dict, p: Profile) -> list[Check]:
 def floor_check(id_: str, title: str, found: list[tuple[str, str | None]], p: Profile) -> Check:
     pit = "P16" if p.engine.recipe == "llamacpp" else "P37"
     floor = pf.version_tuple(p.engine.nccl_min)
-    low = [path for path, v in found if v is None or pf.version_tuple(v) < floor]
+    low = any(v is None or pf.version_tuple(v) < floor for _, v in found)
     measured = "; ".join(f"{path} {v or 'version unknown'}" for path, v in found)
     return judge(id_, title, bool(found) and not low, measured or "no libnccl", f">= {p.engine.nccl_min}",
                  ("NCCL 2.25.1 fails on the 5090 (ncclMaxSharedMem ... exceeds) and 2.18.3 hangs on SM120: point "
