@@ -93,6 +93,8 @@ def arguments(path: str) -> tuple[dict, bool]:
             given = json.load(fh)
     except (OSError, ValueError) as e:
         fail(f"p2pkit_user: cannot read the module arguments from {path}: {e}")
+    if not isinstance(given, dict):
+        fail("p2pkit_user: the module arguments are not a mapping")
     options = {"root": "", "name": None, "groups": [], "shell": "/usr/sbin/nologin"}
     unknown = sorted(k for k in given if not k.startswith("_ansible_") and k not in options)
     if unknown:
