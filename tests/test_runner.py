@@ -201,3 +201,40 @@ def test_a_sigkilled_p2pkit_takes_its_setsid_grandchild_with_it(sim, cli):
     assert said in r.err, r.err  # the grandchild (the stand-in itself died with p2pkit), on one line
     assert "by the guard of the p2pkit run that was killed" in r.err
     assert not (root / "var/lib/p2pkit/.reaped").exists() and not (root / "var/lib/p2pkit/.children").exists()
+
+
+def test_the_guard_waits_while_the_killed_run_still_holds_the_lock(tmp_path):
+    """A killed p2pkit's main thread can be a zombie while its other threads still exit, holding its
+    files and so the state lock: the guard waits that moment out and kills what the record names
+    (it gave up at its first try, leaving the command running: CI saw it once under load). Here a
+    process that wrote the dead run's pid as the holder keeps the lock for a second."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    leftover = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    lock, record = tmp_path / ".lock", tmp_path / ".children"
+    record.write_text(json.dumps({"owner": int(dead), "owner_start": None, "guard": None,
+                                  "groups": [{"pgid": leftover.pid, "argv": ["sleep", "600"],
+                                              "start": children.start_time(leftover.pid), "token": "t.1"}]}))
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import fcntl, os, sys, time
+        fd = os.open({str(lock)!r}, os.O_RDWR | os.O_CREAT)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.pwrite(fd, b"{dead}\\n", 0)
+        print("held", flush=True)
+        time.sleep(1)
+    """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        r, w = os.pipe()
+        os.close(w)  # the run is gone: the guard reads end-of-file at once
+        guard = subprocess.run([sys.executable, "-c", children.GUARD, str(r), str(record), str(lock)],
+                               pass_fds=(r,), timeout=60)
+        os.close(r)
+        assert guard.returncode == 0
+        assert leftover.wait(timeout=10) == -signal.SIGKILL
+        assert not record.exists()
+        assert "killed 1 process(es) of `sleep 600`" in (tmp_path / children.REAPED).read_text()
+    finally:
+        for p in (holder, leftover):
+            if p.poll() is None:
+                p.kill()

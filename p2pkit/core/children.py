@@ -255,8 +255,10 @@ def guard_main(fd: str, record: str, lock: str) -> None:
         time.sleep(0.01)
     try:
         lfd = os.open(lock, os.O_RDWR)
-        fcntl.flock(lfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
+        return
+    if not _take_dead_runs_lock(lfd, owner, time.monotonic() + 15):
+        os.close(lfd)
         return
     said = reap_leftovers(Path(record))
     if said:
@@ -265,6 +267,23 @@ def guard_main(fd: str, record: str, lock: str) -> None:
         with open(note, "a") as fh:
             fh.writelines(f"{line} (at {stamp}, by the guard of the p2pkit run that was killed)\n" for line in said)
     os.close(lfd)
+
+
+def _take_dead_runs_lock(lfd: int, owner: int, end: float) -> bool:
+    """The state lock, once the killed run no longer holds it: its main thread can be a zombie while
+    its other threads still exit and hold its files (the lock among them) for a moment, so one try
+    is not enough. False when another run holds it (that run cleans up itself) or by `end`."""
+    while True:
+        try:
+            fcntl.flock(lfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            holder = os.pread(lfd, 64, 0).decode(errors="replace").strip()
+            if (holder.isdigit() and int(holder) != owner) or time.monotonic() > end:
+                return False
+            time.sleep(0.02)
+        except OSError:
+            return False
 
 
 def reaped(record: Path) -> list[str]:
