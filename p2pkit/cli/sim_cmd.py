@@ -16,6 +16,15 @@ app = typer.Typer(help="A simulated dual-5090 host in a directory, for trying an
                   no_args_is_help=True)
 
 
+def _container_app() -> typer.Typer:
+    from p2pkit.cli import container_cmd
+
+    return container_cmd.app
+
+
+app.add_typer(_container_app(), name="container")
+
+
 def sim_output():
     """Everything the sim commands print is about a simulated host: it says so."""
     out = common.output()

@@ -67,7 +67,7 @@ class Meta:
 @dataclass(frozen=True, kw_only=True)
 class Host:
     os_id: str = f("ubuntu")
-    os_version: str = f("24.04", pattern=r"^\d+\.\d+$", expect="a release like 24.04")
+    os_version: str = f("24.04", pattern=r"^\d+(\.\d+)?$", expect="a release like 24.04 (Debian: 12)")
     allow_other_os: bool = f(False)
     min_kernel: str = f("6.8", pattern=r"^\d+\.\d+$", expect="a kernel like 6.8")
     min_free_disk_gib: int = f(150, lo=0, hi=100_000)

@@ -28,7 +28,11 @@ class NotThisMachine(ImportError):
 class Host:
     root: Path = Path("/")
     runner: Runner = field(default_factory=Runner)
-    simulated: bool = False
+    simulated: bool = False  # its GPUs are not real: everything it shows says SIMULATED
+    # a simulated host laid out in a directory (stand-in commands, its own /sys and /proc); False for a
+    # real host and for a container host (a real OS booted with systemd, only its GPUs simulated:
+    # p2pkit.sim.container), where p2pkit takes a real box's path
+    tree: bool = False
 
     def __post_init__(self) -> None:
         self.root = Path(self.root)
@@ -38,9 +42,13 @@ class Host:
     @classmethod
     def at(cls, root: Path | str = "/") -> Host:
         root = Path(root).resolve()
-        simulated = root != Path("/") and (root / SIM_MARKER).is_file()
+        simulated = (root / SIM_MARKER).is_file()
         host = cls(root=root, runner=Runner(root=root), simulated=simulated)
-        if simulated:  # the commands of this machine it lends by name (the build's toolchain, systemd's verifier)
+        if simulated:
+            host.tree = host.sim.get("layout") != "container"
+            if root == Path("/") and host.tree:  # a directory host's state at / is not a host p2pkit made
+                host.simulated = host.tree = False
+        if host.tree:  # the commands of this machine it lends by name (the build's toolchain, systemd's verifier)
             host.runner.lent = tuple(host.sim.get("lends", ()))
         return host
 
@@ -139,7 +147,7 @@ class Host:
         """A simulated host reboots in place (its machine stand-in boots it again: a new boot id, the
         pending command line, kernel and module) and the run goes on: True. A real host: False, it
         reboots for real through systemd and the run resumes after boot."""
-        if not self.simulated:
+        if not self.tree:
             return False
         self.library("machine").reboot()
         return True
@@ -147,7 +155,7 @@ class Host:
     def machine(self) -> str:
         """What `uname -m` prints, without starting it: the kernel's own answer (os.uname) on a real
         host; a simulated host's architecture from its state, as its uname stand-in prints it."""
-        if self.simulated:
+        if self.tree:
             return self.sim.get("arch", "x86_64")
         if self.root == Path("/"):
             return os.uname().machine
@@ -180,17 +188,20 @@ class Host:
     def reboots_for_real(self) -> bool:
         """Whether a reboot takes this machine down (a real host: p2pkit asks for --yes and the resume
         unit carries on after boot) or happens in place (a simulated host: `up --reboot` goes on)."""
-        return not self.simulated
+        return not self.tree
 
     def reboot_command(self) -> str | None:
         """The command that reboots this host, for a message to print: `p2pkit sim reboot ROOT` on a
         simulated host; None on a real one (its operator reboots it the way they do)."""
-        return f"p2pkit sim reboot {self.root}" if self.simulated else None
+        return f"p2pkit sim reboot {self.root}" if self.tree else None
 
     def banner(self) -> str | None:
         """What `up` says first about the host when it is not an ordinary one: a simulated host's scenario."""
         if not self.simulated:
             return None
+        if not self.tree:
+            return (f"this host's operating system is real (a container host: systemd, dpkg, kbuild); its GPUs are "
+                    f"simulated (scenario {self.sim.get('scenario')}): nothing GPU-facing is real")
         return (f"host root {self.root} is a simulated host (scenario {self.sim.get('scenario')}): nothing real "
                 "is changed or measured")
 

@@ -148,7 +148,7 @@ def _move(host: Host, cg: dict, pid: int) -> str | None:
         host.path(cg["dir"] + "/cgroup.procs").write_text(f"{pid}\n")
     except OSError as e:
         return f"could not move pid {pid} into {cg['dir']}: {e.strerror or e}"
-    if host.simulated:  # the simulated host's /proc is a directory: what the kernel would show now
+    if host.tree:  # the simulated host's /proc is a directory: what the kernel would show now
         line = f"0::{cg['path']}\n" if cg["version"] == "v2" else f"4:memory:{cg['path']}\n"
         d = host.path(f"/proc/{pid}")
         d.mkdir(parents=True, exist_ok=True)

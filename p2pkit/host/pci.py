@@ -41,10 +41,13 @@ def _udev_bdfs() -> list[str] | None:
 
 
 def gpu_bdfs(host: Host) -> list[str]:
-    """Display-class (0x03xxxx) functions with NVIDIA's vendor id, in bus order."""
+    """Display-class (0x03xxxx) functions with NVIDIA's vendor id, in bus order: the kernel's own list
+    (/sys/bus/pci/devices, what lspci's sysfs method reads), with udev's view on the real root beside it.
+    udev alone is not enough: libudev (systemd 251 and later) opens only paths that are on sysfs itself,
+    so a function it cannot open (an overlaid /sys in a container) is missing from its list, not the bus."""
     out = []
-    names = _udev_bdfs() if host.root == Path("/") else None
-    for bdf in names if names is not None else host.listdir(DEVICES):
+    udev = _udev_bdfs() if host.root == Path("/") else None
+    for bdf in sorted(set(host.listdir(DEVICES)) | set(udev or ())):
         try:
             vendor = host.read(f"{DEVICES}/{bdf}/vendor").strip()
             cls = host.read(f"{DEVICES}/{bdf}/class").strip()

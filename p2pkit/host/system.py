@@ -74,13 +74,13 @@ def tools(host: Host) -> dict[str, str | None]:
 
 
 def is_root(host: Host) -> bool:
-    if host.simulated:
+    if host.tree:
         return host.sim_fact("euid", 0) == 0
     return os.geteuid() == 0
 
 
 def free_bytes(host: Host, path: str) -> int:
-    if host.simulated:
+    if host.tree:
         return int(host.sim_fact("disk_free_bytes", 0))
     p = host.path(path)  # the host's filesystem, never this machine's own where the root is not /
     while not p.exists() and p != p.parent:

@@ -65,6 +65,16 @@ def _pci_dev(root: Path, path: Path, bdf: str, vendor: str, device: str, cls: st
     for k, v in files.items():
         (path / k).write_text(v + "\n")
     (path / "config").write_bytes(config_space(port_type, acs_ctl))
+    # what udev reads of a device (libudev's enumeration of subsystem pci, pyudev's on a real root): the
+    # subsystem link and the uevent the kernel composes (drivers/pci/pci-driver.c, pci_uevent)
+    (path / "subsystem").symlink_to(os.path.relpath(root / "sys/bus/pci", path))
+    ids = f"{int(vendor, 16):04X}:{int(device, 16):04X}"
+    klass = int(cls, 16)
+    alias = (f"pci:v{int(vendor, 16):08X}d{int(device, 16):08X}sv{int(vendor, 16):08X}sd00000000"
+             f"bc{klass >> 16:02X}sc{klass >> 8 & 0xFF:02X}i{klass & 0xFF:02X}")
+    (path / "uevent").write_text(f"PCI_CLASS={klass:X}\nPCI_ID={ids}\nPCI_SUBSYS_ID={ids}\nPCI_SLOT_NAME={bdf}\n"
+                                 f"MODALIAS={alias}\n")
+    (path / "modalias").write_text(alias + "\n")
     (path / "resource").write_text(resource or ("0x0000000000000000 0x0000000000000000 0x0000000000000000\n" * 13))
     _link(root, bdf, path)
 
@@ -99,13 +109,12 @@ def _moved_into_cgroups(root: Path) -> dict[str, list[int]]:
     return out
 
 
-def render(root: Path, state: dict) -> None:
+def gpu_files(root: Path, state: dict) -> None:
+    """What the GPUs (and the ConnectX ports, the EFI variable) put in sysfs: PCI functions with their
+    links, BARs and config space, DRM cards, IOMMU groups. Written under `root`: a simulated host's
+    directory, or a container host's / (its sysfs overlaid: p2pkit.sim.guest)."""
     root = Path(root)
     sysdev = root / "sys/devices"
-    moved = _moved_into_cgroups(root)
-    shutil.rmtree(root / "sys", ignore_errors=True)
-    shutil.rmtree(root / "proc", ignore_errors=True)
-    shutil.rmtree(root / "dev", ignore_errors=True)
     eff = model.iommu_effective(state)
     group_type = {"passthrough": "identity", "translating": "DMA-FQ"}.get(eff)
     for i, g in enumerate(state["gpus"]):
@@ -157,27 +166,23 @@ def render(root: Path, state: dict) -> None:
                            ("phys_state", "5: LinkUp" if active else "3: Disabled"),
                            ("link_layer", "Ethernet"), ("rate", nic.get("rate", "200 Gb/sec (4X HDR)"))):
             (port / name).write_text(text + "\n")
-    _storage(root, state)
     # an EFI system; the variable says whether Secure Boot is on
     efivar = "sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
     write(root, efivar, bytes([6, 0, 0, 0, 1 if state["secure_boot"] else 0]))
-    mod = model.loaded(state)
-    if mod is not None:
-        write(root, "sys/module/nvidia/srcversion", mod["srcversion"] + "\n")
-        for extra in ("nvidia_uvm", "nvidia_modeset", "nvidia_drm"):
-            write(root, f"sys/module/{extra}/refcnt", "0\n")
-        for dev in ("nvidiactl", "nvidia-uvm", *(f"nvidia{i}" for i in range(len(state["gpus"])))):
-            write(root, f"dev/{dev}", "")
-        write(root, "proc/driver/nvidia/params", "ResmanDebugLevel: 4294967295\nEnableResizableBar: 0\n"
-              f"DynamicPowerManagement: 3\nRegistryDwords: \"{mod.get('registry_dwords', '')}\"\n"
-              "RegistryDwordsPerDevice: \"\"\n")
-        for holder in state.get("module_holders", []):
-            write(root, f"sys/module/nvidia/holders/{holder}", "")
-        kind = "Open Kernel Module" if mod.get("open", True) else "Kernel Module"
-        write(root, "proc/driver/nvidia/version",
-              f"NVRM version: NVIDIA UNIX {kind} for {state.get('arch', 'x86_64')}  {mod['version']}  Release Build  "
-              f"({mod.get('builder', 'dvs-builder@U22-I3-AM02-24-3')})  Tue Nov  3 10:00:00 UTC 2026\n"
-              "GCC version:  gcc version 13.3.0 (Ubuntu 13.3.0-6ubuntu2~24.04)\n")
+
+
+def render(root: Path, state: dict) -> None:
+    root = Path(root)
+    if root.resolve() == Path("/"):  # a simulated host is a directory; a container host's root is real
+        raise RuntimeError("SIMULATED host: refusing to lay a simulated host out over / (a container host's "
+                           "state is saved by p2pkit.sim.guest)")
+    moved = _moved_into_cgroups(root)
+    shutil.rmtree(root / "sys", ignore_errors=True)
+    shutil.rmtree(root / "proc", ignore_errors=True)
+    shutil.rmtree(root / "dev", ignore_errors=True)
+    gpu_files(root, state)
+    _storage(root, state)
+    module_files(root, state)
     write(root, "proc/cmdline", state["cmdline"] + "\n")
     if state.get("arch") == "aarch64":  # arm64's /proc/cpuinfo has no vendor_id (GB10: Cortex-X925, 0x41 is Arm)
         write(root, "proc/cpuinfo", "processor\t: 0\nBogoMIPS\t: 2000.00\nCPU implementer\t: 0x41\n"
@@ -242,6 +247,36 @@ def render(root: Path, state: dict) -> None:
     write(root, SIM_MARKER, json.dumps(state_doc, indent=2) + "\n")
     for name in STANDINS:
         write_standin(root, name, standin_script(name))
+
+
+def module_files(root: Path, state: dict, clear: bool = False) -> None:
+    """What the loaded nvidia module makes: /sys/module/nvidia*, /dev/nvidia*, /proc/driver/nvidia. With
+    `clear`, what an earlier load made goes first (a container host's module is loaded and unloaded in
+    place; a simulated host's directory is laid out anew)."""
+    root = Path(root)
+    if clear:
+        for d in ("sys/module/nvidia", "sys/module/nvidia_uvm", "sys/module/nvidia_modeset", "sys/module/nvidia_drm",
+                  "proc/driver/nvidia"):
+            shutil.rmtree(root / d, ignore_errors=True)
+        for f in (root / "dev").glob("nvidia*"):
+            f.unlink()
+    mod = model.loaded(state)
+    if mod is not None:
+        write(root, "sys/module/nvidia/srcversion", mod["srcversion"] + "\n")
+        for extra in ("nvidia_uvm", "nvidia_modeset", "nvidia_drm"):
+            write(root, f"sys/module/{extra}/refcnt", "0\n")
+        for dev in ("nvidiactl", "nvidia-uvm", *(f"nvidia{i}" for i in range(len(state["gpus"])))):
+            write(root, f"dev/{dev}", "")
+        write(root, "proc/driver/nvidia/params", "ResmanDebugLevel: 4294967295\nEnableResizableBar: 0\n"
+              f"DynamicPowerManagement: 3\nRegistryDwords: \"{mod.get('registry_dwords', '')}\"\n"
+              "RegistryDwordsPerDevice: \"\"\n")
+        for holder in state.get("module_holders", []):
+            write(root, f"sys/module/nvidia/holders/{holder}", "")
+        kind = "Open Kernel Module" if mod.get("open", True) else "Kernel Module"
+        write(root, "proc/driver/nvidia/version",
+              f"NVRM version: NVIDIA UNIX {kind} for {state.get('arch', 'x86_64')}  {mod['version']}  Release Build  "
+              f"({mod.get('builder', 'dvs-builder@U22-I3-AM02-24-3')})  Tue Nov  3 10:00:00 UTC 2026\n"
+              "GCC version:  gcc version 13.3.0 (Ubuntu 13.3.0-6ubuntu2~24.04)\n")
 
 
 def _boot(root: Path, state: dict) -> None:

@@ -53,6 +53,13 @@ def load_state(root: Path) -> dict:
 
 
 def save(root: Path, state: dict) -> None:
+    """A stand-in's change written back: a simulated host laid out anew; on a container host its state
+    file and the loaded module's files (p2pkit.sim.guest_state), never a layout over a real root."""
+    if state.get("layout") == "container":
+        from p2pkit.sim.guest_state import save as container_save
+
+        container_save(root, state)
+        return
     from p2pkit.sim.render import save as render_save
 
     render_save(root, state)
@@ -452,6 +459,10 @@ def installer(version: str, gsp: bool, args: list[str], path: str | None = None,
             for f in fw.iterdir():
                 f.unlink()
             fw.rmdir()
+        if state.get("layout") == "container":
+            from p2pkit.sim import guest_state
+
+            guest_state.userspace_tools(install=False)
         save(root, state)
         print(f"Uninstallation of existing driver: NVIDIA Accelerated Graphics Driver for Linux-{machine} ({version}) "
               "is complete. (SIMULATED)")
@@ -469,6 +480,10 @@ def installer(version: str, gsp: bool, args: list[str], path: str | None = None,
         fw.mkdir(parents=True, exist_ok=True)
         for name in ("gsp_ga10x.bin", "gsp_tu10x.bin"):
             (fw / name).write_text(f"SIMULATED GSP firmware {version}\n")
+    if state.get("layout") == "container":  # a simulated host lays its nvidia-smi out with the host
+        from p2pkit.sim import guest_state
+
+        guest_state.userspace_tools(install=True)
     save(root, state)
     print(f"Installation of the NVIDIA Accelerated Graphics Driver for Linux-{machine} (version: {version}) is now "
           "complete. (SIMULATED)")

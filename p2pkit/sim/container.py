@@ -1,0 +1,526 @@
+"""The container host: a real operating system under p2pkit, only the GPUs stood in.
+
+A Debian root made from Debian's own packages (mmdebstrap) is booted with systemd as PID 1 in a
+container (`systemd-nspawn -b --register=no --keep-unit`: this machine kind runs no systemd of its
+own, so there is no machined to register with). p2pkit is installed inside it from a wheel of this
+tree and run there as root on `/`, as `sudo p2pkit up` runs on a real box: its Ansible connection is
+local and every command it runs is the root's own real tool (systemd and journald, dpkg and apt with
+their hooks, the kernel's postinst hooks run by a real dpkg install of a kernel package, kbuild
+against real headers, sign-file, modinfo, depmod, initramfs-tools, GRUB's grub-mkconfig). Why not
+Ansible over ssh into the container: a real box runs p2pkit on itself; the inventory path, which does
+go over ssh, is tested against a real sshd elsewhere (tests/test_inventory.py).
+
+What stays simulated is what needs a GPU, its firmware or the running kernel, done inside the root
+by p2pkit/sim/guest.py (docs/container-host.md lists each with why): the GPUs' PCI functions and BARs
+in sysfs, NVML and nvidia-smi, the GPU-facing part of NVIDIA's .run installer, loading a module into
+the kernel (modprobe and rmmod's last step), the running kernel's release (uname -r) and command
+line after a reboot (read from the real grub.cfg), the disk GRUB probes, and EFI variables (mokutil).
+
+A container host lives in one directory:
+  DIR/root           the root: an overlay of the cached image (below) and this host's own changes
+  DIR/upper, work    the overlay's writable layer
+  DIR/machine.json   the machine: its supervisor, the running container's pids, the boot count
+  DIR/logs/          each boot's console and the supervisor's log
+
+The image is made once per recipe and cached (P2PKIT_CT_CACHE, else ~/.cache/p2pkit-tests/container),
+keyed by a digest of the recipe: the packages, the setup script, p2pkit's pinned runtime dependencies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+SUITE = "bookworm"
+MIRRORS = (f"deb http://deb.debian.org/debian {SUITE} main",
+           f"deb http://deb.debian.org/debian {SUITE}-updates main",
+           f"deb http://deb.debian.org/debian-security {SUITE}-security main")
+# What the image holds besides minbase: systemd as PID 1 with dbus and logind; Python for p2pkit's venv;
+# kmod, initramfs-tools and GRUB's scripts; what the p2p-module and engine roles install when dpkg lacks
+# it (build-essential, git, CMake, Ninja, pkg-config, libcurl's headers: a box that builds has them, and
+# the root has no package lists to install from); openssl for the signing key; apt-utils for the local
+# repository the kernel upgrade installs from. The kernels are chosen inside (SETUP below).
+PACKAGES = ("systemd", "systemd-sysv", "dbus", "libpam-systemd", "python3", "python3-venv", "iproute2", "kmod",
+            "procps", "psmisc", "ca-certificates", "initramfs-tools", "zstd", "grub-common", "grub2-common",
+            "build-essential", "git", "cmake", "ninja-build", "pkg-config", "libcurl4-openssl-dev", "openssl",
+            "apt-utils")
+DPKG_EXCLUDES = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/locale/*", "/usr/share/info/*")
+VENV = "/opt/p2pkit"
+SIM_DIR = "/var/lib/p2pkit-sim"  # in the root: the image's manifest, the local apt repository
+MANIFEST = f"{SIM_DIR}/image.json"
+APT_REPO = f"{SIM_DIR}/apt-repo"
+UPGRADE_SOURCES = "/etc/apt/sources.list.d/p2pkit-sim-upgrade.list"
+GUEST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # Debian's root PATH (login.defs)
+REBOOT_EXIT = 133  # systemd-nspawn's exit status when the container asked for a reboot
+
+# grub-probe maps a path to the block device, filesystem and partition GRUB must read at boot. In a
+# container the root is an overlay on no block device of its own, and the real grub-probe says so:
+#   grub-probe: error: failed to get canonical path of `overlay'.
+# (recorded on this image: docs/container-host.md). This stand-in answers for the disk a real box has
+# (an ext4 root on the second GPT partition of its first disk), so the real grub-mkconfig and its
+# /etc/grub.d scripts run on; the real grub-probe stays beside it, diverted by dpkg-divert.
+GRUB_PROBE = r"""#!/bin/sh
+# SIMULATED grub-probe (p2pkit container host): the disk a real box has; the real one is
+# /usr/sbin/grub-probe.real (dpkg-divert), which fails in a container: "failed to get canonical path".
+target=device
+for a in "$@"; do
+  case "$a" in
+    --target=*) target="${a#--target=}" ;;
+  esac
+done
+prev=
+for a in "$@"; do
+  [ "$prev" = "-t" ] && target="$a"
+  prev="$a"
+done
+case "$target" in
+  device) echo /dev/vda2 ;;
+  disk) echo /dev/vda ;;
+  fs) echo ext2 ;;
+  fs_uuid) echo 5d0c7a51-3b7e-4c1a-9f0e-2a6b8d4e1c07 ;;
+  fs_label) echo ;;
+  partuuid) echo 0f3c5b2e-8d41-4a6f-b1e2-7c9d0a3e5f12 ;;
+  partmap) echo gpt ;;
+  abstraction|cryptodisk_uuid|msdos_parttype) ;;
+  drive) echo '(hd0,gpt2)' ;;
+  compatibility_hint) echo 'hd0,gpt2' ;;
+  hints_string) echo '--hint-bios=hd0,gpt2 --hint-efi=hd0,gpt2 --hint-baremetal=ahci0,gpt2' ;;
+  gpt_parttype) echo 0fc63daf-8483-4772-8e79-3d69d8477de4 ;;
+  *) echo "grub-probe: error: unknown target \`$target' (SIMULATED grub-probe)" >&2; exit 1 ;;
+esac
+"""
+
+# Run inside the new root (mmdebstrap's customize hook, chrooted) after the packages above are in.
+SETUP = r"""set -eu
+export DEBIAN_FRONTEND=noninteractive LC_ALL=C.UTF-8
+# A container has no root device for initramfs-tools' MODULES=dep to find; MODULES=list builds the
+# image from /etc/initramfs-tools/modules (and every hook p2pkit adds) in seconds.
+mkdir -p /etc/initramfs-tools/conf.d
+echo MODULES=list > /etc/initramfs-tools/conf.d/p2pkit-sim.conf
+# The two newest 6.1 cloud kernels: the older one is installed and boots; the newer one's packages wait
+# in a local apt repository for the kernel upgrade (a real `apt-get install` of it runs the real hooks).
+abis=$(apt-cache pkgnames linux-image-6.1.0- | sed -n 's/^linux-image-\(6\.1\.0-[0-9]*\)-cloud-amd64$/\1/p' \
+       | sort -V | tail -n 2)
+old=$(echo "$abis" | head -n 1)
+new=$(echo "$abis" | tail -n 1)
+[ -n "$old" ] && [ "$old" != "$new" ] || { echo "no two 6.1 cloud kernels in the archive: $abis" >&2; exit 1; }
+apt-get install -y -q "linux-image-$old-cloud-amd64" "linux-headers-$old-cloud-amd64"
+mkdir -p @APT_REPO@/partial
+apt-get install -y -q --download-only -o Dir::Cache::Archives=@APT_REPO@ \
+    "linux-image-$new-cloud-amd64" "linux-headers-$new-cloud-amd64"
+rmdir @APT_REPO@/partial
+(cd @APT_REPO@ && apt-ftparchive packages . > Packages)
+# GRUB's scripts, with grub-probe answering for the disk (see p2pkit/sim/container.py)
+dpkg-divert --local --rename --add /usr/sbin/grub-probe
+cp /tmp/p2pkit-image/grub-probe /usr/sbin/grub-probe
+chmod 755 /usr/sbin/grub-probe
+mkdir -p /boot/grub /etc/default/grub.d
+[ -f /etc/default/grub ] || cp /usr/share/grub/default/grub /etc/default/grub
+update-grub
+# p2pkit's pinned runtime dependencies (p2pkit/requirements.lock), from wheels downloaded outside
+python3 -m venv @VENV@
+@VENV@/bin/pip install -q --no-index --find-links /tmp/p2pkit-image/wheels --require-hashes \
+    -r /tmp/p2pkit-image/requirements.lock
+ln -sf @VENV@/bin/p2pkit /usr/local/bin/p2pkit
+printf '{"running_kernel": "%s-cloud-amd64", "upgrade_kernel": "%s-cloud-amd64", "suite": "@SUITE@"}\n' \
+    "$old" "$new" > @MANIFEST@
+""".replace("@APT_REPO@", APT_REPO).replace("@VENV@", VENV).replace("@MANIFEST@", MANIFEST).replace("@SUITE@", SUITE)
+
+
+class ContainerError(RuntimeError):
+    """A step of the container host failed; `log` names the file that holds its output."""
+
+    def __init__(self, step: str, message: str, log: Path | None = None):
+        super().__init__(f"container host: {step}: {message}" + (f" (log: {log})" if log else ""))
+        self.step, self.log = step, log
+
+
+def cannot_boot() -> str | None:
+    """Why this machine cannot make and boot a container host, or None when it can."""
+    if os.geteuid() != 0:
+        return "a container host needs root (mounts, systemd-nspawn)"
+    for tool, pkg in (("systemd-nspawn", "systemd-container"), ("mmdebstrap", "mmdebstrap"), ("nsenter", "util-linux")):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (apt-get install {pkg})"
+    try:
+        if "overlay" not in Path("/proc/filesystems").read_text():
+            return "the kernel has no overlay filesystem"
+    except OSError as e:
+        return f"/proc/filesystems: {e.strerror}"
+    return None
+
+
+# ------------------------------------------------------------------------------------------- image
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("P2PKIT_CT_CACHE", Path.home() / ".cache/p2pkit-tests/container"))
+
+
+def _lockfile() -> Path:
+    return Path(__file__).resolve().parent.parent / "requirements.lock"
+
+
+def recipe_key() -> str:
+    h = hashlib.sha256()
+    for part in (SUITE, *MIRRORS, *PACKAGES, *DPKG_EXCLUDES, SETUP, GRUB_PROBE, _lockfile().read_text()):
+        h.update(part.encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def image(cache: Path | None = None, log=None) -> Path:
+    """The image's root directory for this recipe: made now (a few minutes) or found in the cache.
+    One maker at a time (a lock); a half-made image is never taken (made aside, renamed at the end)."""
+    cache = cache or cache_dir()
+    key = recipe_key()
+    root = cache / f"root-{key}"
+    with _locked(cache / "image.lock"):
+        if (root / MANIFEST.lstrip("/")).is_file():
+            return root
+        for stale in cache.glob("root-*"):  # another recipe's image, or a maker that died half-way
+            if stale != root:
+                shutil.rmtree(stale, ignore_errors=True)
+        _make_image(cache, root, log)
+    return root
+
+
+def _make_image(cache: Path, root: Path, log) -> None:
+    work = cache / f"make-{os.getpid()}"
+    shutil.rmtree(work, ignore_errors=True)
+    stage = work / "p2pkit-image"  # copied into the root's /tmp for SETUP, removed after
+    stage.mkdir(parents=True)
+    logfile = cache / f"image-{root.name[5:]}.log"
+    try:
+        wheels = stage / "wheels"
+        shutil.copyfile(_lockfile(), stage / "requirements.lock")
+        _step([sys.executable, "-m", "pip", "download", "-q", "--require-hashes",
+               "--only-binary=:all:", "-r", str(stage / "requirements.lock"), "-d", str(wheels)],
+              "download p2pkit's dependencies", logfile)
+        (stage / "grub-probe").write_text(GRUB_PROBE)
+        (stage / "setup.sh").write_text(SETUP)
+        tmp = work / "root"
+        argv = ["mmdebstrap", "--variant=minbase", "--include=" + ",".join(PACKAGES),
+                *(f"--dpkgopt=path-exclude={p}" for p in DPKG_EXCLUDES),
+                f"--customize-hook=copy-in {stage} /tmp",
+                "--customize-hook=chroot \"$1\" sh /tmp/p2pkit-image/setup.sh",
+                "--customize-hook=rm -rf \"$1/tmp/p2pkit-image\"",
+                SUITE, str(tmp), *MIRRORS]
+        _step(argv, "make the Debian root (mmdebstrap)", logfile)
+        os.replace(tmp, root)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _step(argv: list[str], step: str, logfile: Path, timeout: float = 1800) -> None:
+    t0 = time.monotonic()
+    # this machine's pip and Python settings stay here (the root's pip has its own wheels to install from)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "PYTHON", "VIRTUAL_ENV"))}
+    with open(logfile, "a") as fh:
+        fh.write(f"\n$ {' '.join(argv)}\n")
+        fh.flush()
+        r = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout,
+                           env=env)
+        fh.write(f"# exit {r.returncode} after {time.monotonic() - t0:.1f} s\n")
+    if r.returncode != 0:
+        raise ContainerError(step, f"exit {r.returncode}", logfile)
+
+
+def image_manifest(image_root: Path) -> dict:
+    return json.loads((image_root / MANIFEST.lstrip("/")).read_text())
+
+
+# ------------------------------------------------------------------------------------------- a host
+
+class ContainerHost:
+    """One container host in `directory`: made from the image, booted, run in, rebooted, stopped."""
+
+    def __init__(self, directory: Path):
+        self.dir = Path(directory).resolve()
+        self.root = self.dir / "root"
+        self.logs = self.dir / "logs"
+
+    # -- the machine's record
+    def machine(self) -> dict:
+        try:
+            return json.loads((self.dir / "machine.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _record(self, **kw) -> None:
+        doc = {**self.machine(), **kw}
+        tmp = self.dir / "machine.json.tmp"
+        tmp.write_text(json.dumps(doc, indent=2) + "\n")
+        os.replace(tmp, self.dir / "machine.json")
+
+    # -- make
+    @classmethod
+    def create(cls, directory: Path, image_root: Path, scenario: str = "healthy", wheel: Path | None = None,
+               name: str | None = None) -> ContainerHost:
+        """Lay a host out from the image: its own overlay, machine id and hostname, p2pkit installed from
+        `wheel` (built from this tree when None), the GPUs of `scenario` provisioned inside. Not booted."""
+        host = cls(directory)
+        if host.dir.exists() and any(host.dir.iterdir()):
+            raise ContainerError("create", f"{host.dir} is not empty")
+        for d in ("upper", "work", "root", "logs"):
+            (host.dir / d).mkdir(parents=True, exist_ok=True)
+        name = name or f"p2pkit-ct-{uuid.uuid4().hex[:8]}"
+        host._record(image=str(image_root), name=name, state="off", boots=0)
+        host.mount()
+        try:
+            (host.root / "etc/machine-id").write_text(uuid.uuid4().hex + "\n")
+            (host.root / "etc/hostname").write_text(name + "\n")
+            host.install(wheel)
+            host.run_once([f"{VENV}/bin/python", "-m", "p2pkit.sim.guest", "provision", "--scenario", scenario],
+                          "provision the simulated GPUs")
+        except BaseException:
+            host.unmount()
+            raise
+        return host
+
+    def install(self, wheel: Path | None = None) -> None:
+        """p2pkit from `wheel` (a wheel of this tree when None) into the root's venv, as `pip install .`
+        installs it on a real box (its dependencies are in the image); the host booted or not."""
+        wheel = wheel or build_wheel(self.dir / "wheel")
+        dest = self.root / "var/tmp" / wheel.name
+        shutil.copyfile(wheel, dest)
+        argv = [f"{VENV}/bin/pip", "install", "-q", "--no-deps", "--no-index", "--force-reinstall",
+                f"/var/tmp/{wheel.name}"]
+        try:
+            if self.machine().get("state") == "running":
+                self.run(argv)
+            else:
+                self.run_once(argv, "install p2pkit")
+        finally:
+            dest.unlink(missing_ok=True)
+
+    def mount(self) -> None:
+        if os.path.ismount(self.root):
+            return
+        image_root = self.machine()["image"]
+        r = subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                            f"lowerdir={image_root},upperdir={self.dir / 'upper'},workdir={self.dir / 'work'}",
+                            str(self.root)], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise ContainerError("mount the root", r.stderr.strip() or f"mount exit {r.returncode}")
+
+    def unmount(self) -> None:
+        for _ in range(50):
+            if not os.path.ismount(self.root):
+                return
+            r = subprocess.run(["umount", str(self.root)], capture_output=True, text=True)
+            if r.returncode == 0:
+                return
+            time.sleep(0.2)
+        raise ContainerError("unmount the root", f"{self.root} is still busy")
+
+    def run_once(self, argv: list[str], step: str, timeout: float = 600) -> str:
+        """Run a command in the root in a container of its own that is not booted (systemd-nspawn
+        without -b): for setting the root up before its first boot."""
+        log = self.logs / "setup.log"
+        with open(log, "a") as fh:
+            fh.write(f"\n$ {' '.join(argv)}\n")
+            fh.flush()
+            r = subprocess.run(["systemd-nspawn", "-q", "-D", str(self.root), "--register=no", "--keep-unit",
+                                "--pipe", "-E", f"PATH={GUEST_PATH}", "-E", "LANG=C.UTF-8", *argv],
+                               stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout)
+        if r.returncode != 0:
+            raise ContainerError(step, f"exit {r.returncode}", log)
+        return log.read_text()
+
+    # -- boot, run, stop
+    def boot(self, timeout: float = 120) -> None:
+        """Start the machine (its supervisor restarts the container when the OS inside reboots) and wait
+        until systemd inside says it is up."""
+        self.mount()
+        m = self.machine()
+        if m.get("state") in ("booting", "running") and _alive(m.get("supervisor_pid")):
+            return self.wait_up(timeout)
+        with open(self.logs / "machine.log", "a") as log:  # the supervisor keeps its own copy of the file
+            sup = subprocess.Popen([sys.executable, "-m", "p2pkit.sim.container", "machine", str(self.dir)],
+                                   stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True,
+                                   env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+        self._record(supervisor_pid=sup.pid, state="booting")
+        self.wait_up(timeout)
+
+    def wait_up(self, timeout: float = 120, after_boot: int = 0) -> None:
+        """Until the container of boot number > after_boot runs and systemd inside finished starting up."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            m = self.machine()
+            if m.get("state") == "off":
+                raise ContainerError("boot", f"the container stopped (exit {m.get('exit')})",
+                                     self.logs / f"console-{m.get('boots', 0)}.log")
+            if m.get("state") == "running" and m.get("boots", 0) > after_boot and _alive(m.get("leader_pid")):
+                left = max(1.0, deadline - time.monotonic())
+                r = self.run(["systemctl", "is-system-running", "--wait"], timeout=left, check=False)
+                if r.stdout.strip() in ("running", "degraded"):
+                    return
+                if r.stdout.strip() not in ("starting", "initializing", ""):
+                    raise ContainerError("boot", f"systemd says {r.stdout.strip()!r}",
+                                         self.logs / f"console-{m.get('boots')}.log")
+            time.sleep(0.2)
+        raise ContainerError("boot", f"not up within {timeout:g} s", self.logs / "machine.log")
+
+    def leader(self) -> int:
+        m = self.machine()
+        pid = m.get("leader_pid")
+        if m.get("state") != "running" or not _alive(pid):
+            raise ContainerError("run", "the container is not running")
+        return int(pid)
+
+    def command(self, argv: list[str], env: dict[str, str] | None = None) -> list[str]:
+        """The argv that runs `argv` inside the running container as root, with a login's environment."""
+        base = {"PATH": GUEST_PATH, "HOME": "/root", "LANG": "C.UTF-8", "TERM": "dumb", "COLUMNS": "200"}
+        return ["nsenter", "-t", str(self.leader()), "-a", "--", "/usr/bin/env", "-i",
+                *(f"{k}={v}" for k, v in {**base, **(env or {})}.items()), *argv]
+
+    def run(self, argv: list[str], timeout: float = 600, check: bool = True, env: dict[str, str] | None = None,
+            input: str | None = None) -> subprocess.CompletedProcess:
+        r = subprocess.run(self.command(argv, env), capture_output=True, text=True, timeout=timeout,
+                           input=input, stdin=None if input is not None else subprocess.DEVNULL)
+        if check and r.returncode != 0:
+            raise ContainerError(" ".join(argv), f"exit {r.returncode}: {(r.stderr or r.stdout).strip()[-2000:]}")
+        return r
+
+    def p2pkit(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+        return self.run([f"{VENV}/bin/p2pkit", *args], timeout=timeout, check=False)
+
+    def reboot(self, timeout: float = 120) -> None:
+        boots = self.machine().get("boots", 0)
+        self.run(["systemctl", "reboot"], check=False)
+        self.wait_up(timeout, after_boot=boots)
+
+    def wait_reboot(self, boots: int, timeout: float = 300) -> None:
+        """After something inside rebooted the machine: until boot number boots+1 is up."""
+        self.wait_up(timeout, after_boot=boots)
+
+    def manifest(self) -> dict:
+        return image_manifest(Path(self.machine()["image"]))
+
+    def upgrade_kernel(self) -> subprocess.CompletedProcess:
+        """The newer kernel of the image, installed for real: apt-get from the local repository the image
+        keeps (its own sources only: nothing is fetched), dpkg running every package's maintainer scripts
+        and the kernel's postinst hooks. Returns apt-get install's result."""
+        new = self.manifest()["upgrade_kernel"]
+        self.run(["sh", "-c", f"echo 'deb [trusted=yes] file:{APT_REPO} ./' > {UPGRADE_SOURCES}"])
+        opts = ["-o", f"Dir::Etc::SourceList={UPGRADE_SOURCES}", "-o", "Dir::Etc::SourceParts=/nonexistent",
+                "-o", "APT::Get::List-Cleanup=false"]
+        self.run(["apt-get", "-q", *opts, "update"])
+        return self.run(["apt-get", "-q", *opts, "install", "-y", f"linux-image-{new}", f"linux-headers-{new}"],
+                        check=False, env={"DEBIAN_FRONTEND": "noninteractive"}, timeout=900)
+
+    def stop(self, timeout: float = 60) -> None:
+        """Power the container off (systemctl poweroff inside; SIGTERM then SIGKILL to systemd-nspawn if it
+        does not stop) and unmount the root. Nothing is left running or mounted."""
+        m = self.machine()
+        if m.get("state") in ("running", "booting") and _alive(m.get("leader_pid")):
+            with contextlib.suppress(ContainerError, subprocess.TimeoutExpired):
+                self.run(["systemctl", "poweroff"], check=False, timeout=10)
+        sup, nsp = m.get("supervisor_pid"), m.get("nspawn_pid")
+        deadline = time.monotonic() + timeout
+        while _alive(sup) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in (sup, nsp):
+                if _alive(pid):
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, sig)
+            end = time.monotonic() + 10
+            while any(_alive(p) for p in (sup, nsp)) and time.monotonic() < end:
+                time.sleep(0.2)
+        self._record(state="off")
+        self.unmount()
+
+    def destroy(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _alive(pid) -> bool:
+    if not pid:
+        return False
+    try:
+        with open(f"/proc/{int(pid)}/stat") as fh:
+            return fh.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def build_wheel(out: Path) -> Path:
+    """A wheel of this tree (what `pip install .` installs), for the host to install inside."""
+    src = Path(__file__).resolve().parents[2]
+    out.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(src)],
+                       capture_output=True, text=True)
+    wheels = sorted(out.glob("p2pkit-*.whl"))
+    if r.returncode != 0 or not wheels:
+        raise ContainerError("build p2pkit's wheel", (r.stderr or r.stdout).strip()[-2000:])
+    return wheels[-1]
+
+
+# ------------------------------------------------------------------------------------------- machine
+
+def machine_loop(directory: Path) -> int:
+    """The machine: boot the container, and boot it again when the OS inside reboots, until it powers
+    off. Run detached by ContainerHost.boot (`python -m p2pkit.sim.container machine DIR`)."""
+    host = ContainerHost(directory)
+    rc = 0
+    while True:
+        boots = host.machine().get("boots", 0) + 1
+        argv = ["systemd-nspawn", "-D", str(host.root), "-b", "--register=no", "--keep-unit",
+                "--console=read-only", "-M", host.machine().get("name", "p2pkit-ct")]
+        with open(host.logs / f"console-{boots}.log", "w") as console:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT)
+            host._record(boots=boots, nspawn_pid=proc.pid, leader_pid=None, state="booting")
+            leader = None
+            while leader is None and proc.poll() is None:
+                leader = _child(proc.pid)
+                time.sleep(0.05)
+            if leader is not None:
+                host._record(leader_pid=leader, state="running")
+            rc = proc.wait()
+        print(f"boot {boots}: systemd-nspawn exit {rc}", flush=True)
+        if rc != REBOOT_EXIT:
+            break
+    host._record(state="off", exit=rc, leader_pid=None, nspawn_pid=None)
+    return 0
+
+
+def _child(pid: int) -> int | None:
+    """The container's PID 1 as this machine numbers it: the child of systemd-nspawn that runs systemd
+    (until it execs, the child is still systemd-nspawn's own)."""
+    try:
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        for k in kids:
+            if Path(f"/proc/{k}/comm").read_text().strip() == "systemd":
+                return int(k)
+    except OSError:
+        pass
+    return None
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["machine"]:
+        sys.exit(machine_loop(Path(sys.argv[2])))
+    sys.exit(f"usage: {sys.argv[0]} machine DIR")
