@@ -29,6 +29,9 @@ def pytest_configure(config):
     import llama_real
 
     llama_real.start_background()
+    from p2pkit.sim import container  # the container host's Debian image, made once per recipe and cached
+
+    container.start_background()
 
 
 @dataclass

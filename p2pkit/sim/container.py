@@ -245,6 +245,25 @@ def _step(argv: list[str], step: str, logfile: Path, timeout: float = 1800) -> N
         raise ContainerError(step, f"exit {r.returncode}", logfile)
 
 
+def cached_image(cache: Path | None = None) -> Path | None:
+    """The image for this recipe if it is made, without making it."""
+    root = (cache or cache_dir()) / f"root-{recipe_key()}"
+    return root if (root / MANIFEST.lstrip("/")).is_file() else None
+
+
+def start_background(cache: Path | None = None) -> None:
+    """Make the image in a process of its own (a test session starts it first and runs beside it)."""
+    cache = cache or cache_dir()
+    if cached_image(cache) or cannot_boot():
+        return
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / "image-background.log", "ab") as log:
+        subprocess.Popen([sys.executable, "-m", "p2pkit.sim.container", "image"], stdin=subprocess.DEVNULL,
+                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                         env={**os.environ, "P2PKIT_CT_CACHE": str(cache),
+                              "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+
+
 def image_manifest(image_root: Path) -> dict:
     return json.loads((image_root / MANIFEST.lstrip("/")).read_text())
 
@@ -437,17 +456,20 @@ class ContainerHost:
         if m.get("state") in ("running", "booting") and _alive(m.get("leader_pid")):
             with contextlib.suppress(ContainerError, subprocess.TimeoutExpired):
                 self.run(["systemctl", "poweroff"], check=False, timeout=10)
-        sup, nsp = m.get("supervisor_pid"), m.get("nspawn_pid")
+        sup, nsp, leader = m.get("supervisor_pid"), m.get("nspawn_pid"), m.get("leader_pid")
         deadline = time.monotonic() + timeout
         while _alive(sup) and time.monotonic() < deadline:
             time.sleep(0.2)
+        # a container that will not stop: the supervisor first (it would boot it again), then systemd-nspawn
+        # (SIGTERM asks the container's systemd to power off), then the container's PID 1 itself (SIGKILL to
+        # a PID namespace's init ends every process in it)
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            for pid in (sup, nsp):
+            for pid in (sup, nsp, leader if sig == signal.SIGKILL else None):
                 if _alive(pid):
                     with contextlib.suppress(OSError):
                         os.kill(pid, sig)
             end = time.monotonic() + 10
-            while any(_alive(p) for p in (sup, nsp)) and time.monotonic() < end:
+            while any(_alive(p) for p in (sup, nsp, leader)) and time.monotonic() < end:
                 time.sleep(0.2)
         self._record(state="off")
         self.unmount()
@@ -523,4 +545,7 @@ def _child(pid: int) -> int | None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["machine"]:
         sys.exit(machine_loop(Path(sys.argv[2])))
-    sys.exit(f"usage: {sys.argv[0]} machine DIR")
+    if sys.argv[1:2] == ["image"]:  # the image made (or found) under the cache's lock; its path printed
+        print(image(), flush=True)
+        sys.exit(0)
+    sys.exit(f"usage: {sys.argv[0]} machine DIR | image")

@@ -230,29 +230,54 @@ def uname_cmd(args: list[str]) -> int:
 
 def grub_default() -> tuple[str, str] | None:
     """The kernel release and command line GRUB boots: the default entry of the real /boot/grub/grub.cfg
-    (set default="N", or a saved entry's title), its `linux` line as GRUB hands it to the kernel
-    (BOOT_IMAGE= first)."""
+    (`set default="..."`: an index, a title or an id, or a "submenu>entry" path of them, as GRUB_DEFAULT
+    names it; entry 0 when it names nothing there), its `linux` line as GRUB hands it to the kernel
+    (BOOT_IMAGE= first). The simulator's own reading of grub-mkconfig's output."""
     try:
         text = (ROOT / "boot/grub/grub.cfg").read_text()
     except OSError:
         return None
-    default = re.search(r'^\s*set default="([^"]*)"', text, re.M)
-    want = default.group(1) if default else "0"
-    entries = []  # top-level menuentries in order, each with its title and first linux line
-    depth, current = 0, None
+    # 00_header sets default="${next_entry}" for a one-time boot (grub-reboot) and else GRUB_DEFAULT's value
+    wanted = [v for v in re.findall(r'^\s*set default="([^"]*)"', text, re.M) if not v.startswith("${")]
+    tree: list[dict] = []  # top-level menuentries and submenus, each {title, id, linux, children}
+    stack: list[list[dict]] = [tree]
+    depth_of: list[int] = []
+    depth = 0
+    current = None
     for line in text.splitlines():
         s = line.strip()
-        if depth == 0 and s.startswith("menuentry "):
-            title = re.match(r"menuentry\s+'([^']*)'", s)
-            current = {"title": title.group(1) if title else "", "linux": None}
-            entries.append(current)
-        if s.startswith("linux") and current is not None and current["linux"] is None:
+        m = re.match(r"(menuentry|submenu)\s+'([^']*)'.*?(?:\$menuentry_id_option\s+'([^']*)')?\s*\{$", s)
+        if m:
+            node = {"title": m.group(2), "id": m.group(3) or "", "linux": None, "children": []}
+            stack[-1].append(node)
+            if m.group(1) == "submenu":
+                stack.append(node["children"])
+                depth_of.append(depth)
+            else:
+                current = node
+        elif s.startswith("linux") and current is not None and current["linux"] is None:
             current["linux"] = s
         depth += s.count("{") - s.count("}")
-        if depth == 0:
+        if current is not None and depth <= (depth_of[-1] + 1 if depth_of else 0):
             current = None
-    chosen = entries[int(want)] if want.isdigit() and int(want) < len(entries) else \
-        next((e for e in entries if e["title"] == want), entries[0] if entries else None)
+        while depth_of and depth <= depth_of[-1]:
+            depth_of.pop()
+            stack.pop()
+
+    def pick(nodes: list[dict], want: str) -> dict | None:
+        if want.isdigit():
+            return nodes[int(want)] if int(want) < len(nodes) else None
+        return next((n for n in nodes if want in (n["title"], n["id"])), None)
+
+    chosen = None
+    nodes = tree
+    for part in (wanted[-1] if wanted else "0").split(">"):
+        chosen = pick(nodes, part)
+        if chosen is None:
+            break
+        nodes = chosen["children"]
+    if chosen is None or chosen["children"]:
+        chosen = tree[0] if tree else None
     if not chosen or not chosen["linux"]:
         return None
     _, image, *rest = chosen["linux"].split()

@@ -24,8 +24,8 @@ def save(root: Path, state: dict) -> None:
     """The state written back, and what the loaded module shows in /sys, /proc and /dev made anew."""
     from p2pkit.sim import render
 
-    if Path(root) != ROOT or not (Path("/run/host/container-manager").exists()
-                                  or os.environ.get("container")):  # noqa: SIM112
+    in_container = Path("/run/host/container-manager").exists() or os.environ.get("container")  # noqa: SIM112
+    if Path(root) != ROOT or not in_container or not (ROOT / SIM_MARKER).is_file():
         raise SystemExit(f"SIMULATED container host: the state of {root} is saved only inside its container")
     write_state(state)
     render.module_files(ROOT, state, clear=True)

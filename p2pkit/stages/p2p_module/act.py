@@ -147,4 +147,5 @@ def restore_command_vars(ctx) -> dict:
         "p2pkit_p2p_module_hook_hold": writers.shell_word("the boot-default hold", prefix + BOOT_HOLD),
         "p2pkit_p2p_module_hook_osrelease": writers.shell_word("the kernel release",
                                                                prefix + "/proc/sys/kernel/osrelease"),
+        "p2pkit_p2p_module_hook_grub_cfg": writers.shell_word("GRUB's configuration", prefix + "/boot/grub/grub.cfg"),
     }

@@ -1,0 +1,237 @@
+"""The container host: p2pkit on a real operating system (a Debian 12 root booted with systemd as
+PID 1 by systemd-nspawn), only the GPUs stood in (p2pkit/sim/container.py, guest.py). Each test asserts
+what the real tool reports (systemctl show, list-timers, journalctl, dpkg-query, modinfo, the hook's
+own output), not what p2pkit wrote. The image is made once per recipe and cached (conftest starts it in
+the background as the session starts); the tests say by name why they skip on a machine that cannot
+boot such a host (not root, no systemd-nspawn or mmdebstrap, no overlayfs)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from p2pkit.sim import container
+
+WHY = container.cannot_boot()
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(WHY is not None, reason=f"this machine cannot boot a container host: {WHY}")]
+
+
+@pytest.fixture(scope="module")
+def image():
+    return container.image()
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    return container.build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+@pytest.fixture
+def make_host(tmp_path, image, wheel):
+    """A factory: make_host(scenario) makes and boots a container host; all are stopped and unmounted
+    afterwards, and the test fails if anything of theirs is left running or mounted."""
+    made = []
+
+    def make(scenario: str = "healthy", boot: bool = True) -> container.ContainerHost:
+        h = container.ContainerHost.create(tmp_path / f"ct-{len(made)}", image, scenario=scenario, wheel=wheel)
+        made.append(h)
+        if boot:
+            h.boot()
+        return h
+    yield make
+    for h in made:
+        m = h.machine()
+        h.stop()
+        assert not Path(h.root).is_mount(), f"{h.root} is still mounted"
+        for pid in (m.get("supervisor_pid"), m.get("nspawn_pid"), m.get("leader_pid")):
+            assert not container._alive(pid), f"pid {pid} of {h.dir} still runs"
+
+
+def show(h, unit: str, *props: str) -> dict[str, str]:
+    r = h.run(["systemctl", "show", unit, "-p", ",".join(props)])
+    return dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
+
+
+def status(h) -> dict[str, str]:
+    r = h.p2pkit("--json", "status")
+    doc = json.loads(r.stdout)
+    return {s["stage"]: s["state"] for s in doc["stages"]}
+
+
+def wait_resumed(h, boots: int, timeout: float = 900) -> dict[str, str]:
+    """After `up --reboot` rebooted the OS: the next boot up, and the resume unit run to its end this boot
+    (started, ExecMainStartTimestampMonotonic not 0, and no longer active)."""
+    h.wait_reboot(boots, timeout=300)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = show(h, "p2pkit-resume.service", "ActiveState", "Result", "ExecMainStatus",
+                  "ExecMainStartTimestampMonotonic")
+        if st.get("ActiveState") in ("inactive", "failed") and st.get("ExecMainStartTimestampMonotonic") != "0":
+            st.pop("ExecMainStartTimestampMonotonic")
+            return st
+        time.sleep(1)
+    raise AssertionError(f"the resume unit did not finish within {timeout:g} s")
+
+
+def test_the_whole_path_on_a_real_os(make_host):
+    """up --reboot through all nine stages (the reboot is the container's own; the real resume unit goes
+    on), status and verify, the real timer, unit and journal, a kernel upgrade by a real apt-get install
+    whose postinst hook rebuilds the module with the real kbuild, the reboot into it, restore, serve
+    restart, a SIGKILL of up mid-stage and the resume, and rollback."""
+    h = make_host()
+    times = {}
+    t0 = time.monotonic()
+    boots = h.machine()["boots"]
+    first = h.p2pkit("--yes", "up", "--reboot", timeout=1200)
+    assert "rebooting now: p2pkit up resumes after boot" in first.stderr, first.stderr[-3000:]
+    st = wait_resumed(h, boots)
+    times["up --reboot"] = time.monotonic() - t0
+    journal = h.run(["journalctl", "-u", "p2pkit-resume.service", "-o", "cat", "--no-pager"]).stdout
+    assert st == {"ActiveState": "inactive", "Result": "success", "ExecMainStatus": "0"}, journal[-3000:]
+    assert "all selected stages passed" in journal
+    assert set(status(h).values()) == {"done"}
+
+    # what the real boot made of p2pkit's GRUB drop-in and module: the running command line and the
+    # loaded module are the ones the real grub.cfg and the real modprobe resolution give
+    cmdline = h.run(["cat", "/proc/cmdline"]).stdout
+    assert "iommu=pt" in cmdline.split()
+    assert "iommu=pt" in h.run(["grep", "-m1", r"^\s*linux\s", "/boot/grub/grub.cfg"]).stdout
+    kernel = h.run(["uname", "-r"]).stdout.strip()
+    installed = h.run(["modinfo", "-k", kernel, "-F", "filename", "nvidia"]).stdout.strip()
+    assert installed == f"/lib/modules/{kernel}/kernel/drivers/video/nvidia.ko"
+    fields = h.run(["modinfo", installed]).stdout
+    assert re.search(rf"^vermagic:\s+{re.escape(kernel)} SMP", fields, re.M), fields
+    built = h.run(["modinfo", "-F", "srcversion",
+                   "/var/cache/p2pkit/open-gpu-kernel-modules/kernel-open/nvidia.ko"]).stdout.strip()
+    assert built and built in fields
+    assert "615.71.09" in h.run(["cat", "/proc/driver/nvidia/version"]).stdout
+
+    # the engine as real systemd runs it: its own slice, no memory cap, its PID's cgroup
+    eng = show(h, "p2pkit-engine.service", "ActiveState", "MainPID", "ControlGroup", "MemoryMax", "User", "Slice")
+    assert eng["ActiveState"] == "active" and eng["MemoryMax"] == "infinity" and eng["User"] == "p2pkit-engine"
+    assert eng["ControlGroup"] == "/p2pkit.slice/p2pkit-engine.service" and eng["Slice"] == "p2pkit.slice"
+    assert eng["ControlGroup"] in h.run(["cat", f"/proc/{eng['MainPID']}/cgroup"]).stdout
+    unit = "/etc/systemd/system/p2pkit-engine.service"
+    assert h.run(["systemd-analyze", "verify", unit], check=False).returncode == 0
+    # the journal mark the service proof took is real journalctl's cursor, and it reads from there
+    svc = json.loads(h.run(["cat", "/var/lib/p2pkit/service.json"]).stdout)
+    cursor = ((svc.get("acted") or {}).get("log_from") or {}).get("cursor") or ""
+    assert re.fullmatch(r"s=[0-9a-f]{32};i=[0-9a-f]+;b=[0-9a-f]{32};m=[0-9a-f]+;t=[0-9a-f]+;x=[0-9a-f]+", cursor), svc
+    after = h.run(["journalctl", "-u", "p2pkit-engine.service", f"--after-cursor={cursor}", "-o", "cat"]).stdout
+    assert "listening on 127.0.0.1:" in after
+    # the restore timer is real systemd's: enabled, listed, and its service verifies
+    assert h.run(["systemctl", "is-enabled", "p2pkit-restore.timer"]).stdout.strip() == "enabled"
+    assert "p2pkit-restore.timer" in h.run(["systemctl", "list-timers", "--all", "--no-pager"]).stdout
+    assert h.run(["systemd-analyze", "verify", "/etc/systemd/system/p2pkit-restore.timer"], check=False).returncode == 0
+
+    r = h.p2pkit("verify")
+    assert r.returncode == 0, r.stderr[-3000:]
+
+    # a kernel upgrade for real: apt-get installs the newer kernel; dpkg runs the kernel's postinst hooks
+    new = h.manifest()["upgrade_kernel"]
+    t0 = time.monotonic()
+    apt = h.upgrade_kernel()
+    times["kernel upgrade (apt-get install, hooks)"] = time.monotonic() - t0
+    assert apt.returncode == 0, apt.stderr[-3000:]
+    assert "/etc/kernel/postinst.d/zz-p2pkit:" in apt.stdout
+    assert f"driver and P2P module hold for kernel {new}" in apt.stdout, apt.stdout[-4000:]
+    dpkg = h.run(["dpkg-query", "-W", "-f=${Status}", f"linux-image-{new}"]).stdout
+    assert dpkg == "install ok installed"
+    assert h.run(["modinfo", "-k", new, "-F", "vermagic", "nvidia"]).stdout.startswith(new + " ")
+    # the apt hook started the restore service after dpkg's run (DPkg::Post-Invoke)
+    deadline = time.monotonic() + 300
+    while show(h, "p2pkit-restore.service", "ActiveState")["ActiveState"] in ("activating", "active") \
+            and time.monotonic() < deadline:
+        time.sleep(1)
+    assert show(h, "p2pkit-restore.service", "Result")["Result"] == "success"
+
+    boots = h.machine()["boots"]
+    h.reboot()
+    assert h.machine()["boots"] == boots + 1
+    assert h.run(["uname", "-r"]).stdout.strip() == new
+    assert "615.71.09" in h.run(["cat", "/proc/driver/nvidia/version"]).stdout
+    r = h.p2pkit("--yes", "restore")
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = h.p2pkit("--yes", "up", timeout=1200)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert set(status(h).values()) == {"done"}
+
+    # serve restart: a new main PID from real systemd, healthy again
+    pid = show(h, "p2pkit-engine.service", "MainPID")["MainPID"]
+    r = h.p2pkit("serve", "restart")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert show(h, "p2pkit-engine.service", "MainPID")["MainPID"] not in (pid, "0")
+
+    # SIGKILL of up in the middle of the engine stage's build, then a plain up resumes it
+    proc = subprocess.Popen(h.command(["/opt/p2pkit/bin/p2pkit", "--yes", "up", "--from", "engine", "--force"]),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if h.run(["pgrep", "-f", "cmake|ninja|ansible-playbook"], check=False).returncode == 0:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    r = h.p2pkit("--yes", "up", timeout=1200)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert set(status(h).values()) == {"done"}
+    assert h.run(["pgrep", "-f", "cmake --build|ninja"], check=False).returncode == 1, "a build outlived up"
+
+    # rollback: p2pkit's module files, hooks and units go; after a reboot no module of p2pkit's resolves
+    r = h.p2pkit("--yes", "rollback", "p2p-module")
+    assert r.returncode in (0, 4), r.stderr[-3000:]
+    for path in ("/etc/kernel/postinst.d/zz-p2pkit", "/etc/default/grub.d/60-p2pkit-iommu.cfg",
+                 "/etc/systemd/system/p2pkit-restore.timer"):
+        assert h.run(["test", "-e", path], check=False).returncode == 1, path
+    h.reboot()
+    assert "iommu=pt" not in h.run(["cat", "/proc/cmdline"]).stdout.split()
+    gone = h.run(["modprobe", "--show-depends", "nvidia"], check=False)
+    assert gone.returncode != 0, f"a module of p2pkit's still resolves after rollback: {gone.stdout}"
+    print("container host timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in times.items()))
+
+
+def test_a_root_that_will_not_boot_names_the_step_and_its_log(make_host):
+    """A root whose init is gone: boot fails naming the step and the console log, and nothing is left
+    running or mounted (the fixture checks)."""
+    h = make_host(boot=False)
+    (h.root / "sbin/init").unlink()
+    with pytest.raises(container.ContainerError) as e:
+        h.boot(timeout=60)
+    assert e.value.step == "boot" and e.value.log and e.value.log.is_file()
+    assert "console" in e.value.log.name
+
+
+def test_a_container_that_will_not_stop_is_stopped_anyway(make_host):
+    """PID 1 frozen (SIGSTOP): poweroff cannot reach it; stop() still ends the container and everything
+    in it, and unmounts the root."""
+    h = make_host()
+    leader = h.leader()
+    subprocess.Popen(h.command(["sleep", "600"]), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.5)
+    import os
+
+    os.kill(leader, signal.SIGSTOP)
+    t0 = time.monotonic()
+    h.stop(timeout=5)
+    assert time.monotonic() - t0 < 60
+    assert not container._alive(leader)
+    left = subprocess.run(["pgrep", "-f", "^sleep 600$"], capture_output=True, text=True)
+    assert left.returncode == 1, f"a process of the container outlived it: {left.stdout}"
+
+
+def test_the_device_layer_refuses_to_act_outside_a_container(tmp_path):
+    """The container host's state is saved only inside its container: on this machine the guest's save
+    refuses before writing anything (it would write under the machine's own /sys and /proc)."""
+    from p2pkit.sim import guest_state
+
+    with pytest.raises(SystemExit, match="only inside its container"):
+        guest_state.save(Path("/"), {"layout": "container", "driver": {}})
+    assert shutil.which("nsenter")
