@@ -121,7 +121,7 @@ def _fail(code: int, message: str, hint: str) -> None:
     sys.exit(int(code))
 
 
-GROUPS = {"sim", "serve", "net", "profile"}
+GROUPS = {"sim", "serve", "net", "profile", "facts"}
 
 
 def command_path(argv: list[str]) -> list[str]:

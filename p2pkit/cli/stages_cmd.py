@@ -369,44 +369,63 @@ def facts_record(file: Annotated[Path, typer.Argument(help="JSON file to write")
     out = common.output()
     out.simulated = h.simulated
     out.log(f"facts of {h.root} written to {file}")
+    if common.OPTS.json:
+        out.document({"file": str(target), "root": str(h.root), "facts": len(doc["facts"]),
+                      "profile": (doc.get("profile") or {}).get("name")})
 
 
 def logs(
     stage: Annotated[str, typer.Argument(help=f"a stage {STAGES_HELP}: its log in <state>/logs (the engine's: its "
-                                         "last build log)", **STAGE)],
+                                         "last build log); preflight, rebar and topology run no command and keep "
+                                         "no log", **STAGE)],
     follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing as the log grows, until the run "
                                          "writing it ends (Ctrl-C stops)")] = False,
     lines: Annotated[int, typer.Option("--lines", "-n", help="start with only the last N lines (0: all)")] = 0,
 ) -> None:
     """A stage's log: ansible-playbook's output, the engine build, the conversion, the load, as they
-    are written (a 20-minute build can be followed with --follow)."""
+    are written (a 20-minute build can be followed with --follow). With --json, one document with the
+    log's text once it is complete (--follow: once the run writing it ends)."""
     import sys
     import time
 
     from p2pkit.core.lock import lock_holder
     from p2pkit.stages.engine.act import build_logs
 
-    st = get(stage).name
+    st = get(stage)
+    if st.act is None and st.measure is None:  # it only reads the host: its findings are its record
+        raise UsageError(f"{st.name} keeps no log: it runs no command and changes nothing, it only reads the host "
+                         "(its findings with their measured values are its record)",
+                         hint=f"see them with `p2pkit verify {st.name}` (read now) or `p2pkit status` (its "
+                              "artifact); the stages with a log: "
+                              + ", ".join(x.name for x in _stages_with_logs()))
     ctx = common.context()
     d = ctx.store.dir / "logs"
-    path = (build_logs(ctx) or [d / "engine-build.log"])[-1] if st == "engine" else d / f"{st}.log"
+    path = (build_logs(ctx) or [d / "engine-build.log"])[-1] if st.name == "engine" else d / f"{st.name}.log"
     while not path.is_file():
         if not follow or lock_holder(ctx.store.dir) is None:
-            raise UsageError(f"no log for {st} yet ({path})", hint=f"run the stage: `p2pkit up --to {st}`")
+            raise UsageError(f"no log for {st.name} yet ({path}): the stage has not run on this host",
+                             hint=f"run the stage: `p2pkit up --to {st.name}`")
         time.sleep(0.5)
+    json_mode = common.OPTS.json
+    kept = bytearray()
+
+    def emit(chunk: bytes) -> None:
+        if json_mode:
+            kept.extend(chunk)
+        else:
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.flush()
     with open(path, "rb") as fh:
         text = fh.read()
         if lines > 0:
             text = b"".join(text.splitlines(keepends=True)[-lines:])
-        sys.stdout.buffer.write(text)
-        sys.stdout.flush()
+        emit(text)
         idle = 0
         try:
             while follow:
                 chunk = fh.read()
                 if chunk:
-                    sys.stdout.buffer.write(chunk)
-                    sys.stdout.flush()
+                    emit(chunk)
                     idle = 0
                     continue
                 idle = idle + 1 if lock_holder(ctx.store.dir) is None else 0
@@ -415,5 +434,12 @@ def logs(
                 time.sleep(0.5)
         except KeyboardInterrupt:
             pass
+    if json_mode:
+        ctx.out.document({"stage": st.name, "path": str(path), "text": kept.decode(errors="replace")})
     raise typer.Exit(0)
 
+
+def _stages_with_logs():
+    from p2pkit.stages import registry
+
+    return [x for x in registry() if x.act is not None or x.measure is not None]
