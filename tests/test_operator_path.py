@@ -378,3 +378,35 @@ def test_every_hint_printed_on_a_simulated_host_runs_there_as_printed(cli, sim, 
         for h in (root, own):
             lifecycle.stop_services(h)
     assert len(ran) >= 10 and any("logs engine --follow" in h for h in ran), sorted(printed)
+
+
+# ------------------------------------------ item 8: an inventory's relative report paths, a file per host
+
+@pytest.mark.slow
+def test_verify_inventory_writes_relative_reports_where_the_operator_ran_one_per_host(cli, sim, tmp_path, monkeypatch):
+    """`verify --inventory hosts.yml --prometheus lab.prom --junit lab.xml` from a working directory: lab.xml
+    there (the controller's), and a textfile per host named for it (lab.box-a.prom, lab.box-b.prom: the two
+    hosts share this machine's filesystem and overwrite nothing), each with its own host's results; nothing
+    in the installed package's folders; the output says where each went."""
+    from p2pkit.core.ansible import share_dir
+
+    roots = {"box-a": sim("healthy", "a"), "box-b": sim("no-gpu", "b")}
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "hosts.yml").write_text("all:\n  hosts:\n" + "".join(
+        f"    {h}: {{ansible_connection: local, p2pkit_root: {r}}}\n" for h, r in roots.items()))
+    before = {p for p in share_dir().rglob("*.prom")}
+    monkeypatch.chdir(work)
+    r = cli("--state-dir", str(tmp_path / "controller"), "--json", "verify", "--inventory", "hosts.yml",
+            "--prometheus", "lab.prom", "--junit", "lab.xml")
+    assert r.code == 1, r.err
+    doc = r.json()
+    want = {h: work / f"lab.{h}.prom" for h in roots}
+    assert doc["prometheus"] == {h: str(p) for h, p in want.items()} and doc["junit"] == str(work / "lab.xml")
+    assert (work / "lab.xml").is_file() and not (work / "lab.prom").exists()
+    texts = {h: p.read_text() for h, p in want.items()}
+    assert re.search(r"p2pkit_stage_ok{[^}]*stage=\"preflight\"} 1.0", texts["box-a"]), texts["box-a"][:2000]
+    assert re.search(r"p2pkit_stage_ok{[^}]*stage=\"preflight\"} 0.0", texts["box-b"]), texts["box-b"][:2000]
+    assert {p for p in share_dir().rglob("*.prom")} == before
+    for h, p in want.items():
+        assert f"Prometheus textfile of {h}: {p}" in " ".join(r.err.split())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -137,13 +138,17 @@ def budget_fix(ctx) -> str:
 
 
 def _inventory(inventory: Path, action: str, command: list[str], wheel: Path | None = None,
-               junit: Path | None = None) -> None:
+               junit: Path | None = None, prometheus: Path | None = None) -> None:
+    """`junit` is the controller's file (one for the lab); `prometheus` (absolute: a relative one was taken
+    from the directory the operator ran in) a file on each host, named for that host."""
     from p2pkit.app import inventory as inv
     from p2pkit.app import reports
 
     out = common.output()
     logs = common.state_dir(common.host()) / "logs"  # the controller's: ansible-playbook's log goes there
-    code, report = inv.run(inventory, action, command, out, logs, wheel)
+    if junit is not None:
+        junit = Path(os.path.abspath(junit))
+    code, report = inv.run(inventory, action, command, out, logs, wheel, prometheus=prometheus)
     if junit is not None:  # one file for the lab: a suite per host and stage; a host with no result fails
         results = [{**r, "stage": f"{h}/{r['stage']}"} for h, v in sorted(report["hosts"].items())
                    for r in v.get("results", [])]
@@ -153,6 +158,10 @@ def _inventory(inventory: Path, action: str, command: list[str], wheel: Path | N
                                                        + report["log"]}]}
                     for h, v in sorted(report["hosts"].items()) if v["exit_code"] is None]
         reports.write(junit, reports.junit(results, any(v.get("simulated") for v in report["hosts"].values())))
+        report["junit"] = str(junit)
+        out.log(f"JUnit for every host: {junit}")
+    for h, path in sorted(report.get("prometheus", {}).items()):
+        out.log(f"Prometheus textfile of {h}: {path} (on {h})")
     if common.OPTS.json:
         out.document({"kind": f"p2pkit-{action}-inventory", **report})
     else:
@@ -235,9 +244,9 @@ def verify(
     """Prove the host again: run the stages' read-only checks now. Writes no artifact."""
     from p2pkit.app import reports
 
-    if inventory is not None:
-        cmd = ["verify", *([stage] if stage else []), *(["--prometheus", str(prometheus)] if prometheus else [])]
-        _inventory(inventory, "verify", cmd, wheel, junit)
+    if inventory is not None:  # --prometheus: a file on each host, named for it (per_host_prometheus)
+        _inventory(inventory, "verify", ["verify", *([stage] if stage else [])], wheel, junit,
+                   prometheus=None if prometheus is None else Path(os.path.abspath(prometheus)))
     if prometheus:
         reports.textfile_path(prometheus)  # a directory that does not exist is refused before the checks run
     ctx = common.context()
