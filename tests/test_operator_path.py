@@ -410,3 +410,110 @@ def test_verify_inventory_writes_relative_reports_where_the_operator_ran_one_per
     assert {p for p in share_dir().rglob("*.prom")} == before
     for h, p in want.items():
         assert f"Prometheus textfile of {h}: {p}" in " ".join(r.err.split())
+
+
+# ----------------------------- item 9: built-in names on simulated hosts, a failed up records nothing, own profiles
+
+def test_a_builtin_name_on_a_simulated_host_is_its_own_pinned_copy(cli, sim):
+    """`--profile dual-spark-vllm` (the documented inventory's p2pkit_profile) on a simulated Spark node:
+    the node's own pinned copy, so preflight's pins hold; the run says which file it is."""
+    root = sim("spark-head")
+    r = cli("--root", str(root), "--profile", "dual-spark-vllm", "up", "--to", "preflight")
+    assert r.code == 0, r.err
+    assert f"profile dual-spark-vllm ({root}/.p2pkit-sim/profile.toml)" in r.err
+    assert cli("--root", str(root), "up", "--to", "preflight").code == 0  # and without the line: the same
+
+
+def test_an_up_that_stops_at_preflight_records_nothing(cli, sim):
+    """A profile that cannot pass preflight here (the built-in llama.cpp one, its pins empty, on a simulated
+    NInfer host): the refused run leaves the host's recorded profile as it was, so the next command without
+    --profile runs with the host's own and passes."""
+    root = sim("healthy")
+    state = root / "var/lib/p2pkit"
+    assert cli("--root", str(root), "up", "--to", "preflight").code == 0
+    before = (state / "profile.json").read_text()
+    r = cli("--root", str(root), "--profile", "dual-5090-llamacpp", "up", "--to", "preflight")
+    assert r.code == 1 and "preflight.pins" in r.err
+    assert (state / "profile.json").read_text() == before
+    assert cli("--root", str(root), "up", "--to", "preflight").code == 0
+    fresh = sim("healthy", "fresh")  # no record before: none after
+    assert cli("--root", str(fresh), "--profile", "dual-5090-llamacpp", "up", "--to", "preflight").code == 1
+    assert not (fresh / "var/lib/p2pkit/profile.json").exists()
+
+
+def test_up_pin_with_a_users_own_profile_takes_the_simulated_hosts_own_sources(cli, sim, tmp_path, monkeypatch):
+    """A profile of the user's own (`profile show dual-5090-ninfer --toml`: NVIDIA's URL, GitHub's fork) on a
+    simulated host: `up --pin` fetches nothing (exit 2) and names the host's own downloads and repositories
+    in a command that runs as printed; a profile whose engine the host has no source for says where to start."""
+    from p2pkit.app import pin as pin_mod
+
+    root = sim("healthy")
+    mine = tmp_path / "mine.toml"
+    mine.write_text(cli("--root", str(root), "profile", "show", "dual-5090-ninfer", "--toml").out)
+    assert "https://" in mine.read_text()
+    fetched = []
+    monkeypatch.setattr(pin_mod, "installer_pin", lambda *a: fetched.append(a) or {})
+    monkeypatch.setattr(pin_mod, "remote_commit", lambda *a: fetched.append(a) or {})
+    r = cli("--root", str(root), "--profile", str(mine), "up", "--pin")
+    assert r.code == 2 and not fetched, r.err
+    err = " ".join(r.err.split())
+    own = root / ".p2pkit-sim"
+    for src in (f"file://{own}/downloads/NVIDIA-Linux-x86_64-615.71.09.run", f"file://{own}/git/ninfer.git",
+                f"file://{own}/git/open-gpu-kernel-modules.git"):
+        assert src in err, (src, err)
+    assert "nothing was fetched or written" in err and not (root / "var/lib/p2pkit/preflight.json").exists()
+    # preflight's other way, `pin` with the profile's own URL and remote (its hint names them): refused alike
+    url = "https://us.download.nvidia.com/XFree86/Linux-x86_64/615.71.09/NVIDIA-Linux-x86_64-615.71.09.run"
+    p = cli("--root", str(root), "--profile", str(mine), "pin", "--installer", url, "--fork-remote", "--yes")
+    assert p.code == 2 and not fetched and HINT.findall(p.err)[-1] == HINT.findall(r.err)[-1], p.err
+    monkeypatch.undo()
+    hint = HINT.findall(r.err)[-1]
+    assert hint.startswith(f"p2pkit --root {root} --profile {mine} --set driver.installer_url=file://"), hint
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "-c", hint.replace("up --pin", "up --pin --to preflight")], cwd=tmp_path,
+                          env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "pinned driver.installer_sha256" in done.stderr and "https://" not in done.stderr
+    # the llama.cpp profile (its engine archive pinned by sha256): the host's installer and fork, nothing else
+    other = tmp_path / "llama.toml"
+    other.write_text(cli("--root", str(root), "profile", "show", "dual-5090-llamacpp", "--toml").out)
+    r = cli("--root", str(root), "--profile", str(other), "up", "--pin")
+    hint = HINT.findall(r.err)[-1]
+    assert r.code == 2 and "https://" not in hint and "engine.repo" not in hint, r.err
+    assert f"--set driver.installer_url=file://{own}/downloads/" in hint and "--set p2p_module.repo=file://" in hint
+    # a Spark node (vLLM) asked to pin a built engine it has no source for: where to start instead
+    spark = sim("spark-head")
+    third = tmp_path / "third.toml"
+    third.write_text(cli("--root", str(spark), "profile", "show", "dual-5090-ninfer", "--toml").out)
+    r = cli("--root", str(spark), "--profile", str(third), "up", "--pin")
+    err = " ".join(r.err.split())
+    assert r.code == 2 and "has no ninfer engine source" in err, err
+    assert f"`p2pkit --root {spark} profile show --toml > mine.toml`" in err
+
+
+@pytest.mark.slow
+def test_the_documented_spark_inventory_on_simulated_nodes(cli, sim, tmp_path):
+    """docs/inventory.md's inventory for the pair, its host vars as written (p2pkit_profile: dual-spark-vllm),
+    each node a simulated one reached locally: preflight passes on both (it stopped at preflight.pins); and
+    with the p2pkit_profile lines removed, the same."""
+    import yaml
+
+    from tests.test_inventory import controller
+
+    text = (REPO / "docs/inventory.md").read_text().split("An inventory for the pair", 1)[1]
+    doc = yaml.safe_load(re.search(r"```yaml\n(.+?)\n```", text, re.S).group(1))
+    roots = {"spark-1": sim("spark-head", "head"), "spark-2": sim("spark-worker", "worker")}
+    hosts = doc["all"]["hosts"]
+    assert set(hosts) == set(roots) and all(v["p2pkit_profile"] == "dual-spark-vllm" for v in hosts.values())
+    for h, v in hosts.items():
+        v.pop("ansible_host")
+        v.update(ansible_connection="local", p2pkit_root=str(roots[h]))
+    inv = tmp_path / "hosts.yml"
+    for step in ("as documented", "without p2pkit_profile"):
+        inv.write_text(yaml.safe_dump(doc))
+        r = cli(*controller(tmp_path), "--json", "up", "--inventory", str(inv), "--to", "preflight")
+        got = {h: (v["exit_code"], v["stages"].get("preflight"), v.get("message"))
+               for h, v in r.json()["hosts"].items()}
+        assert r.code == 0 and all(g[:2] == (0, "done") for g in got.values()), (step, got)
+        for v in hosts.values():
+            v.pop("p2pkit_profile", None)

@@ -130,7 +130,9 @@ def profile(h: Host | None = None) -> config.Profile:
     overrides `up` ran with stay in force: hoststate)."""
     if h is None:
         return config.load(OPTS.profile, OPTS.overrides)
-    source, overrides, stored = hoststate.resolve(state_dir(h), OPTS.profile, OPTS.overrides, OPTS.unset,
+    # a built-in name on a simulated host laid out with it is the host's own pinned copy (Host.own_profile)
+    given = h.own_profile(OPTS.profile) or OPTS.profile
+    source, overrides, stored = hoststate.resolve(state_dir(h), given, OPTS.overrides, OPTS.unset,
                                                   h.default_profile())
     # a relative path in the profile is under the state directory, never where p2pkit was started
     return contained(config.anchored(config.load(source, overrides, stored), h.host_path(state_dir(h))), h)

@@ -73,6 +73,8 @@ def init(
     from p2pkit.core import config
 
     prof = config.load(state["profile"])
+    out.log(f"its profile: {state['profile']} ({prof.name}, pinned to this host's own downloads and repositories; "
+            f"`--profile {prof.name}` on this host means this file)")
     if prof.name == "dual-spark-vllm":
         flags = prof.serve.flags
         out.log(f"next: this is one of two Spark nodes (rendezvous 127.0.0.1:{flags.get('master-port')} when it is "

@@ -80,7 +80,8 @@ def up(
     ctx = common.context()
     if ctx.host.banner():
         ctx.out.log(ctx.host.banner())
-    ctx.out.log(f"profile {ctx.profile.name}; state in {ctx.store.dir}")
+    own = f" ({ctx.profile.source})" if ctx.profile.source != ctx.profile.name else ""  # a file, or a host's own copy
+    ctx.out.log(f"profile {ctx.profile.name}{own}; state in {ctx.store.dir}")
     if pin:
         from p2pkit.app.pin import pin_for_up
 
