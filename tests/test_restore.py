@@ -127,7 +127,7 @@ def test_restore_reinstalls_a_replaced_userspace_driver(cli, sim):
     r = cli("--root", str(root), "--json", "status")
     driver = {s["stage"]: s for s in r.json()["stages"]}["driver"]
     assert r.code == 1 and driver["state"] == "stale" and "driver.holds" in driver["reason"]
-    assert "p2pkit restore" in driver["reason"]
+    assert f"`p2pkit --root {root} restore`" in driver["reason"]
     lib = root / "usr/lib/x86_64-linux-gnu"
     for f in lib.glob("libnvidia-ml.so.*"):
         f.unlink()

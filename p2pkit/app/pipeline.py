@@ -400,13 +400,11 @@ def _up(ctx: Ctx, selected: list[Stage], stop: str | None, force: bool) -> UpRes
 
 
 def command(ctx: Ctx, *args: str) -> str:
-    """The p2pkit command line that acts on this same host and state directory."""
+    """A p2pkit command line to print: the output it is printed through adds this host's --root and
+    --state-dir (p2pkit.core.output.on_host, the one place that does)."""
     import shlex
 
-    where = [] if ctx.host.root == Path("/") else ["--root", str(ctx.host.root)]
-    if ctx.store.dir != state_dir_default(ctx.host.root):
-        where += ["--state-dir", str(ctx.store.dir)]
-    return shlex.join(["p2pkit", *where, *args])
+    return shlex.join(["p2pkit", *args])
 
 
 def gate_fix(ctx: Ctx, states: list[StageState], stop: str | None) -> str:

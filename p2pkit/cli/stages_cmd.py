@@ -124,7 +124,7 @@ def up(
         else:
             hint = ""
             if res.code == Exit.REBOOT and (how := ctx.host.reboot_command()):
-                hint = f"on this host: `{how}`, then `p2pkit --root {ctx.host.root} up`"
+                hint = f"on this host: `{how}`, then `p2pkit up`"
             if reboot and hoststate.reboot_budget(ctx.store.dir, exhausted=True):
                 hint = budget_fix(ctx)
             ctx.out.error(res.message, hint)

@@ -252,14 +252,15 @@ def stop(record: Path, timeout_s: float = 30.0) -> dict:
 
 
 def stop_session(pid: int, timeout_s: float, killed: list[int] | None = None) -> list[int]:
-    """SIGTERM every live process of the session `pid` leads, wait up to timeout_s, then SIGKILL what
+    """SIGTERM (and SIGCONT) every live process of the session `pid` leads, wait up to timeout_s, then SIGKILL what
     is left (noted in `killed`) and wait for it. Returns the processes still alive after that (none,
     unless one cannot be killed)."""
     for p in session_members(pid):
-        try:
-            os.kill(p, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
+        for sig in (signal.SIGTERM, signal.SIGCONT):  # as systemd does: a stopped process gets to die too
+            try:
+                os.kill(p, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
     end = time.monotonic() + timeout_s
     while time.monotonic() < end and session_members(pid):
         _reap(pid)
