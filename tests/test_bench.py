@@ -57,7 +57,7 @@ def test_prometheus_text_parses_with_one_family_per_metric():
 def test_bench_before_the_service_stage_exits_3(sim, cli):
     root = sim("healthy")
     r = cli("--root", str(root), "bench")
-    assert r.code == 3 and "service stage is not done" in r.err and "p2pkit up" in r.err
+    assert r.code == 3 and "service stage is not done" in r.err and f"`p2pkit --root {root} up`" in r.err
     assert not (root / "var/lib/p2pkit/bench.json").exists()
 
 

@@ -67,16 +67,16 @@ def test_up_pin_resolves_shows_and_writes_each_pin_with_where_it_came_from(cli, 
 def test_up_pin_on_a_builtin_profile_writes_the_hosts_own_copy(cli, sim, tmp_path):
     root = sim("healthy")
     mine, pinned = blank_profile(root, tmp_path)
-    # the fork and the engine resolved from the simulated remotes; the installer is the simulated one
-    r = cli("--root", str(root), "--profile", "dual-5090-ninfer",
+    # the fork resolved from the simulated remote; the installer is the simulated one. A built-in other than
+    # the one the host was laid out with (that name means the host's own pinned copy there: Host.own_profile)
+    r = cli("--root", str(root), "--profile", "dual-5090-llamacpp",
             "--set", f"driver.installer_url={tomllib.loads(mine.read_text())['driver']['installer_url']}",
             "--set", f"p2p_module.repo={pinned['p2p_module']['repo']}",
             "--set", f"p2p_module.branch={pinned['p2p_module']['branch']}",
-            "--set", f"engine.repo={pinned['engine']['repo']}",
             "up", "--pin", "--to", "preflight")
     assert r.code == 0, r.err
     copy = root / "var/lib/p2pkit/profile.toml"
     got = tomllib.loads(copy.read_text())
     assert got["driver"]["installer_sha256"] == pinned["driver"]["installer_sha256"]
-    assert got["engine"]["commit"] == pinned["engine"]["commit"]
+    assert got["p2p_module"]["commit"] == pinned["p2p_module"]["commit"]
     assert json.loads((root / "var/lib/p2pkit/profile.json").read_text())["source"] == str(copy)

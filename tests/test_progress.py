@@ -53,7 +53,7 @@ def test_logs_follow_prints_until_the_run_ends(cli, sim):
     root = sim("healthy")
     state = root / "var/lib/p2pkit"
     r = cli("--root", str(root), "logs", "driver")
-    assert r.code == 2 and "no log for driver yet" in r.err and "p2pkit up --to driver" in r.err
+    assert r.code == 2 and "no log for driver yet" in r.err and f"`p2pkit --root {root} up --to driver`" in r.err
     log = state / "logs/driver.log"
     log.parent.mkdir(parents=True)
     log.write_text("PLAY [Ensure the pinned NVIDIA userspace driver]\n")

@@ -123,11 +123,11 @@ def test_restore_reinstalls_a_replaced_userspace_driver(cli, sim):
     for cid, needle in (("p2p.safeguards", "restore timer enabled, kernel postinst hook, apt hook"),
                         ("driver.holds", held[0])):
         assert checks[cid]["status"] == "fail" and checks[cid]["pitfall"] == "P02", checks[cid]
-        assert needle in checks[cid]["measured"] and "p2pkit restore" in checks[cid]["hint"]
+        assert needle in checks[cid]["measured"] and f"`p2pkit --root {root} restore`" in checks[cid]["hint"]
     r = cli("--root", str(root), "--json", "status")
     driver = {s["stage"]: s for s in r.json()["stages"]}["driver"]
     assert r.code == 1 and driver["state"] == "stale" and "driver.holds" in driver["reason"]
-    assert "p2pkit restore" in driver["reason"]
+    assert f"`p2pkit --root {root} restore`" in driver["reason"]
     lib = root / "usr/lib/x86_64-linux-gnu"
     for f in lib.glob("libnvidia-ml.so.*"):
         f.unlink()

@@ -43,7 +43,7 @@ def test_install_rollback_install_again(cli, sim):
     assert cli("--root", str(root), "up", "--reboot", "--to", "link").code == 0
     assert not leftover.exists() and tree(root) != before
     r = cli("--root", str(root), "rollback", "driver", "--yes")
-    assert r.code == 3 and "roll it back first: `p2pkit rollback p2p-module --yes`" in r.err
+    assert r.code == 3 and f"roll it back first: `p2pkit --root {root} rollback p2p-module --yes`" in r.err
     plan = cli("--root", str(root), "--json", "rollback", "p2p-module").json()
     assert plan["acted"] is False and f"restore /lib/modules/{KERNEL}/updates/dkms/nvidia.ko" in plan["plan"]
     assert "remove /etc/default/grub.d/60-p2pkit-iommu.cfg" in plan["plan"]

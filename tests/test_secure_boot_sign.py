@@ -62,7 +62,7 @@ def test_secure_boot_on_signs_enrols_and_proves_after_the_reboot(cli, sim, monke
                           if not ln.startswith(("signed=", "signer=", "sig_key=", "sig_hashalgo="))))
     pend = _pending(cli, root)
     assert pend["status"] == "fail" and "signed by nobody" in pend["measured"], pend
-    assert f"p2pkit restore --kernel {NEW}" in pend["hint"]
+    assert f"`p2pkit --root {root} restore --kernel {NEW}`" in pend["hint"]
     ko.write_text(signed_text)
     s = lifecycle.reboot(root)
     assert s["kernel"] == NEW and s["module"]["loaded"] and s["module"]["load_error"] is None

@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from p2pkit.core import config
-from p2pkit.core.errors import GateError, P2pkitError
+from p2pkit.core.errors import GateError, P2pkitError, UsageError
 from p2pkit.host import engine_api
 from p2pkit.parse import engine_api as pe
 from p2pkit.rules import engine_cmd
@@ -361,21 +361,27 @@ def switch(ctx, override: str):
     return q
 
 
+def refuse(p, concurrency: list[int] | None, reference: bool) -> None:
+    """What bench cannot do for this profile's engine, refused as usage (exit 2) before the gate, the lock
+    or any request: nothing is measured or changed."""
+    if p.engine.recipe not in READERS:
+        raise UsageError(f"bench does not read {p.engine.recipe}'s own accounting, and client timing alone is not a "
+                         "measurement (P15)", hint=f"bench measures {', '.join(sorted(READERS))}")
+    if any(c > 1 for c in concurrency or []) and p.engine.recipe not in PER_REQUEST_UNDER_CONCURRENCY:
+        raise UsageError(f"{p.engine.recipe}'s own accounting cannot be told apart per request when requests run at "
+                         "once (vLLM's /metrics are read around each request; NInfer's log lines are read in order), "
+                         "so bench runs it one request at a time",
+                         hint="leave --concurrency at 1 for this engine (llama.cpp's responses carry their own "
+                              "figures: it runs at any concurrency); nothing was run")
+    if reference and p.engine.recipe != "llamacpp":
+        raise UsageError(f"--reference runs llama-bench, which measures llama.cpp; this engine is {p.engine.recipe}",
+                         hint="drop --reference for this profile; nothing was run")
+
+
 def run(ctx, n_prompt: int, n_out: int, warmup: int, requests: int, ab: str | None,
         shapes: list[str] | None = None, concurrency: list[int] | None = None, reference: bool = False) -> dict:
     p = ctx.profile
-    if p.engine.recipe not in READERS:
-        raise P2pkitError(f"bench does not read {p.engine.recipe}'s own accounting, and client timing alone is not a "
-                          "measurement (P15)", hint=f"bench measures {', '.join(sorted(READERS))}")
-    if any(c > 1 for c in concurrency or []) and p.engine.recipe not in PER_REQUEST_UNDER_CONCURRENCY:
-        raise P2pkitError(f"{p.engine.recipe}'s own accounting cannot be told apart per request when requests run at "
-                          "once (vLLM's /metrics are read around each request; NInfer's log lines are read in order), "
-                          "so bench runs it one request at a time",
-                          hint="leave --concurrency at 1 for this engine (llama.cpp's responses carry their own "
-                               "figures: it runs at any concurrency)")
-    if reference and p.engine.recipe != "llamacpp":
-        raise P2pkitError(f"--reference runs llama-bench, which measures llama.cpp; this engine is {p.engine.recipe}",
-                          hint="drop --reference for this profile")
+    refuse(p, concurrency, reference)
     levels = levels_of(shapes, concurrency, n_prompt, n_out)
     if p.engine.recipe == "llamacpp":  # a shape the server's slots cannot hold is refused before any request
         n_ctx = engine_api.slot_context(engine_cmd.base_url(p))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import configparser
 import json
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -73,8 +74,17 @@ def ansible_env(env: dict[str, str], cwd: Path, tree: Path) -> dict[str, str]:
     return add
 
 
+def per_host_prometheus(path: Path, host: str) -> Path:
+    """Where a host of an inventory run writes `verify --prometheus PATH`: PATH's directory, its name with the
+    host's inventory name before the suffix (lab.prom -> lab.box-a.prom). Hosts that share a filesystem (local
+    connections, simulated hosts) never overwrite each other; node_exporter's textfile collector reads every
+    *.prom in its directory. Characters a file name should not carry become _ (the playbook does the same)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", host)
+    return path.with_name(f"{path.stem}.{safe}{path.suffix}")
+
+
 def run(inventory: Path, action: str, command: list[str], out, logs: Path,
-        wheel: Path | None = None) -> tuple[Exit, dict]:
+        wheel: Path | None = None, prometheus: Path | None = None) -> tuple[Exit, dict]:
     """`logs`: the controller's <state>/logs, where ansible-playbook's output goes (inventory-<action>.log,
     the earlier runs' rotated like the stage logs); the run's other files live in a temporary
     directory removed after it. `wheel`: this p2pkit as a wheel, installed on the hosts that are not
@@ -91,7 +101,7 @@ def run(inventory: Path, action: str, command: list[str], out, logs: Path,
         raise UsageError(f"no wheel at {wheel}", hint="build one from the source tree: `pip wheel --no-deps . -w dist`")
     log = inventory_log(logs, action)
     with tempfile.TemporaryDirectory(prefix="p2pkit-inventory-") as work:  # the run's files, gone after it
-        return _run(inventory, action, command, out, log, Path(work), wheel)
+        return _run(inventory, action, command, out, log, Path(work), wheel, prometheus)
 
 
 def inventory_log(logs: Path, action: str) -> Path:
@@ -109,7 +119,7 @@ def inventory_log(logs: Path, action: str) -> Path:
 
 
 def _run(inventory: Path, action: str, command: list[str], out, log: Path, work: Path,
-         wheel: Path | None) -> tuple[Exit, dict]:
+         wheel: Path | None, prometheus: Path | None = None) -> tuple[Exit, dict]:
     runner = Runner()
     results, tree = work / "results", work / "tree"
     results.mkdir()
@@ -120,6 +130,9 @@ def _run(inventory: Path, action: str, command: list[str], out, log: Path, work:
              "p2pkit_controller_python": sys.executable, "p2pkit_host_timeout_default": timeout}
     if wheel is not None:
         extra.update(wheel_vars(wheel))
+    if prometheus is not None:  # the playbook puts the host's name in: per_host_prometheus
+        extra.update(p2pkit_prometheus_dir=str(prometheus.parent), p2pkit_prometheus_stem=prometheus.stem,
+                     p2pkit_prometheus_suffix=prometheus.suffix)
     vars_file = work / "vars.yml"
     vars_file.write_text(writers.ansible_vars(extra))  # a {{ }} in a value is never evaluated
     argv = [playbook_binary(), "-i", str(inventory), "-f", str(FORKS), "-e", f"@{vars_file}",
@@ -151,6 +164,8 @@ def _run(inventory: Path, action: str, command: list[str], out, log: Path, work:
             tail = res["stderr"].strip().splitlines()[-1:] or ["no output"]
             report["hosts"][h] = {"exit_code": res["rc"], "error": tail[0], "stages": {}}
             continue
+        if prometheus is not None and action == "verify":
+            report.setdefault("prometheus", {})[h] = str(per_host_prometheus(prometheus, h))
         report["hosts"][h] = {"exit_code": res["rc"], "message": doc.get("message", ""),
                               "simulated": doc.get("simulated", False),
                               "stages": {s["stage"]: shown_state(s) for s in doc.get("stages", [])}}

@@ -215,6 +215,49 @@ def host_profile_file(profile: config.Profile, state_dir: Path) -> Path:
     return Path(profile.source).resolve()
 
 
+def refuse_sources_elsewhere(host, prof: config.Profile, keys: list[str]) -> None:
+    """`up --pin` on a host that offers its own sources (a simulated host, which never reaches NVIDIA or
+    GitHub): a pin whose source is not the host's own is refused before anything is fetched (exit 2), with
+    the command that takes the host's own (its downloads and repositories as --set overrides), or where the
+    host has no source of that kind, the host's own profile to start from."""
+    import shlex
+
+    own = host.own_sources()
+    if not own:
+        return
+    want = {}
+    if "driver.installer_sha256" in keys and prof.driver.installer_url != own["driver.installer_url"]:
+        want["driver.installer_url"] = own["driver.installer_url"]
+    if "p2p_module.commit" in keys:
+        for key, have in (("p2p_module.repo", prof.p2p_module.repo), ("p2p_module.branch", prof.p2p_module.branch)):
+            if have != own[key]:
+                want[key] = own[key]
+    engine_keys = [k for k in keys if k.startswith("engine.")]
+    if engine_keys and (prof.engine.recipe != own["engine.recipe"] or "engine.source_sha256" in engine_keys):
+        raise UsageError(f"this simulated host has no {prof.engine.recipe} engine source to pin "
+                         f"({', '.join(engine_keys)}): its engine is {own['engine.recipe']} from {own['engine.repo']}, "
+                         "and it reaches no network; nothing was fetched or written",
+                         hint="start your profile from this host's own, pinned to its downloads and repositories: "
+                              "`p2pkit profile show --toml > mine.toml`, edit mine.toml, then "
+                              "`p2pkit --profile mine.toml up`")
+    if "engine.commit" in keys and prof.engine.repo != own["engine.repo"]:
+        want["engine.repo"] = own["engine.repo"]
+    if not want:
+        return
+    sets = [w for k, v in want.items() for w in ("--set", f"{k}={v}")]
+    cmd = shlex.join(["p2pkit", "--profile", prof.source, *sets, "up", "--pin"])
+    raise UsageError(f"{prof.source} takes its pins from {', '.join(f'{k} = {_value(prof, k)}' for k in want)}: "
+                     "this simulated host reaches no network and has its own downloads and repositories "
+                     f"({', '.join(f'{k} = {v}' for k, v in want.items())}); nothing was fetched or written",
+                     hint=f"pin from this host's own: `{cmd}` (the --set values stay this host's, as every override "
+                          "does)")
+
+
+def _value(prof: config.Profile, key: str) -> str:
+    section, name = key.split(".")
+    return str(getattr(getattr(prof, section), name)) or "(empty)"
+
+
 def pin_for_up(ctx) -> config.Profile | None:
     """`up --pin`: resolve every empty pin preflight would name, show each value and its source,
     write them into the host's profile (a comment beside each says where it came from) and record
@@ -234,6 +277,7 @@ def pin_for_up(ctx) -> config.Profile | None:
     if shadowed:
         raise UsageError(f"--set {', '.join(shadowed)} overrides a pin `up --pin` would write",
                          hint="drop that --set (`--unset KEY`), then run `p2pkit up --pin` again")
+    refuse_sources_elsewhere(ctx.host, prof, keys)  # a simulated host: its own downloads, never the network
     with tempfile.TemporaryDirectory(prefix="p2pkit-pin-") as tmp:
         found = resolve(ctx.host.runner, prof, keys, Path(tmp))
     out = host_profile_file(prof, ctx.store.dir)

@@ -337,61 +337,74 @@ class UpResult:
 
 def up(ctx: Ctx, start: str | None = None, stop: str | None = None, force: bool = False) -> UpResult:
     selected = select(start, stop)
-    order = [s.name for s in registry()]
     ctx.options["force"] = force  # the artifact gate never skips a forced stage's act
     with state_lock(ctx.store.dir, say=ctx.out.warn, root=ctx.host.root):
+        prior = hoststate.record_snapshot(ctx.store.dir)
         hoststate.record_profile(ctx.store.dir, ctx.profile)  # later commands use these values
-        states = {s.stage: s for s in evaluate(ctx)}
-        ran: list[str] = []
-        for st in selected:
-            state = states[st.name]
-            if state.state == DONE and not force:
-                ctx.out.step(st.name, f"done: {state.reason}" if state.reason else "done: nothing to do")
-                continue
-            i = order.index(st.name)
-            prev_name = order[i - 1] if i else None
-            if prev_name and states[prev_name].state != DONE:
-                p = states[prev_name]
-                raise GateError(
-                    f"{st.name} needs {prev_name} to have passed; {prev_name} is {p.state}"
-                    + (f" ({p.reason})" if p.reason else ""), hint=gate_fix(ctx, list(states.values()), stop))
-            if state.state == REBOOT:
-                return UpResult(Exit.REBOOT, ran, list(states.values()),
-                                f"{st.name}: {state.reason}; reboot, then run p2pkit up again")
-            why_na = st.not_applicable(ctx.profile)
-            if why_na:
-                ctx.out.step(st.name, f"not applicable: {why_na}")
-            else:
-                ctx.out.step(st.name, f"running: {st.title}" + (f" (was {state.state}: {state.reason})"
-                                                                if state.state != NOT_RUN and state.reason else ""))
-            doc = run_stage(ctx, st, prev_name)
-            ran.append(st.name)
-            report_checks(ctx.out, st.name, doc["checks"])
-            states = {s.stage: s for s in evaluate(ctx, recheck=False)}
-            if doc["status"] == "failed":
-                first = next(c for c in doc["checks"] if c["status"] == FAIL)
-                return UpResult(Exit.CHECK_FAILED, ran, list(states.values()),
-                                f"{st.name} failed: {first['id']}: {first['measured']} (expected {first['expected']})."
-                                f" Fix: {first['hint']}")
-            if doc["status"] == REBOOT:
-                return UpResult(Exit.REBOOT, ran, list(states.values()),
-                                f"{st.name}: {doc['reboot']['why']}; reboot, then run p2pkit up again")
-        final = list(states.values())
-        if not ran:
-            msg = f"all {len(selected)} selected stage(s) are done: no stage work to do"
+        ctx.options["acted"] = False
+        res = None
+        try:
+            res = _up(ctx, selected, stop, force)
+        finally:
+            # a run that changed nothing (refused at preflight or at a gate) records nothing: the host keeps
+            # the profile it was brought up with, and a command without --profile does not fail the same way
+            if (res is None or res.code != Exit.OK) and not ctx.options["acted"]:
+                hoststate.put_back(ctx.store.dir, prior)
+        return res
+
+
+def _up(ctx: Ctx, selected: list[Stage], stop: str | None, force: bool) -> UpResult:
+    order = [s.name for s in registry()]
+    states = {s.stage: s for s in evaluate(ctx)}
+    ran: list[str] = []
+    for st in selected:
+        state = states[st.name]
+        if state.state == DONE and not force:
+            ctx.out.step(st.name, f"done: {state.reason}" if state.reason else "done: nothing to do")
+            continue
+        i = order.index(st.name)
+        prev_name = order[i - 1] if i else None
+        if prev_name and states[prev_name].state != DONE:
+            p = states[prev_name]
+            raise GateError(
+                f"{st.name} needs {prev_name} to have passed; {prev_name} is {p.state}"
+                + (f" ({p.reason})" if p.reason else ""), hint=gate_fix(ctx, list(states.values()), stop))
+        if state.state == REBOOT:
+            return UpResult(Exit.REBOOT, ran, list(states.values()),
+                            f"{st.name}: {state.reason}; reboot, then run p2pkit up again")
+        why_na = st.not_applicable(ctx.profile)
+        if why_na:
+            ctx.out.step(st.name, f"not applicable: {why_na}")
         else:
-            msg = f"ran {', '.join(ran)}; all selected stages passed"
-        return UpResult(Exit.OK, ran, final, msg)
+            ctx.out.step(st.name, f"running: {st.title}" + (f" (was {state.state}: {state.reason})"
+                                                            if state.state != NOT_RUN and state.reason else ""))
+        ctx.options["acted"] = ctx.options["acted"] or st.name != order[0]  # preflight changes nothing
+        doc = run_stage(ctx, st, prev_name)
+        ran.append(st.name)
+        report_checks(ctx.out, st.name, doc["checks"])
+        states = {s.stage: s for s in evaluate(ctx, recheck=False)}
+        if doc["status"] == "failed":
+            first = next(c for c in doc["checks"] if c["status"] == FAIL)
+            return UpResult(Exit.CHECK_FAILED, ran, list(states.values()),
+                            f"{st.name} failed: {first['id']}: {first['measured']} (expected {first['expected']})."
+                            f" Fix: {first['hint']}")
+        if doc["status"] == REBOOT:
+            return UpResult(Exit.REBOOT, ran, list(states.values()),
+                            f"{st.name}: {doc['reboot']['why']}; reboot, then run p2pkit up again")
+    final = list(states.values())
+    if not ran:
+        msg = f"all {len(selected)} selected stage(s) are done: no stage work to do"
+    else:
+        msg = f"ran {', '.join(ran)}; all selected stages passed"
+    return UpResult(Exit.OK, ran, final, msg)
 
 
 def command(ctx: Ctx, *args: str) -> str:
-    """The p2pkit command line that acts on this same host and state directory."""
+    """A p2pkit command line to print: the output it is printed through adds this host's --root and
+    --state-dir (p2pkit.core.output.on_host, the one place that does)."""
     import shlex
 
-    where = [] if ctx.host.root == Path("/") else ["--root", str(ctx.host.root)]
-    if ctx.store.dir != state_dir_default(ctx.host.root):
-        where += ["--state-dir", str(ctx.store.dir)]
-    return shlex.join(["p2pkit", *where, *args])
+    return shlex.join(["p2pkit", *args])
 
 
 def gate_fix(ctx: Ctx, states: list[StageState], stop: str | None) -> str:

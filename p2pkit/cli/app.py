@@ -16,7 +16,7 @@ from p2pkit import __version__
 from p2pkit.cli import common
 from p2pkit.cli.argv import COMMANDS, GLOBAL_VALUES, hoist_global_options, named_command
 from p2pkit.core import children
-from p2pkit.core.errors import Exit, P2pkitError, disk_full
+from p2pkit.core.errors import Exit, HostUnusable, P2pkitError, disk_full
 
 
 def _version(value: bool) -> None:
@@ -121,7 +121,7 @@ def _fail(code: int, message: str, hint: str) -> None:
     sys.exit(int(code))
 
 
-GROUPS = {"sim", "serve", "net", "profile"}
+GROUPS = {"sim", "serve", "net", "profile", "facts"}
 
 
 def command_path(argv: list[str]) -> list[str]:
@@ -162,6 +162,10 @@ def run() -> None:
             a in ("--inventory", "-i") or a.startswith("--inventory=") for a in argv)
         hint = common.with_sim_hint(e.hint) if on_this_host else e.hint
         _fail(e.code, e.message, hint)
+    except HostUnusable as e:  # the host's own commands cannot run: its message and fix, whole, once
+        if common.OPTS.debug:
+            _traceback()
+        _fail(e.code, e.message, e.hint)
     except KeyboardInterrupt:
         _fail(130, "interrupted", "run the same command again: p2pkit resumes where it stopped")
     except OSError as e:

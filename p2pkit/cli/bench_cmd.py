@@ -36,6 +36,18 @@ def rows(doc: dict) -> list[list]:
     return out
 
 
+def title(doc: dict) -> str:
+    """The table's title: every shape's lengths (two shapes: both), the warm-up and the timed requests."""
+    sh = doc["shape"]
+    seen = list(dict.fromkeys((lv.get("shape", "-"), lv.get("prompt_tokens"), lv.get("output_tokens"))
+                              for lv in doc.get("levels") or []))
+    if len(seen) > 1 or (seen and seen[0][0] not in ("profile", "-")):
+        lengths = ", ".join(f"{s_} prompt {lp} / output {lo} tokens" for s_, lp, lo in seen)
+    else:
+        lengths = f"prompt {sh['prompt_tokens']} / output {sh['output_tokens']} tokens"
+    return f"bench: {doc['engine']}, {lengths}, {sh['warmup']} warm-up + {sh['requests']} timed"
+
+
 def _ints(text: str | None, what: str) -> list[int] | None:
     if text is None:
         return None
@@ -67,63 +79,109 @@ def _shapes(text: str | None) -> list[str] | None:
     return names
 
 
+def _label(v) -> str:
+    return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def prometheus_text(doc: dict) -> str:
-    """The bench figures as Prometheus text (one HELP/TYPE per family, an arm label per sample)."""
-    fams = (("p2pkit_bench_decode_tokens_per_second", "decode_tps", "median decode tok/s from the server's timings"),
+    """The bench figures as Prometheus text: one HELP/TYPE per family, a sample per arm and level, each
+    labelled with its arm, engine, shape, concurrency and lengths (two shapes, or two concurrency levels,
+    never collapse into one sample)."""
+    fams = (("p2pkit_bench_decode_tokens_per_second", "decode_tps",
+             "median decode tok/s per stream from the server's timings"),
             ("p2pkit_bench_prefill_tokens_per_second", "prefill_tps", "median prefill tok/s from the server's timings"),
-            ("p2pkit_bench_time_to_first_token_seconds", "ttft_ms", "median time to first token (server prompt_ms)"))
+            ("p2pkit_bench_time_to_first_token_seconds", "ttft_ms", "median time to first token (server prompt_ms)"),
+            ("p2pkit_bench_aggregate_decode_tokens_per_second", "aggregate_decode_tps",
+             "output tokens the server counted over the level's wall time, all streams"))
     lines = []
     for name, key, help_ in fams:
-        lines += [f"# HELP {name} {help_}", f"# TYPE {name} gauge"]
+        samples = []
         for a in doc["arms"]:
-            st = (a.get("summary") or {}).get(key)
-            if st:
-                v = st["median"] / 1000 if key == "ttft_ms" else st["median"]
-                arm = a["arm"].replace("\\", "\\\\").replace('"', '\\"')
-                lines.append(f'{name}{{arm="{arm}",engine="{doc["engine"]}"}} {v:g}')
+            for lv in levels(a):
+                st = (lv.get("summary") or {}).get(key)
+                if st is None or st == {}:
+                    continue
+                v = st["median"] if isinstance(st, dict) else st
+                v = v / 1000 if key == "ttft_ms" else v
+                labels = {"arm": a["arm"], "engine": doc["engine"], "shape": lv.get("shape", "-"),
+                          "concurrency": lv.get("concurrency", 1),
+                          "prompt_tokens": lv.get("prompt_tokens", doc.get("shape", {}).get("prompt_tokens", "")),
+                          "output_tokens": lv.get("output_tokens", doc.get("shape", {}).get("output_tokens", ""))}
+                text = ",".join(f'{k}="{_label(x)}"' for k, x in labels.items())
+                samples.append(f"{name}{{{text}}} {v:g}")
+        if samples:
+            lines += [f"# HELP {name} {help_}", f"# TYPE {name} gauge", *samples]
     return "\n".join(lines) + "\n"
 
 
-def plot(doc: dict, path: Path) -> None:
-    """A PNG of each arm's per-stream decode tok/s (the server's own figure) by concurrency, one panel
-    per shape: the median with its spread (min-max) as error bars, the aggregate as a dashed line;
-    integer axes. The arms and their request counts are also in the PNG's text chunks. Needs
-    matplotlib (the `plot` extra)."""
-    try:
-        import matplotlib
+def figure(doc: dict):
+    """The figure `plot` saves: one panel per shape; the concurrency levels are the x axis's categories (1, 2,
+    4, 8 evenly spaced, each labelled; one level is one category, not a number line around it), each arm's
+    points beside the others' at a level (never on top of them): the per-stream median with its spread
+    (min-max) as error bars, the aggregate as a hollow square; the legend below the panels, off the points."""
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.ticker import MaxNLocator
-    except ImportError as e:
-        raise MissingError("the PNG plot needs matplotlib, which is not installed",
-                           hint="pip install 'p2pkit[plot]' (the JSON artifact is written without it)") from e
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     shapes = list(dict.fromkeys(lv["shape"] for a in doc["arms"] for lv in levels(a)))
-    fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 4.2), squeeze=False)
+    arms = [a for a in doc["arms"] if any((lv.get("summary") or {}).get("decode_tps") for lv in levels(a))]
+    fig, axes = plt.subplots(1, len(shapes), figsize=(max(8.5, 6 * len(shapes)), 4.8), squeeze=False)
+    width = 0.7 / max(1, len(arms))  # the arms share 70% of a category's width
     for ax, shape in zip(axes[0], shapes):
-        for a in doc["arms"]:
+        concs = sorted({lv["concurrency"] for a in doc["arms"] for lv in levels(a) if lv["shape"] == shape})
+        top = 0.0
+        for i, a in enumerate(arms):
             lvs = [lv for lv in levels(a) if lv["shape"] == shape and (lv.get("summary") or {}).get("decode_tps")]
             if not lvs:
                 continue
-            xs = [lv["concurrency"] for lv in lvs]
+            xs = [concs.index(lv["concurrency"]) + (i - (len(arms) - 1) / 2) * width for lv in lvs]
             st = [lv["summary"]["decode_tps"] for lv in lvs]
             ys = [x["median"] for x in st]
             err = [[y - x["min"] for y, x in zip(ys, st)], [x["max"] - y for y, x in zip(ys, st)]]
-            line = ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=f"{a['arm']}: per stream")
-            agg = [lv["summary"].get("aggregate_decode_tps") for lv in lvs]
-            if any(agg):
-                ax.plot(xs, agg, linestyle="--", marker="s", color=line[0].get_color(), label=f"{a['arm']}: aggregate")
+            line = ax.errorbar(xs, ys, yerr=err, marker="o", linestyle="none", capsize=3,
+                               label=f"{a['arm']}: per stream")
+            top = max(top, *(x["max"] for x in st))
+            agg = [(x, lv["summary"]["aggregate_decode_tps"]) for x, lv in zip(xs, lvs)
+                   if lv["summary"].get("aggregate_decode_tps")]
+            if agg:
+                ax.plot([x for x, _ in agg], [y for _, y in agg], linestyle="none", marker="s", markerfacecolor="none",
+                        color=line[0].get_color(), label=f"{a['arm']}: aggregate")
+                top = max(top, *(y for _, y in agg))
         lv0 = next((lv for a in doc["arms"] for lv in levels(a) if lv["shape"] == shape), {})
         ax.set_title(f"{'SIMULATED ' if doc.get('simulated') else ''}{doc['engine']}, {shape}: prompt "
                      f"{lv0.get('prompt_tokens', doc['shape']['prompt_tokens'])} / output "
                      f"{lv0.get('output_tokens', doc['shape']['output_tokens'])}")
+        ax.set_xticks(range(len(concs)), [str(c) for c in concs])
+        ax.set_xlim(-0.5, len(concs) - 0.5)
+        ax.set_ylim(0, top * 1.15 if top > 0 else 1)
         ax.set_xlabel("concurrent streams")
         ax.set_ylabel("decode tok/s (server's own accounting)")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize="small")
-    fig.tight_layout()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    rank = {f"{a['arm']}: {what}": (i, j) for i, a in enumerate(arms) for j, what in enumerate(("per stream",
+                                                                                               "aggregate"))}
+    order = sorted(range(len(labels)), key=lambda k: rank.get(labels[k], (len(arms), 0)))
+    handles, labels = [handles[k] for k in order], [labels[k] for k in order]  # each arm's two entries together
+    if handles:
+        ncol = 2 if len(shapes) == 1 else min(4, len(labels))  # an arm's two entries on one row
+        fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize="small", frameon=False)
+        fig.tight_layout(rect=(0, 0.055 * -(-len(labels) // ncol) + 0.02, 1, 1))
+    else:
+        fig.tight_layout()
+    return fig
+
+
+def plot(doc: dict, path: Path) -> None:
+    """A PNG of each arm's per-stream decode tok/s (the server's own figure) by concurrency (figure()). The
+    arms and their request counts are also in the PNG's text chunks. Needs matplotlib (the `plot` extra)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as e:
+        raise MissingError("the PNG plot needs matplotlib, which is not installed",
+                           hint="pip install 'p2pkit[plot]' (the JSON artifact is written without it)") from e
+    import matplotlib.pyplot as plt
+
+    fig = figure(doc)
     arms = "; ".join(f"{a['arm']}={sum(len(lv['requests']) for lv in levels(a))}" for a in doc["arms"])
     fig.savefig(path, format="png", metadata={"Title": "p2pkit bench", "Description": f"arms: {arms}"})
     plt.close(fig)
@@ -178,6 +236,7 @@ def bench(
     ctx = common.context()
     cfg = ctx.profile.bench
     shape_names, levels = _shapes(shapes), _ints(concurrency, "--concurrency")
+    b.refuse(ctx.profile, levels, reference)  # usage this engine cannot take: exit 2 before the gate and the lock
     # --ab changes the unit: it holds the host's lock, refused beside an `up` (exit 5) before anything
     with state_lock(ctx.store.dir, say=ctx.out.warn, root=ctx.host.root) if ab else nullcontext():
         b.gate(ctx)
@@ -200,9 +259,7 @@ def bench(
     if ctx.out.json_mode:
         ctx.out.document(doc)
     else:
-        sh = doc["shape"]
-        ctx.out.table(f"bench: {doc['engine']}, prompt {sh['prompt_tokens']} / output {sh['output_tokens']} tokens, "
-                      f"{sh['warmup']} warm-up + {sh['requests']} timed",
+        ctx.out.table(title(doc),
                       ["arm", "shape", "streams", "done", "decode tok/s per stream, median (min-max)",
                        "aggregate decode tok/s", "/metrics decode tok/s", "prefill tok/s", "TTFT ms (server)",
                        "client tok/s (not the measure)", "draft acceptance", "error"], rows(doc))

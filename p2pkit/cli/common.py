@@ -31,7 +31,19 @@ OPTS = Options()
 
 
 def output() -> Output:
-    return Output(json_mode=OPTS.json)
+    args, simulated = host_options()  # a simulated host's errors say SIMULATED too
+    return Output(json_mode=OPTS.json, simulated=simulated, host_args=args, drop_sudo=simulated)
+
+
+def host_options() -> tuple[list[str], bool]:
+    """The options that name the host this command acts on, as a printed p2pkit command must carry them
+    (`--root R`, `--state-dir S` where not the default: absolute, so they hold from any directory), and
+    whether that host is a simulated one (its commands need no sudo)."""
+    root = Path(os.path.abspath(OPTS.root))
+    args = [] if root == Path("/") else ["--root", str(root)]
+    if OPTS.state_dir is not None and Path(os.path.abspath(OPTS.state_dir)) != state_dir_default(root):
+        args += ["--state-dir", os.path.abspath(OPTS.state_dir)]
+    return args, root != Path("/") and (root / SIM_MARKER).is_file()
 
 
 def host() -> Host:
@@ -118,7 +130,9 @@ def profile(h: Host | None = None) -> config.Profile:
     overrides `up` ran with stay in force: hoststate)."""
     if h is None:
         return config.load(OPTS.profile, OPTS.overrides)
-    source, overrides, stored = hoststate.resolve(state_dir(h), OPTS.profile, OPTS.overrides, OPTS.unset,
+    # a built-in name on a simulated host laid out with it is the host's own pinned copy (Host.own_profile)
+    given = h.own_profile(OPTS.profile) or OPTS.profile
+    source, overrides, stored = hoststate.resolve(state_dir(h), given, OPTS.overrides, OPTS.unset,
                                                   h.default_profile())
     # a relative path in the profile is under the state directory, never where p2pkit was started
     return contained(config.anchored(config.load(source, overrides, stored), h.host_path(state_dir(h))), h)
@@ -135,7 +149,8 @@ def contained(p: config.Profile, h: Host) -> config.Profile:
 
 def context(h: Host | None = None) -> Ctx:
     h = h or host()
-    out = Output(json_mode=OPTS.json, simulated=h.simulated)
+    out = output()
+    out.simulated = h.simulated
     profile_ = profile(h)
     store = Store(state_dir(h))
     return Ctx(profile=profile_, host=h, store=store, out=out, debug=OPTS.debug, yes=OPTS.yes)

@@ -49,6 +49,17 @@ def pin(
     if not (installer or fork or fork_remote or engine or engine_remote or engine_offline):
         raise UsageError("nothing to pin", hint="pass --installer FILE|URL, --fork DIR|--fork-remote, "
                                                 "--engine DIR|--engine-remote and/or --engine-offline FILE")
+    if common.OPTS.root != Path("/") and (h := common.host()).own_sources():  # a simulated host: never the network
+        from dataclasses import replace
+
+        from p2pkit.stages.preflight.checks import missing_pins
+
+        asked = replace(prof, driver=replace(prof.driver, installer_url=installer or prof.driver.installer_url))
+        network = [k for k, given in (
+            ("driver.installer_sha256", installer and "://" in installer and not installer.startswith("file://")),
+            ("p2p_module.commit", fork_remote), ("engine.commit", engine_remote)) if given]
+        if network:  # its hint is `up --pin` with the host's own sources: for every pin it will resolve
+            pin_mod.refuse_sources_elsewhere(h, asked, list(dict.fromkeys([*network, *missing_pins(prof)])))
     runner, found, pins = Runner(), {}, {}
     with tempfile.TemporaryDirectory(prefix="p2pkit-pin-") as tmp:
         if installer:

@@ -39,17 +39,19 @@ def show(
     """A profile with every default filled in and every --set override applied."""
     p = config.load(name, common.OPTS.overrides) if name else common.profile(common.host())
     out = common.output()
+    doc = {"source": p.source, "overrides": list(p.overrides), "profile": p.as_dict()}
     if toml:
         applied = ", with these overrides applied:" if p.overrides else ""
         head = [f"p2pkit profile {p.name}, from {p.source}{applied}",
                 *[f"  --set {o}" for o in p.overrides],
                 "every default filled in; edit it, check it with `p2pkit profile validate FILE`, use it with "
                 "--profile FILE"]
-        print(redact("\n".join(tomlwrite.comment(x) for x in head) + "\n" + tomlwrite.dumps(p.as_dict())), end="")
-    elif common.OPTS.json:
-        out.document({"source": p.source, "overrides": list(p.overrides), "profile": p.as_dict()})
-    else:
-        print(redact(json.dumps(p.as_dict(), indent=2)))
+        text = redact("\n".join(tomlwrite.comment(x) for x in head) + "\n" + tomlwrite.dumps(p.as_dict()))
+        if not common.OPTS.json:
+            print(text, end="")
+            return
+        doc["toml"] = text  # under --json the file's text is a key of the one document
+    out.document(doc)  # the same document with or without --json: kind and schema first
 
 
 @app.command()
@@ -78,4 +80,7 @@ def schema() -> None:
     """Print the profile's JSON Schema (for editors and CI linting of profile files)."""
     from p2pkit.schemas import profile_schema
 
+    if common.OPTS.json:  # the one document --json promises: the schema is its key (as printed, a file to use)
+        common.output().document({"profile_schema": profile_schema()})
+        return
     sys.stdout.write(json.dumps(profile_schema(), indent=2) + "\n")

@@ -21,22 +21,32 @@ def status() -> None:
     from p2pkit.stages.service import launcher as service_launcher
 
     ctx = common.context()
-    if service_launcher.in_use(ctx):
-        ok = _launcher_status(ctx)
+    doc: dict = {"manager": "launcher" if service_launcher.in_use(ctx) else "systemd"}
+    if doc["manager"] == "launcher":
+        ok = _launcher_status(ctx, doc)
     else:
         r = ctx.host.runner.run(["systemctl", "status", "--no-pager", service.UNIT], check=False)
-        ctx.out.line(r.stdout.strip() or r.stderr.strip())
+        doc.update(unit=service.UNIT, systemctl_status=r.stdout.strip() or r.stderr.strip())
         ok = r.returncode == 0
+        if not common.OPTS.json:
+            ctx.out.line(doc["systemctl_status"])
     p = ctx.profile
+    doc["running"] = ok
     if engine_cmd.node(p)["role"] == "worker":
-        ctx.out.line("a headless worker node: it serves no API (the head does)")
+        doc.update(role="worker", address=None, answers=None)
+        if not common.OPTS.json:
+            ctx.out.line("a headless worker node: it serves no API (the head does)")
     else:
         ln = service.listening(p, service.main_pid(ctx.host))
-        ctx.out.line(f"{engine_cmd.client_host(p)}:{p.serve.port}: {'answers' if ln['connect'] else 'no answer'}")
+        doc.update(role="head", address=f"{engine_cmd.client_host(p)}:{p.serve.port}", answers=bool(ln["connect"]))
+        if not common.OPTS.json:
+            ctx.out.line(f"{doc['address']}: {'answers' if ln['connect'] else 'no answer'}")
+    if common.OPTS.json:
+        ctx.out.document(doc)
     raise typer.Exit(int(Exit.OK if ok else Exit.CHECK_FAILED))
 
 
-def _launcher_status(ctx) -> bool:
+def _launcher_status(ctx, doc: dict) -> bool:
     from p2pkit.host import launcher
     from p2pkit.stages.service import launcher as service_launcher
     from p2pkit.stages.service.checks import NO_RESTART
@@ -44,14 +54,18 @@ def _launcher_status(ctx) -> bool:
     st = launcher.state(service_launcher.path_of(ctx))
     rec = st.get("record", {})
     cg = rec.get("cgroup", {})
+    say = (lambda _line: None) if common.OPTS.json else ctx.out.line
+    doc["note"] = NO_RESTART
     if not rec:
-        ctx.out.line(f"engine (p2pkit's launcher): not started here (no record at {launcher.RECORD}): `p2pkit up`")
-        ctx.out.line(NO_RESTART)
+        doc["record"] = None
+        say(f"engine (p2pkit's launcher): not started here (no record at {launcher.RECORD}): `p2pkit up`")
+        say(NO_RESTART)
         return False
-    ctx.out.line(f"engine (p2pkit's launcher): {'running' if st['running'] else 'not running'}, pid {rec.get('pid')}, "
-                 f"log {rec.get('log')}, cgroup {cg.get('dir') or cg.get('error')}")
-    ctx.out.line(f"  {' '.join(rec.get('argv', []))}")
-    ctx.out.line(NO_RESTART)
+    doc.update(record=rec, pid=rec.get("pid"), log=rec.get("log"), cgroup=cg.get("dir") or cg.get("error"))
+    say(f"engine (p2pkit's launcher): {'running' if st['running'] else 'not running'}, pid {rec.get('pid')}, "
+        f"log {rec.get('log')}, cgroup {cg.get('dir') or cg.get('error')}")
+    say(f"  {' '.join(rec.get('argv', []))}")
+    say(NO_RESTART)
     return st["running"]
 
 
@@ -61,7 +75,11 @@ def logs(lines: Annotated[int, typer.Option("--lines", "-n")] = 50) -> None:
     from p2pkit.stages.service import act as service
 
     ctx = common.context()
-    for line in service.logs(ctx.host, lines):
+    got = service.logs(ctx.host, lines)
+    if common.OPTS.json:
+        ctx.out.document({"lines": got})
+        return
+    for line in got:
         ctx.out.line(line)
 
 
@@ -85,12 +103,16 @@ def restart() -> None:
             ctx.host.runner.run(["systemctl", "restart", service.UNIT])
         h = (service.wait_joined(ctx, p.serve.health_timeout_s) if worker
              else service.wait_health(ctx, engine_cmd.health_url(p), p.serve.health_timeout_s))
-    if h["ok"]:
+    tail = [] if h["ok"] else service.logs(ctx.host, 5)
+    if common.OPTS.json:
+        ctx.out.document({"restarted": name, "healthy": bool(h["ok"]), "seconds": h.get("seconds"),
+                          "log_tail": tail})
+    elif h["ok"]:
         ctx.out.line(f"{name} restarted; " + (f"joined the head after {h['seconds']} s" if worker
-                                                      else f"/health 200 after {h['seconds']} s"))
+                                              else f"/health 200 after {h['seconds']} s"))
+    if h["ok"]:
         raise typer.Exit(int(Exit.OK))
-    tail = " | ".join(service.logs(ctx.host, 5))
-    ctx.out.error(f"{name} did not become healthy: {tail}", "read `p2pkit serve logs`")
+    ctx.out.error(f"{name} did not become healthy: {' | '.join(tail)}", "read `p2pkit serve logs`")
     raise typer.Exit(int(Exit.CHECK_FAILED))
 
 
@@ -105,12 +127,21 @@ def stop() -> None:
     with state_lock(ctx.store.dir, say=ctx.out.warn, root=ctx.host.root):  # never beside an `up`
         if service_launcher.in_use(ctx):
             res = service_launcher.stop(ctx)
-            ctx.out.line(f"the engine (pid {res['pid']}) stopped" + (f"; killed {res['killed']} after the wait"
-                                                                      if res["killed"] else "")
-                         if res["stopped"] else f"the engine was {res['why']}")
+            said = (f"the engine (pid {res['pid']}) stopped" + (f"; killed {res['killed']} after the wait"
+                                                               if res["killed"] else "")
+                    if res["stopped"] else f"the engine was {res['why']}")
+            if common.OPTS.json:
+                ctx.out.document({"stopped": "the engine (p2pkit's launcher)", "ok": True, "message": said})
+            else:
+                ctx.out.line(said)
             raise typer.Exit(int(Exit.OK))
         r = ctx.host.runner.run(["systemctl", "stop", service.UNIT], check=False)
+    said = (f"systemctl stop {service.UNIT} failed: {r.stderr.strip()[-300:]}" if r.returncode
+            else f"{service.UNIT} stopped")
+    if common.OPTS.json:
+        ctx.out.document({"stopped": service.UNIT, "ok": not r.returncode, "message": said})
     if r.returncode:
-        ctx.out.error(f"systemctl stop {service.UNIT} failed: {r.stderr.strip()[-300:]}", "read `p2pkit serve logs`")
+        ctx.out.error(said, "read `p2pkit serve logs`")
         raise typer.Exit(int(Exit.CHECK_FAILED))
-    ctx.out.line(f"{service.UNIT} stopped")
+    if not common.OPTS.json:
+        ctx.out.line(said)

@@ -82,6 +82,8 @@ def init(
     from p2pkit.core import config
 
     prof = config.load(state["profile"])
+    out.log(f"its profile: {state['profile']} ({prof.name}, pinned to this host's own downloads and repositories; "
+            f"`--profile {prof.name}` on this host means this file)")
     if prof.name == "dual-spark-vllm":
         flags = prof.serve.flags
         out.log(f"next: this is one of two Spark nodes (rendezvous 127.0.0.1:{flags.get('master-port')} when it is "
@@ -106,6 +108,11 @@ def reboot(directory: Annotated[Path, typer.Argument(help="the simulated host's 
     out.log(f"rebooted {d}: boot {state['boots']}, kernel {state['kernel']}, cmdline: {state['cmdline']}")
     out.log(f"nvidia module: {loaded['version'] + ' ' + loaded['path'] if loaded else 'not loaded'}"
             + (f" ({mod['load_error']})" if mod.get("load_error") else ""))
+    if common.OPTS.json:
+        out.document({"root": str(d), "boot": state["boots"], "boot_id": state["boot_id"], "kernel": state["kernel"],
+                      "cmdline": state["cmdline"],
+                      "module": {"loaded": {"version": loaded["version"], "path": loaded["path"]} if loaded else None,
+                                 "load_error": mod.get("load_error")}})
 
 
 @app.command()
@@ -128,6 +135,9 @@ def upgrade(
     for text in printed:
         for line in text.strip().splitlines():
             out.log(f"  {line}")
+    if common.OPTS.json:
+        out.document({"root": str(d), "kernel": kernel, "stock_module": stock_module, "hooks": printed,
+                      "boots_at_next_reboot": f"p2pkit sim reboot {d}"})
 
 
 @app.command()
@@ -136,6 +146,8 @@ def stop(directory: Annotated[Path, typer.Argument(help="the simulated host's di
     from p2pkit.sim import lifecycle
 
     d = sim_dir(directory)
-    stopped = lifecycle.stop_services(d)
+    stopped = lifecycle.stop_services(d)  # what it cannot stop is an error naming it (exit 1)
     out = sim_output()
     out.log(f"stopped {', '.join(stopped)}" if stopped else "no simulated service was running")
+    if common.OPTS.json:
+        out.document({"root": str(d), "stopped": stopped})

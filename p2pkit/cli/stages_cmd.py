@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -79,7 +80,8 @@ def up(
     ctx = common.context()
     if ctx.host.banner():
         ctx.out.log(ctx.host.banner())
-    ctx.out.log(f"profile {ctx.profile.name}; state in {ctx.store.dir}")
+    own = f" ({ctx.profile.source})" if ctx.profile.source != ctx.profile.name else ""  # a file, or a host's own copy
+    ctx.out.log(f"profile {ctx.profile.name}{own}; state in {ctx.store.dir}")
     if pin:
         from p2pkit.app.pin import pin_for_up
 
@@ -122,7 +124,7 @@ def up(
         else:
             hint = ""
             if res.code == Exit.REBOOT and (how := ctx.host.reboot_command()):
-                hint = f"on this host: `{how}`, then `p2pkit --root {ctx.host.root} up`"
+                hint = f"on this host: `{how}`, then `p2pkit up`"
             if reboot and hoststate.reboot_budget(ctx.store.dir, exhausted=True):
                 hint = budget_fix(ctx)
             ctx.out.error(res.message, hint)
@@ -137,13 +139,17 @@ def budget_fix(ctx) -> str:
 
 
 def _inventory(inventory: Path, action: str, command: list[str], wheel: Path | None = None,
-               junit: Path | None = None) -> None:
+               junit: Path | None = None, prometheus: Path | None = None) -> None:
+    """`junit` is the controller's file (one for the lab); `prometheus` (absolute: a relative one was taken
+    from the directory the operator ran in) a file on each host, named for that host."""
     from p2pkit.app import inventory as inv
     from p2pkit.app import reports
 
     out = common.output()
     logs = common.state_dir(common.host()) / "logs"  # the controller's: ansible-playbook's log goes there
-    code, report = inv.run(inventory, action, command, out, logs, wheel)
+    if junit is not None:
+        junit = Path(os.path.abspath(junit))
+    code, report = inv.run(inventory, action, command, out, logs, wheel, prometheus=prometheus)
     if junit is not None:  # one file for the lab: a suite per host and stage; a host with no result fails
         results = [{**r, "stage": f"{h}/{r['stage']}"} for h, v in sorted(report["hosts"].items())
                    for r in v.get("results", [])]
@@ -153,6 +159,10 @@ def _inventory(inventory: Path, action: str, command: list[str], wheel: Path | N
                                                        + report["log"]}]}
                     for h, v in sorted(report["hosts"].items()) if v["exit_code"] is None]
         reports.write(junit, reports.junit(results, any(v.get("simulated") for v in report["hosts"].values())))
+        report["junit"] = str(junit)
+        out.log(f"JUnit for every host: {junit}")
+    for h, path in sorted(report.get("prometheus", {}).items()):
+        out.log(f"Prometheus textfile of {h}: {path} (on {h})")
     if common.OPTS.json:
         out.document({"kind": f"p2pkit-{action}-inventory", **report})
     else:
@@ -235,9 +245,9 @@ def verify(
     """Prove the host again: run the stages' read-only checks now. Writes no artifact."""
     from p2pkit.app import reports
 
-    if inventory is not None:
-        cmd = ["verify", *([stage] if stage else []), *(["--prometheus", str(prometheus)] if prometheus else [])]
-        _inventory(inventory, "verify", cmd, wheel, junit)
+    if inventory is not None:  # --prometheus: a file on each host, named for it (per_host_prometheus)
+        _inventory(inventory, "verify", ["verify", *([stage] if stage else [])], wheel, junit,
+                   prometheus=None if prometheus is None else Path(os.path.abspath(prometheus)))
     if prometheus:
         reports.textfile_path(prometheus)  # a directory that does not exist is refused before the checks run
     ctx = common.context()
@@ -369,44 +379,63 @@ def facts_record(file: Annotated[Path, typer.Argument(help="JSON file to write")
     out = common.output()
     out.simulated = h.simulated
     out.log(f"facts of {h.root} written to {file}")
+    if common.OPTS.json:
+        out.document({"file": str(target), "root": str(h.root), "facts": len(doc["facts"]),
+                      "profile": (doc.get("profile") or {}).get("name")})
 
 
 def logs(
     stage: Annotated[str, typer.Argument(help=f"a stage {STAGES_HELP}: its log in <state>/logs (the engine's: its "
-                                         "last build log)", **STAGE)],
+                                         "last build log); preflight, rebar and topology run no command and keep "
+                                         "no log", **STAGE)],
     follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing as the log grows, until the run "
                                          "writing it ends (Ctrl-C stops)")] = False,
     lines: Annotated[int, typer.Option("--lines", "-n", help="start with only the last N lines (0: all)")] = 0,
 ) -> None:
     """A stage's log: ansible-playbook's output, the engine build, the conversion, the load, as they
-    are written (a 20-minute build can be followed with --follow)."""
+    are written (a 20-minute build can be followed with --follow). With --json, one document with the
+    log's text once it is complete (--follow: once the run writing it ends)."""
     import sys
     import time
 
     from p2pkit.core.lock import lock_holder
     from p2pkit.stages.engine.act import build_logs
 
-    st = get(stage).name
+    st = get(stage)
+    if st.act is None and st.measure is None:  # it only reads the host: its findings are its record
+        raise UsageError(f"{st.name} keeps no log: it runs no command and changes nothing, it only reads the host "
+                         "(its findings with their measured values are its record)",
+                         hint=f"see them with `p2pkit verify {st.name}` (read now) or `p2pkit status` (its "
+                              "artifact); the stages with a log: "
+                              + ", ".join(x.name for x in _stages_with_logs()))
     ctx = common.context()
     d = ctx.store.dir / "logs"
-    path = (build_logs(ctx) or [d / "engine-build.log"])[-1] if st == "engine" else d / f"{st}.log"
+    path = (build_logs(ctx) or [d / "engine-build.log"])[-1] if st.name == "engine" else d / f"{st.name}.log"
     while not path.is_file():
         if not follow or lock_holder(ctx.store.dir) is None:
-            raise UsageError(f"no log for {st} yet ({path})", hint=f"run the stage: `p2pkit up --to {st}`")
+            raise UsageError(f"no log for {st.name} yet ({path}): the stage has not run on this host",
+                             hint=f"run the stage: `p2pkit up --to {st.name}`")
         time.sleep(0.5)
+    json_mode = common.OPTS.json
+    kept = bytearray()
+
+    def emit(chunk: bytes) -> None:
+        if json_mode:
+            kept.extend(chunk)
+        else:
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.flush()
     with open(path, "rb") as fh:
         text = fh.read()
         if lines > 0:
             text = b"".join(text.splitlines(keepends=True)[-lines:])
-        sys.stdout.buffer.write(text)
-        sys.stdout.flush()
+        emit(text)
         idle = 0
         try:
             while follow:
                 chunk = fh.read()
                 if chunk:
-                    sys.stdout.buffer.write(chunk)
-                    sys.stdout.flush()
+                    emit(chunk)
                     idle = 0
                     continue
                 idle = idle + 1 if lock_holder(ctx.store.dir) is None else 0
@@ -415,5 +444,12 @@ def logs(
                 time.sleep(0.5)
         except KeyboardInterrupt:
             pass
+    if json_mode:
+        ctx.out.document({"stage": st.name, "path": str(path), "text": kept.decode(errors="replace")})
     raise typer.Exit(0)
 
+
+def _stages_with_logs():
+    from p2pkit.stages import registry
+
+    return [x for x in registry() if x.act is not None or x.measure is not None]

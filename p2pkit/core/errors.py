@@ -81,6 +81,26 @@ class CommandError(P2pkitError):
         self.stderr = stderr
 
 
+# What a simulated host's stand-in prints (its first line on stderr, then "fix: COMMAND", exit 127) when it
+# cannot run at all (the p2pkit that laid it out is gone from its Python): every reading of that host would
+# be wrong, so the runner stops the command with HostUnusable instead of handing the failure on as a fact.
+STANDIN_CANNOT_RUN = "SIMULATED stand-in cannot run: "
+STANDIN_EXIT = 127
+
+
+class HostUnusable(Exception):
+    """The host's own commands cannot run at all (a simulated host whose stand-ins lost their p2pkit): the
+    command stops, saying so once. Not a P2pkitError on purpose: no probe may turn it into a fact that
+    "could not be determined" (their handlers catch P2pkitError); the CLI reports it like one."""
+
+    code = Exit.MISSING
+
+    def __init__(self, message: str, hint: str = ""):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
 class ProbeError(P2pkitError):
     """A fact that could not be read: 'could not determine X: Y'."""
 

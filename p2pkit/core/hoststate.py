@@ -132,6 +132,27 @@ def record_profile(state_dir: Path, profile) -> None:
     atomic_write(Path(state_dir) / PROFILE_FILE, (json.dumps(doc, indent=2) + "\n").encode())
 
 
+def record_snapshot(state_dir: Path) -> dict[str, bytes | None]:
+    """The recorded profile and the secrets store as they are (None: not there), to put back."""
+    out = {}
+    for name in (PROFILE_FILE, SECRETS_FILE):
+        try:
+            out[name] = (Path(state_dir) / name).read_bytes()
+        except OSError:
+            out[name] = None
+    return out
+
+
+def put_back(state_dir: Path, snapshot: dict[str, bytes | None]) -> None:
+    """The record as record_snapshot found it (a file that was not there is removed again)."""
+    for name, data in snapshot.items():
+        path = Path(state_dir) / name
+        if data is None:
+            path.unlink(missing_ok=True)
+        else:
+            atomic_write(path, data, mode=0o600 if name == SECRETS_FILE else 0o644)
+
+
 def override_change(then: list[str] | None, now: tuple[str, ...], sections: list[str]) -> str:
     """The --set differences between a stage's run and now that touch the named sections."""
     a = {_key(o): o for o in then or []}

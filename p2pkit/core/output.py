@@ -11,6 +11,8 @@ p2pkit/schemas/. An error under --json is a "p2pkit-error" document on stdout to
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import sys
 import threading
 import time
@@ -64,6 +66,38 @@ STATUS_STYLE = {
 HEARTBEAT_S = 30.0  # without a terminal (a CI log, journald), a long step says it is alive this often
 
 
+# a p2pkit command in a message, as p2pkit prints one: between backticks, perhaps after sudo
+HINT = re.compile(r"`(sudo )?p2pkit( [^`]*)`")
+
+
+def on_host(text: str, host_args: list[str], drop_sudo: bool) -> str:
+    """`text` with every p2pkit command it names (`p2pkit ...`, `sudo p2pkit ...`) made to act on the host the
+    message is about: the host's options (`--root R`, `--state-dir S`) put after `p2pkit` where the command
+    does not give them itself, and on a host that is a directory (not /) no `sudo` (it is a directory the
+    operator owns, and sudo's own PATH would not find this p2pkit). The one place that does it, for every
+    message, table and document p2pkit prints: no caller adds them. `p2pkit sim ...` names its host by its
+    own argument and is left alone, as is a command that names another host's --root."""
+    if not host_args and not drop_sudo:
+        return text
+    given = dict(zip(host_args[::2], host_args[1::2]))
+
+    def fix(m: re.Match) -> str:
+        sudo, rest = m.group(1) or "", m.group(2)
+        try:
+            words = shlex.split(rest)
+        except ValueError:  # not a command line (an unbalanced quote): leave it as it is
+            return m.group(0)
+        named = {w.split("=", 1)[0]: (w.split("=", 1)[1] if "=" in w else (words[i + 1] if i + 1 < len(words) else ""))
+                 for i, w in enumerate(words) if w.split("=", 1)[0] in ("--root", "--state-dir")}
+        if words[:1] == ["sim"] or ("--root" in named and named["--root"] != given.get("--root", "/")):
+            return m.group(0)
+        add = [w for opt, v in given.items() if opt not in named for w in (opt, v)]
+        if not add and not (drop_sudo and sudo):
+            return m.group(0)
+        return f"`{'' if drop_sudo else sudo}p2pkit{' ' + shlex.join(add) if add else ''}{rest}`"
+    return HINT.sub(fix, text)
+
+
 def follow_cmd(stage: str) -> str:
     """The command that shows a stage's log as it grows."""
     return f"p2pkit logs {stage} --follow"
@@ -79,6 +113,10 @@ def elapsed(seconds: float) -> str:
 class Output:
     json_mode: bool = False
     simulated: bool = False
+    # the options that name the host this output is about (`--root R`, `--state-dir S`): every p2pkit command
+    # printed gets them (on_host); drop_sudo for a host that is a directory
+    host_args: list[str] = field(default_factory=list)
+    drop_sudo: bool = False
     err: Console = field(default_factory=lambda: Console(stderr=True, highlight=False, soft_wrap=True))
     out: Console = field(default_factory=lambda: Console(highlight=False, soft_wrap=True))
 
@@ -86,19 +124,23 @@ class Output:
     def tag(self) -> str:
         return "SIMULATED " if self.simulated else ""
 
+    def here(self, text: str) -> str:
+        """The text with every p2pkit command in it made to act on this output's host (on_host)."""
+        return on_host(text, self.host_args, self.drop_sudo)
+
     def log(self, msg: str, style: str | None = None) -> None:
-        self.err.print(f"{self.tag}{escape(redact(msg))}", style=style)
+        self.err.print(f"{self.tag}{escape(redact(self.here(msg)))}", style=style)
 
     def step(self, stage: str, msg: str) -> None:
         self.log(f"[{stage}] {msg}")
 
     def warn(self, msg: str) -> None:
-        self.err.print(f"{self.tag}warning: {escape(redact(msg))}", style="yellow")
+        self.err.print(f"{self.tag}warning: {escape(redact(self.here(msg)))}", style="yellow")
 
     def error(self, msg: str, hint: str = "") -> None:
-        text = f"{self.tag}error: {escape(redact(msg))}"
+        text = f"{self.tag}error: {escape(redact(self.here(msg)))}"
         if hint:
-            text += f"\n{self.tag}fix: {escape(redact(hint))}"
+            text += f"\n{self.tag}fix: {escape(redact(self.here(hint)))}"
         self.err.print(text, style="red")
 
     @contextmanager
@@ -143,9 +185,18 @@ class Output:
         doc = stamp(doc)
         if self.simulated:
             doc = {**doc, "simulated": True}
-        doc = redact_doc(json.loads(json.dumps(doc, default=str)))
+        doc = redact_doc(self._here_doc(json.loads(json.dumps(doc, default=str))))
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
         sys.stdout.flush()
+
+    def _here_doc(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.here(value)
+        if isinstance(value, list):
+            return [self._here_doc(v) for v in value]
+        if isinstance(value, dict):
+            return {k: self._here_doc(v) for k, v in value.items()}
+        return value
 
     def error_document(self, code: int, message: str, hint: str = "") -> None:
         """Under --json, an error is a document on stdout as well as the message on stderr."""
@@ -157,7 +208,7 @@ class Output:
         cut at the console's width, so an id, a host name or a value stays whole on its line."""
         if not self.out.is_terminal:
             text = plain_table(f"{self.tag}{title}".strip(), columns,
-                               [[redact("" if v is None else str(v)) for v in row] for row in rows])
+                               [[redact(self.here("" if v is None else str(v))) for v in row] for row in rows])
             self.out.print(text, markup=False, highlight=False, soft_wrap=True, emoji=False)
             return
         t = Table(title=f"{self.tag}{title}".strip(), title_justify="left", show_lines=False)
@@ -166,7 +217,7 @@ class Output:
         for row in rows:
             cells = []
             for i, v in enumerate(row):
-                s = escape(redact("" if v is None else str(v)))
+                s = escape(redact(self.here("" if v is None else str(v))))
                 if i == status_col:
                     style = STATUS_STYLE.get(str(v).split(" ")[0], "")
                     s = f"[{style}]{s}[/]" if style else s
@@ -175,7 +226,7 @@ class Output:
         self.out.print(t)
 
     def line(self, msg: str, style: str | None = None) -> None:
-        self.out.print(f"{self.tag}{escape(redact(msg))}", style=style)
+        self.out.print(f"{self.tag}{escape(redact(self.here(msg)))}", style=style)
 
 
 def plain_table(title: str, columns: list[str], rows: list[list[str]]) -> str:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from p2pkit.core import children
-from p2pkit.core.errors import CommandError, MissingError, P2pkitError
+from p2pkit.core.errors import STANDIN_CANNOT_RUN, STANDIN_EXIT, CommandError, HostUnusable, MissingError, P2pkitError
 from p2pkit.core.secrets import redact
 
 log = logging.getLogger("p2pkit.core.runner")
@@ -168,6 +168,14 @@ class _LogSink:
             self.fh.close()
 
 
+def standin_cannot_run(err: str) -> HostUnusable:
+    """A simulated host's stand-in that cannot run: its own message and fix, whole."""
+    lines = err.strip().splitlines()
+    fix = next((ln.removeprefix("fix: ") for ln in lines if ln.startswith("fix: ")), "")
+    message = " ".join(ln for ln in lines if not ln.startswith("fix: ")).removeprefix(STANDIN_CANNOT_RUN)
+    return HostUnusable(message, fix)
+
+
 @dataclass
 class Runner:
     root: Path = Path("/")
@@ -285,6 +293,8 @@ class Runner:
         if sink is not None:
             sink.close()
         result = Result(argv, proc.returncode, out, err)
+        if proc.returncode == STANDIN_EXIT and err.startswith(STANDIN_CANNOT_RUN):
+            raise standin_cannot_run(err)
         log.debug("exit %s after %.1f s: %s", proc.returncode, time.monotonic() - start, redact(shlex.join(argv)))
         if check and proc.returncode != 0:
             raise CommandError(argv, proc.returncode, result.stdout, result.stderr)

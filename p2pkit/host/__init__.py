@@ -185,6 +185,35 @@ class Host:
         the one laid out with it (its pins filled in); a real host has none (the built-in default applies)."""
         return self.sim.get("profile") if self.simulated else None
 
+    def own_profile(self, name: str | None) -> str | None:
+        """What the built-in profile `name` means on this host: on a simulated host laid out with that
+        profile, its own pinned copy (the host's installer, fork and engine, pinned: the built-in's pins are
+        empty and its sources are NVIDIA's and GitHub's, which a simulated host never reaches); None
+        elsewhere, and for any other name."""
+        doc = self._own_profile_doc()
+        return self.sim.get("profile") if doc and name and doc.get("profile", {}).get("name") == name else None
+
+    def own_sources(self) -> dict[str, str]:
+        """The sources a simulated host offers in place of the network it never reaches: its downloads and
+        repositories, as its own profile names them (driver.installer_url, p2p_module.repo and .branch,
+        engine.recipe and .repo). Empty on a real host: a profile's own sources are the ones to use."""
+        doc = self._own_profile_doc()
+        if not doc:
+            return {}
+        return {f"{sec}.{key}": str(doc.get(sec, {}).get(key, "")) for sec, key in (
+            ("driver", "installer_url"), ("p2p_module", "repo"), ("p2p_module", "branch"), ("engine", "recipe"),
+            ("engine", "repo"))}
+
+    def _own_profile_doc(self) -> dict | None:
+        import tomllib
+
+        if not self.simulated:
+            return None
+        try:
+            return tomllib.loads(Path(self.sim.get("profile") or "").read_text())
+        except (OSError, ValueError):
+            return None
+
     def reboots_for_real(self) -> bool:
         """Whether a reboot takes this machine down (a real host: p2pkit asks for --yes and the resume
         unit carries on after boot) or happens in place (a simulated host: `up --reboot` goes on)."""

@@ -26,6 +26,13 @@ def cannot(why: str, by_hand: str) -> dict:
     return {"error": why, "by_hand": by_hand}
 
 
+def last_said(r) -> str:
+    """What a command that failed said last: its last line, whole (a message cut at the front reads as
+    something else)."""
+    lines = [ln for ln in (r.stderr or r.stdout).strip().splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else "no output"
+
+
 def driver_params(host: Host) -> dict:
     """The loaded driver's live parameters. The sysfs copy of NVreg_RegistryDwords reads empty even when
     the setting is live (club-3090 PR #885): /proc/driver/nvidia/params is the one to read."""
@@ -75,9 +82,11 @@ def kernel_log(host: Host) -> dict:
     except P2pkitError as e:
         return cannot(e.message, "sudo dmesg | grep -E 'BAR|NVRM|IO_PAGE_FAULT'")
     if r.returncode != 0:
-        why = (r.stderr or r.stdout).strip().splitlines()
-        return cannot(f"dmesg exited {r.returncode}: {why[-1] if why else 'no output'} (kernel.dmesg_restrict=1 "
-                      "lets only root read the kernel log)", "sudo dmesg | grep -E 'BAR|NVRM|IO_PAGE_FAULT'")
+        said = last_said(r)
+        restricted = "not permitted" in said.lower() or "permission denied" in said.lower()
+        return cannot(f"dmesg exited {r.returncode}: {said}" + (" (kernel.dmesg_restrict=1 lets only root read the "
+                                                                 "kernel log)" if restricted else ""),
+                      "sudo dmesg | grep -E 'BAR|NVRM|IO_PAGE_FAULT'")
     return pf.kernel_log(r.stdout)
 
 
@@ -115,7 +124,7 @@ def module_sources(host: Host) -> dict:
         out["initramfs"] = cannot(e.message, f"sudo lsinitramfs {initrd} | grep nvidia")
         return out
     if r.returncode != 0:
-        out["initramfs"] = cannot(f"lsinitramfs exited {r.returncode}: {(r.stderr or r.stdout).strip()[-200:]}",
+        out["initramfs"] = cannot(f"lsinitramfs exited {r.returncode}: {last_said(r)}",
                                   f"sudo lsinitramfs {initrd} | grep nvidia")
         return out
     out["initramfs"] = {"path": initrd, "nvidia": pf.initramfs_nvidia(r.stdout),
@@ -227,6 +236,6 @@ def cuobjdump_archs(host: Host, lib: str) -> dict:
                       f"/usr/local/cuda/bin/cuobjdump --list-elf {lib}")
     r = host.runner.run([exe, "--list-elf", str(host.path(lib))], check=False, timeout=300)
     if r.returncode != 0:
-        return cannot(f"cuobjdump exited {r.returncode}: {(r.stderr or r.stdout).strip()[-200:]}",
+        return cannot(f"cuobjdump exited {r.returncode}: {last_said(r)}",
                       f"cuobjdump --list-elf {lib}")
     return {"library": lib, "archs": pf.cuobjdump_archs(r.stdout)}

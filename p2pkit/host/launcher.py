@@ -245,17 +245,30 @@ def stop(record: Path, timeout_s: float = 30.0) -> dict:
     if not is_running(rec):
         return {"stopped": False, "why": "not running" if rec else "no engine recorded"}
     pid = rec["pid"]
+    killed: list[int] = []
+    stop_session(pid, timeout_s, killed)
+    atomic_write(record, (json.dumps({**rec, "stopped_at": time.time()}, indent=1) + "\n").encode())
+    return {"stopped": True, "pid": pid, "killed": killed}
+
+
+def stop_session(pid: int, timeout_s: float, killed: list[int] | None = None) -> list[int]:
+    """SIGTERM (and SIGCONT) every live process of the session `pid` leads, wait up to timeout_s, then SIGKILL what
+    is left (noted in `killed`) and wait for it. Returns the processes still alive after that (none,
+    unless one cannot be killed)."""
     for p in session_members(pid):
-        try:
-            os.kill(p, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
+        for sig in (signal.SIGTERM, signal.SIGCONT):  # as systemd does: a stopped process gets to die too
+            try:
+                os.kill(p, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
     end = time.monotonic() + timeout_s
     while time.monotonic() < end and session_members(pid):
         _reap(pid)
         time.sleep(0.05)
-    killed = session_members(pid)
-    for p in killed:
+    left = session_members(pid)
+    if killed is not None:
+        killed.extend(left)
+    for p in left:
         try:
             os.kill(p, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -264,8 +277,7 @@ def stop(record: Path, timeout_s: float = 30.0) -> dict:
     while time.monotonic() < end and session_members(pid):
         _reap(pid)
         time.sleep(0.02)
-    atomic_write(record, (json.dumps({**rec, "stopped_at": time.time()}, indent=1) + "\n").encode())
-    return {"stopped": True, "pid": pid, "killed": killed}
+    return session_members(pid)
 
 
 def _reap(pid: int) -> None:

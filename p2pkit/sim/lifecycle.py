@@ -6,6 +6,7 @@ import shutil
 import uuid
 from pathlib import Path
 
+from p2pkit.core.errors import P2pkitError
 from p2pkit.sim import provision, rules
 from p2pkit.sim.render import load_state, render
 from p2pkit.sim.standins import (
@@ -183,20 +184,53 @@ def place_engine(root: Path, profile) -> None:
 
 
 def stop_services(root: Path) -> list[str]:
-    """Stop every simulated service that runs (the simulated engine really listens on loopback)."""
+    """Stop every simulated service that runs (the simulated engine really listens on loopback), as
+    `systemctl stop` does through the host's stand-in; what that leaves running (the stand-in could not
+    run, or the engine outlived it) the simulator stops itself: it started those processes. Returns
+    what was running and is stopped now ("UNIT (pid N)"); raises SimStopFailed naming what still runs."""
     import subprocess
 
-    state = load_state(root)
-    stopped = []
-    for unit, svc in state.get("services", {}).items():
-        if svc.get("started"):
-            subprocess.run([str(root / "usr/bin/systemctl"), "stop", unit], check=False, capture_output=True)
-            stopped.append(unit)
     from p2pkit.host import launcher  # an engine p2pkit's launcher started (a host without systemd)
+    from p2pkit.sim.standins import STOP_TIMEOUT_S, _alive
 
-    if launcher.stop(root / launcher.RECORD.lstrip("/")).get("stopped"):
-        stopped.append("the launcher's engine")
+    state = load_state(root)
+    stopped, left, pids = [], [], []
+    for unit, svc in state.get("services", {}).items():
+        pid = svc.get("pid")
+        running = bool(svc.get("started")) and _alive(pid)
+        if not svc.get("started"):
+            continue
+        r = subprocess.run([str(root / "usr/bin/systemctl"), "stop", unit], check=False, capture_output=True,
+                           text=True)
+        if running and launcher.session_members(pid):  # the stand-in did not stop it
+            why = (r.stderr or r.stdout).strip() or f"systemctl stop exited {r.returncode}"
+            still = launcher.stop_session(pid, STOP_TIMEOUT_S)
+            if still:
+                left.append(f"{unit} (pid {', '.join(map(str, still))}; systemctl stop said: {why})")
+                pids += still
+                continue
+        if running:
+            stopped.append(f"{unit} (pid {pid})")
+    res = launcher.stop(root / launcher.RECORD.lstrip("/"))
+    if res.get("stopped"):
+        still = launcher.session_members(res["pid"])
+        (left if still else stopped).append(f"the launcher's engine (pid {res['pid']})")
+        pids += still
+    if left:
+        raise SimStopFailed(root, stopped, left, pids)
     return stopped
+
+
+class SimStopFailed(P2pkitError):
+    """A simulated service that could not be stopped: it still runs (and listens)."""
+
+    def __init__(self, root: Path, stopped: list[str], left: list[str], pids: list[int]):
+        listed = " ".join(map(str, pids))
+        super().__init__(f"could not stop {'; '.join(left)} on the simulated host at {root}: it survived SIGTERM "
+                         "and SIGKILL" + (f" (stopped: {', '.join(stopped)})" if stopped else ""),
+                         hint=f"see what holds it (`ps -o pid,stat,wchan:32,cmd -p {listed.replace(' ', ',')}`); it "
+                              f"is a process of this machine: end it with `kill -9 {listed}`")
+        self.stopped, self.left = stopped, left
 
 
 class Machine:

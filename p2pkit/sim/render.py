@@ -9,6 +9,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from p2pkit.core.errors import STANDIN_CANNOT_RUN, STANDIN_EXIT
 from p2pkit.host import SIM_MARKER
 from p2pkit.sim import model, rules
 from p2pkit.sim.scenarios import GIB
@@ -432,22 +433,44 @@ def real_package_tool(name: str) -> str:
 def standin_script(name: str) -> str:
     """The file a stand-in is: a Python that imports only p2pkit's simulator (-S: no site-packages,
     no .pth hooks; p2pkit's own directory last on the path, so a PYTHONPATH still picks the tree), or
-    for the package tools a shell script that runs this machine's real one (real_package_tool)."""
+    for the package tools a shell script that runs this machine's real one (real_package_tool).
+
+    Where p2pkit was installed again another way since the host was laid out (the README's `pip install .`,
+    then `pip install -e .`), the directory it names may hold only a folder the editable install left
+    (p2pkit/_share), which the first try imports as a namespace package: the stand-in forgets that, then
+    takes the interpreter's own site-packages and .pth hooks. Where no p2pkit is left to this Python, it
+    says so whole on stderr, with the command that lays this host out again, and exits STANDIN_EXIT
+    (the runner stops the command with that message: p2pkit.core.runner.standin_cannot_run)."""
     if name in REAL_PACKAGE_TOOLS:
         return real_package_tool(name)
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     return (f"#!{sys.executable} -S\n# SIMULATED stand-in for {name}: p2pkit's simulated host\n"
             f"import sys\nsys.path.append({here!r})\n"
             "try:\n    from p2pkit.sim.standins import main\n"
-            # p2pkit was installed again another way since this host was laid out (`pip install .`, then
-            # `pip install -e .`): the interpreter's own site-packages and .pth hooks find it now
-            "except ImportError:\n    import site\n    site.main()\n"
+            "except ImportError:\n"
+            "    for m in [m for m in sys.modules if m == 'p2pkit' or m.startswith('p2pkit.')]:\n"
+            "        del sys.modules[m]\n"
+            "    import importlib, site\n    site.main()\n    importlib.invalidate_caches()\n"
             "    try:\n        from p2pkit.sim.standins import main\n"
             "    except ImportError:\n"
-            f"        sys.exit({REINSTALLED.format(name=name, here=here)!r})\n"
+            f"        import json, os\n        here, name = {here!r}, {name!r}\n"
+            "        root = os.path.dirname(os.path.abspath(__file__))\n"
+            "        while root != '/' and not os.path.isfile(os.path.join(root, " f"{SIM_MARKER!r}" ")):\n"
+            "            root = os.path.dirname(root)\n"
+            "        try:\n"
+            "            with open(os.path.join(root, " f"{SIM_MARKER!r}" ")) as fh:\n"
+            "                scenario = json.load(fh).get('scenario') or 'healthy'\n"
+            "        except (OSError, ValueError):\n"
+            "            scenario = 'healthy'\n"
+            f"        sys.stderr.write({STANDIN_CANNOT_RUN!r} + {REINSTALLED!r}.format(\n"
+            "            root=root, name=name, here=here, python=sys.executable) + '\\n'\n"
+            f"            + {REINSTALLED_FIX!r}.format(root=root, scenario=scenario) + '\\n')\n"
+            f"        sys.exit({STANDIN_EXIT})\n"
             f"sys.exit(main({name!r}, sys.argv[1:]))\n")
 
 
-REINSTALLED = ("SIMULATED host: the stand-in for {name} was laid out by a p2pkit at {here} that this Python "
-               "no longer finds (p2pkit was removed or installed elsewhere since): lay the simulated host out "
-               "again with `p2pkit sim init --force DIR` (DIR: this host's root)")
+REINSTALLED = ("the simulated host at {root} cannot run its stand-in for {name}: the p2pkit it was laid out with "
+               "({here}) is gone from the Python the stand-ins run on ({python}); p2pkit was removed from it or "
+               "installed elsewhere since")
+REINSTALLED_FIX = ("fix: lay the simulated host out again with the p2pkit you have now (its stages start anew): "
+                   "`p2pkit sim init --force {root} --scenario {scenario}`")

@@ -72,10 +72,15 @@ def main(name: str, args: list[str]) -> int:
           "nvcc": nvcc, "uname": uname, "dmesg": dmesg, "lsinitramfs": lsinitramfs, "cuobjdump": cuobjdump,
           "kernelstub": kernelstub, "useradd": useradd, "usermod": usermod, "mokutil": mokutil,
           "sign-file": sign_file}.get(name)
-    if fn is None:  # a package tool's launcher from before it became a shell script
-        raise SystemExit(f"SIMULATED stand-in for {name} is out of date: lay the host out again "
-                         "(`p2pkit sim init --force DIR`)")
     root = sim_root()
+    if fn is None:  # a package tool's launcher from before it became a shell script
+        from p2pkit.core.errors import STANDIN_CANNOT_RUN, STANDIN_EXIT
+
+        scenario = load_state(root).get("scenario") or "healthy"
+        sys.stderr.write(f"{STANDIN_CANNOT_RUN}the simulated host at {root} has a stand-in for {name} from an older "
+                         f"p2pkit\nfix: lay it out again (its stages start anew): `p2pkit sim init --force {root} "
+                         f"--scenario {scenario}`\n")
+        return STANDIN_EXIT
     hang(root, name)
     return fn(root, load_state(root), args)
 
@@ -624,16 +629,23 @@ def _start(root: Path, state: dict, unit: str) -> int:
     return 0
 
 
-def _stop(root: Path, state: dict, unit: str) -> None:
-    import os
-    import signal
+STOP_TIMEOUT_S = 60.0  # the engine unit's TimeoutStopSec= (p2pkit_service's template)
+
+
+def _stop(root: Path, state: dict, unit: str) -> int:
+    """As systemd stops a unit: SIGTERM to every process of it (the engine's session here), a wait of
+    TimeoutStopSec, then SIGKILL to what is left; `systemctl stop` returns when they are gone."""
+    from p2pkit.host.launcher import stop_session
 
     svc = state.get("services", {}).get(unit)
-    if svc and _alive(svc.get("pid")):
-        os.kill(svc["pid"], signal.SIGTERM)
+    left = stop_session(svc["pid"], STOP_TIMEOUT_S) if svc and _alive(svc.get("pid")) else []
     if svc:
-        svc["started"] = False
+        svc["started"] = bool(left)
     save(root, state)
+    if left:
+        print(f"Failed to stop {unit}: processes {', '.join(map(str, left))} survived SIGKILL", file=sys.stderr)
+        return 1
+    return 0
 
 
 def systemctl(root: Path, state: dict, args: list[str]) -> int:
@@ -656,11 +668,9 @@ def systemctl(root: Path, state: dict, args: list[str]) -> int:
     if verb == "start":
         return 0 if service_state(state, unit)[0] == "active" else _start(root, state, unit)
     if verb == "stop":
-        _stop(root, state, unit)
-        return 0
+        return _stop(root, state, unit)
     if verb == "restart":
-        _stop(root, state, unit)
-        return _start(root, load_state(root), unit)
+        return _stop(root, state, unit) or _start(root, load_state(root), unit)
     active, pid = service_state(state, unit)
     if verb == "is-active":
         print(active)
