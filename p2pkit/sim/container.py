@@ -401,6 +401,18 @@ class ContainerHost:
             time.sleep(0.2)
         raise ContainerError("boot", f"not up within {timeout:g} s", self.logs / "machine.log")
 
+    def diagnose(self, lines: int = 40) -> str:
+        """The machine's record and the last lines of its log and of the current boot's console, for a
+        message about a step that failed."""
+        m = self.machine()
+        out = [f"machine: {json.dumps(m)}"]
+        for f in (self.logs / "machine.log", self.logs / f"console-{m.get('boots', 0)}.log"):
+            try:
+                out.append(f"--- {f}:\n" + "\n".join(f.read_text(errors="replace").splitlines()[-lines:]))
+            except OSError:
+                pass
+        return "\n".join(out)
+
     def leader(self) -> int:
         m = self.machine()
         pid = m.get("leader_pid")
