@@ -49,8 +49,8 @@ def p2pkit(source: Path | None) -> tuple[list[str], dict]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     if not BYTECODE:
         env["PYTHONDONTWRITEBYTECODE"] = "1"
-    if source is not None:
-        env["PYTHONPATH"] = str(source)
+    # the other tree, or this checkout (`python3 bench/NAME.py` runs without an install)
+    env["PYTHONPATH"] = str(source if source is not None else Path(__file__).resolve().parent.parent)
     return [sys.executable, "-c", MAIN], env
 
 

@@ -25,8 +25,8 @@ MAIN = "import sys; from p2pkit.cli.main import main; sys.argv[0] = 'p2pkit'; sy
 
 def p2pkit(source: Path | None) -> tuple[list[str], dict]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    if source is not None:
-        env["PYTHONPATH"] = str(source)
+    # the other tree, or this checkout (`python3 bench/NAME.py` runs without an install)
+    env["PYTHONPATH"] = str(source if source is not None else Path(__file__).resolve().parent.parent)
     return [sys.executable, "-c", MAIN], env
 
 
