@@ -74,8 +74,7 @@ ERRORS = (
 )
 
 SETTINGS = re.compile(r"^\S+: (?P<kv>n_kv_max = .*)$", re.M)
-ROW = re.compile(r"^\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(\d+)\s*\|" + r"\s*([0-9.]+|nan|inf)\s*\|" * 6 + r"\s*$",
-                 re.M)
+ROW = re.compile(r"^\|" + r"\s*(\d+)\s*\|" * 4 + r"\s*([0-9.]+|nan|inf)\s*\|" * 6 + r"\s*$", re.M)
 JSONL_KEYS = ("pp", "tg", "pl", "n_kv", "t_pp", "speed_pp", "t_tg", "speed_tg", "t", "speed")
 
 
