@@ -22,8 +22,9 @@ STAGE_FOLDERS = ("preflight", "driver", "p2p_module", "rebar", "topology", "link
 LAYERS: list[tuple[str, list[list[str]]]] = [
     ("cli", [["p2pkit.__main__"], ["p2pkit.cli.top_help"], ["p2pkit.cli.main"], ["p2pkit.cli.app"],
              ["p2pkit.cli.stages_cmd", "p2pkit.cli.bench_cmd", "p2pkit.cli.net_cmd", "p2pkit.cli.pin_cmd",
-              "p2pkit.cli.profile_cmd", "p2pkit.cli.report_cmd", "p2pkit.cli.serve_cmd", "p2pkit.cli.sim_cmd"],
-             ["p2pkit.cli.common"], ["p2pkit.cli.argv", "p2pkit.cli"]]),
+              "p2pkit.cli.profile_cmd", "p2pkit.cli.report_cmd", "p2pkit.cli.serve_cmd", "p2pkit.cli.sim_cmd",
+              "p2pkit.cli.direct"],
+             ["p2pkit.cli.failure"], ["p2pkit.cli.common"], ["p2pkit.cli.argv", "p2pkit.cli"]]),
     ("app", [["p2pkit.app.doctor", "p2pkit.app.bench", "p2pkit.app.pin", "p2pkit.app.restore", "p2pkit.app.rollback",
               "p2pkit.app.inventory"],
              ["p2pkit.app.pipeline"],
