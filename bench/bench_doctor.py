@@ -6,8 +6,8 @@ runs from this tree). Each round runs, in turn, `python3 -c pass`, `p2pkit --hel
 `p2pkit doctor --json` and `nvidia-smi -q`, and each ratio is taken pair by pair within a round, so a
 machine whose speed drifts still gives a fair ratio (farm-bench's method; farm-bench itself is not on the
 GPU machine). Aims (issue 38): doctor at most 1.5x `nvidia-smi -q`, while judging far more; --help and
---version at most 1.5x a bare interpreter. p2pkit runs as its console script does (`from p2pkit.cli.main
-import main`), from this checkout.
+--version at most 1.5x a bare interpreter. p2pkit runs as the installed command does: scripts/p2pkit (what
+pip installs as bin/p2pkit), from this checkout.
 
 Python's floor without site's .pth files (`python3 -S -c pass`) is printed too: no Python command can be
 faster than that. Byte code is written on a warm-up round first (PYTHONDONTWRITEBYTECODE is dropped for
@@ -29,7 +29,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-LAUNCHER = "import sys\nfrom p2pkit.cli.main import main\nsys.argv[0] = 'p2pkit'\nsys.exit(main())"
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 P2PKIT_ENV = {**ENV, "PYTHONPATH": os.pathsep.join(x for x in (str(REPO), os.environ.get("PYTHONPATH")) if x)}
 
@@ -49,7 +48,7 @@ def main() -> int:
     ap.add_argument("--smi", default="nvidia-smi -q", help="the reference command line (default: nvidia-smi -q)")
     args = ap.parse_args()
     py = sys.executable
-    p2pkit = [py, "-c", LAUNCHER]
+    p2pkit = [py, str(REPO / "scripts/p2pkit")]
     cmds = {"python -c pass": ([py, "-c", "pass"], ENV), "python -S -c pass": ([py, "-S", "-c", "pass"], ENV),
             "p2pkit --help": ([*p2pkit, "--help"], P2PKIT_ENV),
             "p2pkit --version": ([*p2pkit, "--version"], P2PKIT_ENV),
