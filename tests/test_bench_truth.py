@@ -206,3 +206,135 @@ def test_the_cpu_servers_draft_line_and_response_agree():
     got = pe.llamacpp_draft_lines(lines)
     t = rec["response"]["timings"]
     assert len(got) == 1 and (got[0]["accepted"], got[0]["generated"]) == (t["draft_n_accepted"], t["draft_n"])
+
+
+# ------------------------------------------------------------ llama-batched-bench, the concurrency reference
+
+BATCHED = FIX / "llamacpp/batched-bench"
+
+
+def batched_rec(name: str) -> dict:
+    return json.loads((BATCHED / f"{name}.json").read_text())
+
+
+def batched_text(name: str) -> str:
+    rec = batched_rec(name)
+    return rec["stdout"] + "\n" + rec["stderr"]
+
+
+def test_batched_benchs_table_and_jsonl_read_to_the_same_levels():
+    """The real llama-batched-bench of the CPU build (-npp 32 -ntg 16 -npl 1,2): its table and its JSONL, each
+    level's generated tokens over the whole time (pl*tg/T) from its own columns."""
+    from p2pkit.parse import batched_bench as bb
+
+    md, jl = bb.read(batched_text("md")), bb.read(batched_text("jsonl"))
+    assert (md.fmt, jl.fmt) == ("md", "jsonl")
+    assert [(r.pp, r.tg, r.pl, r.n_kv) for r in md.rows] == [(r.pp, r.tg, r.pl, r.n_kv) for r in jl.rows] == \
+        [(32, 16, 1, 48), (32, 16, 2, 96)]
+    assert md.settings["n_kv_max"] == jl.settings["n_kv_max"] == 2048 and md.settings["n_threads"] == 2
+    r = md.rows[1]
+    assert r.output_tps == pytest.approx(2 * 16 / r.t) and bb.missing(md, [32], [16], [1, 2]) == []
+
+
+def test_a_lost_row_an_abort_and_its_errors_are_said():
+    """Real runs: a JSONL run whose last row its logger lost at exit (llama.cpp never flushes it), a -c too
+    small (it printed two rows, then aborted inside llama.cpp), a missing model and an unknown flag."""
+    from p2pkit.parse import batched_bench as bb
+
+    lost = bb.read(batched_text("jsonl-lost-row"))
+    assert bb.missing(lost, [32], [16], [1, 2]) == [(32, 16, 2)]
+    for name, said in (("too-small-c", "aborted inside llama.cpp"), ("missing-model", "could not be loaded"),
+                       ("invalid-argument", "does not accept --no-such-flag")):
+        with pytest.raises(bb.BatchedBenchError) as e:
+            bb.read(batched_text(name))
+        assert said in str(e.value), (name, str(e.value))
+    with pytest.raises(bb.BatchedBenchError, match="no result row"):
+        bb.read("")
+
+
+def batched_ctx(outputs: list, built: bool = True):
+    calls = []
+
+    def run(argv, check=False, timeout=None):
+        calls.append(argv)
+        return outputs.pop(0)
+
+    host = SimpleNamespace(path=lambda x: Path(x) if built else Path("/nonexistent") / Path(x).name,
+                           runner=SimpleNamespace(run=run))
+    out = SimpleNamespace(working=lambda *a, **k: __import__("contextlib").nullcontext())
+    p = config.load("dual-5090-llamacpp", ["serve.flags.parallel=2"])
+    return SimpleNamespace(host=host, out=out, profile=p), p, calls
+
+
+def test_the_batched_reference_combines_its_runs_and_outlives_a_lost_row(monkeypatch):
+    from p2pkit.parse import batched_bench as bb
+
+    recs = [batched_rec(n) for n in ("jsonl", "jsonl-lost-row", "jsonl")]
+    ctx, p, calls = batched_ctx([SimpleNamespace(returncode=r["rc"], stdout=r["stdout"], stderr=r["stderr"])
+                                 for r in recs])
+    monkeypatch.setattr(Path, "is_file", lambda self: True)
+    ref = bench.batched_arm(ctx, p, [("tiny", 32, 16, [1, 2])])
+    entry = ref["shapes"][0]
+    assert "error" not in entry, entry
+    one, two = entry["levels"]
+    assert one["output_tps"]["n"] == 3 and two["output_tps"]["n"] == 2 and entry["rows_missing"] == 1
+    argv = calls[0]
+    assert argv[argv.index("-npl") + 1] == "1,2" and argv[argv.index("--output-format") + 1] == "jsonl"
+    assert argv[argv.index("-c") + 1] == str(max(bb.kv_needed(32, 16, 2), 95000))  # the server's own ctx-size
+    assert "--kv-unified" in argv and argv[argv.index("--flash-attn") + 1] == "on"  # the server's settings
+    doc = {"arms": [{"levels": [{"shape": "tiny", "concurrency": 2, "summary": {
+        "aggregate_decode_tps": two["output_tps"]["median"] / 2, "aggregate_server_decode_tps": None}}]}],
+        "batched_reference": ref}
+    row = bench.batched_ratios(doc)[0]
+    assert row["streams"] == 2 and row["aggregate_decode_ratio"] == 0.5 and row["aggregate_server_decode_ratio"] is None
+
+
+def test_a_batched_bench_not_built_or_failing_says_so_and_leaves_the_rest():
+    ctx, p, calls = batched_ctx([], built=False)
+    ref = bench.batched_arm(ctx, p, [("decode", 128, 512, [1, 2])])
+    assert "not in the build" in ref["shapes"][0]["error"] and "engine.targets" in ref["shapes"][0]["error"]
+    assert calls == [] and bench.batched_ratios({"arms": [{"levels": []}], "batched_reference": ref}) == []
+    rec = batched_rec("missing-model")
+    ctx, p, _ = batched_ctx([SimpleNamespace(returncode=rec["rc"], stdout=rec["stdout"], stderr=rec["stderr"])])
+    import unittest.mock
+
+    with unittest.mock.patch.object(Path, "is_file", lambda self: True):
+        ref = bench.batched_arm(ctx, p, [("decode", 128, 512, [1])])
+    assert "could not be loaded" in ref["shapes"][0]["error"] and "levels" not in ref["shapes"][0]
+
+
+# ------------------------------------------------------------ recorded across a restart; the first-request stall
+
+def test_the_real_metrics_pair_across_a_restart_spoils_the_level(monkeypatch):
+    """The CPU build's llama-server: two requests, /metrics, the server stopped and started again on the same
+    port, /metrics again: every counter went down, the PID and the start time changed. Read as a level, it is
+    spoiled twice over, with no figure."""
+    rec = json.loads((FIX / "llamacpp/metrics/metrics-across-restart.json").read_text())
+    level: dict = {}
+    reader(monkeypatch, [rec["engine_before"], rec["engine_after"]]).judge_metrics(
+        level, metrics_of(rec["metrics_before"]), metrics_of(rec["metrics_after"]))
+    assert "engine restarted during the level" in level["spoiled"] and "went down" in level["spoiled"]
+    assert "metrics_delta" not in level
+    # the old way: differenced anyway, a throughput out of nothing
+    naive = pe.deltas(pe.prometheus(rec["metrics_before"], "llamacpp:"), pe.prometheus(rec["metrics_after"],
+                                                                                      "llamacpp:"))
+    assert naive["tokens_predicted_total"] < 0 and naive["tokens_predicted_seconds_total"] < 0
+
+
+def test_the_first_request_after_eight_streams_saves_every_idle_slot():
+    """Issue 38's 1.97 s first production request, found: llama-server (tools/server/server-context.cpp, the
+    task loop after launch_slot_with_task) saves every idle slot to its RAM prompt cache when a new task starts,
+    and with a unified KV clears it (--cache-idle-slots, on by default, needs --cache-ram). Recorded on the CPU
+    build: 8 decode requests at once fill 8 slots, then one long request alone: the trace shows the idle slots
+    saved as it starts; with --cache-ram 0 none is. On a GPU each save copies the slot's KV cell range by
+    range, layer by layer (llama_kv_cache::state_write_data): cells that 8 streams decoded in lockstep are
+    interleaved, one range per generated token, so the 1.85 s outside the server's timings on the H200 are
+    thousands of small device-to-host copies, none of them in prompt_ms or predicted_ms."""
+    on = json.loads((FIX / "llamacpp/stall/stall-default.json").read_text())
+    off = json.loads((FIX / "llamacpp/stall/stall-cache-ram-0.json").read_text())
+    saved = [ln for ln in on["log_lines"] if "saving idle slot to prompt cache" in ln]
+    assert len({ln.split("id ")[1].split("|")[0].strip() for ln in saved}) >= 7  # every other slot
+    assert not any("saving idle slot" in ln for ln in off["log_lines"])
+    for r in (on["first"], off["first"]):  # the server's own timings never hold it
+        t = r["timings"]
+        assert r["client_first_byte_s"] >= (t["prompt_ms"] + t["predicted_ms"]) / 1000
