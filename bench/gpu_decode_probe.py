@@ -165,11 +165,12 @@ def stall_probe(p, log_dir: Path) -> dict:
                                         log)
         try:
             token = engine_api.llamacpp_token(base)
-            timed(base, token, 128, 512)
+            (dp, do), (pp_, po) = SHAPES["decode"], SHAPES["production"]
+            timed(base, token, dp, do)
             with ThreadPoolExecutor(8) as pool:
-                fill = list(pool.map(timed, [base] * 8, [token] * 8, [128] * 8, [512] * 8))
-            first = timed(base, token, 2048, 128)
-            second = timed(base, token, 2048, 128)
+                fill = list(pool.map(timed, [base] * 8, [token] * 8, [dp] * 8, [do] * 8))
+            first = timed(base, token, pp_, po)
+            second = timed(base, token, pp_, po)
         finally:
             proc.terminate()
             proc.wait(30)
@@ -218,12 +219,22 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--reps", type=int, default=10, help="llama-bench repetitions (0: no llama-bench)")
     ap.add_argument("--log-dir", type=Path)
     ap.add_argument("--stall", action="store_true", help="also the first-request stall probe (trace logging)")
+    ap.add_argument("--shape", action="append", default=[], metavar="NAME=PROMPT,OUTPUT",
+                    help="a shape's lengths instead of the seed's (decode=128,512 production=2048,128): a model "
+                         "with a short context, like the CPU build's tiny one")
     a = ap.parse_args(argv)
     names = [x for x in a.variants.split(",") if x]
     bad = [x for x in names if x not in VARIANTS]
     if bad:
         print(f"error: unknown variant(s) {', '.join(bad)}; known: {', '.join(VARIANTS)}", file=sys.stderr)
         return 2
+    for s in a.shape:
+        name, _, lengths = s.partition("=")
+        try:
+            SHAPES[name] = tuple(int(x) for x in lengths.split(","))  # type: ignore[assignment]
+        except ValueError:
+            print(f"error: --shape {s!r}: expected NAME=PROMPT,OUTPUT", file=sys.stderr)
+            return 2
     p = config.load(a.profile, a.overrides)
     log_dir = a.log_dir or a.out.parent
     log_dir.mkdir(parents=True, exist_ok=True)
