@@ -180,8 +180,8 @@ def restart(exe: Path, model: Path, out: Path) -> None:
 
 def stall(exe: Path, model: Path, out: Path) -> None:
     """The first request of a new shape after a level at 8 streams (issue 38, 2): llama-server with 8 slots and
-    a unified KV, trace logging; 8 decode-shape requests at once (128/64), then a long-prompt request (1536/32) alone and
-    another; with the prompt cache in RAM (the default) and without it (--cache-ram 0)."""
+    a unified KV, trace logging; 8 requests at once (128/64 tokens), then a long-prompt request (1536/32) alone
+    and another; with the prompt cache in RAM (the default) and without it (--cache-ram 0)."""
     from concurrent.futures import ThreadPoolExecutor
 
     out.mkdir(parents=True, exist_ok=True)
