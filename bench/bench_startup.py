@@ -38,9 +38,11 @@ AIMS = {"help_wall_s": 0.15, "version_wall_s": 0.15, "status_cpu_s": 0.3}
 
 
 def env_for(tree: Path | None) -> dict[str, str]:
+    """The environment of a timed command: byte code allowed; a tree's p2pkit first on the path (before whatever
+    PYTHONPATH already holds: the dependencies, where they are not installed)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     if tree is not None:
-        env["PYTHONPATH"] = str(tree)
+        env["PYTHONPATH"] = os.pathsep.join(x for x in (str(tree), os.environ.get("PYTHONPATH")) if x)
     return env
 
 

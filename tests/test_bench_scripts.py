@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,20 @@ PLAIN = getattr(sys, "_base_executable", sys.executable)
 def bare_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")}
     env["PYTHONPATH"] = sysconfig.get_paths()["purelib"]  # the dependencies; .pth files there are not read
+    env["PATH"] = os.pathsep.join([str(dependency_commands()), env.get("PATH", "")])
     return env
+
+
+def dependency_commands() -> Path:
+    """The commands the dependencies install (ansible-playbook and its kin), and not p2pkit's own: a directory
+    of links to them, as a host where the dependencies are installed and p2pkit is not has them."""
+    d = Path(tempfile.gettempdir()) / f"p2pkit-bench-deps-{os.getpid()}"
+    d.mkdir(exist_ok=True)
+    for exe in Path(sys.executable).parent.glob("ansible*"):
+        link = d / exe.name
+        if not link.exists():
+            link.symlink_to(exe)
+    return d
 
 
 def run(name: str, *args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:

@@ -41,7 +41,7 @@ LAYERS: list[tuple[str, list[list[str]]]] = [
                "p2pkit.host.access", "p2pkit.host.roce", "p2pkit.host.storage", "p2pkit.host.model",
                "p2pkit.host.engine_api", "p2pkit.host.boot", "p2pkit.host.backup"],
               ["p2pkit.host"]]),
-    ("parse", [["p2pkit.parse.paste"], ["p2pkit.parse"]]),
+    ("parse", [["p2pkit.parse.paste", "p2pkit.parse.p2p_paste"], ["p2pkit.parse"]]),
     ("core", [["p2pkit.core.ansible", "p2pkit.core.hoststate", "p2pkit.schemas"],
               ["p2pkit.core.config", "p2pkit.core.artifacts"],
               ["p2pkit.core.writers"],
