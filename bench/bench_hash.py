@@ -9,9 +9,12 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # p2pkit from this checkout, installed or not
 
 from p2pkit.host import Host
 from p2pkit.host.model import sha256_cached

@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 
 MAIN = "import sys; from p2pkit.cli.main import main; sys.argv[0] = 'p2pkit'; sys.exit(main())"
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # p2pkit from this checkout, installed or not
 STATE = "var/lib/p2pkit"
 LOCKED = 5  # p2pkit.core.errors.Exit.LOCKED
 
@@ -172,6 +174,8 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=None, help="seconds of an unkilled run (skips measuring one)")
     ap.add_argument("--json", type=Path, default=None, help="write every kill and the table here")
     a = ap.parse_args()
+    # the p2pkit processes it starts run this checkout too (`python3 bench/bench_kill.py` needs no install)
+    os.environ["PYTHONPATH"] = os.pathsep.join(x for x in (str(REPO), os.environ.get("PYTHONPATH")) if x)
     from p2pkit.stages import registry
 
     stages = [s.name for s in registry()]

@@ -38,9 +38,11 @@ AIMS = {"help_wall_s": 0.15, "version_wall_s": 0.15, "status_cpu_s": 0.3}
 
 
 def env_for(tree: Path | None) -> dict[str, str]:
+    """The environment of a timed command: byte code allowed; a tree's p2pkit first on the path (before whatever
+    PYTHONPATH already holds: the dependencies, where they are not installed)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     if tree is not None:
-        env["PYTHONPATH"] = str(tree)
+        env["PYTHONPATH"] = os.pathsep.join(x for x in (str(tree), os.environ.get("PYTHONPATH")) if x)
     return env
 
 
@@ -103,10 +105,15 @@ def framework_floor(runs: int) -> dict:
     return {name: stats(v) for name, v in got.items()}
 
 
-def done_host(exe: str) -> Path:
+def done_host() -> Path:
+    """A simulated host brought up by this tree (`sim init`, `up --reboot`), through the same launcher the
+    timed runs use: no console script needed (`python3 bench/bench_startup.py` runs from a checkout)."""
     root = Path(tempfile.mkdtemp(prefix="p2pkit-bench-")) / "sim"
-    subprocess.run([exe, "sim", "init", str(root)], check=True, capture_output=True)
-    subprocess.run([exe, "--root", str(root), "up", "--reboot"], check=True, capture_output=True)
+    p2pkit, env = [sys.executable, "-c", LAUNCHER], env_for(REPO)
+    for args in (["sim", "init", str(root)], ["--root", str(root), "up", "--reboot"]):
+        r = subprocess.run([*p2pkit, *args], env=env, cwd=root.parent, capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit(f"p2pkit {' '.join(args)} exited {r.returncode}: {r.stderr.strip()[-600:]}")
     return root
 
 
@@ -119,7 +126,7 @@ def main() -> None:
                     "stand-ins and files as that tree lays them out); default: --host")
     a = ap.parse_args()
     trees = {**({"before": a.before.resolve()} if a.before else {}), "after": REPO}
-    root = a.host.resolve() if a.host else done_host(str(Path(sys.executable).parent / "p2pkit"))
+    root = a.host.resolve() if a.host else done_host()
     roots = {"after": root, "before": a.before_host.resolve() if a.before_host else root}
     log = root / "var/lib/p2pkit/logs/driver.log"
     mtime = log.stat().st_mtime_ns if log.exists() else None

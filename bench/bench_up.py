@@ -25,8 +25,9 @@ MAIN = "import sys; from p2pkit.cli.main import main; sys.argv[0] = 'p2pkit'; sy
 
 def p2pkit(source: Path | None) -> tuple[list[str], dict]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    if source is not None:
-        env["PYTHONPATH"] = str(source)
+    # the other tree, or this checkout (`python3 bench/NAME.py` runs without an install), before what was there
+    tree = str(source if source is not None else Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(x for x in (tree, os.environ.get("PYTHONPATH")) if x)
     return [sys.executable, "-c", MAIN], env
 
 

@@ -47,8 +47,12 @@ def main(argv: list[str]) -> int:
     a.out.write_text(json.dumps(doc, indent=1))
     for row in bench_cmd.rows(doc):
         print(" | ".join(str(x) for x in row))
-    for r in doc.get("reference_ratios", []):
-        print(json.dumps(r))
+    for k in ("reference_ratios", "batched_ratios"):
+        for r in doc.get(k, []):
+            print(json.dumps(r))
+    for ref in doc.get("batched_reference", {}).get("shapes", []):
+        if "error" in ref:
+            print(f"llama-batched-bench {ref['shape']}: {ref['error']}")
     return 1 if any(x.get("error") for x in doc["arms"]) else 0
 
 

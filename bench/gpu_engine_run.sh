@@ -54,7 +54,7 @@ phase_build() {
   cp "$W"/state/logs/engine-build-000*.log "$REC/" 2>/dev/null
   cp "$W/state/engine.json" "$REC/engine.artifact.json"
   b=$W/llama.cpp/build
-  cmake --build "$b" --target llama-server llama-bench -- -n >"$REC/ninja-dry-run.txt" 2>&1
+  cmake --build "$b" --target llama-server llama-bench llama-batched-bench -- -n >"$REC/ninja-dry-run.txt" 2>&1
   cp "$b/CMakeCache.txt" "$REC/"
   ldd "$b/bin/llama-server" >"$REC/ldd-llama-server.txt" 2>&1
   ldd "$b/bin/libggml-cuda.so" >"$REC/ldd-libggml-cuda.txt" 2>&1
@@ -118,6 +118,7 @@ phase_serve() {
   end serve
 }
 
+[ "${BASH_SOURCE[0]}" = "$0" ] || return 0  # sourced (bench/gpu_numbers_run.sh): the phases only
 case "${1:-}" in
 build) phase_build ;;
 models) phase_models ;;

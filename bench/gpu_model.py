@@ -25,6 +25,9 @@ SIZES = {
 
 
 def main(argv: list[str]) -> int:
+    if argv in (["--help"], ["-h"]):
+        print(f"usage: gpu_model.py {'|'.join(SIZES)} DIR\n\n{__doc__}")
+        return 0
     if len(argv) != 2 or argv[0] not in SIZES:
         print(f"usage: gpu_model.py {'|'.join(SIZES)} DIR", file=sys.stderr)
         return 2

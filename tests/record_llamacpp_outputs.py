@@ -95,6 +95,119 @@ def server(exe: Path, model: Path, out: Path) -> None:
         first.wait(30)
 
 
+def batched(exe: Path, model: Path, out: Path) -> None:
+    """llama-batched-bench (issue 38): its table and its JSONL, a -c too small for the largest level (skipped
+    without a word), a missing model and an unknown flag; each record holds argv, exit code, stdout, stderr."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "llama-batched-bench-help.txt").write_text(record([str(exe), "--help"])["stdout"])
+    base = [str(exe), "-m", str(model), "-t", "2", "-c", "2048", "-npp", "32", "-ntg", "16", "-npl", "1,2"]
+    runs = {"md": base, "jsonl": [*base, "--output-format", "jsonl"],
+            "too-small-c": [str(exe), "-m", str(model), "-t", "2", "-c", "96", "-npp", "32", "-ntg", "16", "-npl",
+                            "1,2,4"],
+            "missing-model": [str(exe), "-m", str(model.with_name("no-such-model.gguf")), "-npp", "32", "-ntg", "16",
+                              "-npl", "1"],
+            "invalid-argument": [*base, "--no-such-flag"]}
+    for name, argv in runs.items():
+        (out / f"{name}.json").write_text(json.dumps(record(argv), indent=1) + "\n")
+
+
+def get(url: str) -> tuple[int | None, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read().decode()
+    except OSError as e:
+        return getattr(e, "code", None), str(e)
+
+
+def complete(port: int, n_prompt: int, n_out: int, token: int = 5) -> dict:
+    """One /completion as bench sends it, with the client's own clock (time to the answer's first byte)."""
+    body = json.dumps({"prompt": [token] * n_prompt, "n_predict": n_out, "temperature": 0, "cache_prompt": False,
+                       "ignore_eos": True}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", data=body,
+                                 headers={"Content-Type": "application/json"})
+    t0 = time.monotonic()
+    with urllib.request.urlopen(req, timeout=600) as r:
+        first = time.monotonic() - t0
+        doc = json.loads(r.read())
+    return {"client_first_byte_s": round(first, 4), "client_s": round(time.monotonic() - t0, 4),
+            "timings": doc.get("timings"), "id_slot": doc.get("id_slot")}
+
+
+def start(exe: Path, argv: list[str], port: int, log: Path) -> subprocess.Popen:
+    fh = open(log, "wb")  # noqa: SIM115 - the server's own log, kept as it writes it
+    proc = subprocess.Popen([str(exe), *argv, "--port", str(port)], stdout=fh, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL)
+    for _ in range(600):
+        if health(port) == 200:
+            return proc
+        time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"llama-server did not answer /health (log {log})")
+
+
+def proc_start(pid: int) -> int:
+    text = Path(f"/proc/{pid}/stat").read_text()
+    return int(text[text.rindex(")") + 1:].split()[19])
+
+
+def restart(exe: Path, model: Path, out: Path) -> None:
+    """The real /metrics pair across a restart (issue 38, 1): two requests, /metrics, the server stopped and
+    started again on the same port, /metrics again; with each process's PID and start time."""
+    out.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    argv = ["-m", str(model), "--host", "127.0.0.1", "--threads", "2", "--ctx-size", "2048", "--metrics"]
+    with tempfile.TemporaryDirectory() as tmp:
+        first = start(exe, argv, port, Path(tmp) / "1.log")
+        try:
+            responses = [complete(port, 32, 16) for _ in range(2)]
+            before = get(f"http://127.0.0.1:{port}/metrics")
+            id_before = {"pid": first.pid, "start_ticks": proc_start(first.pid)}
+        finally:
+            first.terminate()
+            first.wait(30)
+        second = start(exe, argv, port, Path(tmp) / "2.log")
+        try:
+            after = get(f"http://127.0.0.1:{port}/metrics")
+            id_after = {"pid": second.pid, "start_ticks": proc_start(second.pid)}
+        finally:
+            second.terminate()
+            second.wait(30)
+    (out / "metrics-across-restart.json").write_text(json.dumps({
+        "argv": ["llama-server", *argv, "--port", str(port)], "responses": responses,
+        "metrics_before_status": before[0], "metrics_before": before[1], "engine_before": id_before,
+        "metrics_after_status": after[0], "metrics_after": after[1], "engine_after": id_after}, indent=1) + "\n")
+
+
+def stall(exe: Path, model: Path, out: Path) -> None:
+    """The first request of a new shape after a level at 8 streams (issue 38, 2): llama-server with 8 slots and
+    a unified KV, trace logging; 8 requests at once (128/64 tokens), then a long-prompt request (1536/32) alone
+    and another; with the prompt cache in RAM (the default) and without it (--cache-ram 0)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    out.mkdir(parents=True, exist_ok=True)
+    for name, extra in (("default", []), ("cache-ram-0", ["--cache-ram", "0"])):
+        port = free_port()
+        argv = ["-m", str(model), "--host", "127.0.0.1", "--threads", "2", "--ctx-size", "32768", "--parallel", "8",
+                "--kv-unified", "--metrics", "--log-verbosity", "4", "--log-timestamps", "--log-prefix", *extra]
+        with tempfile.TemporaryDirectory() as tmp:
+            log = Path(tmp) / "server.log"
+            proc = start(exe, argv, port, log)
+            try:
+                complete(port, 128, 64)
+                with ThreadPoolExecutor(8) as pool:
+                    fill = list(pool.map(lambda _i: complete(port, 128, 64), range(8)))  # noqa: B023
+                first, second = complete(port, 1536, 32), complete(port, 1536, 32)  # the tiny model: 2048 context
+            finally:
+                proc.terminate()
+                proc.wait(30)
+            lines = log.read_text(errors="replace").splitlines()
+        keep = [ln for ln in lines if any(w in ln for w in ("prompt cache", "saving idle slot", "prompt_save",
+                                                              "cache update took", "selected slot", "launch_slot"))]
+        (out / f"stall-{name}.json").write_text(json.dumps({
+            "argv": ["llama-server", *argv, "--port", str(port)], "fill": fill, "first": first, "second": second,
+            "log_lines": keep[-120:]}, indent=1) + "\n")
+
+
 def build_logs(out: Path) -> None:
     """The first build's log (the one llama_real's build kept), then p2pkit's own recipe again over the
     built tree (a re-configure and a no-op rebuild, in a fresh state directory), Ninja's dry run of the
@@ -136,11 +249,17 @@ def main() -> int:
         model = Path(tmp) / "tiny.gguf"
         subprocess.run([sys.executable, "-m", "convert_hf_to_gguf", str(ckpt), "--outfile", str(model), "--outtype",
                         "f16"], cwd=src, check=True, capture_output=True)
-        which = sys.argv[1:] or ["bench", "server", "build"]
+        which = sys.argv[1:] or ["bench", "server", "build", "batched", "restart", "stall"]
         if "bench" in which:
             bench(bin_dir / "llama-bench", model, FIX / "bench")
         if "server" in which:
             server(bin_dir / "llama-server", model, FIX / "server-start")
+        if "batched" in which:
+            batched(bin_dir / "llama-batched-bench", model, FIX / "batched-bench")
+        if "restart" in which:
+            restart(bin_dir / "llama-server", model, FIX / "metrics")
+        if "stall" in which:
+            stall(bin_dir / "llama-server", model, FIX / "stall")
     if "build" in which:
         build_logs(FIX / "build")
     return 0

@@ -16,6 +16,21 @@ lengths, decode at the same depth (a served request decodes after its prompt; ll
 tg decodes from an empty context), read by p2pkit.parse.llama_bench, and gives the served figures
 as ratios of it.
 
+Numbers that hold up (issue 38): each level (arm, shape, concurrency) has its own warm-up, left out. The
+engine's /metrics are judged as counters: a counter lower after a level than before it, a changed engine
+PID or process start time, or a /metrics that stopped answering, spoils the level; it is run once more,
+and a level spoiled again is reported with the reason, never turned into a figure; gauges are read as
+values, never differenced. Each request keeps the client's own clock beside the server's (time to the
+answer's first byte against the server's prompt and decode time), so time spent outside the server's
+timings (a stall before the slot started, HTTP, the client) shows as itself: the aggregate is given over
+the level's wall time and over the time the server's own timings cover, and each stall is named.
+`--reference` also runs llama-batched-bench (tools/batched-bench of the same source, read by
+p2pkit.parse.batched_bench) at each shape's lengths and the levels' stream counts, against which each
+level's aggregate is a ratio; llama-bench is taken with enough repetitions to judge its spread (a
+reference whose spread is over 5 percent of its mean makes its ratio unreliable, and says so). With
+drafting on, llama-server's own log lines ("draft acceptance = ...") are read beside the responses' and
+/metrics' counts, and the three are compared.
+
 `--ab KEY=VALUE` runs a second arm with one profile setting changed (the P2P-off arm is
 `serve.env.NCCL_P2P_DISABLE=1`, P17): the service is re-rendered and restarted with it, the same
 requests run, and the files the service stage writes are put back byte for byte and the service
@@ -62,50 +77,143 @@ def prompt(n_tokens: int) -> str:
 
 class Reader:
     """One engine's own accounting, read around each timed request of an arm (P15): never the
-    client's clock, which is kept beside it (client_s, client_tps)."""
+    client's clock, which is kept beside it (client_s, client_tps, client_first_byte_s)."""
 
     def __init__(self, ctx, p):
         self.ctx, self.p, self.base = ctx, p, engine_cmd.base_url(p)
+        self.identity: dict | None = None
 
     def start(self) -> None:
-        """Before the first timed request (after the warm-up)."""
+        """Before the first timed request of a level (after its warm-up)."""
+        self.identity = engine_identity(self.ctx)
 
     def request(self, n_prompt: int, n_out: int) -> dict:
         raise NotImplementedError
 
-    def finish(self, arm: dict) -> None:
-        """After the last one: the arm's totals from the same accounting."""
+    def finish(self, level: dict) -> None:
+        """After the last one: the level's totals from the same accounting, and whether they hold."""
+
+    def restarted(self) -> str | None:
+        """Why the engine that ran the level is not the one that started it (its PID or its process start time
+        changed, or it is gone); None when it is the same or cannot be told."""
+        return restarted(self.identity, engine_identity(self.ctx))
+
+    def judge_metrics(self, level: dict, before: dict, after: dict) -> None:
+        """/metrics around a level, judged as counters: the counters' deltas and the gauges' values after it
+        when they hold; a reset or a /metrics gone mid-level spoils the level with the reason."""
+        level["metrics_status"] = after["status"]
+        why = [w for w in (self.restarted(),) if w]
+        if before["status"] == 200 and after["status"] != 200:
+            why.append(f"/metrics answered {after['status']} after the level and 200 before it: the engine's "
+                       "counters cannot be set against each other")
+        elif before["status"] == 200:
+            types = {**before.get("types", {}), **after.get("types", {})}
+            reset = pe.counter_reset(before["values"], after["values"], types)
+            if reset:
+                why.append(reset)
+            elif not why:
+                level["metrics_delta"] = pe.counter_deltas(before["values"], after["values"], types)
+                level["metrics_gauges"] = pe.gauges(after["values"], types)
+        if why:
+            level["spoiled"] = "; ".join(why)
 
     @staticmethod
-    def with_client(figures: dict, client_s: float) -> dict:
+    def with_client(figures: dict, client_s: float, times: dict | None = None) -> dict:
+        """The server's figures for one request with the client's clock beside them: the seconds it waited,
+        to the answer's first byte, and the part of that outside the server's own prompt and decode time."""
         n = figures.get("predicted_n") or 0
-        return {"ok": True, **figures, "client_s": client_s,
-                "client_tps": round(n / client_s, 3) if client_s else None}
+        out = {"ok": True, **figures, "client_s": client_s,
+               "client_tps": round(n / client_s, 3) if client_s else None}
+        times = times or {}
+        if "sent" in times:
+            out["sent"] = times["sent"]
+        fb = times.get("first_byte_s")
+        server = [figures.get(k) for k in ("prompt_ms", "predicted_ms")]
+        if fb is not None:
+            out["client_first_byte_s"] = round(fb, 4)
+            if all(isinstance(x, int | float) for x in server):
+                out["server_s"] = round(sum(server) / 1000, 4)
+                out["outside_server_s"] = round(fb - out["server_s"], 4)
+        return out
+
+
+def engine_identity(ctx) -> dict | None:
+    """The engine process as the service knows it: its main PID (systemd's, or the launcher's record) and that
+    process's start time; None when it cannot be read here."""
+    from p2pkit.host import system
+    from p2pkit.stages.service import act as service
+
+    try:
+        pid = service.main_pid(ctx.host)
+    except (P2pkitError, OSError, AttributeError):
+        return None
+    return {"pid": pid, "start_ticks": system.process_start(ctx.host, pid) if pid else None}
+
+
+def restarted(before: dict | None, after: dict | None) -> str | None:
+    if not before or not after or not before.get("pid"):
+        return None
+    if not after.get("pid"):
+        return f"the engine (pid {before['pid']}) was not running at the end of the level"
+    if after["pid"] != before["pid"]:
+        return f"the engine restarted during the level: pid {before['pid']} before it, {after['pid']} after"
+    if None not in (before.get("start_ticks"), after.get("start_ticks")) and \
+            after["start_ticks"] != before["start_ticks"]:
+        return (f"the engine restarted during the level: pid {after['pid']} is another process after it (start "
+                f"time {before['start_ticks']} -> {after['start_ticks']} clock ticks after boot)")
+    return None
 
 
 class Llamacpp(Reader):
-    """llama-server: each /completion response's `timings`, /metrics llamacpp:* around the arm. The
-    prompt is one token of the model's own vocabulary repeated: exactly the asked length (P13)."""
+    """llama-server: each /completion response's `timings`, /metrics llamacpp:* around each level, and its log's
+    drafting lines over the level. The prompt is one token of the model's own vocabulary repeated: exactly
+    the asked length (P13)."""
 
     token: int | None = None
 
     def start(self) -> None:
+        super().start()
         self.before = engine_api.metrics(self.base, "llamacpp:")
+        self.mark = log_mark(self.ctx)
 
     def request(self, n_prompt: int, n_out: int) -> dict:
         if self.token is None:
             self.token = engine_api.llamacpp_token(self.base)
         text = [self.token] * n_prompt if self.token is not None else prompt(n_prompt)
-        r = engine_api.llamacpp_completion(self.base, n_out, text)
+        times: dict = {}
+        r = engine_api.llamacpp_completion(self.base, n_out, text, times=times)
         if r.get("status") != 200:
             return {"ok": False, "error": r.get("error"), "status": r.get("status")}
-        return self.with_client(pe.llamacpp_figures(r.get("timings") or {}), r["client_seconds"])
+        return self.with_client(pe.llamacpp_figures(r.get("timings") or {}), r["client_seconds"], times)
 
-    def finish(self, arm: dict) -> None:
-        after = engine_api.metrics(self.base, "llamacpp:")  # arm: the level it closes
-        arm["metrics_status"] = after["status"]
-        if self.before["status"] == 200 and after["status"] == 200:
-            arm["metrics_delta"] = pe.deltas(self.before["values"], after["values"])
+    def finish(self, level: dict) -> None:
+        self.judge_metrics(level, self.before, engine_api.metrics(self.base, "llamacpp:"))
+        drafted = pe.llamacpp_draft_lines(log_since(self.ctx, self.mark))
+        if drafted:
+            level["draft_log"] = {"tasks": len(drafted), "accepted": sum(x["accepted"] for x in drafted),
+                                  "generated": sum(x["generated"] for x in drafted)}
+
+
+def log_mark(ctx) -> dict | None:
+    """Where the engine's log ends now (the service stage's mark), None where it cannot be read."""
+    from p2pkit.stages.service import act as service
+
+    try:
+        return service.log_mark(ctx)
+    except (P2pkitError, OSError, AttributeError):
+        return None
+
+
+def log_since(ctx, mark: dict | None) -> list[str]:
+    """The engine's log lines after `mark` (none without one: a tail could hold another level's lines)."""
+    from p2pkit.stages.service import act as service
+
+    if not mark:
+        return []
+    try:
+        return service.start_lines(ctx.host, mark)
+    except (P2pkitError, OSError, AttributeError):
+        return []
 
 
 class Vllm(Reader):
@@ -121,30 +229,33 @@ class Vllm(Reader):
         return engine_api.metrics(self.base, "vllm:")
 
     def start(self) -> None:
+        super().start()
         self.first = self.last = self._metrics()
 
     def request(self, n_prompt: int, n_out: int) -> dict:
         before = self.last or self._metrics()
+        times: dict = {}
         r = engine_api.openai_request(self.base, "/v1/completions", {
             "model": self.model, "prompt": prompt(n_prompt), "max_tokens": n_out, "temperature": 0,
-            "ignore_eos": True})
+            "ignore_eos": True}, times=times)
         after = self.last = self._metrics()
         if r.get("status") != 200:
             return {"ok": False, "error": r.get("error"), "status": r.get("status")}
         if before["status"] != 200 or after["status"] != 200:
             return {"ok": False, "status": after["status"],
                     "error": f"vLLM's /metrics answered {after['status']}: no server-side figures for this request"}
-        f = pe.vllm_figures(pe.deltas(before["values"], after["values"]))
+        types = {**before.get("types", {}), **after.get("types", {})}
+        reset = pe.counter_reset(before["values"], after["values"], types)
+        if reset:
+            return {"ok": False, "status": 200, "spoiled": True, "error": reset}
+        f = pe.vllm_figures(pe.counter_deltas(before["values"], after["values"], types))
         if f.pop("requests") != 1:
             return {"ok": False, "status": 200, "error": "the /metrics deltas around this request cover other "
                     "requests too: bench needs the server to itself"}
-        return self.with_client({**f, "usage": r.get("usage")}, r["client_seconds"])
+        return self.with_client({**f, "usage": r.get("usage")}, r["client_seconds"], times)
 
-    def finish(self, arm: dict) -> None:
-        last = self.last or self._metrics()
-        arm["metrics_status"] = last["status"]
-        if self.first["status"] == 200 and last["status"] == 200:
-            arm["metrics_delta"] = pe.deltas(self.first["values"], last["values"])
+    def finish(self, level: dict) -> None:
+        self.judge_metrics(level, self.first, self.last or self._metrics())
 
 
 class Ninfer(Reader):
@@ -158,13 +269,15 @@ class Ninfer(Reader):
         self.done: list[dict] = []
 
     def start(self) -> None:
+        super().start()
         self.offset = engine_api.log_size(self.log)
         self.done = []
 
     def request(self, n_prompt: int, n_out: int) -> dict:
+        times: dict = {}
         r = engine_api.openai_request(self.base, "/v1/chat/completions", {
             "model": self.model, "messages": [{"role": "user", "content": prompt(n_prompt)}], "max_tokens": n_out,
-            "temperature": 0, "stream": False})
+            "temperature": 0, "stream": False}, times=times)
         recs, self.offset = engine_api.log_since(self.log, self.offset)
         events = pe.ninfer_done(recs)
         if r.get("status") != 200:
@@ -174,9 +287,12 @@ class Ninfer(Reader):
             return {"ok": False, "status": 200, "error": why or f"{len(events)} request_done line(s) in {self.log} "
                     "for this one request: bench needs the server to itself and its request log on"}
         self.done.append(events[0])
-        return self.with_client({**pe.ninfer_figures(events[0]), "usage": r.get("usage")}, r["client_seconds"])
+        return self.with_client({**pe.ninfer_figures(events[0]), "usage": r.get("usage")}, r["client_seconds"], times)
 
     def finish(self, arm: dict) -> None:
+        why = self.restarted()
+        if why:
+            arm["spoiled"] = why
         t = [pe.ninfer_figures(e) for e in self.done]
         arm["log_totals"] = {"requests": len(t), "prompt_tokens": sum(x["prompt_n"] for x in t),
                              "completion_tokens": sum(x["predicted_n"] for x in t),
@@ -213,48 +329,68 @@ def _stats(values: list) -> dict | None:
 
 def run_arm(ctx, p, name: str, n_prompt: int, n_out: int, warmup: int, requests: int,
             levels: list[tuple[str, int, int, int]] | None = None) -> dict:
-    """Warm-up requests (left out), then each level (shape, prompt, output, concurrency): C streams at
-    once, N timed requests each, the engine's accounting read around the level. A request that fails
-    stops the arm: what was done so far is kept, with the error. The arm's own `requests` and
-    `summary` are its first level's (the headline, as before levels existed)."""
+    """Each level (shape, prompt, output, concurrency): its own warm-up (left out), then C streams at once, N
+    timed requests each, the engine's accounting read around the level. A level whose accounting does not hold
+    (spoiled: the engine restarted, its counters went down, /metrics went away) runs once more; spoiled again,
+    it is kept with the reason and no figure. A request that fails stops the arm: what was done so far is
+    kept, with the error. The arm's own `requests` and `summary` are its first level's (the headline, as
+    before levels existed)."""
     levels = levels or [("profile", n_prompt, n_out, 1)]
     reader = READERS[p.engine.recipe](ctx, p)
-    arm: dict = {"arm": name, "overrides": list(p.overrides), "requests": [], "warmup": warmup, "levels": []}
-    for _ in range(warmup):
-        w = one_request(reader, levels[0][1], levels[0][2])
-        if not w.get("ok"):
-            arm["error"] = f"warm-up request failed: {w.get('error')}"
-            return arm
+    arm: dict = {"arm": name, "overrides": list(p.overrides), "requests": [], "warmup": warmup,
+                 "warmup_note": "warm-up requests before each level, at its shape and concurrency, left out",
+                 "levels": []}
     for shape, lp, lo, conc in levels:
-        level = run_level(ctx, reader, name, shape, lp, lo, conc, requests)
+        level = run_level(ctx, reader, name, shape, lp, lo, conc, requests, warmup)
+        if level.get("spoiled") and "error" not in level:
+            again = run_level(ctx, reader, name, shape, lp, lo, conc, requests, warmup)
+            again["spoiled_runs"] = [level["spoiled"], *([again["spoiled"]] if again.get("spoiled") else [])]
+            level = again
         arm["levels"].append(level)
         if "error" in level:
             arm["error"] = level["error"]
             break
     first = arm["levels"][0] if arm["levels"] else {"requests": []}
     arm["requests"] = first["requests"]
-    for k in ("metrics_status", "metrics_delta", "log_totals"):
+    for k in ("metrics_status", "metrics_delta", "metrics_gauges", "log_totals", "spoiled", "draft_log"):
         if k in first:
             arm[k] = first[k]
     arm["summary"] = first.get("summary") or summarize(arm)
     return arm
 
 
+def warm(reader: Reader, n_prompt: int, n_out: int, conc: int, rounds: int) -> dict | None:
+    """`rounds` rounds of `conc` requests at once at this shape, left out; the first failure, or None."""
+    for _ in range(rounds):
+        with ThreadPoolExecutor(max_workers=conc) as pool:
+            got = list(pool.map(lambda _i: one_request(reader, n_prompt, n_out), range(conc)))
+        bad = next((w for w in got if not w.get("ok")), None)
+        if bad:
+            return bad
+    return None
+
+
 def run_level(ctx, reader: Reader, arm_name: str, shape: str, n_prompt: int, n_out: int, conc: int,
-              requests: int) -> dict:
-    """C streams at once, each sending `requests` timed requests one after another."""
+              requests: int, warmup: int = 0) -> dict:
+    """The level's warm-up, then C streams at once, each sending `requests` timed requests one after another."""
     level: dict = {"shape": shape, "prompt_tokens": n_prompt, "output_tokens": n_out, "concurrency": conc,
-                   "requests": []}
+                   "warmup": warmup, "requests": []}
+    with ctx.out.working(f"[bench] {arm_name}: {shape} {n_prompt}/{n_out} tokens, {conc} stream(s): warm-up"):
+        bad = warm(reader, n_prompt, n_out, conc, warmup)
+    if bad is not None:
+        level["error"] = f"warm-up request failed: HTTP {bad.get('status')}: {bad.get('error')}"
+        level["summary"] = {"lengths": lengths_ran([], n_prompt, n_out)}
+        return level
     reader.start()
     stop = threading.Event()  # the first failed request ends every stream of the level
 
     def stream(i: int) -> list[dict]:
         out = []
-        for _ in range(requests):
+        for j in range(requests):
             if stop.is_set():
                 break
             r = one_request(reader, n_prompt, n_out)
-            r["stream"] = i
+            r["stream"], r["index"] = i, j
             out.append(r)
             if not r.get("ok"):
                 stop.set()
@@ -266,19 +402,54 @@ def run_level(ctx, reader: Reader, arm_name: str, shape: str, n_prompt: int, n_o
         with ThreadPoolExecutor(max_workers=conc) as pool:
             results = [r for rs in pool.map(stream, range(conc)) for r in rs]
         wall = time.monotonic() - t0
+    for r in results:  # the client's clock, from the level's start
+        if "sent" in r:
+            r["at_s"] = round(r.pop("sent") - t0, 4)
     bad = next((r for r in results if not r.get("ok")), None)
     level["requests"] = [r for r in results if r.get("ok")]
     level["wall_s"] = round(wall, 4)
-    if bad is not None:
+    if bad is not None and bad.get("spoiled"):
+        level["spoiled"] = bad["error"]
+    elif bad is not None:
         level["error"] = f"a request failed: HTTP {bad.get('status')}: {bad.get('error')}"
     reader.finish(level)
     level["summary"] = summarize(level)
-    out_tokens = sum(r.get("predicted_n") or 0 for r in level["requests"])
-    if level["requests"] and wall > 0:
-        level["summary"]["aggregate_decode_tps"] = round(out_tokens / wall, 3)
-        level["summary"]["aggregate_note"] = "output tokens the server counted, over the level's wall time"
+    if not level.get("spoiled"):
+        level["summary"].update(aggregate(level["requests"], wall))
     level["summary"]["lengths"] = lengths_ran(level["requests"], n_prompt, n_out)
     return level
+
+
+STALL_S = 0.1       # a request whose time outside the server's timings is over this
+STALL_SHARE = 0.2   # and over this share of its server time is named as a stall
+
+
+def aggregate(reqs: list[dict], wall: float) -> dict:
+    """A level's aggregate decode throughput, defined so a stall outside the server shows as itself: output
+    tokens over the level's wall time (what a client got), and over the time the server's own timings cover
+    (each request's prompt and decode time, placed to end at its answer's first byte at the client; their
+    union); the difference is time no request was in the server's hands, and each request whose time
+    outside the server is large is named."""
+    out_tokens = sum(r.get("predicted_n") or 0 for r in reqs)
+    if not reqs or wall <= 0:
+        return {}
+    out: dict = {"aggregate_decode_tps": round(out_tokens / wall, 3), "wall_s": round(wall, 4),
+                 "aggregate_note": "output tokens the server counted, over the level's wall time"}
+    spans = sorted((r["at_s"] + r["client_first_byte_s"] - r["server_s"], r["at_s"] + r["client_first_byte_s"])
+                   for r in reqs if None not in (r.get("at_s"), r.get("client_first_byte_s"), r.get("server_s")))
+    if len(spans) == len(reqs):
+        covered, end = 0.0, float("-inf")
+        for a, b in spans:
+            covered += max(0.0, b - max(a, end))
+            end = max(end, b)
+        out["server_span_s"] = round(covered, 4)
+        out["outside_server_s"] = round(wall - covered, 4)
+        out["aggregate_server_decode_tps"] = round(out_tokens / covered, 3) if covered > 0 else None
+        out["outside_per_request_s"] = _stats([r.get("outside_server_s") for r in reqs])
+        out["stalls"] = [{"stream": r.get("stream"), "index": r.get("index"), "client_first_byte_s":
+                          r["client_first_byte_s"], "server_s": r["server_s"], "outside_s": r["outside_server_s"]}
+                         for r in reqs if r["outside_server_s"] > max(STALL_S, STALL_SHARE * r["server_s"])]
+    return out
 
 
 def lengths_ran(reqs: list[dict], n_prompt: int, n_out: int) -> dict:
@@ -297,12 +468,19 @@ def levels_of(shapes: list[str] | None, concurrency: list[int] | None, n_prompt:
 
 
 def summarize(arm: dict) -> dict:
+    """The figures of a level (or an arm's headline level) from the server's own accounting; none for a
+    spoiled one, which keeps only its reason."""
+    if arm.get("spoiled"):
+        return {"spoiled": arm["spoiled"]}
     reqs = arm["requests"]
     out = {k: _stats([r.get(k) for r in reqs]) for k in ("decode_tps", "prefill_tps", "ttft_ms", "client_tps")}
+    d = arm.get("metrics_delta")
     drafted = sum(r.get("draft_n") or 0 for r in reqs)
     if drafted:
         out["draft_acceptance"] = round(sum(r.get("draft_accepted") or 0 for r in reqs) / drafted, 4)
-    d = arm.get("metrics_delta")
+    draft = draft_sources(reqs, d, arm.get("draft_log"))
+    if draft:
+        out["draft_sources"] = draft
     if d and d.get("tokens_predicted_seconds_total"):  # llama-server's counters
         out["metrics_decode_tps"] = round(d["tokens_predicted_total"] / d["tokens_predicted_seconds_total"], 3)
     if d and d.get("prompt_seconds_total"):
@@ -315,6 +493,27 @@ def summarize(arm: dict) -> dict:
         out["log_decode_tps"] = round((t["completion_tokens"] - t["requests"]) / t["decode_seconds"], 3)
         out["log_prefill_tps"] = round(t["prompt_tokens"] / t["prefill_seconds"], 3) if t["prefill_seconds"] else None
     return out
+
+
+def draft_sources(reqs: list[dict], delta: dict | None, log: dict | None) -> dict | None:
+    """Drafting's accepted and drafted counts over a level from each source that has them: the responses'
+    timings (draft_n, draft_n_accepted), /metrics' counters (spec_decode_num_accepted_tokens_total,
+    spec_decode_num_draft_tokens_total) and llama-server's own log lines; whether they agree."""
+    src: dict = {}
+    if any(r.get("draft_n") is not None for r in reqs):
+        src["responses"] = {"accepted": sum(r.get("draft_accepted") or 0 for r in reqs),
+                            "drafted": sum(r.get("draft_n") or 0 for r in reqs)}
+    if delta and "spec_decode_num_draft_tokens_total" in delta:
+        src["metrics"] = {"accepted": int(delta.get("spec_decode_num_accepted_tokens_total") or 0),
+                          "drafted": int(delta["spec_decode_num_draft_tokens_total"])}
+    if log:
+        src["log"] = {"accepted": log["accepted"], "drafted": log["generated"], "tasks": log["tasks"]}
+    if not any(s["drafted"] for s in src.values()):
+        return None
+    for s in src.values():
+        s["acceptance"] = round(s["accepted"] / s["drafted"], 4) if s["drafted"] else None
+    counts = {(s["accepted"], s["drafted"]) for s in src.values()}
+    return {**src, "agree": len(counts) == 1 if len(src) > 1 else None}
 
 
 def snapshot(host) -> dict[str, bytes | None]:
@@ -415,20 +614,34 @@ def run(ctx, n_prompt: int, n_out: int, warmup: int, requests: int, ab: str | No
         if base and other:
             doc["ab_ratio_decode"] = round(other["median"] / base["median"], 4)
     if reference:
-        doc["reference"] = reference_arm(ctx, p, sorted({(s, lp, lo) for s, lp, lo, _ in levels},
-                                                        key=lambda x: [lv[0] for lv in levels].index(x[0])))
+        order = [lv[0] for lv in levels]
+        shapes_ran = sorted({(s, lp, lo) for s, lp, lo, _ in levels}, key=lambda x: order.index(x[0]))
+        doc["reference"] = reference_arm(ctx, p, shapes_ran)
         doc["reference_ratios"] = reference_ratios(doc)
+        doc["batched_reference"] = batched_arm(ctx, p, [(s, lp, lo, sorted({c for s2, _, _, c in levels if s2 == s}))
+                                                        for s, lp, lo in shapes_ran])
+        doc["batched_ratios"] = batched_ratios(doc)
     return doc
+
+
+REFERENCE_REPS = 10   # llama-bench's repetitions: enough to judge its spread
+SPREAD_MAX = 0.05     # a reference whose spread (stddev / mean) is over this makes its ratio unreliable
+BATCHED_REPS = 3      # llama-batched-bench runs per shape (it has no repetitions of its own)
 
 
 def llama_bench_path(p) -> str:
     """llama-bench beside the built llama-server (the engine stage builds both: engine.targets)."""
+    return tool_path(p, "llama-bench")
+
+
+def tool_path(p, name: str) -> str:
+    """A llama.cpp tool beside the built llama-server."""
     from pathlib import PurePosixPath
 
-    return str(PurePosixPath(engine_cmd.binary(p)).with_name("llama-bench"))
+    return str(PurePosixPath(engine_cmd.binary(p)).with_name(name))
 
 
-def llama_bench_argv(ctx, p, n_prompt: int, n_out: int, reps: int = 3) -> list[str]:
+def llama_bench_argv(ctx, p, n_prompt: int, n_out: int, reps: int = REFERENCE_REPS) -> list[str]:
     """llama-bench on the served model with the server's offload and flash-attention settings: prefill of
     the prompt from an empty context (pp at depth 0) and decode after the prompt (tg at depth n_prompt)."""
     f = p.serve.flags
@@ -442,12 +655,21 @@ def llama_bench_argv(ctx, p, n_prompt: int, n_out: int, reps: int = 3) -> list[s
     return argv
 
 
+def spread(avg: float | None, stddev: float | None) -> dict:
+    """A reference figure's spread as a share of its mean, and whether a ratio to it can be trusted."""
+    if not avg or stddev is None:
+        return {"spread": None, "reliable": False}
+    s = round(stddev / avg, 4)
+    return {"spread": s, "reliable": s <= SPREAD_MAX}
+
+
 def reference_arm(ctx, p, shapes: list[tuple[str, int, int]]) -> dict:
-    """llama-bench at each shape's lengths, read by the package's llama-bench reader. A llama-bench that
-    fails or prints nothing leaves the served arms as they are and says why here."""
+    """llama-bench at each shape's lengths, read by the package's llama-bench reader, with REFERENCE_REPS
+    repetitions and each figure's spread. A llama-bench that fails or prints nothing leaves the served arms
+    as they are and says why here."""
     from p2pkit.parse import llama_bench
 
-    out: dict = {"tool": "llama-bench", "shapes": []}
+    out: dict = {"tool": "llama-bench", "reps": REFERENCE_REPS, "spread_max": SPREAD_MAX, "shapes": []}
     for shape, lp, lo in shapes:
         argv = llama_bench_argv(ctx, p, lp, lo)
         entry: dict = {"shape": shape, "prompt_tokens": lp, "output_tokens": lo, "argv": argv}
@@ -464,9 +686,12 @@ def reference_arm(ctx, p, shapes: list[tuple[str, int, int]]) -> dict:
             continue
         pp = next((x for x in rows if x.n_prompt == lp and x.n_gen == 0 and x.n_depth == 0), None)
         tg = next((x for x in rows if x.n_gen == lo and x.n_prompt == 0 and x.n_depth == lp), None)
-        entry["prefill_tps"] = {"test": pp.test, "avg": pp.avg_ts, "stddev": pp.stddev_ts} if pp else None
-        entry["decode_tps"] = {"test": tg.test, "avg": tg.avg_ts, "stddev": tg.stddev_ts} if tg else None
-        entry["rows"] = [{"test": x.test, "avg_ts": x.avg_ts, "stddev_ts": x.stddev_ts} for x in rows]
+        entry["prefill_tps"] = {"test": pp.test, "avg": pp.avg_ts, "stddev": pp.stddev_ts,
+                                **spread(pp.avg_ts, pp.stddev_ts)} if pp else None
+        entry["decode_tps"] = {"test": tg.test, "avg": tg.avg_ts, "stddev": tg.stddev_ts,
+                               **spread(tg.avg_ts, tg.stddev_ts)} if tg else None
+        entry["rows"] = [{"test": x.test, "avg_ts": x.avg_ts, "stddev_ts": x.stddev_ts,
+                          "samples_ts": list(x.samples_ts)} for x in rows]
         if pp is None or tg is None:
             entry["error"] = f"llama-bench printed no {'pp' if pp is None else 'tg'} row for these lengths"
         out["shapes"].append(entry)
@@ -474,7 +699,8 @@ def reference_arm(ctx, p, shapes: list[tuple[str, int, int]]) -> dict:
 
 
 def reference_ratios(doc: dict) -> list[dict]:
-    """The baseline arm at concurrency 1, each shape, as a ratio of llama-bench at the same lengths."""
+    """The baseline arm at concurrency 1, each shape, as a ratio of llama-bench at the same lengths; a ratio
+    whose reference spread is over SPREAD_MAX is marked unreliable, with the spread."""
     base = doc["arms"][0] if doc["arms"] else {}
     out = []
     for ref in doc.get("reference", {}).get("shapes", []):
@@ -486,8 +712,121 @@ def reference_ratios(doc: dict) -> list[dict]:
         for k in ("decode_tps", "prefill_tps"):
             served, r = (s.get(k) or {}).get("median"), (ref.get(k) or {}).get("avg")
             row[k] = {"served_median": served, "llama_bench": r,
-                      "ratio": round(served / r, 4) if served and r else None}
+                      "ratio": round(served / r, 4) if served and r else None,
+                      "reference_spread": (ref.get(k) or {}).get("spread")}
+            if row[k]["ratio"] is not None and not (ref.get(k) or {}).get("reliable", True):
+                row[k]["unreliable"] = (f"llama-bench's spread is {row[k]['reference_spread']:.1%} of its mean over "
+                                        f"{doc['reference'].get('reps', '?')} repetitions (over {SPREAD_MAX:.0%})")
+        if s.get("spoiled"):
+            row["spoiled"] = s["spoiled"]
         out.append(row)
+    return out
+
+
+def batched_argv(ctx, p, n_prompt: int, n_out: int, streams: list[int]) -> list[str]:
+    """llama-batched-bench on the served model with the server's model and context settings (the same common
+    flags: offload, flash attention, unified KV, batch sizes, KV types, threads), C sequences of the shape at
+    once for each level's C, JSONL out. Its -c holds the largest level (it skips one that does not fit
+    without a word)."""
+    from p2pkit.parse.batched_bench import kv_needed
+
+    f = p.serve.flags
+    need = max(kv_needed(n_prompt, n_out, c) for c in streams)
+    ctx_size = f.get("ctx-size")
+    c = max(need, int(ctx_size)) if isinstance(ctx_size, int | str) and str(ctx_size).isdigit() else need
+    argv = [str(ctx.host.path(tool_path(p, "llama-batched-bench"))), "-m", str(ctx.host.path(engine_cmd.model_path(p))),
+            "-c", str(c), "-npp", str(n_prompt), "-ntg", str(n_out), "-npl", ",".join(str(x) for x in streams),
+            "--output-format", "jsonl"]
+    for k in BATCHED_SAME_FLAGS:
+        v = f.get(k)
+        if v is True:
+            argv.append(f"--{k}")
+        elif v not in (None, False):
+            argv += [f"--{k}", {True: "on", False: "off"}.get(v, str(v))]
+    return argv
+
+
+# the flags llama-batched-bench takes under the same names as llama-server (common/arg.cpp, both examples)
+BATCHED_SAME_FLAGS = ("n-gpu-layers", "flash-attn", "kv-unified", "batch-size", "ubatch-size", "cache-type-k",
+                      "cache-type-v", "threads", "threads-batch", "split-mode", "tensor-split", "main-gpu")
+
+
+def batched_arm(ctx, p, shapes: list[tuple[str, int, int, list[int]]]) -> dict:
+    """llama-batched-bench at each shape and the levels' stream counts, BATCHED_REPS runs, read by the package's
+    reader: per level, generated tokens over its whole time (pl*tg / T, the prompts' time included, as a
+    served level's aggregate is over its wall time), the median and spread of the runs. A tool that is not
+    built, fails or prints nothing leaves the other arms as they are and says so here."""
+    from p2pkit.parse import batched_bench as bb
+
+    out: dict = {"tool": "llama-batched-bench", "runs": BATCHED_REPS, "spread_max": SPREAD_MAX, "shapes": []}
+    exe = tool_path(p, "llama-batched-bench")
+    for shape, lp, lo, streams in shapes:
+        entry: dict = {"shape": shape, "prompt_tokens": lp, "output_tokens": lo, "streams": streams}
+        out["shapes"].append(entry)
+        if not ctx.host.path(exe).is_file():
+            entry["error"] = (f"llama-batched-bench is not in the build ({exe}): add it to engine.targets and run "
+                              "`p2pkit up --from engine` (the served arms are measured without it)")
+            continue
+        argv = entry["argv"] = batched_argv(ctx, p, lp, lo, streams)
+        runs = []
+        try:
+            for i in range(BATCHED_REPS):
+                with ctx.out.working(f"[bench] reference: llama-batched-bench {shape} {lp}/{lo} tokens, "
+                                     f"{','.join(map(str, streams))} sequences ({i + 1}/{BATCHED_REPS})"):
+                    r = ctx.host.runner.run(argv, check=False, timeout=1800)
+                run = bb.read(r.stdout + "\n" + r.stderr)
+                if r.returncode != 0:
+                    raise bb.BatchedBenchError(f"llama-batched-bench exited {r.returncode}: "
+                                               + " | ".join(r.stderr.strip().splitlines()[-3:]))
+                runs.append(run)
+        except (bb.BatchedBenchError, P2pkitError) as e:
+            entry["error"] = getattr(e, "message", None) or str(e)
+            continue
+        entry["settings"] = runs[0].settings
+        # a row can be missing from one run: llama.cpp's logger is not flushed at exit (common/log.cpp,
+        # common_log_main: "logs may be lost"), seen on the CPU build about one run in five
+        entry["rows_missing"] = sum(len(bb.missing(run, [lp], [lo], streams)) for run in runs)
+        never = [c for c in streams if not any(x.pl == c for run in runs for x in run.rows)]
+        if never:
+            entry["error"] = (f"llama-batched-bench printed no row for {len(never)} level(s) ({never}) in any of "
+                              f"{len(runs)} runs: a KV need over its -c, or lines its logger lost at exit")
+            continue
+        entry["levels"] = []
+        for c in streams:
+            rows = [x for run in runs for x in run.rows if x.pl == c]
+            o = [x.output_tps for x in rows]
+            mean = statistics.fmean(o)
+            sd = statistics.stdev(o) if len(o) > 1 else 0.0
+            entry["levels"].append({"streams": c, "output_tps": _stats(o), **spread(mean, sd),
+                                    "decode_tps": _stats([x.speed_tg for x in rows]),
+                                    "prefill_tps": _stats([x.speed_pp for x in rows]),
+                                    "seconds": _stats([x.t for x in rows])})
+    return out
+
+
+def batched_ratios(doc: dict) -> list[dict]:
+    """Each baseline level's aggregate as a ratio of llama-batched-bench at the same shape and stream count:
+    over the level's wall time (what a client got) and over the time the server's timings cover."""
+    base = doc["arms"][0] if doc["arms"] else {}
+    out = []
+    for ref in doc.get("batched_reference", {}).get("shapes", []):
+        for rl in ref.get("levels", []):
+            lv = next((x for x in base.get("levels", []) if x["shape"] == ref["shape"]
+                       and x["concurrency"] == rl["streams"]), None)
+            if lv is None:
+                continue
+            s, r = lv.get("summary") or {}, rl["output_tps"]["median"]
+            row = {"shape": ref["shape"], "streams": rl["streams"], "batched_bench_tps": r,
+                   "reference_spread": rl["spread"]}
+            if s.get("spoiled"):
+                row["spoiled"] = s["spoiled"]
+            for k in ("aggregate_decode_tps", "aggregate_server_decode_tps"):
+                row[k] = s.get(k)
+                row[k.replace("_tps", "_ratio")] = round(s[k] / r, 4) if s.get(k) and r else None
+            if not rl["reliable"]:
+                row["unreliable"] = (f"llama-batched-bench's spread is {rl['spread']:.1%} of its mean over "
+                                     f"{rl['output_tps']['n']} runs (over {SPREAD_MAX:.0%})")
+            out.append(row)
     return out
 
 

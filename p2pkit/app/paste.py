@@ -3,10 +3,13 @@ pitfall it shows and its fix; a paste too short to tell gives "could not determi
 
 from __future__ import annotations
 
+import re
+
 from p2pkit.core.config import Profile
 from p2pkit.parse import field as pf
+from p2pkit.parse import p2p_paste as p2
 from p2pkit.parse import paste as pp
-from p2pkit.rules.findings import FAIL, PASS, SKIP, Check, figure
+from p2pkit.rules.findings import FAIL, PASS, SKIP, WARN, Check, figure
 from p2pkit.stages.engine.checks import NO_CUDA_COMPILER, NO_DEFAULT_ARCH
 from p2pkit.stages.rebar.checks import FIX as REBAR_FIX
 from p2pkit.stages.topology.checks import acs_redirect
@@ -26,7 +29,8 @@ def could_not(id_: str, title: str, why: str, expected, pitfall: str) -> Check:
 
 
 def check(kind: str, text: str, p: Profile) -> list[Check]:
-    return {"lspci": lspci, "nvidia-installer": installer, "cmake": cmake, "nvidia-smi-q": smi_q}[kind](text, p)
+    return {"lspci": lspci, "nvidia-installer": installer, "cmake": cmake, "nvidia-smi-q": smi_q,
+            "simpleP2P": simple_p2p, "p2pBandwidthLatencyTest": p2p_bandwidth, "nccl-log": nccl_log}[kind](text, p)
 
 
 def lspci(text: str, p: Profile) -> list[Check]:
@@ -138,3 +142,153 @@ def smi_q(text: str, p: Profile) -> list[Check]:
 def _unit(n: int) -> tuple[str, int]:
     """The unit a size is shown in: GiB from one GiB up, MiB below (a 256 MiB BAR1)."""
     return ("GiB", GIB) if n >= GIB else ("MiB", 1 << 20)
+
+
+# ---------------------------------------------------------------- what people paste when P2P is broken (issue 38)
+
+P34_FIX = ("the GPUs refuse peer access: on consumer GPUs the stock driver never grants it; load the P2P-patched "
+           "module (`p2pkit up --from p2p-module`, which proves the loaded srcversion is the built one) and run "
+           "`p2pkit doctor` on the box: BAR1 (P31), ACS redirect (P29) and a display on a GPU (P33) refuse it too")
+P32_FIX = ("P2P copies report success and the data arrive wrong: boot with the IOMMU in passthrough (iommu=pt, "
+           "amd_iommu=on / intel_iommu=on), or off; `p2pkit up --from p2p-module` writes it and `p2pkit verify link` "
+           "reads a pattern back across the pair")
+P29_FIX = ("P2P on gives no more bandwidth than copies through the host: the traffic goes up to the root complex "
+           "(ACS request/completion redirect on the bridges, P29, or a translating IOMMU, P32); `sudo lspci -vvv` "
+           "pasted here judges ACS, `p2pkit verify link` measures the pair")
+P28_FIX = ("a collective that never finishes on a box whose topology says P2P is OK: the driver must map the whole "
+           "VRAM through a static BAR1 (the patched module's RMForceStaticBar1=1, P28), and driver 595 cannot build "
+           "the mailbox at all (P01); after such a hang the GPUs can stay wedged until a reboot (P35). `p2pkit "
+           "verify link` runs NCCL's all-reduce across the pair with a timeout")
+ERROR_PITFALL = {"cudaErrorMapBufferObjectFailed": ("P31", P31_FIX), "cudaErrorPeerAccessUnsupported": ("P34", P34_FIX)}
+
+
+def _judged_cuda_errors(errors: list[dict], id_: str) -> list[Check]:
+    """CUDA's own error names, each with its pitfall where it has one."""
+    out = []
+    for e in errors:
+        pid, fix = ERROR_PITFALL.get(e["name"], ("", "read the CUDA error's name and the call that failed"))
+        out.append(Check(f"{id_}.{e['name']}", f"{e.get('call') or 'a CUDA call'} succeeds", FAIL,
+                         f"{e['name']} (code {e['code']}) at {e['where']}", "no CUDA error", fix, pid))
+    return out
+
+
+def simple_p2p(text: str, p: Profile) -> list[Check]:
+    """The CUDA samples' simpleP2P: peer access between each pair (P34), CUDA's error names (cudaErrorMapBuffer-
+    ObjectFailed: BAR1, P31), and its copies read back: a verification error is P2P that reports success while
+    the data arrive wrong (zeros or NaN: P32); a paste that shows none of that, nor its end, is not a pass."""
+    r = p2.simple_p2p(text)
+    out = _judged_cuda_errors(r["cuda_errors"], "paste.simplep2p")
+    refused = [x for x in r["peers"] if not x["ok"]]
+    if refused or r["waived"]:
+        pairs = ", ".join(f"GPU{x['from']} -> GPU{x['to']}" for x in refused) or "no pair has peer access"
+        out.append(Check("paste.p2p_access", "the GPUs have peer access to each other", FAIL,
+                         f"peer access No: {pairs}" + ("; simpleP2P waived its test" if r["waived"] else ""),
+                         "Yes for every pair", P34_FIX, "P34"))
+    if r["verification_errors"]:
+        v = r["verification_errors"]
+        vals = sorted({x["val"] for x in v})
+        out.append(Check("paste.p2p_integrity", "what crossed over P2P reads back as written", FAIL,
+                         f"{len(v)} verification error(s) in the paste, read back as {', '.join(vals)} (element "
+                         f"{v[0]['element']}: {v[0]['val']} where {v[0]['ref']} was written)",
+                         "no verification error (Test passed)", P32_FIX, "P32"))
+    if out:
+        return out
+    if r["passed"] and r["peers"]:
+        bw = "; ".join(f"GPU{b['from']} -> GPU{b['to']} {b['gbps']:g} GB/s" for b in r["bandwidth"])
+        return [Check("paste.simplep2p", "simpleP2P's copies cross and read back", PASS,
+                      "Test passed, peer access Yes for every pair" + (f"; {bw}" if bw else ""), "Test passed")]
+    seen = f"peer access Yes for {len(r['peers'])} pair(s)" if r["peers"] else "no peer-access line"
+    return [could_not("paste.simplep2p", "simpleP2P's copies cross and read back", f"{seen}, and the paste ends "
+                      "before simpleP2P says Test passed or Test failed", "Test passed", "P32")]
+
+
+def p2p_bandwidth(text: str, p: Profile) -> list[Check]:
+    """The CUDA samples' p2pBandwidthLatencyTest: its Cuda failure line ('mapping of buffer object failed': BAR1,
+    P31), peer access (P34), and each pair's unidirectional bandwidth with P2P on against P2P off: on must be
+    clearly faster (P2P that goes up to the root complex is not: P29, P32)."""
+    r = p2.p2p_bandwidth(text)
+    out = []
+    for f in r["failures"]:
+        what = f["what"]
+        pid, fix = ("P31", P31_FIX) if "mapping of buffer object failed" in what else \
+            ("P34", P34_FIX) if "peer access is not supported" in what else ("", "read the lines before it")
+        out.append(Check("paste.p2pbw_failure", "p2pBandwidthLatencyTest runs to its end", FAIL,
+                         f"Cuda failure at {f.get('where') or '?'}: '{what}'", "no Cuda failure", fix, pid))
+    cannot = sorted((i, j) for (i, j), ok in r["can"].items() if not ok)
+    if cannot:
+        out.append(Check("paste.p2p_access", "the GPUs have peer access to each other", FAIL,
+                         "CANNOT Access Peer: " + ", ".join(f"{i} -> {j}" for i, j in cannot), "CAN for every pair",
+                         P34_FIX, "P34"))
+    m = r["matrices"]
+    off = next((v for k, v in m.items() if "Unidirectional P2P=Disabled Bandwidth" in k), None)
+    on = next((v for k, v in m.items() if "Unidirectional P2P=Enabled Bandwidth" in k), None)
+    if off and on:
+        slow, fine = [], []
+        for i, row in on.items():
+            for j, gbps in enumerate(row):
+                if i == j or i not in off or j >= len(off[i]) or r["can"].get((i, j)) is False:
+                    continue
+                (slow if gbps <= 1.2 * off[i][j] else fine).append(f"{i} -> {j}: {gbps:g} GB/s on, {off[i][j]:g} off")
+        if slow:
+            out.append(Check("paste.p2p_bandwidth", "P2P on is faster than copies through the host", FAIL,
+                             "; ".join(slow[:4]), "P2P on well above P2P off (over 1.2x)", P29_FIX, "P29"))
+        elif fine:
+            out.append(Check("paste.p2p_bandwidth", "P2P on is faster than copies through the host", PASS,
+                             "; ".join(fine[:4]), "P2P on well above P2P off (over 1.2x)"))
+    if out:
+        return out
+    return [could_not("paste.p2p_bandwidth", "P2P on is faster than copies through the host", "the paste holds no "
+                      "unidirectional matrix with P2P on and off, and no Cuda failure", "both matrices", "P29")]
+
+
+def nccl_log(text: str, p: Profile) -> list[Check]:
+    """An NCCL or PyTorch log or crash, judged from what it carries: CUDA's peer-access refusal (217, P34) and
+    BAR1's "mapping of buffer object failed" (P31), a collective the watchdog timed out (a hang: P28), an
+    illegal memory access, the transports NCCL chose (SHM between the GPUs of a P2P box: P30; TCP sockets:
+    P23) and, when it prints one, NCCL's version against the profile's floor; without the version line that
+    one finding is "could not determine" and the rest is judged all the same."""
+    r = p2.crash_log(text)
+    out = []
+    if r["version"] is None:
+        out.append(could_not("paste.nccl_version", "NCCL is at or above the profile's floor", "the log carries no "
+                             "NCCL version line (NCCL_DEBUG=VERSION or INFO prints it)",
+                             f">= {p.engine.nccl_min or 'the profile floor'}", "P16"))
+    elif p.engine.nccl_min:
+        v = tuple(int(x) for x in re.findall(r"\d+", r["version"])[:3])
+        floor = tuple(int(x) for x in p.engine.nccl_min.split("."))
+        out.append(Check("paste.nccl_version", "NCCL is at or above the profile's floor", PASS if v >= floor else FAIL,
+                         r["version"], f">= {p.engine.nccl_min}", "link the profile's NCCL (engine.nccl_root), not "
+                         "the system's", "P16"))
+    if r["peer_unsupported"]:
+        out.append(Check("paste.p2p_access", "the GPUs have peer access to each other", FAIL,
+                         "'peer access is not supported between these two devices' (CUDA error 217)", "peer access",
+                         P34_FIX, "P34"))
+    if r["map_failed"]:
+        out.append(Check("paste.bar1_mapping", "the peer's memory maps through BAR1", FAIL,
+                         "'mapping of buffer object failed'", "mapped", P31_FIX, "P31"))
+    for t in r["timeouts"][:1]:
+        n = len(r["timeouts"])
+        out.append(Check("paste.collective_hang", "every collective finishes", FAIL,
+                         f"{t['op']} (sequence number {t['seq']}) ran {t['ran_ms']} ms against a {t['timeout_ms']} ms "
+                         f"timeout" + (f" ({n} such lines)" if n > 1 else ""), "no watchdog timeout", P28_FIX, "P28"))
+    if r["illegal_address"]:
+        out.append(Check("paste.illegal_address", "no illegal memory access", FAIL,
+                         "an illegal memory access was encountered", "none",
+                         P28_FIX + "; a translating IOMMU (P32) corrupts P2P traffic too", "P28"))
+    shm = [x for x in r["transports"] if x == "SHM"]
+    if shm:
+        out.append(Check("paste.nccl_transport", "NCCL connects the GPUs over P2P", WARN, "via SHM", "via P2P",
+                         "NCCL's default P2P level stopped short of this topology: set NCCL_P2P_LEVEL (the service "
+                         "stage writes it) or fix the P2P refusal", "P30"))
+    if "NET/Socket" in r["transports"]:
+        out.append(Check("paste.nccl_transport_net", "NCCL reaches the other node over RDMA", WARN, "NET/Socket",
+                         "NET/IB", "NCCL fell back to TCP sockets (Docker, or no RDMA device): run natively and "
+                         "prove NET/IB", "P23"))
+    judged = [c for c in out if c.id != "paste.nccl_version"]
+    if not judged:
+        said = (r["nccl_errors"] + r["nccl_codes"] + [f"NCCL WARN {w}" for w in r["warnings"]])
+        out.append(could_not("paste.nccl_log", "the log shows why the run failed", "no peer-access refusal, BAR1 "
+                             "mapping failure, watchdog timeout or illegal access in the paste" +
+                             (f" (it says: {'; '.join(said[:3])})" if said else ""),
+                             "the whole log from NCCL's first line (NCCL_DEBUG=INFO)", "P28"))
+    return out

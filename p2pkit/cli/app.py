@@ -13,10 +13,9 @@ from typing import Annotated
 import typer
 
 from p2pkit import __version__
-from p2pkit.cli import common
+from p2pkit.cli import common, failure
 from p2pkit.cli.argv import COMMANDS, GLOBAL_VALUES, hoist_global_options, named_command
-from p2pkit.core import children
-from p2pkit.core.errors import Exit, HostUnusable, P2pkitError, disk_full
+from p2pkit.core.errors import HostUnusable, P2pkitError, disk_full
 
 
 def _version(value: bool) -> None:
@@ -84,10 +83,7 @@ def build(only: str | None = None) -> typer.Typer:
     return app
 
 
-def _terminated(signum, _frame) -> None:
-    """SIGTERM/SIGHUP: end the commands p2pkit runs with it, then exit like Ctrl-C does."""
-    children.kill_all()
-    raise SystemExit(128 + signum)
+_terminated = failure.terminated
 
 
 INTERRUPTED: list[int] = []
@@ -100,25 +96,7 @@ def _interrupted(signum, frame) -> None:
     signal.default_int_handler(signum, frame)
 
 
-def _traceback() -> None:
-    import traceback  # only with --debug: not every run pays its import
-
-    traceback.print_exc()
-
-
-def _internal(e: Exception) -> None:
-    """A bug: one paragraph, traceback only with --debug."""
-    if common.OPTS.debug:
-        _traceback()
-    _fail(Exit.INTERNAL, f"internal error: {type(e).__name__}: {e}",
-          "rerun with --debug for the traceback and report it")
-
-
-def _fail(code: int, message: str, hint: str) -> None:
-    out = common.output()
-    out.error(message, hint)
-    out.error_document(code, message, hint)
-    sys.exit(int(code))
+_traceback, _internal, _fail = failure.traceback, failure.internal, failure.fail
 
 
 GROUPS = {"sim", "serve", "net", "profile", "facts"}

@@ -32,7 +32,8 @@ def rows(doc: dict) -> list[list]:
                         _fmt(s.get("decode_tps")), s.get("aggregate_decode_tps", "-"),
                         s.get("metrics_decode_tps", s.get("log_decode_tps", "-")),
                         _fmt(s.get("prefill_tps")), _fmt(s.get("ttft_ms")), _fmt(s.get("client_tps")),
-                        s.get("draft_acceptance", "-"), lv.get("error", a.get("error", ""))])
+                        s.get("draft_acceptance", "-"),
+                        lv.get("error") or (f"spoiled: {lv['spoiled']}" if lv.get("spoiled") else a.get("error", ""))])
     return out
 
 
@@ -148,6 +149,20 @@ def figure(doc: dict):
                 ax.plot([x for x, _ in agg], [y for _, y in agg], linestyle="none", marker="s", markerfacecolor="none",
                         color=line[0].get_color(), label=f"{a['arm']}: aggregate")
                 top = max(top, *(y for _, y in agg))
+        # the references at the levels' categories: llama-batched-bench's output tok/s at each stream count,
+        # llama-bench's tg at one stream
+        ref = next((r for r in doc.get("batched_reference", {}).get("shapes", []) if r["shape"] == shape), None)
+        pts = [(concs.index(x["streams"]), x["output_tps"]["median"]) for x in (ref or {}).get("levels", [])
+               if x["streams"] in concs and x.get("output_tps")]
+        if pts:
+            ax.plot([x for x, _ in pts], [y for _, y in pts], linestyle="none", marker="^", color="black",
+                    label="llama-batched-bench: output tok/s (pl*tg/T)")
+            top = max(top, *(y for _, y in pts))
+        single = next((r for r in doc.get("reference", {}).get("shapes", []) if r["shape"] == shape), None)
+        if single and single.get("decode_tps") and 1 in concs:
+            ax.plot([concs.index(1)], [single["decode_tps"]["avg"]], marker="*", markersize=10, linestyle="none",
+                    color="black", label=f"llama-bench {single['decode_tps']['test']}")
+            top = max(top, single["decode_tps"]["avg"])
         lv0 = next((lv for a in doc["arms"] for lv in levels(a) if lv["shape"] == shape), {})
         ax.set_title(f"{'SIMULATED ' if doc.get('simulated') else ''}{doc['engine']}, {shape}: prompt "
                      f"{lv0.get('prompt_tokens', doc['shape']['prompt_tokens'])} / output "
@@ -274,9 +289,37 @@ def bench(
                          f"decode {r['decode_tps']['ratio']} ({r['decode_tps']['served_median']} vs "
                          f"{r['decode_tps']['llama_bench']}), prefill {r['prefill_tps']['ratio']} "
                          f"({r['prefill_tps']['served_median']} vs {r['prefill_tps']['llama_bench']})")
+        for r in doc.get("reference_ratios", []):
+            for k in ("decode_tps", "prefill_tps"):
+                if r[k].get("unreliable"):
+                    ctx.out.warn(f"{r['shape']} {k.split('_')[0]} ratio unreliable: {r[k]['unreliable']}")
         for ref in doc.get("reference", {}).get("shapes", []):
             if "error" in ref:
                 ctx.out.warn(f"reference (llama-bench) {ref['shape']}: {ref['error']}")
+        for r in doc.get("batched_ratios", []):
+            ctx.out.line(f"{r['shape']} at {r['streams']} stream(s): aggregate / llama-batched-bench "
+                         f"{r['aggregate_decode_ratio']} ({r['aggregate_decode_tps']} vs "
+                         f"{r['batched_bench_tps']:.1f}), "
+                         f"over the server's own time {r['aggregate_server_decode_ratio']}"
+                         + (f"; unreliable: {r['unreliable']}" if r.get("unreliable") else "")
+                         + (f"; spoiled: {r['spoiled']}" if r.get("spoiled") else ""))
+        for ref in doc.get("batched_reference", {}).get("shapes", []):
+            if "error" in ref:
+                ctx.out.warn(f"reference (llama-batched-bench) {ref['shape']}: {ref['error']}")
+        for a in doc["arms"]:
+            for lv in a.get("levels", []):
+                for st in (lv.get("summary") or {}).get("stalls", []):
+                    ctx.out.warn(f"{a['arm']}, {lv['shape']} at {lv['concurrency']} stream(s), stream {st['stream']} "
+                                 f"request {st['index']}: {st['client_first_byte_s']} s at the client against "
+                                 f"{st['server_s']} s of the server's own time ({st['outside_s']} s outside it)")
+                for why in lv.get("spoiled_runs", []):
+                    ctx.out.warn(f"{a['arm']}, {lv['shape']} at {lv['concurrency']} stream(s) was spoiled and run "
+                                 f"again: {why}")
+                src = (lv.get("summary") or {}).get("draft_sources")
+                if src and src.get("agree") is False:
+                    ctx.out.warn(f"{a['arm']}, {lv['shape']} at {lv['concurrency']} stream(s): drafting's counts "
+                                 "differ between sources: " + ", ".join(
+                                     f"{k} {v['accepted']}/{v['drafted']}" for k, v in src.items() if k != "agree"))
         if "ab_ratio_decode" in doc:
             ctx.out.line(f"A/B decode ratio ({ab} / baseline): {doc['ab_ratio_decode']}")
         if "restored" in doc:

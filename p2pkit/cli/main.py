@@ -5,8 +5,9 @@ framework (typer, click, rich) or the rest of p2pkit: a tenth of the start-up. T
 typer renders, kept in top_help.txt (`python -m p2pkit.cli.top_help` writes it again; a test fails
 when it drifts from typer's); it is printed only where typer would print exactly it: not on a
 terminal (no colours), 80 columns, none of the variables that change typer's or rich's rendering.
-Everything else goes to the typer application (p2pkit.cli.app); both read the command line with
-p2pkit.cli.argv (which imports nothing). `doctor` reads every fact of the host: its facts that
+`p2pkit doctor` with global options alone runs without it too (p2pkit.cli.direct: the same options,
+output and exit codes). Everything else goes to the typer application (p2pkit.cli.app); all read the
+command line with p2pkit.cli.argv (which imports nothing). `doctor` reads every fact of the host: its facts that
 wait on a process or a library start here, before the CLI framework is imported, and run while it
 is (facts.start_early).
 """
@@ -69,7 +70,12 @@ def main() -> None:
         if text:
             sys.stdout.write(text)
             sys.exit(0)
-    start_early_facts(hoist_global_options(args))
+    argv = hoist_global_options(args)
+    start_early_facts(argv)
+    if named_command(argv) == "doctor":  # `p2pkit doctor [--json]` needs no CLI framework: run where it exits
+        from p2pkit.cli import direct
+
+        direct.doctor(argv)
     from p2pkit.cli.app import run
 
     run()

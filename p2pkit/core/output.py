@@ -20,10 +20,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
-
 from p2pkit.core.secrets import redact, redact_doc
 
 SCHEMA_VERSION = 1
@@ -109,6 +105,28 @@ def elapsed(seconds: float) -> str:
         f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{seconds:.1f}s")
 
 
+def escape(text: str) -> str:
+    """rich's markup escaped (rich imported at the first line printed through it)."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
+class LazyConsole:
+    """A rich Console made at its first use: a run that prints only its JSON document (`doctor --json`)
+    never imports rich (a tenth of a second of start-up, issue 38)."""
+
+    def __init__(self, **kw):
+        self._kw, self._console = kw, None
+
+    def __getattr__(self, name: str):
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._kw)
+        return getattr(self._console, name)
+
+
 @dataclass
 class Output:
     json_mode: bool = False
@@ -117,8 +135,8 @@ class Output:
     # printed gets them (on_host); drop_sudo for a host that is a directory
     host_args: list[str] = field(default_factory=list)
     drop_sudo: bool = False
-    err: Console = field(default_factory=lambda: Console(stderr=True, highlight=False, soft_wrap=True))
-    out: Console = field(default_factory=lambda: Console(highlight=False, soft_wrap=True))
+    err: Any = field(default_factory=lambda: LazyConsole(stderr=True, highlight=False, soft_wrap=True))
+    out: Any = field(default_factory=lambda: LazyConsole(highlight=False, soft_wrap=True))
 
     @property
     def tag(self) -> str:
@@ -211,6 +229,8 @@ class Output:
                                [[redact(self.here("" if v is None else str(v))) for v in row] for row in rows])
             self.out.print(text, markup=False, highlight=False, soft_wrap=True, emoji=False)
             return
+        from rich.table import Table
+
         t = Table(title=f"{self.tag}{title}".strip(), title_justify="left", show_lines=False)
         for c in columns:
             t.add_column(c, overflow="fold")

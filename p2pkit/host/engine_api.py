@@ -25,31 +25,40 @@ def get(url: str, timeout: float = 10) -> tuple[int | None, str]:
         return None, str(e)
 
 
-def post_json(url: str, body: dict, timeout: float = 600) -> tuple[int | None, dict | str, float]:
-    """(HTTP status, parsed JSON or the error text, seconds the client waited)."""
+def post_json(url: str, body: dict, timeout: float = 600,
+              times: dict | None = None) -> tuple[int | None, dict | str, float]:
+    """(HTTP status, parsed JSON or the error text, seconds the client waited). `times`, when given, gets
+    the client's own clock: `sent` (monotonic, as the request left), `first_byte_s` (the status line and
+    headers back: for a whole, unstreamed answer, the server has finished) and `done_s`."""
     import urllib.error
     import urllib.request
 
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     t0 = time.monotonic()
+    times = {} if times is None else times
+    times["sent"] = t0
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
+            times["first_byte_s"] = time.monotonic() - t0
             text = r.read().decode(errors="replace")
             status = r.status
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode(errors="replace"), time.monotonic() - t0
     except (OSError, ValueError) as e:
         return None, f"{type(e).__name__}: {e}", time.monotonic() - t0
+    times["done_s"] = time.monotonic() - t0
     try:
-        return status, json.loads(text), time.monotonic() - t0
+        return status, json.loads(text), times["done_s"]
     except ValueError:
-        return status, text, time.monotonic() - t0
+        return status, text, times["done_s"]
 
 
 def metrics(base: str, prefix: str) -> dict:
-    """/metrics parsed ({"status", "values"}); llama-server answers 501 unless started with --metrics."""
+    """/metrics parsed ({"status", "values", "types"}: each family's `# TYPE`); llama-server answers 501
+    unless started with --metrics."""
     status, text = get(f"{base}/metrics")
     return {"status": status, "values": pe.prometheus(text, prefix) if status == 200 else {},
+            "types": pe.prometheus_types(text, prefix) if status == 200 else {},
             **({} if status == 200 else {"error": text.strip()[:200]})}
 
 
@@ -62,11 +71,13 @@ def llamacpp_token(base: str, word: str = "gpu") -> int | None:
     return toks[-1] if toks and isinstance(toks[-1], int) else None
 
 
-def llamacpp_completion(base: str, n_predict: int, prompt: str | list[int] = PROMPT, timeout: float = 600) -> dict:
-    """One /completion at temperature 0: the server's own `timings` and draft counts."""
+def llamacpp_completion(base: str, n_predict: int, prompt: str | list[int] = PROMPT, timeout: float = 600,
+                        times: dict | None = None) -> dict:
+    """One /completion at temperature 0: the server's own `timings` and draft counts (`times`: the client's
+    clock, post_json's)."""
     status, body, waited = post_json(f"{base}/completion", {"prompt": prompt, "n_predict": n_predict,
                                                              "temperature": 0, "cache_prompt": False,
-                                                             "ignore_eos": True}, timeout)
+                                                             "ignore_eos": True}, timeout, times)
     out: dict = {"status": status, "client_seconds": round(waited, 4)}
     if status == 200 and isinstance(body, dict):
         out["timings"] = body.get("timings", {})
@@ -146,10 +157,10 @@ def ninfer_first_completion(base: str, model: str, log_path, n_predict: int = 16
     return out
 
 
-def openai_request(base: str, path: str, body: dict, timeout: float = 600) -> dict:
+def openai_request(base: str, path: str, body: dict, timeout: float = 600, times: dict | None = None) -> dict:
     """One OpenAI-compatible request (vLLM's /v1/completions, NInfer's /v1/chat/completions): its
     `usage` and the seconds the client waited (beside the server's figures, never instead)."""
-    status, doc, waited = post_json(f"{base}{path}", body, timeout)
+    status, doc, waited = post_json(f"{base}{path}", body, timeout, times)
     out: dict = {"status": status, "client_seconds": round(waited, 4)}
     if status == 200 and isinstance(doc, dict):
         out["usage"] = doc.get("usage") or {}

@@ -208,6 +208,14 @@ def service_main_pid(host: Host, unit: str = ENGINE_UNIT, timeout: float | None 
     return int(v) if v.isdigit() and int(v) > 0 else None
 
 
+def process_start(host: Host, pid: int) -> int | None:
+    """The process's start time (clock ticks after boot, /proc/PID/stat), None when it is gone."""
+    try:
+        return ps.proc_stat_start_ticks(host.path(f"/proc/{pid}/stat").read_text())
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def process_cpu(host: Host, pid: int) -> dict | None:
     """The process's state letter and the CPU time (clock ticks) it and its descendants used, from
     /proc/PID/stat and /proc/PID/task/*/children; None when it is gone."""

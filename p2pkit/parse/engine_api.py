@@ -37,6 +37,53 @@ def deltas(before: dict[str, float], after: dict[str, float]) -> dict[str, float
     return {k: round(after[k] - before.get(k, 0.0), 6) for k in after}
 
 
+TYPE_LINE = re.compile(r"^# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*)\s+(\w+)", re.M)
+SAMPLE_SUFFIXES = ("_total", "_sum", "_count", "_bucket", "_created")
+
+
+def prometheus_types(text: str, prefix: str = "") -> dict[str, str]:
+    """Each family's `# TYPE` (counter, gauge, histogram, summary, untyped), the prefix removed."""
+    return {m.group(1)[len(prefix):]: m.group(2) for m in TYPE_LINE.finditer(text) if m.group(1).startswith(prefix)}
+
+
+def sample_type(name: str, types: dict[str, str]) -> str | None:
+    """The type of the family a sample belongs to: its own name (llama.cpp's `llamacpp:tokens_predicted_total`
+    is typed under that name) or its name less a sample suffix (a histogram's `_sum` and `_count`)."""
+    if name in types:
+        return types[name]
+    for s in SAMPLE_SUFFIXES:
+        if name.endswith(s) and name[: -len(s)] in types:
+            return types[name[: -len(s)]]
+    return None
+
+
+def gauges(values: dict[str, float], types: dict[str, str]) -> dict[str, float]:
+    """The samples of gauge families: values as read, never differenced."""
+    return {k: v for k, v in values.items() if sample_type(k, types) == "gauge"}
+
+
+def counter_deltas(before: dict[str, float], after: dict[str, float], types: dict[str, str]) -> dict[str, float]:
+    """after - before of every sample that only grows (counters, and a histogram's or summary's sums and
+    counts; an untyped sample too): a gauge is left out (its difference means nothing: issue 38 found
+    n_busy_slots_per_decode reported as a negative delta)."""
+    return {k: v for k, v in deltas(before, after).items() if sample_type(k, types) != "gauge"}
+
+
+def counter_reset(before: dict[str, float], after: dict[str, float], types: dict[str, str]) -> str | None:
+    """Why the counters read after cannot be set against those read before: a counter lower than it was
+    (the engine restarted, or its counters were reset, in between: a difference would be a made-up figure),
+    or one that was there and is gone; None when every counter only grew."""
+    for k, b in sorted(before.items()):
+        if sample_type(k, types) == "gauge":
+            continue
+        if k not in after:
+            return f"the counter {k} was there before ({b:g}) and is gone after"
+        if after[k] < b:
+            return f"the counter {k} went down from {b:g} to {after[k]:g}: the engine's counters were reset (it " \
+                   "restarted) in between"
+    return None
+
+
 REMOVED = "the argument has been removed"  # llama.cpp common/arg.cpp: arg_removed(), and the option's help text
 
 
@@ -163,4 +210,24 @@ def by_label(text: str, name: str, label: str) -> dict[str, float]:
             continue
         if lv:
             out[lv.group(1)] = out.get(lv.group(1), 0.0) + v
+    return out
+
+
+DRAFT_LINE = re.compile(r"(?:id\s+(?P<slot>\d+) \| task (?P<task>-?\d+) \| )?draft acceptance = (?P<rate>[0-9.]+) "
+                        r"\(\s*(?P<accepted>\d+) accepted /\s*(?P<generated>\d+) generated\)"
+                        r"(?:, mean len =\s*(?P<mean_len>[0-9.]+))?")
+
+
+def llamacpp_draft_lines(lines: list[str]) -> list[dict]:
+    """llama-server's per-task drafting line (tools/server/server-context.cpp, server_slot::print_timings:
+    `slot print_timing: id  7 | task 514 | draft acceptance = 0.00000 (    0 accepted /  1527 generated),
+    mean len =  1.00`, printed when a task that drafted finishes), in the log's order: slot, task, the
+    counts and the rate it printed."""
+    out = []
+    for line in lines:
+        m = DRAFT_LINE.search(line)
+        if m:
+            out.append({"slot": int(m["slot"]) if m["slot"] else None, "task": int(m["task"]) if m["task"] else None,
+                        "accepted": int(m["accepted"]), "generated": int(m["generated"]), "rate": float(m["rate"]),
+                        "mean_len": float(m["mean_len"]) if m["mean_len"] else None})
     return out

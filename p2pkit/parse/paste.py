@@ -15,6 +15,11 @@ KINDS = {
     "nvidia-installer": "the NVIDIA installer's output or /var/log/nvidia-installer.log, or install.sh's rmmod lines",
     "cmake": "CMake's configure output (the engine build)",
     "nvidia-smi-q": "`nvidia-smi -q`",
+    "simpleP2P": "the CUDA samples' simpleP2P (peer access, its copies read back, CUDA's error names)",
+    "p2pBandwidthLatencyTest": "the CUDA samples' p2pBandwidthLatencyTest (peer access, bandwidth with P2P off and "
+                               "on, its Cuda failure line)",
+    "nccl-log": "an NCCL or PyTorch log or crash (NCCL INFO/WARN lines, ProcessGroupNCCL's watchdog, NCCL and CUDA "
+                "errors), with or without NCCL's version line",
 }
 
 LSPCI_HEAD = re.compile(r"^((?:[0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\s+([^:]+):\s*(.*)$")
@@ -28,6 +33,15 @@ UNIT = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40,
 
 def kind(text: str) -> str | None:
     """Which known output a paste is, by the lines only that tool prints."""
+    if re.search(r"simpleP2P\] - Starting|^> Peer access from .+ : (?:Yes|No)|Verification error @ element|"
+                 r"cudaMemcpyPeer / cudaMemcpy between", text, re.M):
+        return "simpleP2P"
+    if re.search(r"P2P \(Peer-to-Peer\) GPU Bandwidth Latency Test|P2P Connectivity Matrix|P2P=(?:Enabled|Disabled)"
+                 r".*Matrix \((?:GB/s|us)\)|p2pBandwidthLatencyTest\.cu", text):
+        return "p2pBandwidthLatencyTest"
+    if re.search(r"NCCL (?:INFO|WARN)|ProcessGroupNCCL|WorkNCCL|\bnccl[A-Z]\w+Error\b|DistBackendError|NCCL error in:|"
+                 r"Cuda failure (?:\d+ )?'", text):
+        return "nccl-log"
     if re.search(r"^GPU [0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]\s*$", text, re.M) and \
             "Product Name" in text:
         return "nvidia-smi-q"

@@ -230,6 +230,12 @@ def proc_stat_cpu_ticks(text: str) -> int:
     return int(fields[11]) + int(fields[12])
 
 
+def proc_stat_start_ticks(text: str) -> int:
+    """starttime of /proc/PID/stat (field 22, clock ticks after boot): with the PID, which process this is
+    (a PID can be reused; a restarted engine has another start time)."""
+    return int(text[text.rindex(")") + 1:].split()[19])
+
+
 def proc_stat_session(text: str) -> int:
     """The session id of /proc/PID/stat (the fourth field after the command name: state ppid pgrp session)."""
     return int(text[text.rindex(")") + 1:].split()[3])

@@ -175,7 +175,10 @@ def place_engine(root: Path, profile) -> None:
     e = profile.engine
     exe = root / (e.python if e.recipe == "vllm" else f"{e.build_dir}/{rules.ENGINE_SERVER[e.recipe]}").lstrip("/")
     exe.parent.mkdir(parents=True, exist_ok=True)
-    exe.write_text(f"#!{sys.executable}\n# SIMULATED engine\nfrom p2pkit.sim.engine import main\nmain()\n")
+    from p2pkit.sim.provision import P2PKIT_TREE
+
+    exe.write_text(f"#!{sys.executable}\n# SIMULATED engine\nimport sys\nsys.path.append({P2PKIT_TREE!r})\n"
+                   "from p2pkit.sim.engine import main\nmain()\n")
     exe.chmod(0o755)
     model = root / profile.model.output.lstrip("/")
     model.parent.mkdir(parents=True, exist_ok=True)

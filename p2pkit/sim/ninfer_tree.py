@@ -30,18 +30,24 @@ set(CMAKE_CXX_STANDARD 20)
 add_executable(ninfer-serve apps/main.cpp)
 # the real build compiles its CUDA kernels for these architectures; this one writes their names where
 # the simulated cuobjdump --list-elf reads them (a line `sass=sm_NNN`)
-target_compile_definitions(ninfer-serve PRIVATE SIM_PYTHON="${SIM_PYTHON}" NINFER_READS="v2 v3"
-                           NINFER_SASS="sm_${CMAKE_CUDA_ARCHITECTURES}")
+target_compile_definitions(ninfer-serve PRIVATE SIM_PYTHON="${SIM_PYTHON}" SIM_P2PKIT="${SIM_P2PKIT}"
+                           NINFER_READS="v2 v3" NINFER_SASS="sm_${CMAKE_CUDA_ARCHITECTURES}")
 set_target_properties(ninfer-serve PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/apps)
 '''
 
 MAIN_CPP = r'''// SIMULATED ninfer-serve: a real binary that hands over to p2pkit's simulated server.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <unistd.h>
 #include <vector>
 #ifndef SIM_PYTHON
 #define SIM_PYTHON "python3"
+#endif
+// where the p2pkit that laid the host out lives: its simulator is found there as the stand-ins find it,
+// installed or not (a checkout run as `python3 bench/NAME.py`)
+#ifndef SIM_P2PKIT
+#define SIM_P2PKIT ""
 #endif
 #ifndef NINFER_SASS
 #define NINFER_SASS "sm_120a"
@@ -57,6 +63,7 @@ int main(int argc, char** argv) {
                           const_cast<char*>("p2pkit.sim.engine")};
   for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
   args.push_back(nullptr);
+  if (SIM_P2PKIT[0] != '\0') setenv("PYTHONPATH", SIM_P2PKIT, 0);
   execv(SIM_PYTHON, args.data());
   std::perror("execv");
   return 127;

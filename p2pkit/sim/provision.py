@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import tomllib
@@ -31,6 +32,9 @@ sys.exit(installer({version!r}, {gsp!r}, sys.argv[1:], __file__, MD5))
 '''
 PAYLOAD_MARKER = "# --- payload ---\n"
 PAYLOAD = "# SIMULATED payload: libnvidia-ml.so.{version}, gsp_ga10x.bin, gsp_tu10x.bin\n"
+
+# the p2pkit that lays the host out: the simulated engines find its simulator there, installed or not
+P2PKIT_TREE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 MAKEFILE = """# SIMULATED open-gpu-kernel-modules build ({branch})
 SYSSRC ?= /lib/modules/$(shell uname -r)/build
@@ -134,7 +138,8 @@ def make_ninfer(root: Path, dflash2_tp2: bool = True) -> tuple[Path, str]:
     (work / "apps").mkdir(parents=True, exist_ok=True)
     (work / "src").mkdir(exist_ok=True)
     (work / "tools").mkdir(exist_ok=True)
-    (work / "CMakeLists.txt").write_text(t.CMAKELISTS.replace('"${SIM_PYTHON}"', f'"{sys.executable}"'))
+    (work / "CMakeLists.txt").write_text(t.CMAKELISTS.replace('"${SIM_PYTHON}"', f'"{sys.executable}"')
+                                         .replace('"${SIM_P2PKIT}"', f'"{P2PKIT_TREE}"'))
     (work / "apps/main.cpp").write_text(t.MAIN_CPP)
     mapping = t.SHARD_MAPPING if dflash2_tp2 else t.SHARD_MAPPING_OLD
     (work / "src/shard_mapping.cpp").write_text(mapping)
@@ -253,7 +258,8 @@ def make_vllm(root: Path, flashinfer: str = "0.6.18", commit: str = "",
     (lib / "vllm/__init__.py").write_text(f"# SIMULATED vLLM\n__version__ = {version!r}\n")
     (lib / "vllm/entrypoints/__init__.py").write_text("")
     (api / "__init__.py").write_text("")
-    (api / "api_server.py").write_text("# SIMULATED\nfrom p2pkit.sim.engine import vllm_main\n\n"
+    (api / "api_server.py").write_text(f"# SIMULATED\nimport sys\nsys.path.append({P2PKIT_TREE!r})\n"
+                                       "from p2pkit.sim.engine import vllm_main\n\n"
                                        "if __name__ == '__main__':\n    vllm_main()\n")
     # the compiled kernels: the stand-in cuobjdump lists these architectures (P39)
     (lib / "vllm/_C.abi3.so").write_text("SIMULATED vLLM kernels\n" + "".join(f"sass={a}\n" for a in sass))
