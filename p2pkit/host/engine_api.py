@@ -74,10 +74,14 @@ def llamacpp_token(base: str, word: str = "gpu") -> int | None:
 def llamacpp_completion(base: str, n_predict: int, prompt: str | list[int] = PROMPT, timeout: float = 600,
                         times: dict | None = None) -> dict:
     """One /completion at temperature 0: the server's own `timings` and draft counts (`times`: the client's
-    clock, post_json's)."""
+    clock, post_json's). Greedy as temperature 0 is, with the sampler chain cut to top_k 1: the same tokens,
+    without the per-token work of the default chain (penalties, DRY, top-p, min-p, ...), which llama-bench
+    does not do either (on the H200: served decode 0.896 of llama-bench tg with the default chain, 0.938
+    with this one; docs/measurements.md)."""
     status, body, waited = post_json(f"{base}/completion", {"prompt": prompt, "n_predict": n_predict,
-                                                             "temperature": 0, "cache_prompt": False,
-                                                             "ignore_eos": True}, timeout, times)
+                                                             "temperature": 0, "samplers": ["top_k"], "top_k": 1,
+                                                             "cache_prompt": False, "ignore_eos": True},
+                                     timeout, times)
     out: dict = {"status": status, "client_seconds": round(waited, 4)}
     if status == 200 and isinstance(body, dict):
         out["timings"] = body.get("timings", {})

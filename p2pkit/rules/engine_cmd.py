@@ -22,7 +22,7 @@ NINFER_SPECS = {"mtp", "dflash", "dflash2"}
 LLAMACPP_FLAGS = {
     "host", "port", "n-gpu-layers", "split-mode", "tensor-split", "ctx-size", "flash-attn", "batch-size", "ubatch-size",
     "cache-type-k", "cache-type-v", "parallel", "kv-unified", "jinja", "spec-type", "spec-draft-n-max",
-    "spec-draft-n-min", "metrics", "no-webui", "mmproj", "model-draft", "threads",
+    "spec-draft-n-min", "metrics", "no-webui", "mmproj", "model-draft", "threads", "cache-ram",
 }
 VLLM_FLAGS = {
     "host", "port", "load-format", "tensor-parallel-size", "nnodes", "node-rank", "master-addr", "master-port",
