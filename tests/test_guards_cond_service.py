@@ -198,7 +198,8 @@ def test_no_memory_cap_says_where_it_looked(v2, v1, where):
     assert (c.status, c.value, c.measured) == (PASS, None, f"none up from {where}")
 
 
-@pytest.mark.parametrize("manager,hint", [("launcher", "fine: the engine runs in p2pkit's own cgroup"),
+@pytest.mark.parametrize("manager,hint", [("launcher", "fine: p2pkit's launcher started the engine in a memory "
+                                                      f"cgroup of its own ({V2}), not in the capped one p2pkit runs"),
                                           ("systemd", "fine: the service runs in p2pkit.slice")])
 def test_p2pkits_own_cap_not_inherited_by_the_service_is_a_warning(manager, hint):
     own = {"memory_caps": [{"file": "memory.max", "limit_bytes": 4 << 30}]}

@@ -123,7 +123,8 @@ def check(f: dict, p: Profile) -> list[Check]:
         if not failed(own) and own.get("memory_caps") and not caps:
             out.append(Check("service.not_inherited", "p2pkit's own memory cap is not the service's", WARN,
                              f"p2pkit runs capped ({own['memory_caps'][0]['file']}); the service does not",
-                             "service uncapped", "fine: the engine runs in p2pkit's own cgroup (its launcher's)"
+                             "service uncapped", "fine: p2pkit's launcher started the engine in a memory cgroup of "
+                             f"its own ({pc['v2_path'] or pc['v1_memory_path']}), not in the capped one p2pkit runs in"
                              if s.get("manager") == "launcher" else "fine: the service runs in p2pkit.slice and "
                              "does not inherit the cap of the terminal p2pkit was started from", "P12"))
     if "nccl_transports" in s:
