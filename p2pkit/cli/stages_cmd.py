@@ -205,6 +205,9 @@ def status(
         if spent:
             ctx.out.error(f"{spent['exhausted']['why']} (at {spent['exhausted']['time']})", budget_fix(ctx))
         _no_systemd_note(ctx)
+        first = next((s for s in states if s.state != pipeline.DONE), None)
+        if first is not None and first.state in (pipeline.STALE, pipeline.NOT_RUN, pipeline.REBOOT):
+            ctx.out.log(f"next: {pipeline.gate_fix(ctx, states, None)}")  # the one command that makes it done
         if code != Exit.OK and common.sim_hint(ctx.host):
             ctx.out.log(common.sim_hint(ctx.host))
     raise typer.Exit(int(code))
@@ -318,6 +321,11 @@ def restore(
     elif code == Exit.OK:
         ctx.out.line(f"driver and P2P module hold for kernel {record['target_kernel']}"
                      + (f" ({len(record['actions'])} action(s) taken)" if record["actions"] else ""))
+        if record.get("next"):  # what restore leaves to `up`: named, so that `status` can say done again
+            nxt, first = record["next"], record["next"]["first"]
+            ctx.out.line(f"{len(nxt['not_done'])} of {len(names())} stages are not done ({first['stage']}: "
+                         f"{first['state']}" + (f", {first['reason']}" if first["reason"] else "") + "); "
+                         f"{nxt['fix']}")
     raise typer.Exit(int(code))
 
 
