@@ -126,9 +126,14 @@ def _state_of(ctx: Ctx, st: Stage, prev: StageState | None, ident: dict, recheck
         return StageState(st.name, DONE, f"not applicable: {st.not_applicable(ctx.profile)}", doc)
     notes = ""
     if recheck and st.check is not None and st.measure is None:
+        refused = len(ctx.host.runner.denied)
         f = facts.collect(ctx.host, st.facts, ctx.profile)
         checks = st.check(f, ctx.profile)
         bad = [c for c in checks if c.status == FAIL]
+        if bad and len(ctx.host.runner.denied) > refused:  # not a finding about the host: a user p2pkit runs as
+            return StageState(st.name, STALE, "could not re-check: p2pkit may not run "
+                              + ", ".join(dict.fromkeys(ctx.host.runner.denied[refused:]))
+                              + " as this user (not root)", doc)
         if bad:
             why = f" ({bad[0].pitfall}): {bad[0].hint}" if bad[0].pitfall else ""
             return StageState(st.name, STALE, f"re-check failed: {bad[0].id}: {bad[0].measured}{why}", doc)

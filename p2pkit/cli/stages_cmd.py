@@ -195,6 +195,9 @@ def status(
     ctx.host.runner.cap_s = pipeline.STATUS_COMMAND_S  # a hung nvidia-smi or systemctl: "could not check", no wait
     states = pipeline.evaluate(ctx, recheck=True)
     code = Exit.OK if all(s.state == pipeline.DONE for s in states) else Exit.CHECK_FAILED
+    denied = list(dict.fromkeys(ctx.host.runner.denied))  # commands this user may not run: no verdict on them
+    if denied:
+        code = Exit.USAGE
     spent = hoststate.reboot_budget(ctx.store.dir, exhausted=True)
     if common.OPTS.json:
         ctx.out.document({"profile": ctx.profile.name, "all_done": code == Exit.OK,
@@ -204,6 +207,13 @@ def status(
                       status_col=1)
         if spent:
             ctx.out.error(f"{spent['exhausted']['why']} (at {spent['exhausted']['time']})", budget_fix(ctx))
+        if denied:
+            import os
+
+            ctx.out.error(f"status could not re-check every stage: p2pkit runs as uid {os.geteuid()}, and the "
+                          f"host's {', '.join(denied)} may not be run by it; a stage marked \"could not re-check\" "
+                          "may well be done", f"run it as root: `sudo {pipeline.command(ctx, 'status')}`")
+            raise typer.Exit(int(code))
         _no_systemd_note(ctx)
         first = next((s for s in states if s.state != pipeline.DONE), None)
         if first is not None and first.state in (pipeline.STALE, pipeline.NOT_RUN, pipeline.REBOOT):

@@ -54,6 +54,10 @@ class ProfileError(P2pkitError):
         self.problems = problems
 
 
+class NotPermitted(UsageError):
+    """Something p2pkit may not do as the user it runs as (a command of the host it may not run)."""
+
+
 class GateError(P2pkitError):
     code = Exit.GATE
 
