@@ -367,10 +367,11 @@ def rollback(
     else:
         for f in record["files"]:
             ctx.out.log(f"[rollback] {f['action']} {f['path']}")
-        nxt = f"`{how}`" if (how := ctx.host.reboot_command()) else "reboot to load the stock driver"
+        nxt = f"`{how}`" if (how := ctx.host.reboot_command()) else "reboot"
         # it worked: not an error, though the exit code (4) says a reboot is still due
         ctx.out.line(f"{stage} rolled back; stages {', '.join(record['invalidated'])} are invalidated")
-        ctx.out.log(f"next: {nxt}")
+        ctx.out.line(record["after_reboot"])  # what the next boot loads, as it will be
+        ctx.out.log(f"next: `{record['next']}`, then {nxt}" if record.get("next") else f"next: {nxt}")
     raise typer.Exit(int(Exit.REBOOT))
 
 
