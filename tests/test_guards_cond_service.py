@@ -507,6 +507,15 @@ def test_nccl_floor_of_an_unreadable_engine_could_not_check():
     assert (c.status, c.measured) == (WARN, "could not check, because no /proc/4242/maps")
 
 
+def test_nccl_floor_of_a_cpu_build_is_not_judged():
+    """engine.cuda = false: the build links no NCCL, so none mapped is no finding (the GPU build's "no
+    libnccl" stays a failure)."""
+    cpu = replace(SPARK, engine=replace(SPARK.engine, cuda=False))
+    (c,) = checks.nccl_floor({"engine_nccl": {"pid": 4242, "libraries": []}, "profile_nccl": {"path": "/x"}}, cpu)
+    assert (c.id, c.status, c.measured) == ("field.nccl_floor.engine", SKIP, "a CPU build (engine.cuda = false) "
+                                                                            "maps no NCCL")
+
+
 def test_nccl_floor_engine_mapping_no_nccl_fails():
     (c,) = checks.nccl_floor({"engine_nccl": {"pid": 4242, "libraries": []}}, SPARK)
     assert (c.status, c.measured) == (FAIL, "no libnccl")

@@ -41,6 +41,8 @@ def init(root: Path, state: dict) -> None:
     if prof.engine.recipe == "vllm":
         provision.make_vllm(root, state.get("flashinfer_version", "0.6.18"), prof.engine.commit,
                             tuple(state.get("vllm_sass", ("sm_120a", "sm_121a"))))
+        # the running vLLM maps the NCCL of its venv's wheel (its workers run NCCL; P37)
+        state.setdefault("engine_nccl", [f"/opt/vllm/lib/{provision.VLLM_NCCL}"])
     if prof.model.source:
         provision.make_hf_model(root, prof.model.source)
     for d in prof.model.nvme_paths:  # the n-gram table's local copy (SIMULATED: a few bytes)

@@ -218,6 +218,8 @@ def render(root: Path, state: dict) -> None:
                         f"{3414 + i} {lib}" for i, lib in enumerate(state["engine_nccl"])]
                 maps.append(f"{base - 0x200000:012x}-{base:012x} rw-s 00000000 00:1a 77 /dev/shm/nccl-Ab12Cd")
                 write(root, f"proc/{svc['pid']}/maps", "\n".join(maps) + "\n")
+            else:  # every process has its mappings: the engine's own, as the kernel shows them
+                (root / f"proc/{svc['pid']}/maps").symlink_to(f"/proc/{svc['pid']}/maps")
             write(root, f"sys/fs/cgroup/{svc.get('slice') or 'system.slice'}/memory.max", "max\n")
             mm = svc.get("memory_max", "max")
             write(root, f"sys/fs/cgroup{cgpath}/memory.max", ("max" if mm in ("infinity", "max") else mm) + "\n")

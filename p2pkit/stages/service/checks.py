@@ -519,6 +519,9 @@ def nccl_floor(f: dict, p: Profile) -> list[Check]:
     """P16/P37: the NCCL the profile points at, and the one the running engine has mapped, meet the floor."""
     if not p.engine.nccl_min:
         return []
+    if not p.engine.cuda:  # a CPU build (CI, a laptop) links no NCCL: there is no NCCL to judge
+        return [Check("field.nccl_floor.engine", "the engine's mapped NCCL meets the floor", SKIP,
+                      "a CPU build (engine.cuda = false) maps no NCCL", f">= {p.engine.nccl_min}", "", "P37")]
     out = []
     pn = f.get("profile_nccl")
     if isinstance(pn, dict) and pn.get("path"):
