@@ -49,6 +49,109 @@ def test_status_as_a_user_that_is_not_root_says_so_and_exits_2(cli):
         shutil.rmtree(top, ignore_errors=True)
 
 
+def test_shell_completion_offers_the_scenarios_of_sim_init():
+    for words, cword, want in (("p2pkit sim init /tmp/x --scenario spark-h", 5, ["spark-head"]),
+                               ("p2pkit sim init /tmp/x -s no-sys", 5, ["no-systemd", "no-systemd-capped-root"])):
+        env = {**os.environ, "_P2PKIT_COMPLETE": "complete_bash", "COMP_WORDS": words, "COMP_CWORD": str(cword)}
+        r = subprocess.run([sys.executable, "-m", "p2pkit"], env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and r.stdout.split() == want, (words, r.stdout, r.stderr)
+
+
+def test_a_bad_set_value_is_blamed_on_the_set_not_on_the_profile_file(cli, sim):
+    root = sim("healthy")
+    r = cli("--root", str(root), "--set", "pcie.min_gen=banana", "status")
+    assert r.code == 2 and 'pcie.min_gen: expected an integer, got "banana"' in r.err, r.err
+    fix = r.err.split("fix: ", 1)[1]
+    assert fix.startswith("the value given with --set for pcie.min_gen is what is wrong, not "
+                          f"{root}/.p2pkit-sim/profile.toml: give a valid one"), fix
+    assert "fix the keys named above in" not in fix
+    # a problem in the file itself is still the file's, and the two together are each named where they are
+    bad = root / "bad.toml"
+    bad.write_text((root / ".p2pkit-sim/profile.toml").read_text().replace("min_width = 8", 'min_width = "eight"'))
+    r = cli("--root", str(root), "--profile", str(bad), "--set", "pcie.min_gen=banana", "plan")
+    assert r.code == 2 and f"fix: fix the keys named above: pcie.min_gen in your --set, the others in {bad}" in r.err
+
+
+def test_report_with_a_profile_that_does_not_load_takes_its_file_and_says_so(cli, sim, tmp_path):
+    root = sim("healthy")
+    bad = tmp_path / "mine.toml"
+    bad.write_text('[driver]\nversion = 5\n[serve.env]\nHF_TOKEN = "hf_abcdef123456"\n')
+    r = cli("--root", str(root), "--profile", str(bad), "--json", "report", str(tmp_path / "r.tar.gz"))
+    assert r.code == 0, r.err
+    doc = r.json()
+    assert "profile-given.toml" in doc["members"]
+    left = {x["what"]: x["why"] for x in doc["left_out"]}
+    assert "the profile in force" in left and "(its file is in the archive as profile-given.toml)" in \
+        left["the profile in force"], left
+    import tarfile
+
+    with tarfile.open(tmp_path / "r.tar.gz") as tar:
+        given = tar.extractfile("p2pkit-report/profile-given.toml").read().decode()
+    assert given.startswith("[driver]\nversion = 5\n") and 'HF_TOKEN = "<redacted>"' in given
+    assert "hf_abcdef123456" not in given
+
+
+@pytest.mark.slow
+def test_status_after_a_run_killed_mid_stage_says_interrupted(sim):
+    import signal
+    import time
+
+    from tests.conftest import p2pkit_proc
+
+    root = sim("healthy")
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "p2pkit"), "--root", str(root), "up"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    started = root / "var/lib/p2pkit/logs/driver.vars.json"  # written just before ansible-playbook starts
+    deadline = time.monotonic() + 120
+    while not started.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert started.exists()
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    r = p2pkit_proc("--root", str(root), "status")
+    row = next(ln for ln in r.stdout.splitlines() if ln.startswith("driver"))
+    assert r.returncode == 1 and row.split()[1] == "interrupted", r.stdout
+    assert "a p2pkit run was killed while acting on it" in row and "not run" not in row, row
+    assert f"next: run `p2pkit --root {root} up --from driver`" in r.stderr, r.stderr
+    r = p2pkit_proc("--root", str(root), "up", "--to", "driver")
+    assert r.returncode == 0 and "[driver] running: pinned userspace driver (was interrupted:" in r.stderr, r.stderr
+
+
+@pytest.mark.slow
+def test_a_forced_rebuild_that_changed_nothing_says_why_model_and_service_are_stale(cli, sim):
+    """`up --from engine --to engine --force` rebuilds an engine that is up to date: the stages after it
+    were proven on the earlier engine artifact. `up` says so at once and names the command; status says
+    why (not a bare "chain broken"); the command, as printed, proves them again without acting."""
+    import re
+    import shlex
+
+    root = sim("healthy")
+    assert cli("--root", str(root), "up", "--reboot").code == 0
+    r = cli("--root", str(root), "up", "--from", "engine", "--to", "engine", "--force")
+    assert r.code == 0, r.err
+    assert r.out.strip().endswith(f"; model and service were proven on engine's earlier artifact: `p2pkit --root "
+                                  f"{root} up` proves them again"), r.out
+    s = cli("--root", str(root), "status")
+    model = next(ln for ln in s.out.splitlines() if ln.startswith("model"))
+    assert re.search(r"chain broken: engine ran again at \S+ \S+, after this stage was proven on its earlier "
+                     r"artifact \(\S+ \S+\)", model), model
+    named = re.findall(r"`(p2pkit [^`]*)`", r.out)[-1]
+    r = cli(*shlex.split(named)[1:])
+    assert r.code == 0 and "[model] not acting: its proof holds" in r.err and \
+        "[service] not acting: its proof holds" in r.err, r.err
+    assert cli("--root", str(root), "status").code == 0
+
+
+def test_skipped_tests_say_why_under_q(tmp_path):
+    """The project's pytest settings show each skip's reason in the summary, under -q too."""
+    (tmp_path / "test_one.py").write_text("import pytest\n\n\ndef test_x():\n    pytest.skip('needs a GPU here')\n")
+    repo = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider", "-c",
+                        str(repo / "pyproject.toml"), "--rootdir", str(tmp_path), str(tmp_path / "test_one.py")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "SKIPPED [1]" in r.stdout and "needs a GPU here" in r.stdout, r.stdout
+
+
 # The warnings a healthy simulated host still shows, each one a real healthy host of that kind gets too.
 EXPECTED_WARNINGS = {
     # a fresh Ubuntu 24.04 box translates the GPUs' DMA (the kernel's default) until the p2p-module stage puts

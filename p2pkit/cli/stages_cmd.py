@@ -216,7 +216,8 @@ def status(
             raise typer.Exit(int(code))
         _no_systemd_note(ctx)
         first = next((s for s in states if s.state != pipeline.DONE), None)
-        if first is not None and first.state in (pipeline.STALE, pipeline.NOT_RUN, pipeline.REBOOT):
+        if first is not None and first.state in (pipeline.STALE, pipeline.NOT_RUN, pipeline.REBOOT,
+                                                 pipeline.INTERRUPTED):
             ctx.out.log(f"next: {pipeline.gate_fix(ctx, states, None)}")  # the one command that makes it done
         if code != Exit.OK and common.sim_hint(ctx.host):
             ctx.out.log(common.sim_hint(ctx.host))
