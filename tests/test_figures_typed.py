@@ -59,10 +59,10 @@ def test_the_tightest_memory_cap_is_the_figure():
     cg = {"cgroup": {"v2_path": "/a", "v1_memory_path": None, "memory_caps": [
         {"file": "/sys/fs/cgroup/a/memory.max", "limit_bytes": 64 * GIB},
         {"file": "/sys/fs/cgroup/memory.max", "limit_bytes": 8 * GIB}]}}
-    c = preflight._cgroup(cg)
+    c = preflight._cgroup(cg, P)
     assert (c.status, c.value, c.unit, c.pitfall) == (WARN, 8.0, "GiB", "P12")
     assert c.measured == "/sys/fs/cgroup/memory.max = 8.0 GiB, /sys/fs/cgroup/a/memory.max = 64.0 GiB"
-    free = preflight._cgroup({"cgroup": {"v2_path": "/", "v1_memory_path": None, "memory_caps": []}})
+    free = preflight._cgroup({"cgroup": {"v2_path": "/", "v1_memory_path": None, "memory_caps": []}}, P)
     assert (free.status, free.value, free.measured) == (PASS, None, "no memory cap")
 
 

@@ -320,13 +320,33 @@ def test_dpkg(d, status, measured):
 def test_cgroup_the_tightest_cap_first():
     caps = [{"file": "/sys/fs/cgroup/a/memory.max", "limit_bytes": 64 * GIB},
             {"file": "/sys/fs/cgroup/a/b/memory.max", "limit_bytes": 8 * GIB}]
-    c = preflight._cgroup({"cgroup": {"v2_path": "/a/b", "v1_memory_path": None, "memory_caps": caps}})
+    c = preflight._cgroup({"cgroup": {"v2_path": "/a/b", "v1_memory_path": None, "memory_caps": caps}}, P)
     assert (c.id, c.status, c.value, c.unit, c.pitfall) == ("preflight.cgroup", "warn", 8.0, "GiB", "P12")
     assert c.measured == "/sys/fs/cgroup/a/b/memory.max = 8.0 GiB, /sys/fs/cgroup/a/memory.max = 64.0 GiB"
 
 
 def test_cgroup_no_cap_and_unread():
-    c = preflight._cgroup({"cgroup": {"v2_path": "/", "v1_memory_path": None, "memory_caps": []}})
+    c = preflight._cgroup({"cgroup": {"v2_path": "/", "v1_memory_path": None, "memory_caps": []}}, P)
     assert (c.status, c.value, c.measured, c.hint) == ("pass", None, "no memory cap", "")
-    u = preflight._cgroup({"cgroup": ERR})
+    u = preflight._cgroup({"cgroup": ERR}, P)
     assert (u.status, u.measured, u.pitfall) == ("skip", "could not determine: permission denied", "P12")
+
+
+@pytest.mark.parametrize("manager,booted,says", [
+    ("auto", True, "the engine runs as a system service in its own slice"),
+    ("auto", False, "systemd is not PID 1 here, so p2pkit's launcher starts the engine in a memory cgroup of its own"),
+    ("auto", None, "its systemd slice, or where systemd is not PID 1 the one p2pkit's launcher makes"),
+    ("launcher", True, "p2pkit's launcher starts the engine in a memory cgroup of its own"),
+    ("systemd", False, "the engine runs as a system service in its own slice"),
+])
+def test_cgroup_fix_says_where_the_engine_will_run(manager, booted, says):
+    """The fix names the engine's cgroup as the host will give it: a systemd slice where systemd is PID 1,
+    the launcher's own cgroup where it is not (serve.manager forces either); a recording without the
+    reading names both."""
+    cg = {"v2_path": "/a", "v1_memory_path": None, "memory_caps": [{"file": "/sys/fs/cgroup/a/memory.max",
+                                                                     "limit_bytes": 8 * GIB}]}
+    if booted is not None:
+        cg["systemd_booted"] = booted
+    c = preflight._cgroup({"cgroup": cg}, replace(P, serve=replace(P.serve, manager=manager)))
+    assert c.status == "warn" and says in c.hint, c.hint
+    assert ("slice" in c.hint) == ("launcher" not in says or booted is None)  # never both stories but unread

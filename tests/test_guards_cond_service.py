@@ -198,7 +198,8 @@ def test_no_memory_cap_says_where_it_looked(v2, v1, where):
     assert (c.status, c.value, c.measured) == (PASS, None, f"none up from {where}")
 
 
-@pytest.mark.parametrize("manager,hint", [("launcher", "fine: the engine runs in p2pkit's own cgroup"),
+@pytest.mark.parametrize("manager,hint", [("launcher", "fine: p2pkit's launcher started the engine in a memory "
+                                                      f"cgroup of its own ({V2}), not in the capped one p2pkit runs"),
                                           ("systemd", "fine: the service runs in p2pkit.slice")])
 def test_p2pkits_own_cap_not_inherited_by_the_service_is_a_warning(manager, hint):
     own = {"memory_caps": [{"file": "memory.max", "limit_bytes": 4 << 30}]}
@@ -504,6 +505,15 @@ def test_nccl_floor_of_an_engine_not_running_is_skipped(e):
 def test_nccl_floor_of_an_unreadable_engine_could_not_check():
     (c,) = checks.nccl_floor({"engine_nccl": {"error": "no /proc/4242/maps"}}, SPARK)
     assert (c.status, c.measured) == (WARN, "could not check, because no /proc/4242/maps")
+
+
+def test_nccl_floor_of_a_cpu_build_is_not_judged():
+    """engine.cuda = false: the build links no NCCL, so none mapped is no finding (the GPU build's "no
+    libnccl" stays a failure)."""
+    cpu = replace(SPARK, engine=replace(SPARK.engine, cuda=False))
+    (c,) = checks.nccl_floor({"engine_nccl": {"pid": 4242, "libraries": []}, "profile_nccl": {"path": "/x"}}, cpu)
+    assert (c.id, c.status, c.measured) == ("field.nccl_floor.engine", SKIP, "a CPU build (engine.cuda = false) "
+                                                                            "maps no NCCL")
 
 
 def test_nccl_floor_engine_mapping_no_nccl_fails():

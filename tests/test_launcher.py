@@ -261,6 +261,7 @@ def test_up_on_a_host_without_systemd_then_serve_status_restart_stop(sim, cli):
     r = cli("--root", str(root), "up", "--reboot")
     assert r.code == 0, r.out[-3000:] + r.err[-3000:]
     assert "starting the engine with p2pkit's launcher" in r.out + r.err
+    said = r.out + r.err
     assert not (root / "etc/systemd/system/p2pkit-engine.service").exists()  # no unit where systemd is not PID 1
     assert (root / "etc/p2pkit/engine.env").is_file()  # the same environment file as a unit would read
     rec = launcher.read_record(root / launcher.RECORD.lstrip("/"))
@@ -274,6 +275,17 @@ def test_up_on_a_host_without_systemd_then_serve_status_restart_stop(sim, cli):
     checks = {c["id"]: c for c in art["checks"]}
     assert checks["service.memory_cap"]["status"] == "pass"
     assert checks["service.not_inherited"]["status"] == "warn"  # p2pkit's own cap was not the engine's
+    # what the operator reads tells the host's own story, once: no systemd unit, slice or system service
+    # (issue 41): the stage's title, preflight's fix for p2pkit's cap, and the cgroup the engine got
+    assert "systemd service" not in said and "system service" not in said, said
+    assert "own slice" not in said and "p2pkit.slice" not in said, said
+    assert "[service] running: engine service healthy, no memory cap" in said
+    pre = {c["id"]: c for c in json.loads((root / "var/lib/p2pkit/preflight.json").read_text())["checks"]}
+    assert "systemd is not PID 1 here, so p2pkit's launcher starts the engine in a memory cgroup of its own" \
+        in pre["preflight.cgroup"]["hint"]
+    assert checks["service.memory_cap"]["measured"] == "none up from /p2pkit-engine"
+    assert "a memory cgroup of its own (/p2pkit-engine), not in the capped one p2pkit runs in" in \
+        checks["service.not_inherited"]["hint"]
 
     r = cli("--root", str(root), "status")
     assert r.code == 0 and "no systemd: nothing restarts the engine after a reboot" in r.out

@@ -190,3 +190,36 @@ def test_restore_stops_the_engine_around_the_rebuild_and_starts_it_after(cli, si
     assert {"engine_service": "started again"} in rec["actions"]
     assert model.read_bytes() == before and engine_bin.read_bytes() == engine_sha  # never touched
 
+
+
+def test_after_an_upgrade_and_a_reboot_restore_names_the_one_command_that_makes_status_done(cli, sim):
+    """The operator's morning after an unattended upgrade: the host booted the new kernel, restore finds
+    no drift (the kernel hook built the module), yet every stage was proven on the old kernel. Restore
+    says so and names the one command; that command, run as printed, leaves `status` done (exit 0)."""
+    import re
+    import shlex
+
+    root = sim("healthy")
+    r = cli("--root", str(root), "up", "--reboot")
+    assert r.code == 0, r.err[-3000:]
+    r = cli("sim", "upgrade", str(root))
+    assert r.code == 0, r.err
+    # the kernel hook's own p2pkit lines, each labelled SIMULATED once (not "SIMULATED   SIMULATED [restore]")
+    assert "SIMULATED   [restore] building the P2P-patched module" in r.err and "SIMULATED   SIMULATED" not in r.err
+    r = cli("sim", "reboot", str(root))
+    assert r.code == 0, r.err
+    r = cli("--root", str(root), "restore")
+    assert r.code == 0 and "no drift" in r.err, r.err
+    assert "9 of 9 stages are not done (preflight: stale, kernel changed since" in r.out, r.out
+    named = re.findall(r"`(p2pkit [^`]*)`", r.out)
+    assert named == [f"p2pkit --root {root} up"], r.out  # one command, for this host
+    s = cli("--root", str(root), "status")
+    assert s.code == 1 and f"next: run `p2pkit --root {root} up`" in s.err, s.err  # status names it too
+    doc = cli("--root", str(root), "--json", "restore").json()
+    assert doc["next"]["not_done"][0] == "preflight" and doc["next"]["fix"].startswith(f"run `{named[0]}`")
+    r = cli(*shlex.split(named[0])[1:])
+    assert r.code == 0, r.err[-3000:]
+    s = cli("--root", str(root), "status")
+    assert s.code == 0 and "next:" not in s.err, s.out + s.err
+    r = cli("--root", str(root), "restore")  # and now restore has nothing left to name
+    assert r.code == 0 and "not done" not in r.out and "`" not in r.out, r.out

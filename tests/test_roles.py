@@ -301,3 +301,44 @@ def test_site_yml_alone_brings_a_host_through_every_acting_role_and_then_nothing
         assert r.returncode == 0 and recap["changed"] == 0, r.stdout[-3000:]  # every role idempotent
     finally:
         subprocess.run([str(hand / "usr/bin/systemctl"), "stop", svc.UNIT], capture_output=True)
+
+
+def host_tree(root: Path) -> dict[str, tuple]:
+    """Everything on a simulated host as it stands: each path with its kind, mode and content (or link
+    target), the simulator's own state file included."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        st = p.lstat()
+        if p.is_symlink():
+            out[str(p.relative_to(root))] = ("link", os.readlink(p))
+        elif p.is_dir():
+            out[str(p.relative_to(root))] = ("dir", st.st_mode)
+        else:
+            out[str(p.relative_to(root))] = ("file", st.st_mode, st.st_uid, sha(p))
+    return out
+
+
+@pytest.mark.slow
+def test_each_role_and_site_yml_run_in_check_mode_on_a_fresh_host_and_change_nothing(sim, tmp_path):
+    """`ansible-playbook --check` on a host nothing has run on yet: each role alone and site.yml report
+    what they would change, and none fails on a path an earlier task would have made (the installer's
+    cache directory, the fork's checkout `make` runs in, the unit systemd is asked about). Nothing on
+    the host changes."""
+    from p2pkit.stages.service import act as svc
+
+    root = sim("healthy")
+    prof = config.load(Host.at(root).sim["profile"])
+    hostvars = {**profile_vars(root), **svc.service_vars(ctx_for(root, prof)),
+                "p2pkit_engine_recipe": prof.engine.recipe, "p2pkit_engine_build_dir": prof.engine.build_dir}
+    inventory = write_inventory(tmp_path / "hosts.yml", hostvars)
+    before = host_tree(root)
+    for book in ("driver.yml", "p2p-module.yml", "engine.yml", "service.yml", "site.yml"):
+        r, recap = playbook(book, inventory, tmp_path, "--check")
+        assert r.returncode == 0 and recap["failed"] == 0, (book, r.stdout[-3000:])
+        assert recap["changed"] > 0, (book, r.stdout[-3000:])  # what it would change is reported
+        assert "does not exist" not in r.stdout and "Unable to change directory" not in r.stdout, r.stdout[-3000:]
+        assert host_tree(root) == before, book
+    changed = re.findall(r"^TASK \[\S+ : (.+?)\] \**\nchanged:", r.stdout, re.M)
+    assert "Ensure the installer cache directory, nouveau's blacklist, the apt pin and the unattended-upgrades " \
+           "blacklist are in place" in changed and "Ensure the fork is checked out at the pinned commit" in changed \
+           and "Ensure the engine's directories, slice, environment file and unit are in place" in changed, changed

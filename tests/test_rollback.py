@@ -51,7 +51,8 @@ def test_install_rollback_install_again(cli, sim):
     r = cli("--root", str(root), "rollback", "p2p-module", "--yes")
     assert r.code == 4, r.err
     assert "p2p-module rolled back" in r.out and "error" not in r.err  # it worked: exit 4 asks for the reboot
-    assert f"next: `p2pkit sim reboot {root}`" in r.err
+    # the driver's pinned userspace stays: the command that completes the way back comes before the reboot
+    assert f"next: `p2pkit --root {root} rollback driver --yes`, then `p2pkit sim reboot {root}`" in r.err
     assert leftover.read_text() == STOCK_KO.format(kernel=KERNEL)
     store = Store(root / "var/lib/p2pkit")
     assert store.exists("driver") and not store.exists("p2p-module") and not store.exists("link")
@@ -144,3 +145,43 @@ def test_rollback_to_stock_is_complete_and_nvml_initialises_afterwards(cli, sim)
     lifecycle.reboot(root)
     after = nvml.facts(Host.at(root))
     assert "error" not in after and after["driver_version"] == "580.95.05", after
+
+
+def test_rollback_says_what_the_reboot_loads_and_names_the_command_that_completes_it(cli, sim):
+    """`rollback p2p-module` promised "a reboot loads the stock driver" whatever the host had: on a bare
+    box there is no stock module at all, and after an upgrade the stock module meets the pinned 615
+    userspace, which stays. Each plan now says what the next boot will do, and names the driver's
+    rollback where it is needed; the simulated reboot then does what was said."""
+    import re
+    import shlex
+
+    from p2pkit.host import Host, nvml
+
+    root = sim("healthy")
+    assert cli("--root", str(root), "up", "--reboot", "--to", "p2p-module").code == 0
+    r = cli("--root", str(root), "rollback", "p2p-module")
+    assert "a reboot loads the stock driver" not in r.out
+    assert (f"after a reboot no nvidia module loads on kernel {KERNEL}: the host has none there besides p2pkit's; "
+            f"the pinned 615.71.09 userspace p2pkit installed stays until `p2pkit --root {root} rollback driver "
+            "--yes`") in r.out, r.out
+    # an unattended upgrade brings a new kernel and Ubuntu's stock 580 DKMS module (the hook moves it aside)
+    assert cli("sim", "upgrade", str(root)).code == 0
+    assert cli("sim", "reboot", str(root)).code == 0
+    new = "6.8.0-90-generic"
+    stock = f"the stock module 580.95.05 (/lib/modules/{new}/updates/dkms/nvidia.ko)"
+    r = cli("--root", str(root), "rollback", "p2p-module", "--yes")
+    assert r.code == 4, r.err
+    said = f"after a reboot kernel {new} loads {stock}, but NVIDIA's tools and CUDA refuse it (Driver/library " \
+           "version mismatch): the pinned 615.71.09 userspace p2pkit installed stays; run "
+    assert said in r.out and f"then a reboot loads {stock}" in r.out, r.out
+    named = re.findall(r"next: `([^`]*)`", r.err)
+    assert named == [f"p2pkit --root {root} rollback driver --yes"], r.err
+    r = cli("sim", "reboot", str(root))  # what the plan said: the stock module loads, and NVML refuses it
+    assert "nvidia module: 580.95.05" in r.err, r.err
+    assert "mismatch" in nvml.facts(Host.at(root)).get("error", ""), nvml.facts(Host.at(root))
+    r = cli("--root", str(root), "rollback", "driver")
+    assert f"a reboot loads {stock} on kernel {new}" in r.out, r.out
+    r = cli(*shlex.split(named[0])[1:])  # the named command, as printed
+    assert r.code == 4 and f"a reboot loads {stock} on kernel {new}" in r.out, r.out + r.err
+    r = cli("sim", "reboot", str(root))
+    assert f"nvidia module: 580.95.05 /lib/modules/{new}/updates/dkms/nvidia.ko" in r.err, r.err

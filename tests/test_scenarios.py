@@ -30,7 +30,7 @@ def failing(root, stage):
     ("driver-595", "driver", "driver.pin", "595's GSP firmware cannot build the BAR1 P2P mailbox"),
     ("gsp-firmware-missing", "driver", "driver.gsp_firmware", "error -2"),
     ("small-bar", "rebar", "rebar.bar1.0000:01:00.0", "Resizable BAR and Above 4G Decoding"),
-    ("behind-switch", "topology", "topology.root_port.0000:01:00.0", "PCIe switch (PLX)"),
+    ("behind-switch", "topology", "topology.root_port.0000:03:00.0", "PCIe switch (PLX)"),
     ("gen4-slot", "topology", "topology.capability.0000:41:00.0", "Gen5 x8 CPU slot"),
     ("p2p-chipset-not-supported", "topology", "topology.p2p_read", "CNS: chipset not supported"),
 ])
@@ -43,6 +43,28 @@ def test_scenario_fails_at_the_right_stage(cli, sim, scenario, stage, check, hin
     assert check in bad, list(bad)
     assert hint in bad[check]["hint"]
     assert bad[check]["measured"] is not None and bad[check]["expected"] is not None
+
+
+def test_behind_switch_each_bridge_has_its_own_address_and_the_finding_names_them_in_order(cli, sim, tmp_path):
+    """The simulated PLX layout as a real one is: root port > the switch's upstream port > its downstream
+    port > the GPU, four devices at four addresses (buses numbered depth first); the finding reads the
+    chain from the root port down, each bridge by its own type."""
+    root = tmp_path / "bs"
+    r = cli("sim", "init", "--force", str(root), "--scenario", "behind-switch")
+    assert r.code == 0, r.err
+    for gpu, chain in (("0000:03:00.0", ["0000:00:01.1", "0000:01:00.0", "0000:02:00.0"]),
+                       ("0000:43:00.0", ["0000:40:01.1", "0000:41:00.0", "0000:42:00.0"])):
+        real = (root / "sys/bus/pci/devices" / gpu).resolve()
+        assert [p.name for p in real.parents][:3][::-1] == chain and real.name == gpu
+        assert len({*chain, gpu}) == 4
+        for bdf in chain:  # each address is its own device, not the GPU's
+            assert (root / "sys/bus/pci/devices" / bdf).resolve() == real.parents[len(chain) - 1 - chain.index(bdf)]
+    r = up_through_reboot(cli, root)
+    assert r.code == 1
+    assert ("topology failed: topology.root_port.0000:03:00.0: 0000:00:01.1 (root port) > 0000:01:00.0 (switch "
+            "upstream) > 0000:02:00.0 (switch downstream) (expected root port). Fix: a PCIe switch (PLX) sits "
+            "between this GPU and the CPU") in r.err, r.err[-2000:]
+    lifecycle.stop_services(root)
 
 
 def test_no_gpu_real_message(cli, sim):

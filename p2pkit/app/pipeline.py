@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -27,7 +28,9 @@ from p2pkit.rules.findings import ERROR, FAIL, PENDING, SKIP, WARN, Check, worst
 from p2pkit.stages import Stage, registry
 
 DONE, STALE, FAILED, REBOOT, NOT_RUN, RUNNING = "done", "stale", "failed", "reboot-needed", "not run", "running"
+INTERRUPTED = "interrupted"  # a run was killed while acting on the stage (its marker is left, no run holds the lock)
 RUNNING_FILE = "running.json"  # the stage a run is acting on now (its artifact is deleted meanwhile)
+_ACTING: set[str] = set()  # the stages this process is acting on now (its marker is this run's, not a killed one's)
 
 
 @dataclass
@@ -81,13 +84,27 @@ def evaluate(ctx: Ctx, recheck: bool = True) -> list[StageState]:
 def running_now(store: Store) -> dict | None:
     """The stage a live run is acting on: its marker counts only while that run holds the lock."""
     holder = lock_holder(store.dir)
-    if holder is None:
-        return None
+    if holder is None or (holder == str(os.getpid()) and not _ACTING):  # this run's lock, no stage acted on yet:
+        return None  # a marker there is a killed run's
     try:
         doc = json.loads((store.dir / RUNNING_FILE).read_text())
     except (OSError, ValueError):
         return None
     return {**doc, "pid": holder} if isinstance(doc, dict) else None
+
+
+def _when(stamp: str) -> str:
+    return stamp[:19].replace("T", " ")
+
+
+def killed_marker(store: Store) -> dict | None:
+    """The marker of the stage a run was acting on, left when that run was killed (its own run removes it
+    in any other ending); read only when no run holds the lock (running_now)."""
+    try:
+        doc = json.loads((store.dir / RUNNING_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def _state_of(ctx: Ctx, st: Stage, prev: StageState | None, ident: dict, recheck: bool) -> StageState:
@@ -100,6 +117,11 @@ def _state_of(ctx: Ctx, st: Stage, prev: StageState | None, ident: dict, recheck
         if running and running.get("stage") == st.name:
             return StageState(st.name, RUNNING, f"a p2pkit run (pid {running['pid']}) is acting on it since "
                                                 f"{running.get('started', '?')[:19].replace('T', ' ')}")
+        left = killed_marker(ctx.store)
+        if running is None and left and left.get("stage") == st.name:
+            return StageState(st.name, INTERRUPTED, "a p2pkit run was killed while acting on it (started "
+                                                    f"{str(left.get('started', '?'))[:19].replace('T', ' ')}); "
+                                                    "`up` runs it again")
         return StageState(st.name, NOT_RUN, f"blocked by {prev.stage}" if prev and prev.state != DONE else "")
     if not ctx.host.wrote(doc, ident["machine_id"]):
         return StageState(st.name, STALE, "artifact was written on another host (or a simulated one)", doc)
@@ -121,14 +143,24 @@ def _state_of(ctx: Ctx, st: Stage, prev: StageState | None, ident: dict, recheck
         return StageState(st.name, STALE, f"profile changed: {', '.join(changed)}" + (f" ({why})" if why else ""),
                           doc)
     if prev is not None and doc.get("previous", {}).get("digest") != ctx.store.digest(prev.stage):
+        again, proven = (prev.artifact or {}).get("finished") or "", doc.get("finished") or ""
+        if again > proven:  # the earlier stage ran again (a rebuild, --force): this proof was on its last artifact
+            return StageState(st.name, STALE, f"chain broken: {prev.stage} ran again at {_when(again)}, after this "
+                                              f"stage was proven on its earlier artifact ({_when(proven)}): prove it "
+                                              "again (it acts only where its proof fails)", doc)
         return StageState(st.name, STALE, f"chain broken: {prev.stage}'s artifact changed since", doc)
     if doc.get("applicable") is False:
         return StageState(st.name, DONE, f"not applicable: {st.not_applicable(ctx.profile)}", doc)
     notes = ""
     if recheck and st.check is not None and st.measure is None:
+        refused = len(ctx.host.runner.denied)
         f = facts.collect(ctx.host, st.facts, ctx.profile)
         checks = st.check(f, ctx.profile)
         bad = [c for c in checks if c.status == FAIL]
+        if bad and len(ctx.host.runner.denied) > refused:  # not a finding about the host: a user p2pkit runs as
+            return StageState(st.name, STALE, "could not re-check: p2pkit may not run "
+                              + ", ".join(dict.fromkeys(ctx.host.runner.denied[refused:]))
+                              + " as this user (not root)", doc)
         if bad:
             why = f" ({bad[0].pitfall}): {bad[0].hint}" if bad[0].pitfall else ""
             return StageState(st.name, STALE, f"re-check failed: {bad[0].id}: {bad[0].measured}{why}", doc)
@@ -177,11 +209,13 @@ def run_stage(ctx: Ctx, st: Stage, prev_name: str | None) -> dict:
     gate = gate_applies(ctx, st, old, _killed_acting(marker, st.name))
     ctx.store.delete(st.name)
     started = now()
+    _ACTING.add(st.name)
     atomic_write(marker, json.dumps({"stage": st.name, "started": started}).encode())
     try:
         return _run_stage(ctx, st, prev_name, started, resumed, gate)
     finally:
         marker.unlink(missing_ok=True)
+        _ACTING.discard(st.name)
 
 
 def _killed_acting(marker: Path, stage: str) -> bool:
@@ -396,6 +430,12 @@ def _up(ctx: Ctx, selected: list[Stage], stop: str | None, force: bool) -> UpRes
         msg = f"all {len(selected)} selected stage(s) are done: no stage work to do"
     else:
         msg = f"ran {', '.join(ran)}; all selected stages passed"
+        after = final[order.index(selected[-1].name) + 1:]
+        later = [s for s in after if s.artifact is not None and s.state != DONE]
+        if later and later[0].reason.startswith("chain broken"):  # said now, not first met in `status`
+            msg += (f"; {' and '.join(s.stage for s in later)} {'were' if len(later) > 1 else 'was'} proven on "
+                    f"{selected[-1].name}'s earlier artifact: `{command(ctx, 'up')}` proves "
+                    f"{'them' if len(later) > 1 else 'it'} again")
     return UpResult(Exit.OK, ran, final, msg)
 
 

@@ -133,14 +133,36 @@ def versions(host: Host, profile, found: dict) -> dict[str, str]:
             "ansible": ansible}
 
 
-def gather(host: Host, state_dir: Path, profile, profile_error: str = "") -> Report:
+GIVEN_PROFILE = "profile-given.toml"  # the profile file that did not load, as given
+
+
+def add_given_profile(rep: Report, path: Path) -> None:
+    """The profile file that does not load, as it was given (often the very thing to report). A profile
+    that does not load never registered its secrets: each quoted value of a key that names one (HF_TOKEN
+    = "...") is registered here first, so it is redacted like every other."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as e:
+        rep.leave_out(str(path), f"not readable here ({e.strerror or e})")
+        return
+    for name, value in re.findall(r"""["']?([\w.\-]+)["']?\s*=\s*["']([^"'\n]*)["']""", text):
+        if secrets.is_secret(name):
+            secrets.register(value)
+    rep.add_text(GIVEN_PROFILE, logfiles.capped(text, MEMBER_CAP))
+
+
+def gather(host: Host, state_dir: Path, profile, profile_error: str = "", given: Path | None = None) -> Report:
     """Everything the archive holds, redacted; `profile` is None when the host's profile cannot be
-    loaded (profile_error says why: that is often the very thing to report)."""
+    loaded (profile_error says why: that is often the very thing to report, and its file, `given`,
+    goes in as it is)."""
     rep = Report()
     register_engine_secrets(host, rep)
+    if profile is None and given is not None:
+        add_given_profile(rep, given)
     add_state(Path(state_dir), rep)
     if profile is None:
-        rep.leave_out("the profile in force", profile_error)
+        kept = f" (its file is in the archive as {GIVEN_PROFILE})" if GIVEN_PROFILE in rep.members else ""
+        rep.leave_out("the profile in force", profile_error + kept)
     else:
         rep.add_json("profile.json", facts.recorded_profile(profile))
     found = facts.record(host, profile)

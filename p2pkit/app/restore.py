@@ -74,6 +74,7 @@ def restore(ctx, kernel: str | None = None) -> tuple[Exit, dict]:
                 engine_mark(ctx).unlink(missing_ok=True)
                 record["actions"].append({"engine_service": "started again"})
         record["after"] = {n: [c.as_dict() for c in cs] for n, cs in after.items()}
+        record["next"] = next_command(ctx) if code == Exit.OK else None
         record["finished"] = pipeline.now()
         record["exit_code"] = int(code)
         d = ctx.store.dir / "restore"
@@ -81,6 +82,20 @@ def restore(ctx, kernel: str | None = None) -> tuple[Exit, dict]:
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
         atomic_write(d / f"{stamp}.json", (json.dumps(record, indent=2, default=str) + "\n").encode())
     return code, record
+
+
+def next_command(ctx) -> dict | None:
+    """What restore leaves to `up`: the stages that are not done now (after a reboot into a new kernel,
+    every artifact was proven on the old one) and the one command that proves them again; None when
+    every stage is done. Restore itself never touches the later stages (the engine, the model)."""
+    states = pipeline.evaluate(ctx, recheck=False)
+    todo = [s for s in states if s.state != pipeline.DONE]
+    if not todo:
+        return None
+    first = todo[0]
+    return {"not_done": [s.stage for s in todo],
+            "first": {"stage": first.stage, "state": first.state, "reason": first.reason},
+            "fix": pipeline.gate_fix(ctx, states, None)}
 
 
 def _act(ctx, record: dict, drifted: list[str], target: str, running: str) -> tuple[Exit, dict]:

@@ -11,9 +11,9 @@ import json
 
 from p2pkit.app import pipeline
 from p2pkit.core.artifacts import atomic_write
-from p2pkit.core.errors import Exit, GateError, P2pkitError
+from p2pkit.core.errors import Exit, GateError, P2pkitError, ProbeError
 from p2pkit.core.lock import state_lock
-from p2pkit.host import system
+from p2pkit.host import kmod, system
 from p2pkit.host.backup import Backup
 from p2pkit.stages import names
 
@@ -47,8 +47,85 @@ def plan(ctx, stage: str) -> list[str]:
         steps.append("update-initramfs -u")
     later = names()[names().index(stage):]
     steps.append(f"invalidate stages {', '.join(later)} (their artifacts are removed; logs and backups stay)")
-    steps.append("a reboot loads the stock driver")
+    steps.append(after_reboot(ctx, stage, b))
     return steps
+
+
+def next_boot_kernel(ctx) -> str:
+    """The kernel the next boot starts: an installed one not booted yet, else the running one."""
+    try:
+        return kmod.pending_kernel(ctx.host).get("kernel") or system.kernel_release(ctx.host)
+    except ProbeError:
+        return system.kernel_release(ctx.host)
+
+
+def module_after(ctx, b: Backup, kernel: str) -> tuple[str, str | None] | None:
+    """The nvidia module modprobe picks for `kernel` once this rollback's files are put back and removed
+    (Ubuntu's depmod.d searches updates/ before the kernel's own tree): its path on the host and its
+    version (modinfo of the file, or of the copy the backup keeps); None when no module is left."""
+    actions = dict((path, action) for action, path in b.plan())
+    base = f"/lib/modules/{kernel}/"
+    there = {"/" + str(f.relative_to(ctx.host.root)) for f in ctx.host.path(base).rglob("nvidia.ko")} \
+        if ctx.host.path(base).is_dir() else set()
+    back = {p for p, a in actions.items() if a == "restore" and p.startswith(base) and p.endswith("/nvidia.ko")}
+    left = sorted({p for p in there if actions.get(p) != "remove"} | back,
+                  key=lambda p: (0 if p.startswith(base + "updates/") else 1, p))
+    if not left:
+        return None
+    path = left[0]
+    source = b.copy_path(path) if path in back and b.copy_path(path).is_file() else ctx.host.path(path)
+    r = ctx.host.runner.run(["modinfo", "-F", "version", str(source)], check=False)
+    return path, (r.stdout.strip() or None) if r.returncode == 0 else None
+
+
+def firmware_after(ctx, version: str, plans: list[list[tuple[str, str]]]) -> bool:
+    """Whether the GSP firmware of `version` (what an open nvidia module of that version loads at probe)
+    is on the host once the rollbacks' file actions (in order) are done."""
+    d = f"/lib/firmware/nvidia/{version}/"
+    files = {d + f.name for f in ctx.host.path(d).glob("gsp_*.bin")} if ctx.host.path(d).is_dir() else set()
+    for plan in plans:
+        for action, path in plan:
+            if path.startswith(d) and path.rsplit("/", 1)[-1].startswith("gsp_"):
+                (files.add if action == "restore" else files.discard)(path)
+    return bool(files)
+
+
+def after_reboot(ctx, stage: str, b: Backup) -> str:
+    """What the next boot loads once this rollback is done, said as it will be, with the command that
+    completes the way back where one more is needed: the pinned userspace stays until the driver's own
+    rollback, and a stock module of another version does not work with it (no GSP firmware of its
+    version: it does not load; NVIDIA's tools and CUDA refuse a module of another version)."""
+    kernel = next_boot_kernel(ctx)
+    found = module_after(ctx, b, kernel)
+    pinned = ctx.profile.driver.version
+    driver = Backup(ctx.store.dir, "driver", ctx.host)
+    driver_left = stage == "p2p-module" and driver.manifest_path.exists()
+    finish = pipeline.command(ctx, "rollback", "driver", "--yes")
+    if found is None:
+        said = (f"after a reboot no nvidia module loads on kernel {kernel}: the host has none there besides "
+                "p2pkit's" if stage == "p2p-module" else
+                f"after a reboot kernel {kernel} loads no nvidia module: the host had none there before p2pkit")
+        return said + (f"; the pinned {pinned} userspace p2pkit installed stays until `{finish}`" if driver_left
+                       else "")
+    path, version = found
+    module = f"the stock module {version or '(version unread)'} ({path})"
+    firmware = f"its GSP firmware (/lib/firmware/nvidia/{version}/gsp_*.bin) is not there"
+    package = f"install its firmware package (nvidia-firmware-{(version or '').split('.')[0]}-{version})"
+    if driver_left and version != pinned:
+        if firmware_after(ctx, version, [b.plan()]):
+            said = (f"after a reboot kernel {kernel} loads {module}, but NVIDIA's tools and CUDA refuse it (Driver/"
+                    f"library version mismatch): the pinned {pinned} userspace p2pkit installed stays")
+        else:
+            said = (f"after a reboot {module} does not load on kernel {kernel}: {firmware}, and the pinned {pinned} "
+                    "userspace and firmware p2pkit installed stay")
+        said += f"; run `{finish}` before the reboot"
+        if firmware_after(ctx, version, [b.plan(), driver.plan()]):
+            return said + f": then a reboot loads {module}"
+        return said + f": it puts back the userspace the host had before p2pkit, without {version}'s GSP firmware; " \
+            f"{package} too"
+    if version and not firmware_after(ctx, version, [b.plan()]):
+        return f"after a reboot {module} does not load on kernel {kernel}: {firmware}; {package}"
+    return f"a reboot loads {module} on kernel {kernel}"
 
 
 def _held_by_p2pkit(ctx, manifest: dict) -> list[str]:
@@ -91,7 +168,10 @@ def apply(ctx, stage: str) -> dict:
         record = {"kind": "p2pkit-rollback", "stage": stage, "simulated": ctx.host.simulated,
                   "kernel": system.kernel_release(ctx.host), "time": pipeline.now(), "plan": steps,
                   "files": [{"action": a, "path": p} for a, p in done], "invalidated": later,
-                  "reboot_needed": True}
+                  "reboot_needed": True, "after_reboot": steps[-1],
+                  "next": pipeline.command(ctx, "rollback", "driver", "--yes")
+                  if stage == "p2p-module" and Backup(ctx.store.dir, "driver", ctx.host).manifest_path.exists()
+                  else None}
         d = ctx.store.dir / "rollback"
         d.mkdir(parents=True, exist_ok=True)
         atomic_write(d / f"{stamp}-{stage}.json", (json.dumps(record, indent=2) + "\n").encode())

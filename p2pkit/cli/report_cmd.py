@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from p2pkit.cli import common
-from p2pkit.core.errors import P2pkitError
+from p2pkit.core.errors import P2pkitError, ProfileError
 
 
 def report(
@@ -21,12 +21,15 @@ def report(
 
     final = report_mod.target(file, force)  # refused before any work
     h = common.host()
+    given = None
     try:
         profile, why = common.profile(h), ""
-    except P2pkitError as e:  # a profile that does not load is often the thing to report
+    except P2pkitError as e:  # a profile that does not load is often the thing to report: its file goes in
         profile, why = None, f"{e.message} (fix: {e.hint})" if e.hint else e.message
+        if isinstance(e, ProfileError) and e.file and Path(e.file).is_file():
+            given = Path(e.file)
     state = common.state_dir(h)
-    rep = report_mod.gather(h, state, profile, why)
+    rep = report_mod.gather(h, state, profile, why, given)
     report_mod.write(final, rep, force)
     out = common.output()
     out.simulated = h.simulated

@@ -50,10 +50,15 @@ def list_() -> None:
         out.table("simulated host scenarios", ["scenario", "what it simulates"], rows)
 
 
+def _complete_scenario(incomplete: str) -> list[str]:
+    return [n for n in scenarios.SCENARIOS if n.startswith(incomplete)]
+
+
 @app.command()
 def init(
     directory: Annotated[Path, typer.Argument(help="directory to lay the simulated host out in")],
-    scenario: Annotated[str, typer.Option("--scenario", "-s", help="see `p2pkit sim list`")] = "healthy",
+    scenario: Annotated[str, typer.Option("--scenario", "-s", help="see `p2pkit sim list`",
+                                          autocompletion=_complete_scenario)] = "healthy",
     force: Annotated[bool, typer.Option("--force", help="replace an existing simulated host there")] = False,
 ) -> None:
     """Lay out a simulated host (sysfs, /proc, /etc, stand-in commands) in DIRECTORY."""
@@ -133,8 +138,8 @@ def upgrade(
     out.log(f"upgraded {d}: kernel {kernel}" + (" with a stock DKMS nvidia module" if stock_module else "")
             + f"; {len(printed)} kernel hook(s) ran; it boots at the next `p2pkit sim reboot {d}`")
     for text in printed:
-        for line in text.strip().splitlines():
-            out.log(f"  {line}")
+        for line in text.strip().splitlines():  # a hook's p2pkit labels its own lines: said once here
+            out.log(f"  {line.removeprefix(out.tag)}")
     if common.OPTS.json:
         out.document({"root": str(d), "kernel": kernel, "stock_module": stock_module, "hooks": printed,
                       "boots_at_next_reboot": f"p2pkit sim reboot {d}"})

@@ -205,6 +205,9 @@ def status(
     ctx.host.runner.cap_s = pipeline.STATUS_COMMAND_S  # a hung nvidia-smi or systemctl: "could not check", no wait
     states = pipeline.evaluate(ctx, recheck=True)
     code = Exit.OK if all(s.state == pipeline.DONE for s in states) else Exit.CHECK_FAILED
+    denied = list(dict.fromkeys(ctx.host.runner.denied))  # commands this user may not run: no verdict on them
+    if denied:
+        code = Exit.USAGE
     spent = hoststate.reboot_budget(ctx.store.dir, exhausted=True)
     if common.OPTS.json:
         ctx.out.document({"profile": ctx.profile.name, "all_done": code == Exit.OK,
@@ -214,7 +217,18 @@ def status(
                       status_col=1)
         if spent:
             ctx.out.error(f"{spent['exhausted']['why']} (at {spent['exhausted']['time']})", budget_fix(ctx))
+        if denied:
+            import os
+
+            ctx.out.error(f"status could not re-check every stage: p2pkit runs as uid {os.geteuid()}, and the "
+                          f"host's {', '.join(denied)} may not be run by it; a stage marked \"could not re-check\" "
+                          "may well be done", f"run it as root: `sudo {pipeline.command(ctx, 'status')}`")
+            raise typer.Exit(int(code))
         _no_systemd_note(ctx)
+        first = next((s for s in states if s.state != pipeline.DONE), None)
+        if first is not None and first.state in (pipeline.STALE, pipeline.NOT_RUN, pipeline.REBOOT,
+                                                 pipeline.INTERRUPTED):
+            ctx.out.log(f"next: {pipeline.gate_fix(ctx, states, None)}")  # the one command that makes it done
         if code != Exit.OK and common.sim_hint(ctx.host):
             ctx.out.log(common.sim_hint(ctx.host))
     raise typer.Exit(int(code))
@@ -328,6 +342,11 @@ def restore(
     elif code == Exit.OK:
         ctx.out.line(f"driver and P2P module hold for kernel {record['target_kernel']}"
                      + (f" ({len(record['actions'])} action(s) taken)" if record["actions"] else ""))
+        if record.get("next"):  # what restore leaves to `up`: named, so that `status` can say done again
+            nxt, first = record["next"], record["next"]["first"]
+            ctx.out.line(f"{len(nxt['not_done'])} of {len(names())} stages are not done ({first['stage']}: "
+                         f"{first['state']}" + (f", {first['reason']}" if first["reason"] else "") + "); "
+                         f"{nxt['fix']}")
     raise typer.Exit(int(code))
 
 
@@ -359,10 +378,11 @@ def rollback(
     else:
         for f in record["files"]:
             ctx.out.log(f"[rollback] {f['action']} {f['path']}")
-        nxt = f"`{how}`" if (how := ctx.host.reboot_command()) else "reboot to load the stock driver"
+        nxt = f"`{how}`" if (how := ctx.host.reboot_command()) else "reboot"
         # it worked: not an error, though the exit code (4) says a reboot is still due
         ctx.out.line(f"{stage} rolled back; stages {', '.join(record['invalidated'])} are invalidated")
-        ctx.out.log(f"next: {nxt}")
+        ctx.out.line(record["after_reboot"])  # what the next boot loads, as it will be
+        ctx.out.log(f"next: `{record['next']}`, then {nxt}" if record.get("next") else f"next: {nxt}")
     raise typer.Exit(int(Exit.REBOOT))
 
 

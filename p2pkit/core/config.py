@@ -407,12 +407,13 @@ def validate_command(source: str, overrides: tuple[str, ...] | list[str]) -> str
 def from_dict(data: dict, source: str, overrides: tuple[str, ...] = (),
               stored_secrets: tuple[str, ...] = ()) -> Profile:
     """Validate a parsed profile; raise ProfileError naming every problem by key path."""
-    shown = source + (f" with --set {', '.join(o.partition('=')[0] for o in overrides)}" if overrides else "")
+    given = tuple(o.partition("=")[0].strip() for o in overrides)
+    shown = source + (f" with --set {', '.join(given)}" if overrides else "")
     check = validate_command(source, overrides)
     problems: list[tuple[str, str]] = []
     built: dict[str, Any] = {}
     if not isinstance(data, dict):
-        raise ProfileError(shown, [("(top)", "expected a TOML document of tables")], check)
+        raise ProfileError(shown, [("(top)", "expected a TOML document of tables")], check, source, given)
     for key in data:
         if key not in SECTIONS:
             problems.append((key, f"unknown section; expected one of {', '.join(SECTIONS)}"))
@@ -451,12 +452,12 @@ def from_dict(data: dict, source: str, overrides: tuple[str, ...] = (),
                 values[fl.name] = float(v) if tp is float else v
         built[sec] = values
     if problems:
-        raise ProfileError(shown, problems, check)
+        raise ProfileError(shown, problems, check, source, given)
     profile = Profile(**{sec: cls(**built[sec]) for sec, cls in SECTIONS.items()}, source=source,
                       overrides=tuple(overrides), stored_secrets=tuple(stored_secrets))
     cross = _cross_checks(profile)
     if cross:
-        raise ProfileError(shown, cross, check)
+        raise ProfileError(shown, cross, check, source, given)
     for k, v in profile.serve.env.items():
         if secrets.is_secret(k, profile.secret_names()):
             secrets.register(v)

@@ -41,17 +41,38 @@ class ProfileError(P2pkitError):
 
     code = Exit.USAGE
 
-    def __init__(self, source: str, problems: list[tuple[str, str]], check: str = ""):
+    def __init__(self, source: str, problems: list[tuple[str, str]], check: str = "", file: str = "",
+                 given: tuple[str, ...] = ()):
         """`check`: the command that validates it again, where `profile validate {source}` would not
-        (a profile with --set overrides: the overrides go before the command)."""
+        (a profile with --set overrides: the overrides go before the command). `file`: the profile
+        itself, where `source` adds the --set keys; `given`: those keys, so that a problem in a value
+        given with --set is blamed on the --set, not on the file."""
         lines = "; ".join(f"{path}: {msg}" for path, msg in problems)
-        super().__init__(
-            f"profile {source} is not valid ({len(problems)} problem(s)): {lines}",
-            hint=f"fix the keys named above in {source}, then check it with "
-                 f"`{check or f'p2pkit profile validate {source}'}`",
-        )
+        file = file or source
+        check = check or f"p2pkit profile validate {source}"
+
+        def from_set(path: str) -> bool:
+            return any(path == k or path.startswith(k + ".") or k.startswith(path + ".") for k in given)
+
+        mine = [path for path, _ in problems if from_set(path)]
+        if mine and len(mine) == len(problems):
+            keys = ", ".join(dict.fromkeys(mine))
+            hint = (f"the value given with --set for {keys} is what is wrong, not {file}: give a valid one (a value "
+                    f"an earlier run kept for this host goes with `p2pkit --unset {mine[0]} ...`), then check it "
+                    f"with `{check}`")
+        elif mine:
+            hint = (f"fix the keys named above: {', '.join(dict.fromkeys(mine))} in your --set, the others in {file}; "
+                    f"then check it with `{check}`")
+        else:
+            hint = f"fix the keys named above in {file}, then check it with `{check}`"
+        super().__init__(f"profile {source} is not valid ({len(problems)} problem(s)): {lines}", hint=hint)
         self.source = source
+        self.file = file
         self.problems = problems
+
+
+class NotPermitted(UsageError):
+    """Something p2pkit may not do as the user it runs as (a command of the host it may not run)."""
 
 
 class GateError(P2pkitError):

@@ -35,7 +35,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from p2pkit.core import children
-from p2pkit.core.errors import STANDIN_CANNOT_RUN, STANDIN_EXIT, CommandError, HostUnusable, MissingError, P2pkitError
+from p2pkit.core.errors import (
+    STANDIN_CANNOT_RUN,
+    STANDIN_EXIT,
+    CommandError,
+    HostUnusable,
+    MissingError,
+    NotPermitted,
+    P2pkitError,
+)
 from p2pkit.core.secrets import redact
 
 log = logging.getLogger("p2pkit.core.runner")
@@ -139,6 +147,25 @@ def _die_with_parent() -> None:
         pass
 
 
+def not_permitted(exe: str) -> NotPermitted:
+    """The kernel refused to start `exe` for this user (EACCES: the file, or the interpreter its #! line
+    names, is not theirs to run): what it was, and the fix."""
+    interp = ""
+    try:
+        with open(exe, "rb") as fh:
+            first = fh.readline(200)
+        if first.startswith(b"#!"):
+            interp = f" (a script its #! line hands to {first[2:].split()[0].decode(errors='replace')})"
+    except OSError:
+        pass
+    uid = os.geteuid()
+    if uid != 0:
+        return NotPermitted(f"cannot run {exe}{interp}: permission denied for uid {uid} (p2pkit is not running as "
+                            "root)", hint="run it as root (`sudo p2pkit ...`); nothing was changed")
+    return NotPermitted(f"cannot run {exe}{interp}: permission denied",
+                        hint=f"check the modes of {exe} and of what it runs (a noexec mount refuses even root)")
+
+
 class _LogSink:
     """Appends to a log file from both pipes' reader threads, flushed at once so `tail -f` and
     `p2pkit logs STAGE --follow` see each line as the command prints it."""
@@ -185,6 +212,9 @@ class Runner:
     # with a host root other than /: the commands of this machine the host lends by name (its
     # Host says which); every other command is the host's own, or missing
     lent: tuple[str, ...] = ()
+    # the commands the kernel refused to start for the user p2pkit runs as (EACCES at exec): a read-only
+    # report says why it could not check, instead of marking a stage stale
+    denied: list[str] = field(default_factory=list)
 
     def host_dirs(self) -> list[str]:
         """Where this host's commands lie: this machine's PATH for the root /, else HOST_DIRS under the root."""
@@ -254,8 +284,12 @@ class Runner:
         start = time.monotonic()
         pipe = subprocess.PIPE if capture else None
         stdin = subprocess.DEVNULL if input_text is None else subprocess.PIPE
-        proc = subprocess.Popen([exe, *argv[1:]], stdin=stdin, stdout=pipe, stderr=pipe, env=full_env,
-                                cwd=cwd, preexec_fn=_die_with_parent)
+        try:
+            proc = subprocess.Popen([exe, *argv[1:]], stdin=stdin, stdout=pipe, stderr=pipe, env=full_env,
+                                    cwd=cwd, preexec_fn=_die_with_parent)
+        except PermissionError:
+            self.denied.append(exe)
+            raise not_permitted(exe) from None
         children.started(proc.pid, argv, token)
         sink = _LogSink(output_log, argv) if output_log is not None and capture else None
         readers = [_Capped(p, sink) for p in (proc.stdout, proc.stderr) if p is not None]

@@ -21,7 +21,7 @@ from p2pkit.core import hoststate
 from p2pkit.core.errors import P2pkitError, UsageError
 from p2pkit.core.secrets import REDACTED, is_secret
 from p2pkit.facts import types as fact_types
-from p2pkit.host import Host, arch, boot, kmod, mok, nvml, pci, roce, smi, storage, system
+from p2pkit.host import Host, arch, boot, kmod, launcher, mok, nvml, pci, roce, smi, storage, system
 from p2pkit.host import field_facts as hfield
 from p2pkit.parse import system as ps
 
@@ -49,10 +49,13 @@ def _dpkg(h: Host):
 
 
 def _cgroup(h: Host):
+    """p2pkit's own cgroup and its caps, and whether systemd is PID 1 (whether the engine's cgroup will be
+    a systemd slice or the one p2pkit's launcher makes)."""
     cg = system.self_cgroup(h)
     caps = system.memory_caps(h, cg)
     return {"v2_path": cg.v2_path, "v1_memory_path": cg.v1.get("memory"),
-            "memory_caps": [{"file": f, "limit_bytes": n} for f, n in caps]}
+            "memory_caps": [{"file": f, "limit_bytes": n} for f, n in caps],
+            "systemd_booted": launcher.systemd_booted(h)}
 
 
 def _guards(h: Host):

@@ -92,6 +92,7 @@ class Cgroup(TypedDict, total=False):
     v2_path: str | None
     v1_memory_path: str | None
     memory_caps: list[MemoryCap]
+    systemd_booted: bool  # systemd is PID 1: the engine gets a slice, else the launcher's own cgroup
 
 
 class PciLink(TypedDict, total=False):

@@ -42,6 +42,8 @@ def init(root: Path, state: dict) -> None:
     if prof.engine.recipe == "vllm":
         provision.make_vllm(root, state.get("flashinfer_version", "0.6.18"), prof.engine.commit,
                             tuple(state.get("vllm_sass", ("sm_120a", "sm_121a"))))
+        # the running vLLM maps the NCCL of its venv's wheel (its workers run NCCL; P37)
+        state.setdefault("engine_nccl", [f"/opt/vllm/lib/{provision.VLLM_NCCL}"])
     if prof.model.source:
         provision.make_hf_model(root, prof.model.source)
     for d in prof.model.nvme_paths:  # the n-gram table's local copy (SIMULATED: a few bytes)
@@ -149,6 +151,13 @@ def upgrade(root: Path, kernel: str, stock_module: bool, run_hooks: bool) -> lis
         dkms.mkdir(parents=True, exist_ok=True)
         (dkms / "nvidia.ko").write_text(STOCK_KO.format(kernel=kernel))
         state["packages"]["nvidia-dkms-580"] = "ii"
+        # nvidia-dkms-580 depends on its version's GSP firmware package (nvidia-firmware-580-<version>):
+        # apt installs the firmware with it, where the module finds it at load
+        fw = root / "lib/firmware/nvidia/580.95.05"
+        if not any(fw.glob("gsp_*.bin")):
+            fw.mkdir(parents=True, exist_ok=True)
+            (fw / "gsp_ga10x.bin").write_text("stock GSP firmware 580.95.05\n")
+        state["packages"]["nvidia-firmware-580-580.95.05"] = "ii"
     state["next_kernel"] = kernel
     cmd = state.get("next_cmdline") or state["cmdline"]
     state["next_cmdline"] = cmd.replace(f"vmlinuz-{state['kernel']}", f"vmlinuz-{kernel}")

@@ -246,6 +246,9 @@ def make_vllm_tree(root: Path, tree: str, branch: str, patched: bool = True) -> 
     return _git(work, "rev-parse", "HEAD")
 
 
+VLLM_NCCL, VLLM_NCCL_VERSION = "nvidia/nccl/lib/libnccl.so.2", "2.29.3"
+
+
 def make_vllm(root: Path, flashinfer: str = "0.6.18", commit: str = "",
               sass: tuple[str, ...] = ("sm_120a", "sm_121a")) -> None:
     """A SIMULATED Python environment at /opt/vllm: `vllm` (whose api_server is sim.engine's vLLM),
@@ -263,6 +266,11 @@ def make_vllm(root: Path, flashinfer: str = "0.6.18", commit: str = "",
                                        "if __name__ == '__main__':\n    vllm_main()\n")
     # the compiled kernels: the stand-in cuobjdump lists these architectures (P39)
     (lib / "vllm/_C.abi3.so").write_text("SIMULATED vLLM kernels\n" + "".join(f"sass={a}\n" for a in sass))
+    # the NCCL the wheel nvidia-nccl-cu13 puts in the venv: one file, libnccl.so.2, its version inside it
+    # (what the running engine maps, lifecycle.init)
+    nccl = lib / VLLM_NCCL
+    nccl.parent.mkdir(parents=True, exist_ok=True)
+    nccl.write_text(f"\x7fELF SIMULATED libnccl NCCL version {VLLM_NCCL_VERSION}+cuda13.0\n")
     (lib / "flashinfer").mkdir(exist_ok=True)
     (lib / "flashinfer/__init__.py").write_text(f"# SIMULATED\n__version__ = {flashinfer!r}\n")
     for name, ver in (("vllm", version), ("flashinfer_python", flashinfer)):

@@ -32,10 +32,11 @@ def write(root: Path, rel: str, text: str | bytes, mode: int | None = None) -> P
     return p
 
 
-def config_space(port_type: int, acs_ctl: int | None = None) -> bytes:
+def config_space(port_type: int, acs_ctl: int | None = None, extended: bool = False) -> bytes:
     """256 bytes with a capability list holding one PCIe capability of the given port type; a bridge
-    gets the 4 KiB root reads, with an ACS extended capability at 0x100 (control word `acs_ctl`)."""
-    cfg = bytearray(256 if acs_ctl is None else 4096)
+    gets the 4 KiB root reads, with an ACS extended capability at 0x100 (control word `acs_ctl`), or
+    none (`extended` alone: a switch's upstream port)."""
+    cfg = bytearray(256 if acs_ctl is None and not extended else 4096)
     if acs_ctl is not None:
         cfg[0x100:0x104] = (0x000D | 1 << 16).to_bytes(4, "little")  # ACS, version 1, no next capability
         cfg[0x104:0x106] = (0x005F).to_bytes(2, "little")  # capabilities: SV TB RR CR UF DT
@@ -58,14 +59,14 @@ def _link(root: Path, bdf: str, target: Path) -> None:
 
 def _pci_dev(root: Path, path: Path, bdf: str, vendor: str, device: str, cls: str, port_type: int,
              max_gen: int, max_width: int, cur_gen: int, cur_width: int, resource: str = "",
-             acs_ctl: int | None = None) -> None:
+             acs_ctl: int | None = None, extended: bool = False) -> None:
     path.mkdir(parents=True, exist_ok=True)
     files = {"vendor": vendor, "device": device, "class": cls,
              "max_link_speed": model.speed_text(max_gen), "max_link_width": str(max_width),
              "current_link_speed": model.speed_text(cur_gen), "current_link_width": str(cur_width)}
     for k, v in files.items():
         (path / k).write_text(v + "\n")
-    (path / "config").write_bytes(config_space(port_type, acs_ctl))
+    (path / "config").write_bytes(config_space(port_type, acs_ctl, extended))
     # what udev reads of a device (libudev's enumeration of subsystem pci, pyudev's on a real root): the
     # subsystem link and the uevent the kernel composes (drivers/pci/pci-driver.c, pci_uevent)
     (path / "subsystem").symlink_to(os.path.relpath(root / "sys/bus/pci", path))
@@ -125,13 +126,15 @@ def gpu_files(root: Path, state: dict) -> None:
         _pci_dev(root, rp, g["root_port"], AMD, "0x14db", "0x060400", 4, g["slot_gen"], g["slot_width"], 1, width,
                  acs_ctl=state.get("acs_ctl", {}).get(g["root_port"], 0))
         parent = rp
-        if g["switch"]:
-            bus = int(g["bdf"][5:7], 16)
-            up, down = f"0000:{bus:02x}:00.0", f"0000:{bus + 1:02x}:00.0"
+        if g["switch"]:  # root port > the switch's upstream port > its downstream port > the GPU
+            up, down = rules.below_bridge(g["root_port"], 1), rules.below_bridge(g["root_port"], 2)
+            if g["bdf"] in (up, down):
+                raise ValueError(f"the scenario puts GPU {g['bdf']} where its switch's ports are ({up}, {down})")
             parent = rp / up
-            _pci_dev(root, parent, up, "0x10b5", "0x8747", "0x060400", 5, 3, 16, 3, 16)
-            parent = parent / down
-            _pci_dev(root, parent, down, "0x10b5", "0x8747", "0x060400", 6, 3, 16, 3, 16)
+            _pci_dev(root, parent, up, "0x10b5", "0x8747", "0x060400", 5, 3, 16, 3, 16, extended=True)
+            parent = parent / down  # a downstream port carries ACS (as the root port does)
+            _pci_dev(root, parent, down, "0x10b5", "0x8747", "0x060400", 6, 3, 16, 3, 16,
+                     acs_ctl=state.get("acs_ctl", {}).get(down, 0))
         gdir = parent / g["bdf"]
         _pci_dev(root, gdir, g["bdf"], NV, g["device"], "0x030000", 0, g["gpu_max_gen"], g["gpu_max_width"],
                  1, width, _resource_table(g, i))
@@ -221,6 +224,8 @@ def render(root: Path, state: dict) -> None:
                         f"{3414 + i} {lib}" for i, lib in enumerate(state["engine_nccl"])]
                 maps.append(f"{base - 0x200000:012x}-{base:012x} rw-s 00000000 00:1a 77 /dev/shm/nccl-Ab12Cd")
                 write(root, f"proc/{svc['pid']}/maps", "\n".join(maps) + "\n")
+            else:  # every process has its mappings: the engine's own, as the kernel shows them
+                (root / f"proc/{svc['pid']}/maps").symlink_to(f"/proc/{svc['pid']}/maps")
             write(root, f"sys/fs/cgroup/{svc.get('slice') or 'system.slice'}/memory.max", "max\n")
             mm = svc.get("memory_max", "max")
             write(root, f"sys/fs/cgroup{cgpath}/memory.max", ("max" if mm in ("infinity", "max") else mm) + "\n")

@@ -18,6 +18,16 @@ def link_speed_text(gen: int) -> str:
     return f"{PCIE_GTS[gen]:.1f} GT/s PCIe"
 
 
+def below_bridge(port: str, depth: int) -> str:
+    """The address `depth` bridges below a bridge, each device the first on its bus: firmware numbers
+    the buses depth first, each bridge's secondary bus the next number (PCI-to-PCI Bridge Architecture
+    Specification, bus enumeration; a switch is an upstream port whose internal bus holds its
+    downstream ports). Under root port 0000:00:01.1: 0000:01:00.0 (the device in the slot, or a
+    switch's upstream port), 0000:02:00.0 (that switch's downstream port), 0000:03:00.0 (behind it)."""
+    domain, bus = port[:4], int(port[5:7], 16)
+    return f"{domain}:{bus + depth:02x}:00.0"
+
+
 # ------------------------------------------------------------------------------------------ IOMMU
 
 def iommu_mode(cmdline: str, cpu_vendor: str, firmware_on: bool) -> str:

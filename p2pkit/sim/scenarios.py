@@ -60,6 +60,16 @@ def _gpus(**kw):
     return apply
 
 
+def _behind_switch(s: dict) -> None:
+    """Each GPU behind a PLX switch on its root port: the GPU's address moves two buses down, below the
+    switch's upstream and downstream ports (rules.below_bridge)."""
+    from p2pkit.sim import rules
+
+    for g in s["gpus"]:
+        g["switch"] = True
+        g["bdf"] = rules.below_bridge(g["root_port"], 3)
+
+
 def _spark(head: bool):
     """A DGX Spark node (seed 004): an aarch64 host (`uname -m`, /usr/lib/aarch64-linux-gnu, NVIDIA's
     aarch64 installer, iommu.passthrough) with one GB10, two ConnectX-7 ports of which the cabled one
@@ -110,7 +120,7 @@ SCENARIOS: dict[str, tuple[str, list]] = {
                                  [_set("secure_boot", True), _set("cmdline", READY),
                                   _set("stock_driver", "580.95.05")]),
     "small-bar": ("Resizable BAR off in BIOS: BAR1 is 256 MiB", [_gpus(bar1_bytes=256 << 20)]),
-    "behind-switch": ("both GPUs behind a PLX switch", [_gpus(switch=True)]),
+    "behind-switch": ("both GPUs behind a PLX switch", [_behind_switch]),
     "gen4-slot": ("the second GPU in a Gen4 x8 slot", [_set("gpus.1.slot_gen", 4)]),
     "iommu-translating": ("the kernel forces a translating IOMMU (amd_iommu=on iommu.passthrough=0)",
                           [_set("cmdline", "BOOT_IMAGE=/boot/vmlinuz-6.8.0-88-generic root=UUID=5d0c7a51 ro "

@@ -55,7 +55,7 @@ STAGES: list[Stage] = [
           measure=engine_stage.measure),
     Stage("model", "model converted and verified", inputs=("engine", "model"),
           check=model.check, precheck=model.precheck, act=model_stage.act, measure=model_stage.measure),
-    Stage("service", "systemd service healthy, no memory cap", inputs=("serve", "engine", "model"),
+    Stage("service", "engine service healthy, no memory cap", inputs=("serve", "engine", "model"),
           check=combine(service.check, service.nccl_p2p_level, service.nccl_floor), precheck=service.precheck,
           act=service_stage.act, live=("engine_live", service.alive), measure=service_stage.measure),
 ]

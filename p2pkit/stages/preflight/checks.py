@@ -19,7 +19,7 @@ def check(f: dict, p: Profile) -> list[Check]:
     boot = [bootloader(f, p)] if "bootloader" in f else []
     return [
         _gpu_count(f, p), _gpu_model(f, p), _os(f, p), _kernel(f, p), _root(f, p), _disk(f, p),
-        _secure_boot(f, p), _iommu(f, p), *boot, _dpkg(f), _cgroup(f), _tools(f, p), _pins(p),
+        _secure_boot(f, p), _iommu(f, p), *boot, _dpkg(f), _cgroup(f, p), _tools(f, p), _pins(p),
     ]
 
 
@@ -289,16 +289,29 @@ def _dpkg(f) -> Check:
                  "listed nvidia packages")
 
 
-def _cgroup(f) -> Check:
+# where the engine's own cgroup comes from, by who starts it (serve.manager, or on "auto" whether
+# systemd is PID 1; a recording without that reading: either)
+ENGINE_CGROUP = {
+    "systemd": "the engine runs as a system service in its own slice and does not inherit this cap",
+    "launcher": "systemd is not PID 1 here, so p2pkit's launcher starts the engine in a memory cgroup of its own "
+                "at the top of the hierarchy, which does not inherit this cap (the service stage proves it)",
+    "auto": "the engine runs in a cgroup of its own (its systemd slice, or where systemd is not PID 1 the one "
+            "p2pkit's launcher makes) and does not inherit this cap",
+}
+
+
+def _cgroup(f, p: Profile) -> Check:
     cg = f.get("cgroup")
     if failed(cg):
         return unknown("preflight.cgroup", "p2pkit not in a memory-capped cgroup", cg, "no memory cap",
                        needed=False, pitfall="P12")
     caps = sorted(cg["memory_caps"], key=lambda c: c["limit_bytes"])  # the tightest first: it is the one that binds
+    manager = p.serve.manager
+    if manager == "auto" and cg.get("systemd_booted") is not None:
+        manager = "systemd" if cg["systemd_booted"] else "launcher"
     return reading("preflight.cgroup", "p2pkit not in a memory-capped cgroup", WARN if caps else PASS,
                    caps[0]["limit_bytes"] / GIB if caps else None, "GiB", "no memory cap",
                    "p2pkit runs inside a memory-capped cgroup (a tool's background terminal?). That is fine "
-                   "for p2pkit; the engine runs as a system service in its own slice and does not inherit "
-                   "this cap", "P12", text=f"{caps[0]['file'] if caps else ''} = {{}}"
+                   f"for p2pkit; {ENGINE_CGROUP[manager]}", "P12", text=f"{caps[0]['file'] if caps else ''} = {{}}"
                    + "".join(f", {c['file']} = {show(c['limit_bytes'] / GIB, 'GiB')}" for c in caps[1:]),
                    missing="no memory cap")

@@ -123,7 +123,8 @@ def check(f: dict, p: Profile) -> list[Check]:
         if not failed(own) and own.get("memory_caps") and not caps:
             out.append(Check("service.not_inherited", "p2pkit's own memory cap is not the service's", WARN,
                              f"p2pkit runs capped ({own['memory_caps'][0]['file']}); the service does not",
-                             "service uncapped", "fine: the engine runs in p2pkit's own cgroup (its launcher's)"
+                             "service uncapped", "fine: p2pkit's launcher started the engine in a memory cgroup of "
+                             f"its own ({pc['v2_path'] or pc['v1_memory_path']}), not in the capped one p2pkit runs in"
                              if s.get("manager") == "launcher" else "fine: the service runs in p2pkit.slice and "
                              "does not inherit the cap of the terminal p2pkit was started from", "P12"))
     if "nccl_transports" in s:
@@ -518,6 +519,9 @@ def nccl_floor(f: dict, p: Profile) -> list[Check]:
     """P16/P37: the NCCL the profile points at, and the one the running engine has mapped, meet the floor."""
     if not p.engine.nccl_min:
         return []
+    if not p.engine.cuda:  # a CPU build (CI, a laptop) links no NCCL: there is no NCCL to judge
+        return [Check("field.nccl_floor.engine", "the engine's mapped NCCL meets the floor", SKIP,
+                      "a CPU build (engine.cuda = false) maps no NCCL", f">= {p.engine.nccl_min}", "", "P37")]
     out = []
     pn = f.get("profile_nccl")
     if isinstance(pn, dict) and pn.get("path"):
