@@ -93,8 +93,11 @@ def facts(host: Host, profile, state_dir: str) -> dict:
             out["enrolment"] = enrolment(host, cert)
         except ProbeError as e:
             out["cert_error"] = e.message
-    r = host.runner.run(["modinfo", "-F", "sig_key", "nvidia"], check=False)
+    # the running kernel's module as p2pkit reads that kernel (/proc/sys/kernel/osrelease), named to modinfo:
+    # without -k it asks the uname() system call, which a container answers with the machine's kernel
+    # (found on the container host: "signed by nobody" for a module the real sign-file had signed)
+    r = host.runner.run(["modinfo", "-k", kernel, "-F", "sig_key", "nvidia"], check=False)
     out["module_sig_key"] = r.stdout.strip() if r.returncode == 0 else None
-    r = host.runner.run(["modinfo", "-F", "signer", "nvidia"], check=False)
+    r = host.runner.run(["modinfo", "-k", kernel, "-F", "signer", "nvidia"], check=False)
     out["module_signer"] = r.stdout.strip() if r.returncode == 0 else None
     return out
