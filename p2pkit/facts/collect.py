@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 
 from p2pkit import __version__
-from p2pkit.core import hoststate
+from p2pkit.core import hoststate, writers
 from p2pkit.core.errors import P2pkitError, UsageError
 from p2pkit.core.secrets import REDACTED, is_secret
 from p2pkit.facts import types as fact_types
@@ -155,12 +155,8 @@ def _engine_env_file(h: Host):
     path = "/etc/p2pkit/engine.env"
     if not h.exists(path):
         return {"path": path, "env": None}
-    env = {}
-    for line in h.read(path, "the engine's environment file").splitlines():
-        k, sep, v = line.partition("=")
-        if sep and not line.lstrip().startswith("#"):
-            env[k.strip()] = v.strip().strip('"')
-    return {"path": path, "env": env}
+    # read as systemd reads it: a line ends at \n or \r only (a U+2028 in a value is part of it)
+    return {"path": path, "env": writers.read_env_file(h.read(path, "the engine's environment file"))}
 
 
 def _boot_hold(h: Host):

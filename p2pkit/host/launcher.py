@@ -28,6 +28,7 @@ from pathlib import Path
 
 from p2pkit.core import children
 from p2pkit.core.artifacts import atomic_write
+from p2pkit.core.breaks import lines
 from p2pkit.core.errors import Exit, P2pkitError, ProbeError
 from p2pkit.host import Host, system
 from p2pkit.parse import system as ps
@@ -160,7 +161,7 @@ def _move(host: Host, cg: dict, pid: int) -> str | None:
 
 def log_tail(path: str | Path, n: int = 30) -> list[str]:
     try:
-        return Path(path).read_text(errors="replace").splitlines()[-n:]
+        return lines(Path(path).read_text(errors="replace"))[-n:]  # the engine's lines: split at \n only
     except OSError:
         return []
 
