@@ -58,6 +58,9 @@ def validate(path: Annotated[str, typer.Argument(help="profile TOML file (or bui
     out = common.output()
     try:
         p = common.contained(config.load(path, common.OPTS.overrides), common.host())
+        refused = engine_refusals(p)
+        if refused:
+            raise ProfileError(p.source, refused, config.validate_command(p.source, p.overrides))
     except ProfileError as e:
         if common.OPTS.json:
             out.document({"valid": False, "source": e.source,
@@ -71,6 +74,25 @@ def validate(path: Annotated[str, typer.Argument(help="profile TOML file (or bui
         out.document({"valid": True, "source": p.source, "name": p.name})
     else:
         out.line(f"{p.source}: valid ({p.name})")
+
+
+def engine_refusals(p: config.Profile) -> list[tuple[str, str]]:
+    """What the service stage refuses before it starts the engine (its flags: rules/engine_cmd.py), as
+    problems by key: `profile validate` refuses a profile the start would refuse (an unknown flag)."""
+    from p2pkit.rules import engine_cmd
+    from p2pkit.rules.findings import FAIL
+
+    out = []
+    for c in engine_cmd.validate(p):
+        if c.status != FAIL:
+            continue
+        if c.id == "service.flags_known":
+            out += [(f"serve.flags.{name}", f"{p.engine.recipe} has no flag --{name}: the start refuses it; {c.hint}")
+                    for name in str(c.measured).split(", ")]
+        else:
+            out.append(("serve.flags", f"{c.title}: {c.measured} (expected {c.expected}); the start refuses it: "
+                                       f"{c.hint}"))
+    return out
 
 
 @app.command()
