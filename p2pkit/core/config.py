@@ -535,6 +535,37 @@ FIT_FLAGS: dict[str, dict[str, tuple[str, float, float]]] = {
 }
 
 
+# How each engine reads the argument after a flag (issue 40: serve.flags.model-id = "--host=0.0.0.0").
+# ninfer-serve (src/serve/serve_options.cpp, require_value) and llama-server (common/arg.cpp, parse_cli_args:
+# `argv[++i]`) take the argument after a flag that takes a value as that value, whatever it starts with; after
+# a flag that takes none (a switch) the next argument is read as an option. vLLM's argparse reads any argument
+# that starts with "-" as an option (Lib/argparse.py, _parse_optional) unless it is a negative number or holds a
+# space, so `--served-model-name --host=0.0.0.0` sets --host (or fails to start).
+SWITCHES: dict[str, frozenset[str]] = {
+    "ninfer": frozenset({"lm-head-draft", "vision"}),
+    "llamacpp": frozenset({"kv-unified", "jinja", "metrics", "no-webui"}),
+    "vllm": frozenset({"no-enable-prefix-caching", "enable-chunked-prefill", "enforce-eager",
+                       "enable-auto-tool-choice", "headless"}),
+}
+NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # argparse's _negative_number_matcher: a value, not an option
+
+
+def _argv_option_problems(p: Profile) -> list[tuple[str, str]]:
+    """Flag values the engine would read as options of its own, not as the values they are meant to be."""
+    out = []
+    for k, v in p.serve.flags.items():
+        if k in SWITCHES.get(p.engine.recipe, ()) and not isinstance(v, bool) and v is not None:
+            out.append((f"serve.flags.{k}", f"--{k} takes no value, and {p.engine.recipe} would read {_shown(v)} as "
+                                            f"the next argument (an option when it starts with -): write {k} = true "
+                                            "(or false to leave it out)"))
+        elif p.engine.recipe == "vllm" and isinstance(v, str) and v.startswith("-") and v != "-" \
+                and not NEGATIVE_NUMBER.match(v) and " " not in v:
+            out.append((f"serve.flags.{k}", f"{_shown(v)} starts with -, and vLLM's argument parser (argparse) reads "
+                                            f"such an argument as an option, not as the value of --{k}: give a value "
+                                            "that does not start with -"))
+    return out
+
+
 def _fit_flag_problem(kind: str, lo: float, hi: float, value) -> str | None:
     """Why an engine flag the fit check reads cannot be computed with, or None."""
     if kind == "split":
@@ -586,7 +617,7 @@ def _int_range_problems(p: Profile) -> list[tuple[str, str]]:
 
 
 def _cross_checks(p: Profile) -> list[tuple[str, str]]:
-    out = _int_range_problems(p)
+    out = _int_range_problems(p) + _argv_option_problems(p)
     env, flags = exec_bytes(p)
     room = ARG_MAX_FLOOR - ENGINE_RESERVE
     if env + flags > room:
