@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -71,11 +72,22 @@ STATUS_COMMAND_S = 3.0  # the longest `status` waits on any one command it runs 
 def evaluate(ctx: Ctx, recheck: bool = True) -> list[StageState]:
     states: list[StageState] = []
     prev: StageState | None = None
+    live = _live_early(ctx) if recheck else {}
     ident = identity(ctx.host)
     for st in registry():
-        states.append(_state_of(ctx, st, prev, ident, recheck))
+        states.append(_state_of(ctx, st, prev, ident, recheck, live.get(st.name)))
         prev = states[-1]
     return states
+
+
+def _live_early(ctx: Ctx) -> dict[str, Future]:
+    """Each stage's live probe (the engine asked once: its /health may take LIVE_TIMEOUT_S to give no answer),
+    started before the stages are judged, so that its wait overlaps their re-checks instead of adding to them."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="p2pkit-live")
+    out = {st.name: pool.submit(facts.collect, ctx.host, (st.live[0],), ctx.profile)
+           for st in registry() if st.live is not None}
+    pool.shutdown(wait=False)
+    return out
 
 
 def running_now(store: Store) -> dict | None:
@@ -90,7 +102,8 @@ def running_now(store: Store) -> dict | None:
     return {**doc, "pid": holder} if isinstance(doc, dict) else None
 
 
-def _state_of(ctx: Ctx, st: Stage, prev: StageState | None, ident: dict, recheck: bool) -> StageState:
+def _state_of(ctx: Ctx, st: Stage, prev: StageState | None, ident: dict, recheck: bool,
+              live: Future | None = None) -> StageState:
     try:
         doc = ctx.store.read(st.name)
     except CorruptArtifact as e:
@@ -135,7 +148,8 @@ def _state_of(ctx: Ctx, st: Stage, prev: StageState | None, ident: dict, recheck
         notes = "; ".join(f"{c.id}: {c.hint}" for c in checks if c.status == WARN and c.id in st.notes)
     if recheck and st.live is not None:
         name, judge_live = st.live
-        bad = [c for c in judge_live(facts.collect(ctx.host, (name,), ctx.profile).get(name)) if c.status == FAIL]
+        found = live.result() if live is not None else facts.collect(ctx.host, (name,), ctx.profile)
+        bad = [c for c in judge_live(found.get(name)) if c.status == FAIL]
         if bad:
             return StageState(st.name, STALE, f"re-check failed: {bad[0].id}: {bad[0].measured}: {bad[0].hint}", doc)
     return StageState(st.name, DONE, notes, doc)

@@ -15,9 +15,13 @@ app = typer.Typer(help="The inference engine's system service.", no_args_is_help
 
 @app.command()
 def status() -> None:
-    """systemctl status of the engine, and whether /health answers."""
+    """systemctl status of the engine (or its launcher's record), and the engine judged now as status and
+    doctor judge it: frozen (its process stopped), not answering (/health gives no answer), or answering."""
+    from p2pkit.facts import collect
     from p2pkit.rules import engine_cmd
+    from p2pkit.rules.findings import FAIL, PASS
     from p2pkit.stages.service import act as service
+    from p2pkit.stages.service import checks
     from p2pkit.stages.service import launcher as service_launcher
 
     ctx = common.context()
@@ -28,11 +32,18 @@ def status() -> None:
         ctx.out.line(r.stdout.strip() or r.stderr.strip())
         ok = r.returncode == 0
     p = ctx.profile
-    if engine_cmd.node(p)["role"] == "worker":
+    # the one judgement of a live engine (service.checks.alive over the engine_live fact), never a TCP connect:
+    # a stopped process's listening socket still accepts
+    judged = checks.alive(collect.collect(ctx.host, ("engine_live",), p).get("engine_live"))
+    worker = engine_cmd.node(p)["role"] == "worker"
+    if worker:
         ctx.out.line("a headless worker node: it serves no API (the head does)")
-    else:
-        ln = service.listening(p, service.main_pid(ctx.host))
-        ctx.out.line(f"{engine_cmd.client_host(p)}:{p.serve.port}: {'answers' if ln['connect'] else 'no answer'}")
+    where = "the engine" if worker else f"{engine_cmd.client_host(p)}:{p.serve.port}"
+    for c in judged:
+        ctx.out.line(f"{where}: {c.measured if c.status != PASS or worker else f'answers ({c.measured})'}")
+        if c.status != PASS and c.hint:
+            ctx.out.line(f"fix: {c.hint}")
+    ok = ok and all(c.status != FAIL for c in judged)
     raise typer.Exit(int(Exit.OK if ok else Exit.CHECK_FAILED))
 
 

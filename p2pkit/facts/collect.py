@@ -21,7 +21,7 @@ from p2pkit.core import hoststate, writers
 from p2pkit.core.errors import P2pkitError, UsageError
 from p2pkit.core.secrets import REDACTED, is_secret
 from p2pkit.facts import types as fact_types
-from p2pkit.host import Host, arch, boot, kmod, mok, nvml, pci, roce, smi, storage, system
+from p2pkit.host import Host, arch, boot, kmod, launcher, mok, nvml, pci, roce, smi, storage, system
 from p2pkit.host import field_facts as hfield
 from p2pkit.parse import system as ps
 
@@ -105,7 +105,7 @@ def _vram_fit(h: Host, profile):
     with tensor split."""
     from p2pkit.host import model
     nv = nvml.facts(h)
-    pid = system.service_main_pid(h) if h.path(f"/etc/systemd/system/{system.ENGINE_UNIT}").is_file() else None
+    pid = launcher.engine_process(h)["pid"]  # the launcher's record, or the unit's MainPID
     mine = set(system.process_tree(h, pid)) if pid else set()
     gpus: list | dict = {"error": nv["error"]} if "error" in nv else []
     for g in [] if isinstance(gpus, dict) else nv.get("gpus", []):
@@ -118,8 +118,9 @@ def _vram_fit(h: Host, profile):
         out["tp_quant_kv_refused"] = model.tp_quant_kv_refused(h, profile.engine.build_dir)
     return out
 def _engine_nccl(h: Host, profile):
-    """The NCCL the running engine has mapped (P37), or that it is not running."""
-    pid = system.service_main_pid(h)
+    """The NCCL the running engine has mapped (P37), or that it is not running (found through the
+    launcher's record where systemd is not PID 1, else the unit's MainPID)."""
+    pid = launcher.engine_process(h)["pid"]
     return {"running": False} if pid is None else hfield.process_nccl(h, pid)
 
 
@@ -172,17 +173,19 @@ LIVE_TIMEOUT_S = 2.0  # status and doctor ask a running engine once, briefly: a 
 
 
 def _engine_live(h: Host, profile):
-    """The engine as it is now, each probe bounded by a second or two: its main PID, that process's
-    state (T: stopped), and /health once (a headless worker serves none)."""
-    if not h.path(f"/etc/systemd/system/{system.ENGINE_UNIT}").is_file():
+    """The engine as it is now, each probe bounded by a second or two: its main PID (the launcher's
+    record, or the unit's MainPID), that process's state (T: stopped), and /health once (a headless
+    worker serves none)."""
+    proc = launcher.engine_process(h, timeout=LIVE_TIMEOUT_S)
+    if proc["manager"] is None:
         return {"installed": False}
     from p2pkit.host import engine_api
     from p2pkit.rules import engine_cmd
 
-    pid = system.service_main_pid(h, timeout=LIVE_TIMEOUT_S)
-    out = {"installed": True, "pid": pid, "state": system.process_state(h, pid) if pid else None,
+    pid = proc["pid"]
+    out = {"installed": True, "manager": proc["manager"], "pid": pid, "state": proc["state"],
            "role": engine_cmd.node(profile)["role"]}
-    if pid and out["role"] != "worker":
+    if pid and out["role"] != "worker" and proc["state"] not in ("T", "t"):  # a stopped one cannot answer: not asked
         code, body = engine_api.get(engine_cmd.health_url(profile), timeout=LIVE_TIMEOUT_S)
         out["health"] = {"code": code, "text": body.strip()[:160]}
     return out
@@ -256,9 +259,10 @@ def _one(host: Host, name: str, profile) -> object:
 
 # The facts that wait on a process or a library (nvidia-smi, dpkg-query and apt-mark, modinfo, dmesg,
 # NVML's import and init), slowest first: they start before the file reads, so the wait is the
-# slowest one's, not their sum (measured on the H200: docs/measurements.md).
-WAITING = ("package_holds", "smi_topo_m", "smi_p2p_read", "smi_p2p_write", "module", "kernel_log", "nvml", "arch",
-           "built_module", "module_sources", "engine_archs", "engine_nccl", "kernel")
+# slowest one's, not their sum (measured on the H200: docs/measurements.md). The engine's /health first: a
+# silent engine gives no answer for LIVE_TIMEOUT_S.
+WAITING = ("engine_live", "package_holds", "smi_topo_m", "smi_p2p_read", "smi_p2p_write", "module", "kernel_log",
+           "nvml", "arch", "built_module", "module_sources", "engine_archs", "engine_nccl", "kernel")
 
 
 # facts started before they were asked for, by host root and name (start_early)

@@ -324,6 +324,7 @@ class Health(TypedDict, total=False):
 
 class EngineLive(TypedDict, total=False):
     installed: bool
+    manager: str  # "systemd" or "launcher": how the engine was found (host/launcher.py, engine_process)
     pid: int | None
     state: str | None
     role: str

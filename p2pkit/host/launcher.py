@@ -101,6 +101,28 @@ def is_running(rec: dict | None) -> bool:
     return bool(rec) and children.running(rec["pid"], rec.get("start"))
 
 
+def engine_process(host: Host, timeout: float | None = None) -> dict:
+    """The engine's main process, found the one way every fact that needs it (its liveness, its NCCL, its
+    memory fit) finds it: through the launcher's record where p2pkit's launcher started it (systemd not
+    PID 1; the record's pid only while its start time matches), else systemd's MainPID of the installed
+    unit. {"manager": "launcher" | "systemd" | None (no engine installed here), "pid": int | None,
+    "state": the process's state letter (T: stopped) | None}. A launcher's engine is this machine's own
+    process, so its state is read from this machine's /proc, as its liveness is."""
+    rec_path = record_path(host)
+    if rec_path.is_file():
+        rec = read_record(rec_path)
+        pid = rec["pid"] if is_running(rec) else None
+        try:
+            state = ps.proc_stat_state(Path(f"/proc/{pid}/stat").read_text()) if pid else None
+        except (OSError, ValueError, IndexError):
+            state = None
+        return {"manager": "launcher", "pid": pid, "state": state}
+    if host.path(f"/etc/systemd/system/{system.ENGINE_UNIT}").is_file():
+        pid = system.service_main_pid(host, timeout=timeout)
+        return {"manager": "systemd", "pid": pid, "state": system.process_state(host, pid) if pid else None}
+    return {"manager": None, "pid": None, "state": None}
+
+
 # ---------------------------------------------------------------------------------------- cgroups
 
 def _hierarchy(host: Host) -> tuple[str, str, str] | None:
