@@ -137,6 +137,8 @@ def _state_of(ctx: Ctx, st: Stage, prev: StageState | None, ident: dict, recheck
         return StageState(st.name, STALE, f"chain broken: {prev.stage}'s artifact changed since", doc)
     if doc.get("applicable") is False:
         return StageState(st.name, DONE, f"not applicable: {st.not_applicable(ctx.profile)}", doc)
+    if recheck and st.reprove is not None and (bad := reproof(ctx, st, doc)) is not None:
+        return StageState(st.name, STALE, f"re-proof failed: {bad.id}: {bad.measured}: {bad.hint}", doc)
     notes = ""
     if recheck and st.check is not None and st.measure is None:
         f = facts.collect(ctx.host, st.facts, ctx.profile)
@@ -153,6 +155,25 @@ def _state_of(ctx: Ctx, st: Stage, prev: StageState | None, ident: dict, recheck
         if bad:
             return StageState(st.name, STALE, f"re-check failed: {bad[0].id}: {bad[0].measured}: {bad[0].hint}", doc)
     return StageState(st.name, DONE, notes, doc)
+
+
+def reproof(ctx: Ctx, st: Stage, doc: dict) -> Check | None:
+    """What a measuring stage's artifact claims, proven again before it is trusted (as a stage that does not
+    measure re-runs its checks on fresh facts): the facts it recorded still pass the stage's own checks (a
+    status or figure edited by hand is caught), and the stage's re-proof holds (its files are there and the
+    same, its figures are what their samples give). The first failure, or None."""
+    recorded = doc.get("facts") if isinstance(doc.get("facts"), dict) else {}
+    try:
+        bad = next((c for c in (st.check(recorded, ctx.profile) if st.check else []) if c.status == FAIL), None)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:  # facts no run of this stage writes
+        return Check(f"{st.name}.artifact", f"{st.title}: the artifact's facts", FAIL,
+                     f"not facts this stage records ({type(e).__name__}: {e})", "the facts of a run",
+                     f"run `{command(ctx, 'up', '--from', st.name)}` to prove it again")
+    if bad is not None:
+        return replace(bad, measured=f"the artifact's own facts fail it: {bad.measured}")
+    name, judge_reproof = st.reprove
+    fresh = facts.collect(ctx.host, (name,), ctx.profile).get(name) if name else None
+    return next((c for c in judge_reproof(recorded, fresh, ctx.profile) if c.status == FAIL), None)
 
 
 # ---------------------------------------------------------------------------------------- run
@@ -439,6 +460,7 @@ def verify(ctx: Ctx, names: list[str], collected: dict | None = None) -> tuple[l
     code = Exit.OK
     errors: list[Exit] = []
     collected = {} if collected is None else collected
+    ctx.options["full_hash"] = True  # verify proves the model's bytes again (status and up trust its identity)
     for name in names:
         st = get(name)
         started = time.monotonic()

@@ -124,6 +124,27 @@ def _engine_nccl(h: Host, profile):
     return {"running": False} if pid is None else hfield.process_nccl(h, pid)
 
 
+def _engine_files(h: Host, profile):
+    """The engine binary the profile names, now: its identity (one stat) and what ldd resolves for it. The engine
+    gate compares them with what its artifact recorded when the build hashed the binary."""
+    from p2pkit.parse import build as pb
+    from p2pkit.rules import engine_cmd
+
+    exe = h.path(engine_cmd.binary(profile))
+    out: dict = {"path": str(exe), "identity": system.file_identity(exe)}
+    if out["identity"] is not None and profile.engine.recipe != "vllm":
+        out["libraries"] = pb.ldd(h.runner.run(["ldd", str(exe)], check=False).stdout)
+    return {"binary": out}
+
+
+def _model_file(h: Host, profile):
+    """The model output the profile names, now (one stat; an HF model served as it is: its directory)."""
+    m = profile.model
+    if m.format == "hf":
+        return {"path": m.source, "directory": h.path(m.source).is_dir()}
+    return {"path": m.output, "identity": system.file_identity(h.path(m.output)) if m.output else None}
+
+
 def _profile_nccl(h: Host, profile):
     """The version of the NCCL the profile points the engine at (P16)."""
     root = profile.engine.nccl_root
@@ -200,6 +221,8 @@ PROFILE_COLLECTORS: dict[str, Callable[[Host, object], object]] = {
     "engine_nccl": _engine_nccl,
     "engine_archs": _engine_archs,
     "profile_nccl": _profile_nccl,
+    "engine_files": _engine_files,
+    "model_file": _model_file,
     # the machine's module signing key: where the profile says, else /var/lib/p2pkit/mok/ (host/mok.py)
     "mok": lambda h, p: mok.facts(h, p, mok.KEY_STATE_DIR),
 }
