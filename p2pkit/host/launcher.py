@@ -107,7 +107,8 @@ def engine_process(host: Host, timeout: float | None = None) -> dict:
     PID 1; the record's pid only while its start time matches), else systemd's MainPID of the installed
     unit. {"manager": "launcher" | "systemd" | None (no engine installed here), "pid": int | None,
     "state": the process's state letter (T: stopped) | None}. A launcher's engine is this machine's own
-    process, so its state is read from this machine's /proc, as its liveness is."""
+    process, so its state is read from this machine's /proc, as its liveness is. systemctl is asked only where
+    systemd is PID 1 or p2pkit's unit is installed."""
     rec_path = record_path(host)
     if rec_path.is_file():
         rec = read_record(rec_path)
@@ -117,9 +118,11 @@ def engine_process(host: Host, timeout: float | None = None) -> dict:
         except (OSError, ValueError, IndexError):
             state = None
         return {"manager": "launcher", "pid": pid, "state": state}
-    if host.path(f"/etc/systemd/system/{system.ENGINE_UNIT}").is_file():
+    installed = host.path(f"/etc/systemd/system/{system.ENGINE_UNIT}").is_file()
+    if installed or systemd_booted(host):  # where systemd is not PID 1 there is no systemctl to ask
         pid = system.service_main_pid(host, timeout=timeout)
-        return {"manager": "systemd", "pid": pid, "state": system.process_state(host, pid) if pid else None}
+        if installed or pid:  # a running unit p2pkit did not write there is the engine too
+            return {"manager": "systemd", "pid": pid, "state": system.process_state(host, pid) if pid else None}
     return {"manager": None, "pid": None, "state": None}
 
 
