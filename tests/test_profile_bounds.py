@@ -176,4 +176,7 @@ def test_profile_validate_refuses_an_unknown_engine_flag_as_the_start_does(cli):
     assert "serve.flags.bogus-flag" in r.err, r.err
     r = cli("--json", "--set", "serve.flags.bogus-flag=1", "profile", "validate", "dual-5090-ninfer")
     assert r.code == Exit.USAGE and any(p["key"] == "serve.flags.bogus-flag" for p in r.json()["problems"])
-    assert cli("profile", "validate", "dual-5090-ninfer").code == 0
+    for name in config.builtin_names():  # a built-in profile validates (an inventory completes the Spark pair's)
+        assert cli("profile", "validate", name).code == 0, name
+    r = cli("--set", "serve.flags.--tp=2", "profile", "validate", "dual-5090-ninfer")
+    assert r.code == Exit.USAGE and "serve.flags.--tp" in r.err, r.err

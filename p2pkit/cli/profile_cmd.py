@@ -77,21 +77,21 @@ def validate(path: Annotated[str, typer.Argument(help="profile TOML file (or bui
 
 
 def engine_refusals(p: config.Profile) -> list[tuple[str, str]]:
-    """What the service stage refuses before it starts the engine (its flags: rules/engine_cmd.py), as
-    problems by key: `profile validate` refuses a profile the start would refuse (an unknown flag)."""
+    """The service stage's refusals of how serve.flags are written (rules/engine_cmd.py: a flag the engine
+    does not know, one written with dashes or `=`), as problems by key: `profile validate` refuses a profile
+    the start would refuse for them. The engine's rules on the values (--tp, the rendezvous address) stay
+    the start's: an inventory completes those per host (the Spark pair's master-addr)."""
     from p2pkit.rules import engine_cmd
     from p2pkit.rules.findings import FAIL
 
-    out = []
-    for c in engine_cmd.validate(p):
-        if c.status != FAIL:
-            continue
-        if c.id == "service.flags_known":
-            out += [(f"serve.flags.{name}", f"{p.engine.recipe} has no flag --{name}: the start refuses it; {c.hint}")
-                    for name in str(c.measured).split(", ")]
-        else:
-            out.append(("serve.flags", f"{c.title}: {c.measured} (expected {c.expected}); the start refuses it: "
-                                       f"{c.hint}"))
+    refused = {c.id: c for c in engine_cmd.validate(p) if c.status == FAIL}
+    form = refused.get("service.flags_form")
+    worded = set(str(form.measured).split(", ")) if form else set()
+    out = [(f"serve.flags.{name}", f"written as a command-line word; the start refuses it: {form.hint}")
+           for name in sorted(worded)]
+    known = refused.get("service.flags_known")
+    out += [(f"serve.flags.{name}", f"{p.engine.recipe} has no flag --{name}: the start refuses it; {known.hint}")
+            for name in (str(known.measured).split(", ") if known else []) if name not in worded]
     return out
 
 
