@@ -50,7 +50,7 @@ def test_alive_judges_stopped_silent_and_healthy():
     assert stopped[0].status == "fail" and "state T" in stopped[0].measured
     silent = checks.alive({"installed": True, "pid": 7, "state": "S", "role": "single",
                            "health": {"code": None, "text": "timed out"}})
-    assert silent[0].status == "fail" and "did not answer" in silent[0].measured
+    assert silent[0].status == "fail" and silent[0].measured.startswith("not answering")
     assert checks.alive({"installed": True, "pid": 7, "state": "S", "role": "single",
                          "health": {"code": 200, "text": ""}})[0].status == "pass"
 
@@ -69,6 +69,8 @@ def test_a_stopped_engine_is_a_finding_in_status_and_doctor(cli, served):
         assert r.code != 0 and "service.engine_alive" in r.out + r.err and "state T" in r.out + r.err, r.out + r.err
         r = cli("--root", str(root), "doctor")
         assert r.code != 0 and "service.engine_alive" in r.out + r.err and "frozen" in r.out + r.err, r.out + r.err
+        r = cli("--root", str(root), "serve", "status")  # the same judgement, never a TCP connect (issue 38)
+        assert r.code == 1 and f"frozen: pid {pid} is stopped" in r.out and "answers" not in r.out, r.out
     finally:
         os.kill(pid, signal.SIGCONT)
     assert cli("--root", str(root), "status").code == 0

@@ -387,3 +387,61 @@ def test_kernel_archs_lists_the_sass_built(archs, status, measured):
     (c,) = checks.kernel_archs({"engine_archs": {"library": "libggml-cuda.so", "archs": archs}}, LLAMA)
     assert (c.id, c.status, c.measured, c.expected, c.pitfall) == \
         ("field.kernel_archs", status, measured, "includes sm_120", "P39")
+
+
+# ------------------------------------------------------------------------- reproved (the engine gate)
+
+IDENT = {"dev": 2049, "ino": 77, "size": 4096, "mtime_ns": 1, "ctime_ns": 2}
+EXE = "/opt/p2pkit/ninfer/build/apps/ninfer-serve"
+LIBS = [{"name": "libc.so.6", "path": "/lib/x86_64-linux-gnu/libc.so.6"}]
+
+
+def built(**kw) -> dict:
+    return {"engine_build": {"binary": {"path": EXE, "sha256": "ab" * 32, "identity": dict(IDENT), **kw}}}
+
+
+def now(identity=..., libraries=None) -> dict:
+    return {"binary": {"path": EXE, "identity": dict(IDENT) if identity is ... else identity,
+                       "libraries": LIBS if libraries is None else libraries}}
+
+
+def test_reproved_passes_the_unchanged_binary_with_its_libraries():
+    (c,) = checks.reproved(built(), now(), NINFER)
+    assert (c.id, c.status, c.measured) == ("engine.built_files", PASS,
+                                            f"{EXE} unchanged since the build, 1 libraries resolved")
+
+
+def test_reproved_has_nothing_to_prove_for_vllm():
+    assert checks.reproved(built(), None, SPARK) == []
+
+
+@pytest.mark.parametrize("fresh", [None, {"error": "ldd: timed out"}])
+def test_reproved_unreadable_now_is_unknown(fresh):
+    (c,) = checks.reproved(built(), fresh, NINFER)
+    assert c.status == FAIL and c.measured.startswith("could not determine")
+
+
+def test_reproved_a_binary_gone_is_stale():
+    (c,) = checks.reproved(built(), now(identity=None), NINFER)
+    assert c.status == FAIL and c.measured == f"{EXE} is not there any more (moved or deleted since the build)"
+    assert "up --from engine" in c.hint
+
+
+@pytest.mark.parametrize("rec", [{"identity": None}, {"sha256": None}])
+def test_reproved_an_artifact_without_identity_and_sha256_is_stale(rec):
+    (c,) = checks.reproved(built(**rec), now(), NINFER)
+    assert c.status == FAIL and c.measured.startswith(f"the artifact records no identity and sha256 for {EXE}")
+
+
+@pytest.mark.parametrize("field", ["dev", "ino", "size", "mtime_ns", "ctime_ns"])
+def test_reproved_each_field_of_the_identity_counts(field):
+    moved = {**IDENT, field: IDENT[field] + 1}
+    (c,) = checks.reproved(built(), now(identity=moved), NINFER)
+    assert c.status == FAIL and f"{field} {IDENT[field]} -> {IDENT[field] + 1}" in c.measured
+    assert checks.changed(IDENT, moved) == [f"{field} {IDENT[field]} -> {IDENT[field] + 1}"]
+
+
+@pytest.mark.parametrize("lib, pitfall", [("libnccl.so.2", "P16"), ("libavformat.so.60", "")])
+def test_reproved_a_library_that_no_longer_resolves_is_stale(lib, pitfall):
+    (c,) = checks.reproved(built(), now(libraries=[*LIBS, {"name": lib, "path": None}]), NINFER)
+    assert c.status == FAIL and c.measured == f"{EXE}: {lib} not found" and c.pitfall == pitfall

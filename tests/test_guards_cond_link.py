@@ -431,3 +431,126 @@ def test_roce_pinned_gid_index_must_be_a_v2_ipv4_one(pinned, status):
     c = roce([gid_port(gids=gids)], pinned=pinned)["field.roce.gid.rocep1s0f0:1"]
     assert (c.status, c.pitfall) == (status, "P38")
     assert c.measured == f"RoCE v2 IPv4 GID index 3 on enp1s0f0np0; NCCL_IB_GID_INDEX={pinned} pinned"
+
+
+# ---------------------------------------------------------------------- reproved (the link gate)
+
+MIB256 = 256 << 20
+
+
+def gbps(nbytes, ms):
+    return nbytes / (sorted(ms)[len(ms) // 2] / 1000) / 1e9
+
+
+def load_fact(**pair_kw) -> dict:
+    h2d, d2h, uni = [9.6, 9.7, 9.5], [9.8, 9.9, 9.7], [9.4, 9.3, 9.5]
+    pair = {"from": 0, "to": 1, "bytes": MIB256, "unidir_ms": uni, "unidir_gbps": gbps(MIB256, uni),
+            "integrity": {"elements": 100, "equal": True, "mismatches": 0, "zeros": 0}}
+    pair.update(pair_kw)
+    host = {"bytes": MIB256, "h2d_ms": h2d, "d2h_ms": d2h, "h2d_gbps": gbps(MIB256, h2d), "d2h_gbps": gbps(MIB256, d2h)}
+    return {"link_load": {"gpus": [{"index": 0, "host": host}], "pairs": [pair]}}
+
+
+def test_reproved_passes_figures_that_are_their_samples_median():
+    (c,) = link.reproved(load_fact(), None, P)
+    assert (c.id, c.status, c.measured, c.hint) == ("link.figures_from_samples", PASS,
+                                                    "4 figures agree with their samples", "")
+
+
+def test_reproved_a_pair_figure_without_its_samples_is_caught():
+    f = load_fact()
+    del f["link_load"]["pairs"][0]["unidir_ms"]
+    (c,) = link.reproved(f, None, P)
+    assert c.status == FAIL and c.measured.startswith("GPU0->GPU1 unidir_gbps: no timed samples")
+
+
+def test_reproved_uses_the_recorded_size_of_a_copy():
+    half = MIB256 // 2
+    f = load_fact(bytes=half, unidir_gbps=gbps(half, [9.4, 9.3, 9.5]))
+    assert link.reproved(f, None, P)[0].status == PASS
+
+
+@pytest.mark.parametrize("part", ["host", "integrity"])
+def test_reproved_a_part_that_is_no_table_is_left_alone(part):
+    f = load_fact()
+    if part == "host":
+        f["link_load"]["gpus"][0]["host"] = "not a table"
+    else:
+        f["link_load"]["pairs"][0]["integrity"] = None
+    (c,) = link.reproved(f, None, P)
+    assert c.status == PASS and c.measured == ("2 figures agree with their samples" if part == "host" else
+                                               "3 figures agree with their samples")
+
+
+def test_reproved_without_a_load_says_nothing():
+    assert link.reproved({}, None, P) == [] and link.reproved({"link_load": {"error": "x"}}, None, P) != []
+
+
+def test_reproved_an_edited_host_figure_is_caught():
+    f = load_fact()
+    f["link_load"]["gpus"][0]["host"]["h2d_gbps"] += 0.001
+    (c,) = link.reproved(f, None, P)
+    assert c.status == FAIL and c.measured.startswith("GPU0 h2d_gbps: ") and "its 3 samples give" in c.measured
+    assert "up --from link" in c.hint
+
+
+def test_reproved_a_gpu_without_host_figures_is_not_judged_on_them():
+    f = load_fact()
+    f["link_load"]["gpus"][0]["host"] = None
+    assert link.reproved(f, None, P)[0].measured == "2 figures agree with their samples"
+
+
+def test_reproved_an_edited_pair_figure_is_caught_and_the_old_size_comes_from_the_profile():
+    f = load_fact(unidir_gbps=30.0)
+    (c,) = link.reproved(f, None, P)
+    assert c.status == FAIL and c.measured.startswith("GPU0->GPU1 unidir_gbps: 30.000 GB/s where its 3 samples")
+    f = load_fact()
+    del f["link_load"]["pairs"][0]["bytes"]  # an artifact from before the bytes were recorded: sample_mib
+    assert link.reproved(f, None, P)[0].status == PASS
+    assert link.reproved(f, None, replace(P, link=replace(P.link, sample_mib=128)))[0].status == FAIL
+
+
+@pytest.mark.parametrize("key, ms, k", [("bidir_gbps", "bidir_ms", 2), ("staged_gbps", "staged_ms", 1)])
+def test_reproved_bidir_and_staged_are_judged_where_their_samples_are_recorded(key, ms, k):
+    samples = [20.0, 19.0, 21.0]
+    ok = load_fact(**{ms: samples, key: gbps(MIB256 * k, samples)})
+    assert link.reproved(ok, None, P)[0].measured == "5 figures agree with their samples"
+    bad = load_fact(**{ms: samples, key: gbps(MIB256 * k, samples) * 1.01})
+    assert link.reproved(bad, None, P)[0].measured.startswith(f"GPU0->GPU1 {key}: ")
+    assert link.reproved(load_fact(**{key: 1.0}), None, P)[0].status == PASS  # no samples recorded: not judged
+
+
+@pytest.mark.parametrize("integrity, ok", [
+    ({"elements": 100, "equal": False, "mismatches": 3, "zeros": 1}, True),
+    ({"elements": 100, "equal": True, "mismatches": 3, "zeros": 0}, False),
+    ({"elements": 100, "equal": False, "mismatches": 0, "zeros": 0}, False),
+    ({"elements": 100, "equal": True, "mismatches": 0, "zeros": 101}, False),
+    ({"elements": 100, "equal": False, "mismatches": 101, "zeros": 0}, False),
+    ({"elements": 100, "equal": True, "mismatches": -1, "zeros": 0}, False),
+    ({"elements": 100, "equal": True, "mismatches": 0, "zeros": -1}, False),
+    ({"elements": "100", "equal": True, "mismatches": 0, "zeros": 0}, False),
+    ({"elements": 100, "equal": True, "mismatches": None, "zeros": 0}, False),
+    ({"elements": 100, "equal": True, "mismatches": 0, "zeros": "0"}, False),
+    ({"equal": True}, True),  # no counts recorded: nothing to hold them to
+])
+def test_reproved_integrity_counts_are_ones_the_pattern_allows(integrity, ok):
+    (c,) = link.reproved(load_fact(integrity=integrity), None, P)
+    assert c.status == (PASS if ok else FAIL), c.measured
+    assert ok or c.measured.startswith("GPU0->GPU1 integrity: ")
+
+
+@pytest.mark.parametrize("figure_, ms, nbytes, why", [
+    (1.0, None, MIB256, "no timed samples"), (1.0, [], MIB256, "no timed samples"),
+    (1.0, [0.0], MIB256, "no timed samples"), (1.0, [float("inf")], MIB256, "no timed samples"),
+    (1.0, ["9"], MIB256, "no timed samples"), (1.0, [9.0], 0, "no figure or size"),
+    (1.0, [9.0], "256", "no figure or size"), (None, [9.0], MIB256, "no figure or size"),
+])
+def test_from_samples_refuses_what_is_no_sample_or_size(figure_, ms, nbytes, why):
+    assert link._from_samples(figure_, ms, nbytes).startswith(why)
+
+
+def test_from_samples_holds_a_figure_to_a_billionth():
+    want = gbps(MIB256, [9.0])
+    assert link._from_samples(want, [9.0], MIB256) is None
+    assert link._from_samples(want * (1 + 1e-8), [9.0], MIB256) is not None
+    assert link._from_samples(want * (1 + 1e-11), [9.0], MIB256) is None

@@ -321,3 +321,52 @@ def test_nvme_each_path_judged():
     assert [(x.id, x.status, x.measured) for x in c] == [(f"model.nvme.{TABLE}", "pass",
                                                            "ext4 /dev/nvme0n1p2 at /, disk nvme0n1")]
     assert mc.nvme(found, SPARK) == []
+
+
+# -------------------------------------------------------------------------- reproved (the model gate)
+
+IDENT = {"dev": 2049, "ino": 91, "size": 8632, "mtime_ns": 5, "ctime_ns": 6}
+OUT = "/srv/models/qwen38-27b-nvfp4-dflash2.ninfer"
+
+
+def hashed(**kw) -> dict:
+    return {"model_build": {"output": OUT, "sha256": SHA, "size": 8632, "identity": dict(IDENT), **kw}}
+
+
+def test_reproved_passes_the_unchanged_output():
+    (c,) = mc.reproved(hashed(), {"path": OUT, "identity": dict(IDENT)}, NINFER)
+    assert (c.id, c.status, c.measured) == ("model.output_unchanged", "pass", f"{OUT} unchanged since it was hashed")
+    assert c.expected.startswith(f"the file hashed (sha256 {SHA[:12]}")
+
+
+@pytest.mark.parametrize("fresh", [None, {"error": "permission denied"}])
+def test_reproved_unreadable_now_is_unknown(fresh):
+    (c,) = mc.reproved(hashed(), fresh, NINFER)
+    assert c.status == "fail" and c.measured.startswith("could not determine")
+
+
+@pytest.mark.parametrize("there", [True, False])
+def test_reproved_an_hf_model_is_its_directory(there):
+    (c,) = mc.reproved({"model_build": {"as_is": True}}, {"path": "/srv/models/x", "directory": there}, SPARK)
+    assert c.status == ("pass" if there else "fail")
+    assert c.measured == f"/srv/models/x is {'there' if there else 'not there any more'}"
+    assert bool(c.hint) is not there
+
+
+def test_reproved_an_output_gone_is_stale():
+    (c,) = mc.reproved(hashed(), {"path": OUT, "identity": None}, NINFER)
+    assert c.status == "fail" and c.measured == f"{OUT} is not there any more (moved or deleted since it was converted)"
+    assert "up --from model" in c.hint
+
+
+@pytest.mark.parametrize("rec", [{"identity": None}, {"sha256": None}])
+def test_reproved_an_artifact_without_identity_and_sha256_is_stale(rec):
+    (c,) = mc.reproved(hashed(**rec), {"path": OUT, "identity": dict(IDENT)}, NINFER)
+    assert c.status == "fail" and c.measured.startswith(f"the artifact records no identity and sha256 for {OUT}")
+
+
+@pytest.mark.parametrize("field", ["dev", "ino", "size", "mtime_ns", "ctime_ns"])
+def test_reproved_each_field_of_the_identity_counts(field):
+    (c,) = mc.reproved(hashed(), {"path": OUT, "identity": {**IDENT, field: IDENT[field] + 1}}, NINFER)
+    assert c.status == "fail" and c.measured == (f"{OUT} changed since it was hashed ({field} {IDENT[field]} -> "
+                                                 f"{IDENT[field] + 1})")

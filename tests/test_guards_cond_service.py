@@ -51,16 +51,17 @@ def run(p=LLAMA, f: dict | None = None, **kw) -> dict:
 @pytest.mark.parametrize("live,status,measured", [
     ({"error": "systemctl: timed out"}, FAIL, "could not determine: systemctl: timed out"),
     ({"pid": None, "state": None, "health": None}, FAIL, "not running: the unit has no main PID"),
+    ({"pid": None, "manager": "launcher"}, FAIL, "not running: the launcher's record names no running process"),
     ({"pid": 42, "state": "T", "health": {"code": 200, "text": ""}}, FAIL,
      "frozen: pid 42 is stopped (state T in /proc/42/stat)"),
     ({"pid": 42, "state": "t", "health": None}, FAIL, "frozen: pid 42 is stopped (state t in /proc/42/stat)"),
     ({"pid": 42, "state": "S", "health": None}, PASS, "pid 42 running (state S)"),
     ({"pid": 42, "state": "S", "health": {"code": None, "text": "timed out"}}, FAIL,
-     "frozen: pid 42 (state S) did not answer /health: timed out"),
+     "not answering: pid 42 (state S) runs, and /health gave no answer: timed out"),
     ({"pid": 42, "state": "S", "health": {"code": 503, "text": "loading"}}, WARN,
      "pid 42 answers /health 503 (loading?)"),
     ({"pid": 42, "state": "S", "health": {"code": 200, "text": "ok"}}, PASS, "pid 42 running, /health 200"),
-], ids=["unread", "no-pid", "stopped-T", "stopped-t", "headless", "silent", "loading", "healthy"])
+], ids=["unread", "no-pid", "launcher-no-pid", "stopped-T", "stopped-t", "headless", "silent", "loading", "healthy"])
 def test_alive_judges_the_engine_now(live, status, measured):
     (c,) = checks.alive(live)
     assert (c.id, c.status, c.measured) == ("service.engine_alive", status, measured)

@@ -11,6 +11,7 @@ import datetime as dt
 import json
 import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -74,11 +75,22 @@ STATUS_COMMAND_S = 3.0  # the longest `status` waits on any one command it runs 
 def evaluate(ctx: Ctx, recheck: bool = True) -> list[StageState]:
     states: list[StageState] = []
     prev: StageState | None = None
+    live = _live_early(ctx) if recheck else {}
     ident = identity(ctx.host)
     for st in registry():
-        states.append(_state_of(ctx, st, prev, ident, recheck))
+        states.append(_state_of(ctx, st, prev, ident, recheck, live.get(st.name)))
         prev = states[-1]
     return states
+
+
+def _live_early(ctx: Ctx) -> dict[str, Future]:
+    """Each stage's live probe (the engine asked once: its /health may take LIVE_TIMEOUT_S to give no answer),
+    started before the stages are judged, so that its wait overlaps their re-checks instead of adding to them."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="p2pkit-live")
+    out = {st.name: pool.submit(facts.collect, ctx.host, (st.live[0],), ctx.profile)
+           for st in registry() if st.live is not None}
+    pool.shutdown(wait=False)
+    return out
 
 
 def running_now(store: Store) -> dict | None:
@@ -107,7 +119,8 @@ def killed_marker(store: Store) -> dict | None:
     return doc if isinstance(doc, dict) else None
 
 
-def _state_of(ctx: Ctx, st: Stage, prev: StageState | None, ident: dict, recheck: bool) -> StageState:
+def _state_of(ctx: Ctx, st: Stage, prev: StageState | None, ident: dict, recheck: bool,
+              live: Future | None = None) -> StageState:
     try:
         doc = ctx.store.read(st.name)
     except CorruptArtifact as e:
@@ -151,6 +164,8 @@ def _state_of(ctx: Ctx, st: Stage, prev: StageState | None, ident: dict, recheck
         return StageState(st.name, STALE, f"chain broken: {prev.stage}'s artifact changed since", doc)
     if doc.get("applicable") is False:
         return StageState(st.name, DONE, f"not applicable: {st.not_applicable(ctx.profile)}", doc)
+    if recheck and st.reprove is not None and (bad := reproof(ctx, st, doc)) is not None:
+        return StageState(st.name, STALE, f"re-proof failed: {bad.id}: {bad.measured}: {bad.hint}", doc)
     notes = ""
     if recheck and st.check is not None and st.measure is None:
         refused = len(ctx.host.runner.denied)
@@ -167,10 +182,30 @@ def _state_of(ctx: Ctx, st: Stage, prev: StageState | None, ident: dict, recheck
         notes = "; ".join(f"{c.id}: {c.hint}" for c in checks if c.status == WARN and c.id in st.notes)
     if recheck and st.live is not None:
         name, judge_live = st.live
-        bad = [c for c in judge_live(facts.collect(ctx.host, (name,), ctx.profile).get(name)) if c.status == FAIL]
+        found = live.result() if live is not None else facts.collect(ctx.host, (name,), ctx.profile)
+        bad = [c for c in judge_live(found.get(name)) if c.status == FAIL]
         if bad:
             return StageState(st.name, STALE, f"re-check failed: {bad[0].id}: {bad[0].measured}: {bad[0].hint}", doc)
     return StageState(st.name, DONE, notes, doc)
+
+
+def reproof(ctx: Ctx, st: Stage, doc: dict) -> Check | None:
+    """What a measuring stage's artifact claims, proven again before it is trusted (as a stage that does not
+    measure re-runs its checks on fresh facts): the facts it recorded still pass the stage's own checks (a
+    status or figure edited by hand is caught), and the stage's re-proof holds (its files are there and the
+    same, its figures are what their samples give). The first failure, or None."""
+    recorded = doc.get("facts") if isinstance(doc.get("facts"), dict) else {}
+    try:
+        bad = next((c for c in (st.check(recorded, ctx.profile) if st.check else []) if c.status == FAIL), None)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:  # facts no run of this stage writes
+        return Check(f"{st.name}.artifact", f"{st.title}: the artifact's facts", FAIL,
+                     f"not facts this stage records ({type(e).__name__}: {e})", "the facts of a run",
+                     f"run `{command(ctx, 'up', '--from', st.name)}` to prove it again")
+    if bad is not None:
+        return replace(bad, measured=f"the artifact's own facts fail it: {bad.measured}")
+    name, judge_reproof = st.reprove
+    fresh = facts.collect(ctx.host, (name,), ctx.profile).get(name) if name else None
+    return next((c for c in judge_reproof(recorded, fresh, ctx.profile) if c.status == FAIL), None)
 
 
 # ---------------------------------------------------------------------------------------- run
@@ -478,6 +513,7 @@ def verify(ctx: Ctx, names: list[str], collected: dict | None = None) -> tuple[l
     code = Exit.OK
     errors: list[Exit] = []
     collected = {} if collected is None else collected
+    ctx.options["full_hash"] = True  # verify proves the model's bytes again (status and up trust its identity)
     for name in names:
         st = get(name)
         started = time.monotonic()

@@ -76,10 +76,8 @@ def register_engine_secrets(host: Host, rep: Report) -> None:
         rep.leave_out(SECRETS_FILE, f"not readable here ({e.strerror or e}): a value only that file holds is not "
                       "redacted in the logs; run `sudo p2pkit report` so it is")
         return
-    for line in text.splitlines():
-        name, eq, raw = line.partition("=")
-        if eq and not name.lstrip().startswith("#"):
-            secrets.register(writers.env_value(raw.strip()))
+    for value in writers.read_env_file(text).values():
+        secrets.register(value)
 
 
 def add_state(state_dir: Path, rep: Report) -> None:

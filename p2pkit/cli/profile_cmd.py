@@ -60,6 +60,9 @@ def validate(path: Annotated[str, typer.Argument(help="profile TOML file (or bui
     out = common.output()
     try:
         p = common.contained(config.load(path, common.OPTS.overrides), common.host())
+        refused = engine_refusals(p)
+        if refused:
+            raise ProfileError(p.source, refused, config.validate_command(p.source, p.overrides))
     except ProfileError as e:
         if common.OPTS.json:
             out.document({"valid": False, "source": e.source,
@@ -73,6 +76,25 @@ def validate(path: Annotated[str, typer.Argument(help="profile TOML file (or bui
         out.document({"valid": True, "source": p.source, "name": p.name})
     else:
         out.line(f"{p.source}: valid ({p.name})")
+
+
+def engine_refusals(p: config.Profile) -> list[tuple[str, str]]:
+    """The service stage's refusals of how serve.flags are written (rules/engine_cmd.py: a flag the engine
+    does not know, one written with dashes or `=`), as problems by key: `profile validate` refuses a profile
+    the start would refuse for them. The engine's rules on the values (--tp, the rendezvous address) stay
+    the start's: an inventory completes those per host (the Spark pair's master-addr)."""
+    from p2pkit.rules import engine_cmd
+    from p2pkit.rules.findings import FAIL
+
+    refused = {c.id: c for c in engine_cmd.validate(p) if c.status == FAIL}
+    form = refused.get("service.flags_form")
+    worded = set(str(form.measured).split(", ")) if form else set()
+    out = [(f"serve.flags.{name}", f"written as a command-line word; the start refuses it: {form.hint}")
+           for name in sorted(worded)]
+    known = refused.get("service.flags_known")
+    out += [(f"serve.flags.{name}", f"{p.engine.recipe} has no flag --{name}: the start refuses it; {known.hint}")
+            for name in (str(known.measured).split(", ") if known else []) if name not in worded]
+    return out
 
 
 @app.command()

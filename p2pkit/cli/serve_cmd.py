@@ -15,9 +15,13 @@ app = typer.Typer(help="The inference engine's system service.", no_args_is_help
 
 @app.command()
 def status() -> None:
-    """systemctl status of the engine, and whether /health answers."""
+    """systemctl status of the engine (or its launcher's record), and the engine judged now as status and
+    doctor judge it: frozen (its process stopped), not answering (/health gives no answer), or answering."""
+    from p2pkit.facts import collect
     from p2pkit.rules import engine_cmd
+    from p2pkit.rules.findings import FAIL, PASS
     from p2pkit.stages.service import act as service
+    from p2pkit.stages.service import checks
     from p2pkit.stages.service import launcher as service_launcher
 
     ctx = common.context()
@@ -31,16 +35,26 @@ def status() -> None:
         if not common.OPTS.json:
             ctx.out.line(doc["systemctl_status"])
     p = ctx.profile
+    # the one judgement of a live engine (service.checks.alive over the engine_live fact), never a TCP connect:
+    # a stopped process's listening socket still accepts
+    judged = checks.alive(collect.collect(ctx.host, ("engine_live",), p).get("engine_live"))
+    worker = engine_cmd.node(p)["role"] == "worker"
     doc["running"] = ok
-    if engine_cmd.node(p)["role"] == "worker":
+    if worker:
         doc.update(role="worker", address=None, answers=None)
         if not common.OPTS.json:
             ctx.out.line("a headless worker node: it serves no API (the head does)")
     else:
-        ln = service.listening(p, service.main_pid(ctx.host))
-        doc.update(role="head", address=f"{engine_cmd.client_host(p)}:{p.serve.port}", answers=bool(ln["connect"]))
-        if not common.OPTS.json:
-            ctx.out.line(f"{doc['address']}: {'answers' if ln['connect'] else 'no answer'}")
+        doc.update(role="head", address=f"{engine_cmd.client_host(p)}:{p.serve.port}",
+                   answers=all(c.status == PASS for c in judged))
+    doc["judged"] = [{"id": c.id, "status": c.status, "measured": c.measured, "hint": c.hint} for c in judged]
+    where = "the engine" if worker else doc["address"]
+    if not common.OPTS.json:
+        for c in judged:
+            ctx.out.line(f"{where}: {c.measured if c.status != PASS or worker else f'answers ({c.measured})'}")
+            if c.status != PASS and c.hint:
+                ctx.out.line(f"fix: {c.hint}")
+    ok = ok and all(c.status != FAIL for c in judged)
     if common.OPTS.json:
         ctx.out.document(doc)
     raise typer.Exit(int(Exit.OK if ok else Exit.CHECK_FAILED))

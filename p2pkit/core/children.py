@@ -26,6 +26,8 @@ import threading
 import time
 from pathlib import Path
 
+from p2pkit.core import breaks
+
 log = logging.getLogger("p2pkit.core.children")
 
 _mu = threading.Lock()
@@ -290,7 +292,7 @@ def reaped(record: Path) -> list[str]:
     """What a guard killed since the last run (and forget it)."""
     note = record.with_name(REAPED)
     try:
-        lines = note.read_text(errors="replace").splitlines()
+        lines = breaks.lines(note.read_text(errors="replace"))
     except OSError:
         return []
     note.unlink(missing_ok=True)

@@ -46,6 +46,23 @@ CHARS = {
 }
 
 
+# Sizes, checked when a profile is read (issue 40; docs/profile-limits.md says where each comes from).
+# One argv or environment string of the engine, with its NUL: the kernel's MAX_ARG_STRLEN, PAGE_SIZE * 32
+# with 4 KiB pages (include/uapi/linux/binfmts.h); execve fails with E2BIG beyond it.
+MAX_ARG_STRLEN = 131072
+# The least room execve gives argv and environment together, their pointers included: the kernel takes
+# max(stack rlimit / 4, ARG_MAX) and ARG_MAX is 131072 (fs/exec.c, include/uapi/linux/limits.h).
+ARG_MAX_FLOOR = 131072
+# Of that room, what p2pkit and systemd add to the profile's flags and variables: the binary and model
+# paths, --host/--port, PATH, the NCCL variables, LANG, INVOCATION_ID, NOTIFY_SOCKET and the like.
+ENGINE_RESERVE = 16384
+STRING_MAX = 4096  # bytes (UTF-8) of any other string key: a path's PATH_MAX is 4096 with its NUL
+NAME_MAX = 255  # bytes of a name in a table (a flag, a variable, a package)
+ITEMS_MAX = 256  # items of a list, entries of a table
+PROFILE_MAX = 1 << 20  # bytes of a profile file (systemd reads no unit line longer: LONG_LINE_MAX)
+INT_RANGE = (-(1 << 63), (1 << 63) - 1)  # an integer in a table: a signed 64-bit one, the widest an engine reads
+
+
 def spec(expect: str = "", pattern: str | None = None, choices: tuple | None = None,
          lo: float | None = None, hi: float | None = None, chars: str = "text", **kw) -> dict:
     return {"expect": expect, "pattern": pattern, "choices": choices, "lo": lo, "hi": hi, "chars": chars, **kw}
@@ -131,7 +148,7 @@ class Link:
     p2p_min_ratio: float = f(0.80, lo=0.0, hi=1.0)
     h2d_min_ratio: float = f(0.80, lo=0.0, hi=1.0)
     p2p_max_latency_us: float = f(5.0, lo=0.0, hi=1000.0)
-    max_replay_increase: int = f(0, lo=0)
+    max_replay_increase: int = f(0, lo=0, hi=1_000_000)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -321,18 +338,58 @@ def unsafe_path_char(path: str) -> str | None:
     return None if bad is None else writers.char_name(bad)
 
 
+def _shown(value) -> str:
+    """A value as an error message shows it: cut short, so a 1 MB string or a 401-digit number is named by
+    its size, never printed whole."""
+    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else json.dumps(value, default=str)
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
+
+
+def _size(value: str, limit: int, why: str = "") -> str | None:
+    """Why a string is too large for its key (its UTF-8 bytes against the limit), or None."""
+    n = len(value.encode("utf-8", "surrogatepass"))
+    if n <= limit:
+        return None
+    return f"is {n} bytes long; at most {limit} bytes{why}: shorten it"
+
+
+def table_value_max(path: str, name: str) -> int:
+    """The bytes one value of a table may take (docs/profile-limits.md): an engine variable's NAME=value
+    and a flag's value are strings execve hands the engine, each with its NUL at most MAX_ARG_STRLEN."""
+    if path == "serve.env":
+        return MAX_ARG_STRLEN - len(name.encode("utf-8", "surrogatepass")) - 2  # NAME=value and its NUL
+    if path == "serve.flags":
+        return MAX_ARG_STRLEN - 1
+    return STRING_MAX
+
+
+def _exec_why(path: str) -> str:
+    return (" (with its name, `=` and NUL, one string execve hands the engine: at most 131072 bytes, the kernel's "
+            "MAX_ARG_STRLEN; E2BIG beyond)" if path == "serve.env" else
+            " (one argument execve hands the engine: at most 131072 bytes with its NUL, the kernel's MAX_ARG_STRLEN; "
+            "E2BIG beyond)" if path == "serve.flags" else "")
+
+
 def _table_problems(path: str, table: dict) -> list[tuple[str, str]]:
-    """Keys and values of a free-form table ([serve.flags], [serve.env], engine.python_pins)."""
+    """Keys and values of a free-form table ([serve.flags], [serve.env], engine.python_pins): at most
+    ITEMS_MAX entries, names of at most NAME_MAX bytes, values within their sizes and ranges."""
+    if len(table) > ITEMS_MAX:
+        return [(path, f"holds {len(table)} entries; at most {ITEMS_MAX}: keep the ones the engine needs")]
     out = []
     for k, v in table.items():
         sub = f"{path}.{k}"
-        why = _chars(str(k), "word")
+        why = _size(str(k), NAME_MAX, " for a name") or _chars(str(k), "word")
         if why:
-            out.append((sub, f"the name {why}"))
+            out.append((sub if len(str(k)) <= 80 else f"{path}.{str(k)[:60]}...", f"the name {why}"))
+            continue
+        if isinstance(v, list) and len(v) > ITEMS_MAX:
+            out.append((sub, f"holds {len(v)} items; at most {ITEMS_MAX}"))
+            continue
         for item in v if isinstance(v, list) else [v]:
             if isinstance(item, float) and not math.isfinite(item):
                 out.append((sub, f"expected a finite number, got {item}"))
-            elif isinstance(item, str) and (why := _chars(item, "text")):
+            elif isinstance(item, str) and (why := _size(item, table_value_max(path, str(k)), _exec_why(path))
+                                            or _chars(item, "text")):
                 out.append((sub, why))
     return out
 
@@ -355,41 +412,45 @@ def _check_value(path: str, tp, value, meta: dict) -> str | None:
         return None
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            return f"expected an integer, got {json.dumps(value)}"
+            return f"expected an integer, got {_shown(value)}"
     elif tp is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
-            return f"expected a number, got {json.dumps(value)}"
-        if not math.isfinite(value):  # every comparison with NaN is false: a NaN threshold passes every check
+            return f"expected a number, got {_shown(value)}"
+        # every comparison with NaN is false: a NaN threshold passes every check; an integer is finite (and
+        # may be too large for a float: it is compared as it is, never converted before its range is known)
+        if isinstance(value, float) and not math.isfinite(value):
             return f"expected a finite number, got {value}"
     elif tp is str:
         if not isinstance(value, str):
-            return f"expected {expect}, got {json.dumps(value, default=str)}"
-        why = _chars(value, meta.get("chars") or "text")
+            return f"expected {expect}, got {_shown(value)}"
+        why = _size(value, STRING_MAX) or _chars(value, meta.get("chars") or "text")
         if why:
             return why
     elif origin is list:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            return f"expected a list of strings, got {json.dumps(value, default=str)}"
-        why = next((w for v in value if (w := _chars(v, meta.get("chars") or "text"))), None)
+            return f"expected a list of strings, got {_shown(value)}"
+        if len(value) > ITEMS_MAX:
+            return f"holds {len(value)} items; at most {ITEMS_MAX}"
+        why = next((w for v in value if (w := _size(v, STRING_MAX) or _chars(v, meta.get("chars") or "text"))), None)
         if why:
             return why
         pat = meta.get("item_pattern")
         bad = [v for v in value if pat and not re.match(pat, v)]
         if bad:
-            return f"expected {expect}, got {json.dumps(bad[0])}"
+            return f"expected {expect}, got {_shown(bad[0])}"
         return None
     elif tp is dict:
         if not isinstance(value, dict):
-            return f"expected a table, got {json.dumps(value, default=str)}"
+            return f"expected a table, got {_shown(value)}"
         return None
     if meta.get("lo") is not None and value < meta["lo"]:
-        return f"expected at least {meta['lo']}, got {value}"
+        return f"expected at least {meta['lo']}, got {_shown(value)}"
     if meta.get("hi") is not None and value > meta["hi"]:
-        return f"expected at most {meta['hi']}, got {value}"
+        return f"expected at most {meta['hi']}, got {_shown(value)}"
     if meta.get("choices") and value not in meta["choices"]:
-        return f"expected one of {', '.join(meta['choices'])}, got {json.dumps(value)}"
+        return f"expected one of {', '.join(meta['choices'])}, got {_shown(value)}"
     if meta.get("pattern") and isinstance(value, str) and not re.match(meta["pattern"], value):
-        return f"expected {expect}, got {json.dumps(value)}"
+        return f"expected {expect}, got {_shown(value)}"
     return None
 
 
@@ -426,7 +487,7 @@ def from_dict(data: dict, source: str, overrides: tuple[str, ...] = (),
                 continue
             raw = {}
         if not isinstance(raw, dict):
-            problems.append((sec, f"expected a table, got {json.dumps(raw, default=str)}"))
+            problems.append((sec, f"expected a table, got {_shown(raw)}"))
             continue
         hints = typing.get_type_hints(cls)
         known = {x.name for x in fields(cls)}
@@ -475,6 +536,37 @@ FIT_FLAGS: dict[str, dict[str, tuple[str, float, float]]] = {
 }
 
 
+# How each engine reads the argument after a flag (issue 40: serve.flags.model-id = "--host=0.0.0.0").
+# ninfer-serve (src/serve/serve_options.cpp, require_value) and llama-server (common/arg.cpp, parse_cli_args:
+# `argv[++i]`) take the argument after a flag that takes a value as that value, whatever it starts with; after
+# a flag that takes none (a switch) the next argument is read as an option. vLLM's argparse reads any argument
+# that starts with "-" as an option (Lib/argparse.py, _parse_optional) unless it is a negative number or holds a
+# space, so `--served-model-name --host=0.0.0.0` sets --host (or fails to start).
+SWITCHES: dict[str, frozenset[str]] = {
+    "ninfer": frozenset({"lm-head-draft", "vision"}),
+    "llamacpp": frozenset({"kv-unified", "jinja", "metrics", "no-webui"}),
+    "vllm": frozenset({"no-enable-prefix-caching", "enable-chunked-prefill", "enforce-eager",
+                       "enable-auto-tool-choice", "headless"}),
+}
+NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # argparse's _negative_number_matcher: a value, not an option
+
+
+def _argv_option_problems(p: Profile) -> list[tuple[str, str]]:
+    """Flag values the engine would read as options of its own, not as the values they are meant to be."""
+    out = []
+    for k, v in p.serve.flags.items():
+        if k in SWITCHES.get(p.engine.recipe, ()) and not isinstance(v, bool) and v is not None:
+            out.append((f"serve.flags.{k}", f"--{k} takes no value, and {p.engine.recipe} would read {_shown(v)} as "
+                                            f"the next argument (an option when it starts with -): write {k} = true "
+                                            "(or false to leave it out)"))
+        elif p.engine.recipe == "vllm" and isinstance(v, str) and v.startswith("-") and v != "-" \
+                and not NEGATIVE_NUMBER.match(v) and " " not in v:
+            out.append((f"serve.flags.{k}", f"{_shown(v)} starts with -, and vLLM's argument parser (argparse) reads "
+                                            f"such an argument as an option, not as the value of --{k}: give a value "
+                                            "that does not start with -"))
+    return out
+
+
 def _fit_flag_problem(kind: str, lo: float, hi: float, value) -> str | None:
     """Why an engine flag the fit check reads cannot be computed with, or None."""
     if kind == "split":
@@ -482,20 +574,60 @@ def _fit_flag_problem(kind: str, lo: float, hi: float, value) -> str | None:
         try:
             shares = [float(x) for x in parts]
         except ValueError:
-            return f"expected comma-separated shares like 0.5,0.5, got {json.dumps(value)}"
+            return f"expected comma-separated shares like 0.5,0.5, got {_shown(value)}"
         if not all(math.isfinite(x) and x >= lo for x in shares) or not sum(shares) > 0:
-            return f"expected shares of at least {lo}, not all 0, like 0.5,0.5, got {json.dumps(value)}"
+            return f"expected shares of at least {lo}, not all 0, like 0.5,0.5, got {_shown(value)}"
         return None
     want = f"{'an integer' if kind == 'int' else 'a number'} from {lo} to {hi}"
     if isinstance(value, bool) or not isinstance(value, int | float) or (kind == "int" and not isinstance(value, int)):
-        return f"expected {want}, got {json.dumps(value)}"
-    if not math.isfinite(value) or not lo <= value <= hi:
-        return f"expected {want}, got {value}"
+        return f"expected {want}, got {_shown(value)}"
+    # an integer is compared as it is: math.isfinite() of a 401-digit one overflows converting it to a float
+    if (isinstance(value, float) and not math.isfinite(value)) or not lo <= value <= hi:
+        return f"expected {want}, got {_shown(value)}"
     return None
 
 
-def _cross_checks(p: Profile) -> list[tuple[str, str]]:
+def exec_bytes(p: Profile) -> tuple[int, int]:
+    """The room the profile's [serve.env] and [serve.flags] take of execve's (strings with their NULs and a
+    pointer each, as the kernel counts them): (environment, flags)."""
+    env = sum(len(f"{k}={v}".encode("utf-8", "surrogatepass")) + 1 + 8 for k, v in p.serve.env.items())
+    flags = 0
+    for k, v in p.serve.flags.items():
+        flags += len(f"--{k}".encode("utf-8", "surrogatepass")) + 1 + 8
+        if not isinstance(v, bool) and v is not None:
+            flags += len(str(v).encode("utf-8", "surrogatepass")) + 1 + 8
+    return env, flags
+
+
+def _int_range_problems(p: Profile) -> list[tuple[str, str]]:
+    """An integer in a table that no engine reads: beyond a signed 64-bit one (a flag the fit check reads
+    has its own, narrower range: FIT_FLAGS)."""
+    fit = FIT_FLAGS.get(p.engine.recipe, {})
     out = []
+    for path, table in (("serve.flags", p.serve.flags), ("serve.env", p.serve.env),
+                        ("engine.python_pins", p.engine.python_pins)):
+        for k, v in table.items():
+            if path == "serve.flags" and k in fit:
+                continue
+            bad = next((x for x in (v if isinstance(v, list) else [v]) if isinstance(x, int)
+                        and not isinstance(x, bool) and not INT_RANGE[0] <= x <= INT_RANGE[1]), None)
+            if bad is not None:
+                out.append((f"{path}.{k}", f"expected an integer from {INT_RANGE[0]} to {INT_RANGE[1]} (a signed "
+                                           f"64-bit one, the widest an engine reads), got {_shown(bad)}"))
+    return out
+
+
+def _cross_checks(p: Profile) -> list[tuple[str, str]]:
+    out = _int_range_problems(p) + _argv_option_problems(p)
+    env, flags = exec_bytes(p)
+    room = ARG_MAX_FLOOR - ENGINE_RESERVE
+    if env + flags > room:
+        out.append(("serve.env" if env >= flags else "serve.flags",
+                    f"[serve.env] ({env} bytes) and [serve.flags] ({flags} bytes) take {env + flags} bytes of the "
+                    f"engine's environment and command line; at most {room}: execve gives both together at least "
+                    f"{ARG_MAX_FLOOR} bytes (the kernel's ARG_MAX floor), and p2pkit and systemd add up to "
+                    f"{ENGINE_RESERVE} (paths, PATH, NCCL variables); beyond it the start fails with E2BIG: shorten "
+                    "the values, or put what the engine reads from a file in a file"))
     for name, (kind, lo, hi) in FIT_FLAGS.get(p.engine.recipe, {}).items():
         if name in p.serve.flags and (why := _fit_flag_problem(kind, lo, hi, p.serve.flags[name])):
             out.append((f"serve.flags.{name}", f"{why} (the VRAM fit check computes with it, P18)"))
@@ -676,6 +808,10 @@ def parse_override(item: str) -> tuple[list[str], Any]:
         value = tomllib.loads(f"v = {raw.strip()}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw.strip()
+    except ValueError as e:  # an integer past Python's 4300-digit limit: no key takes one
+        raise UsageError(f"--set {key.strip()}: the value is an integer of {len(raw.strip())} characters, longer "
+                         "than any key takes (p2pkit reads at most 4300 digits)",
+                         hint=f"give {key.strip()} a value in its range (`p2pkit profile schema` lists them)") from e
     return parts, value
 
 
@@ -720,11 +856,15 @@ def read_profile_file(path: Path) -> str:
             raise UsageError(f"profile {path} is {what}, not a file: p2pkit reads a profile only from a regular "
                              "file", hint=fix)
         with os.fdopen(os.dup(fd), "rb") as fh:
-            data = fh.read()
+            data = fh.read(PROFILE_MAX + 1)  # never more than a profile may be
     except OSError as e:
         raise UsageError(f"cannot read profile {path}: {e.strerror or e}", hint=fix) from e
     finally:
         os.close(fd)
+    if len(data) > PROFILE_MAX:
+        raise UsageError(f"profile {path} is larger than {PROFILE_MAX} bytes, the most a profile may be "
+                         "(docs/profile-limits.md)", hint="a profile names a host's settings in a few KiB: give "
+                         "the right file, or shorten it")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -753,6 +893,9 @@ def load(name_or_path: str | None, overrides: tuple[str, ...] | list[str] = (),
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ProfileError(source, [("(toml)", f"not valid TOML: {e}")]) from e
+    except ValueError as e:  # tomllib's int() of more than 4300 digits: no key takes such a number
+        raise ProfileError(source, [("(toml)", "holds an integer of more than 4300 digits, which p2pkit does not "
+                                               "read and no key takes")]) from e
     overrides = tuple(overrides)
     return from_dict(apply_overrides(data, overrides), source, overrides, stored_secrets)
 

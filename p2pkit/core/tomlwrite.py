@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import re
 
+from p2pkit.core.breaks import BREAKS
 from p2pkit.core.errors import UsageError
 
 BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -18,15 +19,18 @@ def string(s: str) -> str:
     for ch in s:
         if ch in ESCAPES:
             out.append(ESCAPES[ch])
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"\\u{ord(ch):04X}")
+        elif 0xD800 <= ord(ch) <= 0xDFFF:  # no TOML escape holds a lone surrogate (not a Unicode scalar value)
+            raise UsageError(f"cannot write U+{ord(ch):04X} (a byte that is not UTF-8) into a TOML string",
+                             hint="give the value as UTF-8 text")
+        elif BREAKS.match(ch):  # controls, U+2028, bidi and zero-width characters: escaped, never raw
+            out.append(f"\\u{ord(ch):04X}" if ord(ch) <= 0xFFFF else f"\\U{ord(ch):08X}")
         else:
             out.append(ch)
     return '"' + "".join(out) + '"'
 
 
 def comment(text: str) -> str:
-    """A `# ` comment line: newlines and control characters escaped, so nothing leaves the comment."""
+    """A `# ` comment line: newlines and every other break escaped (breaks.BREAKS), so nothing leaves the comment."""
     return "# " + string(text)[1:-1]
 
 

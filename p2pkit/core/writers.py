@@ -12,7 +12,9 @@ string formatting anywhere else (DESIGN: "Seams that keep it simple").
 - TOML: p2pkit.core.tomlwrite writes values and documents; `toml_set` here changes one key of a
   user's file in place and keeps its comments (what `p2pkit pin` needs).
 - JSON: no NaN or infinity (not JSON): such a number is written as null.
-Control characters (a newline above all) fit none of them: refused everywhere.
+Control characters (a newline above all), and every other character a reader could take as a line or
+word break or that changes how text reads (U+2028, U+0085, bidi overrides, zero-width characters: the one
+table, p2pkit.core.breaks.BREAKS), fit none of them: refused everywhere.
 """
 
 from __future__ import annotations
@@ -24,10 +26,10 @@ import shlex
 import tomllib
 from typing import Any
 
-from p2pkit.core import tomlwrite
+from p2pkit.core import breaks, tomlwrite
 from p2pkit.core.errors import UsageError
 
-CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+CONTROL = breaks.BREAKS  # what no file p2pkit writes may hold (the name it had when it was the C0 controls)
 UNIT_PLAIN = re.compile(r"^[A-Za-z0-9_./:=+,@-]+$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -37,8 +39,7 @@ class UnsafeValue(UsageError):
 
 
 def char_name(ch: str) -> str:
-    names = {"\n": "a newline (\\n)", "\r": "a carriage return (\\r)", "\t": "a tab (\\t)", "\0": "a NUL byte"}
-    return names.get(ch, f"the character {ch!r}" if ch.isprintable() else f"the control character U+{ord(ch):04X}")
+    return breaks.name(ch)
 
 
 def refuse_controls(what: str, value: str, fmt: str) -> str:
@@ -113,8 +114,98 @@ def env_value(raw: str) -> str:
     return "".join(out)
 
 
+_ENV_NEWLINE, _ENV_SPACE, _ENV_ESCAPED = "\n\r", " \t\n\r", '"\\`$'  # systemd's NEWLINE, WHITESPACE, SHELL_NEED_ESCAPE
+
+
+def read_env_file(text: str) -> dict[str, str]:
+    """An environment file read as systemd's EnvironmentFile= reads it (src/basic/env-file.c,
+    parse_env_file_internal): a line ends at \\n or \\r and nowhere else (never at U+2028 or U+0085); `#`
+    and `;` start a comment; a value is bare (a backslash escapes one character, trailing blanks dropped),
+    'single-quoted' or "double-quoted" (a backslash escapes " \\ ` $ and a newline); a later name replaces
+    an earlier one. The one reader of the files env_file writes, and of the ones people write by hand."""
+    out: dict[str, str] = {}
+    key: list[str] = []
+    value: list[str] = []
+    state, key_ws, value_ws = "pre_key", None, None
+
+    def push() -> None:
+        k = "".join(key[:key_ws] if key_ws is not None else key)
+        v = value[:value_ws] if state == "value" and value_ws is not None else value
+        if k:
+            out[k] = "".join(v)
+
+    for c in text:
+        if state == "pre_key":
+            if c in "#;":
+                state = "comment"
+            elif c not in _ENV_SPACE:
+                state, key, key_ws = "key", [c], None
+        elif state == "key":
+            if c in _ENV_NEWLINE:
+                state = "pre_key"
+            elif c == "=":
+                state, value, value_ws = "pre_value", [], None
+            else:
+                key_ws = None if c not in _ENV_SPACE else (len(key) if key_ws is None else key_ws)
+                key.append(c)
+        elif state == "pre_value":
+            if c in _ENV_NEWLINE:
+                push()
+                state = "pre_key"
+            elif c == "'":
+                state = "single"
+            elif c == '"':
+                state = "double"
+            elif c == "\\":
+                state = "value_escape"
+            elif c not in _ENV_SPACE:
+                state = "value"
+                value.append(c)
+        elif state == "value":
+            if c in _ENV_NEWLINE:
+                push()
+                state = "pre_key"
+            elif c == "\\":
+                state, value_ws = "value_escape", None
+            else:
+                value_ws = None if c not in _ENV_SPACE else (len(value) if value_ws is None else value_ws)
+                value.append(c)
+        elif state == "value_escape":
+            state = "value"
+            if c not in _ENV_NEWLINE:  # an escaped newline is eaten up
+                value.append(c)
+        elif state == "single":
+            if c == "'":
+                state = "pre_value"
+            else:
+                value.append(c)
+        elif state == "double":
+            if c == '"':
+                state = "pre_value"
+            elif c == "\\":
+                state = "double_escape"
+            else:
+                value.append(c)
+        elif state == "double_escape":
+            state = "double"
+            if c in _ENV_ESCAPED:
+                value.append(c)
+            elif c != "\n":  # another character keeps its backslash, as the shell does
+                value += ["\\", c]
+        elif state == "comment":
+            if c == "\\":
+                state = "comment_escape"
+            elif c in _ENV_NEWLINE:
+                state = "pre_key"
+        elif state == "comment_escape":
+            state = "pre_key" if c in _ENV_NEWLINE else "comment"
+    if state in ("pre_value", "value", "value_escape", "single", "double", "double_escape"):
+        push()
+    return out
+
+
 def env_file(env: dict[str, str], header: str = "", what: str = "") -> str:
-    lines = [f"# {refuse_controls('the header', ln, 'a comment')}" for ln in header.splitlines()]
+    lines = [f"# {refuse_controls('the header', ln, 'a comment')}" for ln in breaks.lines(header)]
     lines += [env_line(k, v, f"{what}.{k}" if what else k) for k, v in env.items()]
     return "\n".join(lines) + "\n"
 
@@ -177,7 +268,7 @@ def toml_set(text: str, keys: list[str], value: Any, comment: str = "") -> str:
     line = f"{tomlwrite.key(key)} = {tomlwrite.value(value)}"
     if comment:
         line += "  " + tomlwrite.comment(comment)
-    lines = text.splitlines()
+    lines = breaks.lines(text)  # TOML breaks a line on \n only: a U+2028 inside a string is part of it
     want = ".".join(table)
     start = None if table else 0
     end = len(lines)

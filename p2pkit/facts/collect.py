@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 
 from p2pkit import __version__
-from p2pkit.core import hoststate
+from p2pkit.core import hoststate, writers
 from p2pkit.core.errors import P2pkitError, UsageError
 from p2pkit.core.secrets import REDACTED, is_secret
 from p2pkit.facts import types as fact_types
@@ -108,7 +108,7 @@ def _vram_fit(h: Host, profile):
     with tensor split."""
     from p2pkit.host import model
     nv = nvml.facts(h)
-    pid = system.service_main_pid(h) if h.path(f"/etc/systemd/system/{system.ENGINE_UNIT}").is_file() else None
+    pid = launcher.engine_process(h)["pid"]  # the launcher's record, or the unit's MainPID
     mine = set(system.process_tree(h, pid)) if pid else set()
     gpus: list | dict = {"error": nv["error"]} if "error" in nv else []
     for g in [] if isinstance(gpus, dict) else nv.get("gpus", []):
@@ -121,9 +121,31 @@ def _vram_fit(h: Host, profile):
         out["tp_quant_kv_refused"] = model.tp_quant_kv_refused(h, profile.engine.build_dir)
     return out
 def _engine_nccl(h: Host, profile):
-    """The NCCL the running engine has mapped (P37), or that it is not running."""
-    pid = system.service_main_pid(h)
+    """The NCCL the running engine has mapped (P37), or that it is not running (found through the
+    launcher's record where systemd is not PID 1, else the unit's MainPID)."""
+    pid = launcher.engine_process(h)["pid"]
     return {"running": False} if pid is None else hfield.process_nccl(h, pid)
+
+
+def _engine_files(h: Host, profile):
+    """The engine binary the profile names, now: its identity (one stat) and what ldd resolves for it. The engine
+    gate compares them with what its artifact recorded when the build hashed the binary."""
+    from p2pkit.parse import build as pb
+    from p2pkit.rules import engine_cmd
+
+    exe = h.path(engine_cmd.binary(profile))
+    out: dict = {"path": str(exe), "identity": system.file_identity(exe)}
+    if out["identity"] is not None and profile.engine.recipe != "vllm":
+        out["libraries"] = pb.ldd(h.runner.run(["ldd", str(exe)], check=False).stdout)
+    return {"binary": out}
+
+
+def _model_file(h: Host, profile):
+    """The model output the profile names, now (one stat; an HF model served as it is: its directory)."""
+    m = profile.model
+    if m.format == "hf":
+        return {"path": m.source, "directory": h.path(m.source).is_dir()}
+    return {"path": m.output, "identity": system.file_identity(h.path(m.output)) if m.output else None}
 
 
 def _profile_nccl(h: Host, profile):
@@ -158,12 +180,8 @@ def _engine_env_file(h: Host):
     path = "/etc/p2pkit/engine.env"
     if not h.exists(path):
         return {"path": path, "env": None}
-    env = {}
-    for line in h.read(path, "the engine's environment file").splitlines():
-        k, sep, v = line.partition("=")
-        if sep and not line.lstrip().startswith("#"):
-            env[k.strip()] = v.strip().strip('"')
-    return {"path": path, "env": env}
+    # read as systemd reads it: a line ends at \n or \r only (a U+2028 in a value is part of it)
+    return {"path": path, "env": writers.read_env_file(h.read(path, "the engine's environment file"))}
 
 
 def _boot_hold(h: Host):
@@ -179,17 +197,19 @@ LIVE_TIMEOUT_S = 2.0  # status and doctor ask a running engine once, briefly: a 
 
 
 def _engine_live(h: Host, profile):
-    """The engine as it is now, each probe bounded by a second or two: its main PID, that process's
-    state (T: stopped), and /health once (a headless worker serves none)."""
-    if not h.path(f"/etc/systemd/system/{system.ENGINE_UNIT}").is_file():
+    """The engine as it is now, each probe bounded by a second or two: its main PID (the launcher's
+    record, or the unit's MainPID), that process's state (T: stopped), and /health once (a headless
+    worker serves none)."""
+    proc = launcher.engine_process(h, timeout=LIVE_TIMEOUT_S)
+    if proc["manager"] is None:
         return {"installed": False}
     from p2pkit.host import engine_api
     from p2pkit.rules import engine_cmd
 
-    pid = system.service_main_pid(h, timeout=LIVE_TIMEOUT_S)
-    out = {"installed": True, "pid": pid, "state": system.process_state(h, pid) if pid else None,
+    pid = proc["pid"]
+    out = {"installed": True, "manager": proc["manager"], "pid": pid, "state": proc["state"],
            "role": engine_cmd.node(profile)["role"]}
-    if pid and out["role"] != "worker":
+    if pid and out["role"] != "worker" and proc["state"] not in ("T", "t"):  # a stopped one cannot answer: not asked
         code, body = engine_api.get(engine_cmd.health_url(profile), timeout=LIVE_TIMEOUT_S)
         out["health"] = {"code": code, "text": body.strip()[:160]}
     return out
@@ -204,6 +224,8 @@ PROFILE_COLLECTORS: dict[str, Callable[[Host, object], object]] = {
     "engine_nccl": _engine_nccl,
     "engine_archs": _engine_archs,
     "profile_nccl": _profile_nccl,
+    "engine_files": _engine_files,
+    "model_file": _model_file,
     # the machine's module signing key: where the profile says, else /var/lib/p2pkit/mok/ (host/mok.py)
     "mok": lambda h, p: mok.facts(h, p, mok.KEY_STATE_DIR),
 }
@@ -263,9 +285,10 @@ def _one(host: Host, name: str, profile) -> object:
 
 # The facts that wait on a process or a library (nvidia-smi, dpkg-query and apt-mark, modinfo, dmesg,
 # NVML's import and init), slowest first: they start before the file reads, so the wait is the
-# slowest one's, not their sum (measured on the H200: docs/measurements.md).
-WAITING = ("package_holds", "smi_topo_m", "smi_p2p_read", "smi_p2p_write", "module", "kernel_log", "nvml", "arch",
-           "built_module", "module_sources", "engine_archs", "engine_nccl", "kernel")
+# slowest one's, not their sum (measured on the H200: docs/measurements.md). The engine's /health first: a
+# silent engine gives no answer for LIVE_TIMEOUT_S.
+WAITING = ("engine_live", "package_holds", "smi_topo_m", "smi_p2p_read", "smi_p2p_write", "module", "kernel_log",
+           "nvml", "arch", "built_module", "module_sources", "engine_archs", "engine_nccl", "kernel")
 
 
 # facts started before they were asked for, by host root and name (start_early)

@@ -325,6 +325,7 @@ class Health(TypedDict, total=False):
 
 class EngineLive(TypedDict, total=False):
     installed: bool
+    manager: str  # "systemd" or "launcher": how the engine was found (host/launcher.py, engine_process)
     pid: int | None
     state: str | None
     role: str
@@ -409,6 +410,36 @@ class EngineArchs(TypedDict, total=False):
 class ProfileNccl(TypedDict, total=False):
     path: str
     version: str | None
+
+
+class FileIdentity(TypedDict, total=False):  # host/system.file_identity
+    dev: int
+    ino: int
+    size: Bytes
+    mtime_ns: EpochNs
+    ctime_ns: EpochNs
+
+
+class LinkedLibrary(TypedDict, total=False):  # a line of ldd
+    name: str
+    path: str | None
+    missing_versions: list[str]
+
+
+class BuiltFile(TypedDict, total=False):
+    path: str
+    identity: FileIdentity | None
+    libraries: list[LinkedLibrary]
+
+
+class EngineFiles(TypedDict, total=False):  # what the engine gate re-proves: the built binary now
+    binary: BuiltFile
+
+
+class ModelFile(TypedDict, total=False):  # what the model gate re-proves: the output now
+    path: str
+    identity: FileIdentity | None
+    directory: bool
 
 
 class SmiQGpu(TypedDict, total=False):  # `nvidia-smi -q` as p2pkit 0.1.0 recorded it (smi_q)
@@ -496,6 +527,8 @@ FACTS: dict[str, Any] = {
     "engine_archs": EngineArchs,
     "profile_nccl": ProfileNccl | None,
     "mok": Mok,
+    "engine_files": EngineFiles,
+    "model_file": ModelFile,
     # recorded by earlier versions, read by none now: still typed, so an old recording loads as it was
     "smi_q": SmiQ,
 }

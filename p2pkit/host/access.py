@@ -10,6 +10,7 @@ import os
 import stat
 from pathlib import Path
 
+from p2pkit.core.breaks import lines
 from p2pkit.host import Host
 
 BITS = {"r": 4, "w": 2, "x": 1}
@@ -21,12 +22,12 @@ def user_ids(host: Host, name: str) -> tuple[int, set[int]] | None:
         passwd = host.path("/etc/passwd").read_text(errors="replace")
     except OSError:
         return None
-    for line in passwd.splitlines():
+    for line in lines(passwd):  # glibc ends a passwd line at \n only
         f = line.split(":")
         if len(f) >= 4 and f[0] == name and f[2].isdigit() and f[3].isdigit():
             uid, gids = int(f[2]), {int(f[3])}
             try:
-                for g in host.path("/etc/group").read_text(errors="replace").splitlines():
+                for g in lines(host.path("/etc/group").read_text(errors="replace")):
                     gf = g.split(":")
                     if len(gf) >= 4 and name in gf[3].split(",") and gf[2].isdigit():
                         gids.add(int(gf[2]))

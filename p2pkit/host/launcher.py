@@ -28,6 +28,7 @@ from pathlib import Path
 
 from p2pkit.core import children
 from p2pkit.core.artifacts import atomic_write
+from p2pkit.core.breaks import lines
 from p2pkit.core.errors import Exit, P2pkitError, ProbeError
 from p2pkit.host import Host, system
 from p2pkit.parse import system as ps
@@ -100,6 +101,31 @@ def is_running(rec: dict | None) -> bool:
     return bool(rec) and children.running(rec["pid"], rec.get("start"))
 
 
+def engine_process(host: Host, timeout: float | None = None) -> dict:
+    """The engine's main process, found the one way every fact that needs it (its liveness, its NCCL, its
+    memory fit) finds it: through the launcher's record where p2pkit's launcher started it (systemd not
+    PID 1; the record's pid only while its start time matches), else systemd's MainPID of the installed
+    unit. {"manager": "launcher" | "systemd" | None (no engine installed here), "pid": int | None,
+    "state": the process's state letter (T: stopped) | None}. A launcher's engine is this machine's own
+    process, so its state is read from this machine's /proc, as its liveness is. systemctl is asked only where
+    systemd is PID 1 or p2pkit's unit is installed."""
+    rec_path = record_path(host)
+    if rec_path.is_file():
+        rec = read_record(rec_path)
+        pid = rec["pid"] if is_running(rec) else None
+        try:
+            state = ps.proc_stat_state(Path(f"/proc/{pid}/stat").read_text()) if pid else None
+        except (OSError, ValueError, IndexError):
+            state = None
+        return {"manager": "launcher", "pid": pid, "state": state}
+    installed = host.path(f"/etc/systemd/system/{system.ENGINE_UNIT}").is_file()
+    if installed or systemd_booted(host):  # where systemd is not PID 1 there is no systemctl to ask
+        pid = system.service_main_pid(host, timeout=timeout)
+        if installed or pid:  # a running unit p2pkit did not write there is the engine too
+            return {"manager": "systemd", "pid": pid, "state": system.process_state(host, pid) if pid else None}
+    return {"manager": None, "pid": None, "state": None}
+
+
 # ---------------------------------------------------------------------------------------- cgroups
 
 def _hierarchy(host: Host) -> tuple[str, str, str] | None:
@@ -160,7 +186,7 @@ def _move(host: Host, cg: dict, pid: int) -> str | None:
 
 def log_tail(path: str | Path, n: int = 30) -> list[str]:
     try:
-        return Path(path).read_text(errors="replace").splitlines()[-n:]
+        return lines(Path(path).read_text(errors="replace"))[-n:]  # the engine's lines: split at \n only
     except OSError:
         return []
 

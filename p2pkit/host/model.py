@@ -50,17 +50,24 @@ def hf_source(host: Host, path: str) -> dict:
     return out
 
 
-def sha256_cached(host: Host, path: Path, cache_file: Path, progress=None) -> str:
-    """sha256 of a large file, streamed; cached by (size, mtime) so an unchanged file is not re-read."""
+def _cache_key(path: Path, st: os.stat_result) -> str:
+    """A file as the sha256 cache knows it: path, size, modification and change time, inode. A file replaced
+    with one of the same size and a mtime set back (`touch -d`) has another inode or change time: hashed again."""
+    return f"{path}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}:{st.st_ctime_ns}"
+
+
+def sha256_cached(host: Host, path: Path, cache_file: Path, progress=None, fresh: bool = False) -> str:
+    """sha256 of a large file, streamed; cached by its identity (_cache_key) so an unchanged file is not
+    re-read; `fresh` reads it whole whatever the cache says (`verify`: bytes rotted in place keep every stat)."""
     st = path.stat()
-    key = f"{path}:{st.st_size}:{st.st_mtime_ns}"
+    key = _cache_key(path, st)
     cache = {}
     if cache_file.is_file():
         try:
             cache = json.loads(cache_file.read_text())
         except ValueError:
             cache = {}
-    if key in cache:
+    if key in cache and not fresh:
         return cache[key]
     h = hashlib.sha256()
     done = 0
@@ -85,7 +92,7 @@ def remember_sha256(path: Path, cache_file: Path, digest: str) -> None:
     except ValueError:
         cache = {}
     cache = {k: v for k, v in cache.items() if not k.startswith(f"{path}:")}
-    cache[f"{path}:{st.st_size}:{st.st_mtime_ns}"] = digest
+    cache[_cache_key(path, st)] = digest
     tmp = cache_file.with_suffix(".tmp")
     tmp.write_text(json.dumps(cache, indent=1))
     os.replace(tmp, cache_file)

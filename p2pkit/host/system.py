@@ -216,6 +216,19 @@ def process_start(host: Host, pid: int) -> int | None:
         return None
 
 
+def file_identity(path: Path) -> dict | None:
+    """What tells one file from another without reading it: its device, inode and size, and its modification
+    and change times in nanoseconds (the change time moves with every write, rename, chmod or chown, and no
+    user can set it back); None when nothing is there. Recorded beside a file's sha256, it lets `status` see
+    a moved, replaced or rewritten file at the cost of one stat (a multi-GB model is never hashed there)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return {"dev": st.st_dev, "ino": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "ctime_ns": st.st_ctime_ns}
+
+
 def process_cpu(host: Host, pid: int) -> dict | None:
     """The process's state letter and the CPU time (clock ticks) it and its descendants used, from
     /proc/PID/stat and /proc/PID/task/*/children; None when it is gone."""

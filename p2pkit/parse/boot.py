@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import json
 
+from p2pkit.core.breaks import lines
+
 GRUB, SYSTEMD_BOOT, KERNELSTUB, UNKNOWN = "grub", "systemd-boot", "kernelstub", "unknown"
 
 
 def entry_options(text: str) -> list[str]:
     """The kernel options of a loader entry: every `options` line's words, in order."""
     out: list[str] = []
-    for line in text.splitlines():
+    for line in lines(text):  # systemd-boot ends a line at \n: a U+2028 is no line break to it
         key, _, value = line.strip().partition(" ")
         if key == "options":
             out += value.split()
@@ -34,12 +36,12 @@ def entry_with_options(text: str, options: list[str]) -> str:
     missing = [o for o in options if o not in entry_options(text)]
     if not missing:
         return text
-    lines = text.splitlines(keepends=True)
-    for i, line in enumerate(lines):
+    parts = text.split("\n")
+    for i, line in enumerate(parts):
         if line.strip().partition(" ")[0] == "options":
-            body = line.rstrip("\r\n")
-            lines[i] = body + " " + " ".join(missing) + line[len(body):]
-            return "".join(lines)
+            body = line.rstrip("\r")
+            parts[i] = body + " " + " ".join(missing) + line[len(body):]
+            return "\n".join(parts)
     sep = "" if not text or text.endswith("\n") else "\n"
     return text + sep + "options " + " ".join(missing) + "\n"
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from p2pkit.core.breaks import lines
+
 
 def nvcc_release(text: str) -> str | None:
     """'Cuda compilation tools, release 13.0, V13.0.88' -> '13.0'."""
@@ -75,7 +77,7 @@ def first_cmake_error(log: str) -> str | None:
 def cmake_cache(text: str) -> dict[str, str]:
     """CMakeCache.txt: `NAME:TYPE=VALUE` lines (comments `#` and `//` skipped) -> {NAME: VALUE}."""
     out = {}
-    for line in text.splitlines():
+    for line in lines(text):  # CMake reads its cache a line to a \n
         m = re.match(r"^([^#/][^:=]*):[A-Z]+=(.*)$", line)
         if m:
             out[m.group(1)] = m.group(2)

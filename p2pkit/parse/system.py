@@ -6,11 +6,13 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from p2pkit.core.breaks import lines
+
 
 def os_release(text: str) -> dict[str, str]:
     out = {}
-    for line in text.splitlines():
-        line = line.strip()
+    for line in lines(text):  # systemd reads it as an environment file: a U+2028 in a value is part of it
+        line = line.strip(" \t\r")
         if not line or line.startswith("#") or "=" not in line:
             continue
         key, _, value = line.partition("=")

@@ -28,6 +28,36 @@ def _json_type(tp) -> dict:
             bool: {"type": "boolean"}, list: {"type": "array"}, dict: {"type": "object"}}.get(origin, {})
 
 
+def _limits(path: str, s: dict) -> str:
+    """The sizes `profile validate` holds a key to (core/config.py, docs/profile-limits.md), into its schema:
+    maxLength counts characters, which are never more than the UTF-8 bytes the limit counts."""
+    from p2pkit.core import config
+
+    kind = s.get("type")
+    if kind == "string":
+        s["maxLength"] = config.STRING_MAX
+        return f"(at most {config.STRING_MAX} bytes)"
+    if kind == "array":
+        s["maxItems"] = config.ITEMS_MAX
+        return f"(at most {config.ITEMS_MAX} items of at most {config.STRING_MAX} bytes)"
+    if kind != "object":
+        return ""
+    value = config.table_value_max(path, "")
+    s.update(maxProperties=config.ITEMS_MAX, propertyNames={"maxLength": config.NAME_MAX},
+             additionalProperties={"maxLength": value, "minimum": config.INT_RANGE[0],
+                                   "maximum": config.INT_RANGE[1], "maxItems": config.ITEMS_MAX})
+    text = (f"(at most {config.ITEMS_MAX} entries, names of at most {config.NAME_MAX} bytes, integers signed 64-bit, "
+            f"strings of at most {config.STRING_MAX} bytes)")
+    if path in ("serve.env", "serve.flags"):
+        what = "NAME=value" if path == "serve.env" else "value"
+        text = (f"(at most {config.ITEMS_MAX} entries, names of at most {config.NAME_MAX} bytes, integers signed "
+                f"64-bit; each {what} with its NUL at most {config.MAX_ARG_STRLEN} bytes, the kernel's MAX_ARG_STRLEN "
+                f"for one string execve hands the engine, E2BIG beyond; [serve.env] and [serve.flags] together at "
+                f"most {config.ARG_MAX_FLOOR - config.ENGINE_RESERVE} bytes of the {config.ARG_MAX_FLOOR} execve "
+                "always gives, strings, NULs and pointers counted)")
+    return text
+
+
 def profile_schema() -> dict:
     """The profile TOML's schema: sections, keys, types, patterns, choices, ranges, required keys."""
     from p2pkit.core import config
@@ -38,8 +68,9 @@ def profile_schema() -> dict:
         props, required = {}, []
         for fl in fields(cls):
             m, s = fl.metadata, _json_type(hints[fl.name])
-            if m.get("expect"):
-                s["description"] = m["expect"]
+            limit = _limits(f"{sec}.{fl.name}", s)
+            if m.get("expect") or limit:
+                s["description"] = " ".join(x for x in (m.get("expect"), limit) if x)
             if m.get("pattern"):
                 s["pattern"] = m["pattern"]
             if m.get("choices"):

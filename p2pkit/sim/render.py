@@ -234,6 +234,16 @@ def render(root: Path, state: dict) -> None:
         write(root, f"sys/fs/cgroup{rel}/memory.max", "max\n")  # a new cgroup's default
         for pid in pids:
             write(root, f"proc/{pid}/cgroup", f"0::{rel}\n")
+            # a real process, as a unit's engine is above: its state and mappings are the kernel's own, and a
+            # scenario's NCCL libraries are in its maps (P37)
+            for name in ("stat", "smaps"):
+                if not (root / f"proc/{pid}/{name}").is_symlink():
+                    (root / f"proc/{pid}/{name}").symlink_to(f"/proc/{pid}/{name}")
+            if state.get("engine_nccl"):
+                base = 0xFFFF8A000000
+                write(root, f"proc/{pid}/maps", "\n".join(
+                    f"{base + i * 0x1000000:012x}-{base + i * 0x1000000 + 0xE00000:012x} r-xp 00000000 103:02 "
+                    f"{3414 + i} {lib}" for i, lib in enumerate(state["engine_nccl"])) + "\n")
     for rel, text in state.get("files", {}).items():  # files a scenario's earlier life left behind
         write(root, rel, text)
     write(root, "etc/machine-id", state["machine_id"] + "\n")

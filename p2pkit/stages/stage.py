@@ -32,6 +32,11 @@ class Stage:
     live: tuple[str, Callable[[object], list[Check]]] | None = None
     # checks whose warning `status` shows beside a done stage (a module waiting for the reboot into a new kernel)
     notes: tuple[str, ...] = ()
+    # for a stage that measures: what `status` and the gate re-prove of what its artifact claims, without
+    # measuring again (the engine's built files, the model's output, the link's figures against their own
+    # samples): the fresh fact it reads (None: the artifact alone) and its judge (the artifact's facts, that
+    # fresh fact, profile) -> findings. A failure makes the stage stale with the reason; `up` redoes it.
+    reprove: tuple[str | None, Callable[[dict, object, object], list[Check]]] | None = None
 
     @property
     def facts(self) -> tuple[str, ...]:

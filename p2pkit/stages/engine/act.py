@@ -15,6 +15,7 @@ from pathlib import Path
 from p2pkit.core.ansible import run_playbook
 from p2pkit.core.errors import P2pkitError
 from p2pkit.core.output import follow_cmd
+from p2pkit.host import system
 from p2pkit.parse import build as pb
 from p2pkit.rules.engine_cmd import binary
 from p2pkit.stages.engine import llamacpp
@@ -309,7 +310,8 @@ def _up_to_date(ctx, build_dir: Path, targets: list[str], current=pb.ninja_no_wo
 def _binary(ctx, exe: Path) -> dict:
     if not exe.is_file():
         return {"path": str(exe), "runs": False, "error": f"{exe} was not built"}
+    ident = system.file_identity(exe)  # before the hash: a file changed while it is read is not vouched for
     h = hashlib.sha256(exe.read_bytes()).hexdigest()
     r = ctx.host.runner.run([str(exe), "--version"], check=False, timeout=60)
-    return {"path": str(exe), "sha256": h, "runs": r.returncode == 0,
+    return {"path": str(exe), "sha256": h, "identity": ident, "runs": r.returncode == 0,
             "version": (r.stdout.strip() or r.stderr.strip())[:200]}

@@ -10,6 +10,7 @@ from p2pkit.parse import field as pf
 from p2pkit.parse.build import archs_unbuildable, ldd_problems, names_arch, version_tuple
 from p2pkit.rules.findings import (
     FAIL,
+    PASS,
     SKIP,
     WARN,
     Check,
@@ -310,3 +311,44 @@ def kernel_archs(f: dict, p: Profile) -> list[Check]:
                   f"includes {want}", f"the build dropped {want} (CUDA 13's arch matching, vllm#36835): rebuild with "
                   f"the arch list naming {want[3:]} (TORCH_CUDA_ARCH_LIST / CMAKE_CUDA_ARCHITECTURES)",
                   pitfall="P39")]
+
+
+IDENTITY = ("dev", "ino", "size", "mtime_ns", "ctime_ns")  # host/system.file_identity
+
+
+def changed(recorded: dict, now: dict) -> list[str]:
+    """How a file's identity now differs from the one recorded with its sha256 (each field that moved)."""
+    return [f"{k} {recorded.get(k)} -> {now.get(k)}" for k in IDENTITY if recorded.get(k) != now.get(k)]
+
+
+def reproved(recorded: dict, now: dict | None, p: Profile) -> list[Check]:
+    """What the engine artifact claims, against the files now (status and the gate; `verify engine` proves the
+    build whole): the binary it built and hashed is still there and the same file (its identity, recorded with
+    its sha256, unchanged: a moved, replaced or rewritten binary is caught without reading it), and every
+    library it links still resolves (ldd). vLLM is not built: nothing to re-prove here."""
+    if p.engine.recipe == "vllm":
+        return []
+    id_, title = "engine.built_files", "the built binary is there, the one hashed, its libraries resolved"
+    want = "the binary the build hashed, unchanged; every library found"
+    b = (recorded.get("engine_build") or {}).get("binary") or {}
+    if failed(now) or now is None:
+        return [unknown(id_, title, now, want)]
+    nb = now["binary"]
+    redo = "run `p2pkit up --from engine`: it proves the build again and rebuilds only when the proof fails"
+    if not nb.get("identity"):
+        return [Check(id_, title, FAIL, f"{nb['path']} is not there any more (moved or deleted since the build)",
+                      want, redo)]
+    if not b.get("identity") or not b.get("sha256"):
+        return [Check(id_, title, FAIL, f"the artifact records no identity and sha256 for {nb['path']} (an earlier "
+                      "p2pkit's, or not a build's)", want, redo)]
+    moved = changed(b["identity"], nb["identity"])
+    if moved:
+        return [Check(id_, title, FAIL, f"{nb['path']} changed since the build hashed it ({'; '.join(moved)})", want,
+                      redo)]
+    bad = ldd_problems(nb.get("libraries") or [])
+    if bad:
+        return [Check(id_, title, FAIL, f"{nb['path']}: {'; '.join(bad)}", want,
+                      "a library it linked is gone or changed: restore it, or rebuild (`p2pkit up --from engine "
+                      "--force`)", "P16" if any("nccl" in x for x in bad) else "")]
+    return [Check(id_, title, PASS, f"{nb['path']} unchanged since the build, {len(nb.get('libraries') or [])} "
+                  "libraries resolved", want)]

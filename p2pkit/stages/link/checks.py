@@ -3,6 +3,8 @@ ceiling; P2P access, latency, integrity; replays not rising; clocks not locked (
 
 from __future__ import annotations
 
+import statistics
+
 from p2pkit.core.config import Profile
 from p2pkit.parse.pci import GEN_TO_GTS
 from p2pkit.parse.roce import resolve
@@ -287,3 +289,56 @@ def roce(f: dict, p: Profile) -> list[Check]:
                               f"the MTU fell back to {mtu} (firmware updates do this): `ip link set {nd} mtu 9000` "
                               "on both nodes and in netplan", pitfall="P38", severity=WARN))
     return out
+
+
+# each bandwidth the load worker derives from timed copies: (figure, its samples, bytes per copy x)
+SAMPLED = (("h2d_gbps", "h2d_ms", 1), ("d2h_gbps", "d2h_ms", 1))
+SAMPLED_PAIR = (("unidir_gbps", "unidir_ms", 1), ("bidir_gbps", "bidir_ms", 2), ("staged_gbps", "staged_ms", 1))
+
+
+def _from_samples(figure_: object, ms: object, nbytes: object) -> str | None:
+    """Why a recorded bandwidth is not what its own samples give (the worker's median_gbps: bytes over the
+    median copy time), or None. Samples that are no positive times are no samples."""
+    if not isinstance(ms, list) or not ms or not all(isinstance(x, int | float) and 0 < x < float("inf") for x in ms):
+        return f"no timed samples ({str(ms)[:40]})"
+    if not isinstance(nbytes, int) or nbytes <= 0 or not isinstance(figure_, int | float):
+        return f"no figure or size ({figure_!r}, {nbytes!r} bytes)"
+    want = nbytes / (statistics.median(ms) / 1000) / 1e9
+    if abs(figure_ - want) > 1e-9 * max(abs(want), 1.0):
+        return f"{figure_:.3f} GB/s where its {len(ms)} samples give {want:.3f}"
+    return None
+
+
+def reproved(recorded: dict, now: object, p: Profile) -> list[Check]:
+    """The link artifact's figures within the bounds their own samples allow (status cannot put the load on
+    again; `verify link` does): each bandwidth is the median of the timed copies recorded beside it, and each
+    integrity count is one its own pattern allows. A figure edited by hand after the load is caught."""
+    id_, title = "link.figures_from_samples", "each recorded figure is what its own samples give"
+    load = recorded.get("link_load")
+    if not isinstance(load, dict):
+        return []  # nothing measured here (a host the load never ran on): the checks already judged that
+    bad, n = [], 0
+    for g in load.get("gpus") or []:
+        host = g.get("host") if isinstance(g.get("host"), dict) else {}
+        for key, ms, k in SAMPLED if host else ():
+            n += 1
+            if why := _from_samples(host.get(key), host.get(ms), (host.get("bytes") or 0) * k):
+                bad.append(f"GPU{g.get('index')} {key}: {why}")
+    size = p.link.sample_mib << 20  # what the worker copied; recorded as `bytes` since
+    for x in load.get("pairs") or []:
+        tag = f"GPU{x.get('from')}->GPU{x.get('to')}"
+        for key, ms, k in SAMPLED_PAIR:
+            if key == "unidir_gbps" or ms in x:  # bidir and staged samples recorded since this check
+                n += 1
+                if why := _from_samples(x.get(key), x.get(ms), (x.get("bytes") or size) * k):
+                    bad.append(f"{tag} {key}: {why}")
+        i = x.get("integrity")
+        if isinstance(i, dict) and "elements" in i:
+            n += 1
+            el, mis, zeros = i.get("elements"), i.get("mismatches"), i.get("zeros", 0)
+            if not (isinstance(el, int) and isinstance(mis, int) and isinstance(zeros, int)
+                    and 0 <= mis <= el and 0 <= zeros <= el and i.get("equal") == (mis == 0)):
+                bad.append(f"{tag} integrity: equal={i.get('equal')}, {mis} of {el} differ, {zeros} zero")
+    return [Check(id_, title, FAIL if bad else PASS, "; ".join(bad) or f"{n} figures agree with their samples",
+                  "every figure what its samples give", "the link artifact was changed after the load measured it: "
+                  "run `p2pkit up --from link` to measure again" if bad else "")]

@@ -98,9 +98,11 @@ def existing(ctx, res: dict) -> dict:
     out = host.path(m.output)
     record_file = ctx.store.dir / "model-output.json"
     rec = _record(record_file)
-    digest = hm.sha256_cached(host, out, ctx.store.dir / "sha256-cache.json")
+    # `verify` reads the whole file again (ctx.options["full_hash"]); `up` trusts the cache's file identity
+    digest = hm.sha256_cached(host, out, ctx.store.dir / "sha256-cache.json", fresh=bool(ctx.options.get("full_hash")))
     if rec.get("path") == m.output and rec.get("sha256") == digest:
-        res.update(kept=True, sha256=digest, size=out.stat().st_size, verify=verify_file(ctx, out))
+        res.update(kept=True, sha256=digest, size=out.stat().st_size, identity=system.file_identity(out),
+                   verify=verify_file(ctx, out))
     else:
         res["refused"] = (f"{m.output} exists and is not the artifact p2pkit wrote (or it changed since); "
                           "p2pkit never overwrites a model")
@@ -189,6 +191,7 @@ def convert(ctx) -> dict:
     atomic_write(record_file, writers.json_text({"path": m.output, "sha256": res["sha256"], "size": res["size"],
                                                  "partial": tmp.name}).encode())
     _rename(tmp, out, cache, res["sha256"])
+    res["identity"] = system.file_identity(out)  # after the rename (it moves the change time): what status re-proves
     return res
 
 

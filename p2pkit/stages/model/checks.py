@@ -150,3 +150,37 @@ def nvme(found, p: Profile) -> list[Check]:
                          "otherwise; a network filesystem is worse): copy it to the node's internal NVMe and point "
                          "model.nvme_paths and serve.env.VLLM_PLE_MMAP_DIR at the copy", pitfall="P26"))
     return out
+
+
+IDENTITY = ("dev", "ino", "size", "mtime_ns", "ctime_ns")  # host/system.file_identity
+
+
+def reproved(recorded: dict, now: dict | None, p: Profile) -> list[Check]:
+    """What the model artifact claims, against the file now (status and the gate): the output it hashed is
+    still there and the same file. Hashing a multi-GB model on every `status` is too slow, so the proof is the
+    file's identity (device, inode, size, modification and change time) recorded with its sha256: a moved,
+    replaced or rewritten file changes it, and no user can set a change time back; `verify model` reads the
+    bytes again. An HF model served as it is: its directory is still there."""
+    id_, title = "model.output_unchanged", "the model the stage hashed is there, unchanged"
+    b = recorded.get("model_build") or {}
+    if failed(now) or now is None:
+        return [unknown(id_, title, now, "the file the stage hashed")]
+    path = now.get("path")
+    redo = ("run `p2pkit up --from model`: it proves the output again (its sha256 against p2pkit's record) and "
+            "converts only where nothing is there")
+    if b.get("as_is"):
+        ok = now.get("directory")
+        return [Check(id_, title, PASS if ok else FAIL, f"{path} is {'there' if ok else 'not there any more'}",
+                      "the model directory", "" if ok else "put the model back, or point model.source at it")]
+    want = f"the file hashed (sha256 {str(b.get('sha256'))[:12]}...), unchanged"
+    if not now.get("identity"):
+        return [Check(id_, title, FAIL, f"{path} is not there any more (moved or deleted since it was converted)",
+                      want, redo)]
+    if not b.get("identity") or not b.get("sha256"):
+        return [Check(id_, title, FAIL, f"the artifact records no identity and sha256 for {path} (an earlier "
+                      "p2pkit's, or not a conversion's)", want, redo)]
+    moved = [f"{k} {b['identity'].get(k)} -> {now['identity'].get(k)}" for k in IDENTITY
+             if b["identity"].get(k) != now["identity"].get(k)]
+    if moved:
+        return [Check(id_, title, FAIL, f"{path} changed since it was hashed ({'; '.join(moved)})", want, redo)]
+    return [Check(id_, title, PASS, f"{path} unchanged since it was hashed", want)]

@@ -14,6 +14,7 @@ from pathlib import Path
 from p2pkit.core import config, secrets, writers
 from p2pkit.core.ansible import run_playbook
 from p2pkit.core.artifacts import CorruptArtifact
+from p2pkit.core.breaks import lines
 from p2pkit.core.errors import Exit, P2pkitError
 from p2pkit.core.runner import own_executable
 from p2pkit.host import Host, access, engine_api, launcher, nvml, system
@@ -400,7 +401,7 @@ def start_lines(host: Host, mark: dict | None) -> list[str]:
         try:
             with open(mark["file"], "rb") as fh:
                 fh.seek(int(mark["offset"]))
-                return fh.read().decode(errors="replace").splitlines()
+                return lines(fh.read().decode(errors="replace"))
         except OSError:
             return []
     if mark and "cursor" in mark:
@@ -410,11 +411,11 @@ def start_lines(host: Host, mark: dict | None) -> list[str]:
     if service_launcher.launched(host):
         rec = service_launcher.record(host) or {}
         try:
-            lines = Path(rec["log"]).read_text(errors="replace").splitlines()
+            logged = lines(Path(rec["log"]).read_text(errors="replace"))
         except (OSError, KeyError, TypeError):
             return []
-        starts = [i for i, ln in enumerate(lines) if ln.startswith(launcher.START_LINE)]
-        return lines[starts[-1]:] if starts else lines
+        starts = [i for i, ln in enumerate(logged) if ln.startswith(launcher.START_LINE)]
+        return logged[starts[-1]:] if starts else logged
     inv = _systemctl(host, "show", "-p", "InvocationID", "--value", UNIT).stdout.strip()
     args = [f"_SYSTEMD_INVOCATION_ID={inv}"] if inv else ["-u", UNIT, "-b"]
     r = host.runner.run(["journalctl", *args, "--no-pager"], check=False)

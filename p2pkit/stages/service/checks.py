@@ -35,8 +35,10 @@ def precheck(p: Profile) -> list[Check]:
 
 
 def alive(live: dict | None) -> list[Check]:
-    """The engine now, asked once within a second or two: its process not stopped (state T) and
-    /health answering. status and doctor judge it; a frozen engine is never "done"."""
+    """The engine now, asked once within a second or two: its process not stopped (state T: "frozen") and
+    /health answering ("not answering" when the process runs but /health gives no answer, such as one that
+    accepts the connection and never replies). The one judgement of a live engine: status, doctor and
+    `serve status` all make it; a frozen or silent engine is never "done"."""
     id_, title = "service.engine_alive", "the engine's process runs and /health answers"
     if live is None or live.get("installed") is False:
         return []
@@ -44,7 +46,9 @@ def alive(live: dict | None) -> list[Check]:
         return [unknown(id_, title, live, "running, /health answering")]
     want, pid, health = "running (not stopped), /health answering", live.get("pid"), live.get("health")
     if not pid:
-        return [Check(id_, title, FAIL, "not running: the unit has no main PID", want,
+        why = ("the launcher's record names no running process" if live.get("manager") == "launcher"
+               else "the unit has no main PID")
+        return [Check(id_, title, FAIL, f"not running: {why}", want,
                       "start it: `p2pkit serve restart`; read why it stopped: `p2pkit serve logs`")]
     if live.get("state") in ("T", "t"):
         return [Check(id_, title, FAIL, f"frozen: pid {pid} is stopped (state {live['state']} in /proc/{pid}/stat)",
@@ -53,8 +57,8 @@ def alive(live: dict | None) -> list[Check]:
     if health is None:  # a headless worker: the process is all there is to ask
         return [Check(id_, title, PASS, f"pid {pid} running (state {live.get('state')})", want)]
     if health["code"] is None:
-        return [Check(id_, title, FAIL, f"frozen: pid {pid} (state {live.get('state')}) did not answer /health: "
-                      f"{health['text']}", want, "read `p2pkit serve logs`; a hung engine needs "
+        return [Check(id_, title, FAIL, f"not answering: pid {pid} (state {live.get('state')}) runs, and /health "
+                      f"gave no answer: {health['text']}", want, "read `p2pkit serve logs`; a hung engine needs "
                       "`p2pkit serve restart`")]
     if health["code"] != 200:
         return [Check(id_, title, WARN, f"pid {pid} answers /health {health['code']} (loading?)", want,
