@@ -24,7 +24,8 @@ LAYERS: list[tuple[str, list[list[str]]]] = [
              ["p2pkit.cli.stages_cmd", "p2pkit.cli.bench_cmd", "p2pkit.cli.net_cmd", "p2pkit.cli.pin_cmd",
               "p2pkit.cli.profile_cmd", "p2pkit.cli.report_cmd", "p2pkit.cli.serve_cmd", "p2pkit.cli.sim_cmd",
               "p2pkit.cli.direct"],
-             ["p2pkit.cli.failure"], ["p2pkit.cli.common"], ["p2pkit.cli.argv", "p2pkit.cli"]]),
+             ["p2pkit.cli.container_cmd"], ["p2pkit.cli.failure"], ["p2pkit.cli.common"],
+             ["p2pkit.cli.argv", "p2pkit.cli"]]),
     ("app", [["p2pkit.app.doctor", "p2pkit.app.bench", "p2pkit.app.pin", "p2pkit.app.restore", "p2pkit.app.rollback",
               "p2pkit.app.inventory"],
              ["p2pkit.app.pipeline"],
@@ -54,7 +55,8 @@ LAYERS: list[tuple[str, list[list[str]]]] = [
     ("data", [["p2pkit.profiles", "p2pkit.load", "p2pkit"]]),
 ]
 SIM = "p2pkit.sim"
-SIM_DOORS = {"p2pkit.cli.sim_cmd"}  # the sim commands: outside the product's layers, plugged into the CLI
+# the sim commands (the container host's among them): outside the product's layers, plugged into the CLI
+SIM_DOORS = {"p2pkit.cli.sim_cmd", "p2pkit.cli.container_cmd"}
 
 
 def modules() -> dict[str, Path]:
