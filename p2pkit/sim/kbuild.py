@@ -41,9 +41,17 @@ def main(argv: list[str]) -> int:
             return 2
         major, minor = (int(x) for x in kver.split(".")[:2])
         if (major, minor) > (int(meta["MAX_KERNEL_MAJOR"]), int(meta["MAX_KERNEL_MINOR"])):
-            print(f"kernel-open/nvidia/nv-pci.c:412:9: error: implicit declaration of function "
-                  f"'pci_rebar_get_possible_sizes' (kernel {kver} is newer than this branch supports)",
-                  file=sys.stderr)
+            # as the real build fails on a kernel whose API moved (tests/fixtures/fork-570.86.16-p2p:
+            # fail-6.1.0-57.stderr): the compiler's error first, each make level's exit line after it
+            nv_pci = src / "kernel-open/nvidia/nv-pci.c"
+            print(f"{nv_pci}: In function \u2018nv_resize_pcie_bars\u2019:\n"
+                  f"{nv_pci}:240:9: error: too few arguments to function \u2018pci_resize_resource\u2019 "
+                  f"(SIMULATED: kernel {kver} is newer than this branch supports)\n"
+                  f"make[4]: *** [{syssrc}/scripts/Makefile.build:255: {nv_pci.with_suffix('.o')}] Error 1\n"
+                  f"make[4]: *** Waiting for unfinished jobs....\n"
+                  f"make[3]: *** [{syssrc}/Makefile:2065: {src / 'kernel-open'}] Error 2\n"
+                  f"make[2]: *** [Makefile:250: __sub-make] Error 2\n"
+                  f"make[1]: *** [Makefile:115: modules] Error 2", file=sys.stderr)
             return 2
         sv = srcversion(src, kver)
         for name in MODULES:
