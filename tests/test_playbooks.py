@@ -152,6 +152,20 @@ def test_kernel_too_new_for_the_branch_named(sim):
     assert "likely cause: the kernel is newer than the fork's branch supports" in e.value.hint
 
 
+def test_debian_headers_build_with_the_source_tree_given_apart(sim):
+    """Debian's headers split the kernel's tree: /lib/modules/K/source holds the headers, build/ only the
+    flavour's output. The fork's conftest finds no header under SYSSRC=build alone (the real build failed so:
+    tests/fixtures/fork-570.86.16-p2p/fail-syssrc-build.stderr); the role gives SYSSRC=source SYSOUT=build."""
+    root = sim("healthy")
+    ctx = ctx_for(root)
+    driver_act.driver(ctx)
+    from p2pkit.sim import provision
+
+    provision.make_headers(root, "6.1.0-57-amd64", split=True)
+    acting.p2p_module(ctx, kernel="6.1.0-57-amd64")
+    assert "P2PKIT-SIM-KO" in (root / "lib/modules/6.1.0-57-amd64/kernel/drivers/video/nvidia.ko").read_text()
+
+
 def test_syntax_check():
     for book in ("site.yml", "driver.yml", "p2p-module.yml"):
         argv = [ansible.playbook_binary(), "--syntax-check", "-i", "localhost,", str(REPO / "playbooks" / book)]

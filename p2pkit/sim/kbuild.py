@@ -39,6 +39,17 @@ def main(argv: list[str]) -> int:
             print(f"*** Unable to determine the target kernel version: kernel headers for {kver} not found "
                   f"at {syssrc}", file=sys.stderr)
             return 2
+        if not (Path(syssrc) / "include/linux").is_dir():
+            # the fork's conftest looks for the kernel's headers under SYSSRC/include (its conftest.sh; SYSSRC is
+            # the output tree too unless SYSOUT says otherwise): none found, its compile tests fail and so
+            # does the build (tests/fixtures/fork-570.86.16-p2p: fail-syssrc-build.stderr)
+            conftest = src / "kernel-open/conftest/functions.h"
+            print(f"{conftest}:76:2: error: #error dma_buf_export() conftest failed! (SIMULATED: no kernel "
+                  f"headers under {syssrc}/include)\n"
+                  f"make[3]: *** [{syssrc}/scripts/Makefile.build:255: {src / 'kernel-open/nvidia/nv.o'}] Error 1\n"
+                  f"make[2]: *** [{syssrc}/Makefile:2065: {src / 'kernel-open'}] Error 2\n"
+                  f"make[1]: *** [Makefile:115: modules] Error 2", file=sys.stderr)
+            return 2
         major, minor = (int(x) for x in kver.split(".")[:2])
         if (major, minor) > (int(meta["MAX_KERNEL_MAJOR"]), int(meta["MAX_KERNEL_MINOR"])):
             # as the real build fails on a kernel whose API moved (tests/fixtures/fork-570.86.16-p2p:

@@ -40,6 +40,9 @@ BUILD_CAUSES = (
     ("conftest failed", "the fork's conftest could not compile against the kernel's headers: SYSSRC must be the "
                         "kernel's source tree (Debian: /lib/modules/<release>/source) and SYSOUT its build tree; "
                         "or the headers are incomplete: reinstall linux-headers-<release>, then run again"),
+    ("stdarg.h: No such file or directory", "the fork's conftest did not find the kernel's headers: SYSSRC must be "
+                                             "the kernel's source tree (Debian: /lib/modules/<release>/source) and "
+                                             "SYSOUT its build tree"),
     ("implicit declaration", NEWER_KERNEL),
     ("too few arguments to function", NEWER_KERNEL),  # a kernel function that gained an argument (P36)
     ("too many arguments to function", NEWER_KERNEL),
