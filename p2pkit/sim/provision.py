@@ -35,10 +35,10 @@ PAYLOAD = "# SIMULATED payload: libnvidia-ml.so.{version}, gsp_ga10x.bin, gsp_tu
 MAKEFILE = """# SIMULATED open-gpu-kernel-modules build ({branch})
 SYSSRC ?= /lib/modules/$(shell uname -r)/build
 PYTHON := {python}
-modules modules_install clean:
+modules modules_install clean kernel-open.clean:
 \t$(PYTHON) -m p2pkit.sim.kbuild $@ SYSSRC=$(SYSSRC) SYSOUT=$(SYSOUT) \\
 \t  INSTALL_MOD_PATH=$(INSTALL_MOD_PATH) INSTALL_MOD_DIR=$(INSTALL_MOD_DIR)
-.PHONY: modules modules_install clean
+.PHONY: modules modules_install clean kernel-open.clean
 """
 
 
@@ -79,7 +79,7 @@ def make_fork(root: Path, version: str, max_kernel: tuple[int, int] = (6, 17),
                                   f"MAX_KERNEL_MINOR={max_kernel[1]}\n")
     (work / "kernel-open").mkdir(exist_ok=True)
     (work / "kernel-open/nv-pci.c").write_text("/* SIMULATED: BAR1 P2P mailbox (aikitoria patch) */\n")
-    (work / ".gitignore").write_text("*.ko\n.p2pkit-built-*\n")
+    (work / ".gitignore").write_text("*.ko\n.p2pkit-built-*\n.sim-make.log\n")
     _git(work, "init", "-q", "-b", branch)
     _git(work, "add", "-A")
     _git(work, "commit", "-q", "-m", f"SIMULATED {branch}" + (": P2P over BAR1" if patched else ""))
