@@ -160,9 +160,21 @@ def run_playbook(ctx, stage: str, extra: dict, check_mode: bool = False) -> dict
     if m:
         summary.update(dict(zip(("ok", "changed", "unreachable", "failed", "skipped"), map(int, m.groups()))))
     if res.returncode != 0:
-        raise P2pkitError(f"the {stage} playbook failed: {failed_task(res.stdout + res.stderr)}",
-                          hint=f"nothing after the failed task ran; the full log is {log}")
+        found = failed_line(res.stdout + res.stderr)
+        raise PlaybookFailed(f"the {stage} playbook failed: {failed_task(res.stdout + res.stderr)}",
+                             hint=f"nothing after the failed task ran; the full log is {log}",
+                             task=found[0] if found else "", result=_result(found[1]) if found else {})
     return summary
+
+
+class PlaybookFailed(P2pkitError):
+    """A stage's playbook stopped at a task: its name and Ansible's result of it (rc, stdout, stderr,
+    msg), for a stage that reads more of it than the message holds (a build's own error lines)."""
+
+    def __init__(self, message: str, hint: str, task: str, result: dict):
+        super().__init__(message, hint=hint)
+        self.task = task
+        self.result = result
 
 
 def read_tasks(path: Path) -> dict:
@@ -179,24 +191,37 @@ def read_tasks(path: Path) -> dict:
 def failed_task(text: str) -> str:
     """The task name and message of the failure that stopped an ansible-playbook run: the last task
     that failed (one a rescue caught comes before it), its first failed line (a loop's item)."""
-    task, found = "", None
-    for line in text.splitlines():
-        if line.startswith(("TASK [", "RUNNING HANDLER [")):
-            task = line.split("[", 1)[1].split("]")[0]
-        if line.startswith(("fatal:", "failed:")) and (found is None or found[0] != task):
-            found = (task, line)
+    found = failed_line(text)
     if found:
         return f"task '{found[0]}': {_failure_detail(found[1])}"
     tail = [ln for ln in text.splitlines() if ln.strip()][-3:]
     return " / ".join(tail) or "no output"
 
 
+def failed_line(text: str) -> tuple[str, str] | None:
+    """The failure failed_task names: its task and its 'fatal: [host]: FAILED! => {json}' line."""
+    task, found = "", None
+    for line in text.splitlines():
+        if line.startswith(("TASK [", "RUNNING HANDLER [")):
+            task = line.split("[", 1)[1].split("]")[0]
+        if line.startswith(("fatal:", "failed:")) and (found is None or found[0] != task):
+            found = (task, line)
+    return found
+
+
+def _result(line: str) -> dict:
+    """Ansible's result of a failed task, from its 'fatal: [host]: FAILED! => {json}' line ({} if none)."""
+    try:
+        res = json.loads(line.partition("=> ")[2])
+    except ValueError:
+        return {}
+    return res if isinstance(res, dict) else {}
+
+
 def _failure_detail(line: str) -> str:
     """msg, and the last lines of stderr/stdout, from 'fatal: [host]: FAILED! => {json}'."""
-    _, _, blob = line.partition("=> ")
-    try:
-        res = json.loads(blob)
-    except ValueError:
+    res = _result(line)
+    if not res:
         return line
     parts = [str(res.get("msg", "failed"))]
     for key in ("stderr", "stdout"):

@@ -245,3 +245,24 @@ def ldd_problems(libs: list[dict]) -> list[str]:
     return [f"{x['name']} not found" if x["path"] is None else
             f"{x['name']} ({x['path']}) lacks version {', '.join(x['missing_versions'])}"
             for x in libs if x["path"] is None or x.get("missing_versions")]
+
+
+# A failed `make modules` of the fork, through kbuild: make's own exit lines ("make[2]: *** [...:
+# kernel-open] Error 2", one per make level) come last and name only what failed; what went wrong is
+# said earlier, among thousands of progress lines (tests/fixtures/fork-570.86.16-p2p).
+KBUILD_ERROR = re.compile(r"\berror:|\bERROR:|: not found$|command not found|No rule to make target|\*\*\*")
+MAKE_EXIT = re.compile(r"^make(?:\[\d+\])?: \*\*\* (?:\[.*\] Error \d+$|Waiting for unfinished jobs|Deleting file)")
+
+
+def kbuild_errors(text: str, limit: int = 6) -> list[str]:
+    """The lines of a failed kbuild run that say what went wrong, first ones first, each once: the
+    compiler's and modpost's errors, a tool the shell did not find, make's own refusals; not make's
+    exit lines (`*** [...] Error N`), which only name the target that failed."""
+    out: list[str] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if KBUILD_ERROR.search(line) and not MAKE_EXIT.match(line) and line not in out:
+            out.append(line[:300])
+            if len(out) == limit:
+                break
+    return out

@@ -39,10 +39,10 @@ P2PKIT_TREE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__
 MAKEFILE = """# SIMULATED open-gpu-kernel-modules build ({branch})
 SYSSRC ?= /lib/modules/$(shell uname -r)/build
 PYTHON := {python}
-modules modules_install clean:
-\t$(PYTHON) -m p2pkit.sim.kbuild $@ SYSSRC=$(SYSSRC) \\
+modules modules_install clean kernel-open.clean:
+\t$(PYTHON) -m p2pkit.sim.kbuild $@ SYSSRC=$(SYSSRC) SYSOUT=$(SYSOUT) \\
 \t  INSTALL_MOD_PATH=$(INSTALL_MOD_PATH) INSTALL_MOD_DIR=$(INSTALL_MOD_DIR)
-.PHONY: modules modules_install clean
+.PHONY: modules modules_install clean kernel-open.clean
 """
 
 
@@ -83,7 +83,7 @@ def make_fork(root: Path, version: str, max_kernel: tuple[int, int] = (6, 17),
                                   f"MAX_KERNEL_MINOR={max_kernel[1]}\n")
     (work / "kernel-open").mkdir(exist_ok=True)
     (work / "kernel-open/nv-pci.c").write_text("/* SIMULATED: BAR1 P2P mailbox (aikitoria patch) */\n")
-    (work / ".gitignore").write_text("*.ko\n.p2pkit-built-*\n")
+    (work / ".gitignore").write_text("*.ko\n.p2pkit-built-*\n.sim-make.log\n")
     _git(work, "init", "-q", "-b", branch)
     _git(work, "add", "-A")
     _git(work, "commit", "-q", "-m", f"SIMULATED {branch}" + (": P2P over BAR1" if patched else ""))
@@ -92,10 +92,20 @@ def make_fork(root: Path, version: str, max_kernel: tuple[int, int] = (6, 17),
     return bare, commit
 
 
-def make_headers(root: Path, kernel: str) -> None:
+def make_headers(root: Path, kernel: str, split: bool = False) -> None:
+    """linux-headers-<kernel>: Ubuntu's, one tree at /lib/modules/K/build; `split`: Debian's, the
+    headers in /lib/modules/K/source (linux-headers-K-common) and build/ only the flavour's output
+    tree, its Makefile including the common one (as linux-headers-6.1.0-57-amd64 lays them out)."""
     build = root / "lib/modules" / kernel / "build"
     build.mkdir(parents=True, exist_ok=True)
-    (build / "Makefile").write_text(f"# SIMULATED linux-headers-{kernel}\n")
+    headers = root / "lib/modules" / kernel / ("source" if split else "build")
+    (headers / "include/linux").mkdir(parents=True, exist_ok=True)
+    (headers / "include/linux/kernel.h").write_text(f"/* SIMULATED linux-headers-{kernel} */\n")
+    if split:
+        (headers / "Makefile").write_text(f"# SIMULATED linux-headers-{kernel}-common\n")
+        (build / "Makefile").write_text(f"# SIMULATED linux-headers-{kernel}\ninclude {headers}/Makefile\n")
+    else:
+        (build / "Makefile").write_text(f"# SIMULATED linux-headers-{kernel}\n")
     from p2pkit.sim.render import standin_script  # the headers' scripts/sign-file (Secure Boot signing)
 
     (build / "scripts").mkdir(exist_ok=True)

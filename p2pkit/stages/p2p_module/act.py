@@ -8,13 +8,14 @@ import stat
 from pathlib import Path
 
 from p2pkit.core import writers
-from p2pkit.core.ansible import run_playbook
+from p2pkit.core.ansible import PlaybookFailed, run_playbook
 from p2pkit.core.config import p2p_src_dir
 from p2pkit.core.errors import P2pkitError
 from p2pkit.core.runner import own_executable
 from p2pkit.host import arch, boot, system
 from p2pkit.host.backup import P2P_PATHS, Backup, module_paths
 from p2pkit.parse import boot as pb
+from p2pkit.parse import build as pb_build
 from p2pkit.stages.p2p_module import signing
 
 # The kernel hook pins the boot default here when the module does not build for a new kernel (P36).
@@ -30,10 +31,21 @@ def iommu_cmdline(mode: str, cpu_vendor: str, machine: str = "x86_64") -> str:
     return f"{'amd_iommu' if 'AMD' in cpu_vendor.upper() else 'intel_iommu'}=off"
 
 
+NEWER_KERNEL = ("the kernel is newer than the fork's branch supports: boot the previous kernel (hold "
+                "linux-image-generic) or pin a newer p2p branch and commit")
 BUILD_CAUSES = (
     ("kernel headers for", "install the headers for that kernel (linux-headers-<release>), then run again"),
-    ("implicit declaration", "the kernel is newer than the fork's branch supports: boot the previous kernel "
-                             "(hold linux-image-generic) or pin a newer p2p branch and commit"),
+    (": not found", "a tool the fork's build runs is not installed (it compiles C++ with g++ and compresses "
+                    "shaders with xz): install build-essential and xz-utils, then run again"),
+    ("conftest failed", "the fork's conftest could not compile against the kernel's headers: SYSSRC must be the "
+                        "kernel's source tree (Debian: /lib/modules/<release>/source) and SYSOUT its build tree; "
+                        "or the headers are incomplete: reinstall linux-headers-<release>, then run again"),
+    ("stdarg.h: No such file or directory", "the fork's conftest did not find the kernel's headers: SYSSRC must be "
+                                             "the kernel's source tree (Debian: /lib/modules/<release>/source) and "
+                                             "SYSOUT its build tree"),
+    ("implicit declaration", NEWER_KERNEL),
+    ("too few arguments to function", NEWER_KERNEL),  # a kernel function that gained an argument (P36)
+    ("too many arguments to function", NEWER_KERNEL),
     ("No rule to make target", "the fork checkout is not a kernel-module tree: check p2p_module.repo and commit"),
 )
 
@@ -49,11 +61,29 @@ def p2p_module(ctx, kernel: str | None = None) -> dict:
                          + done["live_reload"]["why"])
         return done
     except P2pkitError as e:
-        for needle, cause in BUILD_CAUSES:
-            if needle in e.message:
-                e.hint = f"likely cause: {cause}. {e.hint}"
-                break
+        explain(e)
         raise
+
+
+def explain(e: P2pkitError) -> None:
+    """A failed build's message gets the build's own errors (make's last lines name only the target
+    that failed: the cause is said earlier), and its hint the likely cause."""
+    errors = build_errors(e)
+    if errors:
+        e.message = f"{e.message}; the build's errors: {' | '.join(errors)}"
+    for needle, cause in BUILD_CAUSES:
+        if needle in e.message:
+            e.hint = f"likely cause: {cause}. {e.hint}"
+            break
+
+
+def build_errors(e: P2pkitError) -> list[str]:
+    """What the compiler, the shell and make said went wrong in a failed `make` of the role, from the
+    task's own output (the playbook's message holds only its last lines)."""
+    if not isinstance(e, PlaybookFailed) or not e.task.endswith(("Build the modules", "Clean an earlier build",
+                                                                 "Ensure the built modules are installed")):
+        return []
+    return pb_build.kbuild_errors(f"{e.result.get('stderr') or ''}\n{e.result.get('stdout') or ''}")
 
 
 def _p2p_module(ctx, kernel: str | None = None) -> dict:
