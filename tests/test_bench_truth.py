@@ -487,8 +487,8 @@ def test_drafting_from_the_h200_log_lines_agrees_with_the_responses_and_metrics(
 
 def test_the_h200_stall_at_eight_streams_shows_as_itself_and_is_gone_without_the_ram_cache():
     """The decode shape at 8 streams, probe (RAM prompt cache on) and final (cache-ram 0): the aggregate
-    recomputed from the recorded requests is the recorded one. In the probe the first request of every stream
-    waited about 1.76 s outside the server's own timings (the idle slots saved to the RAM cache): the level's
+    recomputed from the recorded requests is the recorded one. In the probe 16 of the 24 requests waited about
+    1.76 s each outside the server's own timings (the idle slots saved to the RAM cache): the level's
     wall time holds 3.52 s outside the server, the aggregate over wall time is half the one over the server's
     time (0.45 and 0.92 of llama-batched-bench at 8 sequences), and each such request is named; in final nothing
     is outside."""
