@@ -338,3 +338,190 @@ def test_the_first_request_after_eight_streams_saves_every_idle_slot():
     for r in (on["first"], off["first"]):  # the server's own timings never hold it
         t = r["timings"]
         assert r["client_first_byte_s"] >= (t["prompt_ms"] + t["predicted_ms"]) / 1000
+
+
+# ------------------------------------------------------------ the CUDA build on the lent H200 (issue 38's two calls)
+
+NUM = H200 / "numbers"  # `bash bench/gpu_numbers_run.sh probe` and `... final`, 2026-12-04; README.md there
+H200_GAUGES = {"prompt_tokens_seconds", "predicted_tokens_seconds", "requests_processing", "requests_deferred",
+               "n_busy_slots_per_decode"}
+
+
+def h200_metrics(name: str) -> dict:
+    return metrics_of((NUM / "probe" / f"{name}.txt").read_text())
+
+
+def test_the_h200_metrics_pair_across_a_restart_is_spoiled_with_no_figure(monkeypatch):
+    """The served engine's /metrics after the whole probe bench, `p2pkit serve restart`, /metrics again, and the
+    engine's identity each time (the launcher's record: pid 5458, then 5977): every counter back to 0, and the
+    gauge n_busy_slots_per_decode 3.74 -> 0. Read as a level it is spoiled by the new process and by a counter,
+    each named; the gauge went down too (and sorts first) but is not what is named. Differenced anyway, the pair
+    made 431 tok/s out of -38416 tokens over -89.1 s: issue 38's 764 and 513 tok/s."""
+    before, after = h200_metrics("metrics-before-restart"), h200_metrics("metrics-after-restart")
+    assert {k for k, t in after["types"].items() if t == "gauge"} == H200_GAUGES
+    ids = [json.loads((NUM / "probe" / f"engine-{w}-restart.json").read_text()) for w in ("before", "after")]
+    level: dict = {"requests": [{"ok": True, "decode_tps": 900.0, "predicted_n": 512}]}
+    reader(monkeypatch, ids).judge_metrics(level, before, after)
+    assert "the engine restarted during the level: pid 5458 before it, 5977 after" in level["spoiled"]
+    assert "the counter n_decode_total went down from 10298 to 0" in level["spoiled"]
+    assert "n_busy_slots_per_decode" not in level["spoiled"]
+    assert "metrics_delta" not in level and "metrics_gauges" not in level
+    assert bench.summarize(level) == {"spoiled": level["spoiled"]}
+    level = {}  # no identity to compare (systemd's MainPID unreadable, say): the counters alone spoil it
+    reader(monkeypatch).judge_metrics(level, before, after)
+    assert "went down" in level["spoiled"] and "restarted during" not in level["spoiled"]
+    naive = pe.deltas(before["values"], after["values"])  # the old way
+    assert naive["tokens_predicted_total"] == -38416 and naive["tokens_predicted_seconds_total"] == -89.1138
+    assert naive["tokens_predicted_total"] / naive["tokens_predicted_seconds_total"] == pytest.approx(431.08, abs=0.01)
+
+
+def test_the_h200_gauges_are_read_as_values_and_never_differenced(monkeypatch):
+    """Two real readings of llama-server's /metrics on the H200, set as one level's pair: the decode probe's
+    server (the profile's flags) after its requests, then the served engine after the whole bench (one
+    identity given for both). Every counter is higher in the second, every gauge but one lower
+    (prompt_tokens_seconds 37341.2 -> 0, predicted_tokens_seconds 883.7 -> 0): a gauge that went down neither
+    spoils the level nor becomes a delta (issue 38 reported n_busy_slots_per_decode's, negative); the gauges
+    are kept as read after it."""
+    probe = json.loads((NUM / "probe/probe.json").read_text())
+    v = next(x for x in probe["variants"] if x["variant"] == "p2pkit")
+    first = {"status": 200, "values": v["metrics"], "types": v["metrics_types"]}
+    last = h200_metrics("metrics-before-restart")
+    same = {"pid": 5458, "start_ticks": 31969}
+    level: dict = {}
+    reader(monkeypatch, [same, same]).judge_metrics(level, first, last)
+    assert "spoiled" not in level, level
+    d, g = level["metrics_delta"], level["metrics_gauges"]
+    assert not H200_GAUGES & set(d)
+    assert d["tokens_predicted_total"] == 38416 - 2560 and d["prompt_tokens_total"] == 130605 - 8704
+    assert g == {"prompt_tokens_seconds": 0.0, "predicted_tokens_seconds": 0.0, "requests_processing": 0.0,
+                 "requests_deferred": 0.0, "n_busy_slots_per_decode": 3.74306}
+    s = bench.summarize({"requests": [], "metrics_delta": d})
+    assert s["metrics_decode_tps"] == round(d["tokens_predicted_total"] / d["tokens_predicted_seconds_total"], 3)
+
+
+def cuda_batched(name: str) -> tuple[str, int]:
+    """llama-batched-bench's stdout and stderr as bench passes them, and its exit code: the stderr file's last
+    line (`exit N`) is the recording script's, not the tool's."""
+    out = (NUM / "probe/batched" / f"{name}.txt").read_text()
+    err = (NUM / "probe/batched" / f"{name}.stderr.txt").read_text().splitlines()
+    assert err[-1].startswith("exit ")
+    return out + "\n" + "\n".join(err[:-1]), int(err[-1].split()[1])
+
+
+def test_the_cuda_batched_benchs_table_and_jsonl_read_to_the_same_levels():
+    """The CUDA build's llama-batched-bench on the H200 (-ngl 99 -fa on -c 4096 -npp 128 -ntg 32 -npl 1,2): its
+    table and its JSONL, every column read where it stands, the settings line of each."""
+    from p2pkit.parse import batched_bench as bb
+
+    (md_text, md_rc), (jl_text, jl_rc) = cuda_batched("md"), cuda_batched("jsonl")
+    md, jl = bb.read(md_text), bb.read(jl_text)
+    assert (md_rc, jl_rc, md.fmt, jl.fmt) == (0, 0, "md", "jsonl")
+    assert [(r.pp, r.tg, r.pl, r.n_kv) for r in md.rows] == [(r.pp, r.tg, r.pl, r.n_kv) for r in jl.rows] == \
+        [(128, 32, 1, 160), (128, 32, 2, 320)]
+    common = {"n_kv_max": 4096, "n_batch": 2048, "n_ubatch": 512, "flash_attn": 1, "is_pp_shared": 0,
+              "n_gpu_layers": 99, "n_threads": 16, "n_threads_batch": 16}
+    assert md.settings == {**common, "is_tg_separate": 0} and jl.settings == common
+    r = md.rows[1]
+    assert (r.t_pp, r.speed_pp, r.t_tg, r.speed_tg, r.t, r.speed) == (0.015, 17243.70, 0.056, 1141.72, 0.071, 4513.27)
+    r = jl.rows[0]
+    assert (r.t_pp, r.speed_pp, r.t_tg, r.speed_tg, r.t, r.speed) == \
+        (0.098655, 1297.450684, 0.039139, 817.598816, 0.137794, 1161.153564)
+    assert r.output_tps == pytest.approx(32 / 0.137794) and bb.missing(jl, [128], [32], [1, 2]) == []
+
+
+def test_the_cuda_batched_benchs_small_c_and_missing_model():
+    """-c 512 -npl 1,2,4 on the CUDA build: llama.cpp pads the context to 1024 and warns, and its batch (min(-c,
+    n_batch) = 512 tokens) holds the largest prompt batch (4 x 128): all three rows, exit 0, a result and not
+    an error (the CPU build's -c 96 aborts: test_a_lost_row_an_abort_and_its_errors_are_said). A missing model:
+    its own error, exit 1, and the fix; through the reference arm it leaves no level and says why."""
+    from p2pkit.parse import batched_bench as bb
+
+    text, rc = cuda_batched("too-small-c")
+    run = bb.read(text)
+    assert rc == 0 and "rounding down to 1024" in text
+    assert run.settings["n_kv_max"] == 1024 and [r.pl for r in run.rows] == [1, 2, 4]
+    assert bb.missing(run, [128], [32], [1, 2, 4]) == [] and bb.kv_needed(128, 32, 4) <= 1024
+    text, rc = cuda_batched("missing-model")
+    assert rc == 1
+    with pytest.raises(bb.BatchedBenchError, match="could not be loaded: check that the file exists"):
+        bb.read(text)
+    out, err = text.split("\n", 1)
+    ctx, p, _ = batched_ctx([SimpleNamespace(returncode=rc, stdout=out, stderr=err)])
+    import unittest.mock
+
+    with unittest.mock.patch.object(Path, "is_file", lambda self: True):
+        ref = bench.batched_arm(ctx, p, [("decode", 128, 32, [1])])
+    assert "could not be loaded" in ref["shapes"][0]["error"] and "levels" not in ref["shapes"][0]
+
+
+def test_drafting_from_the_h200_log_lines_agrees_with_the_responses_and_metrics():
+    """final's drafting arm (random weights: nothing accepted): the slots' own "draft acceptance" lines, split by
+    level (the warm-up's tasks 0, 1541 and 1542 are not the level's), give what bench read from the live log,
+    and the three sources agree: 0 of 3054 at one stream, 0 of 6108 at two; with a warm-up's line counted too
+    they do not, and say so."""
+    drafted = pe.llamacpp_draft_lines((NUM / "final/engine-launcher-draft.txt").read_text().splitlines())
+    assert [(x["slot"], x["task"]) for x in drafted] == [(7, 0), (7, 514), (7, 1027), (6, 1542), (7, 1541),
+                                                         (6, 2057), (7, 2056), (6, 2570), (7, 2572)]
+    assert {(x["accepted"], x["generated"], x["rate"], x["mean_len"]) for x in drafted} == {(0, 1527, 0.0, 1.0)}
+    rec = json.loads((NUM / "final/bench-draft.json").read_text())
+    levels = ({514, 1027}, {2056, 2057, 2570, 2572})
+    warmups = ({0}, {1541, 1542})
+
+    def log_of(tasks: set[int]) -> dict:
+        timed = [x for x in drafted if x["task"] in tasks]
+        return {"tasks": len(timed), "accepted": sum(x["accepted"] for x in timed),
+                "generated": sum(x["generated"] for x in timed)}
+
+    for lv, tasks, warm in zip(rec["arms"][1]["levels"], levels, warmups, strict=True):
+        log = log_of(tasks)
+        assert log == lv["draft_log"]
+        delta = {k: v for k, v in lv["metrics_delta"].items() if k.startswith("spec_decode")}
+        src = bench.draft_sources(lv["requests"], delta, log)
+        assert src == lv["summary"]["draft_sources"] and src["agree"] is True
+        assert src["log"]["drafted"] == src["metrics"]["drafted"] == src["responses"]["drafted"] == 1527 * len(tasks)
+        # the log read from before the level's warm-up: its lines count 1527 drafted tokens more a warm-up task
+        off = bench.draft_sources(lv["requests"], delta, log_of(tasks | warm))
+        assert off["agree"] is False and off["log"]["drafted"] == 1527 * len(tasks | warm)
+    assert all("draft_sources" not in lv["summary"] for lv in rec["arms"][0]["levels"])  # drafting off
+
+
+def test_the_h200_stall_at_eight_streams_shows_as_itself_and_is_gone_without_the_ram_cache():
+    """The decode shape at 8 streams, probe (RAM prompt cache on) and final (cache-ram 0): the aggregate
+    recomputed from the recorded requests is the recorded one. In the probe 16 of the 24 requests waited about
+    1.76 s each outside the server's own timings (the idle slots saved to the RAM cache): the level's
+    wall time holds 3.52 s outside the server, the aggregate over wall time is half the one over the server's
+    time (0.45 and 0.92 of llama-batched-bench at 8 sequences), and each such request is named; in final nothing
+    is outside."""
+    probe = json.loads((NUM / "probe/bench-decode8-trimmed.json").read_text())["arms"][0]["levels"][0]
+    final = next(lv for lv in json.loads((NUM / "final/bench.json").read_text())["arms"][0]["levels"]
+                 if (lv["shape"], lv["concurrency"]) == ("decode", 8))
+    for lv in (probe, final):
+        agg, s = bench.aggregate(lv["requests"], lv["wall_s"]), lv["summary"]
+        keys = ("aggregate_server_decode_tps", "server_span_s", "outside_server_s", "stalls")
+        assert {k: agg[k] for k in keys} == {k: s[k] for k in keys}
+        assert agg["aggregate_decode_tps"] == pytest.approx(s["aggregate_decode_tps"], rel=1e-4)  # wall_s is rounded
+    agg = bench.aggregate(probe["requests"], probe["wall_s"])
+    assert agg["outside_server_s"] == pytest.approx(3.52, abs=0.01)
+    assert agg["aggregate_server_decode_tps"] > 2 * agg["aggregate_decode_tps"]
+    assert len(agg["stalls"]) == 16 and min(x["outside_s"] for x in agg["stalls"]) > 1.7
+    agg = bench.aggregate(final["requests"], final["wall_s"])
+    assert agg["outside_server_s"] < 0.01 and agg["stalls"] == []
+
+
+def test_the_h200_restart_in_the_middle_of_a_level_is_reported_never_averaged():
+    """final: `p2pkit serve restart` 4 s into a level of 8 requests: 4 done, the fifth cut. The level keeps the
+    error and the reasons (the engine it started with is gone, /metrics did not answer after it), and no figure:
+    judged again now it still gives none, and no ratio is made of it."""
+    rec = json.loads((NUM / "final/bench-restart.json").read_text())
+    lv = rec["arms"][0]["levels"][0]
+    assert "RemoteDisconnected" in lv["error"] and rec["arms"][0]["error"] == lv["error"]
+    assert "the engine (pid 7546) was not running at the end of the level" in lv["spoiled"]
+    assert "/metrics answered None after the level and 200 before it" in lv["spoiled"]
+    assert len(lv["requests"]) == 4 and all(r["decode_tps"] > 0 for r in lv["requests"])
+    assert set(lv["summary"]) == {"spoiled", "lengths"}
+    assert bench.summarize(lv) == {"spoiled": lv["spoiled"]}
+    doc = {"arms": rec["arms"], "reference": {"shapes": [{"shape": "decode", "prompt_tokens": 128,
+                                                          "output_tokens": 512, "decode_tps": {"avg": 994.8},
+                                                          "prefill_tps": {"avg": 52980.5}}]}}
+    r = bench.reference_ratios(doc)[0]
+    assert r["decode_tps"]["ratio"] is None and r["spoiled"] == lv["spoiled"]
