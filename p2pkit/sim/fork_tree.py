@@ -321,12 +321,18 @@ static void *const nv_sim_resize_bar1 __used = nv_resize_bar1;
 """
 
 
+P2P_MARK = "P2PKIT-SIM-P2P-BAR1"
+
+
 def nv_pci(patched: bool, max_kernel: tuple[int, int], resize_bar1: bool = False) -> str:
     """nvidia/nv-pci.c: where the fork's P2P patch sits; for a kernel past the branch's newest, a call
     to a function that kernel lacks (the real compiler's implicit-declaration error); with
     `resize_bar1`, the fork's own call to pci_resize_resource() with three arguments."""
     major, minor = max_kernel
-    marker = ("/* P2P over BAR1: the fork's patch sits in this file (the static BAR1 mapping). */\n" if patched
+    # the patched branch's code carries a string the container host's simulated driver looks for in the
+    # loaded nvidia.ko (p2pkit.sim.guest.P2P_MARK): what the patch does is code, and this stands in for it
+    marker = ("/* P2P over BAR1: the fork's patch sits in this file (the static BAR1 mapping). */\n"
+              f'static const char nv_p2p_bar1_mark[] __used = "{P2P_MARK}";\n' if patched
               else "/* NVIDIA's own tree: no P2P patch. */\n")
     return (f"/* SIMULATED nvidia.ko (p2pkit fork tree): nvidia/nv-pci.c. */\n{marker}"
             "#include <linux/module.h>\n#include <linux/version.h>\n\n"

@@ -43,7 +43,7 @@ STANDINS = {"modprobe": "usr/local/sbin", "rmmod": "usr/local/sbin", "mokutil": 
             "dmesg": "usr/local/bin", "uname": "usr/local/bin", "nvcc": "usr/local/bin", "cuobjdump": "usr/local/bin"}
 KMOD = "/usr/bin/kmod"  # modprobe, rmmod and modinfo are links to it; it acts as the name it is called by
 NVIDIA_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm", "nvidia_peermem")
-# what a module built from the P2P fork carries in its code (p2pkit/sim/guest_fork.py puts it there): the
+# what a module built from the P2P fork carries in its code (p2pkit/sim/fork_tree.py puts it there): the
 # simulated driver enables GeForce P2P exactly when the loaded module has it
 P2P_MARK = b"P2PKIT-SIM-P2P-BAR1"
 
@@ -373,7 +373,7 @@ def provision(scenario: str) -> int:
     import tomllib
 
     from p2pkit.core import config, tomlwrite
-    from p2pkit.sim import guest_fork, scenarios
+    from p2pkit.sim import fork_tree, scenarios
     from p2pkit.sim import provision as prov
 
     if not in_container():
@@ -393,7 +393,12 @@ def provision(scenario: str) -> int:
     version = state.get("driver_pin", "615.71.09")
     installer, sha = prov.make_installer(ROOT, version, gsp=state.get("installer_gsp", True))
     base = tomllib.loads(config.builtin_path(state["profile"]).read_text())
-    fork, commit = guest_fork.make(ROOT, version, patched=base["p2p_module"].get("patched", True))
+    # the fork's shape with real modules; with resize_bar1, the fork's own pci_resize_resource() call, so the
+    # tree builds on the image's running 6.1 kernel and fails, as 570.86.16-p2p does, where a stable update
+    # gave that function a fourth argument (issue 37: the fork recorded on 6.1.0-47 and 6.1.0-57)
+    fork, commit = fork_tree.make_fork_tree(ROOT / ".p2pkit-sim/git", version,
+                                            patched=base["p2p_module"].get("patched", True),
+                                            resize_bar1=state.get("fork_resize_bar1", False))
     engine = prov.make_ninfer(ROOT, dflash2_tp2=state.get("engine_dflash2_tp2", True))
     prov.make_ffmpeg(ROOT)
     path = prov.write_profile(ROOT, state["profile"], installer, sha, fork, commit, version, engine)
