@@ -28,11 +28,15 @@ P2P_PATHS = [
     "/etc/default/grub.d/60-p2pkit-iommu.cfg",
     "/etc/modprobe.d/p2pkit-nvidia.conf",
     "/etc/kernel/postinst.d/zz-p2pkit",
+    # the same hook where a headers package runs its own (Debian's and Ubuntu's linux-headers postinst:
+    # run-parts /etc/kernel/header_postinst.d): headers that come after their kernel still get the module
+    "/etc/kernel/header_postinst.d/zz-p2pkit",
     "/etc/apt/apt.conf.d/99p2pkit-restore",
     "/etc/systemd/system/p2pkit-restore.service",
     "/etc/systemd/system/p2pkit-restore.timer",
 ]
-MODULES = ("nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-drm")
+# what the fork builds and installs (its kernel-open/Makefile: nvidia-peermem too, tests/fixtures/fork-570.86.16-p2p)
+MODULES = ("nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-drm", "nvidia-peermem")
 # What NVIDIA's .run installer writes, replaces or removes (the library, firmware, binary and
 # configuration entries of its .manifest): another driver's files there are kept before it runs.
 USERSPACE_GLOBS = (

@@ -14,7 +14,7 @@ from p2pkit.facts import collect as facts
 from p2pkit.host import Host, system
 from p2pkit.parse.system import iommu_intent
 
-UNLOAD_ORDER = ["nvidia_drm", "nvidia_modeset", "nvidia_uvm", "nvidia"]
+UNLOAD_ORDER = ["nvidia_peermem", "nvidia_drm", "nvidia_modeset", "nvidia_uvm", "nvidia"]
 
 
 def holders(host: Host) -> list[dict]:
