@@ -15,6 +15,7 @@ import os
 import shutil
 from pathlib import Path
 
+from p2pkit.core import safefs
 from p2pkit.core.artifacts import atomic_write
 from p2pkit.core.errors import P2pkitError
 from p2pkit.host import Host
@@ -104,8 +105,9 @@ class Backup:
                 entry.update(kind="symlink", target=target, sha256=hashlib.sha256(target.encode()).hexdigest())
             elif real.is_file():
                 dest = self.copy_path(path)
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(real, dest)
+                with open(real, "rb") as src, safefs.open_file(dest, "wb") as fh:  # never through a link
+                    shutil.copyfileobj(src, fh)
+                shutil.copystat(real, dest, follow_symlinks=False)
                 entry.update(kind="original", sha256=sha256(dest), mode=real.stat().st_mode & 0o7777)
             else:
                 entry.update(kind="absent")
@@ -164,9 +166,8 @@ class Backup:
                     real.unlink()
                 if e["kind"] == "symlink":
                     os.symlink(e["target"], real)
-                else:
-                    shutil.copy2(self.copy_path(path), real)
-                    real.chmod(e.get("mode", 0o644))
+                else:  # put in place by a rename: a link there now is replaced, never written through
+                    safefs.atomic_write(real, self.copy_path(path).read_bytes(), e.get("mode", 0o644))
             else:
                 real.unlink()
             done.append((action, path))
