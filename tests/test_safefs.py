@@ -227,3 +227,73 @@ def test_a_link_another_user_made_in_a_sticky_directory_is_not_followed(tmp_path
     os.lchown(tmp / "state", 0, 0)
     safefs.check_trusted(tmp / "state", "the state directory")
 
+
+# 2. through the CLI: refused before anything is read or written ------------------------------------------
+
+def _nothing_written(state: Path) -> bool:
+    return not any(state.glob("*")) if state.is_dir() else True
+
+
+def test_a_world_writable_state_directory_is_refused_before_anything_is_read_or_written(cli, tmp_path):
+    root = make_sim(tmp_path / "host")
+    state = _own_dir(root / "var/lib/p2pkit", 0o777)
+    r = cli("--root", str(root), "--yes", "up", "--to", "preflight")
+    assert r.code == 2, r.err
+    assert f"the state directory: {state} is writable by every user (root:root, drwxrwxrwx)" in r.err, r.err
+    assert f"chmod go-w {state}" in r.err and _nothing_written(state)
+
+
+def test_a_world_writable_directory_above_the_state_directory_is_refused(cli, tmp_path):
+    root = make_sim(tmp_path / "host")
+    lib = _own_dir(root / "var/lib", 0o777)
+    r = cli("--root", str(root), "--yes", "up", "--to", "preflight")
+    assert r.code == 2 and f"{lib} is writable by every user" in r.err, r.err
+    assert not (root / "var/lib/p2pkit").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+def test_a_state_directory_owned_by_another_user_is_refused(cli, tmp_path):
+    root = make_sim(tmp_path / "host")
+    state = _own_dir(root / "var/lib/p2pkit", 0o755, uid=65534)
+    r = cli("--root", str(root), "status")
+    assert r.code == 2 and f"{state} is owned by nobody" in r.err and f"chown root:root {state}" in r.err, r.err
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+def test_a_profile_another_user_could_change_is_refused_unread(cli, tmp_path):
+    from p2pkit.core import config
+
+    root = make_sim(tmp_path / "host")
+    prof = tmp_path / "mine.toml"
+    prof.write_text(config.builtin_path("dual-5090-ninfer").read_text())
+    prof.chmod(0o666)
+    r = cli("--root", str(root), "--profile", str(prof), "--yes", "up", "--to", "preflight")
+    assert r.code == 2 and f"profile {prof}: {prof} is writable by every user" in r.err and "-rw-rw-rw-" in r.err, r.err
+    assert _nothing_written(root / "var/lib/p2pkit")
+    prof.chmod(0o644)
+    os.chown(prof, 65534, 65534)
+    r = cli("profile", "validate", str(prof))
+    assert r.code == 2 and "is owned by nobody" in r.err, r.err
+    os.chown(prof, 0, 0)
+    assert cli("profile", "validate", str(prof)).code == 0
+
+
+def test_a_secrets_store_others_could_write_is_refused(cli, tmp_path):
+    root = make_sim(tmp_path / "host")
+    state = root / "var/lib/p2pkit"
+    state.mkdir(parents=True)
+    store = state / "secrets.json"
+    store.write_text(json.dumps({"source": "dual-5090-ninfer", "overrides": ["serve.env.HF_TOKEN=abc123"]}))
+    store.chmod(0o622)
+    r = cli("--root", str(root), "profile", "show")
+    assert r.code == 2 and f"the secrets store: {store} is writable by every user" in r.err, r.err
+    store.chmod(0o600)
+    assert cli("--root", str(root), "profile", "show").code == 0
+
+
+def test_a_simulated_host_under_a_sticky_shared_directory_works(cli, tmp_path):
+    """/tmp (1777) above a host made by its owner: what `p2pkit sim init /tmp/p2pkit-sim` in the README makes."""
+    shared = _own_dir(tmp_path / "tmp", 0o1777)
+    root = make_sim(shared / "p2pkit-sim")
+    r = cli("--root", str(root), "status")
+    assert r.code in (0, 1) and "writable by" not in r.err, r.err

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from p2pkit.app.pipeline import Ctx, state_dir_default
-from p2pkit.core import config, hoststate
+from p2pkit.core import config, hoststate, safefs
 from p2pkit.core.artifacts import Store
 from p2pkit.core.errors import P2pkitError, ProfileError, UsageError
 from p2pkit.core.output import Output
@@ -42,6 +42,7 @@ def host() -> Host:
         raise UsageError(f"--root {root} {'is not a directory' if root.exists() else 'does not exist'}",
                          hint="check the path for a typo: --root names / (the default) or a simulated host's "
                               "directory (`p2pkit sim init DIR` lays one out)")
+    trusted(root, "the host root (--root)", "or lay a simulated host out where only root can change it")
     h = Host.at(root)
     if not h.is_host_root():
         raise UsageError(f"--root {root} is neither a simulated host nor a host's root filesystem "
@@ -110,7 +111,20 @@ def state_dir(h: Host) -> Path:
         raise UsageError(f"{given}{d} is not a directory",
                          hint="name a directory (p2pkit makes it when it is missing), or leave --state-dir out "
                               "for <root>/var/lib/p2pkit")
+    trusted(d, "the state directory", "or give --state-dir a directory only root can change")
     return d
+
+
+_TRUSTED: set[str] = set()
+
+
+def trusted(path: Path, what: str, fix: str) -> None:
+    """Before anything is read or written there: `path` and every directory above it owned by root
+    (or the running user) and writable by no one else (core.safefs.check_trusted), once per path."""
+    key = os.path.abspath(path)
+    if key not in _TRUSTED:
+        safefs.check_trusted(path, what, fix)
+        _TRUSTED.add(key)
 
 
 def profile(h: Host | None = None) -> config.Profile:

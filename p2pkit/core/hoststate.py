@@ -20,6 +20,7 @@ import datetime as dt
 import json
 from pathlib import Path
 
+from p2pkit.core import safefs
 from p2pkit.core.artifacts import atomic_write
 from p2pkit.core.config import builtin_names, parse_override
 from p2pkit.core.errors import UsageError
@@ -61,6 +62,8 @@ def recorded_profile(state_dir: Path) -> dict | None:
 def stored_secrets(state_dir: Path) -> dict | None:
     """The 0600 store's record, or None (none kept, or this user may not read it)."""
     path = Path(state_dir) / SECRETS_FILE
+    if path.exists():  # the engine's secrets: what another user could write is never read
+        safefs.check_trusted(path, "the secrets store", f"or remove {path} and give the secrets again with --set")
     try:
         doc = json.loads(path.read_text())
     except (FileNotFoundError, PermissionError):
