@@ -55,6 +55,52 @@ def host() -> Host:
 PATH_OPTIONS = (("--root", "root"), ("--state-dir", "state_dir"), ("--profile", "profile"))
 
 
+def absolute(path: Path) -> Path:
+    """A path option as an absolute path: a relative one joined to the directory the user ran from
+    (symlinks left as they are: the ownership check follows them)."""
+    return Path(os.path.abspath(path))
+
+
+def refuse_repeated_sets(overrides: tuple[str, ...]) -> None:
+    """`--set KEY=A --set KEY=B` on one command line: refused (exit 2) naming both values. Which one
+    was meant cannot be known, and keeping the last one silently changed what the user read back; the
+    same value twice is no question and passes. A --set that replaces a recorded override is the way to
+    change it and is not a repeat."""
+    seen: dict[str, str] = {}
+    for item in overrides:
+        parts, _ = config.parse_override(item)
+        key = ".".join(parts)
+        value = item.partition("=")[2].strip()
+        if key in seen and seen[key] != value:
+            raise UsageError(f"--set {key} is given twice with different values: {seen[key]!r} and {value!r}",
+                             hint=f"keep the one you mean (`--set {key}=VALUE` once); nothing was done")
+        seen[key] = value
+
+
+def output_file(option: str, path: Path | None, remote: bool = False) -> Path | None:
+    """A file a command writes (--junit, --prometheus, --plot, report FILE, facts record FILE), checked
+    before any work: absolute (a relative path is the working directory's), not a directory, in a
+    directory that exists and this user can write. `remote`: a path on each host of an inventory, only
+    made absolute."""
+    if path is None:
+        return None
+    p = absolute(path)
+    if remote:
+        return p
+    name = f"{option} {path}" if option else str(path)
+    if p.is_dir():
+        raise UsageError(f"{name} is a directory: it names the file to write",
+                         hint=f"name a file in it, like {p / 'out'}; nothing was done")
+    if not p.parent.is_dir():
+        raise UsageError(f"{name}: {p.parent} {'is not a directory' if p.parent.exists() else 'does not exist'}",
+                         hint=f"create it first (`mkdir -p {p.parent}`) or name a file in a directory that exists; "
+                              "nothing was done")
+    if not os.access(p.parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise UsageError(f"{name}: {p if p.exists() else p.parent} is not writable by this user",
+                         hint="name a file where you can write, or run as root (`sudo p2pkit ...`); nothing was done")
+    return p
+
+
 def refuse_unsafe_paths() -> None:
     """At the door, before anything acts: a path option holding a character that a shell or Ansible's
     temporary-directory handling would interpret is refused (exit 2), naming the option and the

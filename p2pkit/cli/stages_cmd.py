@@ -235,6 +235,8 @@ def verify(
     """Prove the host again: run the stages' read-only checks now. Writes no artifact."""
     from p2pkit.app import reports
 
+    junit = common.output_file("--junit", junit)  # checked before any work, relative paths made absolute
+    prometheus = common.output_file("--prometheus", prometheus, remote=inventory is not None)
     if inventory is not None:
         cmd = ["verify", *([stage] if stage else []), *(["--prometheus", str(prometheus)] if prometheus else [])]
         _inventory(inventory, "verify", cmd, wheel, junit)
@@ -359,6 +361,7 @@ def rollback(
 @facts_app.command("record")
 def facts_record(file: Annotated[Path, typer.Argument(help="JSON file to write")]) -> None:
     """Write every fact p2pkit reads from this host to FILE."""
+    file = common.output_file("", file)  # refused before any fact is read
     h = common.host()
     doc = facts.record(h, common.profile(h))
     target = file.resolve()
