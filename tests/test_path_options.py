@@ -48,8 +48,11 @@ def test_verify_refuses_an_output_file_it_could_not_write_before_any_check(cli, 
     }
     for what, (path, says) in cases.items():
         r = cli("--root", str(root), "verify", "preflight", option, str(path))
-        assert r.code == 2 and f"{option} {path}" in r.err and says in r.err, (what, r.err)
-        assert "[preflight]" not in r.err, (what, "the checks ran before the refusal")
+        assert r.code == 2 and "[preflight]" not in r.err, (what, r.err)  # refused before the checks ran
+        if option == "--junit":  # (--prometheus says where node_exporter reads in its own words first)
+            assert f"{option} {path}" in r.err and says in r.err, (what, r.err)
+        else:
+            assert str(path.parent if what != "a directory" else path) in r.err, (what, r.err)
 
 
 def test_a_relative_output_file_is_written_in_the_working_directory(cli, tmp_path, monkeypatch):

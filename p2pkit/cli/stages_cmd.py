@@ -236,6 +236,8 @@ def verify(
     from p2pkit.app import reports
 
     junit = common.output_file("--junit", junit)  # checked before any work, relative paths made absolute
+    if prometheus and inventory is None:
+        reports.textfile_path(prometheus)  # where node_exporter could never read it: said first
     prometheus = common.output_file("--prometheus", prometheus, remote=inventory is not None)
     if inventory is not None:
         cmd = ["verify", *([stage] if stage else []), *(["--prometheus", str(prometheus)] if prometheus else [])]

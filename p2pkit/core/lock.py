@@ -89,6 +89,7 @@ def _host_lock_unwritable(path: Path, e: OSError) -> UsageError:
 def _state_lock(state_dir: Path, say=None):
     path = state_dir / ".lock"
     try:
+        state_dir.mkdir(parents=True, exist_ok=True)
         safefs.own(state_dir)
         fd = safefs.open_fd(path, os.O_RDWR | os.O_CREAT, 0o644)  # never through a link (issue 40)
     except OSError as e:
