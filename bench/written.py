@@ -245,10 +245,10 @@ def _top_exit(trace: Path) -> int | None:
             tail = fh.read()
     except OSError:
         return None
-    m = re.search(rf"^{top} \+\+\+ exited with (\d+) \+\+\+", tail, re.M)
+    m = re.search(rf"^{top} +\+\+\+ exited with (\d+) \+\+\+", tail, re.M)
     if m:
         return int(m.group(1))
-    m = re.search(rf"^{top} \+\+\+ killed by SIG\w+", tail, re.M)
+    m = re.search(rf"^{top} +\+\+\+ killed by SIG\w+", tail, re.M)
     return 128 + 9 if m else None
 
 
