@@ -289,7 +289,7 @@ def leaf_keys(profile: str = "dual-5090-ninfer") -> list[str]:
             elif prefix:
                 out.append(".".join([*prefix, k]))
     walk(data, [])
-    return out
+    return [*out, *(k for k in ("serve.env.P2PKIT_PROBE",) if k not in out)]  # an env value: the engine's environment
 
 
 def _in_process(argv: list[str]) -> tuple[int, str]:

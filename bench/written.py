@@ -3,6 +3,9 @@
 attributed to the program that made it (the argv of the process's last execve, inherited over fork).
 p2pkit's own processes (the CLI, its load workers, its guard, its launcher) are told from Ansible's and
 from the host's tools (the simulated host's stand-ins) by that argv, never by a list of paths.
+A relative name given without a directory fd (a tool that changed its working directory, as `mkdir -p`
+does) cannot be placed and is left out; p2pkit names every file it writes by an absolute path or
+through a directory fd (-y shows the fd's path).
 
 Used by bench/bench_trust.py (the trust campaign) and tests/test_safefs.py."""
 
@@ -279,3 +282,30 @@ def by_stage(trace: Trace, state: Path, stages: list[str]) -> dict[str, list[tup
             out[marks[ev[2]]].extend(pending)
             pending = []
     return out
+
+
+def main() -> int:
+    import argparse
+    import tempfile
+
+    ap = argparse.ArgumentParser(description="Record what a command writes (strace -f) and list it by program.")
+    ap.add_argument("--under", type=Path, default=Path("/"), help="only paths inside this directory")
+    ap.add_argument("--program", default=None, help="only what this program wrote (p2pkit, ansible, ...)")
+    ap.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
+    a = ap.parse_args()
+    argv = a.command[1:] if a.command[:1] == ["--"] else a.command
+    if not argv:
+        ap.error("give the command to record after --")
+    if not available():
+        ap.error("strace is not installed (apt-get install strace)")
+    with tempfile.TemporaryDirectory(prefix="written-") as tmp:
+        code, trace = record(argv, Path(tmp) / "trace")
+    for path, w in sorted(trace.writes.items()):
+        if (path == str(a.under) or path.startswith(str(a.under).rstrip("/") + "/")) and \
+                (a.program is None or a.program in w.by):
+            print(path, "; ".join(f"{p}: {','.join(sorted(h))}" for p, h in sorted(w.by.items())))
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
