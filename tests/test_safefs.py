@@ -129,6 +129,19 @@ def test_the_host_lock_is_never_opened_through_a_link(cli, tmp_path, victim):
     assert untouched(victim)
 
 
+@pytest.mark.parametrize("record", ["profile.json", "secrets.json"])
+def test_a_record_p2pkit_reads_back_is_never_read_through_a_link(cli, tmp_path, record):
+    """A link at <state>/profile.json was read as the record (a victim's bytes in a JSON parse error)."""
+    root = make_sim(tmp_path / "host")
+    state = root / "var/lib/p2pkit"
+    state.mkdir(parents=True)
+    target = tmp_path / "elsewhere.json"
+    target.write_text(json.dumps({"source": "dual-5090-ninfer", "overrides": ["serve.env.HF_TOKEN=abcdef"]}))
+    (state / record).symlink_to(target)
+    r = cli("--root", str(root), "status")
+    assert r.code == 2 and f"{state / record} is a symbolic link" in r.err, r.err
+
+
 def test_the_link_stage_log_is_never_written_through_a_link(tmp_path, victim):
     """issue 40, 2: `log.write_text("")` in stages/link/measure.py truncated what a link at
     <state>/logs/link.log pointed at, and the load worker's output filled it."""

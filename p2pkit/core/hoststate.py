@@ -44,7 +44,7 @@ def canonical_source(source: str) -> str:
 def recorded_profile(state_dir: Path) -> dict | None:
     path = Path(state_dir) / PROFILE_FILE
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(safefs.read_text(path))  # never through a link (issue 40)
     except FileNotFoundError:
         return None
     except PermissionError:
@@ -65,7 +65,7 @@ def stored_secrets(state_dir: Path) -> dict | None:
     if path.exists():  # the engine's secrets: what another user could write is never read
         safefs.check_trusted(path, "the secrets store", f"or remove {path} and give the secrets again with --set")
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(safefs.read_text(path))
     except (FileNotFoundError, PermissionError):
         return None
     except (OSError, ValueError) as e:
@@ -161,7 +161,7 @@ DEFAULT_MAX_REBOOTS = 3
 def reboot_budget(state_dir: Path, exhausted: bool = False) -> dict | None:
     """The recorded budget (with exhausted=True: only when it is spent)."""
     try:
-        doc = json.loads((Path(state_dir) / REBOOTS_FILE).read_text())
+        doc = json.loads(safefs.read_text(Path(state_dir) / REBOOTS_FILE))
     except (OSError, ValueError):
         return None
     if not (isinstance(doc, dict) and isinstance(doc.get("boots"), list)):

@@ -201,6 +201,24 @@ def open_fd(path: Path | str, flags: int, mode: int = 0o644, under: Path | str |
     return fd
 
 
+def read_text(path: Path | str) -> str:
+    """A record p2pkit wrote itself (profile.json, secrets.json, reboots.json), read only from its own
+    plain file: a link there is refused (exit 2, naming it), never read through. FileNotFoundError as
+    open() raises it."""
+    p = os.path.abspath(path)
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise _link_refused(p, "a symbolic link") from None
+        raise
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_plain(p, st)
+        return fh.read().decode("utf-8")
+
+
 def _is_link(name: str, dfd: int) -> bool:
     try:
         return stat.S_ISLNK(os.lstat(name, dir_fd=dfd).st_mode)
