@@ -25,14 +25,14 @@ class CorruptArtifact(P2pkitError):
     pass
 
 
-def atomic_write(final: Path, data: bytes, mode: int = 0o644) -> Path:
+def atomic_write(final: Path, data: bytes, mode: int = 0o644, under: Path | None = None) -> Path:
     """temp file in the same directory, fsync, rename, fsync the directory: all or nothing. A path
     that cannot be written is a UsageError naming it, never a traceback. The file has `mode` from
     its first byte (a 0600 file is never readable by others, not even for a moment). A link at
     `final` is replaced, never followed; a link on the way below the state directory is refused
-    (core.safefs)."""
+    (core.safefs; `under`: a directory to walk from instead, the host's root for a host's path)."""
     try:
-        return safefs.atomic_write(Path(final), data, mode)
+        return safefs.atomic_write(Path(final), data, mode, under)
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise disk_full(final, e) from e

@@ -208,7 +208,7 @@ def start(host: Host, *, record: Path, log: Path, argv: list[str], env: dict[str
                "argv": list(shown_argv or argv), "log": str(log), "user": user,
                "cgroup": cg, **({"move_error": moved} if moved else {})}
         rec["caps"] = system.pid_caps(host, proc.pid)
-        atomic_write(record, (json.dumps(rec, indent=1) + "\n").encode())
+        atomic_write(record, (json.dumps(rec, indent=1) + "\n").encode(), under=host.root)  # no link below /
         os.write(w, b"go\n")  # the record is on disk: from here the engine is p2pkit's to stop by it
     finally:
         os.close(w)
