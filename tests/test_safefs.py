@@ -142,6 +142,24 @@ def test_a_record_p2pkit_reads_back_is_never_read_through_a_link(cli, tmp_path, 
     assert r.code == 2 and f"{state / record} is a symbolic link" in r.err, r.err
 
 
+def test_a_backup_manifest_is_never_read_through_a_link_and_a_broken_one_is_named(tmp_path, victim):
+    """The campaign found it: a link at backup/driver/manifest.json made the driver stage end in an
+    internal error (the victim's bytes were parsed as the manifest)."""
+    from p2pkit.host import Host
+    from p2pkit.host.backup import Backup
+
+    b = Backup(tmp_path / "state", "driver", Host.at(make_sim(tmp_path / "host")))
+    b.dir.mkdir(parents=True)
+    b.manifest_path.symlink_to(victim)
+    with pytest.raises(safefs.LinkRefused, match=r"manifest\.json is a symbolic link"):
+        b.manifest()
+    b.manifest_path.unlink()
+    b.manifest_path.write_text("{not json")
+    with pytest.raises(UsageError, match="the backup manifest .* cannot be read") as e:
+        b.manifest()
+    assert "mv " in e.value.hint and untouched(victim)
+
+
 def test_the_link_stage_log_is_never_written_through_a_link(tmp_path, victim):
     """issue 40, 2: `log.write_text("")` in stages/link/measure.py truncated what a link at
     <state>/logs/link.log pointed at, and the load worker's output filled it."""
@@ -177,13 +195,13 @@ def test_a_link_planted_at_every_path_up_writes_is_refused_or_replaced_and_its_v
     assert any(f.endswith("var/lib/p2pkit/.lock") for f in files), files  # the walk found what the issue names
     assert any(f.endswith("logs/link.log") for f in files) and any(f.endswith("logs/model.log") for f in files)
     assert any(d.endswith("var/lib/p2pkit/logs") for d in got["targets"]["dirs"]), got["targets"]["dirs"]
+    assert got["finished"], json.dumps(got["runs"], indent=1)[-3000:]
     touched = [e for e in got["planted"] if e["victim_touched"]]
     assert touched == [], json.dumps(touched, indent=1)
     unreached = [e["path"] for e in got["planted"] if e["outcome"] == "not reached"]
     assert unreached == [], unreached
     refused = [e for e in got["planted"] if e["outcome"] == "refused"]
     assert refused and all(r["exit"] in (0, 2) for r in got["runs"]), got["runs"]
-    assert got["finished"], got["runs"][-3:]
 
 
 # 2. who may change what p2pkit trusts ------------------------------------------------------------------

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from p2pkit.core import safefs
 from p2pkit.core.artifacts import atomic_write
-from p2pkit.core.errors import P2pkitError
+from p2pkit.core.errors import P2pkitError, UsageError
 from p2pkit.host import Host
 
 DRIVER_PATHS = [
@@ -80,9 +80,22 @@ class Backup:
         return self.dir / "manifest.json"
 
     def manifest(self) -> dict:
-        if not self.manifest_path.exists():
+        """The manifest, read only from p2pkit's own file (a link there is refused, exit 2); one that
+        is not JSON is a UsageError naming it, never a traceback."""
+        path = self.manifest_path
+        try:
+            doc = json.loads(safefs.read_text(path))
+        except FileNotFoundError:
             return {"stage": self.stage, "entries": {}, "held_before": None}
-        return json.loads(self.manifest_path.read_text())
+        except (OSError, ValueError) as e:
+            doc, why = None, str(e)
+        else:
+            why = "not a p2pkit backup manifest"
+        if not (isinstance(doc, dict) and isinstance(doc.get("entries"), dict)):
+            raise UsageError(f"the backup manifest {path} cannot be read: {why}",
+                             hint=f"move it away (`mv {path} {path}.broken`): the {self.stage} stage then records the "
+                                  "files it changes anew, and rollback puts back what was there before that run")
+        return doc
 
     def save(self, m: dict) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
