@@ -330,7 +330,11 @@ def values(base: Path, keys: list[str] | None, plan_per_kind: int) -> dict:
             rows.append({"key": key, "kind": kind, "validate_exit": code, "message": err.strip()[:200]})
     host = None
     for kind in KINDS:
-        for row in [r for r in rows if r["kind"] == kind and r["validate_exit"] == 0][:plan_per_kind]:
+        passed = [r for r in rows if r["kind"] == kind and r["validate_exit"] == 0]
+        # the values that reach the engine first (its environment, its flags), then the rest
+        passed.sort(key=lambda r: (0 if r["key"].startswith("serve.env.") else 1 if r["key"].startswith("serve.flags.")
+                                   else 2))
+        for row in passed[:plan_per_kind]:
             if host is None:
                 host = fresh_host(base, "values")
             v = KINDS[kind] if kind.endswith("integer") else json.dumps(KINDS[kind])
