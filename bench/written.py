@@ -42,6 +42,7 @@ class Write:
     by: dict[str, set[str]] = field(default_factory=dict)  # program -> how it wrote: open, open-new
     # (O_CREAT|O_EXCL), rename (onto the path), mkdir, mkdir-private (made new, 0700: mkdtemp),
     # truncate, chmod, chown, link (a new name)
+    first: dict[str, str] = field(default_factory=dict)  # program -> how it wrote the path first
 
     @property
     def how(self) -> set[str]:
@@ -51,6 +52,8 @@ class Write:
         """Whether `program` wrote a name that could already have been there as a link: an open that
         was not O_EXCL, a rename onto it, a truncate, or a chmod/chown of a name it did not just make."""
         how = self.by.get(program, set())
+        if self.first.get(program) in ("open-new", "link"):
+            return False  # made new by this run (O_EXCL): what follows is written to the run's own file
         if how & {"open", "rename", "truncate"}:
             return True
         return bool(how & {"chmod", "chown"}) and "open-new" not in how
@@ -143,6 +146,7 @@ def parse_trace(text: str) -> Trace:
     for pid, how, path in events:
         path = os.path.normpath(path)
         w = out.setdefault(path, Write(path))
+        w.first.setdefault(prog(pid), how)
         w.by.setdefault(prog(pid), set()).add(how)
         ordered.append((prog(pid), how, path))
     return Trace(out, ordered)
