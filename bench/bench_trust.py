@@ -49,6 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import written
 from bench_kill import STATE, fresh_host, p2pkit, stop_host
 
+from p2pkit.core.lock import HOST_LOCK
+
 ENV = {**os.environ, "COLUMNS": "1000"}  # one error paragraph per line: a path is never wrapped
 KERNEL = ("proc", "sys", "dev", ".p2pkit-sim")  # the kernel's own filesystems and the simulator's state
 
@@ -193,10 +195,11 @@ def _stages() -> list[str]:
     return [s.name for s in registry()]
 
 
-def _states(root: Path, base: Path) -> dict[str, str]:
+def _states(root: Path, base: Path) -> dict[str, tuple[str, str]]:
+    """stage -> (state, reason) as `status --json` says."""
     r = run(["--root", str(root), "--json", "status"], base)
     try:
-        return {s["stage"]: s["state"] for s in json.loads(r.stdout)["stages"]}
+        return {s["stage"]: (s["state"], s.get("reason") or "") for s in json.loads(r.stdout)["stages"]}
     except (ValueError, KeyError, TypeError):
         return {}
 
@@ -240,35 +243,44 @@ def artifacts(base: Path) -> dict:
         state.mkdir(parents=True, exist_ok=True)
         fake = json.dumps(_forge(genuine[st], host, state, prev), indent=2)
         (state / f"{st}.json").write_text(fake)
-        seen = _states(host, base).get(st)
+        seen, why = _states(host, base).get(st, ("?", ""))
         r = run(["--root", str(host), "up", "--reboot", "--to", st], base)
         try:  # the stage's work done: its artifact written anew
             did = (state / f"{st}.json").read_text() != fake
         except OSError:
             did = True
         forged.append({"stage": st, "status_says": seen, "up_exit": r.returncode, "up_did_the_work": did,
-                       "caught": seen != "done" or did})
+                       "caught": seen != "done" or did, "reason": why[:300]})
         if not did:  # trusted: take the forgery out, do the stage for real
             (state / f"{st}.json").unlink(missing_ok=True)
             run(["--root", str(host), "up", "--reboot", "--to", st], base)
     stop_host(host)
     vanished = []
     groups = written.by_stage(trace, ref / STATE, stages)
+    lock = str(ref / HOST_LOCK)
     for st in stages:
-        outs = sorted({p for prog, how, p in groups[st] if how in ("open", "rename", "open-new", "link")
+        outs = sorted({os.path.relpath(p, ref) for prog, how, p in groups[st]
+                       if how in ("open", "rename", "open-new", "link") and p != lock
                        and Path(p).is_relative_to(ref) and not Path(p).is_relative_to(ref / STATE)
                        and Path(p).relative_to(ref).parts[0] not in KERNEL and Path(p).is_file()})
         if not outs:
             vanished.append({"stage": st, "outputs_removed": 0})
             continue
-        for p in outs:
-            Path(p).unlink(missing_ok=True)
-        seen = _states(ref, base).get(st)
-        r = run(["--root", str(ref), "up", "--reboot"], base)
-        back = sum(Path(p).exists() for p in outs)
+        host = fresh_host(base, f"vanished-{st}")  # a host of its own, brought up fully
+        r = run(["--root", str(host), "up", "--reboot"], base)
+        if r.returncode != 0:
+            vanished.append({"stage": st, "error": f"up exited {r.returncode} before anything was removed"})
+            continue
+        for rel in outs:
+            (host / rel).unlink(missing_ok=True)
+        seen, why = _states(host, base).get(st, ("?", ""))
+        r = run(["--root", str(host), "up", "--reboot"], base)
+        back = sum((host / rel).exists() for rel in outs)
         vanished.append({"stage": st, "outputs_removed": len(outs), "status_says": seen, "up_exit": r.returncode,
-                         "outputs_back": back, "caught": seen != "done"})
-        stop_host(ref)
+                         "outputs_back": back, "caught": seen != "done", "reason": why[:300],
+                         "up_tail": r.stderr.strip().splitlines()[-1][:300] if r.stderr.strip() else ""})
+        stop_host(host)
+        shutil.rmtree(host, ignore_errors=True)
     return {"forged": forged, "vanished": vanished}
 
 
@@ -360,7 +372,8 @@ def values(base: Path, keys: list[str] | None, plan_per_kind: int) -> dict:
 def print_table(title: str, rows: list[dict]) -> None:
     if not rows:
         return
-    cols = list(dict.fromkeys(k for r in rows for k in r if not isinstance(r[k], list | dict)))
+    cols = list(dict.fromkeys(k for r in rows for k in r if not isinstance(r[k], list | dict)
+                              and k not in ("reason", "up_tail", "message")))  # those in --json
     widths = [max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols]
     print(f"\n{title}")
     print("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
