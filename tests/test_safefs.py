@@ -155,7 +155,7 @@ def test_a_backup_manifest_is_never_read_through_a_link_and_a_broken_one_is_name
         b.manifest()
     b.manifest_path.unlink()
     b.manifest_path.write_text("{not json")
-    with pytest.raises(UsageError, match="the backup manifest .* cannot be read") as e:
+    with pytest.raises(UsageError, match=r"the backup manifest .* cannot be read") as e:
         b.manifest()
     assert "mv " in e.value.hint and untouched(victim)
 
