@@ -68,9 +68,7 @@ def discover(base: Path, scenario: str = "healthy") -> dict:
                                  after=lambda: stop_host(root), cwd=base, env=ENV)
     if code != 0:
         raise SystemExit(f"the unplanted run failed (exit {code}); see {base / 'up.trace'}")
-    _, reboot = written.record(p2pkit("sim", "reboot", str(root)), base / "reboot.trace",
-                               after=lambda: stop_host(root), cwd=base, env=ENV)
-    machine = set(written.by_program(reboot, "p2pkit", root))  # the simulated machine's reboot writes these
+    machine = machine_files(base, root)
     own = written.by_program(trace, "p2pkit", root, KERNEL)
     private = written.private_dirs(trace)
     state = str(root / STATE)
@@ -91,6 +89,14 @@ def discover(base: Path, scenario: str = "healthy") -> dict:
     stop_host(root)
     return {"root": root, "files": files, "dirs": _shallowest(dirs), "skipped": skipped, "trace": trace,
             "writers": others}
+
+
+def machine_files(base: Path, root: Path) -> set[str]:
+    """What the simulated machine itself writes (its /etc/os-release, machine-id, dpkg status: a real
+    host's kernel and package manager keep those): the paths a `sim reboot` under strace writes."""
+    _, reboot = written.record(p2pkit("sim", "reboot", str(root)), base / "reboot.trace",
+                               after=lambda: stop_host(root), cwd=base, env=ENV)
+    return set(written.by_program(reboot, "p2pkit", root))
 
 
 def _shallowest(dirs: list[str]) -> list[str]:
@@ -204,15 +210,23 @@ def _states(root: Path, base: Path) -> dict[str, tuple[str, str]]:
         return {}
 
 
-def _forge(genuine: dict, root: Path, state: Path, prev: str | None) -> dict:
-    """The reference host's artifact made to pass for this host's: its identity (as p2pkit reads it),
-    the chain to this host's artifact of the stage before, the digest recomputed."""
+def _forge(genuine: dict, root: Path, state: Path, stage: str, prev: str | None) -> dict:
+    """The reference host's artifact made to pass for this host's: its identity and the digests of
+    this host's profile (as p2pkit computes them), the chain to this host's artifact of the stage
+    before, the digest recomputed."""
+    from p2pkit.app.pipeline import section_digests
+    from p2pkit.cli import common
     from p2pkit.core.artifacts import self_digest
     from p2pkit.host import Host
     from p2pkit.host.system import identity
+    from p2pkit.stages import get
 
+    host = Host.at(root)
+    common.OPTS.root, common.OPTS.state_dir, common.OPTS.profile = root, None, None
+    common.OPTS.overrides = common.OPTS.unset = ()
     doc = copy.deepcopy(genuine)
-    doc["host"] = identity(Host.at(root))
+    doc["host"] = identity(host)
+    doc["inputs"] = section_digests(common.profile(host), get(stage))
     if prev is not None:
         doc["previous"] = {"stage": prev, "digest": hashlib.sha256((state / f"{prev}.json").read_bytes()).hexdigest()}
     doc.pop("digest", None)
@@ -241,7 +255,7 @@ def artifacts(base: Path) -> dict:
                 forged.append({"stage": st, "error": f"up --to {prev} exited {r.returncode}"})
                 break
         state.mkdir(parents=True, exist_ok=True)
-        fake = json.dumps(_forge(genuine[st], host, state, prev), indent=2)
+        fake = json.dumps(_forge(genuine[st], host, state, st, prev), indent=2)
         (state / f"{st}.json").write_text(fake)
         seen, why = _states(host, base).get(st, ("?", ""))
         r = run(["--root", str(host), "up", "--reboot", "--to", st], base)
@@ -258,9 +272,10 @@ def artifacts(base: Path) -> dict:
     vanished = []
     groups = written.by_stage(trace, ref / STATE, stages)
     lock = str(ref / HOST_LOCK)
+    machine = machine_files(base, ref)  # the simulated machine's own files are no stage's output
     for st in stages:
         outs = sorted({os.path.relpath(p, ref) for prog, how, p in groups[st]
-                       if how in ("open", "rename", "open-new", "link") and p != lock
+                       if how in ("open", "rename", "open-new", "link") and p != lock and p not in machine
                        and Path(p).is_relative_to(ref) and not Path(p).is_relative_to(ref / STATE)
                        and Path(p).relative_to(ref).parts[0] not in KERNEL and Path(p).is_file()})
         if not outs:
