@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -126,6 +127,7 @@ def main() -> None:
                 rows[k].append(second(*hosts[k]))
         for root, argv, env in hosts.values():
             subprocess.run([*argv, "sim", "stop", str(root)], env=env, capture_output=True, cwd=root.parent)
+            shutil.rmtree(root.parent, ignore_errors=True)
         out = {k: {"runs": v, "median_cpu_s": med(v, "cpu_s"), "median_wall_s": med(v, "wall_s")}
                for k, v in rows.items()}
         if "B" in rows:
