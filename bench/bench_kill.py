@@ -41,9 +41,10 @@ def p2pkit(*args: str) -> list[str]:
     return [sys.executable, "-c", MAIN, *args]
 
 
-def fresh_host(base: Path, name: str) -> Path:
+def fresh_host(base: Path, name: str, scenario: str = "healthy") -> Path:
     root = base / name
-    subprocess.run(p2pkit("sim", "init", "--force", str(root)), check=True, capture_output=True, cwd=base)
+    subprocess.run(p2pkit("sim", "init", "--force", "--scenario", scenario, str(root)), check=True,
+                   capture_output=True, cwd=base)
     return root
 
 

@@ -3,9 +3,11 @@ p2pkit and every process it waited for), wall, ansible-playbook runs and the tas
 --vs-source DIR (another p2pkit source tree, e.g. `git archive <commit> | tar -x -C DIR`) the two
 run in turn, A B A B ..., on fresh simulated hosts, and the ratio is taken pair by pair.
 
-Run by hand: `python3 bench/bench_up.py [--runs 3] [--vs-source /tmp/base]`. Not a test: nothing
-here asserts a time. The other tree runs with this interpreter and its dependencies (PYTHONPATH
-puts its p2pkit first); bytecode is written, as CI writes it, and a first untimed pair warms it."""
+Run by hand: `python3 bench/bench_up.py [--runs 3] [--vs-source /tmp/base]`; `--second N` times a
+second `up` on a host brought up fully instead (N of them per arm, no stage work: the gates and
+re-checks). Not a test: nothing here asserts a time. The other tree runs with this interpreter and
+its dependencies (PYTHONPATH puts its p2pkit first); bytecode is written, as CI writes it, and a
+first untimed pair warms it."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -80,6 +83,29 @@ def one(source: Path | None) -> dict:
             "tasks_skipped": sum(x.get("skipped", 0) for x in runs), "artifact_seconds": round(seconds, 2)}
 
 
+def done_host(source: Path | None) -> tuple[Path, list[str], dict]:
+    """A simulated host brought up fully by this arm's p2pkit (its engine stopped again)."""
+    argv, env = p2pkit(source)
+    root = Path(tempfile.mkdtemp(prefix="bench-up-")) / "sim"
+    cwd = root.parent
+    subprocess.run([*argv, "sim", "init", str(root)], env=env, check=True, capture_output=True, cwd=cwd)
+    r = subprocess.run([*argv, "--root", str(root), "up", "--reboot"], env=env, capture_output=True, text=True, cwd=cwd)
+    if r.returncode != 0:
+        sys.exit(f"the first up failed (exit {r.returncode}): {r.stderr[-800:]}")
+    return root, argv, env
+
+
+def second(root: Path, argv: list[str], env: dict) -> dict:
+    """One more `up` on a done host: every stage's gate and re-check, no stage work."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    r = subprocess.run([*argv, "--root", str(root), "up"], env=env, capture_output=True, text=True, cwd=root.parent)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"rc": r.returncode, "wall_s": round(wall, 3),
+            "cpu_s": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 3)}
+
+
 def med(rows: list[dict], key: str) -> float:
     return round(statistics.median(r[key] for r in rows), 2)
 
@@ -88,8 +114,30 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--vs-source", type=Path, help="another p2pkit source tree to pair against (B)")
+    ap.add_argument("--second", type=int, default=0, metavar="N",
+                    help="instead: N second `up`s on one done host per arm (no stage work), A B A B ...")
     a = ap.parse_args()
     arms = {"A": None} | ({"B": a.vs_source.resolve()} if a.vs_source else {})
+    if a.second:
+        hosts = {k: done_host(src) for k, src in arms.items()}
+        for k in arms:  # warm-up
+            second(*hosts[k])
+        rows = {k: [] for k in arms}
+        for _ in range(a.second):
+            for k in arms:
+                rows[k].append(second(*hosts[k]))
+        for root, argv, env in hosts.values():
+            subprocess.run([*argv, "sim", "stop", str(root)], env=env, capture_output=True, cwd=root.parent)
+            shutil.rmtree(root.parent, ignore_errors=True)
+        out = {k: {"runs": v, "median_cpu_s": med(v, "cpu_s"), "median_wall_s": med(v, "wall_s")}
+               for k, v in rows.items()}
+        if "B" in rows:
+            out["ratio_cpu_A_over_B"] = round(statistics.median(x["cpu_s"] / y["cpu_s"]
+                                                                for x, y in zip(rows["A"], rows["B"])), 3)
+            out["ratio_wall_A_over_B"] = round(statistics.median(x["wall_s"] / y["wall_s"]
+                                                                 for x, y in zip(rows["A"], rows["B"])), 3)
+        print(json.dumps(out, indent=2))
+        return
     for src in arms.values():  # warm-up: bytecode written, page cache filled
         one(src)
     rows: dict[str, list[dict]] = {k: [] for k in arms}

@@ -26,7 +26,7 @@ def test_atomic_write_leaves_old_file_on_failure(tmp_path, monkeypatch):
     target.write_text("old")
     import os
 
-    def boom(*a):
+    def boom(*a, **kw):
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", boom)

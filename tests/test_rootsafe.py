@@ -325,12 +325,12 @@ def test_a_model_run_killed_at_its_rename_is_finished_by_the_next(sim, monkeypat
     out = str(h.path(ctx.profile.model.output))
     real = os_.replace
 
-    def killed(src, dst):
+    def killed(src, dst, **kw):  # (os.replace itself: the atomic writes pass directory fds)
         if str(dst) == out:
             if when == "after the rename":
                 real(src, dst)
             raise KeyboardInterrupt  # SIGINT/SIGKILL at that instant: nothing after it runs
-        return real(src, dst)
+        return real(src, dst, **kw)
 
     monkeypatch.setattr(model_stage.os, "replace", killed)
     with pytest.raises(KeyboardInterrupt):

@@ -275,11 +275,11 @@ def test_a_full_disk_at_the_lock_is_a_clear_error(cli, sim, monkeypatch):
 def test_a_full_disk_at_an_artifact_write_is_a_clear_error(cli, sim, monkeypatch):
     import errno
 
-    from p2pkit.core import artifacts
+    from p2pkit.core import safefs
 
     def full(*a, **kw):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     root = sim("healthy")
-    monkeypatch.setattr(artifacts, "_atomic_write", full)
+    monkeypatch.setattr(safefs, "atomic_write", full)
     r = cli("--root", str(root), "--yes", "up", "--to", "preflight")
     assert r.code == 2 and "the disk it is on is full" in r.err and "internal error" not in r.err, r.err

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from p2pkit import __version__
-from p2pkit.core import logfiles, writers
+from p2pkit.core import logfiles, safefs, writers
 from p2pkit.core.ansible import playbook_binary, share_dir
 from p2pkit.core.errors import Exit, UsageError
 from p2pkit.core.runner import Runner, own_executable
@@ -109,9 +109,9 @@ def inventory_log(logs: Path, action: str) -> Path:
     Refused before anything runs where it cannot be written."""
     log = Path(logs) / f"inventory-{action}.log"
     try:
-        log.parent.mkdir(parents=True, exist_ok=True)
+        safefs.makedirs(log.parent)
         logfiles.rotate(log)
-        log.write_text("")
+        safefs.write_text(log, "")  # never through a link (issue 40)
     except OSError as e:
         raise UsageError(f"cannot write the inventory run's log {log}: {e.strerror or e}",
                          hint="run as root, or give a state directory you can write with --state-dir DIR") from e

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from p2pkit import __version__
-from p2pkit.core import hoststate
+from p2pkit.core import hoststate, safefs
 from p2pkit.core.artifacts import SCHEMA, CorruptArtifact, Store, atomic_write
 from p2pkit.core.config import Profile
 from p2pkit.core.errors import Exit, GateError, P2pkitError
@@ -326,6 +326,8 @@ def _run_stage(ctx: Ctx, st: Stage, prev_name: str | None, started: str, resumed
         if st.act is not None:
             try:
                 acted = st.act(ctx)
+            except safefs.LinkRefused:
+                raise  # a link where p2pkit writes: refused (exit 2, naming it), never a failed check
             except P2pkitError as e:
                 acted = {"error": e.message, "hint": e.hint, **({"pitfall": e.pitfall} if e.pitfall else {})}
         ctx.options["acted"] = acted  # this stage's, never an earlier stage's

@@ -27,7 +27,7 @@ def reboot_host(ctx) -> None:
         ctx.out.log(f"rebooted the simulated host {ctx.host.root}; resuming")
         return
     unit = Path("/etc/systemd/system") / UNIT
-    atomic_write(unit, render_resume_unit(ctx.profile, ctx.store.dir).encode())
+    atomic_write(unit, render_resume_unit(ctx.profile, ctx.store.dir).encode(), under=Path("/"))  # no link on the way
     ctx.host.runner.run(["systemctl", "daemon-reload"])
     ctx.host.runner.run(["systemctl", "enable", UNIT])
     ctx.out.log(f"installed {unit}; rebooting now: p2pkit up resumes after boot (journalctl -u {UNIT})")

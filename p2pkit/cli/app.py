@@ -54,13 +54,16 @@ def main_options(
     common.OPTS.profile = profile
     common.OPTS.overrides = tuple(overrides or ())
     common.OPTS.unset = tuple(unset or ())
-    common.OPTS.root = root
-    common.OPTS.state_dir = state_dir
+    # a relative path is the user's working directory's, resolved here once: every stage, unit and
+    # playbook after this gets the absolute path (a relative --state-dir failed at the p2p-module stage)
+    common.OPTS.root = common.absolute(root)
+    common.OPTS.state_dir = common.absolute(state_dir) if state_dir is not None else None
     common.OPTS.json = json_out
     common.OPTS.yes = yes
     common.OPTS.debug = debug
     common.setup_logging(debug)
     common.refuse_unsafe_paths()
+    common.refuse_repeated_sets(common.OPTS.overrides)
 
 
 def build(only: str | None = None) -> typer.Typer:

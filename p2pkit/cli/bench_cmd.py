@@ -248,6 +248,7 @@ def bench(
     from p2pkit.core.lock import state_lock
     from p2pkit.stages.service import act as service
 
+    prometheus, png = common.output_file("--prometheus", prometheus), common.output_file("--plot", png)
     ctx = common.context()
     cfg = ctx.profile.bench
     shape_names, levels = _shapes(shapes), _ints(concurrency, "--concurrency")

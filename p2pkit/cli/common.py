@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from p2pkit.app.pipeline import Ctx, state_dir_default
-from p2pkit.core import config, hoststate
+from p2pkit.core import config, hoststate, safefs
 from p2pkit.core.artifacts import Store
 from p2pkit.core.errors import P2pkitError, ProfileError, UsageError
 from p2pkit.core.output import Output
@@ -54,6 +54,7 @@ def host() -> Host:
         raise UsageError(f"--root {root} {'is not a directory' if root.exists() else 'does not exist'}",
                          hint="check the path for a typo: --root names / (the default) or a simulated host's "
                               "directory (`p2pkit sim init DIR` lays one out)")
+    trusted(root, "the host root (--root)", "or lay a simulated host out where only root can change it")
     h = Host.at(root)
     if not h.is_host_root():
         raise UsageError(f"--root {root} is neither a simulated host nor a host's root filesystem "
@@ -64,6 +65,52 @@ def host() -> Host:
 
 
 PATH_OPTIONS = (("--root", "root"), ("--state-dir", "state_dir"), ("--profile", "profile"))
+
+
+def absolute(path: Path) -> Path:
+    """A path option as an absolute path: a relative one joined to the directory the user ran from
+    (symlinks left as they are: the ownership check follows them)."""
+    return Path(os.path.abspath(path))
+
+
+def refuse_repeated_sets(overrides: tuple[str, ...]) -> None:
+    """`--set KEY=A --set KEY=B` on one command line: refused (exit 2) naming both values. Which one
+    was meant cannot be known, and keeping the last one silently changed what the user read back; the
+    same value twice is no question and passes. A --set that replaces a recorded override is the way to
+    change it and is not a repeat."""
+    seen: dict[str, str] = {}
+    for item in overrides:
+        parts, _ = config.parse_override(item)
+        key = ".".join(parts)
+        value = item.partition("=")[2].strip()
+        if key in seen and seen[key] != value:
+            raise UsageError(f"--set {key} is given twice with different values: {seen[key]!r} and {value!r}",
+                             hint=f"keep the one you mean (`--set {key}=VALUE` once); nothing was done")
+        seen[key] = value
+
+
+def output_file(option: str, path: Path | None, remote: bool = False) -> Path | None:
+    """A file a command writes (--junit, --prometheus, --plot, report FILE, facts record FILE), checked
+    before any work: absolute (a relative path is the working directory's), not a directory, in a
+    directory that exists and this user can write. `remote`: a path on each host of an inventory, only
+    made absolute."""
+    if path is None:
+        return None
+    p = absolute(path)
+    if remote:
+        return p
+    name = f"{option} {path}" if option else str(path)
+    if p.is_dir():
+        raise UsageError(f"{name} is a directory: it names the file to write",
+                         hint=f"name a file in it, like {p / 'out'}; nothing was done")
+    if not p.parent.is_dir():
+        raise UsageError(f"{name}: {p.parent} {'is not a directory' if p.parent.exists() else 'does not exist'}",
+                         hint=f"create it first (`mkdir -p {p.parent}`) or name a file in a directory that exists; "
+                              "nothing was done")
+    if not os.access(p.parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise UsageError(f"{name}: {p if p.exists() else p.parent} is not writable by this user",
+                         hint="name a file where you can write, or run as root (`sudo p2pkit ...`); nothing was done")
+    return p
 
 
 def refuse_unsafe_paths() -> None:
@@ -122,7 +169,20 @@ def state_dir(h: Host) -> Path:
         raise UsageError(f"{given}{d} is not a directory",
                          hint="name a directory (p2pkit makes it when it is missing), or leave --state-dir out "
                               "for <root>/var/lib/p2pkit")
+    trusted(d, "the state directory", "or give --state-dir a directory only root can change")
     return d
+
+
+_TRUSTED: set[str] = set()
+
+
+def trusted(path: Path, what: str, fix: str) -> None:
+    """Before anything is read or written there: `path` and every directory above it owned by root
+    (or the running user) and writable by no one else (core.safefs.check_trusted), once per path."""
+    key = os.path.abspath(path)
+    if key not in _TRUSTED:
+        safefs.check_trusted(path, what, fix)
+        _TRUSTED.add(key)
 
 
 def profile(h: Host | None = None) -> config.Profile:

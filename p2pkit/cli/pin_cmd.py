@@ -43,6 +43,8 @@ def pin(
                                   "profile with the pins, ready to use with --profile FILE")
         out = Path(prof.source)
     out = out.resolve()
+    if yes or common.OPTS.yes:  # a file that cannot be written is refused before any download
+        common.output_file("--out", out)
     if (fork and fork_remote) or (engine and engine_remote):
         raise UsageError("give a checkout or --*-remote for each of the fork and the engine, not both",
                          hint="`--fork DIR` or `--fork-remote`; `--engine DIR` or `--engine-remote`")

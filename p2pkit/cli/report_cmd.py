@@ -20,6 +20,7 @@ def report(
     from p2pkit.app import report as report_mod
 
     final = report_mod.target(file, force)  # refused before any work
+    common.output_file("", final)  # ... and one this user cannot write
     h = common.host()
     given = None
     try:

@@ -259,9 +259,12 @@ def verify(
     """Prove the host again: run the stages' read-only checks now. Writes no artifact."""
     from p2pkit.app import reports
 
+    junit = common.output_file("--junit", junit)  # checked before any work, relative paths made absolute
+    if prometheus and inventory is None:
+        reports.textfile_path(prometheus)  # where node_exporter could never read it: said first
+    prometheus = common.output_file("--prometheus", prometheus, remote=inventory is not None)
     if inventory is not None:  # --prometheus: a file on each host, named for it (per_host_prometheus)
-        _inventory(inventory, "verify", ["verify", *([stage] if stage else [])], wheel, junit,
-                   prometheus=None if prometheus is None else Path(os.path.abspath(prometheus)))
+        _inventory(inventory, "verify", ["verify", *([stage] if stage else [])], wheel, junit, prometheus=prometheus)
     if prometheus:
         reports.textfile_path(prometheus)  # a directory that does not exist is refused before the checks run
     ctx = common.context()
@@ -389,6 +392,7 @@ def rollback(
 @facts_app.command("record")
 def facts_record(file: Annotated[Path, typer.Argument(help="JSON file to write")]) -> None:
     """Write every fact p2pkit reads from this host to FILE."""
+    file = common.output_file("", file)  # refused before any fact is read
     h = common.host()
     doc = facts.record(h, common.profile(h))
     target = file.resolve()

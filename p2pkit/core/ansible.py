@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from p2pkit.core import config, logfiles, writers
+from p2pkit.core import config, logfiles, safefs, writers
 from p2pkit.core.artifacts import atomic_write
 from p2pkit.core.errors import MissingError, P2pkitError, UsageError
 from p2pkit.core.output import follow_cmd
@@ -64,8 +64,7 @@ def base_vars(ctx) -> dict:
 
 def write_vars(ctx, stage: str, extra: dict) -> dict:
     """What the playbook is given, for the reader (secrets redacted): <state>/logs/<stage>.vars.json."""
-    logs = ctx.store.dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    logs = safefs.makedirs(ctx.store.dir / "logs")  # no link on the way (issue 40)
     doc = {**base_vars(ctx), **extra}
     atomic_write(logs / f"{stage}.vars.json", writers.json_text(redact_doc(doc)).encode())
     return doc
@@ -81,7 +80,7 @@ def ansible_temp(state_dir: Path) -> Path:
         raise UsageError(f"the state directory {str(state_dir)!r} holds {why}: Ansible makes its temporary "
                          "directories under it through a shell, which would interpret it",
                          hint="give --state-dir a path of letters, digits and . _ / + @ , = ~ : -; nothing was done")
-    base.mkdir(parents=True, exist_ok=True)
+    safefs.makedirs(base)  # no link on the way: the new directory is made inside the state directory
     return Path(tempfile.mkdtemp(prefix="run", dir=base))
 
 
@@ -147,7 +146,9 @@ def run_playbook(ctx, stage: str, extra: dict, check_mode: bool = False) -> dict
     }
     log = logs / f"{stage}.log"
     logfiles.rotate(log)  # the last runs' logs kept as .1 .. .3
-    log.write_text("")  # this run's output only, streamed there as ansible-playbook prints it (capped, redacted)
+    # this run's output only, streamed there as ansible-playbook prints it (capped, redacted); never
+    # through a link
+    safefs.write_text(log, "")
     try:
         with ctx.out.working(f"[{stage}] ansible-playbook {book.name}", log=str(log), follow=follow_cmd(stage)):
             res = ctx.host.runner.run(argv, check=False, env=env, timeout=3600, output_log=log)

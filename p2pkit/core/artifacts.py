@@ -11,11 +11,10 @@ import errno
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from p2pkit.core import writers
+from p2pkit.core import safefs, writers
 from p2pkit.core.errors import P2pkitError, UsageError, disk_full, immutable_hint, state_dir_unwritable
 from p2pkit.core.secrets import redact_doc
 
@@ -26,12 +25,14 @@ class CorruptArtifact(P2pkitError):
     pass
 
 
-def atomic_write(final: Path, data: bytes, mode: int = 0o644) -> Path:
+def atomic_write(final: Path, data: bytes, mode: int = 0o644, under: Path | None = None) -> Path:
     """temp file in the same directory, fsync, rename, fsync the directory: all or nothing. A path
     that cannot be written is a UsageError naming it, never a traceback. The file has `mode` from
-    its first byte (a 0600 file is never readable by others, not even for a moment)."""
+    its first byte (a 0600 file is never readable by others, not even for a moment). A link at
+    `final` is replaced, never followed; a link on the way below the state directory is refused
+    (core.safefs; `under`: a directory to walk from instead, the host's root for a host's path)."""
     try:
-        return _atomic_write(Path(final), data, mode)
+        return safefs.atomic_write(Path(final), data, mode, under)
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise disk_full(final, e) from e
@@ -55,26 +56,6 @@ def read_json(path: Path, what: str, fix: str) -> Any:
         raise CorruptArtifact(f"{what} {path} cannot be read: {e}", hint=fix) from e
 
 
-def _atomic_write(final: Path, data: bytes, mode: int = 0o644) -> Path:
-    fd, tmp = tempfile.mkstemp(prefix=f".{final.stem}.", suffix=".tmp", dir=final.parent)  # 0600
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, final)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dfd = os.open(final.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-    return final
-
-
 def self_digest(doc: dict[str, Any]) -> str:
     """sha256 of the document without its "digest" key, in canonical JSON."""
     body = {k: v for k, v in doc.items() if k != "digest"}
@@ -84,6 +65,7 @@ def self_digest(doc: dict[str, Any]) -> str:
 class Store:
     def __init__(self, state_dir: Path):
         self.dir = Path(state_dir)
+        safefs.own(self.dir)  # nothing below it is written through a link
 
     def ensure(self) -> None:
         try:

@@ -26,7 +26,7 @@ import threading
 import time
 from pathlib import Path
 
-from p2pkit.core import breaks
+from p2pkit.core import breaks, safefs
 
 log = logging.getLogger("p2pkit.core.children")
 
@@ -69,11 +69,9 @@ def _save() -> None:
         return
     doc = {"owner": os.getpid(), "owner_start": start_time(os.getpid()), "guard": _guard_pid,
            "groups": [{"pgid": pgid, **info} for pgid, info in _live.items()]}
-    tmp = _file.with_name(f".{_file.name}.{os.getpid()}.tmp")
-    try:  # no fsync: after a power loss no process is left to find
-        tmp.write_text(json.dumps(doc))
-        os.replace(tmp, _file)
-    except OSError as e:
+    try:  # no fsync: after a power loss no process is left to find; a link there is replaced, not followed
+        safefs.atomic_write(_file, json.dumps(doc).encode(), fsync=False)
+    except (OSError, safefs.LinkRefused) as e:
         log.debug("could not record running commands in %s: %s", _file, e)
 
 
@@ -256,7 +254,7 @@ def guard_main(fd: str, record: str, lock: str) -> None:
     while running(owner, owner_start) and time.monotonic() < end:
         time.sleep(0.01)
     try:
-        lfd = os.open(lock, os.O_RDWR)
+        lfd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW)
     except OSError:
         return
     if not _take_dead_runs_lock(lfd, owner, time.monotonic() + 15):
@@ -266,7 +264,7 @@ def guard_main(fd: str, record: str, lock: str) -> None:
     if said:
         note = Path(record).with_name(REAPED)
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        with open(note, "a") as fh:
+        with safefs.open_file(note, "a") as fh:
             fh.writelines(f"{line} (at {stamp}, by the guard of the p2pkit run that was killed)\n" for line in said)
     os.close(lfd)
 

@@ -24,7 +24,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from p2pkit.core import secrets, writers
+from p2pkit.core import safefs, secrets, writers
 from p2pkit.core.errors import ProfileError, UsageError
 
 VERSION3 = r"^\d+\.\d+\.\d+$"
@@ -843,6 +843,8 @@ def read_profile_file(path: Path) -> str:
     """A profile file's text: a regular file (a FIFO or a device is refused, never waited on) of UTF-8
     text; anything else is a UsageError (exit 2) that says what it is and the fix."""
     fix = "give a readable TOML file or one of: " + ", ".join(builtin_names())
+    # root acts on what it says: a profile another user could change (or replace) is refused unread
+    safefs.check_trusted(path, f"profile {path}", "or copy it where only root can change it")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO opens at once, never blocks
     except OSError as e:

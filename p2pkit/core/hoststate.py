@@ -20,6 +20,7 @@ import datetime as dt
 import json
 from pathlib import Path
 
+from p2pkit.core import safefs
 from p2pkit.core.artifacts import atomic_write
 from p2pkit.core.config import builtin_names, parse_override
 from p2pkit.core.errors import UsageError
@@ -43,7 +44,7 @@ def canonical_source(source: str) -> str:
 def recorded_profile(state_dir: Path) -> dict | None:
     path = Path(state_dir) / PROFILE_FILE
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(safefs.read_text(path))  # never through a link (issue 40)
     except FileNotFoundError:
         return None
     except PermissionError:
@@ -61,8 +62,10 @@ def recorded_profile(state_dir: Path) -> dict | None:
 def stored_secrets(state_dir: Path) -> dict | None:
     """The 0600 store's record, or None (none kept, or this user may not read it)."""
     path = Path(state_dir) / SECRETS_FILE
+    if path.exists():  # the engine's secrets: what another user could write is never read
+        safefs.check_trusted(path, "the secrets store", f"or remove {path} and give the secrets again with --set")
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(safefs.read_text(path))
     except (FileNotFoundError, PermissionError):
         return None
     except (OSError, ValueError) as e:
@@ -179,7 +182,7 @@ DEFAULT_MAX_REBOOTS = 3
 def reboot_budget(state_dir: Path, exhausted: bool = False) -> dict | None:
     """The recorded budget (with exhausted=True: only when it is spent)."""
     try:
-        doc = json.loads((Path(state_dir) / REBOOTS_FILE).read_text())
+        doc = json.loads(safefs.read_text(Path(state_dir) / REBOOTS_FILE))
     except (OSError, ValueError):
         return None
     if not (isinstance(doc, dict) and isinstance(doc.get("boots"), list)):

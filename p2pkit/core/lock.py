@@ -16,7 +16,7 @@ import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-from p2pkit.core import children
+from p2pkit.core import children, safefs
 from p2pkit.core.errors import LockedError, UsageError, disk_full, state_dir_unwritable
 
 log = logging.getLogger("p2pkit.core.lock")
@@ -42,9 +42,8 @@ def host_lock(root: Path, state_dir: Path):
     """One run per host: two runs with different state directories must not act on one host at once.
     Exit 5 naming the run that holds it (its pid and state directory)."""
     path = host_lock_path(root)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:  # <root>/run reached from the host's root without a link, the lock itself never one
+        fd = safefs.open_fd(path, os.O_RDWR | os.O_CREAT, 0o644, under=root)
     except OSError as e:
         raise _host_lock_unwritable(path, e) from e
     try:
@@ -91,7 +90,8 @@ def _state_lock(state_dir: Path, say=None):
     path = state_dir / ".lock"
     try:
         state_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        safefs.own(state_dir)
+        fd = safefs.open_fd(path, os.O_RDWR | os.O_CREAT, 0o644)  # never through a link (issue 40)
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise disk_full(state_dir, e) from e
@@ -143,7 +143,7 @@ def lock_holder(state_dir: Path) -> str | None:
     """The pid that holds the lock on state_dir now, or None when no run holds it."""
     path = state_dir / ".lock"
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from p2pkit.core import safefs
 from p2pkit.core.secrets import redact
 
 CAP = 8 << 20
@@ -38,8 +39,9 @@ def rotate(path: Path, keep: int = KEEP) -> None:
 def write(path: Path, text: str, cap: int = CAP, keep: int = KEEP) -> Path:
     """This run's log at `path` (0640), the earlier ones rotated; capped and with secrets redacted."""
     path = Path(path)
+    safefs.makedirs(path.parent)
     rotate(path, keep)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+    fd = safefs.open_fd(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
     with os.fdopen(fd, "w") as fh:
         fh.write(capped(redact(text), cap))
     return path

@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from p2pkit.core import children
+from p2pkit.core import children, safefs
 from p2pkit.core.errors import (
     STANDIN_CANNOT_RUN,
     STANDIN_EXIT,
@@ -171,8 +171,7 @@ class _LogSink:
     `p2pkit logs STAGE --follow` see each line as the command prints it."""
 
     def __init__(self, path: Path, argv: list[str]):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.fh = open(path, "ab")  # noqa: SIM115 - closed by close() when the command ends
+        self.fh = safefs.open_file(path, "ab")  # never through a link; closed by close() when the command ends
         self.lock = threading.Lock()
         self.written = self.dropped = 0
         self(f"$ {shlex.join(argv)}\n".encode())

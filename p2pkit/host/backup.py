@@ -15,8 +15,9 @@ import os
 import shutil
 from pathlib import Path
 
+from p2pkit.core import safefs
 from p2pkit.core.artifacts import atomic_write
-from p2pkit.core.errors import P2pkitError
+from p2pkit.core.errors import P2pkitError, UsageError
 from p2pkit.host import Host
 
 DRIVER_PATHS = [
@@ -83,9 +84,22 @@ class Backup:
         return self.dir / "manifest.json"
 
     def manifest(self) -> dict:
-        if not self.manifest_path.exists():
+        """The manifest, read only from p2pkit's own file (a link there is refused, exit 2); one that
+        is not JSON is a UsageError naming it, never a traceback."""
+        path = self.manifest_path
+        try:
+            doc = json.loads(safefs.read_text(path))
+        except FileNotFoundError:
             return {"stage": self.stage, "entries": {}, "held_before": None}
-        return json.loads(self.manifest_path.read_text())
+        except (OSError, ValueError) as e:
+            doc, why = None, str(e)
+        else:
+            why = "not a p2pkit backup manifest"
+        if not (isinstance(doc, dict) and isinstance(doc.get("entries"), dict)):
+            raise UsageError(f"the backup manifest {path} cannot be read: {why}",
+                             hint=f"move it away (`mv {path} {path}.broken`): the {self.stage} stage then records the "
+                                  "files it changes anew, and rollback puts back what was there before that run")
+        return doc
 
     def save(self, m: dict) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -108,8 +122,9 @@ class Backup:
                 entry.update(kind="symlink", target=target, sha256=hashlib.sha256(target.encode()).hexdigest())
             elif real.is_file():
                 dest = self.copy_path(path)
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(real, dest)
+                with open(real, "rb") as src, safefs.open_file(dest, "wb") as fh:  # never through a link
+                    shutil.copyfileobj(src, fh)
+                shutil.copystat(real, dest, follow_symlinks=False)
                 entry.update(kind="original", sha256=sha256(dest), mode=real.stat().st_mode & 0o7777)
             else:
                 entry.update(kind="absent")
@@ -168,9 +183,8 @@ class Backup:
                     real.unlink()
                 if e["kind"] == "symlink":
                     os.symlink(e["target"], real)
-                else:
-                    shutil.copy2(self.copy_path(path), real)
-                    real.chmod(e.get("mode", 0o644))
+                else:  # put in place by a rename: a link there now is replaced, never written through
+                    safefs.atomic_write(real, self.copy_path(path).read_bytes(), e.get("mode", 0o644))
             else:
                 real.unlink()
             done.append((action, path))

@@ -26,7 +26,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from p2pkit.core import children
+from p2pkit.core import children, safefs
 from p2pkit.core.artifacts import atomic_write
 from p2pkit.core.breaks import lines
 from p2pkit.core.errors import Exit, P2pkitError, ProbeError
@@ -171,7 +171,8 @@ def engine_cgroup(host: Host, name: str = CGROUP_NAME) -> dict:
 def _move(host: Host, cg: dict, pid: int) -> str | None:
     """Write pid into the cgroup's cgroup.procs; None when it moved, else why not."""
     try:
-        host.path(cg["dir"] + "/cgroup.procs").write_text(f"{pid}\n")
+        with safefs.open_file(host.path(cg["dir"] + "/cgroup.procs"), "a") as fh:  # never through a link
+            fh.write(f"{pid}\n")
     except OSError as e:
         return f"could not move pid {pid} into {cg['dir']}: {e.strerror or e}"
     if host.tree:  # the simulated host's /proc is a directory: what the kernel would show now
@@ -204,10 +205,9 @@ def start(host: Host, *, record: Path, log: Path, argv: list[str], env: dict[str
             "second start was refused", hint="`p2pkit serve restart` restarts it, `p2pkit serve stop` stops it",
             code=Exit.LOCKED)
     cg = engine_cgroup(host, cgroup_name)
-    log.parent.mkdir(parents=True, exist_ok=True)
     record.parent.mkdir(parents=True, exist_ok=True)
     r, w = os.pipe()  # close-on-exec both: only p2pkit holds the write end
-    with open(log, "ab") as fh:
+    with safefs.open_file(log, "ab") as fh:  # never through a link (issue 40)
         fh.write(f"{START_LINE} {time.strftime('%Y-%m-%d %H:%M:%S')}: {shlex.join(shown_argv or argv)}\n"
                  .encode())
         fh.flush()
@@ -234,7 +234,7 @@ def start(host: Host, *, record: Path, log: Path, argv: list[str], env: dict[str
                "argv": list(shown_argv or argv), "log": str(log), "user": user,
                "cgroup": cg, **({"move_error": moved} if moved else {})}
         rec["caps"] = system.pid_caps(host, proc.pid)
-        atomic_write(record, (json.dumps(rec, indent=1) + "\n").encode())
+        atomic_write(record, (json.dumps(rec, indent=1) + "\n").encode(), under=host.root)  # no link below /
         os.write(w, b"go\n")  # the record is on disk: from here the engine is p2pkit's to stop by it
     finally:
         os.close(w)

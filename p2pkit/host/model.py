@@ -7,6 +7,7 @@ import json
 import os
 from pathlib import Path
 
+from p2pkit.core import safefs
 from p2pkit.core.errors import ProbeError
 from p2pkit.host import Host
 from p2pkit.parse import artifact as pa
@@ -93,9 +94,7 @@ def remember_sha256(path: Path, cache_file: Path, digest: str) -> None:
         cache = {}
     cache = {k: v for k, v in cache.items() if not k.startswith(f"{path}:")}
     cache[_cache_key(path, st)] = digest
-    tmp = cache_file.with_suffix(".tmp")
-    tmp.write_text(json.dumps(cache, indent=1))
-    os.replace(tmp, cache_file)
+    safefs.atomic_write(cache_file, json.dumps(cache, indent=1).encode(), fsync=False)  # a link there replaced
 
 
 def read_head(path: Path, n: int = 64 << 20) -> bytes:

@@ -12,6 +12,7 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
+from p2pkit.core import safefs
 from p2pkit.core.ansible import run_playbook
 from p2pkit.core.errors import P2pkitError
 from p2pkit.core.output import follow_cmd
@@ -31,7 +32,7 @@ def _run(ctx, argv, log, cwd=None, env=None):
     with ctx.out.working(f"[engine] {' '.join(Path(a).name if i == 0 else a for i, a in enumerate(argv[:3]))}",
                          log=str(log), follow=follow_cmd("engine")) if long else nullcontext():
         r = ctx.host.runner.run(argv, check=False, cwd=cwd, env=env, timeout=7200, output_log=log)
-    with open(log, "a") as fh:
+    with safefs.open_file(log, "a") as fh:
         fh.write("\n")
     return r
 
@@ -80,8 +81,7 @@ def build_logs(ctx) -> list[Path]:
 
 def _new_log(ctx) -> Path:
     """A new log for this run; earlier runs' logs are kept (the last KEEP_LOGS)."""
-    logs = ctx.store.dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    logs = safefs.makedirs(ctx.store.dir / "logs")  # no link on the way (issue 40)
     old = build_logs(ctx)
     n = int(old[-1].name.split("-")[2]) + 1 if old else 1
     for x in old[:max(0, len(old) - KEEP_LOGS + 1)]:
@@ -105,8 +105,8 @@ def build(ctx) -> dict:
     e = p.engine
     log = _new_log(ctx)
     cpu = "" if e.cuda else " with CUDA OFF (engine.cuda = false: a CPU-only build, not for serving on the GPUs)"
-    log.write_text(f"# p2pkit engine build: {e.recipe} at {e.commit or e.source_sha256}{cpu}"
-                   f"{' (SIMULATED host)' if host.simulated else ''}\n")
+    safefs.write_text(log, f"# p2pkit engine build: {e.recipe} at {e.commit or e.source_sha256}{cpu}"
+                           f"{' (SIMULATED host)' if host.simulated else ''}\n", new=True)  # this run's own
     if cpu:
         ctx.out.step("engine", f"building {e.recipe}{cpu}")
     src = host.path(e.build_dir)

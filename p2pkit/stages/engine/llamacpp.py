@@ -21,6 +21,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from p2pkit.core import safefs
 from p2pkit.core.artifacts import atomic_write
 from p2pkit.host.backup import sha256 as sha256_file
 
@@ -81,10 +82,11 @@ def fetch(ctx, log: Path) -> dict:
         path.parent.mkdir(parents=True, exist_ok=True)
         part = path.with_name(path.name + ".part")
         try:
-            with urllib.request.urlopen(e.source_url, timeout=60) as r, open(part, "wb") as fh:
+            with urllib.request.urlopen(e.source_url, timeout=60) as r, safefs.open_file(part, "wb") as fh:
                 shutil.copyfileobj(r, fh, 8 << 20)
         except (urllib.error.URLError, OSError) as err:
-            part.unlink(missing_ok=True)
+            if not part.is_symlink():
+                part.unlink(missing_ok=True)
             out["error"] = f"download of {e.source_url} failed: {getattr(err, 'reason', err)}"
             return out
         os.replace(part, path)
@@ -93,7 +95,7 @@ def fetch(ctx, log: Path) -> dict:
         return out
     got = sha256_file(path)
     out["sha256"] = got
-    with open(log, "a") as fh:
+    with safefs.open_file(log, "a") as fh:
         fh.write(f"# source archive {path}: sha256 {got} (pinned {e.source_sha256})\n")
     if got != e.source_sha256:
         out["error"] = (f"the source archive's sha256 is {got}, the profile pins {e.source_sha256 or '(nothing)'}: "

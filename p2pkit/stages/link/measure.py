@@ -8,6 +8,7 @@ import importlib.util
 import json
 import sys
 
+from p2pkit.core import safefs
 from p2pkit.core.errors import CommandError, MissingError, P2pkitError
 from p2pkit.core.output import follow_cmd
 from p2pkit.core.runner import CommandTimeout
@@ -27,9 +28,7 @@ def measure(ctx) -> dict:
     cfg = {"load_seconds": lk.load_seconds, "poll_ms": lk.poll_ms, "sample_mib": lk.sample_mib,
            "samples": lk.samples, "min_gen": pc.min_gen, "min_width": pc.min_width, "backend": backend}
     argv = [sys.executable, "-m", "p2pkit.load.worker", json.dumps(cfg)]
-    log = ctx.store.dir / "logs/link.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_text("")
+    log = safefs.write_text(ctx.store.dir / "logs/link.log", "")  # never through a link (issue 40)
     with ctx.out.working("[link] real load on every GPU (torch matmuls and copies), NVML polled", log=str(log),
                          follow=follow_cmd("link")):
         load = ctx.host.runner.json_result(argv, "the load worker", lk.load_seconds + 600, output_log=log)

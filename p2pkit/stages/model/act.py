@@ -8,7 +8,7 @@ import os
 import re
 from pathlib import Path
 
-from p2pkit.core import config, writers
+from p2pkit.core import config, safefs, writers
 from p2pkit.core.artifacts import CorruptArtifact, atomic_write, read_json
 from p2pkit.core.output import follow_cmd
 from p2pkit.host import model as hm
@@ -169,9 +169,7 @@ def convert(ctx) -> dict:
         stale.unlink(missing_ok=True)
     argv = convert_argv(ctx, str(host.path(m.source)), str(tmp))
     res["convert_argv"] = argv
-    log = ctx.store.dir / "logs/model.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_text("")
+    log = safefs.write_text(ctx.store.dir / "logs/model.log", "")  # never through a link (issue 40)
     with ctx.out.working(f"[model] converting {m.source} -> {m.output}", log=str(log), follow=follow_cmd("model")):
         r = host.runner.run(argv, check=False, cwd=host.path(p.engine.build_dir), timeout=24 * 3600,
                             output_log=log)

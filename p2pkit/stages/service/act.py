@@ -11,7 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from p2pkit.core import config, secrets, writers
+from p2pkit.core import config, safefs, secrets, writers
 from p2pkit.core.ansible import run_playbook
 from p2pkit.core.artifacts import CorruptArtifact
 from p2pkit.core.breaks import lines
@@ -228,7 +228,7 @@ def _unit_copy(host: Host) -> Path:
     parts[0] = launcher.on_this_machine(host, parts[0])
     text = re.sub(r"^ExecStart=.*$", "ExecStart=" + shlex.join(parts), text, flags=re.M)
     d = Path(tempfile.mkdtemp(prefix="p2pkit-unit-"))
-    (d / UNIT).write_text(text)
+    safefs.write_text(d / UNIT, text, new=True)
     return d / UNIT
 
 
