@@ -90,19 +90,8 @@ def test_the_whole_path_on_a_real_os(make_host):
     h = make_host()
     times = {}
     t0 = time.monotonic()
-    boots = h.machine()["boots"]
-    first = subprocess.Popen(h.command(["/opt/p2pkit/bin/p2pkit", "--yes", "up", "--reboot"]), text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        result = wait_resumed(h, boots)
-    except (AssertionError, container.ContainerError) as e:
-        first.kill()
-        raise AssertionError(f"{e}\n{h.diagnose()}\nup --reboot printed:\n{first.communicate()[0][-3000:]}") from None
-    printed = first.communicate(timeout=120)[0]  # the reboot ended it (SIGTERM from the shutdown)
-    assert "rebooting now: p2pkit up resumes after boot" in printed, printed[-3000:]
+    journal = bring_up(h)
     times["up --reboot"] = time.monotonic() - t0
-    journal = h.run(["journalctl", "-u", "p2pkit-resume.service", "-o", "cat", "--no-pager"]).stdout
-    assert result == "success", journal[-3000:]
     assert "all selected stages passed" in journal
     assert set(status(h).values()) == {"done"}
 
@@ -245,3 +234,85 @@ def test_the_device_layer_refuses_to_act_outside_a_container(tmp_path):
     with pytest.raises(SystemExit, match="only inside its container"):
         guest_state.save(Path("/"), {"layout": "container", "driver": {}})
     assert shutil.which("nsenter")
+
+
+def bring_up(h, env: dict | None = None) -> str:
+    """`up --reboot` to its end through the real resume unit; the resume's journal."""
+    boots = h.machine()["boots"]
+    first = subprocess.Popen(h.command(["/opt/p2pkit/bin/p2pkit", "--yes", "up", "--reboot"], env=env), text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        result = wait_resumed(h, boots)
+    except (AssertionError, container.ContainerError) as e:
+        first.kill()
+        raise AssertionError(f"{e}\n{h.diagnose()}\nup --reboot printed:\n{first.communicate()[0][-3000:]}") from None
+    first.communicate(timeout=120)
+    journal = h.run(["journalctl", "-u", "p2pkit-resume.service", "-o", "cat", "--no-pager"]).stdout
+    assert result == "success", journal[-3000:]
+    return journal
+
+
+def test_secure_boot_signs_with_the_real_sign_file_and_a_missing_one_is_refused(make_host):
+    """Secure Boot on: the modules are signed by the headers' real scripts/sign-file with p2pkit's key, the
+    real modinfo shows that key's serial as sig_key, the key is enrolled at the reboot and the module loads.
+    Then sign-file gone from the headers: up stops in preflight naming it, and the installed module is the
+    signed one still (nothing unsigned is installed with Secure Boot on)."""
+    h = make_host("secure-boot-on")
+    bring_up(h, env={"P2PKIT_MOK_PASSWORD": "sim-pass-1234"})
+    kernel = h.run(["uname", "-r"]).stdout.strip()
+    ko = f"/lib/modules/{kernel}/kernel/drivers/video/nvidia.ko"
+    serial = h.run(["openssl", "x509", "-inform", "DER", "-in", "/var/lib/p2pkit/mok/p2pkit-mok.der", "-noout",
+                    "-serial"]).stdout.strip().split("=", 1)[1]
+    sig_key = h.run(["modinfo", "-F", "sig_key", ko]).stdout.strip()
+    assert sig_key.replace(":", "") == serial.upper(), (sig_key, serial)
+    assert h.run(["modinfo", "-F", "sig_hashalgo", ko]).stdout.strip() == "sha256"
+    assert "615.71.09" in h.run(["cat", "/proc/driver/nvidia/version"]).stdout
+    signed = h.run(["sha256sum", ko]).stdout.split()[0]
+    sign_file = h.run(["readlink", "-f", f"/lib/modules/{kernel}/build/scripts/sign-file"]).stdout.strip()
+    h.run(["mv", sign_file, sign_file + ".away"])
+    r = h.p2pkit("--yes", "up", "--force", "--from", "preflight")
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert "preflight.secure_boot" in r.stderr and "no scripts/sign-file" in r.stderr, r.stderr[-2000:]
+    assert h.run(["sha256sum", ko]).stdout.split()[0] == signed
+    h.run(["mv", sign_file + ".away", sign_file])
+
+
+def test_a_new_kernel_without_its_headers_keeps_the_working_kernel_booting(make_host):
+    """P36 on a real dpkg: the new kernel installed without its headers; the kernel's own postinst runs
+    p2pkit's hook, which cannot build, writes the boot-default hold in the titles this GRUB gives
+    (Debian's), and grub-mkconfig makes the running kernel the default: the reboot stays on it, module
+    loaded. The headers installed afterwards run the same hook from header_postinst.d: the module is built
+    for the new kernel, the hold lifted, and the next reboot boots the new kernel with its module.
+    (Debian's own zz-update-grub exits in a container, at `systemd-detect-virt --container`: update-grub
+    is run here as that hook runs it on a box.)"""
+    h = make_host()
+    bring_up(h)
+    old, new = h.run(["uname", "-r"]).stdout.strip(), h.manifest()["upgrade_kernel"]
+    src = container.UPGRADE_SOURCES
+    h.run(["sh", "-c", f"echo 'deb [trusted=yes] file:{container.APT_REPO} ./' > {src}"])
+    opts = ["-o", f"Dir::Etc::SourceList={src}", "-o", "Dir::Etc::SourceParts=/nonexistent"]
+    h.run(["apt-get", "-q", *opts, "update"])
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    apt = h.run(["apt-get", "-q", *opts, "install", "-y", f"linux-image-{new}"], env=env, timeout=900)
+    said = apt.stdout + apt.stderr
+    assert f"could not build the P2P-patched module for kernel {new}" in said, said[-3000:]
+    hold = h.run(["cat", "/etc/default/grub.d/61-p2pkit-boot-default.cfg"]).stdout
+    want = f'GRUB_DEFAULT="Advanced options for Debian GNU/Linux>Debian GNU/Linux, with Linux {old}"'
+    assert want in hold, hold
+    h.run(["update-grub"])
+    assert f'set default="Advanced options for Debian GNU/Linux>Debian GNU/Linux, with Linux {old}"' in \
+        h.run(["cat", "/boot/grub/grub.cfg"]).stdout
+    h.reboot()
+    assert h.run(["uname", "-r"]).stdout.strip() == old
+    assert "615.71.09" in h.run(["cat", "/proc/driver/nvidia/version"]).stdout
+    assert h.p2pkit("status").returncode == 0
+
+    apt = h.run(["apt-get", "-q", *opts, "install", "-y", f"linux-headers-{new}"], env=env, timeout=900)
+    assert "header_postinst.d" in apt.stdout + apt.stderr or h.run(
+        ["test", "-e", f"/lib/modules/{new}/kernel/drivers/video/nvidia.ko"], check=False).returncode == 0
+    assert h.run(["modinfo", "-k", new, "-F", "vermagic", "nvidia"]).stdout.startswith(new + " ")
+    assert h.run(["test", "-e", "/etc/default/grub.d/61-p2pkit-boot-default.cfg"], check=False).returncode == 1
+    h.run(["update-grub"])
+    h.reboot()
+    assert h.run(["uname", "-r"]).stdout.strip() == new
+    assert "615.71.09" in h.run(["cat", "/proc/driver/nvidia/version"]).stdout
