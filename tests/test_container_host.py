@@ -12,12 +12,14 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from p2pkit.sim import container
+from tests.conftest import check_document
 
 WHY = container.cannot_boot()
 pytestmark = [pytest.mark.slow,
@@ -212,6 +214,11 @@ def test_a_container_that_will_not_stop_is_stopped_anyway(make_host):
     """PID 1 frozen (SIGSTOP): poweroff cannot reach it; stop() still ends the container and everything
     in it, and unmounts the root."""
     h = make_host()
+    # the CLI's reboot first, its --json document held to its schema
+    r = subprocess.run([sys.executable, "-m", "p2pkit", "--json", "sim", "container", "reboot", str(h.dir)],
+                       capture_output=True, text=True, timeout=300)
+    doc = check_document(r.stdout)
+    assert r.returncode == 0 and doc["kind"] == "p2pkit-sim-container" and doc["machine"]["boots"] == 2, r.stderr
     leader = h.leader()
     subprocess.Popen(h.command(["sleep", "600"]), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(0.5)
