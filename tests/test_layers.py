@@ -17,6 +17,7 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parent.parent / "p2pkit"
 STAGE_FOLDERS = ("preflight", "driver", "p2p_module", "rebar", "topology", "link", "engine", "model", "service")
+ENGINE_MODULES = ("ninfer", "llamacpp", "vllm")
 
 # (layer, [ranks, top to bottom]); a rank is a list of module prefixes (longest prefix wins)
 LAYERS: list[tuple[str, list[list[str]]]] = [
@@ -35,7 +36,12 @@ LAYERS: list[tuple[str, list[list[str]]]] = [
                 [f"p2pkit.stages.{s}" for s in STAGE_FOLDERS],
                 ["p2pkit.stages.stage"]]),
     ("facts", [["p2pkit.facts.collect"], ["p2pkit.facts.types", "p2pkit.facts"]]),
+    # an engine module per recipe (rules/engines/): its flags, argv, refusals and fit rules; the package plugs
+    # them into core/config.py when it is imported (config names no engine)
     ("rules", [["p2pkit.rules.engine_cmd", "p2pkit.rules.engine_env"],
+               ["p2pkit.rules.engines"],
+               [f"p2pkit.rules.engines.{e}" for e in ENGINE_MODULES],
+               ["p2pkit.rules.engines.flags"],
                ["p2pkit.rules.findings", "p2pkit.rules.pitfalls", "p2pkit.rules"]]),
     ("host", [["p2pkit.host.field_facts", "p2pkit.host.kmod", "p2pkit.host.launcher", "p2pkit.host.mok"],
               ["p2pkit.host.system", "p2pkit.host.pci", "p2pkit.host.smi", "p2pkit.host.nvml", "p2pkit.host.arch",
