@@ -372,7 +372,8 @@ def _exec_why(path: str) -> str:
 
 def _table_problems(path: str, table: dict) -> list[tuple[str, str]]:
     """Keys and values of a free-form table ([serve.flags], [serve.env], engine.python_pins): at most
-    ITEMS_MAX entries, names of at most NAME_MAX bytes, values within their sizes and ranges."""
+    ITEMS_MAX entries, names of at most NAME_MAX bytes, values within their sizes and ranges; [serve.flags]
+    a table of scalars (what each flag may be is its engine module's to say: ENGINES)."""
     if len(table) > ITEMS_MAX:
         return [(path, f"holds {len(table)} entries; at most {ITEMS_MAX}: keep the ones the engine needs")]
     out = []
@@ -381,6 +382,10 @@ def _table_problems(path: str, table: dict) -> list[tuple[str, str]]:
         why = _size(str(k), NAME_MAX, " for a name") or _chars(str(k), "word")
         if why:
             out.append((sub if len(str(k)) <= 80 else f"{path}.{str(k)[:60]}...", f"the name {why}"))
+            continue
+        if path == "serve.flags" and not isinstance(v, str | int | float):  # bool is an int
+            out.append((sub, f"expected one value (a string, a number, or true or false), got {_shown(v)}: a flag "
+                             "takes one value on the engine's command line"))
             continue
         if isinstance(v, list) and len(v) > ITEMS_MAX:
             out.append((sub, f"holds {len(v)} items; at most {ITEMS_MAX}"))

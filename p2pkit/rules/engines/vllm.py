@@ -19,7 +19,7 @@ NAME = "vllm"
 FLAGS = flags.schema(
     values=("host", "port", "load-format", "nnodes", "node-rank", "master-addr", "master-port",
             "distributed-executor-backend", "max-num-seqs", "max-num-batched-tokens", "long-prefill-token-threshold",
-            "tool-call-parser", "reasoning-parser", "speculative-config", "served-model-name"),
+            "tool-call-parser", "reasoning-parser", "speculative-config", "served-model-name", "kv-cache-dtype"),
     switches=("no-enable-prefix-caching", "enable-chunked-prefill", "enforce-eager", "enable-auto-tool-choice",
               "headless"),
     bounds={"tensor-parallel-size": ("int", 1, 64), "max-model-len": ("int", 0, MAX_CONTEXT),
