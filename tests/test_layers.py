@@ -255,3 +255,35 @@ def test_the_engine_knowledge_test_sees_config_naming_a_flag_again(tmp_path):
     mods = {"p2pkit.core.config": fake, "p2pkit.host.model": more,
             "p2pkit.rules.engines.llamacpp": modules()["p2pkit.rules.engines.llamacpp"]}
     assert flags_named(mods, names) == {"p2pkit.core.config": ["ctx-size"], "p2pkit.host.model": ["mmproj"]}
+
+
+def test_every_reader_of_a_profile_has_the_engines_rules_plugged_in():
+    """config asks the engine modules about [serve.flags], and their package plugs them in when it is
+    imported: every product module and bench script that reads a profile (config.load, from_dict,
+    from_record) imports it, straight or through what it imports (the simulator, which never imports the
+    product's rules, reads profiles without them)."""
+    g, mods = graph(), modules()
+
+    def reaches(start: set[str]) -> bool:
+        seen, todo = set(), list(start)
+        while todo:
+            m = todo.pop()
+            if m == ENGINES_PKG:
+                return True
+            if m not in seen:
+                seen.add(m)
+                todo += sorted(g.get(m, ()))
+        return False
+
+    def reads_a_profile(tree) -> bool:
+        return any(isinstance(n, ast.Attribute) and n.attr in ("load", "from_dict", "from_record")
+                   and isinstance(n.value, ast.Name) and n.value.id == "config" for n in ast.walk(tree))
+
+    readers = {m: {m} for m, f in mods.items() if not m.startswith(SIM) and reads_a_profile(ast.parse(f.read_text()))}
+    for f in sorted((PKG.parent / "bench").glob("*.py")):
+        tree = ast.parse(f.read_text())
+        if reads_a_profile(tree):
+            readers[f"bench/{f.name}"] = imports("bench", f, mods)
+    assert len(readers) > 5, readers
+    bad = sorted(m for m, start in readers.items() if not reaches(start))
+    assert bad == [], f"these read a profile without importing {ENGINES_PKG} (config would not ask the engine): {bad}"
