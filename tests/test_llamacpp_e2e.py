@@ -209,9 +209,10 @@ def test_a_flag_the_built_server_does_not_list_is_refused_before_a_start(tmp_pat
     installed or started."""
     from p2pkit.core.errors import Exit, P2pkitError
     from p2pkit.rules import engine_cmd
+    from p2pkit.rules.engines import flags, llamacpp
     from p2pkit.stages.service import act as service
 
-    monkeypatch.setattr(engine_cmd, "LLAMACPP_FLAGS", engine_cmd.LLAMACPP_FLAGS | {"no-such-flag"})
+    monkeypatch.setitem(llamacpp.FLAGS, "no-such-flag", flags.Flag())
     llama_real.wait()
     root = llama_sim(tmp_path / "host")
     assert service.flags_accepted(sim_ctx(root))  # the profile's own flags are all in the real --help

@@ -13,6 +13,7 @@ from p2pkit.core.artifacts import Store
 from p2pkit.core.errors import P2pkitError, ProfileError, UsageError
 from p2pkit.core.output import Output
 from p2pkit.host import HOST_ROOT_SIGNS, SIM_MARKER, Host
+from p2pkit.rules import engines  # noqa: F401  (importing it plugs the engines' rules on [serve.flags] into config)
 
 
 @dataclass
