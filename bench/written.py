@@ -264,8 +264,9 @@ def by_program(trace: Trace, program: str, under: Path, skip: tuple[str, ...] = 
     (relative to it)."""
     top = str(under)
     skips = [os.path.join(top, s) for s in skip]
+    inside = top.rstrip("/") + "/"  # "/" itself: every absolute path (a container's root, seen from inside)
     return {p: w for p, w in trace.writes.items() if program in w.by
-            and (p == top or p.startswith(top + "/"))
+            and (p == top or p.startswith(inside))
             and not any(p == s or p.startswith(s + "/") for s in skips)}
 
 

@@ -327,8 +327,8 @@ def test_a_new_kernel_without_its_headers_keeps_the_working_kernel_booting(make_
 
 def test_a_kbuild_that_fails_half_way_installs_nothing_and_up_resumes(make_host):
     """The fork pinned at a commit whose nvidia-drm does not compile: the real kbuild compiles what it can
-    and stops there, before any module is linked. The stage fails naming the compiler's own error and its log, no module of
-    the fork is installed (none half-way), the driver stage stays done, and `up` with the good commit
+    and stops there, before any module is linked. The stage fails naming the compiler's own error and its
+    log, no module of the fork is installed (none half-way), the driver stage stays done, and `up` with the good commit
     (the bad pin dropped with --unset) brings the host up."""
     h = make_host()
     work = "/var/tmp/fork-broken"
@@ -351,3 +351,60 @@ def test_a_kbuild_that_fails_half_way_installs_nothing_and_up_resumes(make_host)
     assert st["driver"] == "done" and st["p2p-module"] == "failed", st
     bring_up(h, options=("--unset", "p2p_module.commit"))
     assert set(status(h).values()) == {"done"}
+
+
+def test_a_link_planted_at_every_path_up_writes_on_the_real_os_leaves_its_victim_untouched(make_host, tmp_path):
+    """Issue 40 on the real OS: the paths p2pkit itself writes during a bring-up, recorded with strace on one
+    container host (strace runs here and follows nsenter into the container; the reboot between the two
+    `up` runs is the container's own), each planted as a link to a victim on a second host; `up` run there
+    until it finishes, removing each link it refuses (exit 2, naming it). No victim is touched."""
+    if shutil.which("strace") is None:
+        pytest.skip("needs strace (apt-get install strace; .ci/run installs it)")
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    import written
+
+    skip = ("proc", "sys", "dev", "run", "tmp", "var/tmp", ".p2pkit-sim")  # the kernel's, the simulator's
+    up = ["/opt/p2pkit/bin/p2pkit", "--yes", "up"]
+    found: dict[str, written.Write] = {}
+    private: list[str] = []  # directories the run made new, 0700 (mkdtemp): no one else knows their names
+    h = make_host()
+    for i in range(2):  # the stages before the reboot the p2p-module stage asks for, then the rest
+        code, trace = written.record(h.command(up), tmp_path / f"up-{i}.trace", timeout=900)
+        assert code == (4 if i == 0 else 0), f"up {i} exit {code}"
+        found.update(written.by_program(trace, "p2pkit", Path("/"), skip))
+        private += written.private_dirs(trace)
+        if i == 0:
+            h.reboot()
+    files = sorted(p for p, w in found.items() if w.plantable() and not any(p.startswith(d + "/") for d in private))
+    assert "/var/lib/p2pkit/.lock" in files and "/var/lib/p2pkit/logs/link.log" in files, files
+    h.stop()
+
+    g = make_host()
+    victims = {}
+    (g.root / "var/tmp/victims").mkdir(parents=True)
+    for i, path in enumerate(files):
+        v = g.root / f"var/tmp/victims/file-{i}"
+        v.write_text(f"victim {i}\n")
+        p = g.root / path.lstrip("/")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if p.is_symlink() or p.exists():
+            p.unlink()
+        p.symlink_to(f"/var/tmp/victims/file-{i}")  # as the container sees it
+        victims[path] = v
+    refused = []
+    for _ in range(len(files) + 4):
+        r = g.p2pkit("--yes", "up", timeout=900)
+        if r.returncode == 4:
+            g.reboot()
+            continue
+        if r.returncode != 2:
+            break
+        named = [p for p in files if p not in refused and p in r.stderr and (g.root / p.lstrip("/")).is_symlink()]
+        assert named, r.stderr[-2000:]
+        path = max(named, key=len)
+        refused.append(path)
+        (g.root / path.lstrip("/")).unlink()
+    assert r.returncode == 0, r.stderr[-3000:]
+    touched = [p for p, v in victims.items() if v.read_text() != f"victim {files.index(p)}\n"]
+    assert touched == [], touched
+    assert refused, "no planted link was met"
