@@ -34,7 +34,9 @@ LAYERS: list[tuple[str, list[list[str]]]] = [
     ("stages", [["p2pkit.stages"], ["p2pkit.stages.definitions"],
                 [f"p2pkit.stages.{s}" for s in STAGE_FOLDERS],
                 ["p2pkit.stages.stage"]]),
-    ("facts", [["p2pkit.facts.collect"], ["p2pkit.facts.types", "p2pkit.facts"]]),
+    # the fact table names each fact's probe and type once; collect and types read it
+    ("facts", [["p2pkit.facts.collect"], ["p2pkit.facts.types"], ["p2pkit.facts.table"],
+               ["p2pkit.facts.probes", "p2pkit.facts.shapes", "p2pkit.facts"]]),
     ("rules", [["p2pkit.rules.engine_cmd", "p2pkit.rules.engine_env"],
                ["p2pkit.rules.findings", "p2pkit.rules.pitfalls", "p2pkit.rules"]]),
     ("host", [["p2pkit.host.field_facts", "p2pkit.host.kmod", "p2pkit.host.launcher", "p2pkit.host.mok"],
@@ -188,3 +190,38 @@ def test_the_layer_test_sees_an_upward_a_sideways_and_an_across_import(tmp_path)
         "p2pkit.parse.x (parse) -> p2pkit.stages.engine.act (stages): upward",
         "p2pkit.stages.link.checks (stages) -> p2pkit.stages.topology.checks (stages): across one rank",
     ], bad
+
+
+# ------------------------------------------------------------------------------------ the fact table
+
+def fact_registries(tree: ast.AST, names: set[str]) -> list[int]:
+    """The lines of dict literals keyed by five or more fact names: a second registry of facts."""
+    return [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Dict)
+            and sum(isinstance(k, ast.Constant) and k.value in names for k in n.keys) >= 5]
+
+
+def test_a_fact_is_declared_once_in_the_fact_table():
+    """Issue 39: each fact has one line in p2pkit/facts/table.py (probe, type, profile sections, parser);
+    collect runs exactly the probes it names and types judges exactly the types it names. A fact that one
+    of them knows and the table does not (or a second dict of facts anywhere in the product) fails here. The
+    simulator's state is its own world, keyed as it likes."""
+    from p2pkit.core.config import SECTIONS
+    from p2pkit.facts import collect, table, types
+
+    names = [f.name for f in table.TABLE]
+    assert len(names) == len(set(names)), "a fact declared twice in the table"
+    readable = {f.name for f in table.TABLE if f.probe is not None}
+    assert set(collect.COLLECTORS) | set(collect.PROFILE_COLLECTORS) == readable
+    assert not set(collect.COLLECTORS) & set(collect.PROFILE_COLLECTORS)
+    assert {n: f.probe for n, f in table.BY_NAME.items() if f.probe} == {**collect.COLLECTORS,
+                                                                          **collect.PROFILE_COLLECTORS}
+    assert {f.name: f.type for f in table.TABLE} == types.FACTS
+    assert set(collect.WAITING) <= readable, set(collect.WAITING) - readable
+    for f in table.TABLE:
+        assert set(f.needs) <= set(SECTIONS), (f.name, f.needs)
+        assert f.parse is None or f.probe is not None, f.name
+    elsewhere = {m: lines for m, path in modules().items() if m != "p2pkit.facts.table" and not m.startswith(SIM)
+                 and (lines := fact_registries(ast.parse(path.read_text()), set(names)))}
+    assert elsewhere == {}, f"facts declared outside p2pkit/facts/table.py: {elsewhere}"
+    # the guard itself sees a second registry
+    assert fact_registries(ast.parse("X = {" + ", ".join(f"'{n}': 1" for n in names[:5]) + "}"), set(names)) == [1]
