@@ -54,7 +54,8 @@ def _one(host: Host, name: str, profile) -> object:
 # slowest one's, not their sum (measured on the H200: docs/measurements.md). The engine's /health first: a
 # silent engine gives no answer for probes.LIVE_TIMEOUT_S.
 WAITING = ("engine_live", "package_holds", "smi_topo_m", "smi_p2p_read", "smi_p2p_write", "module", "kernel_log",
-           "nvml", "arch", "built_module", "module_sources", "engine_archs", "engine_nccl", "kernel")
+           "nvml", "persistence_mode", "arch", "built_module", "module_sources", "engine_archs", "engine_nccl",
+           "kernel")
 
 
 # facts started before they were asked for, by host root and name (start_early)

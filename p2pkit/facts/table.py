@@ -17,6 +17,7 @@ from p2pkit.facts import probes as pr
 from p2pkit.facts import shapes as t
 from p2pkit.host import Host, arch, boot, kmod, mok, nvml, pci, roce, smi, storage, system
 from p2pkit.host import field_facts as hfield
+from p2pkit.parse import nvml as pnvml
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,8 @@ TABLE: tuple[Fact, ...] = (
     Fact("pending_kernel", kmod.pending_kernel, t.PendingKernel),
     Fact("userspace_driver", kmod.userspace_driver, t.UserspaceDriver),
     Fact("nvml", nvml.facts, t.Nvml),
+    Fact("persistence_mode", lambda h: nvml.per_gpu(h, "nvmlDeviceGetPersistenceMode"),
+         dict[str, Literal["Enabled", "Disabled"] | t.Failed], parse=pnvml.persistence_modes),
     Fact("smi_p2p_read", lambda h: smi.topo_p2p(h, "r"), t.SmiMatrix),
     Fact("smi_p2p_write", lambda h: smi.topo_p2p(h, "w"), t.SmiMatrix),
     Fact("smi_topo_m", smi.topo_m, t.SmiMatrix),
