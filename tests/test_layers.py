@@ -27,9 +27,9 @@ LAYERS: list[tuple[str, list[list[str]]]] = [
              ["p2pkit.cli.container_cmd"], ["p2pkit.cli.failure"], ["p2pkit.cli.common"],
              ["p2pkit.cli.argv", "p2pkit.cli"]]),
     ("app", [["p2pkit.app.doctor", "p2pkit.app.bench", "p2pkit.app.pin", "p2pkit.app.restore", "p2pkit.app.rollback",
-              "p2pkit.app.inventory"],
+              "p2pkit.app.inventory", "p2pkit.app.reboot"],
              ["p2pkit.app.pipeline"],
-             ["p2pkit.app.paste", "p2pkit.app.report", "p2pkit.app.reports", "p2pkit.app.reboot", "p2pkit.app"]]),
+             ["p2pkit.app.paste", "p2pkit.app.report", "p2pkit.app.reports", "p2pkit.app"]]),
     # a stage folder's modules may import each other (its act reads its checks); one stage never imports another
     ("stages", [["p2pkit.stages"], ["p2pkit.stages.definitions"],
                 [f"p2pkit.stages.{s}" for s in STAGE_FOLDERS],

@@ -255,10 +255,11 @@ def reboot_reason(f: dict, p: Profile) -> tuple[str, list[str]] | None:
     return "the patched module is installed; " + ", ".join(pending) + " take effect at the next boot", pending
 
 
-def reboot_with_note(f: dict, ctx) -> tuple[str, list[str]] | None:
-    """The stage's reboot hook: the reason, plus why a live reload did not spare the reboot."""
+def reboot_with_note(f: dict, ctx, acted: dict) -> tuple[str, list[str]] | None:
+    """The stage's reboot hook: the reason, plus why a live reload did not spare the reboot (from what the act
+    did, handed in by the pipeline)."""
     pending = reboot_reason(f, ctx.profile)
-    note = (ctx.options.get("acted") or {}).get("live_reload", {}).get("why")
+    note = (acted or {}).get("live_reload", {}).get("why")
     if pending and note:
         return f"{pending[0]} (no live reload: {note})", pending[1]
     return pending
