@@ -225,3 +225,12 @@ def test_a_fact_is_declared_once_in_the_fact_table():
     assert elsewhere == {}, f"facts declared outside p2pkit/facts/table.py: {elsewhere}"
     # the guard itself sees a second registry
     assert fact_registries(ast.parse("X = {" + ", ".join(f"'{n}': 1" for n in names[:5]) + "}"), set(names)) == [1]
+
+
+def test_the_registry_imports_each_stage_module_under_one_pattern():
+    """stages/definitions.py names each stage module <stage folder>_<module> (driver_act, link_measure,
+    service_checks): a reader finds a stage's part by its name alone."""
+    tree = ast.parse((PKG / "stages/definitions.py").read_text())
+    names = [(n.module, a.name, a.asname) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+             and (n.module or "").split(".")[-1] in STAGE_FOLDERS for a in n.names]
+    assert names and all(asname == f"{module.split('.')[-1]}_{name}" for module, name, asname in names), names
