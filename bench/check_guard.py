@@ -432,12 +432,13 @@ EQUIVALENT: dict[tuple[str, str, bool], str] = {
     "`not isinstance(..., list)` returns the same could-not-determine finding",
     ("link:locked_clocks", "failed(nv)", False): "a failed nv is exactly {'error': ...}: the operand beside it, "
     "`'gpus' not in nv`, is then true too and returns the same unknown finding",
-    ("service:check", "not failed(own)", True): "a failed fact is exactly {'error': ...}: own.get('memory_caps') "
+    ("service:memory_cap", "not failed(own)", True): "a failed fact is exactly {'error': ...}: own.get('memory_caps') "
     "is None and the conjunction is false either way",
-    ("service:check", 'p.serve.host == "::" and f":::{p.serve.port}" in addrs', False): "with serve.host '::' the "
+    ("service:listening", 'p.serve.host == "::" and f":::{p.serve.port}" in addrs', False): "with serve.host '::' the "
     "address wanted is already :::port, so `want in addrs` decides the same case",
-    ("service:check", 'p.serve.host == "::"', False): "with serve.host '::', `want in addrs` already accepts :::port",
-    ("service:check", 'f":::{p.serve.port}" in addrs', False): "the one case it matters (serve.host '::') is "
+    ("service:listening", 'p.serve.host == "::"', False): "with serve.host '::', `want in addrs` already accepts "
+    ":::port",
+    ("service:listening", 'f":::{p.serve.port}" in addrs', False): "the one case it matters (serve.host '::') is "
     "already matched by `want in addrs`",
     ("service:nccl_floor", "isinstance(e, dict)", True): "None is handled by `e is None` before it and every dict "
     "gives the same answer; any other value crashes either way",
