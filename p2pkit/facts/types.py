@@ -63,27 +63,38 @@ def _problem(value: Any, tp: Any, where: str) -> str | None:
     if origin is Annotated:
         return None if _problem(value, args[0], where) is None else f"{where} is not {name(tp)}"
     if origin in (Union, types.UnionType):
-        if any(_problem(value, a, where) is None for a in args):
-            return None
-        # the most telling message: the one from the member of the value's own JSON kind
-        same = [a for a in args if _kind(a) is not None and isinstance(value, _kind(a))]
-        return _problem(value, same[0], where) if len(same) == 1 else f"{where} is not {name(tp)}"
+        return _union_problem(value, tp, where)
     if origin is Literal:
         return None if value in args else f"{where} is not {name(tp)}"
+    if origin in (list, dict) or typing.is_typeddict(tp):
+        return _container_problem(value, tp, where)
+    return _scalar_problem(value, tp, where)
+
+
+def _union_problem(value: Any, tp: Any, where: str) -> str | None:
+    args = typing.get_args(tp)
+    if any(_problem(value, a, where) is None for a in args):
+        return None
+    # the most telling message: the one from the member of the value's own JSON kind
+    same = [a for a in args if _kind(a) is not None and isinstance(value, _kind(a))]
+    return _problem(value, same[0], where) if len(same) == 1 else f"{where} is not {name(tp)}"
+
+
+def _container_problem(value: Any, tp: Any, where: str) -> str | None:
+    """A list, a map or a TypedDict: of its kind, then the first member that is not its type."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if not isinstance(value, list if origin is list else dict):
+        return f"{where} is not {name(tp)}"
     if origin is list:
-        if not isinstance(value, list):
-            return f"{where} is not {name(tp)}"
         return next((p for i, x in enumerate(value) if (p := _problem(x, args[0], f"{where}[{i}]"))), None)
     if origin is dict:
-        if not isinstance(value, dict):
-            return f"{where} is not {name(tp)}"
         return next((p for k, x in value.items() if (p := _problem(x, args[1], f"{where}.{k}"))), None)
-    if typing.is_typeddict(tp):
-        if not isinstance(value, dict):
-            return f"{where} is not {name(tp)}"
-        fields = typing.get_type_hints(tp, include_extras=True)
-        return next((p for k, x in value.items() if k in fields and (p := _problem(x, fields[k], f"{where}.{k}"))),
-                    None)
+    fields = typing.get_type_hints(tp, include_extras=True)
+    return next((p for k, x in value.items() if k in fields and (p := _problem(x, fields[k], f"{where}.{k}"))),
+                None)
+
+
+def _scalar_problem(value: Any, tp: Any, where: str) -> str | None:
     if tp is type(None):
         return None if value is None else f"{where} is not None"
     if tp is float:
