@@ -43,9 +43,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 # the check modules: each stage's checks.py (named by its stage), the VRAM fit the service stage
-# judges, and the reader of pasted outputs
+# judges, each engine module's refusals before a start (p2pkit/rules/engines: named by the engine), and
+# the reader of pasted outputs
 CHECK_FILES = sorted([*REPO.glob("p2pkit/stages/*/checks.py"), REPO / "p2pkit/stages/service/fit.py",
-                      REPO / "p2pkit/app/paste.py"])
+                      *REPO.glob("p2pkit/rules/engines/*.py"), REPO / "p2pkit/app/paste.py"])
 
 
 def module_of(path: Path) -> str:
@@ -426,8 +427,6 @@ EQUIVALENT: dict[tuple[str, str, bool], str] = {
     "returns the same could-not-determine finding",
     ("fit:check", "failed(gpus)", False): "a failed fact is a dict, never a list: `not isinstance(gpus, list)` "
     "already holds and returns the same finding",
-    ("fit:_kv_types", 'p.engine.recipe != "llamacpp"', False): "plan() splits every engine but llama.cpp by "
-    "\"tp\": `pl['split'] != 'tensor'` already returns [] for them",
     ("fit:headroom", "failed(after)", False): "a failed fact holds only its 'error': after.get('gpus') is None and "
     "`not isinstance(..., list)` returns the same could-not-determine finding",
     ("link:locked_clocks", "failed(nv)", False): "a failed nv is exactly {'error': ...}: the operand beside it, "

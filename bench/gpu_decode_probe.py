@@ -210,6 +210,7 @@ def llama_bench(p, reps: int) -> dict:
 def main(argv: list[str]) -> int:
     from gpu_stages import parser  # beside this script: the options of the GPU run
 
+    import p2pkit.rules.engines  # noqa: F401  (the engines' rules on [serve.flags], as the CLI reads a profile)
     from p2pkit.core import config
 
     ap = parser(__doc__)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import p2pkit.rules.engines  # noqa: F401  (the engines' rules on [serve.flags] plugged into config, as the CLI does)
 from p2pkit.cli.main import main
 from p2pkit.parse.system import proc_cgroup
 from p2pkit.sim import lifecycle, scenarios

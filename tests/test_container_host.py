@@ -12,12 +12,14 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from p2pkit.sim import container
+from tests.conftest import check_document
 
 WHY = container.cannot_boot()
 pytestmark = [pytest.mark.slow,
@@ -212,6 +214,11 @@ def test_a_container_that_will_not_stop_is_stopped_anyway(make_host):
     """PID 1 frozen (SIGSTOP): poweroff cannot reach it; stop() still ends the container and everything
     in it, and unmounts the root."""
     h = make_host()
+    # the CLI's reboot first, its --json document held to its schema
+    r = subprocess.run([sys.executable, "-m", "p2pkit", "--json", "sim", "container", "reboot", str(h.dir)],
+                       capture_output=True, text=True, timeout=300)
+    doc = check_document(r.stdout)
+    assert r.returncode == 0 and doc["kind"] == "p2pkit-sim-container" and doc["machine"]["boots"] == 2, r.stderr
     leader = h.leader()
     subprocess.Popen(h.command(["sleep", "600"]), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(0.5)
@@ -236,11 +243,11 @@ def test_the_device_layer_refuses_to_act_outside_a_container(tmp_path):
     assert shutil.which("nsenter")
 
 
-def bring_up(h, env: dict | None = None) -> str:
+def bring_up(h, env: dict | None = None, options: tuple[str, ...] = ()) -> str:
     """`up --reboot` to its end through the real resume unit; the resume's journal."""
     boots = h.machine()["boots"]
-    first = subprocess.Popen(h.command(["/opt/p2pkit/bin/p2pkit", "--yes", "up", "--reboot"], env=env), text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    first = subprocess.Popen(h.command(["/opt/p2pkit/bin/p2pkit", *options, "--yes", "up", "--reboot"], env=env),
+                             text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         result = wait_resumed(h, boots)
     except (AssertionError, container.ContainerError) as e:
@@ -316,3 +323,31 @@ def test_a_new_kernel_without_its_headers_keeps_the_working_kernel_booting(make_
     h.reboot()
     assert h.run(["uname", "-r"]).stdout.strip() == new
     assert "615.71.09" in h.run(["cat", "/proc/driver/nvidia/version"]).stdout
+
+
+def test_a_kbuild_that_fails_half_way_installs_nothing_and_up_resumes(make_host):
+    """The fork pinned at a commit whose nvidia-drm does not compile: the real kbuild compiles what it can
+    and stops there, before any module is linked. The stage fails naming the compiler's own error and its log, no module of
+    the fork is installed (none half-way), the driver stage stays done, and `up` with the good commit
+    (the bad pin dropped with --unset) brings the host up."""
+    h = make_host()
+    work = "/var/tmp/fork-broken"
+    h.run(["git", "clone", "-q", "/.p2pkit-sim/git/open-gpu-kernel-modules.git", work])
+    drm = f"{work}/kernel-open/nvidia-drm"
+    source = h.run(["sh", "-c", f"ls {drm}/*.c | head -n 1"]).stdout.strip()
+    h.run(["sh", "-c", f"echo '#error p2pkit test: this commit does not build' >> {source}"])
+    git = ["git", "-C", work, "-c", "user.name=t", "-c", "user.email=t@t"]
+    h.run([*git, "commit", "-q", "-am", "broken nvidia-drm"])
+    h.run([*git, "push", "-q", "origin", "HEAD"])
+    bad = h.run([*git, "rev-parse", "HEAD"]).stdout.strip()
+    r = h.p2pkit("--set", f"p2p_module.commit={bad}", "--yes", "up", "--to", "p2p-module", timeout=1200)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "p2pkit test: this commit does not build" in r.stderr, r.stderr[-3000:]
+    assert "/var/lib/p2pkit/logs/p2p-module.log" in r.stderr
+    kernel = h.run(["uname", "-r"]).stdout.strip()
+    installed = h.run(["sh", "-c", f"ls /lib/modules/{kernel}/kernel/drivers/video/ | grep -c nvidia || true"])
+    assert installed.stdout.strip() == "0", installed.stdout
+    st = status(h)
+    assert st["driver"] == "done" and st["p2p-module"] == "failed", st
+    bring_up(h, options=("--unset", "p2p_module.commit"))
+    assert set(status(h).values()) == {"done"}

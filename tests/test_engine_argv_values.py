@@ -15,6 +15,7 @@ import pytest
 from p2pkit.core import config
 from p2pkit.core.errors import Exit, P2pkitError
 from p2pkit.rules import engine_cmd
+from p2pkit.rules.engines import vllm
 from p2pkit.sim import engine as sim_engine
 
 
@@ -74,6 +75,6 @@ def test_argparse_reads_a_dash_value_as_an_option_as_the_refusal_says():
     ns = parser.parse_args(["--served-model-name", "a -b", "--max-model-len", "-1"])
     assert ns.served_model_name == ["a -b"] and ns.max_model_len == -1
     for value in ("--host=0.0.0.0", "-x", "--port"):
-        assert not config.NEGATIVE_NUMBER.match(value)
+        assert not vllm.NEGATIVE_NUMBER.match(value)
     for value in ("-1", "-0.5"):
-        assert config.NEGATIVE_NUMBER.match(value) and parser._negative_number_matcher.match(value)
+        assert vllm.NEGATIVE_NUMBER.match(value) and parser._negative_number_matcher.match(value)

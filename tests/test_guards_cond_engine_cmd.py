@@ -11,6 +11,7 @@ import pytest
 
 from p2pkit.core import config
 from p2pkit.rules import engine_cmd
+from p2pkit.rules.engines import llamacpp
 
 NINFER = config.load("dual-5090-ninfer")
 LLAMA = config.load("dual-5090-llamacpp")
@@ -197,7 +198,7 @@ def test_llamacpp_spec_slots_only_with_drafting_p20():
 
 def test_llamacpp_spec_slots_shows_what_parallel_says_or_the_auto_default():
     auto = checks(prof(LLAMA, parallel=DROP))["service.spec_slots"]
-    assert auto.status == "warn" and auto.value is None and auto.measured == engine_cmd.LLAMACPP_AUTO_SLOTS
+    assert auto.status == "warn" and auto.value is None and auto.measured == llamacpp.AUTO_SLOTS
     text = checks(prof(LLAMA, parallel="-1"))["service.spec_slots"]
     assert text.status == "warn" and text.value is None and text.measured == "-1"
 

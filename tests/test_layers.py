@@ -17,6 +17,7 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parent.parent / "p2pkit"
 STAGE_FOLDERS = ("preflight", "driver", "p2p_module", "rebar", "topology", "link", "engine", "model", "service")
+ENGINE_MODULES = ("ninfer", "llamacpp", "vllm")
 
 # (layer, [ranks, top to bottom]); a rank is a list of module prefixes (longest prefix wins)
 LAYERS: list[tuple[str, list[list[str]]]] = [
@@ -37,7 +38,12 @@ LAYERS: list[tuple[str, list[list[str]]]] = [
     # the fact table names each fact's probe and type once; collect and types read it
     ("facts", [["p2pkit.facts.collect"], ["p2pkit.facts.types"], ["p2pkit.facts.table"],
                ["p2pkit.facts.probes", "p2pkit.facts.shapes", "p2pkit.facts"]]),
+    # an engine module per recipe (rules/engines/): its flags, argv, refusals and fit rules; the package plugs
+    # them into core/config.py when it is imported (config names no engine)
     ("rules", [["p2pkit.rules.engine_cmd", "p2pkit.rules.engine_env"],
+               ["p2pkit.rules.engines"],
+               [f"p2pkit.rules.engines.{e}" for e in ENGINE_MODULES],
+               ["p2pkit.rules.engines.flags"],
                ["p2pkit.rules.findings", "p2pkit.rules.pitfalls", "p2pkit.rules"]]),
     ("host", [["p2pkit.host.field_facts", "p2pkit.host.kmod", "p2pkit.host.launcher", "p2pkit.host.mok"],
               ["p2pkit.host.system", "p2pkit.host.pci", "p2pkit.host.smi", "p2pkit.host.nvml", "p2pkit.host.arch",
@@ -234,3 +240,96 @@ def test_the_registry_imports_each_stage_module_under_one_pattern():
     names = [(n.module, a.name, a.asname) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
              and (n.module or "").split(".")[-1] in STAGE_FOLDERS for a in n.names]
     assert names and all(asname == f"{module.split('.')[-1]}_{name}" for module, name, asname in names), names
+
+
+# ------------------------------------------------------------------------------ engine knowledge
+# An engine's flags are its engine module's (p2pkit/rules/engines/: ninfer, llamacpp, vllm): no other module
+# names one (a string equal to a flag's name). host and port are [serve]'s own keys too.
+ENGINES_PKG = "p2pkit.rules.engines"
+# the same word, meaning something else there
+NOT_A_FLAG = {
+    "p2pkit.host": {"devices"},  # the simulated host's library plug
+    "p2pkit.parse.p2p_paste": {"devices"},  # a pasted output's device count
+    "p2pkit.parse.engine_api": {"vision"},  # a phase of NInfer's request timing
+    "p2pkit.stages.topology.checks": {"headless"},  # a GPU with no display
+}
+# Readers of serve.flags not moved into their engine module yet (issue 39 item 1 moved the four owners:
+# core/config.py, rules/engine_cmd.py, stages/service/fit.py and act.py): each names only what it names now.
+FLAG_READERS_LEFT = {
+    "p2pkit.app.bench": {"batch-size", "cache-type-k", "cache-type-v", "ctx-size", "flash-attn", "kv-unified",
+                         "metrics", "n-gpu-layers", "split-mode", "tensor-split", "threads", "ubatch-size"},
+    "p2pkit.stages.service.checks": {"parallel", "spec", "speculative-config"},
+    "p2pkit.stages.model.checks": {"tp"},
+    "p2pkit.host.model": {"model-draft"},  # below rules: the fact's probe cannot ask the engine module
+    "p2pkit.cli.sim_cmd": {"master-port"},
+}
+
+
+def engine_flag_names() -> set[str]:
+    from p2pkit.rules.engines import ENGINES
+
+    return {k for m in ENGINES.values() for k in m.FLAGS} - {"host", "port"}
+
+
+def flags_named(mods: dict[str, Path], names: set[str]) -> dict[str, list[str]]:
+    """Module -> the engine flags it names outside the engine modules (and what each is allowed)."""
+    out = {}
+    for m, f in mods.items():
+        if m.startswith(SIM) or m == ENGINES_PKG or m.startswith(ENGINES_PKG + "."):
+            continue
+        found = {n.value for n in ast.walk(ast.parse(f.read_text()))
+                 if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in names}
+        found -= NOT_A_FLAG.get(m, set()) | FLAG_READERS_LEFT.get(m, set())
+        if found:
+            out[m] = sorted(found)
+    return out
+
+
+def test_an_engines_flags_are_named_only_in_its_engine_module():
+    bad = flags_named(modules(), engine_flag_names())
+    assert bad == {}, f"move what these know of an engine's flags into its engine module ({ENGINES_PKG}): {bad}"
+
+
+def test_the_engine_knowledge_test_sees_config_naming_a_flag_again(tmp_path):
+    """The guard itself: core/config.py with a table of fit flags in it again, and a reader left over that
+    names one flag more than it did, are each reported; the engine modules themselves are not."""
+    names = engine_flag_names()
+    fake = tmp_path / "config.py"
+    fake.write_text('FIT_FLAGS = {"llamacpp": {"ctx-size": ("int", 0, 1 << 24)}}\n')
+    more = tmp_path / "model.py"
+    more.write_text('draft = flags.get("model-draft")\nmm = flags.get("mmproj")\n')
+    mods = {"p2pkit.core.config": fake, "p2pkit.host.model": more,
+            "p2pkit.rules.engines.llamacpp": modules()["p2pkit.rules.engines.llamacpp"]}
+    assert flags_named(mods, names) == {"p2pkit.core.config": ["ctx-size"], "p2pkit.host.model": ["mmproj"]}
+
+
+def test_every_reader_of_a_profile_has_the_engines_rules_plugged_in():
+    """config asks the engine modules about [serve.flags], and their package plugs them in when it is
+    imported: every product module and bench script that reads a profile (config.load, from_dict,
+    from_record) imports it, straight or through what it imports (the simulator, which never imports the
+    product's rules, reads profiles without them)."""
+    g, mods = graph(), modules()
+
+    def reaches(start: set[str]) -> bool:
+        seen, todo = set(), list(start)
+        while todo:
+            m = todo.pop()
+            if m == ENGINES_PKG:
+                return True
+            if m not in seen:
+                seen.add(m)
+                todo += sorted(g.get(m, ()))
+        return False
+
+    def reads_a_profile(tree) -> bool:
+        return any(isinstance(n, ast.Attribute) and n.attr in ("load", "from_dict", "from_record")
+                   and isinstance(n.value, ast.Name) and n.value.id == "config" for n in ast.walk(tree))
+
+    readers = {m: {m} for m, f in mods.items() if not m.startswith(SIM) and reads_a_profile(ast.parse(f.read_text()))}
+    for f in sorted((PKG.parent / "bench").glob("*.py")):
+        tree = ast.parse(f.read_text())
+        if reads_a_profile(tree):
+            readers[f"bench/{f.name}"] = imports("bench", f, mods)
+    assert len(readers) > 5, readers
+    bad = sorted(m for m, start in readers.items() if not reaches(start))
+    assert bad == [], f"these read a profile without importing {ENGINES_PKG} (config would not ask the engine): {bad}"

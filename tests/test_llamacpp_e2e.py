@@ -59,7 +59,9 @@ def up(cli, root: Path, *more: str, up_args: tuple[str, ...] = ()):
     the second run resumes. `more` goes before the command, `up_args` after it."""
     import fcntl
 
-    args = [a for s in SETS for a in ("--set", s)]
+    # a key `more` sets again replaces SETS' value (p2pkit refuses one key given twice with two values)
+    again = {more[i + 1].split("=", 1)[0] for i, a in enumerate(more[:-1]) if a == "--set"}
+    args = [a for s in SETS if s.split("=", 1)[0] not in again for a in ("--set", s)]
     # the simulated hosts of these tests share one real build dir (a link to the cache): one `up` at
     # a time, as p2pkit's own lock keeps one run at a time on a real host
     with open(llama_real.CACHE / "llama-up.lock", "w") as lock:
@@ -207,9 +209,10 @@ def test_a_flag_the_built_server_does_not_list_is_refused_before_a_start(tmp_pat
     installed or started."""
     from p2pkit.core.errors import Exit, P2pkitError
     from p2pkit.rules import engine_cmd
+    from p2pkit.rules.engines import flags, llamacpp
     from p2pkit.stages.service import act as service
 
-    monkeypatch.setattr(engine_cmd, "LLAMACPP_FLAGS", engine_cmd.LLAMACPP_FLAGS | {"no-such-flag"})
+    monkeypatch.setitem(llamacpp.FLAGS, "no-such-flag", flags.Flag())
     llama_real.wait()
     root = llama_sim(tmp_path / "host")
     assert service.flags_accepted(sim_ctx(root))  # the profile's own flags are all in the real --help

@@ -270,10 +270,10 @@ def test_a_removed_flag_is_refused_before_a_start_by_the_real_servers_help(tmp_p
     from test_llamacpp_e2e import llama_sim, sim_ctx
 
     from p2pkit.core.errors import Exit, P2pkitError
-    from p2pkit.rules import engine_cmd
+    from p2pkit.rules.engines import flags, llamacpp
     from p2pkit.stages.service import act as service
 
-    monkeypatch.setattr(engine_cmd, "LLAMACPP_FLAGS", engine_cmd.LLAMACPP_FLAGS | {"draft-max"})
+    monkeypatch.setitem(llamacpp.FLAGS, "draft-max", flags.Flag())
     llama_real.wait()
     ctx = sim_ctx(llama_sim(tmp_path / "host"), "serve.flags.draft-max=4")
     with pytest.raises(P2pkitError) as e:

@@ -303,7 +303,9 @@ def test_every_command_prints_one_valid_document_under_json(cli, sim, tmp_path):
         "sim upgrade": ["sim", "upgrade", str(other)], "sim reboot": ["sim", "reboot", str(other)],
         "sim stop": ["sim", "stop", str(root)],
     }
-    assert sorted(runs) == command_paths()  # a new command joins this test
+    # a new command joins this test; the container host's need root, its image and minutes: their documents
+    # are held to their schema in tests/test_container_host.py, and exec prints the inner command's own
+    assert sorted(runs) == [c for c in command_paths() if not c.startswith("sim container ")]
     kinds = {}
     for path, args in runs.items():
         r = cli("--json", *args)

@@ -11,6 +11,7 @@ from p2pkit.core.runner import Runner
 
 def test_output_reaches_the_log_while_the_command_runs(tmp_path):
     log = tmp_path / "logs/engine-build.log"
+    log.parent.mkdir()  # the logs directory is the state directory's, which p2pkit makes (the runner makes none)
     seen = {}
 
     def watch():

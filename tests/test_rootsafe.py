@@ -794,7 +794,7 @@ def test_profile_show_redacts_a_secret(cli, tmp_path):
         assert r.code == 0 and "hf_0123456789" not in r.out + r.err and "<redacted>" in r.out, (args, r.err)
 
 
-@pytest.mark.parametrize("key", [*config.CONTAINED, *[f"serve.flags.{k}" for k in config.FLAG_PATHS],
+@pytest.mark.parametrize("key", [*config.CONTAINED, *[f"serve.flags.{k}" for k in config.path_flags()],
                                  *config.STATE_PATHS])
 def test_every_contained_path_refuses_a_symlink_leading_out(tmp_path, key):
     """Each path that belongs under a directory, planted as a link to the host's /etc: refused naming

@@ -13,6 +13,7 @@ from p2pkit.core.artifacts import Store
 from p2pkit.core.errors import P2pkitError, ProfileError, UsageError
 from p2pkit.core.output import Output
 from p2pkit.host import HOST_ROOT_SIGNS, SIM_MARKER, Host
+from p2pkit.rules import engines  # noqa: F401  (importing it plugs the engines' rules on [serve.flags] into config)
 
 
 @dataclass
@@ -32,7 +33,9 @@ OPTS = Options()
 
 def output() -> Output:
     args, simulated = host_options()  # a simulated host's errors say SIMULATED too
-    return Output(json_mode=OPTS.json, simulated=simulated, host_args=args, drop_sudo=simulated)
+    # sudo is dropped from the commands a simulated host prints only for root, who needs none: a user who is
+    # not root needs it there too (`status` run as another user says "run it as root: `sudo ...`")
+    return Output(json_mode=OPTS.json, simulated=simulated, host_args=args, drop_sudo=simulated and os.geteuid() == 0)
 
 
 def host_options() -> tuple[list[str], bool]:

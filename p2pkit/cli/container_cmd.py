@@ -32,6 +32,13 @@ def _host(directory: Path):
     return h
 
 
+def _document(action: str, h, **extra) -> None:
+    """Under --json, the one document of a container host command (its machine record after the action)."""
+    if common.OPTS.json:
+        common.output().document({"kind": "p2pkit-sim-container", "simulated": True, "action": action,
+                                  "directory": str(h.dir), "machine": h.machine(), **extra})
+
+
 def _fail(e) -> P2pkitError:
     return P2pkitError(str(e), hint=f"read the log it names{'' if e.log is None else f' ({e.log})'}; "
                                     "`p2pkit sim container stop DIR` leaves nothing running or mounted")
@@ -67,6 +74,7 @@ def boot(
         raise _fail(e) from None
     out.log(f"container host {d} is up (systemd as PID 1; GPUs SIMULATED, scenario {scenario})")
     out.log(f"next: p2pkit sim container exec {d} -- p2pkit --yes up --reboot")
+    _document("boot", h, scenario=scenario)
 
 
 @app.command("exec", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -74,7 +82,8 @@ def exec_(
     ctx: typer.Context,
     directory: Annotated[Path, typer.Argument(help="the container host's directory")],
 ) -> None:
-    """Run a command inside the container host as root (after `--`), with its exit code."""
+    """Run a command inside the container host as root (after `--`), with its exit code. What it prints is
+    the command's own (a p2pkit inside prints its own --json document when given one)."""
     import subprocess
 
     from p2pkit.sim import container
@@ -101,6 +110,7 @@ def reboot(directory: Annotated[Path, typer.Argument(help="the container host's 
     except container.ContainerError as e:
         raise _fail(e) from None
     _output().log(f"rebooted {h.dir}: boot {h.machine().get('boots')}")
+    _document("reboot", h)
 
 
 @app.command()
@@ -122,6 +132,7 @@ def upgrade(directory: Annotated[Path, typer.Argument(help="the container host's
                           f"{r.stderr.strip()[-1500:]}", hint="read apt's and the hooks' output above",
                           code=Exit.CHECK_FAILED)
     out.log(f"upgraded {h.dir}: kernel {h.manifest()['upgrade_kernel']} installed; it boots at the next reboot")
+    _document("upgrade", h, kernel=h.manifest()["upgrade_kernel"], apt_returncode=r.returncode)
 
 
 @app.command()
@@ -135,3 +146,4 @@ def stop(directory: Annotated[Path, typer.Argument(help="the container host's di
     except container.ContainerError as e:
         raise _fail(e) from None
     _output().log(f"stopped {h.dir}")
+    _document("stop", h)

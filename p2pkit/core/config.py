@@ -372,7 +372,8 @@ def _exec_why(path: str) -> str:
 
 def _table_problems(path: str, table: dict) -> list[tuple[str, str]]:
     """Keys and values of a free-form table ([serve.flags], [serve.env], engine.python_pins): at most
-    ITEMS_MAX entries, names of at most NAME_MAX bytes, values within their sizes and ranges."""
+    ITEMS_MAX entries, names of at most NAME_MAX bytes, values within their sizes and ranges; [serve.flags]
+    a table of scalars (what each flag may be is its engine module's to say: ENGINES)."""
     if len(table) > ITEMS_MAX:
         return [(path, f"holds {len(table)} entries; at most {ITEMS_MAX}: keep the ones the engine needs")]
     out = []
@@ -381,6 +382,10 @@ def _table_problems(path: str, table: dict) -> list[tuple[str, str]]:
         why = _size(str(k), NAME_MAX, " for a name") or _chars(str(k), "word")
         if why:
             out.append((sub if len(str(k)) <= 80 else f"{path}.{str(k)[:60]}...", f"the name {why}"))
+            continue
+        if path == "serve.flags" and not isinstance(v, str | int | float):  # bool is an int
+            out.append((sub, f"expected one value (a string, a number, or true or false), got {_shown(v)}: a flag "
+                             "takes one value on the engine's command line"))
             continue
         if isinstance(v, list) and len(v) > ITEMS_MAX:
             out.append((sub, f"holds {len(v)} items; at most {ITEMS_MAX}"))
@@ -525,66 +530,27 @@ def from_dict(data: dict, source: str, overrides: tuple[str, ...] = (),
     return profile
 
 
-# Engine flags the fit check (stages/service/fit.py) computes with, per recipe: what each must be. A context
-# beyond 2^24 tokens or a tensor-parallel size beyond 64 GPUs is no engine's.
-MAX_CONTEXT = 1 << 24
-FIT_FLAGS: dict[str, dict[str, tuple[str, float, float]]] = {
-    "llamacpp": {"ctx-size": ("int", 0, MAX_CONTEXT), "tensor-split": ("split", 0, 0)},
-    "ninfer": {"tp": ("int", 1, 64), "max-context": ("int", 0, MAX_CONTEXT)},
-    "vllm": {"tensor-parallel-size": ("int", 1, 64), "max-model-len": ("int", 0, MAX_CONTEXT),
-             "gpu-memory-utilization": ("float", 0.01, 1.0)},
-}
+# The engines' own rules on [serve.flags]: each engine module (p2pkit/rules/engines) knows its flags (which
+# it knows, which are switches, their bounds, which name files) and plugs in here when it is imported, as the
+# CLI does before it reads a profile. config knows no engine: it holds [serve.flags] to a table of scalars and
+# asks the recipe's engine module about the rest. Where none is plugged in (the simulator's own processes,
+# which never import the product's rules) a profile gets the checks of this module only.
+# An engine module gives: flag_problems(flags) -> [(flag, why)], RELATIVE_FLAGS (files it writes, relative
+# to its working directory) and PATH_FLAGS (files it reads).
+ENGINES: dict[str, Any] = {}
 
 
-# How each engine reads the argument after a flag (issue 40: serve.flags.model-id = "--host=0.0.0.0").
-# ninfer-serve (src/serve/serve_options.cpp, require_value) and llama-server (common/arg.cpp, parse_cli_args:
-# `argv[++i]`) take the argument after a flag that takes a value as that value, whatever it starts with; after
-# a flag that takes none (a switch) the next argument is read as an option. vLLM's argparse reads any argument
-# that starts with "-" as an option (Lib/argparse.py, _parse_optional) unless it is a negative number or holds a
-# space, so `--served-model-name --host=0.0.0.0` sets --host (or fails to start).
-SWITCHES: dict[str, frozenset[str]] = {
-    "ninfer": frozenset({"lm-head-draft", "vision"}),
-    "llamacpp": frozenset({"kv-unified", "jinja", "metrics", "no-webui"}),
-    "vllm": frozenset({"no-enable-prefix-caching", "enable-chunked-prefill", "enforce-eager",
-                       "enable-auto-tool-choice", "headless"}),
-}
-NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # argparse's _negative_number_matcher: a value, not an option
+def plug_engines(engines: dict[str, Any]) -> None:
+    """The engine modules by recipe (p2pkit.rules.engines plugs them in when it is imported)."""
+    ENGINES.update(engines)
 
 
-def _argv_option_problems(p: Profile) -> list[tuple[str, str]]:
-    """Flag values the engine would read as options of its own, not as the values they are meant to be."""
-    out = []
-    for k, v in p.serve.flags.items():
-        if k in SWITCHES.get(p.engine.recipe, ()) and not isinstance(v, bool) and v is not None:
-            out.append((f"serve.flags.{k}", f"--{k} takes no value, and {p.engine.recipe} would read {_shown(v)} as "
-                                            f"the next argument (an option when it starts with -): write {k} = true "
-                                            "(or false to leave it out)"))
-        elif p.engine.recipe == "vllm" and isinstance(v, str) and v.startswith("-") and v != "-" \
-                and not NEGATIVE_NUMBER.match(v) and " " not in v:
-            out.append((f"serve.flags.{k}", f"{_shown(v)} starts with -, and vLLM's argument parser (argparse) reads "
-                                            f"such an argument as an option, not as the value of --{k}: give a value "
-                                            "that does not start with -"))
-    return out
-
-
-def _fit_flag_problem(kind: str, lo: float, hi: float, value) -> str | None:
-    """Why an engine flag the fit check reads cannot be computed with, or None."""
-    if kind == "split":
-        parts = [x.strip() for x in str(value).split(",")]
-        try:
-            shares = [float(x) for x in parts]
-        except ValueError:
-            return f"expected comma-separated shares like 0.5,0.5, got {_shown(value)}"
-        if not all(math.isfinite(x) and x >= lo for x in shares) or not sum(shares) > 0:
-            return f"expected shares of at least {lo}, not all 0, like 0.5,0.5, got {_shown(value)}"
-        return None
-    want = f"{'an integer' if kind == 'int' else 'a number'} from {lo} to {hi}"
-    if isinstance(value, bool) or not isinstance(value, int | float) or (kind == "int" and not isinstance(value, int)):
-        return f"expected {want}, got {_shown(value)}"
-    # an integer is compared as it is: math.isfinite() of a 401-digit one overflows converting it to a float
-    if (isinstance(value, float) and not math.isfinite(value)) or not lo <= value <= hi:
-        return f"expected {want}, got {_shown(value)}"
-    return None
+def _engine_flag_problems(p: Profile) -> list[tuple[str, str]]:
+    """What the recipe's engine refuses in [serve.flags] when a profile is read (a switch given a value, a value
+    out of the bounds the fit computes with, a name that looks like a secret, a value the engine would read as
+    an option)."""
+    engine = ENGINES.get(p.engine.recipe)
+    return [] if engine is None else [(f"serve.flags.{k}", why) for k, why in engine.flag_problems(p.serve.flags)]
 
 
 def exec_bytes(p: Profile) -> tuple[int, int]:
@@ -599,15 +565,14 @@ def exec_bytes(p: Profile) -> tuple[int, int]:
     return env, flags
 
 
-def _int_range_problems(p: Profile) -> list[tuple[str, str]]:
-    """An integer in a table that no engine reads: beyond a signed 64-bit one (a flag the fit check reads
-    has its own, narrower range: FIT_FLAGS)."""
-    fit = FIT_FLAGS.get(p.engine.recipe, {})
+def _int_range_problems(p: Profile, judged: set[str] = frozenset()) -> list[tuple[str, str]]:
+    """An integer in a table that no engine reads: beyond a signed 64-bit one (a flag whose value its engine
+    judged already, `judged`, is left to that: the fit's flags have their own, narrower range)."""
     out = []
     for path, table in (("serve.flags", p.serve.flags), ("serve.env", p.serve.env),
                         ("engine.python_pins", p.engine.python_pins)):
         for k, v in table.items():
-            if path == "serve.flags" and k in fit:
+            if f"{path}.{k}" in judged:
                 continue
             bad = next((x for x in (v if isinstance(v, list) else [v]) if isinstance(x, int)
                         and not isinstance(x, bool) and not INT_RANGE[0] <= x <= INT_RANGE[1]), None)
@@ -618,7 +583,8 @@ def _int_range_problems(p: Profile) -> list[tuple[str, str]]:
 
 
 def _cross_checks(p: Profile) -> list[tuple[str, str]]:
-    out = _int_range_problems(p) + _argv_option_problems(p)
+    engine = _engine_flag_problems(p)
+    out = _int_range_problems(p, {k for k, _ in engine}) + engine
     env, flags = exec_bytes(p)
     room = ARG_MAX_FLOOR - ENGINE_RESERVE
     if env + flags > room:
@@ -628,9 +594,6 @@ def _cross_checks(p: Profile) -> list[tuple[str, str]]:
                     f"{ARG_MAX_FLOOR} bytes (the kernel's ARG_MAX floor), and p2pkit and systemd add up to "
                     f"{ENGINE_RESERVE} (paths, PATH, NCCL variables); beyond it the start fails with E2BIG: shorten "
                     "the values, or put what the engine reads from a file in a file"))
-    for name, (kind, lo, hi) in FIT_FLAGS.get(p.engine.recipe, {}).items():
-        if name in p.serve.flags and (why := _fit_flag_problem(kind, lo, hi, p.serve.flags[name])):
-            out.append((f"serve.flags.{name}", f"{why} (the VRAM fit check computes with it, P18)"))
     want_branch = p.driver.version + ("-p2p" if p.p2p_module.patched else "")
     if p.p2p_module.branch != want_branch:
         out.append(("p2p_module.branch", f"expected {want_branch} to match driver.version"
@@ -648,12 +611,6 @@ def _cross_checks(p: Profile) -> list[tuple[str, str]]:
         if public:
             out.append(("serve.host", f"{p.serve.host} {public}: that exposes the API to the network; set "
                                       "serve.allow_public = true to mean it, or use 127.0.0.1"))
-    for k in p.serve.flags:
-        if secrets.is_secret(k):
-            out.append((f"serve.flags.{k}", "looks like a secret, and a flag's value is on the unit's command line, "
-                                            "which every user can read (systemctl show): put it in [serve.env] "
-                                            "instead (vLLM reads VLLM_API_KEY, llama-server LLAMA_API_KEY), which "
-                                            "p2pkit keeps in a root-only file"))
     return out
 
 
@@ -678,16 +635,16 @@ def public_address(host: str) -> str:
 
 # Profile path keys a relative value is allowed in: a relative value means "under the state directory"
 # (never the directory p2pkit was started from), made absolute once, where the profile meets its host.
-# serve.flags naming a file the engine itself writes go under the engine's own directory there
-# (<state>/engine: the engine's user may write only there).
+# serve.flags naming a file the engine itself writes (its engine module's RELATIVE_FLAGS) go under the
+# engine's own directory there (<state>/engine: the engine's user may write only there).
 RELATIVE_KEYS = ("p2p_module.signing_key", "model.draft_source")
 RELATIVE_LIST_KEYS = {"engine.pkg_config_path": ":"}
-RELATIVE_FLAGS = ("request-log-jsonl",)
 
 
 def anchored(p: Profile, state_dir: str) -> Profile:
-    """The profile with each relative path of RELATIVE_KEYS, RELATIVE_LIST_KEYS and RELATIVE_FLAGS made
-    absolute under `state_dir` (the state directory as the host names it); absolute ones unchanged."""
+    """The profile with each relative path of RELATIVE_KEYS, RELATIVE_LIST_KEYS and the engine's
+    RELATIVE_FLAGS made absolute under `state_dir` (the state directory as the host names it); absolute ones
+    unchanged."""
     def under(v: str, base: str = state_dir) -> str:
         return v if not v or v.startswith("/") else posixpath.normpath(posixpath.join(base, v))
 
@@ -704,7 +661,8 @@ def anchored(p: Profile, state_dir: str) -> Profile:
         if new != v:
             sections.setdefault(sec, {})[name] = new
     engine_dir = posixpath.join(state_dir, STATE_PATHS["the service's working directory"])
-    flags = {k: under(p.serve.flags[k], engine_dir) for k in RELATIVE_FLAGS
+    relative = getattr(ENGINES.get(p.engine.recipe), "RELATIVE_FLAGS", ())
+    flags = {k: under(p.serve.flags[k], engine_dir) for k in relative
              if isinstance(p.serve.flags.get(k), str) and under(p.serve.flags[k], engine_dir) != p.serve.flags[k]}
     if flags:
         sections.setdefault("serve", {})["flags"] = {**p.serve.flags, **flags}
@@ -728,14 +686,17 @@ NOT_CONTAINED = {
     "engine.source_subdir": "a directory inside the archive, checked when it is unpacked",
     "model.nvme_paths": "a link to the NVMe copy is the copy (P26); the storage check follows it",
 }
-# Engine flags whose value is a file the engine reads (llama.cpp's draft model and projector): held to
-# the same rule as serve.flags.NAME.
-FLAG_PATHS = ("model-draft", "mmproj")
+
+
+def path_flags() -> tuple[str, ...]:
+    """The flags whose value is a file an engine reads (each engine module's PATH_FLAGS), whichever engine
+    knows them: held to the same rule as serve.flags.NAME (the start refuses a flag its engine does not know)."""
+    return tuple(sorted({k for engine in ENGINES.values() for k in engine.PATH_FLAGS}))
 
 
 def flag_paths(p: Profile) -> dict[str, str]:
-    """serve.flags.NAME -> the file it names, for each of FLAG_PATHS set to a path."""
-    return {f"serve.flags.{k}": str(p.serve.flags[k]) for k in FLAG_PATHS
+    """serve.flags.NAME -> the file it names, for each of path_flags() set to a path."""
+    return {f"serve.flags.{k}": str(p.serve.flags[k]) for k in path_flags()
             if str(p.serve.flags.get(k, "")).startswith("/")}
 # Paths under the state directory (--state-dir) that the playbooks write or give the engine's user.
 STATE_PATHS = {"the service's working directory": "engine", "the stages' logs": "logs"}
@@ -765,7 +726,7 @@ def models_dir(p: Profile) -> str:
 
 
 def escaping_paths(p: Profile, realpath, state_dir: str | None = None) -> list[tuple[str, str]]:
-    """(key, why) for every profile path in CONTAINED and FLAG_PATHS, and each of STATE_PATHS under
+    """(key, why) for every profile path in CONTAINED and path_flags(), and each of STATE_PATHS under
     `state_dir`, that a symlink leads out of the directory it belongs to. `realpath`: the host's
     (Host.realpath)."""
     out = []

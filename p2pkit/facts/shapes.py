@@ -237,8 +237,9 @@ class DriverParams(TypedDict, total=False):
 class AcsPort(TypedDict, total=False):
     bdf: str
     gpu: str
-    ctl: Annotated[int, BITS]  # the ACS control register
-    flags: dict[str, bool]
+    ctl: Annotated[int, BITS] | None  # the ACS control register; None: the port has no ACS capability
+    # (a switch's upstream port: nothing to redirect there)
+    flags: dict[str, bool] | None
     error: str
     by_hand: str
 

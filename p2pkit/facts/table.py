@@ -71,7 +71,7 @@ TABLE: tuple[Fact, ...] = (
     # the facts that need a profile
     Fact("engine_live", pr._engine_live, t.EngineLive, needs=("serve",)),
     Fact("vram_fit", pr._vram_fit, t.VramFit, needs=("engine", "model", "serve")),
-    Fact("head_rendezvous", pr._head, t.HeadRendezvous, needs=("serve",)),
+    Fact("head_rendezvous", pr._head, t.HeadRendezvous, needs=("engine", "serve")),
     Fact("built_module", pr._built_module, t.BuiltModule, needs=("driver", "p2p_module")),
     Fact("storage", storage.nvme_paths, dict[str, t.Storage], needs=("model",)),
     Fact("engine_archs", pr._engine_archs, t.EngineArchs, needs=("engine",)),

@@ -48,6 +48,8 @@ def _limits(path: str, s: dict) -> str:
                                    "maximum": config.INT_RANGE[1], "maxItems": config.ITEMS_MAX})
     text = (f"(at most {config.ITEMS_MAX} entries, names of at most {config.NAME_MAX} bytes, integers signed 64-bit, "
             f"strings of at most {config.STRING_MAX} bytes)")
+    if path == "serve.flags":  # a flag takes one value
+        s["additionalProperties"]["type"] = ["string", "integer", "number", "boolean"]
     if path in ("serve.env", "serve.flags"):
         what = "NAME=value" if path == "serve.env" else "value"
         text = (f"(at most {config.ITEMS_MAX} entries, names of at most {config.NAME_MAX} bytes, integers signed "

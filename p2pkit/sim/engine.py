@@ -29,7 +29,7 @@ VLLM_SERVE_FLAGS = frozenset({
     "master-addr", "master-port", "distributed-executor-backend", "headless", "max-model-len", "max-num-seqs",
     "gpu-memory-utilization", "no-enable-prefix-caching", "enable-chunked-prefill", "max-num-batched-tokens",
     "long-prefill-token-threshold", "enforce-eager", "enable-auto-tool-choice", "tool-call-parser",
-    "reasoning-parser", "speculative-config",
+    "reasoning-parser", "speculative-config", "kv-cache-dtype",
 })
 
 LOAD_SECONDS = float(os.environ.get("P2PKIT_SIM_LOAD_SECONDS", "1.5"))

@@ -15,10 +15,9 @@ from p2pkit.core import config, safefs, secrets, writers
 from p2pkit.core.ansible import run_playbook
 from p2pkit.core.artifacts import CorruptArtifact
 from p2pkit.core.breaks import lines
-from p2pkit.core.errors import Exit, P2pkitError
+from p2pkit.core.errors import P2pkitError
 from p2pkit.core.runner import own_executable
 from p2pkit.host import Host, access, engine_api, launcher, nvml, system
-from p2pkit.parse import engine_api as pe
 from p2pkit.parse import nccl
 from p2pkit.rules import engine_cmd, engine_env
 from p2pkit.stages.service import fit
@@ -56,8 +55,9 @@ CAUSES = (
 )
 
 
-def exec_start(profile) -> str:
-    return writers.unit_exec(engine_cmd.argv(profile))
+def exec_start(argv: list[str]) -> str:
+    """The unit's ExecStart: the engine's command line (engine_cmd.argv) as systemd reads it."""
+    return writers.unit_exec(argv)
 
 
 NCCL_ENV = "/run/p2pkit-engine/nccl.env"
@@ -77,7 +77,7 @@ def ip_filter(p) -> tuple[str, str]:
     rendezvous and NCCL's bootstrap cross the fabric: network.fabric_cidr, or no filter)."""
     if p.serve.host in ("0.0.0.0", "::"):
         return "", ""
-    if engine_cmd.node(p)["nnodes"] > 1:
+    if engine_cmd.node(p)["role"] != "single":
         return ("any", f"localhost {p.network.fabric_cidr}") if p.network.fabric_cidr else ("", "")
     return "any", "localhost"
 
@@ -95,12 +95,13 @@ def act(ctx) -> dict:
                 hint="start the head node first (its `p2pkit up`), then this one: a worker started before its head "
                      "fails (P27); in an inventory run p2pkit waits for the head by itself", pitfall="P27")
     fit_before_start(ctx)
-    if p.engine.recipe == "llamacpp":
+    if engine_cmd.engine(p).CHECKS_HELP:
         acted["flags_checked"] = flags_accepted(ctx)
-    v = service_vars(ctx)
+    argv = engine_cmd.argv(p)  # this start's command line, once: the unit's ExecStart and the launcher's alike
+    v = service_vars(ctx, argv)
     mark = log_mark(ctx)
     if service_launcher.manager(ctx) == "launcher":  # systemd is not PID 1 here
-        acted.update(service_launcher.act(ctx, v, user=SERVICE_USER))
+        acted.update(service_launcher.act(ctx, v, user=SERVICE_USER, argv=argv))
         acted["started_at"] = time.time()
         if acted.get("launcher", {}).get("started") is not False:
             acted["log_from"] = mark
@@ -115,31 +116,23 @@ def act(ctx) -> dict:
 
 
 def flags_accepted(ctx) -> list[str]:
-    """The serve flags against what the built binary accepts (its --help): an unknown flag is refused
-    before a start, not found in a crash log after it. Returns the flags checked."""
+    """The serve flags against what the built binary accepts (its --help, judged by the engine module):
+    an unknown flag is refused before a start, not found in a crash log after it. Returns the flags checked."""
     p = ctx.profile
     exe = ctx.host.path(engine_cmd.binary(p))
     if not exe.is_file():
         raise P2pkitError(f"{engine_cmd.binary(p)} does not exist, so the service was not started",
                           hint="run the engine stage first: `p2pkit up --from engine`")
     r = ctx.host.runner.run([str(exe), "--help"], check=False, timeout=60)
-    known = pe.help_flags(r.stdout + r.stderr)
-    removed = pe.help_removed(r.stdout + r.stderr)  # listed by --help only to say what replaced them
     used = [k for k, v in engine_cmd.flags_of(p).items() if v is not False and v is not None]
-    unknown = sorted(set(used) - known)
-    if not known or unknown:
-        said = "".join(f"; --{k}: {removed[k]}" for k in unknown if k in removed)
-        raise P2pkitError(
-            f"serve flag(s) {', '.join('--' + k for k in unknown) or '(none listed)'} are not accepted by the built "
-            f"{engine_cmd.binary(p)} (its --help lists {len(known)} options){said}: refused before a start",
-            hint="remove or rename them in serve.flags (`p2pkit --unset serve.flags.NAME ...`), or build the engine "
-                 "commit that has them", code=Exit.USAGE)
+    engine_cmd.engine(p).refuse_unaccepted(engine_cmd.binary(p), r.stdout + r.stderr, used)
     return sorted(used)
 
 
-def service_vars(ctx) -> dict:
+def service_vars(ctx, argv: list[str] | None = None) -> dict:
     """The service role's variables: every value from the profile already written by the writer of
-    the file it lands in (p2pkit.core.writers), secrets only in the text of the 0600 file."""
+    the file it lands in (p2pkit.core.writers), secrets only in the text of the 0600 file. `argv`: this
+    start's command line (engine_cmd.argv, computed once by the act)."""
     p = ctx.profile
     deny, allow = ip_filter(p)
     # the whole environment (P16 NCCL, P17 GGML_CUDA_P2P, P30 NCCL_P2P_LEVEL, [serve.env] last):
@@ -149,7 +142,7 @@ def service_vars(ctx) -> dict:
     return {
         "p2pkit_service_recipe": p.engine.recipe,
         "p2pkit_service_profile": writers.unit_value("the profile's name", p.source),
-        "p2pkit_service_exec_start": exec_start(p),
+        "p2pkit_service_exec_start": exec_start(engine_cmd.argv(p) if argv is None else argv),
         "p2pkit_service_exec_start_pre": exec_start_pre(p),
         "p2pkit_service_user": SERVICE_USER,
         "p2pkit_service_env_file": ENV_FILE,

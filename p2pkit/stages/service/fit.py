@@ -8,52 +8,29 @@ holds, when it runs) less the profile's headroom (serve.vram_headroom_gib). KV b
 layers x KV heads x (K head dim x K bytes + V head dim x V bytes); every layer is counted, so a
 hybrid model with linear-attention layers is over-estimated, never under.
 
-llama.cpp's tensor split (--split-mode tensor) refused a quantized KV cache until PR #23792
-("simultaneous use of SPLIT_MODE_TENSOR and KV cache quantization not implemented", issue #23567);
-after it q8_0 and q4_0 work while q4_1, q5_0, q5_1 and iq4_nl still abort at start with
-GGML_ASSERT(ret.axis != GGML_BACKEND_SPLIT_AXIS_UNKNOWN) (issue #27116). The built tree tells which.
+What the fit reads of the flags (the context, the KV types, the draft, each GPU's share) and the rules of
+one engine's own (llama.cpp's KV types under tensor split) are the engine module's: fit_plan and
+fit_checks in p2pkit/rules/engines.
 """
 
 from __future__ import annotations
 
 from p2pkit.core.config import Profile
-from p2pkit.rules import engine_cmd
-from p2pkit.rules.findings import FAIL, PASS, WARN, Check, failed, figure, judge, show, unknown
+from p2pkit.rules import engines
+from p2pkit.rules.findings import FAIL, PASS, WARN, Check, failed, figure, show, unknown
 
 GIB = 1 << 30
 # bytes per element: ggml's block types are (block bytes / 32 elements)
 KV_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "fp16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_1": 20 / 32,
             "q5_0": 22 / 32, "q5_1": 24 / 32, "iq4_nl": 18 / 32, "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0,
             "int8": 1.0, "nvfp4": 0.5625, "auto": 2.0}
-TP_KV_OLD = {"f32", "f16", "bf16"}  # before llama.cpp PR #23792
-TP_KV_ASSERTS = {"q4_1", "q5_0", "q5_1", "iq4_nl"}  # issue #27116
 FIT_FIX = "lower the context ({ctx}), pick a smaller KV type (q4_0 at 95K fit where 100K did not, seed 003) or " \
           "fewer draft tokens, or raise the GPUs' free VRAM (close what else uses them)"
 
 
 def plan(p: Profile) -> dict:
-    """What the profile asks of VRAM: context, K/V types, draft, and each GPU's share."""
-    f = p.serve.flags
-    r = p.engine.recipe
-    if r == "llamacpp":
-        ctx, kt, vt = f.get("ctx-size"), f.get("cache-type-k", "f16"), f.get("cache-type-v", "f16")
-        draft = bool(engine_cmd.llamacpp_spec(f))
-        split = str(f.get("split-mode", "layer"))
-        shares = [float(x) for x in str(f.get("tensor-split", "")).split(",") if x.strip()] or [1.0] * p.gpus.count
-        if split == "none":
-            shares = [1.0] + [0.0] * (p.gpus.count - 1)
-        return {"ctx": ctx, "k": str(kt), "v": str(vt), "draft": draft, "split": split,
-                "shares": [s / sum(shares) for s in shares], "ctx_flag": "ctx-size"}
-    if r == "ninfer":
-        tp = int(f.get("tp", 1) or 1)
-        kv = str(f.get("kv-dtype", "bf16"))
-        return {"ctx": f.get("max-context"), "k": kv, "v": kv, "draft": f.get("spec") is not None, "split": "tp",
-                "shares": [1 / tp] * tp, "ctx_flag": "max-context"}
-    tp = int(f.get("tensor-parallel-size", 1) or 1)
-    kv = str(f.get("kv-cache-dtype", "auto"))
-    return {"ctx": f.get("max-model-len"), "k": kv, "v": kv, "draft": "speculative-config" in f, "split": "tp",
-            "shares": [1 / tp] * p.gpus.count, "ctx_flag": "max-model-len",
-            "utilization": float(f.get("gpu-memory-utilization", 0.9))}
+    """What the profile asks of VRAM: context, K/V types, draft, and each GPU's share (the engine's fit_plan)."""
+    return engines.of(p).fit_plan(p)
 
 
 def kv_per_token(m: dict, k: str, v: str) -> float:
@@ -67,7 +44,7 @@ def check(fit: dict | None, p: Profile) -> list[Check]:
         return [unknown("service.vram_fit", "the model fits the GPUs' free VRAM", fit, "fits", needed=False,
                         pitfall="P18")]
     pl = plan(p)
-    out = _kv_types(fit, p, pl)
+    out = engines.of(p).fit_checks(fit, p, pl)
     m, gpus = fit.get("model", {}), fit.get("gpus", [])
     if failed(m) or "error" in m:
         return [*out, unknown("service.vram_fit", "the model fits the GPUs' free VRAM", m, "fits", needed=False,
@@ -121,25 +98,6 @@ def check(fit: dict | None, p: Profile) -> list[Check]:
                           f"{pl['ctx_flag']} to at most {max_ctx}, or " + FIT_FIX.format(ctx=pl["ctx_flag"]),
                           pitfall="P18", context=parts, expected_context="free"))
     return out
-
-
-def _kv_types(fit: dict, p: Profile, pl: dict) -> list[Check]:
-    """llama.cpp with --split-mode tensor: the KV types the built tree accepts."""
-    if p.engine.recipe != "llamacpp" or pl["split"] != "tensor":
-        return []
-    guard = fit.get("tp_quant_kv_refused")
-    if guard is None:
-        return [unknown("service.kv_split", "the built llama.cpp accepts this KV type with tensor split",
-                        {"error": "the llama.cpp source tree was not readable"}, "accepted", pitfall="P18")]
-    bad = sorted({t for t in (pl["k"], pl["v"]) if (t not in TP_KV_OLD if guard else t in TP_KV_ASSERTS)})
-    why = ("this llama.cpp predates PR #23792: tensor split refuses every quantized KV type ('simultaneous use of "
-           "SPLIT_MODE_TENSOR and KV cache quantization not implemented'): use f16/bf16 KV, or build a newer commit"
-           if guard else "with tensor split these KV types abort at start (GGML_ASSERT(ret.axis != "
-           "GGML_BACKEND_SPLIT_AXIS_UNKNOWN), llama.cpp #27116): use q8_0 or q4_0")
-    return [judge("service.kv_split", "the built llama.cpp accepts this KV type with tensor split", not bad,
-                  f"{pl['k']}/{pl['v']}" + (f" ({', '.join(bad)} refused)" if bad else ""),
-                  "/".join(sorted(TP_KV_OLD)) if guard else "not " + "/".join(sorted(TP_KV_ASSERTS)), why,
-                  pitfall="P18")]
 
 
 def headroom(after: dict | None, p: Profile) -> list[Check]:

@@ -54,17 +54,18 @@ def logs(host: Host, n: int = 30) -> list[str]:
     return launcher.log_tail(rec["log"], n) if rec else []
 
 
-def act(ctx, v: dict, *, user: str) -> dict:
+def act(ctx, v: dict, *, user: str, argv: list[str] | None = None) -> dict:
     """The service role without a unit (the engine's user, working directory and environment files),
     then the engine's start (a restart when the role changed something it reads, or its command line
-    changed, while it runs)."""
+    changed, while it runs). `argv`: this start's command line (engine_cmd.argv, computed once by the act)."""
+    argv = engine_cmd.argv(ctx.profile) if argv is None else argv
     acted = run_playbook(ctx, "service", {**v, "p2pkit_service_manager": "launcher"})
     changed = bool(acted.get("changed"))  # Ansible's own count: the role wrote or made something
     rec_path = launcher.record_path(ctx.host)
     rec = launcher.read_record(rec_path)
     if launcher.is_running(rec):
         # a flag is in no file here (a unit's ExecStart would be): the running command line is compared too
-        argv_changed = rec.get("argv") != engine_cmd.argv(ctx.profile)
+        argv_changed = rec.get("argv") != argv
         if not changed and not argv_changed:
             acted["launcher"] = {"started": False, "why": "already running; nothing it reads changed",
                                  "pid": main_pid(ctx.host)}
@@ -72,15 +73,15 @@ def act(ctx, v: dict, *, user: str) -> dict:
         ctx.out.step("service", "the engine's command line changed: stopping it to start it again" if argv_changed
                      else "what the engine reads changed: stopping it to start it again")
         acted["launcher_stop"] = launcher.stop(rec_path)
-    acted["launcher"] = start(ctx, user)
+    acted["launcher"] = start(ctx, user, argv)
     return acted
 
 
-def start(ctx, service_user: str) -> dict:
+def start(ctx, service_user: str, argv: list[str] | None = None) -> dict:
     """The launcher's start of the engine: the unit's ExecStart argv and environment, as the unit's
     user where p2pkit runs as root on the host itself and the host has the user."""
     p, host = ctx.profile, ctx.host
-    shown = engine_cmd.argv(p)
+    shown = engine_cmd.argv(p) if argv is None else argv
     env = {"PATH": PATH, **engine_env.engine_env(p, engine_env.pair_level(host, p))}
     plain, secret = secrets.split_env(env, p.secret_names())
     env = launcher.process_env(host, {**plain, **secret})

@@ -1,0 +1,126 @@
+"""NInfer's ninfer-serve: its flags, its command line, its refusals before a start (P10, P11, P20) and what
+the VRAM fit reads of its flags.
+
+ninfer-serve takes the artifact first, then `--flag value` only (`--flag=value` is rejected as unknown);
+booleans are bare flags. After a flag that takes a value it takes the next argument as that value, whatever
+it starts with (src/serve/serve_options.cpp, require_value).
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+
+from p2pkit.rules.engines import flags
+from p2pkit.rules.engines.flags import MAX_CONTEXT, as_int, single_node
+from p2pkit.rules.findings import FAIL, PASS, WARN, Check, figure, judge, reading
+
+NAME = "ninfer"
+FLAGS = flags.schema(
+    values=("host", "port", "devices", "kv-dtype", "kv-capacity", "max-concurrency", "prefill-chunk", "spec",
+            "draft-tokens", "default-max-tokens", "vision-device", "media-cache-mib", "media-live-mib", "model-id"),
+    switches=("lm-head-draft", "vision"),
+    bounds={"tp": ("int", 1, 64), "max-context": ("int", 0, MAX_CONTEXT)},
+    writes=("request-log-jsonl",),
+)
+RELATIVE_FLAGS = flags.with_path(FLAGS, "writes")
+PATH_FLAGS = flags.with_path(FLAGS, "reads")
+SECRET_ENV = ""
+CHECKS_HELP = False  # the flags are held to FLAGS; ninfer-serve's --help is not read
+SERVER = "build/apps/ninfer-serve"
+KV_TP2 = {"bf16", "fp16", "fp8", "int8", "nvfp4"}
+SPECS = {"mtp", "dflash", "dflash2"}
+DEFAULT_MODEL_ID = "qwen3.6-27b"  # ninfer-serve's --model-id default
+
+node = single_node
+
+
+def binary(p) -> str:
+    return f"{p.engine.build_dir}/{SERVER}"
+
+
+def flags_of(p) -> dict:
+    return flags.with_listen(p, p.serve.flags)
+
+
+def argv(p) -> list[str]:
+    return [binary(p), p.model.output, *flags.words(flags_of(p))]
+
+
+def flag_problems(f: dict) -> list[tuple[str, str]]:
+    return flags.problems(NAME, FLAGS, f, SECRET_ENV)
+
+
+def served_model(p) -> str:
+    """The model name an OpenAI request must give: --model-id (ninfer-serve's default qwen3.6-27b)."""
+    return str(p.serve.flags.get("model-id") or DEFAULT_MODEL_ID)
+
+
+def request_log(p, host, state_dir):
+    """Where the JSONL request log (--request-log-jsonl) is on this host, or None when the engine keeps
+    none: a relative path is in the engine's working directory (the state directory's engine/)."""
+    name = p.serve.flags.get("request-log-jsonl")
+    if not name or name is True:
+        return None
+    path = PurePosixPath(str(name))
+    return host.path(str(path)) if path.is_absolute() else state_dir / "engine" / path
+
+
+def fit_plan(p) -> dict:
+    """What the VRAM fit reads of the flags: the context, the KV dtype, the draft, each GPU's share (--tp)."""
+    f = p.serve.flags
+    tp = int(f.get("tp", 1) or 1)
+    kv = str(f.get("kv-dtype", "bf16"))
+    return {"ctx": f.get("max-context"), "k": kv, "v": kv, "draft": f.get("spec") is not None, "split": "tp",
+            "shares": [1 / tp] * tp, "ctx_flag": "max-context"}
+
+
+def fit_checks(fit: dict, p, plan: dict) -> list[Check]:
+    return []
+
+
+def _devices(v) -> list[str]:
+    return [d.strip() for d in str(v).split(",") if d.strip()]
+
+
+def checks(p, f: dict) -> list[Check]:
+    """ninfer-serve's own refusals, before a start: --tp and --devices, the vision device, the speculative
+    method, DFlash2 at TP2 (P10), the KV dtype at TP2 and its capacity (P11), drafting with one slot (P20)."""
+    out = []
+    tp = f.get("tp", 1)
+    devices = _devices(f.get("devices", "0"))
+    gpus = [str(i) for i in range(p.gpus.count)]
+    out.append(reading("service.tp", "--tp is 1 or 2", PASS if tp in (1, 2) else FAIL, as_int(tp, None), "count",
+                       "1 or 2", "ninfer-serve runs --tp 1 or 2", missing=str(tp)))
+    out.append(judge("service.devices", "--devices names exactly --tp GPUs of this host",
+                     len(devices) == tp and set(devices) <= set(gpus) and len(set(devices)) == len(devices),
+                     ",".join(devices), f"{tp} of {','.join(gpus)}",
+                     f"set serve.flags.devices to {tp} distinct GPU ids among {','.join(gpus)}"))
+    if f.get("vision") or "vision-device" in f:
+        vd = str(f.get("vision-device", devices[0] if devices else "0"))
+        out.append(judge("service.vision_device", "--vision-device is one of --devices", vd in devices, vd,
+                         f"one of {','.join(devices)}", "set serve.flags.vision-device to one of the --devices"))
+    spec = f.get("spec")
+    if spec is not None:
+        out.append(judge("service.spec", "--spec is a method the engine has", spec in SPECS, spec,
+                         "/".join(sorted(SPECS)), "use mtp, dflash or dflash2"))
+    if spec == "dflash2" and tp == 2:
+        out.append(judge("service.lm_head_draft", "DFlash2 at TP2 has --lm-head-draft", f.get("lm-head-draft") is True,
+                         bool(f.get("lm-head-draft")), True,
+                         "the engine throws 'Engine tp 2 DFlash2 requires the optimized proposal head': set "
+                         "serve.flags.lm-head-draft = true", pitfall="P10"))
+    kv = f.get("kv-dtype")
+    if kv is not None and tp == 2:
+        out.append(judge("service.kv_dtype", "KV dtype the engine accepts at TP2", kv in KV_TP2, kv,
+                         "/".join(sorted(KV_TP2)), "pick one of the accepted KV dtypes", pitfall="P11"))
+    cap = f.get("kv-capacity", "auto")
+    out.append(Check("service.kv_capacity", "--kv-capacity auto", PASS if cap == "auto" else WARN, cap, "auto",
+                     "" if cap == "auto" else "a fixed KV capacity that does not fit is an OOM at start (the KV "
+                     "dtype decides the pool size): use auto, and the engine fits it to the card", "P11"))
+    # P20 was measured for MTP (seed 003: it pays at one slot only); seed 000 serves DFlash2 at
+    # --max-concurrency 8 in production, the default profile's setting, so DFlash(2) is not held to one slot
+    if spec is not None and spec not in ("dflash", "dflash2"):
+        slots = f.get("max-concurrency", 1)
+        out.append(figure("service.spec_slots", "speculative decoding with one slot", as_int(slots, None), "==", 1,
+                          "count", "speculative decoding pays at one concurrent slot; with more it can cost "
+                          "throughput: benchmark wall throughput both ways", "P20", WARN, missing=str(slots)))
+    return out

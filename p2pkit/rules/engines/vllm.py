@@ -1,0 +1,145 @@
+"""vLLM's OpenAI server: its flags, its command line across nodes, its refusals before a start (P20, P22,
+P26, P27) and what the VRAM fit reads of its flags.
+
+vLLM runs as `python -m vllm.entrypoints.openai.api_server --model DIR` with `--flag value`; across nodes
+each node has its --node-rank, and the workers are --headless (seed 004, P22, P27). Its argparse reads any
+argument that starts with "-" as an option (Lib/argparse.py, _parse_optional) unless it is a negative number
+or holds a space, so `--served-model-name --host=0.0.0.0` would set --host (or fail to start).
+"""
+
+from __future__ import annotations
+
+import re
+
+from p2pkit.rules.engines import flags
+from p2pkit.rules.engines.flags import MAX_CONTEXT, as_int, no_request_log, shown
+from p2pkit.rules.findings import FAIL, PASS, WARN, Check, figure, judge
+
+NAME = "vllm"
+FLAGS = flags.schema(
+    values=("host", "port", "load-format", "nnodes", "node-rank", "master-addr", "master-port",
+            "distributed-executor-backend", "max-num-seqs", "max-num-batched-tokens", "long-prefill-token-threshold",
+            "tool-call-parser", "reasoning-parser", "speculative-config", "served-model-name", "kv-cache-dtype"),
+    switches=("no-enable-prefix-caching", "enable-chunked-prefill", "enforce-eager", "enable-auto-tool-choice",
+              "headless"),
+    bounds={"tensor-parallel-size": ("int", 1, 64), "max-model-len": ("int", 0, MAX_CONTEXT),
+            "gpu-memory-utilization": ("float", 0.01, 1.0)},
+)
+RELATIVE_FLAGS = flags.with_path(FLAGS, "writes")
+PATH_FLAGS = flags.with_path(FLAGS, "reads")
+SECRET_ENV = "vLLM reads VLLM_API_KEY"
+CHECKS_HELP = False  # the flags are held to FLAGS; vLLM's --help is not read
+MODULE = "vllm.entrypoints.openai.api_server"
+NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # argparse's _negative_number_matcher: a value, not an option
+
+request_log = no_request_log
+
+
+def binary(p) -> str:
+    return p.engine.python
+
+
+def flags_of(p) -> dict:
+    """The flags with host and port from [serve]; a headless worker serves no API, so it gets neither."""
+    return dict(p.serve.flags) if p.serve.flags.get("headless") else flags.with_listen(p, p.serve.flags)
+
+
+def argv(p) -> list[str]:
+    return [binary(p), "-m", MODULE, "--model", flags.model_path(p), *flags.words(flags_of(p))]
+
+
+def _dash_value(k: str, v) -> str | None:
+    if isinstance(v, str) and v.startswith("-") and v != "-" and not NEGATIVE_NUMBER.match(v) and " " not in v:
+        return (f"{shown(v)} starts with -, and vLLM's argument parser (argparse) reads such an argument as an "
+                f"option, not as the value of --{k}: give a value that does not start with -")
+    return None
+
+
+def flag_problems(f: dict) -> list[tuple[str, str]]:
+    return flags.problems(NAME, FLAGS, f, SECRET_ENV, _dash_value)
+
+
+def served_model(p) -> str:
+    """The model name an OpenAI request must give: --served-model-name (its --model argument by default)."""
+    return str(p.serve.flags.get("served-model-name") or flags.model_path(p))
+
+
+def node(p) -> dict:
+    """This host's place in a multi-node engine: rank, how many, the head's rendezvous address.
+    A value that is not a number reads as None, which the checks refuse."""
+    f = p.serve.flags
+    n = as_int(f.get("nnodes"), 1) or 1
+    rank = as_int(f.get("node-rank"), 0)
+    role = "single" if n <= 1 else ("head" if rank == 0 else "worker")
+    return {"nnodes": n, "rank": rank, "role": role, "master_addr": f.get("master-addr"),
+            "master_port": as_int(f.get("master-port"), None)}
+
+
+def fit_plan(p) -> dict:
+    """What the VRAM fit reads of the flags: the context, the KV cache dtype, the draft, each GPU's share,
+    and the share of each GPU's memory vLLM may take (--gpu-memory-utilization)."""
+    f = p.serve.flags
+    tp = int(f.get("tensor-parallel-size", 1) or 1)
+    kv = str(f.get("kv-cache-dtype", "auto"))
+    return {"ctx": f.get("max-model-len"), "k": kv, "v": kv, "draft": "speculative-config" in f, "split": "tp",
+            "shares": [1 / tp] * p.gpus.count, "ctx_flag": "max-model-len",
+            "utilization": float(f.get("gpu-memory-utilization", 0.9))}
+
+
+def fit_checks(fit: dict, p, plan: dict) -> list[Check]:
+    return []
+
+
+def checks(p, f: dict) -> list[Check]:
+    """vLLM's own refusals, before a start: the tensor-parallel size across nodes, each node's rank, the
+    rendezvous and --headless (P27), the IP filter across nodes, the n-gram table's mmap (P26), MTP with
+    one sequence (P20) and eager at TP2 (P22)."""
+    n = node(p)
+    want_tp = p.profile.nodes * p.gpus.count
+    out = [figure("service.tp", "--tensor-parallel-size spans every GPU of every node",
+                  as_int(f.get("tensor-parallel-size"), 1), "==", want_tp, "count",
+                  f"set serve.flags.tensor-parallel-size = {want_tp} ({p.profile.nodes} node(s) x {p.gpus.count} GPU)",
+                  missing=str(f.get("tensor-parallel-size")))]
+    if p.profile.nodes > 1:
+        out.append(figure("service.nnodes", "--nnodes is the profile's node count", n["nnodes"], "==",
+                          p.profile.nodes, "count", f"set serve.flags.nnodes = {p.profile.nodes}"))
+        out.append(judge("service.node_rank", "this node has its own --node-rank",
+                         n["rank"] is not None and 0 <= n["rank"] < n["nnodes"],
+                         n["rank"], f"0..{n['nnodes'] - 1}", "give each host its rank in the inventory: "
+                         "p2pkit_set: {serve.flags.node-rank: 1} on the worker"))
+        out.append(judge("service.rendezvous", "the head's rendezvous address is set",
+                         bool(n["master_addr"]) and n["master_port"] is not None,
+                         f"{n['master_addr'] or '(no master-addr)'}:{n['master_port'] or '(no master-port)'}",
+                         "master-addr and master-port", "set serve.flags.master-addr to the head's fabric IP and "
+                         "serve.flags.master-port (the same on every node)"))
+        headless = bool(f.get("headless"))
+        out.append(judge("service.headless", "workers run --headless, the head serves the API",
+                         headless == ((n["rank"] or 0) > 0), "headless" if headless else "serves the API",
+                         "headless" if (n["rank"] or 0) > 0 else "serves the API",
+                         "set serve.flags.headless = true on the worker nodes only (p2pkit_set in the inventory)"))
+        out.append(Check("service.ip_filter", "the unit talks to loopback and the fabric only",
+                         PASS if p.network.fabric_cidr else WARN, p.network.fabric_cidr or "no IP filter",
+                         "localhost and network.fabric_cidr", "" if p.network.fabric_cidr else
+                         "the rendezvous and NCCL's bootstrap cross hosts, so loopback-only would cut them: set "
+                         "network.fabric_cidr (like 10.10.0.0/24) and the unit allows only that and loopback"))
+    table = p.serve.env.get("VLLM_PLE_MMAP_DIR")
+    if table:
+        on = str(p.serve.env.get("VLLM_PLE_MMAP", "")).lower() in ("1", "true")
+        out.append(judge("service.ple_mmap", "the n-gram table is served by mmap", on,
+                         f"VLLM_PLE_MMAP={p.serve.env.get('VLLM_PLE_MMAP', '(unset)')}", "VLLM_PLE_MMAP=1",
+                         f"set serve.env.VLLM_PLE_MMAP = \"1\": the table at {table} must be mmapped from local NVMe "
+                         "with MADV_RANDOM (seed 004)", pitfall="P26"))
+    if "speculative-config" in f:
+        seqs = as_int(f.get("max-num-seqs"), None)
+        out.append(figure("service.spec_slots", "speculative decoding with one sequence", seqs, "==", 1, "count",
+                          "MTP pays per stream at one sequence; with more, each stream decodes slower (seed 004: "
+                          "45.9 tok/s at 1 stream, 20.5 at 13): keep max-num-seqs > 1 only for aggregate throughput, "
+                          "and benchmark wall throughput both ways", "P20", WARN,
+                          missing=str(f.get("max-num-seqs", "vLLM's default (several)"))))
+    if p.gpus.count * p.profile.nodes >= 2 and "speculative-config" in f:
+        eager = bool(f.get("enforce-eager"))
+        out.append(Check("service.eager", "MTP at TP2 runs eager", PASS if eager else FAIL,
+                         "eager" if eager else "CUDA graphs", "--enforce-eager",
+                         "" if eager else "CUDA graphs with MTP at TP2 cost about 28% of decode on GB10 (36 vs 50 "
+                         "tok/s): set serve.flags.enforce-eager = true", "P22"))
+    return out
