@@ -423,9 +423,9 @@ EQUIVALENT: dict[tuple[str, str, bool], str] = {
     "was false: wherever same_build holds there, got != want holds too and the suffix is empty either way",
     ("fit:check", "failed(fit)", False): "failed(x) implies 'error' in x: the `'error' in fit` operand beside it "
     "returns the same could-not-determine finding",
-    ("fit:check", "failed(m)", False): "failed(m) implies 'error' in m: the `'error' in m` operand beside it "
+    ("fit:_cannot_fit", "failed(m)", False): "failed(m) implies 'error' in m: the `'error' in m` operand beside it "
     "returns the same could-not-determine finding",
-    ("fit:check", "failed(gpus)", False): "a failed fact is a dict, never a list: `not isinstance(gpus, list)` "
+    ("fit:_cannot_fit", "failed(gpus)", False): "a failed fact is a dict, never a list: `not isinstance(gpus, list)` "
     "already holds and returns the same finding",
     ("fit:headroom", "failed(after)", False): "a failed fact holds only its 'error': after.get('gpus') is None and "
     "`not isinstance(..., list)` returns the same could-not-determine finding",
