@@ -333,3 +333,56 @@ def test_every_reader_of_a_profile_has_the_engines_rules_plugged_in():
     assert len(readers) > 5, readers
     bad = sorted(m for m, start in readers.items() if not reaches(start))
     assert bad == [], f"these read a profile without importing {ENGINES_PKG} (config would not ask the engine): {bad}"
+
+
+# ------------------------------------------------------------------------------ cyclomatic complexity
+# Issue 39 item 4: no function in p2pkit/ above 25 in cyclomatic complexity, as `radon cc` counts it.
+CC_MAX = 25
+
+
+def complexities(source: str) -> list[tuple[str, int, int]]:
+    """(name, line, cyclomatic complexity) of every function of a module as radon counts it: its functions,
+    their closures, the methods of its classes (inner classes' too) and theirs. A class's own figure (the
+    average of its methods) is not a function's and is left out."""
+    from radon.complexity import cc_visit
+    from radon.visitors import Class
+
+    # cc_visit lists a class's methods beside the class: start from the classes and the plain functions only
+    todo = [b for b in cc_visit(source) if isinstance(b, Class) or not b.is_method]
+    out = []
+    while todo:
+        b = todo.pop()
+        if isinstance(b, Class):
+            todo += [*b.methods, *b.inner_classes]
+        else:
+            out.append((b.fullname, b.lineno, b.complexity))
+            todo += b.closures
+    return out
+
+
+def test_no_function_above_25_in_cyclomatic_complexity():
+    found = {f"{f.relative_to(PKG.parent)}:{line} {name} ({cc})": cc for f in sorted(PKG.rglob("*.py"))
+             for name, line, cc in complexities(f.read_text())}
+    assert len(found) > 1000, len(found)  # the walk saw the product, methods and closures included
+    bad = sorted(k for k, cc in found.items() if cc > CC_MAX)
+    assert bad == [], (f"functions above {CC_MAX} in cyclomatic complexity (radon cc; issue 39): split each into "
+                       f"named parts with the same behaviour:\n" + "\n".join(bad))
+
+
+def test_the_complexity_test_sees_a_method_a_closure_and_an_inner_class():
+    """The guard itself: a function, a method, a closure and an inner class's method are each counted once, at
+    radon's figure; at the bound (25) none is above it, one branch more (26) each is."""
+    body = "def f(x):\n" + "".join(f"    if x == {i}:\n        return {i}\n" for i in range(CC_MAX - 1)) + \
+        "    return -1\n"
+    src = "\n".join([body.replace("def f", "def plain"),
+                     "class A:\n" + _indent(body.replace("def f", "def method")),
+                     "def outer():\n" + _indent(body.replace("def f", "def closure")) + "    return closure\n",
+                     "class B:\n    class Inner:\n" + _indent(_indent(body.replace("def f", "def deep")))])
+    got = sorted((name, cc) for name, _, cc in complexities(src))
+    assert got == [("A.method", 25), ("Inner.deep", 25), ("closure", 25), ("outer", 1), ("plain", 25)], got
+    more = complexities(src.replace("return -1", "return -1 if x else -2"))
+    assert sorted(name for name, _, cc in more if cc > CC_MAX) == ["A.method", "Inner.deep", "closure", "plain"], more
+
+
+def _indent(text: str) -> str:
+    return "".join(f"    {ln}\n" if ln else "\n" for ln in text.splitlines())
