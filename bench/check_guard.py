@@ -423,20 +423,21 @@ EQUIVALENT: dict[tuple[str, str, bool], str] = {
     "was false: wherever same_build holds there, got != want holds too and the suffix is empty either way",
     ("fit:check", "failed(fit)", False): "failed(x) implies 'error' in x: the `'error' in fit` operand beside it "
     "returns the same could-not-determine finding",
-    ("fit:check", "failed(m)", False): "failed(m) implies 'error' in m: the `'error' in m` operand beside it "
+    ("fit:_cannot_fit", "failed(m)", False): "failed(m) implies 'error' in m: the `'error' in m` operand beside it "
     "returns the same could-not-determine finding",
-    ("fit:check", "failed(gpus)", False): "a failed fact is a dict, never a list: `not isinstance(gpus, list)` "
+    ("fit:_cannot_fit", "failed(gpus)", False): "a failed fact is a dict, never a list: `not isinstance(gpus, list)` "
     "already holds and returns the same finding",
     ("fit:headroom", "failed(after)", False): "a failed fact holds only its 'error': after.get('gpus') is None and "
     "`not isinstance(..., list)` returns the same could-not-determine finding",
     ("link:locked_clocks", "failed(nv)", False): "a failed nv is exactly {'error': ...}: the operand beside it, "
     "`'gpus' not in nv`, is then true too and returns the same unknown finding",
-    ("service:check", "not failed(own)", True): "a failed fact is exactly {'error': ...}: own.get('memory_caps') "
+    ("service:memory_cap", "not failed(own)", True): "a failed fact is exactly {'error': ...}: own.get('memory_caps') "
     "is None and the conjunction is false either way",
-    ("service:check", 'p.serve.host == "::" and f":::{p.serve.port}" in addrs', False): "with serve.host '::' the "
+    ("service:listening", 'p.serve.host == "::" and f":::{p.serve.port}" in addrs', False): "with serve.host '::' the "
     "address wanted is already :::port, so `want in addrs` decides the same case",
-    ("service:check", 'p.serve.host == "::"', False): "with serve.host '::', `want in addrs` already accepts :::port",
-    ("service:check", 'f":::{p.serve.port}" in addrs', False): "the one case it matters (serve.host '::') is "
+    ("service:listening", 'p.serve.host == "::"', False): "with serve.host '::', `want in addrs` already accepts "
+    ":::port",
+    ("service:listening", 'f":::{p.serve.port}" in addrs', False): "the one case it matters (serve.host '::') is "
     "already matched by `want in addrs`",
     ("service:nccl_floor", "isinstance(e, dict)", True): "None is handled by `e is None` before it and every dict "
     "gives the same answer; any other value crashes either way",

@@ -116,7 +116,8 @@ def test_the_engines_nccl_is_found_through_the_launchers_record(cli, sim):
 
 
 def test_every_fact_finds_the_engine_through_one_function():
-    # facts/collect.py asks systemd for the engine's MainPID nowhere itself: host/launcher.engine_process does
-    tree = ast.parse((REPO / "p2pkit/facts/collect.py").read_text())
+    # the facts' probes (facts/probes.py) ask systemd for the engine's MainPID nowhere themselves:
+    # host/launcher.engine_process does
+    tree = ast.parse((REPO / "p2pkit/facts/probes.py").read_text())
     calls = [n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
     assert "service_main_pid" not in calls and calls.count("engine_process") >= 3

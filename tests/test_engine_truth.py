@@ -215,5 +215,4 @@ def test_the_proof_reads_the_lines_of_its_start_after_40_requests(sim, manager):
     # the unit's invocation, where the simulated journal has the whole unit log), never only the last 400
     if manager == "systemd":  # (the launcher's log is known from its record, which this test does not write)
         assert NCCL_LINE in svc.start_lines(ctx.host, None) and "[req 39] line 11" in svc.start_lines(ctx.host, None)
-    ctx.options["acted"] = {"log_from": mark}
-    assert svc.judged_mark(ctx) == mark
+    assert svc.judged_mark(ctx, {"log_from": mark}) == mark  # what the act did, handed to the proof

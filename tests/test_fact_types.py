@@ -103,3 +103,33 @@ def test_any_fact_refused_for_its_type_is_judged_not_raised(profile):
     for name in found:
         report = doctor.judge({**found, name: {"error": f"{name} is not its type"}}, prof, simulated=False)
         assert report["groups"], name
+
+
+class ReadSections:
+    """A profile that records which of its sections (or other top-level attributes) a probe reads."""
+
+    def __init__(self, profile):
+        object.__setattr__(self, "_profile", profile)
+        object.__setattr__(self, "read", set())
+
+    def __getattr__(self, name):
+        self.read.add(name)
+        return getattr(self._profile, name)
+
+
+@pytest.mark.parametrize("scenario,profile", [("healthy", "dual-5090-ninfer"), ("healthy", "dual-5090-llamacpp"),
+                                              ("spark-worker", "dual-spark-vllm"), ("p2p-up", "dual-5090-ninfer"),
+                                              ("secure-boot-on", "dual-5090-ninfer")])
+def test_each_fact_reads_only_the_profile_sections_the_table_names(sim, scenario, profile):
+    """The fact table names the profile sections each probe reads (issue 39): a probe run on a simulated
+    host with a profile that records what is read reads those sections and nothing else of it."""
+    from p2pkit.facts import table
+
+    h = Host.at(sim(scenario))
+    prof = config.load(profile)
+    for fact in table.TABLE:
+        if not fact.needs:
+            continue
+        p = ReadSections(prof)
+        facts.collect(h, [fact.name], p)
+        assert p.read <= set(fact.needs), (fact.name, p.read - set(fact.needs))

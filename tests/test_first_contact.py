@@ -69,9 +69,9 @@ def test_status_shows_the_stage_a_locked_run_is_acting_on(cli, sim, monkeypatch)
     seen = {}
     real = pipeline.prove
 
-    def prove(ctx, st):  # mid-stage, as another process would look: a status in between
+    def prove(ctx, st, acted=None):  # mid-stage, as another process would look: a status in between
         seen[st.name] = cli("--root", str(root), "--json", "status").json()["stages"]
-        return real(ctx, st)
+        return real(ctx, st, acted)
     monkeypatch.setattr(pipeline, "prove", prove)
     assert cli("--root", str(root), "up", "--to", "preflight").code == 0
     first = seen["preflight"][0]

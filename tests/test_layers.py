@@ -28,14 +28,16 @@ LAYERS: list[tuple[str, list[list[str]]]] = [
              ["p2pkit.cli.container_cmd"], ["p2pkit.cli.failure"], ["p2pkit.cli.common"],
              ["p2pkit.cli.argv", "p2pkit.cli"]]),
     ("app", [["p2pkit.app.doctor", "p2pkit.app.bench", "p2pkit.app.pin", "p2pkit.app.restore", "p2pkit.app.rollback",
-              "p2pkit.app.inventory"],
+              "p2pkit.app.inventory", "p2pkit.app.reboot"],
              ["p2pkit.app.pipeline"],
-             ["p2pkit.app.paste", "p2pkit.app.report", "p2pkit.app.reports", "p2pkit.app.reboot", "p2pkit.app"]]),
+             ["p2pkit.app.paste", "p2pkit.app.report", "p2pkit.app.reports", "p2pkit.app"]]),
     # a stage folder's modules may import each other (its act reads its checks); one stage never imports another
     ("stages", [["p2pkit.stages"], ["p2pkit.stages.definitions"],
                 [f"p2pkit.stages.{s}" for s in STAGE_FOLDERS],
                 ["p2pkit.stages.stage"]]),
-    ("facts", [["p2pkit.facts.collect"], ["p2pkit.facts.types", "p2pkit.facts"]]),
+    # the fact table names each fact's probe and type once; collect and types read it
+    ("facts", [["p2pkit.facts.collect"], ["p2pkit.facts.types"], ["p2pkit.facts.table"],
+               ["p2pkit.facts.probes", "p2pkit.facts.shapes", "p2pkit.facts"]]),
     # an engine module per recipe (rules/engines/): its flags, argv, refusals and fit rules; the package plugs
     # them into core/config.py when it is imported (config names no engine)
     ("rules", [["p2pkit.rules.engine_cmd", "p2pkit.rules.engine_env"],
@@ -196,6 +198,50 @@ def test_the_layer_test_sees_an_upward_a_sideways_and_an_across_import(tmp_path)
     ], bad
 
 
+# ------------------------------------------------------------------------------------ the fact table
+
+def fact_registries(tree: ast.AST, names: set[str]) -> list[int]:
+    """The lines of dict literals keyed by five or more fact names: a second registry of facts."""
+    return [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Dict)
+            and sum(isinstance(k, ast.Constant) and k.value in names for k in n.keys) >= 5]
+
+
+def test_a_fact_is_declared_once_in_the_fact_table():
+    """Issue 39: each fact has one line in p2pkit/facts/table.py (probe, type, profile sections, parser);
+    collect runs exactly the probes it names and types judges exactly the types it names. A fact that one
+    of them knows and the table does not (or a second dict of facts anywhere in the product) fails here. The
+    simulator's state is its own world, keyed as it likes."""
+    from p2pkit.core.config import SECTIONS
+    from p2pkit.facts import collect, table, types
+
+    names = [f.name for f in table.TABLE]
+    assert len(names) == len(set(names)), "a fact declared twice in the table"
+    readable = {f.name for f in table.TABLE if f.probe is not None}
+    assert set(collect.COLLECTORS) | set(collect.PROFILE_COLLECTORS) == readable
+    assert not set(collect.COLLECTORS) & set(collect.PROFILE_COLLECTORS)
+    assert {n: f.probe for n, f in table.BY_NAME.items() if f.probe} == {**collect.COLLECTORS,
+                                                                          **collect.PROFILE_COLLECTORS}
+    assert {f.name: f.type for f in table.TABLE} == types.FACTS
+    assert set(collect.WAITING) <= readable, set(collect.WAITING) - readable
+    for f in table.TABLE:
+        assert set(f.needs) <= set(SECTIONS), (f.name, f.needs)
+        assert f.parse is None or f.probe is not None, f.name
+    elsewhere = {m: lines for m, path in modules().items() if m != "p2pkit.facts.table" and not m.startswith(SIM)
+                 and (lines := fact_registries(ast.parse(path.read_text()), set(names)))}
+    assert elsewhere == {}, f"facts declared outside p2pkit/facts/table.py: {elsewhere}"
+    # the guard itself sees a second registry
+    assert fact_registries(ast.parse("X = {" + ", ".join(f"'{n}': 1" for n in names[:5]) + "}"), set(names)) == [1]
+
+
+def test_the_registry_imports_each_stage_module_under_one_pattern():
+    """stages/definitions.py names each stage module <stage folder>_<module> (driver_act, link_measure,
+    service_checks): a reader finds a stage's part by its name alone."""
+    tree = ast.parse((PKG / "stages/definitions.py").read_text())
+    names = [(n.module, a.name, a.asname) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+             and (n.module or "").split(".")[-1] in STAGE_FOLDERS for a in n.names]
+    assert names and all(asname == f"{module.split('.')[-1]}_{name}" for module, name, asname in names), names
+
+
 # ------------------------------------------------------------------------------ engine knowledge
 # An engine's flags are its engine module's (p2pkit/rules/engines/: ninfer, llamacpp, vllm): no other module
 # names one (a string equal to a flag's name). host and port are [serve]'s own keys too.
@@ -287,3 +333,56 @@ def test_every_reader_of_a_profile_has_the_engines_rules_plugged_in():
     assert len(readers) > 5, readers
     bad = sorted(m for m, start in readers.items() if not reaches(start))
     assert bad == [], f"these read a profile without importing {ENGINES_PKG} (config would not ask the engine): {bad}"
+
+
+# ------------------------------------------------------------------------------ cyclomatic complexity
+# Issue 39 item 4: no function in p2pkit/ above 25 in cyclomatic complexity, as `radon cc` counts it.
+CC_MAX = 25
+
+
+def complexities(source: str) -> list[tuple[str, int, int]]:
+    """(name, line, cyclomatic complexity) of every function of a module as radon counts it: its functions,
+    their closures, the methods of its classes (inner classes' too) and theirs. A class's own figure (the
+    average of its methods) is not a function's and is left out."""
+    from radon.complexity import cc_visit
+    from radon.visitors import Class
+
+    # cc_visit lists a class's methods beside the class: start from the classes and the plain functions only
+    todo = [b for b in cc_visit(source) if isinstance(b, Class) or not b.is_method]
+    out = []
+    while todo:
+        b = todo.pop()
+        if isinstance(b, Class):
+            todo += [*b.methods, *b.inner_classes]
+        else:
+            out.append((b.fullname, b.lineno, b.complexity))
+            todo += b.closures
+    return out
+
+
+def test_no_function_above_25_in_cyclomatic_complexity():
+    found = {f"{f.relative_to(PKG.parent)}:{line} {name} ({cc})": cc for f in sorted(PKG.rglob("*.py"))
+             for name, line, cc in complexities(f.read_text())}
+    assert len(found) > 1000, len(found)  # the walk saw the product, methods and closures included
+    bad = sorted(k for k, cc in found.items() if cc > CC_MAX)
+    assert bad == [], (f"functions above {CC_MAX} in cyclomatic complexity (radon cc; issue 39): split each into "
+                       f"named parts with the same behaviour:\n" + "\n".join(bad))
+
+
+def test_the_complexity_test_sees_a_method_a_closure_and_an_inner_class():
+    """The guard itself: a function, a method, a closure and an inner class's method are each counted once, at
+    radon's figure; at the bound (25) none is above it, one branch more (26) each is."""
+    body = "def f(x):\n" + "".join(f"    if x == {i}:\n        return {i}\n" for i in range(CC_MAX - 1)) + \
+        "    return -1\n"
+    src = "\n".join([body.replace("def f", "def plain"),
+                     "class A:\n" + _indent(body.replace("def f", "def method")),
+                     "def outer():\n" + _indent(body.replace("def f", "def closure")) + "    return closure\n",
+                     "class B:\n    class Inner:\n" + _indent(_indent(body.replace("def f", "def deep")))])
+    got = sorted((name, cc) for name, _, cc in complexities(src))
+    assert got == [("A.method", 25), ("Inner.deep", 25), ("closure", 25), ("outer", 1), ("plain", 25)], got
+    more = complexities(src.replace("return -1", "return -1 if x else -2"))
+    assert sorted(name for name, _, cc in more if cc > CC_MAX) == ["A.method", "Inner.deep", "closure", "plain"], more
+
+
+def _indent(text: str) -> str:
+    return "".join(f"    {ln}\n" if ln else "\n" for ln in text.splitlines())

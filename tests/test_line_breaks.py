@@ -85,7 +85,7 @@ def test_a_hand_written_env_file_holding_u2028_is_one_variable(tmp_path):
     root = tmp_path / "host"
     (root / "etc/p2pkit").mkdir(parents=True)
     (root / "etc/p2pkit/engine.env").write_text(f'X="{SMUGGLED}"\nNCCL_P2P_LEVEL=SYS\n', encoding="utf-8")
-    env = collect._engine_env_file(Host.at(root))["env"]
+    env = collect.collect(Host.at(root), ["engine_env_file"])["engine_env_file"]["env"]
     assert env == {"X": SMUGGLED, "NCCL_P2P_LEVEL": "SYS"}, env
 
 

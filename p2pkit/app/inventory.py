@@ -124,17 +124,8 @@ def _run(inventory: Path, action: str, command: list[str], out, log: Path, work:
     results, tree = work / "results", work / "tree"
     results.mkdir()
     timeout = HOST_TIMEOUT_S[action]
-    extra = {"p2pkit_action": action, "p2pkit_command": command, "p2pkit_results_dir": str(results),
-             "p2pkit_bin": own_executable(), "p2pkit_version": __version__,
-             "p2pkit_lock": str(Path(__file__).resolve().parent.parent / "requirements.lock"),
-             "p2pkit_controller_python": sys.executable, "p2pkit_host_timeout_default": timeout}
-    if wheel is not None:
-        extra.update(wheel_vars(wheel))
-    if prometheus is not None:  # the playbook puts the host's name in: per_host_prometheus
-        extra.update(p2pkit_prometheus_dir=str(prometheus.parent), p2pkit_prometheus_stem=prometheus.stem,
-                     p2pkit_prometheus_suffix=prometheus.suffix)
     vars_file = work / "vars.yml"
-    vars_file.write_text(writers.ansible_vars(extra))  # a {{ }} in a value is never evaluated
+    vars_file.write_text(writers.ansible_vars(_play_vars(action, command, results, timeout, wheel, prometheus)))
     argv = [playbook_binary(), "-i", str(inventory), "-f", str(FORKS), "-e", f"@{vars_file}",
             str(share_dir() / "playbooks" / "inventory.yml")]
     env = ansible_env(dict(os.environ), Path.cwd(), tree)
@@ -151,35 +142,51 @@ def _run(inventory: Path, action: str, command: list[str], out, log: Path, work:
                          hint="add hosts to it; check it with `ansible-inventory -i FILE --list`")
     report = {"inventory": str(inventory), "action": action, "hosts": {}, "log": str(log)}
     for h in hosts:
-        res = host_result(results / f"{h}.json", tree / h)
-        if res is None:
-            report["hosts"][h] = {"exit_code": None, "error": ansible_failure(tree / h), "stages": {}}
-            continue
-        if res["rc"] is None:  # the host did not get as far as running p2pkit
-            report["hosts"][h] = {"exit_code": None, "error": res["stderr"], "stages": {}}
-            continue
-        try:
-            doc = json.loads(res["stdout"])
-        except ValueError:
-            tail = res["stderr"].strip().splitlines()[-1:] or ["no output"]
-            report["hosts"][h] = {"exit_code": res["rc"], "error": tail[0], "stages": {}}
-            continue
-        if prometheus is not None and action == "verify":
+        report["hosts"][h], ran = _host_entry(host_result(results / f"{h}.json", tree / h), tree / h, action)
+        if ran and prometheus is not None and action == "verify":
             report.setdefault("prometheus", {})[h] = str(per_host_prometheus(prometheus, h))
-        report["hosts"][h] = {"exit_code": res["rc"], "message": doc.get("message", ""),
-                              "simulated": doc.get("simulated", False),
-                              "stages": {s["stage"]: shown_state(s) for s in doc.get("stages", [])}}
-        if action == "verify":  # each check, for the controller's JUnit file
-            report["hosts"][h]["results"] = doc.get("stages", [])
-            first = next(((r["stage"], c) for r in doc.get("stages", []) for c in r["checks"]
-                          if c["status"] == "fail"), None)
-            if first:
-                report["hosts"][h]["message"] = f"{first[0]} failed: {first[1]['id']}: {first[1]['measured']}"
     codes = [v["exit_code"] for v in report["hosts"].values()]
     code = Exit.OK if all(c == 0 for c in codes) else (
         Exit.REBOOT if all(c in (0, 4) for c in codes) else Exit.CHECK_FAILED)
     report["exit_code"] = int(code)
     return code, report
+
+
+def _play_vars(action: str, command: list[str], results: Path, timeout: int, wheel: Path | None,
+               prometheus: Path | None) -> dict:
+    """What inventory.yml is given (written by the Ansible writer: a {{ }} in a value is never evaluated)."""
+    extra = {"p2pkit_action": action, "p2pkit_command": command, "p2pkit_results_dir": str(results),
+             "p2pkit_bin": own_executable(), "p2pkit_version": __version__,
+             "p2pkit_lock": str(Path(__file__).resolve().parent.parent / "requirements.lock"),
+             "p2pkit_controller_python": sys.executable, "p2pkit_host_timeout_default": timeout}
+    if wheel is not None:
+        extra.update(wheel_vars(wheel))
+    if prometheus is not None:  # the playbook puts the host's name in: per_host_prometheus
+        extra.update(p2pkit_prometheus_dir=str(prometheus.parent), p2pkit_prometheus_stem=prometheus.stem,
+                     p2pkit_prometheus_suffix=prometheus.suffix)
+    return extra
+
+
+def _host_entry(res: dict | None, tree_file: Path, action: str) -> tuple[dict, bool]:
+    """One host's line of the report, and whether p2pkit ran there and printed its document."""
+    if res is None:
+        return {"exit_code": None, "error": ansible_failure(tree_file), "stages": {}}, False
+    if res["rc"] is None:  # the host did not get as far as running p2pkit
+        return {"exit_code": None, "error": res["stderr"], "stages": {}}, False
+    try:
+        doc = json.loads(res["stdout"])
+    except ValueError:
+        tail = res["stderr"].strip().splitlines()[-1:] or ["no output"]
+        return {"exit_code": res["rc"], "error": tail[0], "stages": {}}, False
+    entry = {"exit_code": res["rc"], "message": doc.get("message", ""), "simulated": doc.get("simulated", False),
+             "stages": {s["stage"]: shown_state(s) for s in doc.get("stages", [])}}
+    if action == "verify":  # each check, for the controller's JUnit file
+        entry["results"] = doc.get("stages", [])
+        first = next(((r["stage"], c) for r in doc.get("stages", []) for c in r["checks"]
+                      if c["status"] == "fail"), None)
+        if first:
+            entry["message"] = f"{first[0]} failed: {first[1]['id']}: {first[1]['measured']}"
+    return entry, True
 
 
 def wheel_vars(wheel: Path) -> dict:

@@ -121,72 +121,137 @@ def killed_marker(store: Store) -> dict | None:
 
 def _state_of(ctx: Ctx, st: Stage, prev: StageState | None, ident: dict, recheck: bool,
               live: Future | None = None) -> StageState:
+    """A stage's state, judged in named steps: its artifact (none: not run, running or interrupted), then each
+    reason the artifact no longer stands, then (recheck) its proof again on the host as it is now."""
     try:
         doc = ctx.store.read(st.name)
     except CorruptArtifact as e:
         return StageState(st.name, STALE, e.message)
     if doc is None:
-        running = running_now(ctx.store)
-        if running and running.get("stage") == st.name:
-            return StageState(st.name, RUNNING, f"a p2pkit run (pid {running['pid']}) is acting on it since "
-                                                f"{running.get('started', '?')[:19].replace('T', ' ')}")
-        left = killed_marker(ctx.store)
-        if running is None and left and left.get("stage") == st.name:
-            return StageState(st.name, INTERRUPTED, "a p2pkit run was killed while acting on it (started "
-                                                    f"{str(left.get('started', '?'))[:19].replace('T', ' ')}); "
-                                                    "`up` runs it again")
-        return StageState(st.name, NOT_RUN, f"blocked by {prev.stage}" if prev and prev.state != DONE else "")
-    if not ctx.host.wrote(doc, ident["machine_id"]):
-        return StageState(st.name, STALE, "artifact was written on another host (or a simulated one)", doc)
-    if doc.get("host", {}).get("kernel") != ident["kernel"] and doc["status"] != REBOOT:
-        return StageState(st.name, STALE, f"kernel changed since ({doc.get('host', {}).get('kernel')} -> "
-                                          f"{ident['kernel']}): prove it again", doc)
-    if doc["status"] == REBOOT:
-        if doc.get("reboot", {}).get("boot_id") == ident["boot_id"]:
-            return StageState(st.name, REBOOT, doc["reboot"].get("why", "a reboot is needed"), doc)
-        return StageState(st.name, STALE, "rebooted since: run the stage again to prove the result", doc)
-    if doc["status"] != "passed":
-        first = next((c for c in doc.get("checks", []) if c.get("status") == FAIL), None)
-        return StageState(st.name, FAILED, f"{first['id']}: {first['measured']}" if first else "failed", doc)
-    if prev is not None and prev.state != DONE:
-        return StageState(st.name, STALE, f"earlier stage {prev.stage} is {prev.state}", doc)
-    changed = [s for s, d in section_digests(ctx.profile, st).items() if doc.get("inputs", {}).get(s) != d]
-    if changed:
-        why = hoststate.override_change(doc.get("overrides"), ctx.profile.overrides, [c.split(".")[0] for c in changed])
-        return StageState(st.name, STALE, f"profile changed: {', '.join(changed)}" + (f" ({why})" if why else ""),
-                          doc)
-    if prev is not None and doc.get("previous", {}).get("digest") != ctx.store.digest(prev.stage):
-        again, proven = (prev.artifact or {}).get("finished") or "", doc.get("finished") or ""
-        if again > proven:  # the earlier stage ran again (a rebuild, --force): this proof was on its last artifact
-            return StageState(st.name, STALE, f"chain broken: {prev.stage} ran again at {_when(again)}, after this "
-                                              f"stage was proven on its earlier artifact ({_when(proven)}): prove it "
-                                              "again (it acts only where its proof fails)", doc)
-        return StageState(st.name, STALE, f"chain broken: {prev.stage}'s artifact changed since", doc)
-    if doc.get("applicable") is False:
-        return StageState(st.name, DONE, f"not applicable: {st.not_applicable(ctx.profile)}", doc)
-    if recheck and st.reprove is not None and (bad := reproof(ctx, st, doc)) is not None:
-        return StageState(st.name, STALE, f"re-proof failed: {bad.id}: {bad.measured}: {bad.hint}", doc)
+        return _no_artifact(ctx, st, prev)
+    seen = _Seen(ctx, st, doc, prev, ident)
+    for step in (_written_elsewhere, _kernel_changed, _waits_for_reboot, _not_passed, _earlier_not_done,
+                 _profile_changed, _chain_broken, _not_applicable):
+        if (state := step(seen)) is not None:
+            return state
+    if not recheck:
+        return StageState(st.name, DONE, "", doc)
+    return _rechecked(seen, live)
+
+
+@dataclass
+class _Seen:
+    """What a stage's state is judged from: the context, the stage, its artifact, the state of the stage
+    before it, and this host's identity now."""
+    ctx: Ctx
+    st: Stage
+    doc: dict
+    prev: StageState | None
+    ident: dict
+
+    def stale(self, why: str) -> StageState:
+        return StageState(self.st.name, STALE, why, self.doc)
+
+
+def _no_artifact(ctx: Ctx, st: Stage, prev: StageState | None) -> StageState:
+    """No artifact: a run is acting on the stage now, a run was killed while acting on it, or it has not run."""
+    running = running_now(ctx.store)
+    if running and running.get("stage") == st.name:
+        return StageState(st.name, RUNNING, f"a p2pkit run (pid {running['pid']}) is acting on it since "
+                                            f"{running.get('started', '?')[:19].replace('T', ' ')}")
+    left = killed_marker(ctx.store)
+    if running is None and left and left.get("stage") == st.name:
+        return StageState(st.name, INTERRUPTED, "a p2pkit run was killed while acting on it (started "
+                                                f"{str(left.get('started', '?'))[:19].replace('T', ' ')}); "
+                                                "`up` runs it again")
+    return StageState(st.name, NOT_RUN, f"blocked by {prev.stage}" if prev and prev.state != DONE else "")
+
+
+def _written_elsewhere(s: _Seen) -> StageState | None:
+    if not s.ctx.host.wrote(s.doc, s.ident["machine_id"]):
+        return s.stale("artifact was written on another host (or a simulated one)")
+    return None
+
+
+def _kernel_changed(s: _Seen) -> StageState | None:
+    was = s.doc.get("host", {}).get("kernel")
+    if was != s.ident["kernel"] and s.doc["status"] != REBOOT:
+        return s.stale(f"kernel changed since ({was} -> {s.ident['kernel']}): prove it again")
+    return None
+
+
+def _waits_for_reboot(s: _Seen) -> StageState | None:
+    """The stage asked for a reboot: in this boot it still waits for it; after another boot it runs again."""
+    if s.doc["status"] != REBOOT:
+        return None
+    if s.doc.get("reboot", {}).get("boot_id") == s.ident["boot_id"]:
+        return StageState(s.st.name, REBOOT, s.doc["reboot"].get("why", "a reboot is needed"), s.doc)
+    return s.stale("rebooted since: run the stage again to prove the result")
+
+
+def _not_passed(s: _Seen) -> StageState | None:
+    if s.doc["status"] == "passed":
+        return None
+    first = next((c for c in s.doc.get("checks", []) if c.get("status") == FAIL), None)
+    return StageState(s.st.name, FAILED, f"{first['id']}: {first['measured']}" if first else "failed", s.doc)
+
+
+def _earlier_not_done(s: _Seen) -> StageState | None:
+    if s.prev is not None and s.prev.state != DONE:
+        return s.stale(f"earlier stage {s.prev.stage} is {s.prev.state}")
+    return None
+
+
+def _profile_changed(s: _Seen) -> StageState | None:
+    changed = [n for n, d in section_digests(s.ctx.profile, s.st).items() if s.doc.get("inputs", {}).get(n) != d]
+    if not changed:
+        return None
+    why = hoststate.override_change(s.doc.get("overrides"), s.ctx.profile.overrides, [c.split(".")[0] for c in changed])
+    return s.stale(f"profile changed: {', '.join(changed)}" + (f" ({why})" if why else ""))
+
+
+def _chain_broken(s: _Seen) -> StageState | None:
+    prev = s.prev
+    if prev is None or s.doc.get("previous", {}).get("digest") == s.ctx.store.digest(prev.stage):
+        return None
+    again, proven = (prev.artifact or {}).get("finished") or "", s.doc.get("finished") or ""
+    if again > proven:  # the earlier stage ran again (a rebuild, --force): this proof was on its last artifact
+        return s.stale(f"chain broken: {prev.stage} ran again at {_when(again)}, after this stage was proven on its "
+                       f"earlier artifact ({_when(proven)}): prove it again (it acts only where its proof fails)")
+    return s.stale(f"chain broken: {prev.stage}'s artifact changed since")
+
+
+def _not_applicable(s: _Seen) -> StageState | None:
+    if s.doc.get("applicable") is False:
+        return StageState(s.st.name, DONE, f"not applicable: {s.st.not_applicable(s.ctx.profile)}", s.doc)
+    return None
+
+
+def _rechecked(s: _Seen, live: Future | None) -> StageState:
+    """The artifact stands; its proof again, now: a measuring stage's re-proof, a reading stage's checks on fresh
+    facts, a live probe. Done (with the warnings status shows beside it), or stale with the first failure."""
+    ctx, st = s.ctx, s.st
+    if st.reprove is not None and (bad := reproof(ctx, st, s.doc)) is not None:
+        return s.stale(f"re-proof failed: {bad.id}: {bad.measured}: {bad.hint}")
     notes = ""
-    if recheck and st.check is not None and st.measure is None:
+    if st.check is not None and st.measure is None:
         refused = len(ctx.host.runner.denied)
-        f = facts.collect(ctx.host, st.facts, ctx.profile)
-        checks = st.check(f, ctx.profile)
+        checks = st.check(facts.collect(ctx.host, st.facts, ctx.profile), ctx.profile)
         bad = [c for c in checks if c.status == FAIL]
         if bad and len(ctx.host.runner.denied) > refused:  # not a finding about the host: a user p2pkit runs as
-            return StageState(st.name, STALE, "could not re-check: p2pkit may not run "
-                              + ", ".join(dict.fromkeys(ctx.host.runner.denied[refused:]))
-                              + " as this user (not root)", doc)
+            return s.stale("could not re-check: p2pkit may not run "
+                           + ", ".join(dict.fromkeys(ctx.host.runner.denied[refused:])) + " as this user (not root)")
         if bad:
             why = f" ({bad[0].pitfall}): {bad[0].hint}" if bad[0].pitfall else ""
-            return StageState(st.name, STALE, f"re-check failed: {bad[0].id}: {bad[0].measured}{why}", doc)
+            return s.stale(f"re-check failed: {bad[0].id}: {bad[0].measured}{why}")
         notes = "; ".join(f"{c.id}: {c.hint}" for c in checks if c.status == WARN and c.id in st.notes)
-    if recheck and st.live is not None:
+    if st.live is not None:
         name, judge_live = st.live
         found = live.result() if live is not None else facts.collect(ctx.host, (name,), ctx.profile)
         bad = [c for c in judge_live(found.get(name)) if c.status == FAIL]
         if bad:
-            return StageState(st.name, STALE, f"re-check failed: {bad[0].id}: {bad[0].measured}: {bad[0].hint}", doc)
-    return StageState(st.name, DONE, notes, doc)
+            return s.stale(f"re-check failed: {bad[0].id}: {bad[0].measured}: {bad[0].hint}")
+    return StageState(st.name, DONE, notes, s.doc)
 
 
 def reproof(ctx: Ctx, st: Stage, doc: dict) -> Check | None:
@@ -220,11 +285,12 @@ def not_applicable(st: Stage, why: str) -> Check:
     return Check(f"{st.name}.applies", st.title, SKIP, f"not applicable: {why}", "-")
 
 
-def prove(ctx: Ctx, st: Stage) -> tuple[dict, list[Check]]:
-    """Read the stage's facts, take its measurements, judge them: the stage's proof."""
+def prove(ctx: Ctx, st: Stage, acted: dict | None = None) -> tuple[dict, list[Check]]:
+    """Read the stage's facts, take its measurements, judge them: the stage's proof. `acted` is what the stage's
+    act did in this run (None where it did not act in this run: verify, restore's re-check, doctor)."""
     found = facts.collect(ctx.host, st.facts, ctx.profile)
     if st.measure is not None:
-        found.update(st.measure(ctx))
+        found.update(st.measure(ctx, acted))
     return found, st.check(found, ctx.profile) if st.check else []
 
 
@@ -278,76 +344,106 @@ def gate_applies(ctx: Ctx, st: Stage, old: dict | None, killed: bool) -> str | N
     return None
 
 
-def _gated(ctx: Ctx, st: Stage) -> tuple[dict, list[Check], dict] | None:
-    """The artifact gate: the stage's proof on fresh facts before acting. When it holds (nothing fails,
-    no reboot pending), the act is skipped and the artifact says why."""
-    ctx.options["acted"] = {}
-    found, checks = prove(ctx, st)
-    if worst(checks) == FAIL or (st.reboot is not None and st.reboot(found, ctx)):
-        return None
-    passed = sum(1 for c in checks if c.status != SKIP)
-    ctx.out.step(st.name, f"not acting: its proof holds before acting ({passed} checks)")
-    return found, checks, {"started": False,
-                           "why": f"the artifact gate: the stage's proof held before acting ({passed} checks); "
-                                  "nothing was started"}
-
-
-def _proved_after_reboot(ctx: Ctx, st: Stage, resumed: dict | None) -> tuple[dict, list[Check]] | None:
-    """After the reboot a stage asked for: its proof, if it holds without acting again."""
-    if resumed is None or st.act is None:
-        return None
-    ctx.options["acted"] = resumed.get("acted", {})
-    found, checks = prove(ctx, st)
-    pending = st.reboot(found, ctx) if st.reboot is not None else None
-    return (found, checks) if worst(checks) != FAIL and not pending else None
+@dataclass
+class Outcome:
+    """What a stage's run came to, before its artifact is written: the facts, the findings, what its act did,
+    why a reboot is needed (None: none), and whether the stage applies to the profile at all."""
+    found: dict
+    checks: list[Check]
+    acted: dict
+    reboot_why: str | None = None
+    applicable: bool = True
 
 
 def _run_stage(ctx: Ctx, st: Stage, prev_name: str | None, started: str, resumed: dict | None = None,
                gate: str | None = "not asked") -> dict:
+    """A stage's run as named steps, the first that has an outcome ends it: refused (not applicable, not
+    built, its precheck), held after the reboot it asked for, gated (its proof held before acting), else
+    acted and proved; then written."""
     t0 = time.monotonic()
-    acted: dict = {}
-    reboot_why = None
-    held = _proved_after_reboot(ctx, st, resumed)
+    outcome = (_refused(ctx, st) or _held_after_reboot(ctx, st, resumed) or _gated(ctx, st, gate)
+               or _proved(ctx, st, resumed, _acted(ctx, st)))
+    return _written(ctx, st, prev_name, started, t0, resumed, outcome)
+
+
+def _refused(ctx: Ctx, st: Stage) -> Outcome | None:
+    """Not run at all: the stage does not apply to this profile, is not built yet, or its precheck refuses the
+    profile before anything is done."""
     why_na = st.not_applicable(ctx.profile)
     if why_na:
-        found, checks = {}, [not_applicable(st, why_na)]
-    elif not st.implemented:
-        found: dict = {}
-        checks = [not_implemented(st)]
-    elif st.precheck is not None and worst(refusals := st.precheck(ctx.profile)) == FAIL:
-        found, checks = {}, refusals  # refused before acting: nothing was done
-    elif held is not None:
-        found, checks = held
-        acted = {"before_reboot": resumed.get("acted", {}),
-                 "after_reboot": "nothing: the proof held without acting again"}
-    elif gate is None and (gated := _gated(ctx, st)) is not None:
-        found, checks, acted = gated
-    else:
-        if st.act is not None:
-            try:
-                acted = st.act(ctx)
-            except safefs.LinkRefused:
-                raise  # a link where p2pkit writes: refused (exit 2, naming it), never a failed check
-            except P2pkitError as e:
-                acted = {"error": e.message, "hint": e.hint, **({"pitfall": e.pitfall} if e.pitfall else {})}
-        ctx.options["acted"] = acted  # this stage's, never an earlier stage's
-        if "error" in acted:
-            found = {}
-            checks = [Check(f"{st.name}.act", f"{st.title}: act", FAIL, acted["error"], "the playbook to succeed",
-                            acted.get("hint", ""), acted.get("pitfall", ""))]
-        else:
-            found, checks = prove(ctx, st)
-            pending = st.reboot(found, ctx) if st.reboot is not None else None
-            again = asked_before(resumed, pending[1]) if pending else set()
-            if again:  # the reboot did not bring them: a failure that names the fix, never another reboot
-                boot_id = resumed["reboot"].get("boot_id", "?")
-                checks = [(st.unapplied(found, c, boot_id) if st.unapplied else replace(c, status=FAIL))
-                          if c.id in again else c for c in checks]
-            elif pending:
-                reboot_why, ids = pending
-                checks = [replace(c, status=PENDING) if c.id in ids else c for c in checks]
+        return Outcome({}, [not_applicable(st, why_na)], {}, applicable=False)
+    if not st.implemented:
+        return Outcome({}, [not_implemented(st)], {})
+    if st.precheck is not None and worst(refusals := st.precheck(ctx.profile)) == FAIL:
+        return Outcome({}, refusals, {})
+    return None
+
+
+def _held_after_reboot(ctx: Ctx, st: Stage, resumed: dict | None) -> Outcome | None:
+    """After the reboot a stage asked for: its proof, if it holds without acting again (what it did before the
+    reboot stands)."""
+    if resumed is None or st.act is None:
+        return None
+    before = resumed.get("acted", {})
+    found, checks = prove(ctx, st, before)
+    if worst(checks) == FAIL or (st.reboot is not None and st.reboot(found, ctx, before)):
+        return None
+    return Outcome(found, checks, {"before_reboot": before, "after_reboot": "nothing: the proof held without acting "
+                                                                            "again"})
+
+
+def _gated(ctx: Ctx, st: Stage, gate: str | None) -> Outcome | None:
+    """The artifact gate (gate None: it applies): the stage's proof on fresh facts before acting. When it holds
+    (nothing fails, no reboot pending), the act is skipped and the artifact says why."""
+    if gate is not None:
+        return None
+    found, checks = prove(ctx, st, {})
+    if worst(checks) == FAIL or (st.reboot is not None and st.reboot(found, ctx, {})):
+        return None
+    passed = sum(1 for c in checks if c.status != SKIP)
+    ctx.out.step(st.name, f"not acting: its proof holds before acting ({passed} checks)")
+    return Outcome(found, checks, {"started": False,
+                                   "why": f"the artifact gate: the stage's proof held before acting ({passed} "
+                                          "checks); nothing was started"})
+
+
+def _acted(ctx: Ctx, st: Stage) -> dict:
+    """The stage's act: what it did, or the error that stopped it ({"error", "hint", "pitfall"})."""
+    if st.act is None:
+        return {}
+    try:
+        return st.act(ctx)
+    except safefs.LinkRefused:
+        raise  # a link where p2pkit writes: refused (exit 2, naming it), never a failed check
+    except P2pkitError as e:
+        return {"error": e.message, "hint": e.hint, **({"pitfall": e.pitfall} if e.pitfall else {})}
+
+
+def _proved(ctx: Ctx, st: Stage, resumed: dict | None, acted: dict) -> Outcome:
+    """The proof after the act, handed what the act did. A check only a reboot can pass is pending, with the
+    reason; one the reboot before this boot was already asked for fails, naming the fix (no second reboot)."""
+    if "error" in acted:
+        return Outcome({}, [Check(f"{st.name}.act", f"{st.title}: act", FAIL, acted["error"], "the playbook to succeed",
+                                  acted.get("hint", ""), acted.get("pitfall", ""))], acted)
+    found, checks = prove(ctx, st, acted)
+    pending = st.reboot(found, ctx, acted) if st.reboot is not None else None
+    if not pending:
+        return Outcome(found, checks, acted)
+    again = asked_before(resumed, pending[1])
+    if again:  # the reboot did not bring them: a failure that names the fix, never another reboot
+        boot_id = resumed["reboot"].get("boot_id", "?")
+        return Outcome(found, [(st.unapplied(found, c, boot_id) if st.unapplied else replace(c, status=FAIL))
+                               if c.id in again else c for c in checks], acted)
+    reboot_why, ids = pending
+    return Outcome(found, [replace(c, status=PENDING) if c.id in ids else c for c in checks], acted, reboot_why)
+
+
+def _written(ctx: Ctx, st: Stage, prev_name: str | None, started: str, t0: float, resumed: dict | None,
+             outcome: Outcome) -> dict:
+    """The artifact, written last: the outcome with the host, the profile inputs and the link to the artifact
+    before it."""
     ident = identity(ctx.host)
-    status = REBOOT if reboot_why else ("failed" if worst(checks) == FAIL else "passed")
+    status = REBOOT if outcome.reboot_why else ("failed" if worst(outcome.checks) == FAIL else "passed")
     doc = {
         "schema": SCHEMA,
         "stage": st.name,
@@ -362,17 +458,17 @@ def _run_stage(ctx: Ctx, st: Stage, prev_name: str | None, started: str, resumed
         "host": ident,
         "inputs": section_digests(ctx.profile, st),
         "previous": {"stage": prev_name, "digest": ctx.store.digest(prev_name)} if prev_name else None,
-        "acted": acted,
-        "facts": found,
-        "checks": [c.as_dict() for c in checks],
+        "acted": outcome.acted,
+        "facts": outcome.found,
+        "checks": [c.as_dict() for c in outcome.checks],
     }
-    if why_na:
+    if not outcome.applicable:
         doc["applicable"] = False
     if resumed is not None:  # the pass before the reboot, whose time is part of this stage's
         doc["before_reboot"] = {"started": resumed.get("started"), "finished": resumed.get("finished"),
                                 "seconds": resumed.get("seconds"), "boot_id": resumed["reboot"].get("boot_id")}
-    if reboot_why:
-        doc["reboot"] = {"boot_id": ident["boot_id"], "why": reboot_why}
+    if outcome.reboot_why:
+        doc["reboot"] = {"boot_id": ident["boot_id"], "why": outcome.reboot_why}
     ctx.store.write(st.name, doc)
     return doc
 
@@ -404,6 +500,8 @@ class UpResult:
     ran: list[str]
     states: list[StageState]
     message: str
+    hint: str = ""  # the next thing to do, where the run stopped short
+    going_down: bool = False  # a real host is rebooting: the resume unit carries on after boot
 
 
 def up(ctx: Ctx, start: str | None = None, stop: str | None = None, force: bool = False) -> UpResult:
@@ -412,20 +510,22 @@ def up(ctx: Ctx, start: str | None = None, stop: str | None = None, force: bool 
     with state_lock(ctx.store.dir, say=ctx.out.warn, root=ctx.host.root):
         prior = hoststate.record_snapshot(ctx.store.dir)
         hoststate.record_profile(ctx.store.dir, ctx.profile)  # later commands use these values
-        ctx.options["acted"] = False
+        started: list[str] = []
         res = None
         try:
-            res = _up(ctx, selected, stop, force)
+            res = _up(ctx, selected, stop, force, started)
         finally:
-            # a run that changed nothing (refused at preflight or at a gate) records nothing: the host keeps
-            # the profile it was brought up with, and a command without --profile does not fail the same way
-            if (res is None or res.code != Exit.OK) and not ctx.options["acted"]:
+            # a run in which no stage past preflight started (refused at preflight or at a gate) records nothing:
+            # the host keeps the profile it was brought up with, and a command without --profile does not fail
+            # the same way
+            if (res is None or res.code != Exit.OK) and not set(started) - {registry()[0].name}:
                 hoststate.put_back(ctx.store.dir, prior)
         return res
 
 
-def _up(ctx: Ctx, selected: list[Stage], stop: str | None, force: bool) -> UpResult:
-    order = [s.name for s in registry()]
+def _up(ctx: Ctx, selected: list[Stage], stop: str | None, force: bool, started: list[str]) -> UpResult:
+    """Each selected stage that is not done, in order, behind the gate of the one before it; `started` names
+    each stage as it starts."""
     states = {s.stage: s for s in evaluate(ctx)}
     ran: list[str] = []
     for st in selected:
@@ -433,47 +533,68 @@ def _up(ctx: Ctx, selected: list[Stage], stop: str | None, force: bool) -> UpRes
         if state.state == DONE and not force:
             ctx.out.step(st.name, f"done: {state.reason}" if state.reason else "done: nothing to do")
             continue
-        i = order.index(st.name)
-        prev_name = order[i - 1] if i else None
-        if prev_name and states[prev_name].state != DONE:
-            p = states[prev_name]
-            raise GateError(
-                f"{st.name} needs {prev_name} to have passed; {prev_name} is {p.state}"
-                + (f" ({p.reason})" if p.reason else ""), hint=gate_fix(ctx, list(states.values()), stop))
+        prev_name = _previous(st.name)
+        _through_the_gate(ctx, st, prev_name, states, stop)
         if state.state == REBOOT:
             return UpResult(Exit.REBOOT, ran, list(states.values()),
                             f"{st.name}: {state.reason}; reboot, then run p2pkit up again")
-        why_na = st.not_applicable(ctx.profile)
-        if why_na:
-            ctx.out.step(st.name, f"not applicable: {why_na}")
-        else:
-            ctx.out.step(st.name, f"running: {st.title}" + (f" (was {state.state}: {state.reason})"
-                                                            if state.state != NOT_RUN and state.reason else ""))
-        ctx.options["acted"] = ctx.options["acted"] or st.name != order[0]  # preflight changes nothing
+        _say_running(ctx, st, state)
+        started.append(st.name)
         doc = run_stage(ctx, st, prev_name)
         ran.append(st.name)
         report_checks(ctx.out, st.name, doc["checks"])
         states = {s.stage: s for s in evaluate(ctx, recheck=False)}
-        if doc["status"] == "failed":
-            first = next(c for c in doc["checks"] if c["status"] == FAIL)
-            return UpResult(Exit.CHECK_FAILED, ran, list(states.values()),
-                            f"{st.name} failed: {first['id']}: {first['measured']} (expected {first['expected']})."
-                            f" Fix: {first['hint']}")
-        if doc["status"] == REBOOT:
-            return UpResult(Exit.REBOOT, ran, list(states.values()),
-                            f"{st.name}: {doc['reboot']['why']}; reboot, then run p2pkit up again")
-    final = list(states.values())
-    if not ran:
-        msg = f"all {len(selected)} selected stage(s) are done: no stage work to do"
+        if doc["status"] in ("failed", REBOOT):
+            return _stopped_at(st, doc, ran, list(states.values()))
+    return UpResult(Exit.OK, ran, list(states.values()), _all_passed(ctx, selected, ran, list(states.values())))
+
+
+def _previous(name: str) -> str | None:
+    order = [s.name for s in registry()]
+    i = order.index(name)
+    return order[i - 1] if i else None
+
+
+def _through_the_gate(ctx: Ctx, st: Stage, prev_name: str | None, states: dict[str, StageState],
+                      stop: str | None) -> None:
+    """Stage N runs only when stage N-1 is done: else a GateError naming the command that gets through."""
+    if prev_name and states[prev_name].state != DONE:
+        p = states[prev_name]
+        raise GateError(f"{st.name} needs {prev_name} to have passed; {prev_name} is {p.state}"
+                        + (f" ({p.reason})" if p.reason else ""), hint=gate_fix(ctx, list(states.values()), stop))
+
+
+def _say_running(ctx: Ctx, st: Stage, state: StageState) -> None:
+    why_na = st.not_applicable(ctx.profile)
+    if why_na:
+        ctx.out.step(st.name, f"not applicable: {why_na}")
     else:
-        msg = f"ran {', '.join(ran)}; all selected stages passed"
-        after = final[order.index(selected[-1].name) + 1:]
-        later = [s for s in after if s.artifact is not None and s.state != DONE]
-        if later and later[0].reason.startswith("chain broken"):  # said now, not first met in `status`
-            msg += (f"; {' and '.join(s.stage for s in later)} {'were' if len(later) > 1 else 'was'} proven on "
-                    f"{selected[-1].name}'s earlier artifact: `{command(ctx, 'up')}` proves "
-                    f"{'them' if len(later) > 1 else 'it'} again")
-    return UpResult(Exit.OK, ran, final, msg)
+        ctx.out.step(st.name, f"running: {st.title}" + (f" (was {state.state}: {state.reason})"
+                                                        if state.state != NOT_RUN and state.reason else ""))
+
+
+def _stopped_at(st: Stage, doc: dict, ran: list[str], states: list[StageState]) -> UpResult:
+    """A stage failed or asked for a reboot: the run stops there, saying why and what to do."""
+    if doc["status"] == REBOOT:
+        return UpResult(Exit.REBOOT, ran, states,
+                        f"{st.name}: {doc['reboot']['why']}; reboot, then run p2pkit up again")
+    first = next(c for c in doc["checks"] if c["status"] == FAIL)
+    return UpResult(Exit.CHECK_FAILED, ran, states, f"{st.name} failed: {first['id']}: {first['measured']} (expected "
+                                                    f"{first['expected']}). Fix: {first['hint']}")
+
+
+def _all_passed(ctx: Ctx, selected: list[Stage], ran: list[str], final: list[StageState]) -> str:
+    if not ran:
+        return f"all {len(selected)} selected stage(s) are done: no stage work to do"
+    msg = f"ran {', '.join(ran)}; all selected stages passed"
+    order = [s.name for s in registry()]
+    after = final[order.index(selected[-1].name) + 1:]
+    later = [s for s in after if s.artifact is not None and s.state != DONE]
+    if later and later[0].reason.startswith("chain broken"):  # said now, not first met in `status`
+        msg += (f"; {' and '.join(s.stage for s in later)} {'were' if len(later) > 1 else 'was'} proven on "
+                f"{selected[-1].name}'s earlier artifact: `{command(ctx, 'up')}` proves "
+                f"{'them' if len(later) > 1 else 'it'} again")
+    return msg
 
 
 def command(ctx: Ctx, *args: str) -> str:

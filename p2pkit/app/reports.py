@@ -88,6 +88,14 @@ def prometheus(results: list[dict], facts: dict, simulated: bool, profile: str):
         for labels, value in samples:
             g.labels(**base, **{k: str(v) for k, v in labels.items()}).set(value)
 
+    _check_families(family, results)
+    _nvml_families(family, facts)
+    _load_families(family, facts)
+    return reg
+
+
+def _check_families(family, results: list[dict]) -> None:
+    """Each stage's result, each failed check, each bandwidth ratio."""
     family("p2pkit_stage_ok", "1 when every check of the stage passed (warnings allowed), 0 otherwise",
            [({"stage": r["stage"]}, STAGE_STATE.get(r["status"], 0)) for r in results])
     family("p2pkit_stage_could_not_run", "1 for a stage whose proof could not run here (a tool or extra missing)",
@@ -98,12 +106,20 @@ def prometheus(results: list[dict], facts: dict, simulated: bool, profile: str):
     family("p2pkit_bandwidth_ratio", "measured bandwidth over the link's raw ceiling",
            [({"check": c["id"]}, c["value"]) for r in results for c in r["checks"]
             if isinstance(c.get("value"), int | float) and c["id"].startswith(("link.p2p_bw", "link.h2d", "link.d2h"))])
+
+
+def _nvml_families(family, facts: dict) -> None:
+    """The loaded driver and each GPU's BAR1, from NVML."""
     nvml = facts.get("nvml") if isinstance(facts.get("nvml"), dict) else {}
     if nvml.get("driver_version"):
         family("p2pkit_driver_info", "the loaded NVIDIA driver", [({"version": nvml["driver_version"]}, 1)])
     family("p2pkit_bar1_bytes", "BAR1 size from NVML",
            [({"gpu": g["index"]}, g["bar1_total"]) for g in nvml.get("gpus") or [] if isinstance(g.get("bar1_total"),
                                                                                               int)])
+
+
+def _load_families(family, facts: dict) -> None:
+    """What the link stage's load measured: the links under load, the copies' bandwidth, P2P latency."""
     load = facts.get("link_load") if isinstance(facts.get("link_load"), dict) else {}
     gpus, pairs = load.get("gpus", []), load.get("pairs", [])
     family("p2pkit_link_gen_under_load", "PCIe generation reached under load",
@@ -117,7 +133,6 @@ def prometheus(results: list[dict], facts: dict, simulated: bool, profile: str):
            [({"src": x["from"], "dst": x["to"]}, x["unidir_gbps"] * GB) for x in pairs])
     family("p2pkit_p2p_latency_seconds", "P2P small-copy latency",
            [({"src": x["from"], "dst": x["to"]}, x["latency_us"] / 1e6) for x in pairs])
-    return reg
 
 
 def write_prometheus(path: Path, registry) -> None:

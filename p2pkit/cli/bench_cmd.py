@@ -128,62 +128,82 @@ def figure(doc: dict):
     shapes = list(dict.fromkeys(lv["shape"] for a in doc["arms"] for lv in levels(a)))
     arms = [a for a in doc["arms"] if any((lv.get("summary") or {}).get("decode_tps") for lv in levels(a))]
     fig, axes = plt.subplots(1, len(shapes), figsize=(max(8.5, 6 * len(shapes)), 4.8), squeeze=False)
-    width = 0.7 / max(1, len(arms))  # the arms share 70% of a category's width
     for ax, shape in zip(axes[0], shapes):
-        concs = sorted({lv["concurrency"] for a in doc["arms"] for lv in levels(a) if lv["shape"] == shape})
-        top = 0.0
-        for i, a in enumerate(arms):
-            lvs = [lv for lv in levels(a) if lv["shape"] == shape and (lv.get("summary") or {}).get("decode_tps")]
-            if not lvs:
-                continue
+        _panel(ax, doc, shape, arms)
+    _legend(fig, axes, arms, shapes)
+    return fig
+
+
+def _panel(ax, doc: dict, shape: str, arms: list[dict]) -> None:
+    """One shape's panel: each arm's points, the references, the title and the axes."""
+    concs = sorted({lv["concurrency"] for a in doc["arms"] for lv in levels(a) if lv["shape"] == shape})
+    width = 0.7 / max(1, len(arms))  # the arms share 70% of a category's width
+    top = 0.0
+    for i, a in enumerate(arms):
+        lvs = [lv for lv in levels(a) if lv["shape"] == shape and (lv.get("summary") or {}).get("decode_tps")]
+        if lvs:
             xs = [concs.index(lv["concurrency"]) + (i - (len(arms) - 1) / 2) * width for lv in lvs]
-            st = [lv["summary"]["decode_tps"] for lv in lvs]
-            ys = [x["median"] for x in st]
-            err = [[y - x["min"] for y, x in zip(ys, st)], [x["max"] - y for y, x in zip(ys, st)]]
-            line = ax.errorbar(xs, ys, yerr=err, marker="o", linestyle="none", capsize=3,
-                               label=f"{a['arm']}: per stream")
-            top = max(top, *(x["max"] for x in st))
-            agg = [(x, lv["summary"]["aggregate_decode_tps"]) for x, lv in zip(xs, lvs)
-                   if lv["summary"].get("aggregate_decode_tps")]
-            if agg:
-                ax.plot([x for x, _ in agg], [y for _, y in agg], linestyle="none", marker="s", markerfacecolor="none",
-                        color=line[0].get_color(), label=f"{a['arm']}: aggregate")
-                top = max(top, *(y for _, y in agg))
-        # the references at the levels' categories: llama-batched-bench's output tok/s at each stream count,
-        # llama-bench's tg at one stream
-        ref = next((r for r in doc.get("batched_reference", {}).get("shapes", []) if r["shape"] == shape), None)
-        pts = [(concs.index(x["streams"]), x["output_tps"]["median"]) for x in (ref or {}).get("levels", [])
-               if x["streams"] in concs and x.get("output_tps")]
-        if pts:
-            ax.plot([x for x, _ in pts], [y for _, y in pts], linestyle="none", marker="^", color="black",
-                    label="llama-batched-bench: output tok/s (pl*tg/T)")
-            top = max(top, *(y for _, y in pts))
-        single = next((r for r in doc.get("reference", {}).get("shapes", []) if r["shape"] == shape), None)
-        if single and single.get("decode_tps") and 1 in concs:
-            ax.plot([concs.index(1)], [single["decode_tps"]["avg"]], marker="*", markersize=10, linestyle="none",
-                    color="black", label=f"llama-bench {single['decode_tps']['test']}")
-            top = max(top, single["decode_tps"]["avg"])
-        lv0 = next((lv for a in doc["arms"] for lv in levels(a) if lv["shape"] == shape), {})
-        ax.set_title(f"{'SIMULATED ' if doc.get('simulated') else ''}{doc['engine']}, {shape}: prompt "
-                     f"{lv0.get('prompt_tokens', doc['shape']['prompt_tokens'])} / output "
-                     f"{lv0.get('output_tokens', doc['shape']['output_tokens'])}")
-        ax.set_xticks(range(len(concs)), [str(c) for c in concs])
-        ax.set_xlim(-0.5, len(concs) - 0.5)
-        ax.set_ylim(0, top * 1.15 if top > 0 else 1)
-        ax.set_xlabel("concurrent streams")
-        ax.set_ylabel("decode tok/s (server's own accounting)")
+            top = max(top, _arm_points(ax, a, lvs, xs))
+    top = max(top, _references(ax, doc, shape, concs))
+    lv0 = next((lv for a in doc["arms"] for lv in levels(a) if lv["shape"] == shape), {})
+    ax.set_title(f"{'SIMULATED ' if doc.get('simulated') else ''}{doc['engine']}, {shape}: prompt "
+                 f"{lv0.get('prompt_tokens', doc['shape']['prompt_tokens'])} / output "
+                 f"{lv0.get('output_tokens', doc['shape']['output_tokens'])}")
+    ax.set_xticks(range(len(concs)), [str(c) for c in concs])
+    ax.set_xlim(-0.5, len(concs) - 0.5)
+    ax.set_ylim(0, top * 1.15 if top > 0 else 1)
+    ax.set_xlabel("concurrent streams")
+    ax.set_ylabel("decode tok/s (server's own accounting)")
+
+
+def _arm_points(ax, a: dict, lvs: list[dict], xs: list[float]) -> float:
+    """An arm's per-stream medians with their spread, and its aggregates; the highest point drawn."""
+    st = [lv["summary"]["decode_tps"] for lv in lvs]
+    ys = [x["median"] for x in st]
+    err = [[y - x["min"] for y, x in zip(ys, st)], [x["max"] - y for y, x in zip(ys, st)]]
+    line = ax.errorbar(xs, ys, yerr=err, marker="o", linestyle="none", capsize=3, label=f"{a['arm']}: per stream")
+    top = max(x["max"] for x in st)
+    agg = [(x, lv["summary"]["aggregate_decode_tps"]) for x, lv in zip(xs, lvs)
+           if lv["summary"].get("aggregate_decode_tps")]
+    if agg:
+        ax.plot([x for x, _ in agg], [y for _, y in agg], linestyle="none", marker="s", markerfacecolor="none",
+                color=line[0].get_color(), label=f"{a['arm']}: aggregate")
+        top = max(top, *(y for _, y in agg))
+    return top
+
+
+def _references(ax, doc: dict, shape: str, concs: list[int]) -> float:
+    """The references at the levels' categories: llama-batched-bench's output tok/s at each stream count,
+    llama-bench's tg at one stream; the highest point drawn (0 without them)."""
+    top = 0.0
+    ref = next((r for r in doc.get("batched_reference", {}).get("shapes", []) if r["shape"] == shape), None)
+    pts = [(concs.index(x["streams"]), x["output_tps"]["median"]) for x in (ref or {}).get("levels", [])
+           if x["streams"] in concs and x.get("output_tps")]
+    if pts:
+        ax.plot([x for x, _ in pts], [y for _, y in pts], linestyle="none", marker="^", color="black",
+                label="llama-batched-bench: output tok/s (pl*tg/T)")
+        top = max(top, *(y for _, y in pts))
+    single = next((r for r in doc.get("reference", {}).get("shapes", []) if r["shape"] == shape), None)
+    if single and single.get("decode_tps") and 1 in concs:
+        ax.plot([concs.index(1)], [single["decode_tps"]["avg"]], marker="*", markersize=10, linestyle="none",
+                color="black", label=f"llama-bench {single['decode_tps']['test']}")
+        top = max(top, single["decode_tps"]["avg"])
+    return top
+
+
+def _legend(fig, axes, arms: list[dict], shapes: list[str]) -> None:
+    """The legend below the panels, each arm's two entries together."""
     handles, labels = axes[0][0].get_legend_handles_labels()
     rank = {f"{a['arm']}: {what}": (i, j) for i, a in enumerate(arms) for j, what in enumerate(("per stream",
                                                                                                "aggregate"))}
     order = sorted(range(len(labels)), key=lambda k: rank.get(labels[k], (len(arms), 0)))
-    handles, labels = [handles[k] for k in order], [labels[k] for k in order]  # each arm's two entries together
+    handles, labels = [handles[k] for k in order], [labels[k] for k in order]
     if handles:
         ncol = 2 if len(shapes) == 1 else min(4, len(labels))  # an arm's two entries on one row
         fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize="small", frameon=False)
         fig.tight_layout(rect=(0, 0.055 * -(-len(labels) // ncol) + 0.02, 1, 1))
     else:
         fig.tight_layout()
-    return fig
 
 
 def plot(doc: dict, path: Path) -> None:
@@ -275,58 +295,7 @@ def bench(
     if ctx.out.json_mode:
         ctx.out.document(doc)
     else:
-        ctx.out.table(title(doc),
-                      ["arm", "shape", "streams", "done", "decode tok/s per stream, median (min-max)",
-                       "aggregate decode tok/s", "/metrics decode tok/s", "prefill tok/s", "TTFT ms (server)",
-                       "client tok/s (not the measure)", "draft acceptance", "error"], rows(doc))
-        off = [(a["arm"], lv["shape"], lv["concurrency"], lv["summary"]["lengths"]) for a in doc["arms"]
-               for lv in a.get("levels", []) if not (lv.get("summary") or {}).get("lengths", {}).get("match", True)]
-        for arm, shape, c, ln in off:
-            ctx.out.warn(f"P13: {arm}, {shape} at {c} stream(s): the server ran prompt {ln['prompt_n']} / output "
-                         f"{ln['predicted_n']} tokens where {ln['asked'][0]} / {ln['asked'][1]} were asked: these "
-                         "figures are not at the asked lengths")
-        for r in doc.get("reference_ratios", []):
-            ctx.out.line(f"{r['shape']}: served / llama-bench at {r['prompt_tokens']}/{r['output_tokens']} tokens: "
-                         f"decode {r['decode_tps']['ratio']} ({r['decode_tps']['served_median']} vs "
-                         f"{r['decode_tps']['llama_bench']}), prefill {r['prefill_tps']['ratio']} "
-                         f"({r['prefill_tps']['served_median']} vs {r['prefill_tps']['llama_bench']})")
-        for r in doc.get("reference_ratios", []):
-            for k in ("decode_tps", "prefill_tps"):
-                if r[k].get("unreliable"):
-                    ctx.out.warn(f"{r['shape']} {k.split('_')[0]} ratio unreliable: {r[k]['unreliable']}")
-        for ref in doc.get("reference", {}).get("shapes", []):
-            if "error" in ref:
-                ctx.out.warn(f"reference (llama-bench) {ref['shape']}: {ref['error']}")
-        for r in doc.get("batched_ratios", []):
-            ctx.out.line(f"{r['shape']} at {r['streams']} stream(s): aggregate / llama-batched-bench "
-                         f"{r['aggregate_decode_ratio']} ({r['aggregate_decode_tps']} vs "
-                         f"{r['batched_bench_tps']:.1f}), "
-                         f"over the server's own time {r['aggregate_server_decode_ratio']}"
-                         + (f"; unreliable: {r['unreliable']}" if r.get("unreliable") else "")
-                         + (f"; spoiled: {r['spoiled']}" if r.get("spoiled") else ""))
-        for ref in doc.get("batched_reference", {}).get("shapes", []):
-            if "error" in ref:
-                ctx.out.warn(f"reference (llama-batched-bench) {ref['shape']}: {ref['error']}")
-        for a in doc["arms"]:
-            for lv in a.get("levels", []):
-                for st in (lv.get("summary") or {}).get("stalls", []):
-                    ctx.out.warn(f"{a['arm']}, {lv['shape']} at {lv['concurrency']} stream(s), stream {st['stream']} "
-                                 f"request {st['index']}: {st['client_first_byte_s']} s at the client against "
-                                 f"{st['server_s']} s of the server's own time ({st['outside_s']} s outside it)")
-                for why in lv.get("spoiled_runs", []):
-                    ctx.out.warn(f"{a['arm']}, {lv['shape']} at {lv['concurrency']} stream(s) was spoiled and run "
-                                 f"again: {why}")
-                src = (lv.get("summary") or {}).get("draft_sources")
-                if src and src.get("agree") is False:
-                    ctx.out.warn(f"{a['arm']}, {lv['shape']} at {lv['concurrency']} stream(s): drafting's counts "
-                                 "differ between sources: " + ", ".join(
-                                     f"{k} {v['accepted']}/{v['drafted']}" for k, v in src.items() if k != "agree"))
-        if "ab_ratio_decode" in doc:
-            ctx.out.line(f"A/B decode ratio ({ab} / baseline): {doc['ab_ratio_decode']}")
-        if "restored" in doc:
-            ctx.out.line(f"unit restored byte for byte: {doc['restored']['files_identical']}, healthy again: "
-                         f"{doc['restored']['health']}")
-        ctx.out.line(f"artifact: {doc['artifact']}")
+        _say(ctx, doc, ab)
     if failed:
         ctx.out.error("; ".join(f"{a['arm']}: {a['error']}" for a in failed) + ". The server's last lines: "
                       + " | ".join(doc["server_log_tail"][-6:]), "read `p2pkit serve logs`; the requests done so far "
@@ -334,3 +303,79 @@ def bench(
         raise typer.Exit(int(Exit.CHECK_FAILED))
     if "restored" in doc and not doc["restored"]["files_identical"]:
         raise typer.Exit(int(Exit.CHECK_FAILED))
+
+
+def _say(ctx, doc: dict, ab: str | None) -> None:
+    """bench's figures as text: the table, then what they must be read with."""
+    ctx.out.table(title(doc),
+                  ["arm", "shape", "streams", "done", "decode tok/s per stream, median (min-max)",
+                   "aggregate decode tok/s", "/metrics decode tok/s", "prefill tok/s", "TTFT ms (server)",
+                   "client tok/s (not the measure)", "draft acceptance", "error"], rows(doc))
+    _say_lengths(ctx, doc)
+    _say_references(ctx, doc)
+    _say_batched(ctx, doc)
+    _say_levels(ctx, doc)
+    if "ab_ratio_decode" in doc:
+        ctx.out.line(f"A/B decode ratio ({ab} / baseline): {doc['ab_ratio_decode']}")
+    if "restored" in doc:
+        ctx.out.line(f"unit restored byte for byte: {doc['restored']['files_identical']}, healthy again: "
+                     f"{doc['restored']['health']}")
+    ctx.out.line(f"artifact: {doc['artifact']}")
+
+
+def _say_lengths(ctx, doc: dict) -> None:
+    """P13: a level whose server ran other lengths than were asked."""
+    off = [(a["arm"], lv["shape"], lv["concurrency"], lv["summary"]["lengths"]) for a in doc["arms"]
+           for lv in a.get("levels", []) if not (lv.get("summary") or {}).get("lengths", {}).get("match", True)]
+    for arm, shape, c, ln in off:
+        ctx.out.warn(f"P13: {arm}, {shape} at {c} stream(s): the server ran prompt {ln['prompt_n']} / output "
+                     f"{ln['predicted_n']} tokens where {ln['asked'][0]} / {ln['asked'][1]} were asked: these "
+                     "figures are not at the asked lengths")
+
+
+def _say_references(ctx, doc: dict) -> None:
+    """The served figures as ratios of llama-bench's, and what made one unreliable."""
+    for r in doc.get("reference_ratios", []):
+        ctx.out.line(f"{r['shape']}: served / llama-bench at {r['prompt_tokens']}/{r['output_tokens']} tokens: "
+                     f"decode {r['decode_tps']['ratio']} ({r['decode_tps']['served_median']} vs "
+                     f"{r['decode_tps']['llama_bench']}), prefill {r['prefill_tps']['ratio']} "
+                     f"({r['prefill_tps']['served_median']} vs {r['prefill_tps']['llama_bench']})")
+    for r in doc.get("reference_ratios", []):
+        for k in ("decode_tps", "prefill_tps"):
+            if r[k].get("unreliable"):
+                ctx.out.warn(f"{r['shape']} {k.split('_')[0]} ratio unreliable: {r[k]['unreliable']}")
+    for ref in doc.get("reference", {}).get("shapes", []):
+        if "error" in ref:
+            ctx.out.warn(f"reference (llama-bench) {ref['shape']}: {ref['error']}")
+
+
+def _say_batched(ctx, doc: dict) -> None:
+    """The aggregate as a ratio of llama-batched-bench's, and its errors."""
+    for r in doc.get("batched_ratios", []):
+        ctx.out.line(f"{r['shape']} at {r['streams']} stream(s): aggregate / llama-batched-bench "
+                     f"{r['aggregate_decode_ratio']} ({r['aggregate_decode_tps']} vs "
+                     f"{r['batched_bench_tps']:.1f}), "
+                     f"over the server's own time {r['aggregate_server_decode_ratio']}"
+                     + (f"; unreliable: {r['unreliable']}" if r.get("unreliable") else "")
+                     + (f"; spoiled: {r['spoiled']}" if r.get("spoiled") else ""))
+    for ref in doc.get("batched_reference", {}).get("shapes", []):
+        if "error" in ref:
+            ctx.out.warn(f"reference (llama-batched-bench) {ref['shape']}: {ref['error']}")
+
+
+def _say_levels(ctx, doc: dict) -> None:
+    """Each level's stalls, spoiled runs and drafting counts that disagree."""
+    for a in doc["arms"]:
+        for lv in a.get("levels", []):
+            for st in (lv.get("summary") or {}).get("stalls", []):
+                ctx.out.warn(f"{a['arm']}, {lv['shape']} at {lv['concurrency']} stream(s), stream {st['stream']} "
+                             f"request {st['index']}: {st['client_first_byte_s']} s at the client against "
+                             f"{st['server_s']} s of the server's own time ({st['outside_s']} s outside it)")
+            for why in lv.get("spoiled_runs", []):
+                ctx.out.warn(f"{a['arm']}, {lv['shape']} at {lv['concurrency']} stream(s) was spoiled and run "
+                             f"again: {why}")
+            src = (lv.get("summary") or {}).get("draft_sources")
+            if src and src.get("agree") is False:
+                ctx.out.warn(f"{a['arm']}, {lv['shape']} at {lv['concurrency']} stream(s): drafting's counts "
+                             "differ between sources: " + ", ".join(
+                                 f"{k} {v['accepted']}/{v['drafted']}" for k, v in src.items() if k != "agree"))

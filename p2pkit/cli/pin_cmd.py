@@ -33,54 +33,20 @@ def pin(
     from p2pkit.app import pin as pin_mod
     from p2pkit.core import config
     from p2pkit.core.artifacts import atomic_write
-    from p2pkit.core.runner import Runner
 
     prof = config.load(common.OPTS.profile, common.OPTS.overrides)
-    if out is None:
-        if prof.source in config.builtin_names():
-            raise UsageError(f"{prof.source} is a built-in profile: p2pkit pins a copy of it in your own file",
-                             hint=f"add --out FILE (for example --out ./{prof.name}.toml); it gets the whole "
-                                  "profile with the pins, ready to use with --profile FILE")
-        out = Path(prof.source)
-    out = out.resolve()
-    if yes or common.OPTS.yes:  # a file that cannot be written is refused before any download
-        common.output_file("--out", out)
+    out = _profile_file(prof, out, yes)
     if (fork and fork_remote) or (engine and engine_remote):
         raise UsageError("give a checkout or --*-remote for each of the fork and the engine, not both",
                          hint="`--fork DIR` or `--fork-remote`; `--engine DIR` or `--engine-remote`")
     if not (installer or fork or fork_remote or engine or engine_remote or engine_offline):
         raise UsageError("nothing to pin", hint="pass --installer FILE|URL, --fork DIR|--fork-remote, "
                                                 "--engine DIR|--engine-remote and/or --engine-offline FILE")
-    if common.OPTS.root != Path("/") and (h := common.host()).own_sources():  # a simulated host: never the network
-        from dataclasses import replace
-
-        from p2pkit.stages.preflight.checks import missing_pins
-
-        asked = replace(prof, driver=replace(prof.driver, installer_url=installer or prof.driver.installer_url))
-        network = [k for k, given in (
-            ("driver.installer_sha256", installer and "://" in installer and not installer.startswith("file://")),
-            ("p2p_module.commit", fork_remote), ("engine.commit", engine_remote)) if given]
-        if network:  # its hint is `up --pin` with the host's own sources: for every pin it will resolve
-            pin_mod.refuse_sources_elsewhere(h, asked, list(dict.fromkeys([*network, *missing_pins(prof)])))
-    runner, found, pins = Runner(), {}, {}
-    with tempfile.TemporaryDirectory(prefix="p2pkit-pin-") as tmp:
-        if installer:
-            found["installer"] = pin_mod.installer_pin(installer, Path(tmp))
-            got = found["installer"]["version"]
-            if got and got != prof.driver.version:
-                raise UsageError(f"the installer {installer} is driver {got} ({found['installer']['label']}); "
-                                 f"the profile pins driver {prof.driver.version}",
-                                 hint=f"download NVIDIA's {prof.driver.version} installer, or change driver.version "
-                                      "in your profile first; nothing was pinned")
-            pins[("driver", "installer_sha256")] = found["installer"]["sha256"]
-    if fork or fork_remote:
-        found["fork"] = (pin_mod.checkout_commit(runner, fork) if fork else
-                         pin_mod.remote_commit(runner, prof.p2p_module.repo, f"refs/heads/{prof.p2p_module.branch}"))
-        pins[("p2p_module", "commit")] = found["fork"]["commit"]
-    if engine or engine_remote:
-        found["engine"] = (pin_mod.checkout_commit(runner, engine) if engine else
-                           pin_mod.remote_commit(runner, prof.engine.repo, "HEAD"))
-        pins[("engine", "commit")] = found["engine"]["commit"]
+    _never_the_network_of_a_simulated_host(prof, installer, fork_remote, engine_remote)
+    found, pins = {}, {}
+    if installer:
+        _installer(prof, installer, found, pins)
+    _commits(prof, fork, fork_remote, engine, engine_remote, found, pins)
     if engine_offline:
         dest = engine_offline.resolve()
         found["engine_offline"] = pin_mod.engine_offline(prof, dest, Path(prof.driver.cache_dir))
@@ -96,6 +62,83 @@ def pin(
     if common.OPTS.json:
         o.document({"profile": str(out), "found": found, "diff": diff, "written": written})
         raise typer.Exit(int(Exit.OK))
+    _say_found(o, found)
+    o.line(diff.rstrip("\n") if diff else f"{out}: already pinned so; nothing to change")
+    if written:
+        o.log(f"wrote {out}; use it with `p2pkit --profile {out} up`")
+    elif diff:
+        o.log(f"nothing was written; add --yes to write {out}")
+    raise typer.Exit(int(Exit.OK))
+
+
+def _profile_file(prof, out: Path | None, yes: bool) -> Path:
+    """The file the pins go into: --out, else the --profile file (a built-in needs --out); one that cannot be
+    written is refused before any download."""
+    from p2pkit.core import config
+
+    if out is None:
+        if prof.source in config.builtin_names():
+            raise UsageError(f"{prof.source} is a built-in profile: p2pkit pins a copy of it in your own file",
+                             hint=f"add --out FILE (for example --out ./{prof.name}.toml); it gets the whole "
+                                  "profile with the pins, ready to use with --profile FILE")
+        out = Path(prof.source)
+    out = out.resolve()
+    if yes or common.OPTS.yes:
+        common.output_file("--out", out)
+    return out
+
+
+def _never_the_network_of_a_simulated_host(prof, installer: str | None, fork_remote: bool,
+                                           engine_remote: bool) -> None:
+    """A simulated host never reaches the network: a pin asked of it is refused, naming the host's own sources."""
+    if common.OPTS.root == Path("/") or not (h := common.host()).own_sources():
+        return
+    from dataclasses import replace
+
+    from p2pkit.app import pin as pin_mod
+    from p2pkit.stages.preflight.checks import missing_pins
+
+    asked = replace(prof, driver=replace(prof.driver, installer_url=installer or prof.driver.installer_url))
+    network = [k for k, given in (
+        ("driver.installer_sha256", installer and "://" in installer and not installer.startswith("file://")),
+        ("p2p_module.commit", fork_remote), ("engine.commit", engine_remote)) if given]
+    if network:  # its hint is `up --pin` with the host's own sources: for every pin it will resolve
+        pin_mod.refuse_sources_elsewhere(h, asked, list(dict.fromkeys([*network, *missing_pins(prof)])))
+
+
+def _installer(prof, installer: str, found: dict, pins: dict) -> None:
+    """The installer's sha256, after its own archive check, for the driver version the profile pins."""
+    from p2pkit.app import pin as pin_mod
+
+    with tempfile.TemporaryDirectory(prefix="p2pkit-pin-") as tmp:
+        found["installer"] = pin_mod.installer_pin(installer, Path(tmp))
+        got = found["installer"]["version"]
+        if got and got != prof.driver.version:
+            raise UsageError(f"the installer {installer} is driver {got} ({found['installer']['label']}); "
+                             f"the profile pins driver {prof.driver.version}",
+                             hint=f"download NVIDIA's {prof.driver.version} installer, or change driver.version "
+                                  "in your profile first; nothing was pinned")
+        pins[("driver", "installer_sha256")] = found["installer"]["sha256"]
+
+
+def _commits(prof, fork: Path | None, fork_remote: bool, engine: Path | None, engine_remote: bool, found: dict,
+             pins: dict) -> None:
+    """The fork's and the engine's commits, from a checkout or from `git ls-remote`."""
+    from p2pkit.app import pin as pin_mod
+    from p2pkit.core.runner import Runner
+
+    runner = Runner()
+    if fork or fork_remote:
+        found["fork"] = (pin_mod.checkout_commit(runner, fork) if fork else
+                         pin_mod.remote_commit(runner, prof.p2p_module.repo, f"refs/heads/{prof.p2p_module.branch}"))
+        pins[("p2p_module", "commit")] = found["fork"]["commit"]
+    if engine or engine_remote:
+        found["engine"] = (pin_mod.checkout_commit(runner, engine) if engine else
+                           pin_mod.remote_commit(runner, prof.engine.repo, "HEAD"))
+        pins[("engine", "commit")] = found["engine"]["commit"]
+
+
+def _say_found(o, found: dict) -> None:
     for what, f in found.items():
         if what == "engine_offline":
             o.log(f"engine source for a box without network: {f['path']} ({f['bytes'] / 2**20:.1f} MiB, {f['files']} "
@@ -104,9 +147,3 @@ def pin(
             continue
         o.log(f"{what}: " + (f"{f['file']}: archive check: {f['check']}; sha256 {f['sha256']}" if what == "installer"
                              else f"{f['commit']} from {f['from']}"))
-    o.line(diff.rstrip("\n") if diff else f"{out}: already pinned so; nothing to change")
-    if written:
-        o.log(f"wrote {out}; use it with `p2pkit --profile {out} up`")
-    elif diff:
-        o.log(f"nothing was written; add --yes to write {out}")
-    raise typer.Exit(int(Exit.OK))

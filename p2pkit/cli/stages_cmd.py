@@ -15,7 +15,6 @@ from p2pkit.core import config, hoststate
 from p2pkit.core.artifacts import atomic_write
 from p2pkit.core.errors import Exit, UsageError
 from p2pkit.facts import collect as facts
-from p2pkit.host.system import identity
 from p2pkit.stages import get, names
 
 facts_app = typer.Typer(help="Record what p2pkit reads from a host.", no_args_is_help=True)
@@ -88,31 +87,12 @@ def up(
         pinned = pin_for_up(ctx)
         if pinned is not None:
             ctx.profile = common.contained(pinned, ctx.host)
-    if reboot and not resumed:  # a person asked: a new budget (the resume unit spends the recorded one)
-        ctx.store.ensure()
-        hoststate.start_reboot_budget(ctx.store.dir, max_reboots)
-    res = pipeline.up(ctx, start, stop, force)
-    while res.code == Exit.REBOOT and reboot:
-        if ctx.host.reboots_for_real() and not common.OPTS.yes:
-            raise UsageError("a reboot is needed and --reboot asks p2pkit to do it, but this is a real host",
-                             hint="add --yes to let p2pkit reboot this machine, or reboot yourself and run "
-                                  "`p2pkit up` again")
-        from p2pkit.app.reboot import UNIT, disable_resume_unit, reboot_host
+    from p2pkit.app.reboot import up_with_reboots
 
-        spent = hoststate.spend_reboot(ctx.store.dir, identity(ctx.host)["boot_id"], res.message)
-        if spent:  # said on stderr: the resume unit's journal; `status` says it too
-            disabled = disable_resume_unit(ctx)
-            res.code = Exit.CHECK_FAILED
-            res.message = spent + (f"; {UNIT} is disabled" if disabled else "")
-            break
-        reboot_host(ctx)
-        if ctx.host.reboots_for_real():  # the machine is going down: the resume unit carries on after boot
-            raise typer.Exit(int(Exit.REBOOT))
-        before = res.ran
-        res = pipeline.up(ctx, start, stop, force=False)
-        res.ran = list(dict.fromkeys([*before, *res.ran]))  # each stage once, in order
-        if res.code == Exit.OK and res.ran:
-            res.message = f"ran {', '.join(res.ran)}; all selected stages passed"
+    res = up_with_reboots(ctx, start, stop, force, reboot=reboot, resumed=resumed, max_reboots=max_reboots,
+                          yes=common.OPTS.yes)
+    if res.going_down:
+        raise typer.Exit(int(Exit.REBOOT))
     doc = {"result": "ok" if res.code == Exit.OK else "stopped", "exit_code": int(res.code),
            "message": res.message, "ran": res.ran, "stages": [s.as_dict() for s in res.states]}
     if common.OPTS.json:
@@ -122,20 +102,8 @@ def up(
         if res.code == Exit.OK:
             ctx.out.line(res.message)
         else:
-            hint = ""
-            if res.code == Exit.REBOOT and (how := ctx.host.reboot_command()):
-                hint = f"on this host: `{how}`, then `p2pkit up`"
-            if reboot and hoststate.reboot_budget(ctx.store.dir, exhausted=True):
-                hint = budget_fix(ctx)
-            ctx.out.error(res.message, hint)
-    if res.code == Exit.OK:
-        hoststate.clear_reboot_budget(ctx.store.dir)
+            ctx.out.error(res.message, res.hint)
     raise typer.Exit(int(res.code))
-
-
-def budget_fix(ctx) -> str:
-    return ("apply the change the stage names by hand (for the kernel command line: your bootloader's own "
-            f"configuration), reboot, then run `{pipeline.command(ctx, '--yes', 'up', '--reboot')}` (a new budget)")
 
 
 def _inventory(inventory: Path, action: str, command: list[str], wheel: Path | None = None,
@@ -216,6 +184,8 @@ def status(
         ctx.out.table(f"status ({ctx.profile.name})", ["stage", "state", "why", "finished"], _states_rows(states),
                       status_col=1)
         if spent:
+            from p2pkit.app.reboot import budget_fix
+
             ctx.out.error(f"{spent['exhausted']['why']} (at {spent['exhausted']['time']})", budget_fix(ctx))
         if denied:
             import os

@@ -409,12 +409,28 @@ def _type_name(tp) -> str:
 
 
 def _check_value(path: str, tp, value, meta: dict) -> str | None:
+    """Why a value does not fit its key (its type, then its size and characters, then its range, choices and
+    pattern), or None."""
     expect = meta.get("expect") or _type_name(tp)
     origin = typing.get_origin(tp)
     if tp is bool:
         if not isinstance(value, bool):
             return f"expected true or false, got {value!r}"
         return None
+    if origin is list:
+        return _list_problem(value, meta, expect)
+    if tp is dict:
+        if not isinstance(value, dict):
+            return f"expected a table, got {_shown(value)}"
+        return None
+    why = _scalar_problem(tp, value, meta, expect)
+    if why:
+        return why
+    return _bounds_problem(value, meta, expect)
+
+
+def _scalar_problem(tp, value, meta: dict, expect: str) -> str | None:
+    """An integer, a finite number or a string within its size and characters: why a value is not, or None."""
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             return f"expected an integer, got {_shown(value)}"
@@ -431,23 +447,27 @@ def _check_value(path: str, tp, value, meta: dict) -> str | None:
         why = _size(value, STRING_MAX) or _chars(value, meta.get("chars") or "text")
         if why:
             return why
-    elif origin is list:
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            return f"expected a list of strings, got {_shown(value)}"
-        if len(value) > ITEMS_MAX:
-            return f"holds {len(value)} items; at most {ITEMS_MAX}"
-        why = next((w for v in value if (w := _size(v, STRING_MAX) or _chars(v, meta.get("chars") or "text"))), None)
-        if why:
-            return why
-        pat = meta.get("item_pattern")
-        bad = [v for v in value if pat and not re.match(pat, v)]
-        if bad:
-            return f"expected {expect}, got {_shown(bad[0])}"
-        return None
-    elif tp is dict:
-        if not isinstance(value, dict):
-            return f"expected a table, got {_shown(value)}"
-        return None
+    return None
+
+
+def _list_problem(value, meta: dict, expect: str) -> str | None:
+    """A list of strings: its length, each item's size and characters, each item's pattern; why not, or None."""
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        return f"expected a list of strings, got {_shown(value)}"
+    if len(value) > ITEMS_MAX:
+        return f"holds {len(value)} items; at most {ITEMS_MAX}"
+    why = next((w for v in value if (w := _size(v, STRING_MAX) or _chars(v, meta.get("chars") or "text"))), None)
+    if why:
+        return why
+    pat = meta.get("item_pattern")
+    bad = [v for v in value if pat and not re.match(pat, v)]
+    if bad:
+        return f"expected {expect}, got {_shown(bad[0])}"
+    return None
+
+
+def _bounds_problem(value, meta: dict, expect: str) -> str | None:
+    """A value of the right type against its key's bounds, choices and pattern: why it is outside, or None."""
     if meta.get("lo") is not None and value < meta["lo"]:
         return f"expected at least {meta['lo']}, got {_shown(value)}"
     if meta.get("hi") is not None and value > meta["hi"]:
@@ -484,39 +504,10 @@ def from_dict(data: dict, source: str, overrides: tuple[str, ...] = (),
         if key not in SECTIONS:
             problems.append((key, f"unknown section; expected one of {', '.join(SECTIONS)}"))
     for sec, cls in SECTIONS.items():
-        raw = data.get(sec)
-        if raw is None:
-            required = [x.name for x in fields(cls) if x.default is MISSING and x.default_factory is MISSING]
-            if required:
-                problems.append((sec, f"missing section; it needs {', '.join(required)}"))
-                continue
-            raw = {}
-        if not isinstance(raw, dict):
-            problems.append((sec, f"expected a table, got {_shown(raw)}"))
-            continue
-        hints = typing.get_type_hints(cls)
-        known = {x.name for x in fields(cls)}
-        for key in raw:
-            if key not in known:
-                problems.append((f"{sec}.{key}", f"unknown key; expected one of {', '.join(sorted(known))}"))
-        values = {}
-        for fl in fields(cls):
-            path = f"{sec}.{fl.name}"
-            if fl.name not in raw:
-                if fl.default is MISSING and fl.default_factory is MISSING:
-                    expect = fl.metadata.get("expect") or _type_name(hints[fl.name])
-                    problems.append((path, f"missing; expected {expect}"))
-                continue
-            tp = hints[fl.name]
-            msg = _check_value(path, tp, raw[fl.name], dict(fl.metadata))
-            if not msg and tp is dict and (table := _table_problems(path, raw[fl.name])):
-                problems += table
-            elif msg:
-                problems.append((path, msg))
-            else:
-                v = raw[fl.name]
-                values[fl.name] = float(v) if tp is float else v
-        built[sec] = values
+        values, found = _section(sec, cls, data.get(sec))
+        problems += found
+        if values is not None:
+            built[sec] = values
     if problems:
         raise ProfileError(shown, problems, check, source, given)
     profile = Profile(**{sec: cls(**built[sec]) for sec, cls in SECTIONS.items()}, source=source,
@@ -528,6 +519,40 @@ def from_dict(data: dict, source: str, overrides: tuple[str, ...] = (),
         if secrets.is_secret(k, profile.secret_names()):
             secrets.register(v)
     return profile
+
+
+def _section(sec: str, cls, raw) -> tuple[dict | None, list[tuple[str, str]]]:
+    """One section of a profile: its values by field (None where the section is missing or not a table) and its
+    problems in order (the section itself, its unknown keys, then field by field)."""
+    if raw is None:
+        required = [x.name for x in fields(cls) if x.default is MISSING and x.default_factory is MISSING]
+        if required:
+            return None, [(sec, f"missing section; it needs {', '.join(required)}")]
+        raw = {}
+    if not isinstance(raw, dict):
+        return None, [(sec, f"expected a table, got {_shown(raw)}")]
+    hints = typing.get_type_hints(cls)
+    known = {x.name for x in fields(cls)}
+    problems = [(f"{sec}.{key}", f"unknown key; expected one of {', '.join(sorted(known))}")
+                for key in raw if key not in known]
+    values = {}
+    for fl in fields(cls):
+        path = f"{sec}.{fl.name}"
+        if fl.name not in raw:
+            if fl.default is MISSING and fl.default_factory is MISSING:
+                expect = fl.metadata.get("expect") or _type_name(hints[fl.name])
+                problems.append((path, f"missing; expected {expect}"))
+            continue
+        tp = hints[fl.name]
+        msg = _check_value(path, tp, raw[fl.name], dict(fl.metadata))
+        if not msg and tp is dict and (table := _table_problems(path, raw[fl.name])):
+            problems += table
+        elif msg:
+            problems.append((path, msg))
+        else:
+            v = raw[fl.name]
+            values[fl.name] = float(v) if tp is float else v
+    return values, problems
 
 
 # The engines' own rules on [serve.flags]: each engine module (p2pkit/rules/engines) knows its flags (which

@@ -258,20 +258,7 @@ class Runner:
         """`output_log`: a file the command line and then its output (stdout and stderr, as they come) are
         appended to while it runs; the output is still captured and returned. `input_text`: the command's
         stdin (a password mokutil reads), else /dev/null; never logged."""
-        exe = self.which(argv[0]) if "/" not in argv[0] else argv[0]
-        if exe is not None and "/" in exe and not os.access(exe, os.X_OK):  # a path that is not there
-            raise MissingError(f"{exe} does not exist or is not executable",
-                               hint=f"install what provides {exe}, or fix the path that names it")
-        if exe is None and self.root != Path("/"):  # never this machine's own in the host's place
-            raise MissingError(
-                f"{argv[0]} is not in the host at {self.root} (looked in {':'.join(self.host_dirs())})",
-                hint=f"install {argv[0]} in that host, or run p2pkit on the host itself (--root /)",
-            )
-        if exe is None:
-            raise MissingError(
-                f"the command `{argv[0]}` is not installed (looked in {self.path_env()})",
-                hint=f"install the package that provides {argv[0]}, or check PATH",
-            )
+        exe = self._executable(argv[0])
         full_env = self.env()
         if env:
             full_env.update(env)
@@ -294,29 +281,8 @@ class Runner:
         readers = [_Capped(p, sink) for p in (proc.stdout, proc.stderr) if p is not None]
         for r in readers:
             r.start()
-        if proc.stdin is not None:
-            try:
-                proc.stdin.write(input_text.encode())
-                proc.stdin.close()
-            except BrokenPipeError:
-                pass
-        finished = False
-        try:
-            try:
-                proc.wait(timeout=limit)
-            except subprocess.TimeoutExpired:
-                children.kill(proc.pid, token)
-                proc.wait()
-                for r in readers:
-                    r.join(timeout=5)
-                out, err = (r.text() for r in readers) if readers else ("", "")
-                raise CommandTimeout(argv, limit, time.monotonic() - start, out, err) from None
-            finished = True
-        finally:
-            if not finished:  # a timeout, Ctrl-C, SIGTERM: nothing of this command outlives the wait
-                children.kill(proc.pid, token)
-                proc.wait()
-            children.ended(proc.pid)
+        _feed(proc, input_text)
+        _wait(proc, readers, argv, token, limit, start)
         for r in readers:
             r.join(timeout=10)  # a daemon the command left behind may hold the pipe: do not wait on it
         out, err = (r.text() for r in readers) if readers else ("", "")
@@ -333,6 +299,24 @@ class Runner:
             raise CommandError(argv, proc.returncode, result.stdout, result.stderr)
         return result
 
+    def _executable(self, name: str) -> str:
+        """The host's executable for `name` (a path as it is), or why there is none (MissingError)."""
+        exe = self.which(name) if "/" not in name else name
+        if exe is not None and "/" in exe and not os.access(exe, os.X_OK):  # a path that is not there
+            raise MissingError(f"{exe} does not exist or is not executable",
+                               hint=f"install what provides {exe}, or fix the path that names it")
+        if exe is None and self.root != Path("/"):  # never this machine's own in the host's place
+            raise MissingError(
+                f"{name} is not in the host at {self.root} (looked in {':'.join(self.host_dirs())})",
+                hint=f"install {name} in that host, or run p2pkit on the host itself (--root /)",
+            )
+        if exe is None:
+            raise MissingError(
+                f"the command `{name}` is not installed (looked in {self.path_env()})",
+                hint=f"install the package that provides {name}, or check PATH",
+            )
+        return exe
+
     def json_result(self, argv: list[str], what: str, timeout: float, output_log: Path | None = None) -> dict:
         """Run a helper that prints its result as a JSON line last (the load worker, a probe run in
         another Python): that document, or {"error": ...} naming `what`, its exit and its last lines."""
@@ -345,3 +329,36 @@ class Runner:
             tail = " | ".join((r.stderr or r.stdout).strip().splitlines()[-3:])
             return {"error": f"{what} exited {r.returncode} without a result: {tail}"}
         return json.loads(lines[-1])
+
+
+def _feed(proc: subprocess.Popen, input_text: str | None) -> None:
+    """The command's stdin, where it reads one (a password mokutil reads); a command that left already: none."""
+    if proc.stdin is None:
+        return
+    try:
+        proc.stdin.write(input_text.encode())
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+
+
+def _wait(proc: subprocess.Popen, readers: list, argv: list[str], token: str, limit: float, start: float) -> None:
+    """The command's end within `limit`; past it, the command and its children are killed (CommandTimeout, with
+    what it printed). A timeout, Ctrl-C, SIGTERM: nothing of this command outlives the wait."""
+    finished = False
+    try:
+        try:
+            proc.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            children.kill(proc.pid, token)
+            proc.wait()
+            for r in readers:
+                r.join(timeout=5)
+            out, err = (r.text() for r in readers) if readers else ("", "")
+            raise CommandTimeout(argv, limit, time.monotonic() - start, out, err) from None
+        finished = True
+    finally:
+        if not finished:
+            children.kill(proc.pid, token)
+            proc.wait()
+        children.ended(proc.pid)

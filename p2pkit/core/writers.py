@@ -123,85 +123,111 @@ def read_env_file(text: str) -> dict[str, str]:
     and `;` start a comment; a value is bare (a backslash escapes one character, trailing blanks dropped),
     'single-quoted' or "double-quoted" (a backslash escapes " \\ ` $ and a newline); a later name replaces
     an earlier one. The one reader of the files env_file writes, and of the ones people write by hand."""
-    out: dict[str, str] = {}
-    key: list[str] = []
-    value: list[str] = []
-    state, key_ws, value_ws = "pre_key", None, None
-
-    def push() -> None:
-        k = "".join(key[:key_ws] if key_ws is not None else key)
-        v = value[:value_ws] if state == "value" and value_ws is not None else value
-        if k:
-            out[k] = "".join(v)
-
+    r = _EnvFileReader()
+    step = {name: getattr(r, name) for name in _EnvFileReader.STATES}
     for c in text:
-        if state == "pre_key":
-            if c in "#;":
-                state = "comment"
-            elif c not in _ENV_SPACE:
-                state, key, key_ws = "key", [c], None
-        elif state == "key":
-            if c in _ENV_NEWLINE:
-                state = "pre_key"
-            elif c == "=":
-                state, value, value_ws = "pre_value", [], None
-            else:
-                key_ws = None if c not in _ENV_SPACE else (len(key) if key_ws is None else key_ws)
-                key.append(c)
-        elif state == "pre_value":
-            if c in _ENV_NEWLINE:
-                push()
-                state = "pre_key"
-            elif c == "'":
-                state = "single"
-            elif c == '"':
-                state = "double"
-            elif c == "\\":
-                state = "value_escape"
-            elif c not in _ENV_SPACE:
-                state = "value"
-                value.append(c)
-        elif state == "value":
-            if c in _ENV_NEWLINE:
-                push()
-                state = "pre_key"
-            elif c == "\\":
-                state, value_ws = "value_escape", None
-            else:
-                value_ws = None if c not in _ENV_SPACE else (len(value) if value_ws is None else value_ws)
-                value.append(c)
-        elif state == "value_escape":
-            state = "value"
-            if c not in _ENV_NEWLINE:  # an escaped newline is eaten up
-                value.append(c)
-        elif state == "single":
-            if c == "'":
-                state = "pre_value"
-            else:
-                value.append(c)
-        elif state == "double":
-            if c == '"':
-                state = "pre_value"
-            elif c == "\\":
-                state = "double_escape"
-            else:
-                value.append(c)
-        elif state == "double_escape":
-            state = "double"
-            if c in _ENV_ESCAPED:
-                value.append(c)
-            elif c != "\n":  # another character keeps its backslash, as the shell does
-                value += ["\\", c]
-        elif state == "comment":
-            if c == "\\":
-                state = "comment_escape"
-            elif c in _ENV_NEWLINE:
-                state = "pre_key"
-        elif state == "comment_escape":
-            state = "pre_key" if c in _ENV_NEWLINE else "comment"
-    if state in ("pre_value", "value", "value_escape", "single", "double", "double_escape"):
-        push()
-    return out
+        step[r.state](c)
+    if r.state in ("pre_value", "value", "value_escape", "single", "double", "double_escape"):
+        r.push()
+    return r.out
+
+
+class _EnvFileReader:
+    """parse_env_file_internal's states, one method each: the method of the state the reader is in takes the
+    next character."""
+
+    STATES = ("pre_key", "key", "pre_value", "value", "value_escape", "single", "double", "double_escape", "comment",
+              "comment_escape")
+
+    def __init__(self) -> None:
+        self.out: dict[str, str] = {}
+        self.name_chars: list[str] = []
+        self.value_chars: list[str] = []
+        self.state, self.key_ws, self.value_ws = "pre_key", None, None
+
+    def push(self) -> None:
+        k = "".join(self.name_chars[:self.key_ws] if self.key_ws is not None else self.name_chars)
+        v = self.value_chars
+        if self.state == "value" and self.value_ws is not None:
+            v = v[:self.value_ws]
+        if k:
+            self.out[k] = "".join(v)
+
+    def pre_key(self, c: str) -> None:
+        if c in "#;":
+            self.state = "comment"
+        elif c not in _ENV_SPACE:
+            self.state, self.name_chars, self.key_ws = "key", [c], None
+
+    def key(self, c: str) -> None:
+        if c in _ENV_NEWLINE:
+            self.state = "pre_key"
+        elif c == "=":
+            self.state, self.value_chars, self.value_ws = "pre_value", [], None
+        else:
+            self.key_ws = None if c not in _ENV_SPACE else (len(self.name_chars) if self.key_ws is None
+                                                            else self.key_ws)
+            self.name_chars.append(c)
+
+    def pre_value(self, c: str) -> None:
+        if c in _ENV_NEWLINE:
+            self.push()
+            self.state = "pre_key"
+        elif c == "'":
+            self.state = "single"
+        elif c == '"':
+            self.state = "double"
+        elif c == "\\":
+            self.state = "value_escape"
+        elif c not in _ENV_SPACE:
+            self.state = "value"
+            self.value_chars.append(c)
+
+    def value(self, c: str) -> None:
+        if c in _ENV_NEWLINE:
+            self.push()
+            self.state = "pre_key"
+        elif c == "\\":
+            self.state, self.value_ws = "value_escape", None
+        else:
+            self.value_ws = None if c not in _ENV_SPACE else (len(self.value_chars) if self.value_ws is None
+                                                              else self.value_ws)
+            self.value_chars.append(c)
+
+    def value_escape(self, c: str) -> None:
+        self.state = "value"
+        if c not in _ENV_NEWLINE:  # an escaped newline is eaten up
+            self.value_chars.append(c)
+
+    def single(self, c: str) -> None:
+        if c == "'":
+            self.state = "pre_value"
+        else:
+            self.value_chars.append(c)
+
+    def double(self, c: str) -> None:
+        if c == '"':
+            self.state = "pre_value"
+        elif c == "\\":
+            self.state = "double_escape"
+        else:
+            self.value_chars.append(c)
+
+    def double_escape(self, c: str) -> None:
+        self.state = "double"
+        if c in _ENV_ESCAPED:
+            self.value_chars.append(c)
+        elif c != "\n":  # another character keeps its backslash, as the shell does
+            self.value_chars += ["\\", c]
+
+    def comment(self, c: str) -> None:
+        if c == "\\":
+            self.state = "comment_escape"
+        elif c in _ENV_NEWLINE:
+            self.state = "pre_key"
+
+    def comment_escape(self, c: str) -> None:
+        self.state = "pre_key" if c in _ENV_NEWLINE else "comment"
 
 
 def env_file(env: dict[str, str], header: str = "", what: str = "") -> str:

@@ -32,6 +32,22 @@ def _call(fn, *args):
 
 
 def facts(host: Host) -> dict:
+    def labelled(nv) -> dict:
+        out = _gather(nv)
+        if getattr(nv, "simulated", None):
+            out["recorded"] = nv.simulated
+        return out
+    return _session(host, labelled)
+
+
+def per_gpu(host: Host, function: str) -> dict:
+    """One NVML device function's answer for every GPU, by the GPU's PCI bus id (a fact of its own in the
+    fact table: p2pkit/facts/table.py): {"00000000:01:00.0": answer or {"error": ...}}, or {"error": ...}."""
+    return _session(host, lambda nv: _each_gpu(nv, function))
+
+
+def _session(host: Host, read) -> dict:
+    """read(nv) between NVML's init and shutdown; a library that cannot load or start is the reading's error."""
     try:
         nv = host.library("nvml")
     except NotThisMachine as e:
@@ -46,14 +62,27 @@ def facts(host: Host) -> dict:
             msg += ": the loaded kernel module and the userspace driver differ; reboot or reload the module"
         return {"error": f"NVML did not initialise: {msg}"}
     try:
-        out = _gather(nv)
+        out = read(nv)
     finally:
         try:
             nv.nvmlShutdown()
         except nv.NVMLError:
             pass
-    if getattr(nv, "simulated", None):
-        out["recorded"] = nv.simulated
+    return out
+
+
+def _each_gpu(nv, function: str) -> dict:
+    count = _call((nv, "nvmlDeviceGetCount"))
+    if isinstance(count, dict):
+        return count
+    out = {}
+    for i in range(count):
+        h = _call((nv, "nvmlDeviceGetHandleByIndex"), i)
+        if isinstance(h, dict):
+            return {"error": f"GPU {i}: {h['error']}"}
+        pci = _call((nv, "nvmlDeviceGetPciInfo"), h)
+        bus = f"GPU {i}" if isinstance(pci, dict) else pci.busId.decode() if isinstance(pci.busId, bytes) else pci.busId
+        out[bus] = _call((nv, function), h)
     return out
 
 

@@ -141,6 +141,10 @@ class SimNvml:
         gen = self.nvmlDeviceGetCurrPcieLinkGeneration(h)
         return {1: 2500, 2: 5000, 3: 8000, 4: 16000, 5: 32000, 6: 64000}[gen]
 
+    def nvmlDeviceGetPersistenceMode(self, h: int) -> int:
+        # on, as on the H200 (nvidia-persistenced keeps it so); a scenario's GPU nobody turned it on for is off
+        return pynvml.NVML_FEATURE_ENABLED if self._gpu(h).get("persistence", True) else pynvml.NVML_FEATURE_DISABLED
+
     def nvmlDeviceGetPcieReplayCounter(self, h: int) -> int:
         return self._gpu(h).get("replay_counter", 0)
 

@@ -176,6 +176,9 @@ def gpu_files(root: Path, state: dict) -> None:
 
 
 def render(root: Path, state: dict) -> None:
+    """Lay the simulated host out from its state: /sys, /proc and /dev anew (the GPUs, storage, the loaded module,
+    the kernel, the cgroups and the processes in them), the files a scenario left, /etc, dpkg's database, the
+    state itself and the stand-ins."""
     root = Path(root)
     if root.resolve() == Path("/"):  # a simulated host is a directory; a container host's root is real
         raise RuntimeError("SIMULATED host: refusing to lay a simulated host out over / (a container host's "
@@ -187,6 +190,29 @@ def render(root: Path, state: dict) -> None:
     gpu_files(root, state)
     _storage(root, state)
     module_files(root, state)
+    _kernel(root, state)
+    _own_cgroup(root, state)
+    for unit, svc in state.get("services", {}).items():  # what systemd does for a running unit
+        if svc.get("started") and svc.get("pid"):
+            _unit_process(root, state, unit, svc)
+    for rel, pids in moved.items():  # the cgroups p2pkit made (its launcher's), with the processes moved there
+        _moved_processes(root, state, rel, pids)
+    for rel, text in state.get("files", {}).items():  # files a scenario's earlier life left behind
+        write(root, rel, text)
+    _etc(root, state)
+    _dpkg_database(root, state)
+    write(root, ".p2pkit-sim/README", "SIMULATED host laid out by `p2pkit sim init`. Nothing here is real.\n")
+    state["driver"]["userspace"] = userspace_on_disk(root)  # what NVML would load: the files decide
+    # the libraries a real host answers through (NVML, the GPUs under load), as this host's stand-ins
+    state_doc = {**state, "libraries": LIBRARIES, "lends": list(LENDS)}
+    write(root, SIM_MARKER, json.dumps(state_doc, indent=2) + "\n")
+    for name in STANDINS:
+        write_standin(root, name, standin_script(name))
+
+
+def _kernel(root: Path, state: dict) -> None:
+    """What the kernel says of itself: its command line, the CPU, arch, release and hostname, /boot, the boot id,
+    and PID 1 (systemd, with its /run/systemd/system, unless the scenario has none)."""
     write(root, "proc/cmdline", state["cmdline"] + "\n")
     if state.get("arch") == "aarch64":  # arm64's /proc/cpuinfo has no vendor_id (GB10: Cortex-X925, 0x41 is Arm)
         write(root, "proc/cpuinfo", "processor\t: 0\nBogoMIPS\t: 2000.00\nCPU implementer\t: 0x41\n"
@@ -204,6 +230,11 @@ def render(root: Path, state: dict) -> None:
     write(root, "proc/1/comm", "systemd\n" if state.get("systemd", True) else "sh\n")
     if state.get("systemd", True):
         (root / "run/systemd/system").mkdir(parents=True, exist_ok=True)
+
+
+def _own_cgroup(root: Path, state: dict) -> None:
+    """The cgroup p2pkit itself runs in (a user session's capped scope where the scenario caps it) and the
+    cgroup tree's root."""
     cap = state.get("cgroup_memory_cap")
     cg = "/user.slice/user-1000.slice/session-3.scope" if cap else "/system.slice/p2pkit.service"
     write(root, "proc/self/cgroup", f"0::{cg}\n")
@@ -211,41 +242,50 @@ def render(root: Path, state: dict) -> None:
     write(root, f"sys/fs/cgroup{cg}/memory.max", f"{cap}\n" if cap else "max\n")
     if state.get("cgroup_root_memory_cap"):  # a container's cgroup namespace: its root is a capped cgroup
         write(root, "sys/fs/cgroup/memory.max", f"{state['cgroup_root_memory_cap']}\n")
-    for unit, svc in state.get("services", {}).items():  # what systemd does for a running unit
-        if svc.get("started") and svc.get("pid"):
-            cgpath = f"/{svc.get('slice') or 'system.slice'}/{unit}"
-            write(root, f"proc/{svc['pid']}/cgroup", f"0::{cgpath}\n")
-            # the engine is a real process here: its mappings are the kernel's own (P26's VmFlags)
-            (root / f"proc/{svc['pid']}/smaps").symlink_to(f"/proc/{svc['pid']}/smaps")
-            (root / f"proc/{svc['pid']}/stat").symlink_to(f"/proc/{svc['pid']}/stat")  # its state: T when stopped
-            if state.get("engine_nccl"):  # a scenario's NCCL libraries in the engine's mappings (P37)
-                base = 0xFFFF8A000000
-                maps = [f"{base + i * 0x1000000:012x}-{base + i * 0x1000000 + 0xE00000:012x} r-xp 00000000 103:02 "
-                        f"{3414 + i} {lib}" for i, lib in enumerate(state["engine_nccl"])]
-                maps.append(f"{base - 0x200000:012x}-{base:012x} rw-s 00000000 00:1a 77 /dev/shm/nccl-Ab12Cd")
-                write(root, f"proc/{svc['pid']}/maps", "\n".join(maps) + "\n")
-            else:  # every process has its mappings: the engine's own, as the kernel shows them
-                (root / f"proc/{svc['pid']}/maps").symlink_to(f"/proc/{svc['pid']}/maps")
-            write(root, f"sys/fs/cgroup/{svc.get('slice') or 'system.slice'}/memory.max", "max\n")
-            mm = svc.get("memory_max", "max")
-            write(root, f"sys/fs/cgroup{cgpath}/memory.max", ("max" if mm in ("infinity", "max") else mm) + "\n")
-    for rel, pids in moved.items():  # the cgroups p2pkit made (its launcher's), with the processes moved there
-        write(root, f"sys/fs/cgroup{rel}/cgroup.procs", "".join(f"{p}\n" for p in pids))
-        write(root, f"sys/fs/cgroup{rel}/memory.max", "max\n")  # a new cgroup's default
-        for pid in pids:
-            write(root, f"proc/{pid}/cgroup", f"0::{rel}\n")
-            # a real process, as a unit's engine is above: its state and mappings are the kernel's own, and a
-            # scenario's NCCL libraries are in its maps (P37)
-            for name in ("stat", "smaps"):
-                if not (root / f"proc/{pid}/{name}").is_symlink():
-                    (root / f"proc/{pid}/{name}").symlink_to(f"/proc/{pid}/{name}")
-            if state.get("engine_nccl"):
-                base = 0xFFFF8A000000
-                write(root, f"proc/{pid}/maps", "\n".join(
-                    f"{base + i * 0x1000000:012x}-{base + i * 0x1000000 + 0xE00000:012x} r-xp 00000000 103:02 "
-                    f"{3414 + i} {lib}" for i, lib in enumerate(state["engine_nccl"])) + "\n")
-    for rel, text in state.get("files", {}).items():  # files a scenario's earlier life left behind
-        write(root, rel, text)
+
+
+def _unit_process(root: Path, state: dict, unit: str, svc: dict) -> None:
+    """A running unit's engine: its cgroup in its slice with the unit's MemoryMax=, its state, smaps and maps
+    (a scenario's NCCL libraries there, P37)."""
+    cgpath = f"/{svc.get('slice') or 'system.slice'}/{unit}"
+    write(root, f"proc/{svc['pid']}/cgroup", f"0::{cgpath}\n")
+    # the engine is a real process here: its mappings are the kernel's own (P26's VmFlags)
+    (root / f"proc/{svc['pid']}/smaps").symlink_to(f"/proc/{svc['pid']}/smaps")
+    (root / f"proc/{svc['pid']}/stat").symlink_to(f"/proc/{svc['pid']}/stat")  # its state: T when stopped
+    if state.get("engine_nccl"):  # a scenario's NCCL libraries in the engine's mappings (P37)
+        base = 0xFFFF8A000000
+        maps = [f"{base + i * 0x1000000:012x}-{base + i * 0x1000000 + 0xE00000:012x} r-xp 00000000 103:02 "
+                f"{3414 + i} {lib}" for i, lib in enumerate(state["engine_nccl"])]
+        maps.append(f"{base - 0x200000:012x}-{base:012x} rw-s 00000000 00:1a 77 /dev/shm/nccl-Ab12Cd")
+        write(root, f"proc/{svc['pid']}/maps", "\n".join(maps) + "\n")
+    else:  # every process has its mappings: the engine's own, as the kernel shows them
+        (root / f"proc/{svc['pid']}/maps").symlink_to(f"/proc/{svc['pid']}/maps")
+    write(root, f"sys/fs/cgroup/{svc.get('slice') or 'system.slice'}/memory.max", "max\n")
+    mm = svc.get("memory_max", "max")
+    write(root, f"sys/fs/cgroup{cgpath}/memory.max", ("max" if mm in ("infinity", "max") else mm) + "\n")
+
+
+def _moved_processes(root: Path, state: dict, rel: str, pids: list[int]) -> None:
+    """A cgroup p2pkit made, with the processes moved there: its procs, its default memory.max, and each
+    process's cgroup, state, smaps and (with a scenario's NCCL libraries) maps."""
+    write(root, f"sys/fs/cgroup{rel}/cgroup.procs", "".join(f"{p}\n" for p in pids))
+    write(root, f"sys/fs/cgroup{rel}/memory.max", "max\n")  # a new cgroup's default
+    for pid in pids:
+        write(root, f"proc/{pid}/cgroup", f"0::{rel}\n")
+        # a real process, as a unit's engine is above: its state and mappings are the kernel's own, and a
+        # scenario's NCCL libraries are in its maps (P37)
+        for name in ("stat", "smaps"):
+            if not (root / f"proc/{pid}/{name}").is_symlink():
+                (root / f"proc/{pid}/{name}").symlink_to(f"/proc/{pid}/{name}")
+        if state.get("engine_nccl"):
+            base = 0xFFFF8A000000
+            write(root, f"proc/{pid}/maps", "\n".join(
+                f"{base + i * 0x1000000:012x}-{base + i * 0x1000000 + 0xE00000:012x} r-xp 00000000 103:02 "
+                f"{3414 + i} {lib}" for i, lib in enumerate(state["engine_nccl"])) + "\n")
+
+
+def _etc(root: Path, state: dict) -> None:
+    """/etc: the machine id, Ubuntu's base users and groups (laid out once) and os-release."""
     write(root, "etc/machine-id", state["machine_id"] + "\n")
     # Ubuntu's base users and groups (video: base-passwd's fixed 44; render: a system gid udev's
     # package makes), laid out once: the useradd and usermod stand-ins change them afterwards
@@ -255,14 +295,6 @@ def render(root: Path, state: dict) -> None:
             write(root, rel, text)
     os_ = state["os"]
     write(root, "etc/os-release", "".join(f'{k}="{v}"\n' for k, v in os_.items()) + "ID_LIKE=debian\n")
-    _dpkg_database(root, state)
-    write(root, ".p2pkit-sim/README", "SIMULATED host laid out by `p2pkit sim init`. Nothing here is real.\n")
-    state["driver"]["userspace"] = userspace_on_disk(root)  # what NVML would load: the files decide
-    # the libraries a real host answers through (NVML, the GPUs under load), as this host's stand-ins
-    state_doc = {**state, "libraries": LIBRARIES, "lends": list(LENDS)}
-    write(root, SIM_MARKER, json.dumps(state_doc, indent=2) + "\n")
-    for name in STANDINS:
-        write_standin(root, name, standin_script(name))
 
 
 def module_files(root: Path, state: dict, clear: bool = False) -> None:

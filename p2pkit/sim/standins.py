@@ -651,13 +651,9 @@ def _stop(root: Path, state: dict, unit: str) -> int:
 def systemctl(root: Path, state: dict, args: list[str]) -> int:
     """Offline verbs (--root, enable, is-enabled, disable) go to the real systemctl against the
     simulated root; runtime verbs (start, stop, show, ...) are simulated with real processes."""
-    import subprocess
-
     args = [a.strip("'") for a in args if a not in ("--no-block", "--no-pager", "-l", "--system")]
     if any(a.startswith("--root") for a in args) or (args and args[0] in ("enable", "disable", "is-enabled")):
-        real = ["/usr/bin/systemctl", *([] if any(a.startswith("--root") for a in args) else [f"--root={root}"]),
-                *args]
-        return subprocess.run(real).returncode
+        return _real_systemctl(root, args)
     verb, units = (args[0], args[1:]) if args else ("", [])
     if verb in ("daemon-reload", "daemon-reexec"):
         state["daemon_reloads"] = state.get("daemon_reloads", 0) + 1
@@ -665,32 +661,51 @@ def systemctl(root: Path, state: dict, args: list[str]) -> int:
         return 0
     positional = [a for i, a in enumerate(units) if not a.startswith("-") and (i == 0 or units[i - 1] != "-p")]
     unit = positional[0] if positional else ""
-    if verb == "start":
-        return 0 if service_state(state, unit)[0] == "active" else _start(root, state, unit)
-    if verb == "stop":
-        return _stop(root, state, unit)
-    if verb == "restart":
-        return _stop(root, state, unit) or _start(root, load_state(root), unit)
+    if verb in ("start", "stop", "restart"):
+        return _start_stop(root, state, verb, unit)
     active, pid = service_state(state, unit)
     if verb == "is-active":
         print(active)
         return 0 if active == "active" else 3
     if verb == "show":
-        u = _unit(root, unit)
-        props = {"Id": unit, "LoadState": "loaded" if u["exists"] else "not-found", "ActiveState": active,
-                 "SubState": {"active": "running", "failed": "failed"}.get(active, "dead"), "MainPID": pid,
-                 "UnitFileState": "enabled" if (root / "etc/systemd/system/multi-user.target.wants" / unit).exists()
-                 else "disabled"}
-        want = [units[i + 1] for i, a in enumerate(units) if a == "-p" and i + 1 < len(units)]
-        for k, v in props.items():
-            if not want or k in want:
-                print(v if "--value" in units else f"{k}={v}")
-        return 0
+        return _show(root, unit, units, active, pid)
     if verb == "status":
         print(f"● {unit} (SIMULATED)\n     Active: {active}" + (f"\n   Main PID: {pid}" if pid else ""))
         return 0 if active == "active" else 3
     print(f"SIMULATED systemctl: arguments not simulated: {' '.join(args)}", file=sys.stderr)
     return 1
+
+
+def _real_systemctl(root: Path, args: list[str]) -> int:
+    """An offline verb: the real systemctl, against the simulated root unless --root names one."""
+    import subprocess
+
+    real = ["/usr/bin/systemctl", *([] if any(a.startswith("--root") for a in args) else [f"--root={root}"]),
+            *args]
+    return subprocess.run(real).returncode
+
+
+def _start_stop(root: Path, state: dict, verb: str, unit: str) -> int:
+    """start (nothing to do for an active unit), stop, restart (a stop, then a start from the state it left)."""
+    if verb == "start":
+        return 0 if service_state(state, unit)[0] == "active" else _start(root, state, unit)
+    if verb == "stop":
+        return _stop(root, state, unit)
+    return _stop(root, state, unit) or _start(root, load_state(root), unit)
+
+
+def _show(root: Path, unit: str, units: list[str], active: str, pid: int) -> int:
+    """systemctl show UNIT [-p PROP]... [--value]: the unit's properties p2pkit reads."""
+    u = _unit(root, unit)
+    props = {"Id": unit, "LoadState": "loaded" if u["exists"] else "not-found", "ActiveState": active,
+             "SubState": {"active": "running", "failed": "failed"}.get(active, "dead"), "MainPID": pid,
+             "UnitFileState": "enabled" if (root / "etc/systemd/system/multi-user.target.wants" / unit).exists()
+             else "disabled"}
+    want = [units[i + 1] for i, a in enumerate(units) if a == "-p" and i + 1 < len(units)]
+    for k, v in props.items():
+        if not want or k in want:
+            print(v if "--value" in units else f"{k}={v}")
+    return 0
 
 
 def journalctl(root: Path, state: dict, args: list[str]) -> int:
@@ -773,8 +788,26 @@ def user_tool(tool: str, root: Path, args: list[str]) -> int:
     passwd, group = root / "etc/passwd", root / "etc/group"
     users = passwd.read_text().splitlines() if passwd.is_file() else []
     groups = group.read_text().splitlines() if group.is_file() else []
-    exists = any(ln.split(":")[0] == name for ln in users)
     wanted = [g for g in str(opts.get("g") or "").split(",") if g]
+    refused = _user_refused(tool, name, any(ln.split(":")[0] == name for ln in users), wanted, groups)
+    if refused:
+        return refused
+    if tool == "useradd":
+        uid, gid = os.getuid(), os.getgid()
+        users.append(f"{name}:x:{uid}:{gid}::/nonexistent:{opts.get('s') or '/usr/sbin/nologin'}")
+        groups.append(f"{name}:x:{gid}:")
+    out = [_group_line(tool, ln, name, wanted, opts) for ln in groups]
+    passwd.parent.mkdir(parents=True, exist_ok=True)
+    for path, lines in ((passwd, users), (group, out)):
+        tmp = path.with_name(f".{path.name}.p2pkit-sim")
+        tmp.write_text("".join(f"{ln}\n" for ln in lines))
+        os.replace(tmp, path)
+    return 0
+
+
+def _user_refused(tool: str, name: str, exists: bool, wanted: list[str], groups: list[str]) -> int:
+    """shadow's refusals in its order: a group that does not exist (6), a user useradd finds (9) or usermod
+    does not (6); 0 when none."""
     known = {ln.split(":")[0] for ln in groups}
     for g in wanted:
         if g not in known:
@@ -786,27 +819,21 @@ def user_tool(tool: str, root: Path, args: list[str]) -> int:
     if tool == "usermod" and not exists:
         print(f"usermod: user '{name}' does not exist", file=sys.stderr)
         return 6
-    if tool == "useradd":
-        uid, gid = os.getuid(), os.getgid()
-        users.append(f"{name}:x:{uid}:{gid}::/nonexistent:{opts.get('s') or '/usr/sbin/nologin'}")
-        groups.append(f"{name}:x:{gid}:")
-    out = []
-    for ln in groups:
-        f = ln.split(":")
-        if len(f) >= 4 and f[0] in wanted:
-            members = [m for m in f[3].split(",") if m]
-            if name not in members:
-                members.append(name)
-            f[3] = ",".join(members)
-        elif len(f) >= 4 and tool == "usermod" and not opts.get("--append") and "-a" not in opts and wanted:
-            f[3] = ",".join(m for m in f[3].split(",") if m and m != name)  # -G without -a: only these groups
-        out.append(":".join(f))
-    passwd.parent.mkdir(parents=True, exist_ok=True)
-    for path, lines in ((passwd, users), (group, out)):
-        tmp = path.with_name(f".{path.name}.p2pkit-sim")
-        tmp.write_text("".join(f"{ln}\n" for ln in lines))
-        os.replace(tmp, path)
     return 0
+
+
+def _group_line(tool: str, ln: str, name: str, wanted: list[str], opts: dict) -> str:
+    """One /etc/group line after the tool: the user added to the groups wanted, and taken out of the others by
+    usermod -G without -a."""
+    f = ln.split(":")
+    if len(f) >= 4 and f[0] in wanted:
+        members = [m for m in f[3].split(",") if m]
+        if name not in members:
+            members.append(name)
+        f[3] = ",".join(members)
+    elif len(f) >= 4 and tool == "usermod" and not opts.get("--append") and "-a" not in opts and wanted:
+        f[3] = ",".join(m for m in f[3].split(",") if m and m != name)  # -G without -a: only these groups
+    return ":".join(f)
 
 
 def useradd(root: Path, state: dict, args: list[str]) -> int:
@@ -864,57 +891,80 @@ def mokutil(root: Path, state: dict, args: list[str]) -> int:
         print("SecureBoot enabled" if state["secure_boot"] else "SecureBoot disabled")
         return 0
     if args in (["--list-new"], ["--list-enrolled"]):
-        keys = mok["new" if args[0] == "--list-new" else "enrolled"]
-        if not keys:
-            print("MokNew is empty" if args[0] == "--list-new" else "MokListRT is empty", file=sys.stderr)
-            return 1
-        for i, k in enumerate(keys, 1):
-            print(f"[key {i}]\nSHA256 Fingerprint: {k['sha256']}\nCertificate:\n    Data:\n        Serial Number: "
-                  f"{k['serial']}\n        Subject: CN={k['cn']}")
-        return 0
+        return _mok_list(mok, args[0])
     if len(args) == 2 and args[0] == "--test-key":
-        cert = _cert(args[1])
-        if cert is None:
-            print("Not a valid x509 certificate", file=sys.stderr)
-            return -1 & 0xFF
-        if any(k["sha256"] == cert["sha256"] for k in mok["enrolled"]):
-            print(f"{args[1]} is already enrolled")
-            return 0
-        if any(k["sha256"] == cert["sha256"] for k in mok["new"]):
-            print(f"{args[1]} is already in the enrollment request")
-            return 0
-        print(f"{args[1]} is not enrolled")
-        return 1
+        return _mok_test_key(mok, args[1])
     if args and args[0] == "--import" and len(args) >= 2:
-        if state.get("mok_refuses"):  # a full EFI variable store, as a real firmware refuses SetVariable
-            print("Failed to enroll new keys", file=sys.stderr)
-            return 255
-        cert = _cert(args[1])
-        if cert is None:
-            print(f"Abort!!! {args[1]} is not a valid x509 certificate in DER format", file=sys.stderr)
-            return 255
-        if "--hash-file" not in args:
-            first = sys.stdin.readline().rstrip("\n")
-            print("input password: ")
-            again = sys.stdin.readline().rstrip("\n")
-            print("input password again: ")
-            if not first:
-                print("password should be 1~256 characters", file=sys.stderr)
-                print("Abort", file=sys.stderr)
-                return 255
-            if first != again:
-                print("password doesn't match", file=sys.stderr)
-                print("Abort", file=sys.stderr)
-                return 255
-        if any(k["sha256"] == cert["sha256"] for k in mok["enrolled"]):
-            print(f"SKIP: {args[1]} is already enrolled")
-            return 0
-        if not any(k["sha256"] == cert["sha256"] for k in mok["new"]):
-            mok["new"].append(cert)
-        save(root, state)
-        return 0
+        return _mok_import(root, state, mok, args)
     print(f"mokutil: unknown arguments {' '.join(args)}", file=sys.stderr)
     return 255
+
+
+def _mok_list(mok: dict, which: str) -> int:
+    """--list-new, --list-enrolled: each key as list_keys prints it, or that the list is empty (exit 1)."""
+    keys = mok["new" if which == "--list-new" else "enrolled"]
+    if not keys:
+        print("MokNew is empty" if which == "--list-new" else "MokListRT is empty", file=sys.stderr)
+        return 1
+    for i, k in enumerate(keys, 1):
+        print(f"[key {i}]\nSHA256 Fingerprint: {k['sha256']}\nCertificate:\n    Data:\n        Serial Number: "
+              f"{k['serial']}\n        Subject: CN={k['cn']}")
+    return 0
+
+
+def _mok_test_key(mok: dict, path: str) -> int:
+    """--test-key CERT: enrolled or queued (0), not enrolled (1), not a certificate (255)."""
+    cert = _cert(path)
+    if cert is None:
+        print("Not a valid x509 certificate", file=sys.stderr)
+        return -1 & 0xFF
+    if any(k["sha256"] == cert["sha256"] for k in mok["enrolled"]):
+        print(f"{path} is already enrolled")
+        return 0
+    if any(k["sha256"] == cert["sha256"] for k in mok["new"]):
+        print(f"{path} is already in the enrollment request")
+        return 0
+    print(f"{path} is not enrolled")
+    return 1
+
+
+def _mok_import(root: Path, state: dict, mok: dict, args: list[str]) -> int:
+    """--import CERT [--hash-file F]: the key queued for the next boot (the password read twice from stdin
+    unless a hash file is given), skipped when already enrolled; 255 for what mokutil aborts on."""
+    if state.get("mok_refuses"):  # a full EFI variable store, as a real firmware refuses SetVariable
+        print("Failed to enroll new keys", file=sys.stderr)
+        return 255
+    cert = _cert(args[1])
+    if cert is None:
+        print(f"Abort!!! {args[1]} is not a valid x509 certificate in DER format", file=sys.stderr)
+        return 255
+    if "--hash-file" not in args and not _mok_password():
+        return 255
+    if any(k["sha256"] == cert["sha256"] for k in mok["enrolled"]):
+        print(f"SKIP: {args[1]} is already enrolled")
+        return 0
+    if not any(k["sha256"] == cert["sha256"] for k in mok["new"]):
+        mok["new"].append(cert)
+    save(root, state)
+    return 0
+
+
+def _mok_password() -> bool:
+    """get_password: the password and its repeat from stdin; False (with mokutil's message) when it is empty or
+    they differ."""
+    first = sys.stdin.readline().rstrip("\n")
+    print("input password: ")
+    again = sys.stdin.readline().rstrip("\n")
+    print("input password again: ")
+    if not first:
+        print("password should be 1~256 characters", file=sys.stderr)
+        print("Abort", file=sys.stderr)
+        return False
+    if first != again:
+        print("password doesn't match", file=sys.stderr)
+        print("Abort", file=sys.stderr)
+        return False
+    return True
 
 
 def sign_file(root: Path, state: dict, args: list[str]) -> int:

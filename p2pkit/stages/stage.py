@@ -18,9 +18,10 @@ class Stage:
     check: Callable[[dict, object], list[Check]] | None = None
     precheck: Callable[[object], list[Check]] | None = None  # profile -> refusals before acting
     act: Callable[[object], dict] | None = None  # ctx -> what was done
-    measure: Callable[[object], dict] | None = None  # ctx -> extra facts from a real load (link)
-    # facts, ctx -> (why a reboot is needed, ids of the checks only a reboot can pass)
-    reboot: Callable[[dict, object], tuple[str, list[str]] | None] | None = None
+    # ctx, what the act did in this run (None: it did not act in this run) -> extra facts from a real load (link)
+    measure: Callable[[object, dict | None], dict] | None = None
+    # facts, ctx, what the act did -> (why a reboot is needed, ids of the checks only a reboot can pass)
+    reboot: Callable[[dict, object, dict], tuple[str, list[str]] | None] | None = None
     # facts, a check a reboot was asked for and that still fails after it, the boot id that asked ->
     # that check as a failure (named what to do by hand): no second reboot for the same thing
     unapplied: Callable[[dict, Check, str], Check] | None = None

@@ -284,7 +284,7 @@ def dependencies(ctx) -> dict:
     return run_playbook(ctx, "engine", {"p2pkit_engine_recipe": e.recipe, "p2pkit_engine_build_dir": e.build_dir})
 
 
-def measure(ctx) -> dict:
+def measure(ctx, acted: dict | None = None) -> dict:
     """The build's own record when the stage just built it, and always what is there now."""
     built = ctx.options.pop("engine_build", None)
     if ctx.profile.engine.recipe == "vllm":

@@ -309,6 +309,37 @@ def _from_samples(figure_: object, ms: object, nbytes: object) -> str | None:
     return None
 
 
+def _host_figures(g: dict, bad: list[str]) -> int:
+    """A GPU's host copies against their samples: how many were held, each one that is not added to `bad`."""
+    host = g.get("host") if isinstance(g.get("host"), dict) else {}
+    n = 0
+    for key, ms, k in SAMPLED if host else ():
+        n += 1
+        if why := _from_samples(host.get(key), host.get(ms), (host.get("bytes") or 0) * k):
+            bad.append(f"GPU{g.get('index')} {key}: {why}")
+    return n
+
+
+def _pair_figures(x: dict, size: int, bad: list[str]) -> int:
+    """A pair's P2P copies against their samples and its integrity count against its own pattern: how many were
+    held, each one that is not added to `bad`."""
+    tag = f"GPU{x.get('from')}->GPU{x.get('to')}"
+    n = 0
+    for key, ms, k in SAMPLED_PAIR:
+        if key == "unidir_gbps" or ms in x:  # bidir and staged samples recorded since this check
+            n += 1
+            if why := _from_samples(x.get(key), x.get(ms), (x.get("bytes") or size) * k):
+                bad.append(f"{tag} {key}: {why}")
+    i = x.get("integrity")
+    if isinstance(i, dict) and "elements" in i:
+        n += 1
+        el, mis, zeros = i.get("elements"), i.get("mismatches"), i.get("zeros", 0)
+        if not (isinstance(el, int) and isinstance(mis, int) and isinstance(zeros, int)
+                and 0 <= mis <= el and 0 <= zeros <= el and i.get("equal") == (mis == 0)):
+            bad.append(f"{tag} integrity: equal={i.get('equal')}, {mis} of {el} differ, {zeros} zero")
+    return n
+
+
 def reproved(recorded: dict, now: object, p: Profile) -> list[Check]:
     """The link artifact's figures within the bounds their own samples allow (status cannot put the load on
     again; `verify link` does): each bandwidth is the median of the timed copies recorded beside it, and each
@@ -319,26 +350,10 @@ def reproved(recorded: dict, now: object, p: Profile) -> list[Check]:
         return []  # nothing measured here (a host the load never ran on): the checks already judged that
     bad, n = [], 0
     for g in load.get("gpus") or []:
-        host = g.get("host") if isinstance(g.get("host"), dict) else {}
-        for key, ms, k in SAMPLED if host else ():
-            n += 1
-            if why := _from_samples(host.get(key), host.get(ms), (host.get("bytes") or 0) * k):
-                bad.append(f"GPU{g.get('index')} {key}: {why}")
+        n += _host_figures(g, bad)
     size = p.link.sample_mib << 20  # what the worker copied; recorded as `bytes` since
     for x in load.get("pairs") or []:
-        tag = f"GPU{x.get('from')}->GPU{x.get('to')}"
-        for key, ms, k in SAMPLED_PAIR:
-            if key == "unidir_gbps" or ms in x:  # bidir and staged samples recorded since this check
-                n += 1
-                if why := _from_samples(x.get(key), x.get(ms), (x.get("bytes") or size) * k):
-                    bad.append(f"{tag} {key}: {why}")
-        i = x.get("integrity")
-        if isinstance(i, dict) and "elements" in i:
-            n += 1
-            el, mis, zeros = i.get("elements"), i.get("mismatches"), i.get("zeros", 0)
-            if not (isinstance(el, int) and isinstance(mis, int) and isinstance(zeros, int)
-                    and 0 <= mis <= el and 0 <= zeros <= el and i.get("equal") == (mis == 0)):
-                bad.append(f"{tag} integrity: equal={i.get('equal')}, {mis} of {el} differ, {zeros} zero")
+        n += _pair_figures(x, size, bad)
     return [Check(id_, title, FAIL if bad else PASS, "; ".join(bad) or f"{n} figures agree with their samples",
                   "every figure what its samples give", "the link artifact was changed after the load measured it: "
                   "run `p2pkit up --from link` to measure again" if bad else "")]

@@ -18,7 +18,7 @@ from p2pkit.rules import engine_env
 SHOWN = ("NCCL_P2P_LEVEL", "NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "GGML_CUDA_P2P", "LD_LIBRARY_PATH")
 
 
-def measure(ctx) -> dict:
+def measure(ctx, acted: dict | None = None) -> dict:
     backend = ctx.host.load_backend()
     for mod in ("torch", "pynvml") if backend is None else ():
         if importlib.util.find_spec(mod) is None:

@@ -123,7 +123,7 @@ def act(ctx) -> dict:
     return {"convert": ctx.options["model_build"].get("convert_argv"), "output": ctx.profile.model.output}
 
 
-def measure(ctx) -> dict:
+def measure(ctx, acted: dict | None = None) -> dict:
     """What the stage just converted, or (verify, doctor) what is on disk now."""
     built = ctx.options.pop("model_build", None)
     if built is not None:

@@ -30,32 +30,10 @@ def check(f: dict, p: Profile) -> list[Check]:
     if missing:
         return [*out, missing]
     b = f["model_build"]
-    if b.get("as_is"):
-        return [*out, _source(b["source"])]
-    if b.get("missing"):
-        return [*out, Check("model.output", "the converted model is there", FAIL, b["missing"], p.model.output,
-                            "run `p2pkit up --from model`")]
-    if b.get("refused"):
-        return [*out, Check("model.output_free", "the output is p2pkit's to write", FAIL, b["refused"],
-                            "no file there, or the one p2pkit recorded",
-                            "move the existing file away, or set model.output to a new path")]
+    if (first := _not_converted(b, p)) is not None:
+        return [*out, first]
     if not b.get("kept"):
-        out.append(_source(b["source"]))
-        if out[-1].status == FAIL:
-            return out
-        d = b.get("disk")
-        if d:
-            out.append(figure("model.disk", "free disk for the conversion", d["free_bytes"] / GIB, ">=",
-                              d["need_bytes"] / GIB, "GiB",
-                              "free disk space under the output directory, or point model.output elsewhere",
-                              context="free"))
-            if out[-1].status == FAIL:
-                return out
-        tail = " | ".join(b.get("convert_tail", [])) or f"exit {b.get('convert_rc')}"
-        out.append(judge("model.convert", "convert tool (run as a module from the engine source)",
-                         b.get("convert_rc") == 0, tail,
-                         "exit 0", "the convert tool failed: read its last lines above; it must run as "
-                         "`python3 -m tools.convert` from the engine's source root", pitfall="P08"))
+        out += _converted(b)
         if out[-1].status == FAIL:
             return out
     v = b.get("verify", {})
@@ -64,42 +42,88 @@ def check(f: dict, p: Profile) -> list[Check]:
                          "the converted file is not what the engine reads: nothing was renamed into place; check "
                          "the engine commit and the convert recipe"))
         return out
-    if p.model.format == "ninfer":
-        reads = b.get("engine", {}).get("reads", [])
-        out.append(judge("model.container", "container version the built engine reads",
-                         v["container_version"] in reads, f"v{v['container_version']}",
-                         f"one of {', '.join(f'v{r}' for r in reads) or '(engine not built)'}",
-                         "convert with the engine commit you built (an engine reading the wrong version says "
-                         "'artifact magic is not NInfer v2')"))
-        missing = sorted(set(p.model.components) - set(v["components"]))
-        out.append(judge("model.components", "components the profile asks for", not missing,
-                         ", ".join(v["components"]), ", ".join(p.model.components),
-                         f"missing {', '.join(missing)}: convert again with them"))
-        out.append(judge("model.formats", "nvfp4 tensors present", "nvfp4" in v["formats"],
-                         ", ".join(v["formats"]) or "none", "nvfp4", "use the nvfp4 convert recipe"))
-        if "dflash2" in p.model.components and p.serve.flags.get("tp") == 2:
-            eng = b.get("engine", {})
-            out.append(judge("model.dflash2_tp2", "the engine splits DFlash2 at TP2", eng.get("dflash2_tp2", False),
-                             "dflash2 branch in shard mapping" if eng.get("dflash2_tp2") else
-                             f"no dflash2 branch in {', '.join(eng.get('shard_mapping_files', [])) or 'the source'}",
-                             "a dflash2 branch", "an engine without TP2 DFlash2 crashes on this artifact at --tp 2: "
-                             "pin an engine commit that has it", pitfall="P09"))
-    else:
-        out.append(figure("model.tensors", "GGUF tensors present", v.get("tensor_count"), ">", 0, "count",
-                          "the GGUF file holds no tensors", context="tensors"))
-        out.append(judge("model.architecture", "GGUF names its architecture", bool(v.get("architecture")),
-                         v.get("architecture") or "no general.architecture", "an architecture",
-                         "the converter wrote no general.architecture: the engine cannot load it; convert again "
-                         "with the engine's own converter"))
-        if "mtp" in p.model.components:
-            n_layers = v.get("nextn_predict_layers") or 0
-            out.append(judge("model.mtp", "MTP/nextn layers present", v.get("mtp_tensors", 0) > 0 and n_layers > 0,
-                             f"{v.get('mtp_tensors')} nextn tensors, {v.get('architecture')}.nextn_predict_layers = "
-                             f"{v.get('nextn_predict_layers')}", "> 0 of both",
-                             "convert with the MTP layers (nextn) included: the draft-mtp speculative type needs "
-                             "them", "P19"))
+    out += _ninfer_output(b, v, p) if p.model.format == "ninfer" else _gguf_output(v, p)
     out.append(Check("model.sha256", "artifact sha256 recorded", PASS if b.get("sha256") else FAIL,
                      b.get("sha256"), "a digest", "" if b.get("sha256") else "the digest was not recorded"))
+    return out
+
+
+def _not_converted(b: dict, p: Profile) -> Check | None:
+    """A model served as it is (its source judged), one not converted yet, or an output p2pkit may not write."""
+    if b.get("as_is"):
+        return _source(b["source"])
+    if b.get("missing"):
+        return Check("model.output", "the converted model is there", FAIL, b["missing"], p.model.output,
+                     "run `p2pkit up --from model`")
+    if b.get("refused"):
+        return Check("model.output_free", "the output is p2pkit's to write", FAIL, b["refused"],
+                     "no file there, or the one p2pkit recorded",
+                     "move the existing file away, or set model.output to a new path")
+    return None
+
+
+def _converted(b: dict) -> list[Check]:
+    """This run's conversion: its source, its disk, the convert tool; up to the first that fails."""
+    out = [_source(b["source"])]
+    if out[-1].status == FAIL:
+        return out
+    d = b.get("disk")
+    if d:
+        out.append(figure("model.disk", "free disk for the conversion", d["free_bytes"] / GIB, ">=",
+                          d["need_bytes"] / GIB, "GiB",
+                          "free disk space under the output directory, or point model.output elsewhere",
+                          context="free"))
+        if out[-1].status == FAIL:
+            return out
+    tail = " | ".join(b.get("convert_tail", [])) or f"exit {b.get('convert_rc')}"
+    out.append(judge("model.convert", "convert tool (run as a module from the engine source)",
+                     b.get("convert_rc") == 0, tail,
+                     "exit 0", "the convert tool failed: read its last lines above; it must run as "
+                     "`python3 -m tools.convert` from the engine's source root", pitfall="P08"))
+    return out
+
+
+def _ninfer_output(b: dict, v: dict, p: Profile) -> list[Check]:
+    """A NInfer container: the version the built engine reads, the components and formats asked for, DFlash2 at
+    TP2 (P09)."""
+    out = []
+    reads = b.get("engine", {}).get("reads", [])
+    out.append(judge("model.container", "container version the built engine reads",
+                     v["container_version"] in reads, f"v{v['container_version']}",
+                     f"one of {', '.join(f'v{r}' for r in reads) or '(engine not built)'}",
+                     "convert with the engine commit you built (an engine reading the wrong version says "
+                     "'artifact magic is not NInfer v2')"))
+    missing = sorted(set(p.model.components) - set(v["components"]))
+    out.append(judge("model.components", "components the profile asks for", not missing,
+                     ", ".join(v["components"]), ", ".join(p.model.components),
+                     f"missing {', '.join(missing)}: convert again with them"))
+    out.append(judge("model.formats", "nvfp4 tensors present", "nvfp4" in v["formats"],
+                     ", ".join(v["formats"]) or "none", "nvfp4", "use the nvfp4 convert recipe"))
+    if "dflash2" in p.model.components and p.serve.flags.get("tp") == 2:
+        eng = b.get("engine", {})
+        out.append(judge("model.dflash2_tp2", "the engine splits DFlash2 at TP2", eng.get("dflash2_tp2", False),
+                         "dflash2 branch in shard mapping" if eng.get("dflash2_tp2") else
+                         f"no dflash2 branch in {', '.join(eng.get('shard_mapping_files', [])) or 'the source'}",
+                         "a dflash2 branch", "an engine without TP2 DFlash2 crashes on this artifact at --tp 2: "
+                         "pin an engine commit that has it", pitfall="P09"))
+    return out
+
+
+def _gguf_output(v: dict, p: Profile) -> list[Check]:
+    """A GGUF file: its tensors, its architecture, its MTP layers where the profile asks for them (P19)."""
+    out = [figure("model.tensors", "GGUF tensors present", v.get("tensor_count"), ">", 0, "count",
+                  "the GGUF file holds no tensors", context="tensors"),
+           judge("model.architecture", "GGUF names its architecture", bool(v.get("architecture")),
+                 v.get("architecture") or "no general.architecture", "an architecture",
+                 "the converter wrote no general.architecture: the engine cannot load it; convert again "
+                 "with the engine's own converter")]
+    if "mtp" in p.model.components:
+        n_layers = v.get("nextn_predict_layers") or 0
+        out.append(judge("model.mtp", "MTP/nextn layers present", v.get("mtp_tensors", 0) > 0 and n_layers > 0,
+                         f"{v.get('mtp_tensors')} nextn tensors, {v.get('architecture')}.nextn_predict_layers = "
+                         f"{v.get('nextn_predict_layers')}", "> 0 of both",
+                         "convert with the MTP layers (nextn) included: the draft-mtp speculative type needs "
+                         "them", "P19"))
     return out
 
 

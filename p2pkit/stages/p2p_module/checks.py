@@ -216,9 +216,27 @@ def not_applied(f: dict, c: Check, boot_id: str) -> Check:
                         + "; reboot, then run `p2pkit up` again (p2pkit does not reboot for it again)")
 
 
-@reads(*facts_read(install_checks, runtime_checks))
+@reads("persistence_mode")
+def persistence_mode(f: dict, p: Profile) -> list[Check]:
+    """Persistence mode on every GPU (`nvidia-smi -q`: "Persistence Mode : Enabled", as on the H200): off, the
+    driver tears a GPU down when its last client exits, and every NVML or CUDA start brings it up again."""
+    pm = f.get("persistence_mode")
+    id_, title, want = "p2p.persistence_mode", "GPU persistence mode is on", "Enabled on every GPU"
+    if pm is None:  # a recording made before p2pkit read it
+        return []
+    if failed(pm):  # no driver to ask: p2p.nvml says why
+        return [unknown(id_, title, pm, want, needed=False)]
+    off = [f"{bus}" + (f" ({mode['error']})" if isinstance(mode, dict) else "")
+           for bus, mode in pm.items() if mode != "Enabled"]
+    return [judge(id_, title, not off, f"Disabled on {', '.join(off)}" if off else want, want,
+                  "turn it on and keep it on: run NVIDIA's daemon `nvidia-persistenced` (its systemd unit, where the "
+                  "driver installed one: `sudo systemctl enable --now nvidia-persistenced`), or `sudo nvidia-smi -pm "
+                  "1` (until the next boot)", severity=WARN)]
+
+
+@reads(*facts_read(install_checks, runtime_checks, persistence_mode))
 def check(f: dict, p: Profile) -> list[Check]:
-    return precheck(p) + install_checks(f, p) + runtime_checks(f, p)
+    return precheck(p) + install_checks(f, p) + runtime_checks(f, p) + persistence_mode(f, p)
 
 
 # p2p.mok_enrolled: MokManager enrols a queued key at the next boot (Secure Boot on, issue 29)
@@ -237,10 +255,11 @@ def reboot_reason(f: dict, p: Profile) -> tuple[str, list[str]] | None:
     return "the patched module is installed; " + ", ".join(pending) + " take effect at the next boot", pending
 
 
-def reboot_with_note(f: dict, ctx) -> tuple[str, list[str]] | None:
-    """The stage's reboot hook: the reason, plus why a live reload did not spare the reboot."""
+def reboot_with_note(f: dict, ctx, acted: dict) -> tuple[str, list[str]] | None:
+    """The stage's reboot hook: the reason, plus why a live reload did not spare the reboot (from what the act
+    did, handed in by the pipeline)."""
     pending = reboot_reason(f, ctx.profile)
-    note = (ctx.options.get("acted") or {}).get("live_reload", {}).get("why")
+    note = (acted or {}).get("live_reload", {}).get("why")
     if pending and note:
         return f"{pending[0]} (no live reload: {note})", pending[1]
     return pending

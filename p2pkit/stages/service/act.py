@@ -415,9 +415,9 @@ def start_lines(host: Host, mark: dict | None) -> list[str]:
     return [ln for ln in r.stdout.splitlines() if ln != "-- No entries --"]
 
 
-def judged_mark(ctx) -> dict | None:
-    """The log mark of the start this proof judges: this run's act, or the service artifact's (verify)."""
-    acted = ctx.options.get("acted")
+def judged_mark(ctx, acted: dict | None) -> dict | None:
+    """The log mark of the start this proof judges: this run's act (`acted`, what it did), or where the stage did
+    not act in this run (None: verify, `serve restart`), the service artifact's."""
     if acted is None:
         try:
             acted = (ctx.store.read("service") or {}).get("acted") or {}
@@ -433,10 +433,10 @@ def logs(host: Host, n: int = 30) -> list[str]:
     return r.stdout.splitlines()
 
 
-def wait_joined(ctx, timeout: float) -> dict:
+def wait_joined(ctx, timeout: float, acted: dict | None = None) -> dict:
     """A headless worker serves no /health: it has joined when NCCL's channel lines show its
     communicator formed with the head (or it died, or the timeout passed)."""
-    mark = judged_mark(ctx)
+    mark = judged_mark(ctx, acted)
 
     def probe():
         line = joined_line(start_lines(ctx.host, mark))
@@ -468,7 +468,9 @@ def first_completion(ctx) -> dict:
     return engine_api.first_completion(base)
 
 
-def measure(ctx) -> dict:
+def measure(ctx, acted: dict | None = None) -> dict:
+    """The service's proof: health (or a worker's join), the unit, the process's cgroup, where it listens, one
+    real completion, this start's log lines (from the mark the act took: `acted`, what it did in this run)."""
     p = ctx.profile
     host = ctx.host
     launched = service_launcher.launched(host)
@@ -477,7 +479,7 @@ def measure(ctx) -> dict:
     role = engine_cmd.node(p)["role"]
     if role == "worker":
         with ctx.out.working("[service] waiting for this worker to join the head (NCCL)"):
-            health = wait_joined(ctx, p.serve.health_timeout_s)
+            health = wait_joined(ctx, p.serve.health_timeout_s, acted)
     else:
         url = engine_cmd.health_url(p)
         with ctx.out.working(f"[service] waiting for {url}"):
@@ -491,7 +493,7 @@ def measure(ctx) -> dict:
         with ctx.out.working("[service] one real completion (the first decode, P19)"):
             res["first_completion"] = first_completion(ctx)
         res["first_completion"]["alive_after"] = unit_alive(host)
-    mark = judged_mark(ctx)
+    mark = judged_mark(ctx, acted)
     lines = start_lines(host, mark)  # this start's lines, however many requests came after it
     res["log_from"] = mark
     res["log_tail"] = lines[-30:]

@@ -69,6 +69,9 @@ def alive(live: dict | None) -> list[Check]:
 # engine_live: given by doctor and status only (a stage's proof waits on /health instead)
 @reads("cgroup", "head_rendezvous", "vram_fit", given=("service", "engine_live"))
 def check(f: dict, p: Profile) -> list[Check]:
+    """The service's findings in the order a reader asks: may it start (the profile, the head, the fit), is it
+    running now; then from the stage's proof: who runs it (its unit or the launcher), does it answer, what caps
+    its memory, what its NCCL took and what it reaches, where it listens, and its speculative decoding."""
     out = [*precheck(p), *head_up(f.get("head_rendezvous"), engine_cmd.node(p)["role"]),
            *fit.check(f.get("vram_fit"), p), *alive(f.get("engine_live"))]
     missing = not_measured(f, "service", "service.running", "engine service proven",
@@ -76,61 +79,74 @@ def check(f: dict, p: Profile) -> list[Check]:
     if missing:
         return [*out, missing]
     s = f["service"]
-    a = s["analyze"]
-    if a is None:  # no systemd as PID 1: p2pkit's launcher started the engine
-        out += launcher_findings(s)
-    else:
-        out += _unit(a, p)
+    return [*out, *(launcher_findings(s) if s["analyze"] is None else _unit(s["analyze"], p)), answering(s),
+            *memory_cap(s, f.get("cgroup", {})), *running_engine(s, p), *listening(s, p), *_spec(s, p)]
+
+
+def answering(s: dict) -> Check:
+    """A worker joined its head (headless: no API; joined when NCCL formed its communicator with the head); any
+    other node's /health answers 200, or why not and what to do."""
     h = s["health"]
-    cause = s.get("likely_cause")
     tail = " | ".join(s.get("log_tail", [])[-5:])
-    if s.get("role") == "worker":  # headless: no API; joined when NCCL formed its communicator with the head
+    if s.get("role") == "worker":
         why = gone(s.get("log_tail", [])) if h.get("exited") else f"no NCCL channel within {h['seconds']} s"
-        out.append(reading("service.joined", "this worker joined the head", PASS if h["ok"] else FAIL,
-                           h["seconds"] if h["ok"] else None, "s", "an NCCL channel to the head",
-                           "read `p2pkit serve logs`; the head must be up first (P27) and reachable over the fabric "
-                           "(master-addr)", "P27", text=f"after {{}}: {h['line']}",
-                           missing=f"{why}; last log lines: {tail}"))
-    elif h["ok"]:
-        out.append(reading("service.health", "/health answers 200", PASS, h["seconds"], "s", 200,
-                           text=f"200 after {{}} (codes seen: {h['codes']})"))
-    else:
-        why = gone(s.get("log_tail", [])) if h.get("exited") else h.get("stalled") or f"no 200 within {h['seconds']} s"
-        if h.get("stalled") and "state T" in h["stalled"]:
-            hint, pit = "something stopped the engine (SIGSTOP): `kill -CONT` its pid, or `p2pkit serve restart`", ""
-        elif h.get("stalled") and not cause:
-            hint, pit = ("the engine hangs while loading: read `p2pkit serve logs` for its last step, then "
-                         "`p2pkit serve restart`; a slow load that moves gets longer with serve.stall_timeout_s", "")
-        elif s.get("role") == "head" and not h.get("exited") and not cause:
-            hint, pit = ("the head answers /health only once every worker node has joined: bring the workers up "
-                         "(`p2pkit up` on each, or one inventory run for all nodes)", "P27")
-        else:
-            hint = f"likely cause: {cause}" if cause else "read `p2pkit serve logs`"
-            pit = "P18" if cause and "(P18)" in cause else "P11" if cause and "fit" in cause else ""
-        out.append(Check("service.health", "/health answers 200", FAIL, f"{why}; last log lines: {tail}", 200,
-                         hint, pit))
+        return reading("service.joined", "this worker joined the head", PASS if h["ok"] else FAIL,
+                       h["seconds"] if h["ok"] else None, "s", "an NCCL channel to the head",
+                       "read `p2pkit serve logs`; the head must be up first (P27) and reachable over the fabric "
+                       "(master-addr)", "P27", text=f"after {{}}: {h['line']}",
+                       missing=f"{why}; last log lines: {tail}")
+    if h["ok"]:
+        return reading("service.health", "/health answers 200", PASS, h["seconds"], "s", 200,
+                       text=f"200 after {{}} (codes seen: {h['codes']})")
+    why = gone(s.get("log_tail", [])) if h.get("exited") else h.get("stalled") or f"no 200 within {h['seconds']} s"
+    hint, pit = not_healthy_fix(s)
+    return Check("service.health", "/health answers 200", FAIL, f"{why}; last log lines: {tail}", 200, hint, pit)
+
+
+def not_healthy_fix(s: dict) -> tuple[str, str]:
+    """What to do about an engine whose /health never answered 200, and the pitfall behind it."""
+    h, cause = s["health"], s.get("likely_cause")
+    if h.get("stalled") and "state T" in h["stalled"]:
+        return "something stopped the engine (SIGSTOP): `kill -CONT` its pid, or `p2pkit serve restart`", ""
+    if h.get("stalled") and not cause:
+        return ("the engine hangs while loading: read `p2pkit serve logs` for its last step, then "
+                "`p2pkit serve restart`; a slow load that moves gets longer with serve.stall_timeout_s", "")
+    if s.get("role") == "head" and not h.get("exited") and not cause:
+        return ("the head answers /health only once every worker node has joined: bring the workers up "
+                "(`p2pkit up` on each, or one inventory run for all nodes)", "P27")
+    hint = f"likely cause: {cause}" if cause else "read `p2pkit serve logs`"
+    return hint, "P18" if cause and "(P18)" in cause else "P11" if cause and "fit" in cause else ""
+
+
+def memory_cap(s: dict, own: dict) -> list[Check]:
+    """P12: no memory cap up from the engine's cgroup (the tightest named first); p2pkit's own cap (`own`: its
+    cgroup fact) is not the engine's."""
     pc = s.get("pid_cgroup", {})
     if failed(pc):
-        out.append(unknown("service.memory_cap", "service's cgroup has no memory cap", pc, "no cap", pitfall="P12"))
-    else:
-        caps = pc["memory_caps"]
-        fix = LAUNCHER_CAP_FIX if s.get("manager") == "launcher" else (
-            "a memory cap will OOM-kill the engine under load: the unit must run in p2pkit.slice "
-            "(MemoryMax=infinity), not in a user session")
-        caps = sorted(caps, key=lambda c: c["limit_bytes"])  # the tightest first: it is the one that binds
-        shown = [f"{c['file']} = {c['limit_bytes']} bytes ({show(c['limit_bytes'] / GIB, 'GiB')})" for c in caps]
-        text = ", ".join([f"{c['file']} = {c['limit_bytes']} bytes ({{}})" for c in caps[:1]] + shown[1:])
-        out.append(reading("service.memory_cap", "service's cgroup has no memory cap", FAIL if caps else PASS,
-                           caps[0]["limit_bytes"] / GIB if caps else None, "GiB", "no cap", fix, "P12", text=text,
-                           missing=f"none up from {pc['v2_path'] or pc['v1_memory_path']}"))
-        own = f.get("cgroup", {})
-        if not failed(own) and own.get("memory_caps") and not caps:
-            out.append(Check("service.not_inherited", "p2pkit's own memory cap is not the service's", WARN,
-                             f"p2pkit runs capped ({own['memory_caps'][0]['file']}); the service does not",
-                             "service uncapped", "fine: p2pkit's launcher started the engine in a memory cgroup of "
-                             f"its own ({pc['v2_path'] or pc['v1_memory_path']}), not in the capped one p2pkit runs in"
-                             if s.get("manager") == "launcher" else "fine: the service runs in p2pkit.slice and "
-                             "does not inherit the cap of the terminal p2pkit was started from", "P12"))
+        return [unknown("service.memory_cap", "service's cgroup has no memory cap", pc, "no cap", pitfall="P12")]
+    fix = LAUNCHER_CAP_FIX if s.get("manager") == "launcher" else (
+        "a memory cap will OOM-kill the engine under load: the unit must run in p2pkit.slice "
+        "(MemoryMax=infinity), not in a user session")
+    caps = sorted(pc["memory_caps"], key=lambda c: c["limit_bytes"])  # the tightest first: it is the one that binds
+    shown = [f"{c['file']} = {c['limit_bytes']} bytes ({show(c['limit_bytes'] / GIB, 'GiB')})" for c in caps]
+    text = ", ".join([f"{c['file']} = {c['limit_bytes']} bytes ({{}})" for c in caps[:1]] + shown[1:])
+    out = [reading("service.memory_cap", "service's cgroup has no memory cap", FAIL if caps else PASS,
+                   caps[0]["limit_bytes"] / GIB if caps else None, "GiB", "no cap", fix, "P12", text=text,
+                   missing=f"none up from {pc['v2_path'] or pc['v1_memory_path']}")]
+    if not failed(own) and own.get("memory_caps") and not caps:
+        out.append(Check("service.not_inherited", "p2pkit's own memory cap is not the service's", WARN,
+                         f"p2pkit runs capped ({own['memory_caps'][0]['file']}); the service does not",
+                         "service uncapped", "fine: p2pkit's launcher started the engine in a memory cgroup of "
+                         f"its own ({pc['v2_path'] or pc['v1_memory_path']}), not in the capped one p2pkit runs in"
+                         if s.get("manager") == "launcher" else "fine: the service runs in p2pkit.slice and "
+                         "does not inherit the cap of the terminal p2pkit was started from", "P12"))
+    return out
+
+
+def running_engine(s: dict, p: Profile) -> list[Check]:
+    """What the running engine took and reaches: NCCL's transports across nodes (P23) and between this node's
+    GPUs (P30), its user's access to its files, the VRAM it left (P18), the n-gram table's mappings (P26)."""
+    out = []
     if "nccl_transports" in s:
         out.append(_nccl(s["nccl_transports"], p))
     if "nccl" in s:
@@ -139,16 +155,20 @@ def check(f: dict, p: Profile) -> list[Check]:
     out += fit.headroom(s.get("vram_after"), p)
     if "table_maps" in s:
         out.append(madv_random(s["table_maps"]))
+    return out
+
+
+def listening(s: dict, p: Profile) -> list[Check]:
+    """The engine listens where the profile says (a headless worker listens nowhere: none)."""
     if s.get("listen") is None:
-        return out + _spec(s, p)
+        return []
     ln = s["listen"]
     want = f"{p.serve.host}:{p.serve.port}"
     addrs = ln.get("addresses", [])
     ok = ln["connect"] and (not addrs or want in addrs or (p.serve.host == "::" and f":::{p.serve.port}" in addrs))
-    out.append(judge("service.listen_where", "listening where the profile says", ok,
-                     ", ".join(addrs) or ("connected" if ln["connect"] else ln.get("connect_error", "no answer")),
-                     want, "the engine listens elsewhere: check serve.host and serve.port"))
-    return out + _spec(s, p)
+    return [judge("service.listen_where", "listening where the profile says", ok,
+                  ", ".join(addrs) or ("connected" if ln["connect"] else ln.get("connect_error", "no answer")),
+                  want, "the engine listens elsewhere: check serve.host and serve.port")]
 
 
 LAUNCHER_CAP_FIX = (

@@ -1,0 +1,200 @@
+"""The probes of the facts that take more than one host probe, or a profile, to read: each is named in
+the fact table (p2pkit/facts/table.py) beside its type. The others are host probes named there directly
+(p2pkit/host/)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import PurePosixPath
+
+from p2pkit.core import writers
+from p2pkit.host import Host, launcher, nvml, system
+from p2pkit.host import field_facts as hfield
+from p2pkit.parse import system as ps
+
+
+def _os(h: Host):
+    return system.os_release(h)
+
+
+def _iommu(h: Host):
+    intent = ps.iommu_intent(system.cmdline(h), system.cpu_vendor(h))
+    return {"intent": intent.mode, "detail": intent.detail, "cmdline_tokens": list(intent.tokens),
+            "cpu_vendor": system.cpu_vendor(h)}
+
+
+def _disk(h: Host):
+    path = "/var/lib"  # where p2pkit's state, the engine and the model go
+    return {"path": path, "free_bytes": system.free_bytes(h, path)}
+
+
+def _dpkg(h: Host):
+    text = system.dpkg_status(h)
+    return None if text is None else [{"package": p, "status": s} for p, s in ps.dpkg_nvidia_problems(text)]
+
+
+def _cgroup(h: Host):
+    """p2pkit's own cgroup and its caps, and whether systemd is PID 1 (whether the engine's cgroup will be
+    a systemd slice or the one p2pkit's launcher makes)."""
+    cg = system.self_cgroup(h)
+    caps = system.memory_caps(h, cg)
+    return {"v2_path": cg.v2_path, "v1_memory_path": cg.v1.get("memory"),
+            "memory_caps": [{"file": f, "limit_bytes": n} for f, n in caps],
+            "systemd_booted": launcher.systemd_booted(h)}
+
+
+def _guards(h: Host):
+    def has(path: str, needle: str) -> bool:
+        return h.exists(path) and needle in h.read(path)
+    return {
+        "nouveau_blacklisted": has("/etc/modprobe.d/p2pkit-blacklist-nouveau.conf", "blacklist nouveau"),
+        "apt_pin": has("/etc/apt/preferences.d/p2pkit-nvidia", "Pin-Priority: -1"),
+        "unattended_upgrades_blacklist": has("/etc/apt/apt.conf.d/51p2pkit-unattended-upgrades", "Package-Blacklist"),
+    }
+
+
+def _built_module(h: Host, profile):
+    from p2pkit.core.config import p2p_src_dir
+
+    src = p2p_src_dir(profile)
+    ko = f"{src}/kernel-open/nvidia.ko"
+    if not h.exists(ko):
+        return {"path": ko, "srcversion": None, "error": f"{ko} has not been built"}
+    r = h.runner.run(["modinfo", "-F", "srcversion", str(h.path(ko))], check=False)
+    # the kernel the tree was last built for: the newest build stamp (.p2pkit-built-<kernel>-<commit>,
+    # written after each build; a build for another kernel leaves the earlier stamps)
+    head, tail = ".p2pkit-built-", f"-{profile.p2p_module.commit}"
+    stamps = sorted((h.path(f"{src}/{n}").stat().st_mtime_ns, n[len(head):-len(tail)]) for n in h.listdir(src)
+                    if n.startswith(head) and n.endswith(tail) and len(n) > len(head) + len(tail))
+    return {"path": ko, "srcversion": r.stdout.strip() or None, "kernel": stamps[-1][1] if stamps else None}
+
+
+def _head(h: Host, profile):
+    """A worker node's view of its head (P27): whether the head's rendezvous port accepts a connection
+    now. Read-only; nothing on the head changes. Only a worker of a multi-node engine has a head."""
+    import socket
+
+    from p2pkit.rules.engine_cmd import node
+
+    n = node(profile)
+    if n["role"] != "worker":
+        return {"role": n["role"]}
+    addr = f"{n['master_addr']}:{n['master_port']}"
+    try:
+        with socket.create_connection((n["master_addr"], n["master_port"]), timeout=2):
+            return {"role": "worker", "address": addr, "up": True}
+    except (OSError, TypeError, ValueError) as e:
+        return {"role": "worker", "address": addr, "up": False, "why": str(e) or type(e).__name__}
+
+
+def _vram_fit(h: Host, profile):
+    """P18's inputs: the model's size and KV shape, each GPU's free VRAM (plus what the running engine
+    already holds: it gives that back on a restart), and for llama.cpp which KV types its tree accepts
+    with tensor split."""
+    from p2pkit.host import model
+    nv = nvml.facts(h)
+    pid = launcher.engine_process(h)["pid"]  # the launcher's record, or the unit's MainPID
+    mine = set(system.process_tree(h, pid)) if pid else set()
+    gpus: list | dict = {"error": nv["error"]} if "error" in nv else []
+    for g in [] if isinstance(gpus, dict) else nv.get("gpus", []):
+        procs = g.get("processes") if isinstance(g.get("processes"), list) else []
+        free = g.get("memory_free", g.get("memory_total"))  # a recorded document without free: nothing runs
+        gpus.append({"index": g["index"], "total": g.get("memory_total"), "free": free if isinstance(free, int)
+                     else None, "engine_used": sum(x["used"] or 0 for x in procs if x["pid"] in mine)})
+    out = {"model": model.model_shape(h, profile), "gpus": gpus}
+    if profile.engine.recipe == "llamacpp":
+        out["tp_quant_kv_refused"] = model.tp_quant_kv_refused(h, profile.engine.build_dir)
+    return out
+def _engine_nccl(h: Host):
+    """The NCCL the running engine has mapped (P37), or that it is not running (found through the
+    launcher's record where systemd is not PID 1, else the unit's MainPID)."""
+    pid = launcher.engine_process(h)["pid"]
+    return {"running": False} if pid is None else hfield.process_nccl(h, pid)
+
+
+def _engine_files(h: Host, profile):
+    """The engine binary the profile names, now: its identity (one stat) and what ldd resolves for it. The engine
+    gate compares them with what its artifact recorded when the build hashed the binary."""
+    from p2pkit.parse import build as pb
+    from p2pkit.rules import engine_cmd
+
+    exe = h.path(engine_cmd.binary(profile))
+    out: dict = {"path": str(exe), "identity": system.file_identity(exe)}
+    if out["identity"] is not None and profile.engine.recipe != "vllm":
+        out["libraries"] = pb.ldd(h.runner.run(["ldd", str(exe)], check=False).stdout)
+    return {"binary": out}
+
+
+def _model_file(h: Host, profile):
+    """The model output the profile names, now (one stat; an HF model served as it is: its directory)."""
+    m = profile.model
+    if m.format == "hf":
+        return {"path": m.source, "directory": h.path(m.source).is_dir()}
+    return {"path": m.output, "identity": system.file_identity(h.path(m.output)) if m.output else None}
+
+
+def _profile_nccl(h: Host, profile):
+    """The version of the NCCL the profile points the engine at (P16)."""
+    root = profile.engine.nccl_root
+    if not root or not profile.engine.nccl_min:
+        return None
+    lib = f"{root}/lib/libnccl.so.2"
+    if not h.exists(lib):
+        return {"path": lib, "error": f"{lib} does not exist", "by_hand": f"ls -l {root}/lib"}
+    v = hfield.library_nccl_version(h, lib)
+    return {"path": lib, "version": ".".join(map(str, v)) if v else None}
+
+
+ENGINE_KERNELS = {"llamacpp": ("build", "libggml-cuda.so*"), "ninfer": ("build", "ninfer-serve")}
+
+
+def _engine_archs(h: Host, profile):
+    """The architectures the engine's CUDA kernels were built for (P39)."""
+    e = profile.engine
+    if e.recipe == "vllm":
+        base, pattern = str(PurePosixPath(e.python).parent.parent), "**/vllm/_C*.so"
+    else:
+        base, pattern = e.build_dir, "**/" + ENGINE_KERNELS[e.recipe][1]
+    found = sorted(h.path(base).glob(pattern)) if h.exists(base) else []
+    if not found:
+        return {"missing": f"no engine kernel library ({pattern}) under {base}: the engine is not built yet"}
+    return hfield.cuobjdump_archs(h, h.host_path(found[0]))
+
+
+def _engine_env_file(h: Host):
+    path = "/etc/p2pkit/engine.env"
+    if not h.exists(path):
+        return {"path": path, "env": None}
+    # read as systemd reads it: a line ends at \n or \r only (a U+2028 in a value is part of it)
+    return {"path": path, "env": writers.read_env_file(h.read(path, "the engine's environment file"))}
+
+
+def _boot_hold(h: Host):
+    """The kernel hook's hold on the boot default (P36): which kernel it keeps booting, for which new one."""
+    if not h.exists(system.BOOT_HOLD):
+        return {"held": None}
+    text = h.read(system.BOOT_HOLD, "the boot-default hold")
+    kv = dict(m.groups() for m in re.finditer(r"^# p2pkit-(kernel|new_kernel)=(\S+)", text, re.M))
+    return {"held": {"kernel": kv.get("kernel", "?"), "new_kernel": kv.get("new_kernel", "?")}}
+
+
+LIVE_TIMEOUT_S = 2.0  # status and doctor ask a running engine once, briefly: a frozen one does not answer
+
+
+def _engine_live(h: Host, profile):
+    """The engine as it is now, each probe bounded by a second or two: its main PID (the launcher's
+    record, or the unit's MainPID), that process's state (T: stopped), and /health once (a headless
+    worker serves none)."""
+    proc = launcher.engine_process(h, timeout=LIVE_TIMEOUT_S)
+    if proc["manager"] is None:
+        return {"installed": False}
+    from p2pkit.host import engine_api
+    from p2pkit.rules import engine_cmd
+
+    pid = proc["pid"]
+    out = {"installed": True, "manager": proc["manager"], "pid": pid, "state": proc["state"],
+           "role": engine_cmd.node(profile)["role"]}
+    if pid and out["role"] != "worker" and proc["state"] not in ("T", "t"):  # a stopped one cannot answer: not asked
+        code, body = engine_api.get(engine_cmd.health_url(profile), timeout=LIVE_TIMEOUT_S)
+        out["health"] = {"code": code, "text": body.strip()[:160]}
+    return out
