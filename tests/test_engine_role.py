@@ -80,6 +80,12 @@ def test_without_a_required_variable_the_first_task_stops_naming_it(sim, tmp_pat
     r = by_hand(tmp_path, {"p2pkit_root": str(root), "p2pkit_path": Host.at(root).runner.path_env(),
                            "p2pkit_engine_recipe": "ninfer"})
     assert r.returncode != 0 and r.stdout.count("TASK [") == 1, r.stdout[-3000:]
+    # the first task is Ansible's check of the role's meta/argument_specs.yml
+    assert re.search(r"fatal: .*missing required arguments: p2pkit_engine_build_dir", r.stdout)
+    # given empty, the role's own first task names it
+    r = by_hand(tmp_path, {"p2pkit_root": str(root), "p2pkit_path": Host.at(root).runner.path_env(),
+                           "p2pkit_engine_recipe": "ninfer", "p2pkit_engine_build_dir": ""})
+    assert r.returncode != 0 and r.stdout.count("TASK [") == 2, r.stdout[-3000:]
     assert re.search(r"fatal: .*the engine role needs p2pkit_engine_build_dir", r.stdout)
 
 

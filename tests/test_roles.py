@@ -118,11 +118,19 @@ def test_each_role_alone_changes_the_host_as_up_does_and_a_second_run_changes_no
     ("p2p-module.yml", "p2pkit_p2p_module_commit", "Ensure p2pkit_p2p_module_commit is pinned"),
 ])
 def test_a_role_without_a_required_variable_stops_at_its_first_task_naming_it(sim, tmp_path, book, missing, task):
+    """Not given: Ansible's check of the role's meta/argument_specs.yml, the role's first task, names it.
+    Given empty: the role's own task for it names it."""
     root = sim("healthy")
     hostvars = profile_vars(root)
     del hostvars[missing]
     before = sorted(str(p) for p in (root / "etc").rglob("*"))
     r, recap = playbook(book, write_inventory(tmp_path / "hosts.yml", hostvars), tmp_path)
+    assert r.returncode != 0 and recap["failed"] == 1 and recap["changed"] == 0
+    tasks = re.findall(r"^TASK \[(?:\S+ : )?(.+?)\]", r.stdout, re.M)
+    assert len(tasks) == 1 and tasks[0].startswith("Validating arguments against arg spec 'main'"), tasks
+    assert f"missing required arguments: {missing}" in r.stdout  # its message names the variable
+    assert sorted(str(p) for p in (root / "etc").rglob("*")) == before  # nothing was written
+    r, recap = playbook(book, write_inventory(tmp_path / "hosts.yml", {**hostvars, missing: ""}), tmp_path)
     assert r.returncode != 0 and recap["failed"] == 1 and recap["changed"] == 0
     tasks = re.findall(r"^TASK \[(?:\S+ : )?(.+?)\]", r.stdout, re.M)
     assert tasks[-1] == task and missing in task, tasks  # the first task that names it, and the last that ran

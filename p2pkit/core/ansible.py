@@ -162,8 +162,11 @@ def run_playbook(ctx, stage: str, extra: dict, check_mode: bool = False) -> dict
         summary.update(dict(zip(("ok", "changed", "unreachable", "failed", "skipped"), map(int, m.groups()))))
     if res.returncode != 0:
         found = failed_line(res.stdout + res.stderr)
-        raise PlaybookFailed(f"the {stage} playbook failed: {failed_task(res.stdout + res.stderr)}",
-                             hint=f"nothing after the failed task ran; the full log is {log}",
+        hint = f"nothing after the failed task ran; the full log is {log}"
+        if found and argument_spec_refusal(_result(found[1])):
+            hint = (f"the role checks its variables before its first task, so nothing on the host was changed; "
+                    f"what p2pkit handed it is in {logs / f'{stage}.vars.json'}, the full log is {log}")
+        raise PlaybookFailed(f"the {stage} playbook failed: {failed_task(res.stdout + res.stderr)}", hint=hint,
                              task=found[0] if found else "", result=_result(found[1]) if found else {})
     return summary
 
@@ -224,6 +227,9 @@ def _failure_detail(line: str) -> str:
     res = _result(line)
     if not res:
         return line
+    refused = argument_spec_refusal(res)
+    if refused:
+        return refused
     parts = [str(res.get("msg", "failed"))]
     for key in ("stderr", "stdout"):
         tail = [ln for ln in str(res.get(key) or "").splitlines() if ln.strip()][-4:]
@@ -231,3 +237,16 @@ def _failure_detail(line: str) -> str:
             parts.append(f"{key}: " + " | ".join(tail))
             break
     return "; ".join(parts)
+
+
+def argument_spec_refusal(res: dict) -> str:
+    """A role's refusal of its variables (Ansible's check against the role's meta/argument_specs.yml,
+    before its first task) in one line: the role, its spec, each error Ansible gives (the variable and
+    what it allows); "" for any other failure. Ansible's msg puts them on lines of their own."""
+    context = res.get("validate_args_context")
+    errors = res.get("argument_errors")
+    if not isinstance(context, dict) or context.get("type") != "role" or not isinstance(errors, list) or not errors:
+        return ""
+    role = context.get("name", "?")
+    spec = f"playbooks/roles/{role}/meta/argument_specs.yml"
+    return f"the {role} role refuses its variables ({spec}): " + "; ".join(" ".join(str(e).split()) for e in errors)
