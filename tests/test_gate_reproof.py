@@ -16,6 +16,7 @@ import pytest
 from conftest import make_sim, p2pkit_proc
 
 from p2pkit.app import pipeline
+from p2pkit.cli import common
 from p2pkit.core import config
 from p2pkit.core.artifacts import Store, self_digest
 from p2pkit.host import Host
@@ -128,7 +129,10 @@ def forge(root: Path, source: Path, stage: str, previous: str) -> None:
     doc = json.loads((source / f"var/lib/p2pkit/{stage}.json").read_text())
     store = Store(root / "var/lib/p2pkit")
     doc["host"] = identity(Host.at(root))
-    doc["inputs"] = pipeline.section_digests(config.load(Host.at(root).sim["profile"]), get(stage))
+    common.OPTS.root, common.OPTS.state_dir, common.OPTS.profile = root, None, None
+    common.OPTS.overrides = common.OPTS.unset = ()
+    # the profile as p2pkit resolves it for this host (relative flags such as request-log-jsonl under its state)
+    doc["inputs"] = pipeline.section_digests(common.profile(Host.at(root)), get(stage))
     doc["previous"] = {"stage": previous, "digest": store.digest(previous)}
     rewrite(root / f"var/lib/p2pkit/{stage}.json", doc)
 
@@ -147,6 +151,55 @@ def test_a_forged_engine_and_model_artifact_is_caught_and_up_builds_and_converts
     assert (to_link / engine_cmd.binary(prof).lstrip("/")).is_file() and model.is_file()
     s = states(cli, to_link)
     assert s["engine"]["state"] == "done" and s["model"]["state"] == "done", s
+
+
+SERVICE_FILES = ("etc/systemd/system/p2pkit-engine.service", "etc/systemd/system/p2pkit.slice",
+                 "etc/p2pkit/engine.env", "etc/p2pkit/engine.secrets.env")
+
+
+@pytest.mark.parametrize("rel", SERVICE_FILES)
+def test_a_vanished_or_edited_service_file_makes_the_service_stale_and_up_writes_it(cli, done, rel):
+    """The engine keeps running from what systemd loaded, so the live probe alone said done (the trust campaign:
+    the unit, slice and env files removed, status "done", up "nothing to do"). Each file the role wrote is
+    re-proven by its sha256 now: removed, the stage is stale naming it and `up` writes it back; edited by
+    hand, the same."""
+    f = done / rel
+    text = f.read_bytes()
+    f.unlink()
+    try:
+        s = states(cli, done)["service"]
+        assert s["state"] == "stale" and f"/{rel} is not there any more" in s["reason"], s
+        assert "up --from service" in s["reason"]
+        r = cli("--root", str(done), "up")
+        assert r.code == 0 and "[service] running" in r.err and f.read_bytes() == text, r.err[-2000:]
+        f.write_bytes(text + b"# an edit\n")
+        s = states(cli, done)["service"]
+        assert s["state"] == "stale" and f"/{rel} changed since the stage proved it" in s["reason"], s
+    finally:
+        f.write_bytes(text)
+    assert states(cli, done)["service"]["state"] == "done"
+
+
+def test_a_service_artifact_on_a_host_without_the_service_is_caught(cli, done):
+    """The service's artifact kept while the service itself is gone (the engine stopped, its unit, slice and
+    environment files removed: what a forged artifact claims on a host that never ran the stage). The live probe
+    finds no engine installed and judges nothing, so the files' re-proof is what says stale; up installs it."""
+    saved = {rel: (done / rel).read_bytes() for rel in SERVICE_FILES}
+    lifecycle.stop_services(done)
+    for rel in SERVICE_FILES:
+        (done / rel).unlink()
+    try:
+        s = states(cli, done)["service"]
+        assert s["state"] == "stale" and "service.files_unchanged" in s["reason"], s
+        assert all(f"/{rel} is not there any more" in s["reason"] for rel in SERVICE_FILES), s
+        r = cli("--root", str(done), "up")
+        assert r.code == 0 and "[service] running" in r.err, r.err[-2000:]
+        assert all((done / rel).read_bytes() == text for rel, text in saved.items())
+    finally:
+        for rel, text in saved.items():
+            if not (done / rel).exists():
+                (done / rel).write_bytes(text)
+    assert states(cli, done)["service"]["state"] == "done"
 
 
 def test_a_hand_edited_link_figure_is_caught(cli, done):

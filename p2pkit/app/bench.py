@@ -46,13 +46,12 @@ from dataclasses import replace
 
 from p2pkit.core import config
 from p2pkit.core.errors import GateError, P2pkitError, UsageError
-from p2pkit.host import engine_api
+from p2pkit.host import engine_api, system
 from p2pkit.parse import engine_api as pe
 from p2pkit.rules import engine_cmd
 
 SCHEMA = 1
-UNIT_FILES = ("/etc/systemd/system/p2pkit-engine.service", "/etc/p2pkit/engine.env",
-              "/etc/systemd/system/p2pkit.slice")
+UNIT_FILES = system.ENGINE_FILES[:3]  # what an --ab arm changes and puts back (the secrets stay)
 PROMPT_WORD = " gpu"  # one token per repeat in the tiny tokenizer and in most BPE vocabularies
 # seed 000's two workload shapes: (prompt tokens, output tokens)
 SHAPES = {"decode": (128, 512), "production": (2048, 128)}

@@ -125,6 +125,23 @@ def _engine_files(h: Host, profile):
     return {"binary": out}
 
 
+def _service_files(h: Host):
+    """The files the service stage writes (its unit, slice and environment files), now: each one's sha256 (a few
+    hundred bytes each), None where nothing is there, {"error": ...} where this user may not read it (the
+    secrets file is root's). The service gate compares them with what its artifact recorded: content, not
+    identity, since `bench --ab` puts the same bytes back."""
+    import hashlib
+
+    out: dict = {}
+    for path in system.ENGINE_FILES:
+        p = h.path(path)
+        try:
+            out[path] = {"sha256": hashlib.sha256(p.read_bytes()).hexdigest()} if p.is_file() else None
+        except OSError as e:
+            out[path] = {"error": f"could not read {path}: {e.strerror or e}"}
+    return out
+
+
 def _model_file(h: Host, profile):
     """The model output the profile names, now (one stat; an HF model served as it is: its directory)."""
     m = profile.model

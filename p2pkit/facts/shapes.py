@@ -428,6 +428,11 @@ class BuiltFile(TypedDict, total=False):
     libraries: list[LinkedLibrary]
 
 
+class WrittenFile(TypedDict, total=False):  # a file a stage wrote, as its gate re-proves it
+    sha256: str
+    error: str
+
+
 class EngineFiles(TypedDict, total=False):  # what the engine gate re-proves: the built binary now
     binary: BuiltFile
 

@@ -198,6 +198,11 @@ def mapped_under(host: Host, pid: int, directory: str) -> dict:
 
 
 ENGINE_UNIT = "p2pkit-engine.service"
+ENGINE_ENV_FILE, ENGINE_SECRETS_FILE = "/etc/p2pkit/engine.env", "/etc/p2pkit/engine.secrets.env"
+# what the service stage writes (the service role's unit, slice and environment files): its gate's proof that
+# they are still the files it proved
+ENGINE_FILES = (f"/etc/systemd/system/{ENGINE_UNIT}", "/etc/systemd/system/p2pkit.slice", ENGINE_ENV_FILE,
+                ENGINE_SECRETS_FILE)
 BOOT_HOLD = "/etc/default/grub.d/61-p2pkit-boot-default.cfg"  # the kernel hook's boot default (P36)
 
 

@@ -161,6 +161,15 @@ def unreadable(fact: Any) -> bool:
     return fact is None or failed(fact) or (isinstance(fact, dict) and "error" in fact)
 
 
+IDENTITY = ("dev", "ino", "size", "mtime_ns", "ctime_ns")  # host/system.file_identity
+
+
+def changed(recorded: dict, now: dict) -> list[str]:
+    """How a file's identity now differs from the one recorded (each field that moved): the engine, model and
+    service gates' one comparison."""
+    return [f"{k} {recorded.get(k)} -> {now.get(k)}" for k in IDENTITY if recorded.get(k) != now.get(k)]
+
+
 def pair(p) -> bool:
     """The profile's GPUs are a pair on one host (BAR1 P2P between them); a one-GPU node has none."""
     return p.gpus.count >= 2

@@ -61,7 +61,8 @@ STAGES: list[Stage] = [
           check=model_checks.check, precheck=model_checks.precheck, act=model_act.act, measure=model_act.measure,
           reprove=("model_file", model_checks.reproved)),
     Stage("service", "engine service healthy, no memory cap", inputs=("serve", "engine", "model"),
-          check=combine(service_checks.check, service_checks.nccl_p2p_level, service_checks.nccl_floor),
+          check=combine(service_checks.check, service_checks.nccl_p2p_level, service_checks.nccl_floor,
+                        service_checks.files_in_place),
           precheck=service_checks.precheck, act=service_act.act, live=("engine_live", service_checks.alive),
-          measure=service_act.measure),
+          measure=service_act.measure, reprove=("service_files", service_checks.reproved)),
 ]

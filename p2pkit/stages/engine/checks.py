@@ -14,6 +14,7 @@ from p2pkit.rules.findings import (
     SKIP,
     WARN,
     Check,
+    changed,
     could_not,
     failed,
     figure,
@@ -311,14 +312,6 @@ def kernel_archs(f: dict, p: Profile) -> list[Check]:
                   f"includes {want}", f"the build dropped {want} (CUDA 13's arch matching, vllm#36835): rebuild with "
                   f"the arch list naming {want[3:]} (TORCH_CUDA_ARCH_LIST / CMAKE_CUDA_ARCHITECTURES)",
                   pitfall="P39")]
-
-
-IDENTITY = ("dev", "ino", "size", "mtime_ns", "ctime_ns")  # host/system.file_identity
-
-
-def changed(recorded: dict, now: dict) -> list[str]:
-    """How a file's identity now differs from the one recorded with its sha256 (each field that moved)."""
-    return [f"{k} {recorded.get(k)} -> {now.get(k)}" for k in IDENTITY if recorded.get(k) != now.get(k)]
 
 
 def reproved(recorded: dict, now: dict | None, p: Profile) -> list[Check]:

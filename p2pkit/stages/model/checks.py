@@ -4,7 +4,19 @@ engine that was built can read it (P08, P09)."""
 from __future__ import annotations
 
 from p2pkit.core.config import Profile
-from p2pkit.rules.findings import FAIL, PASS, Check, failed, figure, judge, not_measured, reading, reads, unknown
+from p2pkit.rules.findings import (
+    FAIL,
+    PASS,
+    Check,
+    changed,
+    failed,
+    figure,
+    judge,
+    not_measured,
+    reading,
+    reads,
+    unknown,
+)
 
 GIB = 1 << 30
 
@@ -176,9 +188,6 @@ def nvme(found, p: Profile) -> list[Check]:
     return out
 
 
-IDENTITY = ("dev", "ino", "size", "mtime_ns", "ctime_ns")  # host/system.file_identity
-
-
 def reproved(recorded: dict, now: dict | None, p: Profile) -> list[Check]:
     """What the model artifact claims, against the file now (status and the gate): the output it hashed is
     still there and the same file. Hashing a multi-GB model on every `status` is too slow, so the proof is the
@@ -203,8 +212,7 @@ def reproved(recorded: dict, now: dict | None, p: Profile) -> list[Check]:
     if not b.get("identity") or not b.get("sha256"):
         return [Check(id_, title, FAIL, f"the artifact records no identity and sha256 for {path} (an earlier "
                       "p2pkit's, or not a conversion's)", want, redo)]
-    moved = [f"{k} {b['identity'].get(k)} -> {now['identity'].get(k)}" for k in IDENTITY
-             if b["identity"].get(k) != now["identity"].get(k)]
+    moved = changed(b["identity"], now["identity"])
     if moved:
         return [Check(id_, title, FAIL, f"{path} changed since it was hashed ({'; '.join(moved)})", want, redo)]
     return [Check(id_, title, PASS, f"{path} unchanged since it was hashed", want)]

@@ -158,7 +158,7 @@ def service_vars(ctx, argv: list[str] | None = None) -> dict:
     }
 
 
-ENV_FILE, SECRETS_FILE = "/etc/p2pkit/engine.env", "/etc/p2pkit/engine.secrets.env"
+ENV_FILE, SECRETS_FILE = system.ENGINE_ENV_FILE, system.ENGINE_SECRETS_FILE
 
 
 def poll(probe, timeout: float, *, alive=None, interval: float = 0.25, note=None, every: float = 5.0,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from p2pkit.core.config import Profile
+from p2pkit.host import system as system_files
 from p2pkit.parse import field as pf
 from p2pkit.parse import nccl
 from p2pkit.rules import engine_cmd
@@ -81,6 +82,59 @@ def check(f: dict, p: Profile) -> list[Check]:
     s = f["service"]
     return [*out, *(launcher_findings(s) if s["analyze"] is None else _unit(s["analyze"], p)), answering(s),
             *memory_cap(s, f.get("cgroup", {})), *running_engine(s, p), *listening(s, p), *_spec(s, p)]
+
+
+FILES_REDO = ("run `p2pkit up --from service`: the role writes them again (restarting the engine where one "
+              "changed) and the stage proves the service again")
+
+
+def written_files(s: dict) -> tuple[str, ...]:
+    """What the service role writes: the environment files always, the unit and its slice where systemd runs the
+    engine (the launcher's engine has neither)."""
+    env = (system_files.ENGINE_ENV_FILE, system_files.ENGINE_SECRETS_FILE)
+    return env if s.get("analyze") is None else system_files.ENGINE_FILES
+
+
+@reads("service_files", given=("service",))
+def files_in_place(f: dict, p: Profile) -> list[Check]:
+    """The unit, slice and environment files the role wrote are there as the proof reads them (their digests go
+    into the artifact: the gate's re-proof compares them)."""
+    if not isinstance(f.get("service"), dict) or failed(f["service"]):
+        return []  # nothing proven here (doctor, a failed proof): the service's own finding says so
+    id_, title = "service.files", "the unit, slice and environment files the role wrote are in place"
+    files = f.get("service_files")
+    if failed(files) or not isinstance(files, dict):
+        return [unknown(id_, title, files, "each file there")]
+    want = written_files(f["service"])
+    missing = [path for path in want if files.get(path) is None]
+    return [judge(id_, title, not missing, f"missing: {', '.join(missing)}" if missing else
+                  f"{len(want)} files in place", ", ".join(want), FILES_REDO)]
+
+
+def reproved(recorded: dict, now: dict | None, p: Profile) -> list[Check]:
+    """What the service artifact claims of the files the role wrote, against the files now (status and the
+    gate): each one the proof read is still there with the same sha256. A file this user may not read now (the
+    secrets file, for `status` as non-root) is not judged; the running engine is the live probe's."""
+    id_, title = "service.files_unchanged", "the files the service stage wrote are there, unchanged"
+    want = "each file the stage proved, the same bytes"
+    if failed(now) or not isinstance(now, dict):
+        return [unknown(id_, title, now, want)]
+    rec = recorded.get("service_files")
+    if not isinstance(rec, dict):
+        return [Check(id_, title, FAIL, "the artifact records no digests of the unit and environment files (an "
+                      "earlier p2pkit's, or not a proof's)", want, FILES_REDO)]
+    bad = []
+    for path, was in sorted(rec.items()):
+        if not isinstance(was, dict) or "sha256" not in was:
+            continue  # not there, or not readable, when the stage proved it
+        got = now.get(path)
+        if got is None:
+            bad.append(f"{path} is not there any more")
+        elif isinstance(got, dict) and "sha256" in got and got["sha256"] != was["sha256"]:
+            bad.append(f"{path} changed since the stage proved it")
+    if bad:
+        return [Check(id_, title, FAIL, "; ".join(bad), want, FILES_REDO)]
+    return [Check(id_, title, PASS, "unchanged since the stage proved them", want)]
 
 
 def answering(s: dict) -> Check:
