@@ -81,6 +81,44 @@ def test_a_moved_build_dir_makes_the_engine_stale_and_up_builds_it(cli, done):
     assert all(s["state"] == "done" for s in states(cli, done).values())
 
 
+def test_an_engine_tree_emptied_of_its_files_is_checked_out_and_built_again(cli, done):
+    """Every file of the engine's checkout and build removed, its directories left (the trust campaign's vanished
+    engine: stale, then up failed in `git checkout`, "not a git repository", since the emptied .git was taken
+    for a checkout). Nothing but empty directories is nothing to lose: up removes them, clones and builds."""
+    build, _ = paths(done)
+    removed = [f for f in build.rglob("*") if not f.is_dir() or f.is_symlink()]
+    assert len(removed) > 5
+    for f in removed:
+        f.unlink()
+    assert (build / ".git").is_dir()
+    s = states(cli, done)["engine"]
+    assert s["state"] == "stale" and "is not there any more" in s["reason"], s
+    r = cli("--root", str(done), "up", "--to", "model")
+    assert r.code == 0 and "[engine] running" in r.err, r.err[-2000:]
+    assert (build / ".git/HEAD").is_file()
+    up(done)
+    assert all(s["state"] == "done" for s in states(cli, done).values())
+
+
+def test_an_engine_directory_that_is_not_a_checkout_and_holds_a_file_is_never_touched(cli, done):
+    """The same directory holding a file of someone's (and no checkout): refused naming it and what to do, the
+    file kept."""
+    build, _ = paths(done)
+    away = build.with_name(build.name + ".away")
+    build.rename(away)
+    (build / "sub").mkdir(parents=True)
+    (build / "sub/notes.txt").write_text("mine\n")
+    try:
+        r = cli("--root", str(done), "up", "--to", "engine")
+        assert r.code == 1 and "exists and is not a git checkout: p2pkit will not touch it" in r.err, r.err[-2000:]
+        assert "move it away" in r.err and (build / "sub/notes.txt").read_text() == "mine\n"
+    finally:
+        shutil.rmtree(build)
+        away.rename(build)
+    up(done)
+    assert all(s["state"] == "done" for s in states(cli, done).values())
+
+
 def test_a_moved_model_makes_the_model_stale_and_up_converts_it(cli, done):
     _, model = paths(done)
     away = model.with_name(model.name + ".away")

@@ -7,6 +7,7 @@ libraries are checked (P05, P06); a refused precondition never reaches CMake."""
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import time
 from contextlib import nullcontext
@@ -37,11 +38,27 @@ def _run(ctx, argv, log, cwd=None, env=None):
     return r
 
 
+def holds_files(d: Path) -> bool:
+    """Whether a directory tree holds anything but directories (a file, a link, a socket: what p2pkit would lose
+    by removing it). A link to a directory counts as a file: it is never followed."""
+    return any(not entry.is_dir(follow_symlinks=False) or holds_files(Path(entry.path)) for entry in os.scandir(d))
+
+
+def remove_empty_tree(d: Path) -> None:
+    """Remove a tree of nothing but empty directories, bottom-up; rmdir refuses anything that is not empty."""
+    for entry in os.scandir(d):
+        remove_empty_tree(Path(entry.path))
+    d.rmdir()
+
+
 def checkout(ctx, src: Path, log: Path) -> dict:
     e = ctx.profile.engine
-    if not (src / ".git").is_dir():
-        if src.exists() and any(src.iterdir()):
-            return {"path": str(src), "error": f"{src} exists and is not a git checkout: p2pkit will not touch it"}
+    if not (src / ".git" / "HEAD").is_file():  # an emptied .git is no checkout
+        if src.is_dir() and not src.is_symlink() and not holds_files(src):
+            remove_empty_tree(src)  # what is left of a checkout whose files were removed: nothing to lose
+        elif src.exists() or src.is_symlink():
+            return {"path": str(src), "error": f"{src} exists and is not a git checkout: p2pkit will not touch it; "
+                    "move it away (or point engine.build_dir elsewhere) and run `p2pkit up --from engine`"}
         r = _run(ctx, ["git", "clone", "--quiet", "--", e.repo, str(src)], log)
         if r.returncode:
             return {"path": str(src), "error": f"git clone failed: {r.stderr.strip()[-300:]}"}
