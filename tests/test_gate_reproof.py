@@ -119,6 +119,37 @@ def test_an_engine_directory_that_is_not_a_checkout_and_holds_a_file_is_never_to
     assert all(s["state"] == "done" for s in states(cli, done).values())
 
 
+FORK = "var/cache/p2pkit/open-gpu-kernel-modules"
+
+
+def test_a_fork_checkout_emptied_of_its_files_is_checked_out_and_built_again(cli, done):
+    """The p2p-module's fork checkout emptied of every file, its directories left (the trust campaign: up failed
+    in git clone, "already exists and is not an empty directory"): the role removes the empty tree, clones and
+    builds; a directory there holding a file and no checkout stops the role naming it, the file kept."""
+    fork = done / FORK
+    for f in [f for f in fork.rglob("*") if not f.is_dir() or f.is_symlink()]:
+        f.unlink()
+    s = states(cli, done)["p2p-module"]
+    assert s["state"] == "stale", s
+    up(done)
+    assert (fork / ".git/HEAD").is_file()
+    assert all(s["state"] == "done" for s in states(cli, done).values())
+    away = fork.with_name(fork.name + ".away")
+    fork.rename(away)
+    (fork / "kernel-open").mkdir(parents=True)
+    (fork / "kernel-open/notes.txt").write_text("mine\n")
+    try:
+        r = p2pkit_proc("--root", str(done), "up", "--reboot", "--from", "p2p-module", "--force")
+        assert r.returncode == 1 and "is not a git checkout (no .git/HEAD; it holds 1 files" in r.stderr, \
+            r.stderr[-2000:]
+        assert "move it away" in r.stderr and (fork / "kernel-open/notes.txt").read_text() == "mine\n"
+    finally:
+        shutil.rmtree(fork)
+        away.rename(fork)
+    up(done)
+    assert all(s["state"] == "done" for s in states(cli, done).values())
+
+
 def test_a_moved_model_makes_the_model_stale_and_up_converts_it(cli, done):
     _, model = paths(done)
     away = model.with_name(model.name + ".away")
