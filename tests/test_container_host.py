@@ -390,7 +390,8 @@ def test_a_link_planted_at_every_path_up_writes_on_the_real_os_leaves_its_victim
         if p.is_symlink() or p.exists():
             p.unlink()
         p.symlink_to(f"/var/tmp/victims/file-{i}")  # as the container sees it
-        victims[path] = v
+        st = v.lstat()
+        victims[path] = (v, (st.st_mode, st.st_uid, st.st_gid))
     refused = []
     for _ in range(len(files) + 4):
         r = g.p2pkit("--yes", "up", timeout=900)
@@ -405,6 +406,7 @@ def test_a_link_planted_at_every_path_up_writes_on_the_real_os_leaves_its_victim
         refused.append(path)
         (g.root / path.lstrip("/")).unlink()
     assert r.returncode == 0, r.stderr[-3000:]
-    touched = [p for p, v in victims.items() if v.read_text() != f"victim {files.index(p)}\n"]
+    touched = [p for p, (v, was) in victims.items() if v.read_text() != f"victim {files.index(p)}\n"
+               or (v.lstat().st_mode, v.lstat().st_uid, v.lstat().st_gid) != was]  # written, chmod or chown
     assert touched == [], touched
     assert refused, "no planted link was met"

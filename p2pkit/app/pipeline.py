@@ -331,8 +331,10 @@ def gate_applies(ctx: Ctx, st: Stage, old: dict | None, killed: bool) -> str | N
     """Whether the artifact gate may skip this stage's act when its proof already holds, and why not.
 
     Not with --force (act again, whatever the proof says), not after a run killed while acting on the
-    stage (a file written and its follow-up never run: the proof does not look at follow-ups), and not
-    when the profile inputs changed since the last artifact (a proof need not read every value it sets)."""
+    stage (a file written and its follow-up never run: the proof does not look at follow-ups), not
+    when the profile inputs changed since the last artifact (a proof need not read every value it sets),
+    and not when what the last artifact claims no longer holds (its re-proof: an output removed or edited
+    since, which a proof on fresh facts may not read, such as a comment added to the engine's unit)."""
     if st.act is None:
         return "the stage does not act"
     if ctx.options.get("force"):
@@ -341,6 +343,8 @@ def gate_applies(ctx: Ctx, st: Stage, old: dict | None, killed: bool) -> str | N
         return "a run was killed while acting on this stage"
     if old is not None and old.get("inputs") != section_digests(ctx.profile, st):
         return "the profile inputs changed since the last artifact"
+    if old is not None and st.reprove is not None and (bad := reproof(ctx, st, old)) is not None:
+        return f"the last artifact's re-proof failed ({bad.id}: {bad.measured})"
     return None
 
 

@@ -126,15 +126,20 @@ def _engine_files(h: Host, profile):
 
 
 def _service_files(h: Host):
-    """The files the service stage writes (its unit, slice and environment files), now: each one's sha256 (a few
-    hundred bytes each), None where nothing is there, {"error": ...} where this user may not read it (the
-    secrets file is root's). The service gate compares them with what its artifact recorded: content, not
-    identity, since `bench --ab` puts the same bytes back."""
+    """The files the service stage writes (its unit, slice and environment files), now, None where nothing is
+    there: the sha256 of each (a few hundred bytes; content, not identity, since `bench --ab` puts the same bytes
+    back), {"error": ...} where this user may not read one; the secrets file by its identity only (one stat: a
+    digest of a short, guessable text in a world-readable artifact would let its values be tried offline). The
+    service gate compares them with what its artifact recorded."""
     import hashlib
 
     out: dict = {}
     for path in system.ENGINE_FILES:
         p = h.path(path)
+        if path == system.ENGINE_SECRETS_FILE:
+            ident = system.file_identity(p)
+            out[path] = {"identity": ident} if ident is not None else None
+            continue
         try:
             out[path] = {"sha256": hashlib.sha256(p.read_bytes()).hexdigest()} if p.is_file() else None
         except OSError as e:

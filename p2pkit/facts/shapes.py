@@ -430,6 +430,7 @@ class BuiltFile(TypedDict, total=False):
 
 class WrittenFile(TypedDict, total=False):  # a file a stage wrote, as its gate re-proves it
     sha256: str
+    identity: FileIdentity  # a file whose digest would tell too much (the secrets file)
     error: str
 
 

@@ -165,8 +165,8 @@ IDENTITY = ("dev", "ino", "size", "mtime_ns", "ctime_ns")  # host/system.file_id
 
 
 def changed(recorded: dict, now: dict) -> list[str]:
-    """How a file's identity now differs from the one recorded (each field that moved): the engine, model and
-    service gates' one comparison."""
+    """How a file's identity now differs from the one recorded (each field that moved): the engine and model
+    gates' one comparison, and the service gate's for its secrets file."""
     return [f"{k} {recorded.get(k)} -> {now.get(k)}" for k in IDENTITY if recorded.get(k) != now.get(k)]
 
 

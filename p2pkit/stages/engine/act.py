@@ -6,9 +6,11 @@ libraries are checked (P05, P06); a refused precondition never reaches CMake."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
+import stat
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -45,17 +47,41 @@ def holds_files(d: Path) -> bool:
 
 
 def remove_empty_tree(d: Path) -> None:
-    """Remove a tree of nothing but empty directories, bottom-up; rmdir refuses anything that is not empty."""
-    for entry in os.scandir(d):
-        remove_empty_tree(Path(entry.path))
-    d.rmdir()
+    """Remove a tree of nothing but directories, bottom-up, never following a link and never onto another
+    filesystem: each directory opened by its parent's fd (O_NOFOLLOW), each entry lstat'ed there; anything else
+    met on the way (a link or file that appeared since, a mount) stops it with OSError, and rmdir itself
+    refuses a directory that is not empty."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+    def clear(fd: int, dev: int) -> None:
+        for name in os.listdir(fd):
+            st = os.lstat(name, dir_fd=fd)
+            if not stat.S_ISDIR(st.st_mode) or st.st_dev != dev:
+                raise OSError(errno.ENOTEMPTY, f"{name} is not a directory of this filesystem")
+            sub = os.open(name, flags, dir_fd=fd)
+            try:
+                clear(sub, dev)
+            finally:
+                os.close(sub)
+            os.rmdir(name, dir_fd=fd)
+
+    top = os.open(d, flags)
+    try:
+        clear(top, os.fstat(top).st_dev)
+    finally:
+        os.close(top)
+    os.rmdir(d)
 
 
 def checkout(ctx, src: Path, log: Path) -> dict:
     e = ctx.profile.engine
     if not (src / ".git" / "HEAD").is_file():  # an emptied .git is no checkout
-        if src.is_dir() and not src.is_symlink() and not holds_files(src):
-            remove_empty_tree(src)  # what is left of a checkout whose files were removed: nothing to lose
+        if src.is_dir() and not src.is_symlink() and not os.path.ismount(src) and not holds_files(src):
+            try:
+                remove_empty_tree(src)  # what is left of a checkout whose files were removed: nothing to lose
+            except OSError as e:
+                return {"path": str(src), "error": f"{src} holds no checkout and could not be cleared ({e}): move "
+                        "it away (or point engine.build_dir elsewhere) and run `p2pkit up --from engine`"}
         elif src.exists() or src.is_symlink():
             return {"path": str(src), "error": f"{src} exists and is not a git checkout: p2pkit will not touch it; "
                     "move it away (or point engine.build_dir elsewhere) and run `p2pkit up --from engine`"}

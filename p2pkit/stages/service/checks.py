@@ -14,6 +14,7 @@ from p2pkit.rules.findings import (
     SKIP,
     WARN,
     Check,
+    changed,
     could_not,
     failed,
     figure,
@@ -102,6 +103,8 @@ def files_in_place(f: dict, p: Profile) -> list[Check]:
     if not isinstance(f.get("service"), dict) or failed(f["service"]):
         return []  # nothing proven here (doctor, a failed proof): the service's own finding says so
     id_, title = "service.files", "the unit, slice and environment files the role wrote are in place"
+    if "service_files" not in f:
+        return []  # an artifact of an earlier p2pkit: the re-proof says the digests are not recorded
     files = f.get("service_files")
     if failed(files) or not isinstance(files, dict):
         return [unknown(id_, title, files, "each file there")]
@@ -125,13 +128,16 @@ def reproved(recorded: dict, now: dict | None, p: Profile) -> list[Check]:
                       "earlier p2pkit's, or not a proof's)", want, FILES_REDO)]
     bad = []
     for path, was in sorted(rec.items()):
-        if not isinstance(was, dict) or "sha256" not in was:
+        if not isinstance(was, dict) or not ("sha256" in was or isinstance(was.get("identity"), dict)):
             continue  # not there, or not readable, when the stage proved it
         got = now.get(path)
         if got is None:
             bad.append(f"{path} is not there any more")
-        elif isinstance(got, dict) and "sha256" in got and got["sha256"] != was["sha256"]:
+        elif isinstance(got, dict) and "sha256" in got and got["sha256"] != was.get("sha256"):
             bad.append(f"{path} changed since the stage proved it")
+        elif isinstance(got, dict) and isinstance(got.get("identity"), dict) and "identity" in was \
+                and (moved := changed(was["identity"], got["identity"])):
+            bad.append(f"{path} changed since the stage proved it ({'; '.join(moved)})")
     if bad:
         return [Check(id_, title, FAIL, "; ".join(bad), want, FILES_REDO)]
     return [Check(id_, title, PASS, "unchanged since the stage proved them", want)]
