@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -127,6 +128,17 @@ def main() -> None:
     a = ap.parse_args()
     trees = {**({"before": a.before.resolve()} if a.before else {}), "after": REPO}
     root = a.host.resolve() if a.host else done_host()
+    try:
+        res = run_all(a, trees, root)
+    finally:
+        if not a.host:  # the host this run made: its engine stopped and its directory gone, nothing left running
+            subprocess.run([sys.executable, "-c", LAUNCHER, "sim", "stop", str(root)], env=env_for(REPO),
+                           cwd=root.parent, capture_output=True, text=True)
+            shutil.rmtree(root.parent, ignore_errors=True)
+    print(json.dumps(res, indent=2))
+
+
+def run_all(a, trees: dict, root: Path) -> dict:
     roots = {"after": root, "before": a.before_host.resolve() if a.before_host else root}
     log = root / "var/lib/p2pkit/logs/driver.log"
     mtime = log.stat().st_mtime_ns if log.exists() else None
@@ -142,7 +154,7 @@ def main() -> None:
         "ansible_started_by_noop_up": log.exists() and log.stat().st_mtime_ns != mtime,
         "aims": AIMS,
     }
-    print(json.dumps(res, indent=2))
+    return res
 
 
 if __name__ == "__main__":

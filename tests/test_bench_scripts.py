@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import sysconfig
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -32,11 +31,19 @@ def bare_env() -> dict[str, str]:
     return env
 
 
+DEPS: list[Path] = []  # the directory of links below, under pytest's own temporary directory (none in /tmp left)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _deps_dir(tmp_path_factory):
+    DEPS[:] = [tmp_path_factory.mktemp("deps")]
+    yield
+
+
 def dependency_commands() -> Path:
     """The commands the dependencies install (ansible-playbook and its kin), and not p2pkit's own: a directory
     of links to them, as a host where the dependencies are installed and p2pkit is not has them."""
-    d = Path(tempfile.gettempdir()) / f"p2pkit-bench-deps-{os.getpid()}"
-    d.mkdir(exist_ok=True)
+    d = DEPS[0]
     for exe in Path(sys.executable).parent.glob("ansible*"):
         link = d / exe.name
         if not link.exists():
@@ -108,6 +115,9 @@ def test_the_simulated_host_benches_run_from_a_checkout(tmp_path):
     assert r.returncode == 0, r.stderr[-1500:]
     doc = json.loads(r.stdout)
     assert doc["help"]["after"]["exit"] == [0] and doc["status"]["after"]["exit"] == [0]
+    # the host it made is gone, and its engine with it (it was left running, and its directory, in every run)
+    left = subprocess.run(["pgrep", "-f", f"p2pkit.sim.engine {doc['host']}/"], capture_output=True, text=True)
+    assert left.returncode == 1 and not Path(doc["host"]).exists(), left.stdout
     r = run("bench_up.py", "--runs", "1", cwd=tmp_path, timeout=900)
     assert r.returncode == 0, r.stderr[-1500:]
     r = run("bench_inventory.py", "--sizes", "1", "--runs", "1", cwd=tmp_path, timeout=900)
