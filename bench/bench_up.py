@@ -132,10 +132,7 @@ def main() -> None:
         out = {k: {"runs": v, "median_cpu_s": med(v, "cpu_s"), "median_wall_s": med(v, "wall_s")}
                for k, v in rows.items()}
         if "B" in rows:
-            out["ratio_cpu_A_over_B"] = round(statistics.median(x["cpu_s"] / y["cpu_s"]
-                                                                for x, y in zip(rows["A"], rows["B"])), 3)
-            out["ratio_wall_A_over_B"] = round(statistics.median(x["wall_s"] / y["wall_s"]
-                                                                 for x, y in zip(rows["A"], rows["B"])), 3)
+            out.update(ratios(rows))
         print(json.dumps(out, indent=2))
         return
     for src in arms.values():  # warm-up: bytecode written, page cache filled
@@ -148,11 +145,16 @@ def main() -> None:
                                                                    "artifact_seconds")}}
            for k, v in rows.items()}
     if "B" in rows:
-        out["ratio_cpu_A_over_B"] = round(statistics.median(x["cpu_s"] / y["cpu_s"]
-                                                            for x, y in zip(rows["A"], rows["B"])), 3)
-        out["ratio_wall_A_over_B"] = round(statistics.median(x["wall_s"] / y["wall_s"]
-                                                             for x, y in zip(rows["A"], rows["B"])), 3)
+        out.update(ratios(rows))
     print(json.dumps(out, indent=2))
+
+
+
+def ratios(rows: dict[str, list[dict]]) -> dict[str, float]:
+    """A over B, pair by pair (the runs alternate A B A B), the median of each: CPU and wall."""
+    return {f"ratio_{m.split('_')[0]}_A_over_B": round(statistics.median(x[m] / y[m] for x, y in
+                                                                          zip(rows["A"], rows["B"])), 3)
+            for m in ("cpu_s", "wall_s")}
 
 
 if __name__ == "__main__":

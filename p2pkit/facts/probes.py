@@ -131,7 +131,7 @@ def _service_files(h: Host):
     back), {"error": ...} where this user may not read one; the secrets file by its identity only (one stat: a
     digest of a short, guessable text in a world-readable artifact would let its values be tried offline). The
     service gate compares them with what its artifact recorded."""
-    import hashlib
+    from p2pkit.host.backup import sha256
 
     out: dict = {}
     for path in system.ENGINE_FILES:
@@ -141,7 +141,7 @@ def _service_files(h: Host):
             out[path] = {"identity": ident} if ident is not None else None
             continue
         try:
-            out[path] = {"sha256": hashlib.sha256(p.read_bytes()).hexdigest()} if p.is_file() else None
+            out[path] = {"sha256": sha256(p)} if p.is_file() else None
         except OSError as e:
             out[path] = {"error": f"could not read {path}: {e.strerror or e}"}
     return out
