@@ -9,6 +9,7 @@ import json
 import pytest
 
 from p2pkit.core import config
+from p2pkit.core.ansible import COLLECTION
 from p2pkit.parse import field as pf
 from p2pkit.rules import engine_env
 from p2pkit.stages.engine import checks as engine
@@ -262,7 +263,8 @@ def hook(tmp_path, p2pkit_exit: int) -> tuple:
     fake = tmp_path / "p2pkit"
     fake.write_text(f"#!/bin/sh\nexit {p2pkit_exit}\n")
     fake.chmod(0o755)
-    tpl = (FIXTURES.parent.parent / "playbooks/roles/p2pkit_p2p_module/templates/p2pkit-kernel-postinst.j2").read_text()
+    tpl = (FIXTURES.parent.parent / COLLECTION / "roles/p2pkit_p2p_module/templates/p2pkit-kernel-postinst.j2"
+           ).read_text()
     text = jinja2.Template(tpl).render(
         p2pkit_p2p_module_hook_exe=str(fake), p2pkit_p2p_module_hook_command=f"{fake} --yes restore",
         p2pkit_p2p_module_hook_hold=str(root / "etc/default/grub.d/61-p2pkit-boot-default.cfg"),

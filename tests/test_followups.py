@@ -19,7 +19,7 @@ VIDEO_KO = "kernel/drivers/video/nvidia.ko"
 
 
 # The test's oracle for what the next boot gets (the role decides update-grub from its own probe of
-# grub.cfg, in playbooks/roles/p2pkit_p2p_module/tasks/followups.yml; this reads grub.cfg on its own).
+# grub.cfg, in the p2pkit_p2p_module role's tasks/followups.yml; this reads grub.cfg on its own).
 def grub_default_args(cfg: str, kernel: str) -> list[list[str]]:
     """The kernel arguments of every `linux` line of /boot/grub/grub.cfg that GRUB_CMDLINE_LINUX_DEFAULT
     reaches (not a recovery entry, not linux16's memtest), for vmlinuz-<kernel> when a line names it,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from p2pkit.core.ansible import PlaybookFailed
+from p2pkit.core.ansible import COLLECTION, PlaybookFailed
 from p2pkit.core.errors import P2pkitError
 from p2pkit.parse import build as pbuild
 from p2pkit.stages.p2p_module import act
@@ -90,7 +90,7 @@ def role_values(task_file: str) -> dict:
     """The set_fact values of a task file of the p2p-module role, as written there."""
     import yaml
 
-    doc = yaml.safe_load((Path(__file__).parent.parent / "playbooks/roles/p2pkit_p2p_module/tasks" / task_file)
+    doc = yaml.safe_load((Path(__file__).parent.parent / COLLECTION / "roles/p2pkit_p2p_module/tasks" / task_file)
                          .read_text())
     out: dict = {}
     for task in doc:

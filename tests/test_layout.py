@@ -7,7 +7,7 @@ file. The index cannot go stale: every link resolves, and every role template an
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-ROLES = REPO / "playbooks/roles"
+ROLES = REPO / "playbooks/collections/ansible_collections/p2pkit/host/roles"
 UNIT_SUFFIXES = (".service", ".timer", ".slice", ".service.j2", ".timer.j2", ".slice.j2")
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from p2pkit.core import ansible
+from p2pkit.core.ansible import COLLECTION
 from tests.conftest import REPO
 from tests.test_playbooks import ctx_for
 
@@ -26,7 +27,7 @@ def test_the_cache_is_named_by_what_the_payloads_are_built_from(tmp_path, monkey
     assert first == ansible.module_cache(state)
     first.mkdir(parents=True)
     (first / "ansible.modules.command-ZIP_DEFLATED-none").write_text("a payload built before")
-    lib = share / "playbooks/library/p2pkit_files.py"
+    lib = share / COLLECTION / "plugins/modules/p2pkit_files.py"
     lib.write_text(lib.read_text() + "\n# changed\n")
     second = ansible.module_cache(state)
     assert second != first and second.parent == first.parent
@@ -66,7 +67,7 @@ def run_module(name: str, args: dict, tmp_path: Path) -> tuple[int, dict]:
 
     f = tmp_path / "args"
     f.write_text(json.dumps(args))
-    r = subprocess.run([sys.executable, str(REPO / "playbooks/library" / f"{name}.py"), str(f)],
+    r = subprocess.run([sys.executable, str(REPO / COLLECTION / "plugins/modules" / f"{name}.py"), str(f)],
                        capture_output=True, text=True)
     return r.returncode, json.loads(r.stdout)
 

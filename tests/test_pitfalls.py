@@ -1,5 +1,6 @@
 """Pitfalls judged over the real formats (issue 18): each test fails when its detection is removed."""
 
+from p2pkit.core.ansible import COLLECTION
 from p2pkit.parse import build as pb
 from p2pkit.stages.engine import checks as ec
 from tests.conftest import FIXTURES
@@ -93,7 +94,7 @@ def test_guarded_packages_are_the_driver_playbooks():
     from p2pkit.stages.driver import checks as driver
     from tests.conftest import REPO
 
-    d = yaml.safe_load((REPO / "playbooks/roles/p2pkit_driver/defaults/main.yml").read_text())
+    d = yaml.safe_load((REPO / COLLECTION / "roles/p2pkit_driver/defaults/main.yml").read_text())
     assert tuple(d["p2pkit_driver_guarded_packages"]) == driver.GUARDED_PACKAGES
 
 

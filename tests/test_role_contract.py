@@ -19,7 +19,7 @@ from p2pkit.stages.service import act as svc
 from tests.conftest import REPO, make_sim, p2pkit_proc
 from tests.test_roles import ctx_for, playbook, profile_vars, write_inventory
 
-ROLES = REPO / "playbooks/roles"
+ROLES = REPO / "playbooks/collections/ansible_collections/p2pkit/host/roles"
 # each role and the stage playbook that runs it
 STAGES = {"p2pkit_driver": "driver", "p2pkit_p2p_module": "p2p-module", "p2pkit_engine": "engine",
           "p2pkit_service": "service"}
@@ -175,11 +175,11 @@ def test_p2pkit_carries_the_roles_refusal_as_its_own_one_paragraph_error(sim):
         run_playbook(ctx, "service", {**svc.service_vars(ctx), "p2pkit_service_manager": "upstart"})
     msg = e.value.message
     assert "\n" not in msg and "\n" not in e.value.hint, msg  # one paragraph
-    assert msg.startswith("the service playbook failed: task 'p2pkit_service : Validating arguments against arg "
-                          "spec 'main'"), msg
-    assert msg.endswith("the p2pkit_service role refuses its variables (playbooks/roles/p2pkit_service/meta/"
-                        "argument_specs.yml): value of p2pkit_service_manager must be one of: systemd, launcher, "
-                        "got: upstart"), msg
+    assert msg.startswith("the service playbook failed: task 'p2pkit.host.p2pkit_service : Validating arguments "
+                          "against arg spec 'main'"), msg
+    assert msg.endswith("the p2pkit_service role refuses its variables (playbooks/collections/ansible_collections/"
+                        "p2pkit/host/roles/p2pkit_service/meta/argument_specs.yml): value of "
+                        "p2pkit_service_manager must be one of: systemd, launcher, got: upstart"), msg
     assert "nothing on the host was changed" in e.value.hint and "service.log" in e.value.hint
     assert not (root / "etc/p2pkit").exists()
 

@@ -19,7 +19,7 @@ import yaml
 
 from p2pkit.app import pipeline
 from p2pkit.core import config
-from p2pkit.core.ansible import playbook_binary
+from p2pkit.core.ansible import COLLECTION, playbook_binary
 from p2pkit.core.artifacts import Store
 from p2pkit.core.errors import P2pkitError
 from p2pkit.core.output import Output
@@ -149,8 +149,8 @@ def test_a_profile_value_the_role_cannot_use_carries_ansibles_message_and_the_fi
     with pytest.raises(P2pkitError) as e:
         acting.p2p_module(ctx)
     msg = e.value.message
-    assert msg.startswith("the p2p-module playbook failed: task 'p2pkit_p2p_module : Ensure p2pkit_p2p_module_commit "
-                          "is pinned'"), msg
+    assert msg.startswith("the p2p-module playbook failed: task 'p2pkit.host.p2pkit_p2p_module : Ensure "
+                          "p2pkit_p2p_module_commit is pinned'"), msg
     assert 'p2pkit_p2p_module_commit is "release-615": pin the fork commit you reviewed' in msg
     assert "p2p-module.log" in e.value.hint
     # through the pipeline: a failed check whose measured value is Ansible's message, never a traceback
@@ -247,7 +247,7 @@ def test_the_artifact_gate_skips_the_playbook_while_the_proof_holds(cli, sim):
 
 
 def load_files_module():
-    spec = importlib.util.spec_from_file_location("p2pkit_files", REPO / "playbooks/library/p2pkit_files.py")
+    spec = importlib.util.spec_from_file_location("p2pkit_files", REPO / COLLECTION / "plugins/modules/p2pkit_files.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

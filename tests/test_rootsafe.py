@@ -17,6 +17,7 @@ import pytest
 
 from p2pkit.app import pipeline
 from p2pkit.core import config, secrets, writers
+from p2pkit.core.ansible import COLLECTION
 from p2pkit.core.artifacts import Store
 from p2pkit.core.errors import ProfileError
 from p2pkit.core.output import Output
@@ -275,7 +276,7 @@ def test_restore_hook_and_unit_quote_a_hostile_state_dir(tmp_path, monkeypatch):
     monkeypatch.setattr(acting, "own_executable", lambda: str(fake))
     ctx = pipeline.Ctx(profile=config.load("dual-5090-ninfer"), host=Host.at("/"), store=Store(state), out=Output())
     v = acting.restore_command_vars(ctx)
-    env = Environment(loader=FileSystemLoader(share_dir() / "playbooks/roles/p2pkit_p2p_module/templates"),
+    env = Environment(loader=FileSystemLoader(share_dir() / COLLECTION / "roles/p2pkit_p2p_module/templates"),
                       undefined=StrictUndefined)
     hook = tmp_path / "zz-p2pkit"
     hook.write_text(env.get_template("p2pkit-kernel-postinst.j2").render(**v))

@@ -125,7 +125,8 @@ def test_without_a_required_variable_the_first_task_stops_naming_it(sim, tmp_pat
     assert r.returncode != 0
     # the first task is Ansible's check of the role's meta/argument_specs.yml
     first_task = r.stdout.split("TASK [", 2)[1]
-    assert first_task.startswith("p2pkit_service : Validating arguments against arg spec 'main'"), first_task
+    assert first_task.startswith("p2pkit.host.p2pkit_service : Validating arguments against arg spec 'main'"), \
+        first_task
     assert "FAILED" in first_task and "missing required arguments: p2pkit_service_exec_start, " \
                                      "p2pkit_service_profile" in first_task
     assert r.stdout.count("TASK [") == 1  # nothing after it ran
@@ -154,7 +155,7 @@ def test_a_host_without_the_render_group_fails_with_ansibles_message_and_the_fix
 def test_the_roles_and_stages_branch_on_no_simulated_host():
     """The host seam: the roles and the service and engine stages never ask whether the host is
     simulated (a label that prints SIMULATED is fine); the host object and the simulator decide."""
-    roles = REPO / "playbooks/roles"
+    roles = REPO / "playbooks/collections/ansible_collections/p2pkit/host/roles"
     files = [*(roles / "p2pkit_service").rglob("*"), *(roles / "p2pkit_engine").rglob("*"),
              *(REPO / "p2pkit/stages" / n for n in ("service.py", "service_launcher.py", "engine.py", "llamacpp.py"))]
     for path in files:

@@ -23,6 +23,9 @@ from p2pkit.core.secrets import redact_doc
 RECAP = re.compile(r"ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+skipped=(\d+)")
 
 
+COLLECTION = "playbooks/collections/ansible_collections/p2pkit/host"  # the roles and modules: collection p2pkit.host
+
+
 def share_dir() -> Path:
     """playbooks/, templates/, systemd/: inside the wheel, or at the top of a source checkout."""
     package = Path(__file__).resolve().parent.parent  # p2pkit/
@@ -37,7 +40,7 @@ def render(template: str, **values) -> str:
     evaluated."""
     from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
-    dirs = [share_dir() / "templates", *sorted((share_dir() / "playbooks/roles").glob("*/templates"))]
+    dirs = [share_dir() / "templates", *sorted((share_dir() / COLLECTION / "roles").glob("*/templates"))]
     env = Environment(loader=FileSystemLoader(dirs), undefined=StrictUndefined,
                       trim_blocks=True, keep_trailing_newline=True, autoescape=False)
     return env.get_template(template).render(**values)
@@ -97,7 +100,7 @@ def module_cache(state_dir: Path) -> Path:
     except metadata.PackageNotFoundError:
         h.update(b"ansible-core ?")
     h.update(sys.version.encode())
-    for f in sorted((share_dir() / "playbooks").glob("**/library/*.py")):
+    for f in sorted((share_dir() / COLLECTION).glob("plugins/**/*.py")):
         h.update(f.name.encode() + b"\0" + f.read_bytes())
     base = Path(os.path.abspath(state_dir)) / ".ansible/modules"
     key = h.hexdigest()[:16]
@@ -248,5 +251,5 @@ def argument_spec_refusal(res: dict) -> str:
     if not isinstance(context, dict) or context.get("type") != "role" or not isinstance(errors, list) or not errors:
         return ""
     role = context.get("name", "?")
-    spec = f"playbooks/roles/{role}/meta/argument_specs.yml"
+    spec = f"{COLLECTION}/roles/{role.split('.')[-1]}/meta/argument_specs.yml"
     return f"the {role} role refuses its variables ({spec}): " + "; ".join(" ".join(str(e).split()) for e in errors)

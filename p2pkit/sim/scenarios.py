@@ -36,7 +36,7 @@ HEALTHY: dict = {
     # installs what dpkg's database lacks, through the simulated host's apt-get)
     "packages": {"linux-image-6.8.0-88-generic": "ii", "linux-firmware": "ii", "nvidia-firmware-580-580.95.05": "ii",
                  "libnvidia-cfg1-580": "rc",
-                 # a build host: the engine role's build dependencies (playbooks/roles/p2pkit_engine) are in
+                 # a build host: the engine role's build dependencies (role p2pkit.host.p2pkit_engine) are in
                  # place, as the real tools the simulated engine build runs (CMake, Ninja, g++) are
                  "build-essential": "ii", "cmake": "ii", "ninja-build": "ii", "pkg-config": "ii", "git": "ii",
                  "libcurl4-openssl-dev": "ii"},

@@ -80,7 +80,7 @@ def check(f: dict, p: Profile) -> list[Check]:
     return out
 
 
-# the package name prefixes the driver playbook holds (playbooks/roles/p2pkit_driver/defaults/main.yml)
+# the package name prefixes the driver playbook holds (the p2pkit_driver role's defaults/main.yml)
 GUARDED_PACKAGES = ("nvidia-", "libnvidia-", "linux-modules-nvidia-", "linux-objects-nvidia-",
                     "linux-signatures-nvidia-")
 

@@ -242,7 +242,7 @@ def _unit(a: dict, p: Profile) -> list[Check]:
     """The installed unit: systemd-analyze verify and security."""
     out = [judge("service.unit_verify", "systemd-analyze verify is clean", a["verify_rc"] == 0 and
                  not a["verify_issues"], "; ".join(a["verify_issues"]) or f"exit {a['verify_rc']}", "clean",
-                 "fix the unit (playbooks/roles/p2pkit_service/templates/p2pkit-engine.service.j2) or the "
+                 "fix the unit (the p2pkit_service role's templates/p2pkit-engine.service.j2) or the "
                  "profile values it was rendered from")]
     exp = a["exposure"]
     out.append(figure("service.exposure", "systemd-analyze security exposure", exp, "<=",
