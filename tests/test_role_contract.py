@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from p2pkit.core.ansible import PlaybookFailed, run_playbook
+from p2pkit.core.ansible import COLLECTION, PlaybookFailed, run_playbook
 from p2pkit.sim import lifecycle
 from p2pkit.stages.service import act as svc
 from tests.conftest import REPO, make_sim, p2pkit_proc
@@ -24,7 +24,7 @@ ROLES = REPO / "playbooks/collections/ansible_collections/p2pkit/host/roles"
 STAGES = {"p2pkit_driver": "driver", "p2pkit_p2p_module": "p2p-module", "p2pkit_engine": "engine",
           "p2pkit_service": "service"}
 # the variables every role may read, not of one role's prefix (p2pkit/core/ansible.py base_vars, the
-# host's architecture); their defaults are in group_vars/all.yml
+# host's architecture); their defaults are in the p2pkit_common role
 SHARED = ("p2pkit_root", "p2pkit_state_dir", "p2pkit_path", "p2pkit_arch")
 
 
@@ -38,7 +38,7 @@ def defaults(role: str) -> dict:
 
 
 def shared_defaults() -> dict:
-    return yaml.safe_load((REPO / "playbooks/group_vars/all.yml").read_text())
+    return yaml.safe_load((REPO / COLLECTION / "roles/p2pkit_common/defaults/main.yml").read_text())
 
 
 def shared_read(role: str) -> set[str]:

@@ -58,13 +58,21 @@ def profile_vars(root: Path) -> dict:
     }
 
 
-def playbook(book: str, inventory: Path, tmp: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
-    """ansible-playbook on its own (no p2pkit): the operator's inventory, the playbooks' ansible.cfg."""
+def playbook(book: str, inventory: Path, tmp: Path, *extra: str,
+             collections: Path | None = None) -> tuple[subprocess.CompletedProcess, dict]:
+    """ansible-playbook on its own (no p2pkit): the operator's inventory, and either the checkout's playbooks
+    with their ansible.cfg, or (collections given) the installed collection's playbook by its name, from a
+    directory that holds nothing of p2pkit."""
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp), "ANSIBLE_HOME": str(tmp / ".ansible"),
-           "ANSIBLE_LOCAL_TEMP": str(tmp / ".ansible/tmp"), "ANSIBLE_NOCOLOR": "1",
-           "ANSIBLE_CONFIG": str(REPO / "playbooks/ansible.cfg")}
-    r = subprocess.run([playbook_binary(), "-i", str(inventory), *extra, str(REPO / "playbooks" / book)],
-                       capture_output=True, text=True, env=env)
+           "ANSIBLE_LOCAL_TEMP": str(tmp / ".ansible/tmp"), "ANSIBLE_NOCOLOR": "1"}
+    if collections is None:
+        env["ANSIBLE_CONFIG"] = str(REPO / "playbooks/ansible.cfg")
+        target = str(REPO / "playbooks" / book)
+    else:
+        env["ANSIBLE_COLLECTIONS_PATH"] = str(collections)
+        target = book
+    r = subprocess.run([playbook_binary(), "-i", str(inventory), *extra, target],
+                       capture_output=True, text=True, env=env, cwd=tmp)
     m = RECAP.search(r.stdout)
     return r, dict(zip(("ok", "changed", "unreachable", "failed", "skipped"), map(int, m.groups()))) if m else {}
 
@@ -277,11 +285,13 @@ def test_the_files_module_probes_what_the_tasks_decide_from(tmp_path):
 
 @pytest.mark.slow
 def test_site_yml_alone_brings_a_host_through_every_acting_role_and_then_nothing(sim, tmp_path):
-    """`ansible-playbook -i INVENTORY playbooks/site.yml` without p2pkit: driver, p2p-module, engine and
-    service roles in one run from an operator's inventory, then a second run that changes nothing. The
+    """`ansible-galaxy collection install` of p2pkit.host, then `ansible-playbook -i INVENTORY p2pkit.host.site`
+    without p2pkit: driver, p2p-module, engine and service roles in one run from an operator's inventory,
+    then a second run that changes nothing. The
     engine's own build is p2pkit's CMake run, not a role: placed here as the service test places it."""
     from p2pkit.sim import lifecycle
     from p2pkit.stages.service import act as svc
+    from tests.test_collection import install_collection
 
     ref, hand = sim("healthy", "ref"), sim("healthy", "site")
     prof = config.load(Host.at(ref).sim["profile"])
@@ -298,14 +308,15 @@ def test_site_yml_alone_brings_a_host_through_every_acting_role_and_then_nothing
     hostvars = {**profile_vars(hand), **service, "p2pkit_engine_recipe": prof.engine.recipe,
                 "p2pkit_engine_build_dir": prof.engine.build_dir}
     inventory = write_inventory(tmp_path / "hosts.yml", hostvars)
+    collections = install_collection(tmp_path / "controller")
     try:
-        r, recap = playbook("site.yml", inventory, tmp_path)
+        r, recap = playbook("p2pkit.host.site", inventory, tmp_path, collections=collections)
         assert r.returncode == 0 and recap["failed"] == 0 and recap["changed"] > 0, r.stdout[-3000:]
         plays = re.findall(r"^PLAY \[(.+?)\]", r.stdout, re.M)
         assert len(plays) == 4, plays
         assert svc.unit_alive(Host.at(hand)) and (hand / "etc/p2pkit/engine.env").is_file()
         assert (hand / f"lib/modules/{KERNEL}/kernel/drivers/video/nvidia.ko").is_file()
-        r, recap = playbook("site.yml", inventory, tmp_path)
+        r, recap = playbook("p2pkit.host.site", inventory, tmp_path, collections=collections)
         assert r.returncode == 0 and recap["changed"] == 0, r.stdout[-3000:]  # every role idempotent
     finally:
         subprocess.run([str(hand / "usr/bin/systemctl"), "stop", svc.UNIT], capture_output=True)
