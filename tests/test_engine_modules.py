@@ -27,7 +27,11 @@ from p2pkit.sim import lifecycle
 RECIPES = next(f.metadata["choices"] for f in fields(config.Engine) if f.name == "recipe")
 BUILTIN = {config.load(n).engine.recipe: config.load(n) for n in config.builtin_names()}
 FUNCTIONS = ("binary", "argv", "flags_of", "node", "served_model", "request_log", "flag_problems", "checks",
-             "fit_plan", "fit_checks")
+             "fit_plan", "fit_checks", "drafting", "draft_model")
+# what one engine's readers elsewhere ask only it (bench's llama.cpp tools, the running server's slots, NInfer's
+# --tp for the model stage); llamacpp.batched_flags also passes on two flags llama-server does not have
+# (threads-batch, main-gpu: BATCHED_SAME_FLAGS), so it is not held to the schema here
+OWN_READERS = {"llamacpp": ("slots", "bench_flags"), "ninfer": ("tensor_parallel",), "vllm": ()}
 
 
 def test_every_recipe_has_an_engine_module_and_config_asks_it():
@@ -73,8 +77,12 @@ def test_what_an_engine_reads_of_its_flags_is_a_flag_it_knows(recipe, tmp_path):
     m.node(q)
     m.served_model(q)
     m.request_log(q, Host.at(tmp_path), tmp_path)
+    m.draft_model(q)
     given = Reading(m.flags_of(q))
     m.checks(q, given)
+    m.drafting(given)
+    for fn in OWN_READERS[recipe]:
+        getattr(m, fn)(given)
     read = f.read | given.read
     assert read and read <= set(m.FLAGS), sorted(read - set(m.FLAGS))
 
@@ -174,3 +182,25 @@ def test_the_service_act_computes_the_command_line_once_for_the_unit_and_the_lau
     assert handed["exec_start"] == service.exec_start(made[0])
     assert handed.get("launcher", made[0]) == made[0]
     assert ("launcher" in handed) == (scenario == "no-systemd")
+
+
+# ------------------------------------------------------------------- what the engine module hands below it
+
+@pytest.mark.parametrize("recipe,want", [("llamacpp", "/srv/models/draft.gguf"), ("ninfer", None), ("vllm", None)])
+def test_the_fit_probe_hands_host_model_the_draft_model_its_engine_module_names(recipe, want, monkeypatch, tmp_path):
+    """host/model.py lies below the rules and cannot ask an engine module: the VRAM fit's probe asks it
+    (engine_cmd.draft_model) and hands model_shape the separate draft model: llama-server's -md, none for
+    an engine whose draft is inside the model or its speculative config, whatever the flags hold."""
+    from p2pkit.facts import probes
+    from p2pkit.host import launcher, model, nvml
+
+    p = BUILTIN[recipe]
+    p = replace(p, serve=replace(p.serve, flags={**p.serve.flags, "model-draft": "/srv/models/draft.gguf"}))
+    assert engine_cmd.draft_model(p) == want
+    seen = []
+    monkeypatch.setattr(model, "model_shape", lambda h, prof, draft=None: seen.append(draft) or {})
+    monkeypatch.setattr(model, "tp_quant_kv_refused", lambda h, d: None)
+    monkeypatch.setattr(nvml, "facts", lambda h: {"gpus": []})
+    monkeypatch.setattr(launcher, "engine_process", lambda h: {"pid": None})
+    probes._vram_fit(Host.at(tmp_path), p)
+    assert seen == [want]

@@ -248,20 +248,11 @@ def test_the_registry_imports_each_stage_module_under_one_pattern():
 ENGINES_PKG = "p2pkit.rules.engines"
 # the same word, meaning something else there
 NOT_A_FLAG = {
+    "p2pkit.app.bench": {"metrics"},  # a source of drafting's counts (/metrics) in bench.json's draft_sources
     "p2pkit.host": {"devices"},  # the simulated host's library plug
     "p2pkit.parse.p2p_paste": {"devices"},  # a pasted output's device count
     "p2pkit.parse.engine_api": {"vision"},  # a phase of NInfer's request timing
     "p2pkit.stages.topology.checks": {"headless"},  # a GPU with no display
-}
-# Readers of serve.flags not moved into their engine module yet (issue 39 item 1 moved the four owners:
-# core/config.py, rules/engine_cmd.py, stages/service/fit.py and act.py): each names only what it names now.
-FLAG_READERS_LEFT = {
-    "p2pkit.app.bench": {"batch-size", "cache-type-k", "cache-type-v", "ctx-size", "flash-attn", "kv-unified",
-                         "metrics", "n-gpu-layers", "split-mode", "tensor-split", "threads", "ubatch-size"},
-    "p2pkit.stages.service.checks": {"parallel", "spec", "speculative-config"},
-    "p2pkit.stages.model.checks": {"tp"},
-    "p2pkit.host.model": {"model-draft"},  # below rules: the fact's probe cannot ask the engine module
-    "p2pkit.cli.sim_cmd": {"master-port"},
 }
 
 
@@ -279,7 +270,7 @@ def flags_named(mods: dict[str, Path], names: set[str]) -> dict[str, list[str]]:
             continue
         found = {n.value for n in ast.walk(ast.parse(f.read_text()))
                  if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in names}
-        found -= NOT_A_FLAG.get(m, set()) | FLAG_READERS_LEFT.get(m, set())
+        found -= NOT_A_FLAG.get(m, set())
         if found:
             out[m] = sorted(found)
     return out
@@ -291,8 +282,9 @@ def test_an_engines_flags_are_named_only_in_its_engine_module():
 
 
 def test_the_engine_knowledge_test_sees_config_naming_a_flag_again(tmp_path):
-    """The guard itself: core/config.py with a table of fit flags in it again, and a reader left over that
-    names one flag more than it did, are each reported; the engine modules themselves are not."""
+    """The guard itself: core/config.py with a table of fit flags in it again, and host/model.py reading the
+    draft model (and the projector) from the flags again instead of being handed it, are each reported; the
+    engine modules themselves are not."""
     names = engine_flag_names()
     fake = tmp_path / "config.py"
     fake.write_text('FIT_FLAGS = {"llamacpp": {"ctx-size": ("int", 0, 1 << 24)}}\n')
@@ -300,7 +292,8 @@ def test_the_engine_knowledge_test_sees_config_naming_a_flag_again(tmp_path):
     more.write_text('draft = flags.get("model-draft")\nmm = flags.get("mmproj")\n')
     mods = {"p2pkit.core.config": fake, "p2pkit.host.model": more,
             "p2pkit.rules.engines.llamacpp": modules()["p2pkit.rules.engines.llamacpp"]}
-    assert flags_named(mods, names) == {"p2pkit.core.config": ["ctx-size"], "p2pkit.host.model": ["mmproj"]}
+    assert flags_named(mods, names) == {"p2pkit.core.config": ["ctx-size"],
+                                        "p2pkit.host.model": ["mmproj", "model-draft"]}
 
 
 def test_every_reader_of_a_profile_has_the_engines_rules_plugged_in():

@@ -205,6 +205,15 @@ def test_multi_node_flags_refused_before_start(sets, check):
     assert failed == ([check] if check else [])
 
 
+def test_sim_init_of_a_spark_node_names_its_rendezvous_port(cli, tmp_path):
+    """`sim init` of a Spark node says the rendezvous its profile's master-port gives (read through the vLLM
+    engine module's node, not from the flags by name in the CLI)."""
+    r = cli("sim", "init", str(tmp_path / "head"), "--scenario", "spark-head")
+    assert r.code == 0, r.err
+    port = master_port(tmp_path / "head")
+    assert isinstance(port, int) and f"(rendezvous 127.0.0.1:{port} when it is the head)" in r.out + r.err
+
+
 def test_head_without_workers_says_so():
     p = config.load("dual-spark-vllm", ["serve.flags.master-addr=10.10.0.1"])
     s = {"role": "head", "analyze": {"verify_rc": 0, "verify_issues": [], "exposure": 1.9, "exposure_label": "OK"},

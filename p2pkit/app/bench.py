@@ -49,6 +49,7 @@ from p2pkit.core.errors import GateError, P2pkitError, UsageError
 from p2pkit.host import engine_api, system
 from p2pkit.parse import engine_api as pe
 from p2pkit.rules import engine_cmd
+from p2pkit.rules.engines import llamacpp
 
 SCHEMA = 1
 UNIT_FILES = system.ENGINE_FILES[:3]  # what an --ab arm changes and puts back (the secrets stay)
@@ -643,15 +644,9 @@ def tool_path(p, name: str) -> str:
 def llama_bench_argv(ctx, p, n_prompt: int, n_out: int, reps: int = REFERENCE_REPS) -> list[str]:
     """llama-bench on the served model with the server's offload and flash-attention settings: prefill of
     the prompt from an empty context (pp at depth 0) and decode after the prompt (tg at depth n_prompt)."""
-    f = p.serve.flags
-    fa = f.get("flash-attn")
-    argv = [str(ctx.host.path(llama_bench_path(p))), "-m", str(ctx.host.path(engine_cmd.model_path(p))),
-            "-p", str(n_prompt), "-n", str(n_out), "-d", f"0,{n_prompt}", "-r", str(reps), "-o", "json"]
-    if f.get("n-gpu-layers") is not None:
-        argv += ["-ngl", str(f["n-gpu-layers"])]
-    if fa is not None:
-        argv += ["-fa", {True: "on", False: "off"}.get(fa, str(fa))]
-    return argv
+    return [str(ctx.host.path(llama_bench_path(p))), "-m", str(ctx.host.path(engine_cmd.model_path(p))),
+            "-p", str(n_prompt), "-n", str(n_out), "-d", f"0,{n_prompt}", "-r", str(reps), "-o", "json",
+            *llamacpp.bench_flags(p.serve.flags)]
 
 
 def spread(avg: float | None, stddev: float | None) -> dict:
@@ -731,23 +726,10 @@ def batched_argv(ctx, p, n_prompt: int, n_out: int, streams: list[int]) -> list[
 
     f = p.serve.flags
     need = max(kv_needed(n_prompt, n_out, c) for c in streams)
-    ctx_size = f.get("ctx-size")
-    c = max(need, int(ctx_size)) if isinstance(ctx_size, int | str) and str(ctx_size).isdigit() else need
-    argv = [str(ctx.host.path(tool_path(p, "llama-batched-bench"))), "-m", str(ctx.host.path(engine_cmd.model_path(p))),
+    c = llamacpp.batched_context(f, need)
+    return [str(ctx.host.path(tool_path(p, "llama-batched-bench"))), "-m", str(ctx.host.path(engine_cmd.model_path(p))),
             "-c", str(c), "-npp", str(n_prompt), "-ntg", str(n_out), "-npl", ",".join(str(x) for x in streams),
-            "--output-format", "jsonl"]
-    for k in BATCHED_SAME_FLAGS:
-        v = f.get(k)
-        if v is True:
-            argv.append(f"--{k}")
-        elif v not in (None, False):
-            argv += [f"--{k}", {True: "on", False: "off"}.get(v, str(v))]
-    return argv
-
-
-# the flags llama-batched-bench takes under the same names as llama-server (common/arg.cpp, both examples)
-BATCHED_SAME_FLAGS = ("n-gpu-layers", "flash-attn", "kv-unified", "batch-size", "ubatch-size", "cache-type-k",
-                      "cache-type-v", "threads", "threads-batch", "split-mode", "tensor-split", "main-gpu")
+            "--output-format", "jsonl", *llamacpp.batched_flags(f)]
 
 
 def batched_arm(ctx, p, shapes: list[tuple[str, int, int, list[int]]]) -> dict:

@@ -90,8 +90,10 @@ def init(
     out.log(f"its profile: {state['profile']} ({prof.name}, pinned to this host's own downloads and repositories; "
             f"`--profile {prof.name}` on this host means this file)")
     if prof.name == "dual-spark-vllm":
-        flags = prof.serve.flags
-        out.log(f"next: this is one of two Spark nodes (rendezvous 127.0.0.1:{flags.get('master-port')} when it is "
+        from p2pkit.rules import engine_cmd
+
+        head = f"127.0.0.1:{engine_cmd.node(prof)['master_port']}"
+        out.log(f"next: this is one of two Spark nodes (rendezvous {head} when it is "
                 "the head): lay out the other one and run both from one inventory; the worker's host vars set "
                 "serve.flags.node-rank=1, headless=true and that master-port (docs/inventory.md)")
     else:

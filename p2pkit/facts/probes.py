@@ -92,6 +92,7 @@ def _vram_fit(h: Host, profile):
     already holds: it gives that back on a restart), and for llama.cpp which KV types its tree accepts
     with tensor split."""
     from p2pkit.host import model
+    from p2pkit.rules import engine_cmd
     nv = nvml.facts(h)
     pid = launcher.engine_process(h)["pid"]  # the launcher's record, or the unit's MainPID
     mine = set(system.process_tree(h, pid)) if pid else set()
@@ -101,7 +102,7 @@ def _vram_fit(h: Host, profile):
         free = g.get("memory_free", g.get("memory_total"))  # a recorded document without free: nothing runs
         gpus.append({"index": g["index"], "total": g.get("memory_total"), "free": free if isinstance(free, int)
                      else None, "engine_used": sum(x["used"] or 0 for x in procs if x["pid"] in mine)})
-    out = {"model": model.model_shape(h, profile), "gpus": gpus}
+    out = {"model": model.model_shape(h, profile, engine_cmd.draft_model(profile)), "gpus": gpus}
     if profile.engine.recipe == "llamacpp":
         out["tp_quant_kv_refused"] = model.tp_quant_kv_refused(h, profile.engine.build_dir)
     return out

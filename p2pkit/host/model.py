@@ -160,9 +160,10 @@ def _hf_shape(host: Host, source: str) -> dict:
             "context_length": c.get("max_position_embeddings")}
 
 
-def model_shape(host: Host, profile) -> dict:
+def model_shape(host: Host, profile, draft: str | None = None) -> dict:
     """What the fit check needs of the model: its size in bytes (what loading puts in VRAM) and the
-    shape of its KV cache (layers, KV heads, head dims, draft layers)."""
+    shape of its KV cache (layers, KV heads, head dims, draft layers); with `draft`, the separate draft model
+    the engine is given (its engine module names it: engine_cmd.draft_model), read the same way."""
     m = profile.model
     fmt = m.format
     if fmt == "gguf":
@@ -185,7 +186,6 @@ def model_shape(host: Host, profile) -> dict:
     if missing or not shape.get("weights_bytes"):
         return {"error": f"the model does not say its {', '.join(missing) or 'size'}"}
     out = {k: int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for k, v in shape.items()}
-    draft = profile.serve.flags.get("model-draft") if profile.engine.recipe == "llamacpp" else None
     if draft:  # llama-server loads a draft model it is given (-md), drafting on or off: its weights and KV count
         dpath = host.path(str(draft))
         d = {**_gguf_shape(dpath), "weights_bytes": dpath.stat().st_size} if dpath.is_file() else \

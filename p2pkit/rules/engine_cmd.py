@@ -9,11 +9,9 @@ from __future__ import annotations
 from p2pkit.core.config import Profile
 from p2pkit.rules import engines
 from p2pkit.rules.engines import flags as engine_flags
-from p2pkit.rules.engines import llamacpp
 from p2pkit.rules.findings import FAIL, PASS, WARN, Check, judge
 
 model_path = engine_flags.model_path  # what the engine loads: the converted output, or an HF model's source
-llamacpp_spec = llamacpp.drafting  # llama-server's --spec-type when it turns drafting on
 
 
 def engine(p: Profile):
@@ -39,6 +37,17 @@ def node(p: Profile) -> dict:
     """This host's place in a multi-node engine: rank, how many, the head's rendezvous address (one host
     serves, for an engine that does not span nodes)."""
     return engine(p).node(p)
+
+
+def drafting(p: Profile) -> str | None:
+    """The engine's drafting setting as its flags give it (llama-server's --spec-type, NInfer's --spec, vLLM's
+    --speculative-config); None when drafting is off."""
+    return engine(p).drafting(p.serve.flags)
+
+
+def draft_model(p: Profile) -> str | None:
+    """The separate draft model file the engine loads beside the model (llama-server's -md), or None."""
+    return engine(p).draft_model(p)
 
 
 def flags_of(p: Profile) -> dict:

@@ -79,6 +79,11 @@ def no_request_log(p, host, state_dir):
     return None
 
 
+def no_draft_model(p) -> None:
+    """An engine that loads no separate draft model file."""
+    return None
+
+
 def as_int(v, default: int | None) -> int | None:
     """A flag's integer value (TOML gives ints; a string of digits is accepted); None when it is not one."""
     if v is None:

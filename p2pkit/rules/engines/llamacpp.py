@@ -68,6 +68,52 @@ def drafting(f: dict) -> str | None:
     return None if v in (None, False, "", "none") else str(v)
 
 
+def slots(f: dict):
+    """llama-server's --parallel as the profile gives it; None when it is omitted (its auto default, AUTO_SLOTS)."""
+    return f.get("parallel")
+
+
+def draft_model(p) -> str | None:
+    """The separate draft model llama-server is given (-md): it loads it, drafting on or off, so its weights and
+    KV count in the VRAM fit."""
+    return p.serve.flags.get("model-draft")
+
+
+def bench_flags(f: dict) -> list[str]:
+    """llama-bench's words for the server's offload and flash-attention settings (-ngl, -fa on|off)."""
+    out = []
+    if f.get("n-gpu-layers") is not None:
+        out += ["-ngl", str(f["n-gpu-layers"])]
+    fa = f.get("flash-attn")
+    if fa is not None:
+        out += ["-fa", {True: "on", False: "off"}.get(fa, str(fa))]
+    return out
+
+
+# the flags llama-batched-bench takes under the same names as llama-server (common/arg.cpp, both examples)
+BATCHED_SAME_FLAGS = ("n-gpu-layers", "flash-attn", "kv-unified", "batch-size", "ubatch-size", "cache-type-k",
+                      "cache-type-v", "threads", "threads-batch", "split-mode", "tensor-split", "main-gpu")
+
+
+def batched_context(f: dict, need: int) -> int:
+    """llama-batched-bench's -c: the server's --ctx-size where it is larger than the KV the levels need."""
+    ctx_size = f.get("ctx-size")
+    return max(need, int(ctx_size)) if isinstance(ctx_size, int | str) and str(ctx_size).isdigit() else need
+
+
+def batched_flags(f: dict) -> list[str]:
+    """llama-batched-bench's words for the server's settings it shares (BATCHED_SAME_FLAGS): offload, flash
+    attention, unified KV, batch sizes, KV types, threads, split."""
+    out = []
+    for k in BATCHED_SAME_FLAGS:
+        v = f.get(k)
+        if v is True:
+            out.append(f"--{k}")
+        elif v not in (None, False):
+            out += [f"--{k}", {True: "on", False: "off"}.get(v, str(v))]
+    return out
+
+
 def refuse_unaccepted(shown_binary: str, help_text: str, used: list[str]) -> None:
     """The flags used against what the built llama-server's --help accepts: an unknown one (or one its help
     lists only to say what replaced it) is refused before a start, not found in a crash log after it."""

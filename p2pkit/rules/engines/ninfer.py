@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 
 from p2pkit.rules.engines import flags
-from p2pkit.rules.engines.flags import MAX_CONTEXT, as_int, single_node
+from p2pkit.rules.engines.flags import MAX_CONTEXT, as_int, no_draft_model, single_node
 from p2pkit.rules.findings import FAIL, PASS, WARN, Check, figure, judge, reading
 
 NAME = "ninfer"
@@ -32,6 +32,7 @@ SPECS = {"mtp", "dflash", "dflash2"}
 DEFAULT_MODEL_ID = "qwen3.6-27b"  # ninfer-serve's --model-id default
 
 node = single_node
+draft_model = no_draft_model  # NInfer's draft is inside the artifact (its components), not a file of its own
 
 
 def binary(p) -> str:
@@ -63,6 +64,17 @@ def request_log(p, host, state_dir):
         return None
     path = PurePosixPath(str(name))
     return host.path(str(path)) if path.is_absolute() else state_dir / "engine" / path
+
+
+def drafting(f: dict) -> str | None:
+    """--spec's method when it is given (mtp, dflash, dflash2); None when drafting is off."""
+    spec = f.get("spec")
+    return str(spec) if spec else None
+
+
+def tensor_parallel(f: dict):
+    """--tp as the profile gives it (ninfer-serve's default 1)."""
+    return f.get("tp", 1)
 
 
 def fit_plan(p) -> dict:

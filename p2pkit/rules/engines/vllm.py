@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 from p2pkit.rules.engines import flags
-from p2pkit.rules.engines.flags import MAX_CONTEXT, as_int, no_request_log, shown
+from p2pkit.rules.engines.flags import MAX_CONTEXT, as_int, no_draft_model, no_request_log, shown
 from p2pkit.rules.findings import FAIL, PASS, WARN, Check, figure, judge
 
 NAME = "vllm"
@@ -33,6 +33,7 @@ MODULE = "vllm.entrypoints.openai.api_server"
 NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # argparse's _negative_number_matcher: a value, not an option
 
 request_log = no_request_log
+draft_model = no_draft_model  # vLLM's draft is named inside --speculative-config
 
 
 def binary(p) -> str:
@@ -62,6 +63,11 @@ def flag_problems(f: dict) -> list[tuple[str, str]]:
 def served_model(p) -> str:
     """The model name an OpenAI request must give: --served-model-name (its --model argument by default)."""
     return str(p.serve.flags.get("served-model-name") or flags.model_path(p))
+
+
+def drafting(f: dict) -> str | None:
+    """--speculative-config as given when it is set (vLLM drafts with it); None when it is not."""
+    return str(f["speculative-config"]) if "speculative-config" in f else None
 
 
 def node(p) -> dict:

@@ -4,6 +4,7 @@ engine that was built can read it (P08, P09)."""
 from __future__ import annotations
 
 from p2pkit.core.config import Profile
+from p2pkit.rules.engines import ninfer
 from p2pkit.rules.findings import (
     FAIL,
     PASS,
@@ -111,7 +112,7 @@ def _ninfer_output(b: dict, v: dict, p: Profile) -> list[Check]:
                      f"missing {', '.join(missing)}: convert again with them"))
     out.append(judge("model.formats", "nvfp4 tensors present", "nvfp4" in v["formats"],
                      ", ".join(v["formats"]) or "none", "nvfp4", "use the nvfp4 convert recipe"))
-    if "dflash2" in p.model.components and p.serve.flags.get("tp") == 2:
+    if "dflash2" in p.model.components and ninfer.tensor_parallel(p.serve.flags) == 2:
         eng = b.get("engine", {})
         out.append(judge("model.dflash2_tp2", "the engine splits DFlash2 at TP2", eng.get("dflash2_tp2", False),
                          "dflash2 branch in shard mapping" if eng.get("dflash2_tp2") else

@@ -8,6 +8,7 @@ from p2pkit.parse import field as pf
 from p2pkit.parse import nccl
 from p2pkit.rules import engine_cmd
 from p2pkit.rules import engine_env as ee
+from p2pkit.rules.engines import llamacpp
 from p2pkit.rules.findings import (
     FAIL,
     PASS,
@@ -391,8 +392,9 @@ def check_vllm_requests(s: dict, p: Profile) -> list[Check]:
     if fc is None:
         return []
     out = [_openai_first(fc, s, "vLLM")]
-    if "speculative-config" in p.serve.flags:
-        out.append(vllm_spec_running(fc, str(p.serve.flags["speculative-config"])))
+    config = engine_cmd.drafting(p)
+    if config is not None:
+        out.append(vllm_spec_running(fc, config))
     return out
 
 
@@ -431,9 +433,9 @@ def check_ninfer_requests(s: dict, p: Profile) -> list[Check]:
     if fc is None:
         return []
     out = [_openai_first(fc, s, "NInfer")]
-    spec = p.serve.flags.get("spec")
+    spec = engine_cmd.drafting(p)
     if spec:
-        out.append(ninfer_spec_running(fc, str(spec)))
+        out.append(ninfer_spec_running(fc, spec))
     return out
 
 
@@ -467,7 +469,7 @@ def check_llamacpp_requests(s: dict, p: Profile) -> list[Check]:
     first decode with /health already 200), and with a speculative type the draft counts of that
     response and of /metrics' spec_decode counters must have grown (P19). `-md` alone leaves
     drafting off and the start-up log does not say either way: only the counters tell."""
-    spec = engine_cmd.llamacpp_spec(p.serve.flags)
+    spec = engine_cmd.drafting(p)
     fc = s.get("first_completion")
     if fc is None:
         return []  # /health never answered 200: the health check already failed
@@ -480,7 +482,7 @@ def check_llamacpp_requests(s: dict, p: Profile) -> list[Check]:
     if not spec:
         return out
     if "total_slots" in fc:
-        out.append(running_slots(fc["total_slots"], p.serve.flags.get("parallel")))
+        out.append(running_slots(fc["total_slots"], llamacpp.slots(p.serve.flags)))
     if fc.get("metrics_status") != 200:
         out.append(Check("service.spec_running", "speculative decoding is really running", FAIL,
                          f"/metrics answered {fc.get('metrics_status')}", "spec_decode counters growing",
