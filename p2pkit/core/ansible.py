@@ -18,19 +18,10 @@ from p2pkit.core import config, logfiles, safefs, writers
 from p2pkit.core.artifacts import atomic_write
 from p2pkit.core.errors import MissingError, P2pkitError, UsageError
 from p2pkit.core.output import follow_cmd
+from p2pkit.core.role_defaults import COLLECTION, share_dir
 from p2pkit.core.secrets import redact_doc
 
 RECAP = re.compile(r"ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+skipped=(\d+)")
-
-
-COLLECTION = "playbooks/collections/ansible_collections/p2pkit/host"  # the roles and modules: collection p2pkit.host
-
-
-def share_dir() -> Path:
-    """playbooks/, templates/, systemd/: inside the wheel, or at the top of a source checkout."""
-    package = Path(__file__).resolve().parent.parent  # p2pkit/
-    installed = package / "_share"
-    return installed if (installed / "playbooks").is_dir() else package.parent
 
 
 def render(template: str, **values) -> str:
