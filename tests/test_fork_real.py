@@ -124,7 +124,7 @@ def test_modinfo_of_the_real_modules_reads_as_p2pkit_reads_it():
 
 
 def test_p2pkit_judges_the_real_signed_module_by_its_sig_key():
-    """sign.yml's key (signing.make_key's openssl command) and the headers' scripts/sign-file: modinfo's
+    """sign.yml's key (the openssl command of the role's tasks/mok.yml) and the headers' scripts/sign-file: modinfo's
     sig_key is the certificate's serial as p2pkit reads it; the unsigned install is no one's."""
     from p2pkit.parse import mok as pm
     from p2pkit.stages.p2p_module import checks

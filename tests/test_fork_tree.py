@@ -151,7 +151,7 @@ def test_the_tree_builds_installs_and_signs_like_the_fork(tree):
     assert info["license"] == real["license"] and info["supported"] == real["supported"]
     assert "sig_key" not in info and "sig_key" not in real
 
-    # sign.yml: the key signing.make_key makes, the headers' sign-file, every built module
+    # sign.yml: the key the role's tasks/mok.yml makes, the headers' sign-file, every built module
     key, cert = f"{s}/../MOK.priv", f"{s}/../MOK.der"
     kbuild_root.run(root, f"openssl req -new -x509 -newkey rsa:2048 -nodes -days 36500 -outform DER -keyout {key} "
                           f"-out {cert} -subj '/CN=p2pkit module signing key for fork-tree/' 2>/dev/null")

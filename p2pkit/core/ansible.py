@@ -18,19 +18,10 @@ from p2pkit.core import config, logfiles, safefs, writers
 from p2pkit.core.artifacts import atomic_write
 from p2pkit.core.errors import MissingError, P2pkitError, UsageError
 from p2pkit.core.output import follow_cmd
+from p2pkit.core.role_defaults import COLLECTION, share_dir
 from p2pkit.core.secrets import redact_doc
 
 RECAP = re.compile(r"ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+skipped=(\d+)")
-
-
-COLLECTION = "playbooks/collections/ansible_collections/p2pkit/host"  # the roles and modules: collection p2pkit.host
-
-
-def share_dir() -> Path:
-    """playbooks/, templates/, systemd/: inside the wheel, or at the top of a source checkout."""
-    package = Path(__file__).resolve().parent.parent  # p2pkit/
-    installed = package / "_share"
-    return installed if (installed / "playbooks").is_dir() else package.parent
 
 
 def render(template: str, **values) -> str:
@@ -111,7 +102,10 @@ def module_cache(state_dir: Path) -> Path:
     return base / key
 
 
-def run_playbook(ctx, stage: str, extra: dict, check_mode: bool = False) -> dict:
+def run_playbook(ctx, stage: str, extra: dict, check_mode: bool = False, secret_env: dict | None = None) -> dict:
+    """`secret_env`: values ansible-playbook reads from its environment (a lookup in the one task that
+    needs it: the MOK enrolment password), never a variable, a file or a log line; the stage's playbook
+    blanks each in its tasks' own environment."""
     book = share_dir() / "playbooks" / f"{stage}.yml"
     doc = write_vars(ctx, stage, extra)  # makes <state>/logs too
     logs = ctx.store.dir / "logs"
@@ -146,6 +140,7 @@ def run_playbook(ctx, stage: str, extra: dict, check_mode: bool = False) -> dict
         # the roles use ansible.builtin and their own modules only: no collections looked for on sys.path
         "ANSIBLE_INVENTORY_ENABLED": "host_list",
         "ANSIBLE_COLLECTIONS_SCAN_SYS_PATH": "false",
+        **(secret_env or {}),
     }
     log = logs / f"{stage}.log"
     logfiles.rotate(log)  # the last runs' logs kept as .1 .. .3

@@ -26,10 +26,24 @@ from typing import Any
 
 from p2pkit.core import safefs, secrets, writers
 from p2pkit.core.errors import ProfileError, UsageError
+from p2pkit.core.role_defaults import role_default
 
 VERSION3 = r"^\d+\.\d+\.\d+$"
 SHA256 = r"^([0-9a-f]{64})?$"
 COMMIT = r"^([0-9a-f]{40})?$"  # a full commit id: a prefix is not a pin (it can grow ambiguous, or be chosen)
+
+
+def fork_commit_pattern() -> str:
+    """p2p_module.commit's pattern: the p2p-module role's own (p2pkit_p2p_module_commit_pattern in its
+    defaults/main.yml, the one statement of it), or empty until pinned; read when a profile is
+    checked, never at import."""
+    return rf"^({role_default('p2pkit_p2p_module', 'p2pkit_p2p_module_commit_pattern')})?$"
+
+
+def pattern_of(meta: dict) -> str | None:
+    """A key's pattern: a regular expression, or a function that reads it where it is stated."""
+    pat = meta.get("pattern")
+    return pat() if callable(pat) else pat
 PCI_ID = r"^0x[0-9a-f]{4}$"
 DEFAULT_PROFILE = "dual-5090-ninfer"
 NOT_AN_OPTION = r"^(?!-)"  # a value handed to a command as an argument: never read as one of its options
@@ -116,7 +130,7 @@ class P2pModule:
                     "version for NVIDIA's unpatched tree)")
     patched: bool = f(True, expect="true for the P2P fork (a GPU pair on PCIe); false for NVIDIA's own open modules "
                       "(one GPU per host, like a DGX Spark node)")
-    commit: str = f("", pattern=COMMIT, expect="a full git commit id (40 hex digits)")
+    commit: str = f("", pattern=fork_commit_pattern, expect="a full git commit id (40 hex digits)")
     iommu: str = f("passthrough", choices=("passthrough", "off"))
     signing_key: str = f("", chars="path", expect="the machine owner key (PEM private key) that signs the modules "
                          "with Secure Boot on; empty: p2pkit makes one under /var/lib/p2pkit/mok/ (one per machine)")
@@ -474,7 +488,7 @@ def _bounds_problem(value, meta: dict, expect: str) -> str | None:
         return f"expected at most {meta['hi']}, got {_shown(value)}"
     if meta.get("choices") and value not in meta["choices"]:
         return f"expected one of {', '.join(meta['choices'])}, got {_shown(value)}"
-    if meta.get("pattern") and isinstance(value, str) and not re.match(meta["pattern"], value):
+    if meta.get("pattern") and isinstance(value, str) and not re.match(pattern_of(meta), value):
         return f"expected {expect}, got {_shown(value)}"
     return None
 

@@ -8,6 +8,7 @@ import re
 from pathlib import PurePosixPath
 
 from p2pkit.core import writers
+from p2pkit.core.role_defaults import role_default
 from p2pkit.host import Host, launcher, nvml, system
 from p2pkit.host import field_facts as hfield
 from p2pkit.parse import system as ps
@@ -44,12 +45,14 @@ def _cgroup(h: Host):
 
 
 def _guards(h: Host):
+    files = role_default("p2pkit_driver", "p2pkit_driver_guard_files")  # where the driver role writes them
+
     def has(path: str, needle: str) -> bool:
         return h.exists(path) and needle in h.read(path)
     return {
-        "nouveau_blacklisted": has("/etc/modprobe.d/p2pkit-blacklist-nouveau.conf", "blacklist nouveau"),
-        "apt_pin": has("/etc/apt/preferences.d/p2pkit-nvidia", "Pin-Priority: -1"),
-        "unattended_upgrades_blacklist": has("/etc/apt/apt.conf.d/51p2pkit-unattended-upgrades", "Package-Blacklist"),
+        "nouveau_blacklisted": has(files["nouveau_blacklist"], "blacklist nouveau"),
+        "apt_pin": has(files["apt_pin"], "Pin-Priority: -1"),
+        "unattended_upgrades_blacklist": has(files["unattended_upgrades"], "Package-Blacklist"),
     }
 
 

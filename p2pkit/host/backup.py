@@ -20,11 +20,6 @@ from p2pkit.core.artifacts import atomic_write
 from p2pkit.core.errors import P2pkitError, UsageError
 from p2pkit.host import Host
 
-DRIVER_PATHS = [
-    "/etc/modprobe.d/p2pkit-blacklist-nouveau.conf",
-    "/etc/apt/preferences.d/p2pkit-nvidia",
-    "/etc/apt/apt.conf.d/51p2pkit-unattended-upgrades",
-]
 P2P_PATHS = [
     "/etc/default/grub.d/60-p2pkit-iommu.cfg",
     "/etc/modprobe.d/p2pkit-nvidia.conf",

@@ -74,7 +74,7 @@ def profile_schema() -> dict:
             if m.get("expect") or limit:
                 s["description"] = " ".join(x for x in (m.get("expect"), limit) if x)
             if m.get("pattern"):
-                s["pattern"] = m["pattern"]
+                s["pattern"] = config.pattern_of(m)
             if m.get("choices"):
                 s["enum"] = list(m["choices"])
             if m.get("lo") is not None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from p2pkit.core.ansible import run_playbook
 from p2pkit.core.errors import UsageError
+from p2pkit.core.role_defaults import role_default
 from p2pkit.host import arch, system
-from p2pkit.host.backup import DRIVER_PATHS, Backup, userspace_paths
-from p2pkit.stages.driver.checks import GUARDED_PACKAGES, installer_arch
+from p2pkit.host.backup import Backup, userspace_paths
+from p2pkit.stages.driver.checks import guarded_packages, installer_arch
 
 
 def driver(ctx) -> dict:
@@ -21,7 +22,7 @@ def driver(ctx) -> dict:
     kernel = system.kernel_release(ctx.host)
     backup = Backup(ctx.store.dir, "driver", ctx.host)
     backup.snapshot(  # config files and every driver file the installer may replace: rollback puts them back
-        [*DRIVER_PATHS, *userspace_paths(ctx.host)], kernel, d.version,
+        [*guard_files(), *userspace_paths(ctx.host)], kernel, d.version,
         extra={"held_before": held, "installer": f"{d.cache_dir}/{d.installer_url.rsplit('/', 1)[-1]}"})
     try:
         return run_playbook(ctx, "driver", driver_vars(ctx, a.machine))
@@ -38,5 +39,10 @@ def driver_vars(ctx, machine: str) -> dict:
         "p2pkit_driver_installer_url": d.installer_url,
         "p2pkit_driver_installer_sha256": d.installer_sha256,
         "p2pkit_driver_cache_dir": d.cache_dir,
-        "p2pkit_driver_guarded_packages": list(GUARDED_PACKAGES),
+        "p2pkit_driver_guarded_packages": list(guarded_packages()),
     }
+
+
+def guard_files() -> list[str]:
+    """The guards' files the role writes (its defaults/main.yml, p2pkit_driver_guard_files), kept for rollback."""
+    return list(role_default("p2pkit_driver", "p2pkit_driver_guard_files").values())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from p2pkit.core.config import Profile
+from p2pkit.core.role_defaults import role_default
 from p2pkit.rules.findings import FAIL, PASS, Check, failed, figure, judge, reads, unknown
 from p2pkit.rules.hints import RESTORE_FIX
 
@@ -80,16 +81,23 @@ def check(f: dict, p: Profile) -> list[Check]:
     return out
 
 
-# the package name prefixes the driver playbook holds (the p2pkit_driver role's defaults/main.yml)
-GUARDED_PACKAGES = ("nvidia-", "libnvidia-", "linux-modules-nvidia-", "linux-objects-nvidia-",
-                    "linux-signatures-nvidia-")
+def guarded_packages() -> tuple[str, ...]:
+    """The package name prefixes the driver role holds, stated once in its defaults/main.yml
+    (p2pkit_driver_guarded_packages); read when first needed, never at import."""
+    return tuple(role_default("p2pkit_driver", "p2pkit_driver_guarded_packages"))
+
+
+def __getattr__(name: str):
+    if name == "GUARDED_PACKAGES":  # the name it had as a constant, read lazily from the role's defaults
+        return guarded_packages()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def holds(h: dict) -> Check:
     """P02: every installed NVIDIA package is held (`apt-mark hold`), so apt cannot replace it."""
     if failed(h):
         return unknown("driver.holds", "installed NVIDIA packages held", h, "every one held", pitfall="P02")
-    guarded = [n for n in h["installed"] if n.startswith(GUARDED_PACKAGES)]
+    guarded = [n for n in h["installed"] if n.startswith(guarded_packages())]
     unheld = [n for n in guarded if n not in h["held"]]
     return figure("driver.holds", "installed NVIDIA packages held", len(unheld), "==", 0, "count", RESTORE_FIX,
                   "P02", text=f"{{}} of {len(guarded)} not held", context=", ".join(unheld),

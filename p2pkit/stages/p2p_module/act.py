@@ -93,7 +93,9 @@ def _p2p_module(ctx, kernel: str | None = None) -> dict:
     cmdline = iommu_cmdline(m.iommu, system.cpu_vendor(ctx.host), machine)
     loader = boot.bootloader(ctx.host)
     refuse_unknown_bootloader(loader, cmdline.split(), system.cmdline(ctx.host).split())
-    sign = signing.prepare(ctx, kernel)  # Secure Boot: key, enrolment and sign-file settled before any change
+    # Secure Boot: the key, its enrolment and sign-file proved and decided before any change; the role makes
+    # the key and queues the enrolment first thing
+    sign = signing.prepare(ctx, kernel)
     wants = "/etc/systemd/system/timers.target.wants/p2pkit-restore.timer"
     Backup(ctx.store.dir, "p2p-module", ctx.host).snapshot(
         [*P2P_PATHS, wants, *module_paths(ctx.host, kernel), *bootloader_paths(loader)], kernel,
@@ -111,9 +113,17 @@ def _p2p_module(ctx, kernel: str | None = None) -> dict:
         **restore_command_vars(ctx),
         # the fork's driver parameters (P28): only for the patched module of a GPU pair
         "p2pkit_p2p_module_registry_dwords": m.registry_dwords if m.patched else "",
-        **sign,
+        **sign.values,
     }
-    done = run_playbook(ctx, "p2p-module", values)
+    try:
+        done = run_playbook(ctx, "p2p-module", values, secret_env=sign.secret_env)
+    except P2pkitError as e:
+        refused = signing.refusal(e, sign)
+        if refused is None:
+            raise
+        raise refused from None
+    finally:
+        signing.said(ctx, sign)
     return {**done, "bootloader": {"name": loader["name"], "why": loader["why"], "options": cmdline.split()}}
 
 

@@ -1,32 +1,33 @@
-"""Secure Boot signing for the p2p-module stage: the machine owner key (MOK), its enrolment, and
-the values the role's sign.yml signs the built modules with.
+"""Secure Boot signing for the p2p-module stage: what p2pkit proves and decides before the role runs,
+and what it says after. The machine owner key (MOK) is made, its enrolment queued and the built
+modules signed by the role (tasks/mok.yml, tasks/sign.yml), from the values prepare() hands it: the
+key's and certificate's paths, the kernel's sign-file, the subject of a key it makes, and whether it
+queues the enrolment.
 
-Python, not tasks, for the key and the enrolment: both must be settled before the playbook builds
-and installs anything (a bad key, a refusing mokutil or a missing sign-file stops the stage with
-nothing changed), and the enrolment password must never reach a playbook's variables or its log. The key is the
-machine's (its firmware enrols it once): /var/lib/p2pkit/mok/ whatever --state-dir says, or where
-p2p_module.signing_key and signing_cert say.
-The signing itself is tasks (sign.yml): it runs between the build and the follow-ups, on the files
-the playbook made.
+Decided here, before the playbook changes anything, because each needs facts read first and each
+refusal must leave the host as it was: the kernel's sign-file and mokutil are there, a key pair is
+whole and its key is the certificate's, and whether the key needs queuing (mokutil --test-key) with
+the password it then needs. The key is the machine's (its firmware enrols it once):
+/var/lib/p2pkit/mok/ whatever --state-dir says, or where p2p_module.signing_key and signing_cert say.
 
 The password: mokutil --import asks twice for a one-time password the operator types again in
-MokManager at the next boot. p2pkit takes it only from the environment (P2PKIT_MOK_PASSWORD, given
-to mokutil on its stdin, never on a command line, in a file or a log); without it p2pkit stops
-before anything changes and names both ways: set it, or run `sudo mokutil --import CERT` yourself
-(p2pkit then sees the request queued and goes on). Not --hash-file: making that file needs
-`mokutil --generate-hash=PASSWORD` (the password on a command line) or mokutil's crypt format
-rewritten here; stdin is what mokutil's own get_password() reads (read_hidden_line: getline on
-stdin, no terminal needed).
+MokManager at the next boot. p2pkit takes it only from the environment (P2PKIT_MOK_PASSWORD); it
+reaches the role's one task that reads it (an env lookup given to mokutil's stdin, no_log) through
+ansible-playbook's environment, never a variable, a command line, a file or a log; the stage's
+playbook blanks it in every task's own environment. Without it p2pkit stops before anything changes
+and names both ways: set it, or run `sudo mokutil --import CERT` yourself (p2pkit then sees the
+request queued and goes on). Not --hash-file: making that file needs `mokutil --generate-hash=PASSWORD`
+(the password on a command line) or mokutil's crypt format rewritten here; stdin is what mokutil's own
+get_password() reads (read_hidden_line: getline on stdin, no terminal needed).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-from pathlib import Path
+from typing import NamedTuple
 
-from p2pkit.core.errors import P2pkitError
+from p2pkit.core.ansible import PlaybookFailed
+from p2pkit.core.errors import P2pkitError, ProbeError
 from p2pkit.host import mok, system
 from p2pkit.parse import mok as pm
 
@@ -40,14 +41,24 @@ def needed(ctx) -> bool:
     return system.secure_boot(ctx.host) == "on"
 
 
-def prepare(ctx, kernel: str) -> dict:
-    """With Secure Boot on: check the kernel's sign-file, make the key if there is none, check it,
-    and queue its enrolment; the playbook's values for sign.yml. Each refusal comes before the
-    playbook changes anything. With Secure Boot off: no signing (empty values)."""
-    off = {"p2pkit_p2p_module_sign_key": "", "p2pkit_p2p_module_sign_cert": "",
-           "p2pkit_p2p_module_sign_file": "", "p2pkit_p2p_module_sign_serial": ""}
+class Signing(NamedTuple):
+    """What prepare() settled: the role's values, whether the role makes the key, and the password
+    ansible-playbook gets in its environment (only when the role queues the enrolment)."""
+    values: dict
+    made: bool = False
+    secret_env: dict | None = None
+
+
+MOKUTIL_REFUSED = "Stop where mokutil refused to queue the key"  # the role's task (tasks/mok.yml)
+OPENSSL_FAILED = "Make the machine owner key"
+
+
+def prepare(ctx, kernel: str) -> Signing:
+    """With Secure Boot on: check the kernel's sign-file, mokutil, the key pair when there is one, and
+    whether its enrolment must be queued (and the password for it); the role's values for mok.yml and
+    sign.yml. Each refusal comes before the playbook changes anything. With Secure Boot off: no signing."""
     if not needed(ctx):
-        return off
+        return Signing({"p2pkit_p2p_module_secure_boot": False})
     host = ctx.host
     tool = mok.sign_file(host, kernel)
     if tool is None:
@@ -62,11 +73,33 @@ def prepare(ctx, kernel: str) -> dict:
                           "enrolment; nothing was changed",
                           hint="sudo apt-get install mokutil, then run `p2pkit up` again")
     key, cert = mok.key_paths(ctx.profile, mok.KEY_STATE_DIR)
-    made = False
-    if not host.path(key).is_file() and not host.path(cert).is_file():
-        make_key(ctx, key, cert)
-        made = True
-    elif not host.path(key).is_file() or not host.path(cert).is_file():
+    make = not host.path(key).is_file() and not host.path(cert).is_file()
+    if not make:
+        check_pair(host, key, cert)
+    state = pm.NOT_ENROLLED if make else mok.enrolment(host, cert)
+    enrol = state not in (pm.ENROLLED, pm.IN_DB, pm.QUEUED)
+    password = os.environ.get(mok.PASSWORD_ENV, "")
+    if enrol and not password:
+        raise P2pkitError(
+            f"Secure Boot is on and the module signing key {cert} is not enrolled: its enrolment needs a one-time "
+            "password you type again in MokManager at the next boot, and p2pkit was given none; nothing was changed",
+            hint=f"either run `sudo mokutil --import {cert}` yourself (it asks for the password), or give it to p2pkit "
+                 f"as {mok.PASSWORD_ENV}=... in the environment of `sudo p2pkit up` (it goes to mokutil's stdin, "
+                 "nowhere else); then run `p2pkit up` again")
+    if state == pm.QUEUED:
+        ctx.out.warn(f"Secure Boot: the signing key {cert} is queued for enrolment: {MOKMANAGER}")
+    hostname = system.identity(host)["hostname"]
+    values = {"p2pkit_p2p_module_secure_boot": True, "p2pkit_p2p_module_sign_key": key,
+              "p2pkit_p2p_module_sign_cert": cert, "p2pkit_p2p_module_sign_file": tool,
+              # openssl req's subject: a 2048-bit RSA key and its DER certificate for 100 years (tasks/mok.yml)
+              "p2pkit_p2p_module_sign_subject": f"/CN=p2pkit module signing key for {hostname}/",
+              "p2pkit_p2p_module_mok_enrol": enrol}
+    return Signing(values, made=make, secret_env={mok.PASSWORD_ENV: password} if enrol else None)
+
+
+def check_pair(host, key: str, cert: str) -> None:
+    """A key pair p2pkit did not make now: both files there, the key the certificate's."""
+    if not host.path(key).is_file() or not host.path(cert).is_file():
         missing, there = (key, cert) if not host.path(key).is_file() else (cert, key)
         raise P2pkitError(f"the signing key's pair is half there: {there} exists, {missing} does not; nothing "
                           "was changed",
@@ -78,61 +111,36 @@ def prepare(ctx, kernel: str) -> dict:
                           hint="set p2p_module.signing_key to a PEM private key and p2p_module.signing_cert to its "
                                "DER certificate, or leave both empty and p2pkit makes a pair under "
                                "/var/lib/p2pkit/mok/")
-    identity = mok.cert_identity(host, cert)
-    queue_enrolment(ctx, cert)
-    ctx.out.step("p2p-module", f"Secure Boot: signing with {key} ({'made now, ' if made else ''}serial "
-                 f"{identity['serial']}, {identity['cn']})")
-    return {"p2pkit_p2p_module_sign_key": key, "p2pkit_p2p_module_sign_cert": cert,
-            "p2pkit_p2p_module_sign_file": tool, "p2pkit_p2p_module_sign_serial": identity["serial"]}
 
 
-def make_key(ctx, key: str, cert: str) -> None:
-    """openssl req: a 2048-bit RSA key (0600) and its self-signed DER certificate for 100 years, CN
-    naming p2pkit and the host; made in a temporary directory beside them and moved in cert last (a
-    kill leaves no pair half made: a key alone is refused, not used)."""
-    host = ctx.host
-    hostname = system.identity(host)["hostname"]
-    final_key, final_cert = host.path(key), host.path(cert)
-    final_key.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    final_cert.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".mok-", dir=final_key.parent))
+def said(ctx, s: Signing) -> None:
+    """After the role ran (or stopped): the key it signs with, and the enrolment it queued."""
+    v = s.values
+    if not v.get("p2pkit_p2p_module_secure_boot") or not ctx.host.path(v["p2pkit_p2p_module_sign_cert"]).is_file():
+        return
+    key, cert = v["p2pkit_p2p_module_sign_key"], v["p2pkit_p2p_module_sign_cert"]
     try:
-        r = host.runner.run(["openssl", "req", "-new", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "36500",
-                             "-outform", "DER", "-keyout", str(tmp / "key"), "-out", str(tmp / "cert"),
-                             "-subj", f"/CN=p2pkit module signing key for {hostname}/"], check=False)
-        if r.returncode != 0:
-            raise P2pkitError(f"openssl could not make the module signing key: {r.stderr.strip()[-300:]}",
-                              hint="check that openssl works (openssl version), then run `p2pkit up` again")
-        os.chmod(tmp / "key", 0o600)
-        os.replace(tmp / "key", final_key)
-        os.replace(tmp / "cert", final_cert)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def queue_enrolment(ctx, cert: str) -> str:
-    """mokutil --import CERT unless the key is enrolled or queued; the password from the environment."""
-    host = ctx.host
-    state = mok.enrolment(host, cert)
-    if state in (pm.ENROLLED, pm.IN_DB):
-        return state
-    if state == pm.QUEUED:
+        identity = mok.cert_identity(ctx.host, cert)
+        queued = v["p2pkit_p2p_module_mok_enrol"] and mok.enrolment(ctx.host, cert) == pm.QUEUED
+    except ProbeError:
+        return  # the stage's checks read the certificate again and say what is wrong with it
+    ctx.out.step("p2p-module", f"Secure Boot: signing with {key} ({'made now, ' if s.made else ''}serial "
+                 f"{identity['serial']}, {identity['cn']})")
+    if queued:
         ctx.out.warn(f"Secure Boot: the signing key {cert} is queued for enrolment: {MOKMANAGER}")
-        return state
-    password = os.environ.get(mok.PASSWORD_ENV, "")
-    if not password:
-        raise P2pkitError(
-            f"Secure Boot is on and the module signing key {cert} is not enrolled: its enrolment needs a one-time "
-            "password you type again in MokManager at the next boot, and p2pkit was given none; nothing was changed",
-            hint=f"either run `sudo mokutil --import {cert}` yourself (it asks for the password), or give it to p2pkit "
-                 f"as {mok.PASSWORD_ENV}=... in the environment of `sudo p2pkit up` (it goes to mokutil's stdin, "
-                 "nowhere else); then run `p2pkit up` again")
-    r = host.runner.run(["mokutil", "--import", str(host.path(cert))], check=False,
-                        input_text=f"{password}\n{password}\n")
-    if r.returncode != 0:
-        raise P2pkitError(f"mokutil refused to queue the signing key {cert} (exit {r.returncode}: "
-                          f"{(r.stderr or r.stdout).strip()[-300:]}); the modules were not built or installed",
-                          hint=f"run `sudo mokutil --import {cert}` by hand to see why (a full EFI variable store, "
-                               "a firmware without shim), then run `p2pkit up` again")
-    ctx.out.warn(f"Secure Boot: the signing key {cert} is queued for enrolment: {MOKMANAGER}")
-    return pm.QUEUED
+
+
+def refusal(e: P2pkitError, s: Signing) -> P2pkitError | None:
+    """The role's refusals of the key and its enrolment, said as p2pkit said them (its message and hint)."""
+    if not isinstance(e, PlaybookFailed):
+        return None
+    cert = s.values.get("p2pkit_p2p_module_sign_cert", "")
+    if e.task.endswith(MOKUTIL_REFUSED):
+        return P2pkitError(str(e.result.get("msg", e.message)),
+                           hint=f"run `sudo mokutil --import {cert}` by hand to see why (a full EFI variable store, "
+                                "a firmware without shim), then run `p2pkit up` again")
+    if e.task.endswith(OPENSSL_FAILED):
+        out = str(e.result.get("stderr") or e.result.get("msg") or "")
+        return P2pkitError(f"openssl could not make the module signing key: {out.strip()[-300:]}",
+                           hint="check that openssl works (openssl version), then run `p2pkit up` again")
+    return None
