@@ -6,6 +6,7 @@ in them is prefixed with p2pkit_root. The full log goes to <state>/logs/<stage>.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -44,6 +45,16 @@ def render(template: str, **values) -> str:
     env = Environment(loader=FileSystemLoader(dirs), undefined=StrictUndefined,
                       trim_blocks=True, keep_trailing_newline=True, autoescape=False)
     return env.get_template(template).render(**values)
+
+
+@functools.cache
+def role_defaults(role: str) -> dict:
+    """A role's defaults/main.yml: what the role and p2pkit both state lives there and p2pkit reads it,
+    once, when first asked (never at import: `p2pkit doctor` pays for no YAML)."""
+    import yaml
+
+    path = share_dir() / COLLECTION / "roles" / role / "defaults/main.yml"
+    return yaml.safe_load(path.read_text()) or {}
 
 
 def playbook_binary() -> str:
