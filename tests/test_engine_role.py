@@ -54,7 +54,10 @@ def test_the_stage_makes_the_parent_once_and_leaves_an_existing_mode_alone(sim):
     parent = root / Path(ctx.profile.engine.build_dir).parent.relative_to("/")
     assert not parent.exists()
     first = engine_stage.dependencies(ctx)
-    assert first["changed"] == 1 and parent.is_dir() and parent.stat().st_mode & 0o777 == 0o755
+    # the parent, then the checkout at the pinned commit (no build in the role's first run)
+    assert first["changed"] == 2 and parent.is_dir() and parent.stat().st_mode & 0o777 == 0o755
+    assert (root / ctx.profile.engine.build_dir.lstrip("/") / ".git/HEAD").read_text().strip() == \
+        ctx.profile.engine.commit
     log = (ctx.store.dir / "logs/engine.log").read_text()
     assert "skipping: [localhost]" in log.split("Ensure the missing build dependencies are installed]", 1)[1][:200]
     parent.chmod(0o700)  # an existing directory's mode is the operator's
@@ -67,12 +70,56 @@ def test_the_role_alone_on_the_simulated_host_then_nothing(sim, tmp_path):
     h = Host.at(root)
     prof = config.load(h.sim["profile"])
     given = {"p2pkit_root": str(root), "p2pkit_path": h.runner.path_env(),
-             "p2pkit_engine_recipe": prof.engine.recipe, "p2pkit_engine_build_dir": prof.engine.build_dir}
+             "p2pkit_engine_recipe": prof.engine.recipe, "p2pkit_engine_build_dir": prof.engine.build_dir,
+             "p2pkit_engine_repo": prof.engine.repo, "p2pkit_engine_commit": prof.engine.commit,
+             "p2pkit_engine_cmake_options": ["-DCMAKE_BUILD_TYPE=Release",
+                                             f"-DCMAKE_CUDA_ARCHITECTURES={prof.engine.cuda_architectures}"],
+             "p2pkit_engine_pkg_config_path": prof.engine.pkg_config_path}
     r = by_hand(tmp_path, given)
-    assert r.returncode == 0 and changed(r.stdout) == 1, r.stdout[-3000:]
-    assert (root / prof.engine.build_dir.lstrip("/")).parent.is_dir()
+    # the parent, the checkout, configure, build, the configure stamp
+    assert r.returncode == 0 and changed(r.stdout) == 5, r.stdout[-3000:]
+    src = root / prof.engine.build_dir.lstrip("/")
+    assert (src / "build/apps/ninfer-serve").is_file()
+    log = (root / "var/lib/p2pkit/logs/engine-build.log").read_text()  # the role's own log when run alone
+    assert f"$ cmake -S {src} -B {src}/build -G Ninja -DCMAKE_BUILD_TYPE=Release" in log
+    assert "Linking CXX executable apps/ninfer-serve" in log
     again = by_hand(tmp_path, given)
     assert again.returncode == 0 and changed(again.stdout) == 0, again.stdout[-3000:]
+    assert "skipping: [localhost]" in again.stdout.split("Build the engine's targets (cmake --build)]", 1)[1][:200]
+    assert (root / "var/lib/p2pkit/logs/engine-build.log").read_text().endswith("ninja: no work to do.\n\n")
+    # a changed option configures and builds again
+    more = by_hand(tmp_path, {**given, "p2pkit_engine_cmake_options": [*given["p2pkit_engine_cmake_options"],
+                                                                       "-DP2PKIT_TEST=1"]})
+    assert more.returncode == 0 and changed(more.stdout) == 3, more.stdout[-3000:]
+
+
+def test_the_role_refuses_an_unpinned_commit_and_a_directory_that_holds_files(sim, tmp_path):
+    """An engine commit that is no pin (a branch name) stops the role before it clones; where the checkout
+    belongs, a tree of empty directories (a checkout emptied of its files) is removed and cloned again,
+    one holding a file is refused naming it, the file kept."""
+    root = sim("healthy")
+    h = Host.at(root)
+    prof = config.load(h.sim["profile"])
+    given = {"p2pkit_root": str(root), "p2pkit_path": h.runner.path_env(), "p2pkit_engine_build": False,
+             "p2pkit_engine_recipe": prof.engine.recipe, "p2pkit_engine_build_dir": prof.engine.build_dir,
+             "p2pkit_engine_repo": prof.engine.repo, "p2pkit_engine_commit": "main"}
+    src = root / prof.engine.build_dir.lstrip("/")
+    r = by_hand(tmp_path, given)
+    assert r.returncode != 0 and 'p2pkit_engine_commit is "main": pin the engine commit' in r.stdout, r.stdout[-3000:]
+    assert not src.exists()
+    given["p2pkit_engine_commit"] = prof.engine.commit
+    (src / "a/b").mkdir(parents=True)
+    (src / ".git/objects").mkdir(parents=True)
+    r = by_hand(tmp_path, given)
+    assert r.returncode == 0 and (src / ".git/HEAD").read_text().strip() == prof.engine.commit, r.stdout[-3000:]
+    assert "Remove an engine checkout emptied of its files" in r.stdout and not (src / "a").exists()
+    away = src.with_name("away")
+    src.rename(away)
+    (src / "sub").mkdir(parents=True)
+    (src / "sub/notes.txt").write_text("mine\n")
+    r = by_hand(tmp_path, given)
+    assert r.returncode != 0 and "exists and is not a git checkout: p2pkit will not touch it" in r.stdout
+    assert f"{src}/sub/notes.txt" in r.stdout and (src / "sub/notes.txt").read_text() == "mine\n"
 
 
 def test_without_a_required_variable_the_first_task_stops_naming_it(sim, tmp_path):

@@ -2,8 +2,8 @@
 
 import hashlib
 import json
-import shutil
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path

@@ -71,6 +71,18 @@ def test_the_fork_commit_pattern_is_the_p2p_module_roles():
     assert re.search(re.escape(config.fork_commit_pattern()), str(schema))
 
 
+def test_the_engine_commit_pattern_is_the_engine_roles():
+    """engine.commit the same way: the engine role's default, read by its checkout assert and the profile."""
+    body = default("p2pkit_engine", "p2pkit_engine_commit_pattern")
+    assert body == default("p2pkit_p2p_module", "p2pkit_p2p_module_commit_pattern")
+    meta = next(f.metadata for f in config.fields(config.Engine) if f.name == "commit")
+    assert config.pattern_of(meta) == config.engine_commit_pattern() == f"^({body})?$"
+    checkout = (ROLES / "p2pkit_engine/tasks/checkout.yml").read_text()
+    assert "p2pkit_engine_commit_pattern" in checkout and "7,40" not in checkout
+    with pytest.raises(ProfileError, match=r'engine.commit: expected a full git commit id \(40 hex digits\)'):
+        config.load("dual-5090-ninfer", overrides=["engine.commit=abcdef1"])
+
+
 def test_no_role_default_is_read_at_import():
     """`p2pkit doctor` imports these modules: the roles' defaults are read when a value is first needed."""
     code = ("import p2pkit.core.config, p2pkit.stages.driver.checks, p2pkit.stages.driver.act, "

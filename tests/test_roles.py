@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -37,6 +38,16 @@ def ctx_for(root: Path, profile=None) -> pipeline.Ctx:
     host = Host.at(root)
     return pipeline.Ctx(profile=profile or config.load(host.sim["profile"]), host=host,
                         store=Store(root / "var/lib/p2pkit"), out=Output())
+
+
+def engine_vars(prof) -> dict:
+    """The engine role's values from the profile (NInfer's recipe: no targets, CMake's options as p2pkit
+    gives them)."""
+    e = prof.engine
+    return {"p2pkit_engine_recipe": e.recipe, "p2pkit_engine_build_dir": e.build_dir, "p2pkit_engine_repo": e.repo,
+            "p2pkit_engine_commit": e.commit, "p2pkit_engine_pkg_config_path": e.pkg_config_path,
+            "p2pkit_engine_cmake_options": ["-DCMAKE_BUILD_TYPE=Release",
+                                            f"-DCMAKE_CUDA_ARCHITECTURES={e.cuda_architectures}"]}
 
 
 def profile_vars(root: Path) -> dict:
@@ -287,8 +298,8 @@ def test_the_files_module_probes_what_the_tasks_decide_from(tmp_path):
 def test_site_yml_alone_brings_a_host_through_every_acting_role_and_then_nothing(sim, tmp_path):
     """`ansible-galaxy collection install` of p2pkit.host, then `ansible-playbook -i INVENTORY p2pkit.host.site`
     without p2pkit: driver, p2p-module, engine and service roles in one run from an operator's inventory,
-    then a second run that changes nothing. The
-    engine's own build is p2pkit's CMake run, not a role: placed here as the service test places it."""
+    then a second run that changes nothing. The engine role checks the engine out and builds it (CMake,
+    Ninja); the model is placed as the model stage would write it."""
     from p2pkit.sim import lifecycle
     from p2pkit.stages.service import act as svc
     from tests.test_collection import install_collection
@@ -305,8 +316,8 @@ def test_site_yml_alone_brings_a_host_through_every_acting_role_and_then_nothing
     given = json.loads((ctx.store.dir / "logs/service.vars.json").read_text())
     service = {k: v for k, v in given.items() if k.startswith("p2pkit_service_")}
     lifecycle.place_engine(hand, prof)
-    hostvars = {**profile_vars(hand), **service, "p2pkit_engine_recipe": prof.engine.recipe,
-                "p2pkit_engine_build_dir": prof.engine.build_dir}
+    shutil.rmtree(hand / prof.engine.build_dir.lstrip("/"))  # the engine role checks it out and builds it
+    hostvars = {**profile_vars(hand), **service, **engine_vars(prof)}
     inventory = write_inventory(tmp_path / "hosts.yml", hostvars)
     collections = install_collection(tmp_path / "controller")
     try:
@@ -347,8 +358,7 @@ def test_each_role_and_site_yml_run_in_check_mode_on_a_fresh_host_and_change_not
 
     root = sim("healthy")
     prof = config.load(Host.at(root).sim["profile"])
-    hostvars = {**profile_vars(root), **svc.service_vars(ctx_for(root, prof)),
-                "p2pkit_engine_recipe": prof.engine.recipe, "p2pkit_engine_build_dir": prof.engine.build_dir}
+    hostvars = {**profile_vars(root), **svc.service_vars(ctx_for(root, prof)), **engine_vars(prof)}
     inventory = write_inventory(tmp_path / "hosts.yml", hostvars)
     before = host_tree(root)
     for book in ("driver.yml", "p2p-module.yml", "engine.yml", "service.yml", "site.yml"):

@@ -37,6 +37,7 @@ def render(template: str, **values) -> str:
     return env.get_template(template).render(**values)
 
 
+
 def playbook_binary() -> str:
     local = Path(sys.executable).parent / "ansible-playbook"
     found = str(local) if local.exists() else shutil.which("ansible-playbook")

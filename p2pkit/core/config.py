@@ -30,7 +30,6 @@ from p2pkit.core.role_defaults import role_default
 
 VERSION3 = r"^\d+\.\d+\.\d+$"
 SHA256 = r"^([0-9a-f]{64})?$"
-COMMIT = r"^([0-9a-f]{40})?$"  # a full commit id: a prefix is not a pin (it can grow ambiguous, or be chosen)
 
 
 def fork_commit_pattern() -> str:
@@ -38,6 +37,11 @@ def fork_commit_pattern() -> str:
     defaults/main.yml, the one statement of it), or empty until pinned; read when a profile is
     checked, never at import."""
     return rf"^({role_default('p2pkit_p2p_module', 'p2pkit_p2p_module_commit_pattern')})?$"
+
+
+def engine_commit_pattern() -> str:
+    """engine.commit's pattern: the engine role's own (p2pkit_engine_commit_pattern), or empty."""
+    return rf"^({role_default('p2pkit_engine', 'p2pkit_engine_commit_pattern')})?$"
 
 
 def pattern_of(meta: dict) -> str | None:
@@ -170,7 +174,7 @@ class Engine:
     recipe: str = f(choices=("ninfer", "llamacpp", "vllm"))
     repo: str = f("", chars="url", pattern=NOT_AN_OPTION, expect="the engine's git URL (not starting with -: git "
                   "would read it as an option)")
-    commit: str = f("", pattern=COMMIT, expect="a full git commit id (40 hex digits)")
+    commit: str = f("", pattern=engine_commit_pattern, expect="a full git commit id (40 hex digits)")
     branch: str = f("", chars="path", expect="the branch the engine's source tree is on (vLLM on a Spark: the PR "
                     "branch), or empty")
     cuda_min: str = f("13.1", pattern=r"^\d+\.\d+$")

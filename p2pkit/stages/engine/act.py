@@ -1,100 +1,90 @@
-"""engine: build the inference engine from its pinned source. Dependencies through Ansible; the
-checkout and the CMake build from Python, with the whole log kept in the state directory.
+"""engine: build the inference engine from its pinned source. The engine role (Ansible) installs the
+dependencies, checks out the pinned commit, and configures and builds with CMake and Ninja, its output
+appended to this run's log in the state directory; p2pkit fetches and verifies a source archive,
+checks the toolchain in between, and proves what was built.
 
 Before configuring, the CUDA toolkit version and pkg-config's view of the FFmpeg and curl
 libraries are checked (P05, P06); a refused precondition never reaches CMake."""
 
 from __future__ import annotations
 
-import errno
 import hashlib
-import os
 import re
-import stat
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 from p2pkit.core import safefs
-from p2pkit.core.ansible import run_playbook
+from p2pkit.core.ansible import PlaybookFailed, run_playbook
 from p2pkit.core.errors import P2pkitError
-from p2pkit.core.output import follow_cmd
+from p2pkit.core.role_defaults import role_default
 from p2pkit.host import system
 from p2pkit.parse import build as pb
 from p2pkit.rules.engine_cmd import binary
 from p2pkit.stages.engine import llamacpp
 from p2pkit.stages.engine.checks import PKG_MODULES
 
-CONFIGURE_MARK = "\n$ cmake -S "  # how _run records the configure command in the log
+CONFIGURE_MARK = "\n$ cmake -S "  # how the engine role records the configure command in the log
+CURRENT_MARK = "\n$ cmake --build "  # ... and, when it found the build current, Ninja's dry run and its verdict
 
 
-def _run(ctx, argv, log, cwd=None, env=None):
-    """A build step, its output streamed into the run's build log as it comes (`p2pkit logs engine
-    --follow`); a long one (configure, build) shows its elapsed time."""
-    long = argv[0] == "cmake"
-    with ctx.out.working(f"[engine] {' '.join(Path(a).name if i == 0 else a for i, a in enumerate(argv[:3]))}",
-                         log=str(log), follow=follow_cmd("engine")) if long else nullcontext():
-        r = ctx.host.runner.run(argv, check=False, cwd=cwd, env=env, timeout=7200, output_log=log)
-    with safefs.open_file(log, "a") as fh:
-        fh.write("\n")
-    return r
+ROLE = "p2pkit_engine"
 
 
-def holds_files(d: Path) -> bool:
-    """Whether a directory tree holds anything but directories (a file, a link, a socket: what p2pkit would lose
-    by removing it). A link to a directory counts as a file: it is never followed."""
-    return any(not entry.is_dir(follow_symlinks=False) or holds_files(Path(entry.path)) for entry in os.scandir(d))
+def build_subdir() -> str:
+    """The build directory's name inside the checkout: the engine role's (defaults/main.yml), read once."""
+    return role_default(ROLE, "p2pkit_engine_build_subdir")
 
 
-def remove_empty_tree(d: Path) -> None:
-    """Remove a tree of nothing but directories, bottom-up, never following a link and never onto another
-    filesystem: each directory opened by its parent's fd (O_NOFOLLOW), each entry lstat'ed there; anything else
-    met on the way (a link or file that appeared since, a mount) stops it with OSError, and rmdir itself
-    refuses a directory that is not empty."""
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-    def clear(fd: int, dev: int) -> None:
-        for name in os.listdir(fd):
-            st = os.lstat(name, dir_fd=fd)
-            if not stat.S_ISDIR(st.st_mode) or st.st_dev != dev:
-                raise OSError(errno.ENOTEMPTY, f"{name} is not a directory of this filesystem")
-            sub = os.open(name, flags, dir_fd=fd)
-            try:
-                clear(sub, dev)
-            finally:
-                os.close(sub)
-            os.rmdir(name, dir_fd=fd)
-
-    top = os.open(d, flags)
-    try:
-        clear(top, os.fstat(top).st_dev)
-    finally:
-        os.close(top)
-    os.rmdir(d)
-
-
-def checkout(ctx, src: Path, log: Path) -> dict:
+def role_vars(ctx, log: Path | None = None) -> dict:
+    """What the engine role is given: the recipe and the build directory; the repository and the pinned
+    commit to check out (none for an archive p2pkit verified and unpacked); and, with a log (the build
+    run), the recipe's CMake options, targets and jobs, and pkg-config's path."""
     e = ctx.profile.engine
-    if not (src / ".git" / "HEAD").is_file():  # an emptied .git is no checkout
-        if src.is_dir() and not src.is_symlink() and not os.path.ismount(src) and not holds_files(src):
-            try:
-                remove_empty_tree(src)  # what is left of a checkout whose files were removed: nothing to lose
-            except OSError as e:
-                return {"path": str(src), "error": f"{src} holds no checkout and could not be cleared ({e}): move "
-                        "it away (or point engine.build_dir elsewhere) and run `p2pkit up --from engine`"}
-        elif src.exists() or src.is_symlink():
-            return {"path": str(src), "error": f"{src} exists and is not a git checkout: p2pkit will not touch it; "
-                    "move it away (or point engine.build_dir elsewhere) and run `p2pkit up --from engine`"}
-        r = _run(ctx, ["git", "clone", "--quiet", "--", e.repo, str(src)], log)
-        if r.returncode:
-            return {"path": str(src), "error": f"git clone failed: {r.stderr.strip()[-300:]}"}
-    _run(ctx, ["git", "-C", str(src), "fetch", "--quiet", "origin"], log)
-    r = _run(ctx, ["git", "-C", str(src), "checkout", "--quiet", "--detach", e.commit], log)
-    head = ctx.host.runner.run(["git", "-C", str(src), "rev-parse", "HEAD"], check=False).stdout.strip()
-    out = {"path": str(src), "head": head or None}
-    if r.returncode:
-        out["error"] = f"git checkout {e.commit} failed: {r.stderr.strip()[-300:]}"
+    git = not archived(ctx.profile)
+    out = {"p2pkit_engine_recipe": e.recipe, "p2pkit_engine_build_dir": e.build_dir,
+           "p2pkit_engine_repo": e.repo if git else "", "p2pkit_engine_commit": e.commit if git else "",
+           "p2pkit_engine_build": log is not None}
+    if log is not None:
+        opts = llamacpp.cmake_options(ctx) if e.recipe == "llamacpp" else \
+            ["-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_CUDA_ARCHITECTURES={e.cuda_architectures}"]
+        targets = list(e.targets) if e.recipe == "llamacpp" else []
+        out.update({"p2pkit_engine_cmake_options": opts, "p2pkit_engine_targets": targets,
+                    "p2pkit_engine_jobs": 0,  # Ninja's own default, as p2pkit always built
+                    "p2pkit_engine_pkg_config_path": e.pkg_config_path, "p2pkit_engine_log": str(log)})
     return out
+
+
+# the role's tasks whose failure is the build's own (configure_rc, build_rc); any other failure is the role's
+CONFIGURE_TASK, BUILD_TASK = "Configure the engine (cmake -S)", "Build the engine's targets (cmake --build)"
+
+
+def _cmake(ctx, res: dict, log: Path) -> None:
+    """The role's configure and build, their rc and the build's last lines into res (a failure of another
+    task is the role's, raised as it is)."""
+    try:
+        ran = run_playbook(ctx, "engine", role_vars(ctx, log))
+        res["configure_rc"] = res["build_rc"] = 0
+        res["built"] = {"changed": ran.get("changed"), "tasks": {k: v for k, v in ran.get("tasks", {}).items()
+                                                                  if k.endswith((CONFIGURE_TASK, BUILD_TASK))}}
+    except PlaybookFailed as err:
+        rc = err.result.get("rc") or 1
+        if err.task.endswith(CONFIGURE_TASK):
+            res["configure_rc"] = rc
+        elif err.task.endswith(BUILD_TASK):
+            res["configure_rc"], res["build_rc"] = 0, rc
+            tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+            res["build_tail"] = " | ".join(tail)
+        else:
+            raise
+    if res.get("build_rc") == 0:
+        res["build_tail"] = None
+
+
+def head_of(ctx, src: Path) -> dict:
+    """Read-only: the git checkout in src and its HEAD (None when there is none)."""
+    head = ctx.host.runner.run(["git", "-C", str(src), "rev-parse", "HEAD"], check=False).stdout.strip() \
+        if (src / ".git").is_dir() else None
+    return {"path": str(src), "head": head or None}
 
 
 def pkg_config(ctx, env: dict) -> dict:
@@ -133,17 +123,20 @@ def _new_log(ctx) -> Path:
 
 
 def _last_build_log(ctx) -> Path | None:
-    """The log of the last run that reached CMake (a run refused before configuring proves nothing
-    about what is built)."""
+    """The log of the last run that reached CMake: its configure and build, or Ninja's dry run that found
+    the build current (a run refused before configuring proves nothing about what is built)."""
     for x in reversed(build_logs(ctx)):
-        if CONFIGURE_MARK in x.read_text(errors="replace"):
+        text = x.read_text(errors="replace")
+        if CONFIGURE_MARK in text or CURRENT_MARK in text:
             return x
     legacy = ctx.store.dir / "logs/engine-build.log"  # before logs were kept per run
     return legacy if legacy.is_file() else None
 
 
 def build(ctx) -> dict:
-    """Check out, check the toolchain, configure and build. What the stage does (not read-only)."""
+    """The engine role's first run (dependencies, checkout), the archive fetched and unpacked here, the
+    toolchain checked, then the role's second run configures and builds. What the stage does (not
+    read-only); the first run's summary under "dependencies" (act takes it out of the record)."""
     p, host = ctx.profile, ctx.host
     e = p.engine
     log = _new_log(ctx)
@@ -153,26 +146,18 @@ def build(ctx) -> dict:
     if cpu:
         ctx.out.step("engine", f"building {e.recipe}{cpu}")
     src = host.path(e.build_dir)
-    if archived(p):  # CMake gets real paths: a build dir reached through a link keeps its cache
-        src = src.resolve()
-        res: dict = {"log": str(log), "source": llamacpp.source(ctx, src, log), **toolchain(ctx)}
+    deps = dependencies(ctx)  # the role's first run: the dependencies and the checkout, no build yet
+    if archived(p):  # the role gives CMake real paths: a build dir reached through a link keeps its cache
+        res: dict = {"log": str(log), "source": llamacpp.source(ctx, src.resolve(), log), **toolchain(ctx)}
     else:
-        res = {"log": str(log), "source": checkout(ctx, src, log), **toolchain(ctx)}
-    res["cuda_enabled"] = e.cuda
+        res = {"log": str(log), "source": head_of(ctx, src), **toolchain(ctx)}
+        if not (res["source"]["head"] or "").startswith(e.commit or "-"):
+            res["source"]["error"] = f"{e.build_dir} is not checked out at {e.commit} (the engine role checks it out)"
+    res["cuda_enabled"], res["dependencies"] = e.cuda, deps
     if "error" in res["source"] or not toolchain_ok(res, p):
         return {**res, "refused": True}  # refused before configuring: the checks say why, CMake never ran
-    if e.recipe == "llamacpp":
-        opts, build_argv = llamacpp.cmake_options(ctx), llamacpp.build_argv(ctx, src / "build")
-    else:
-        opts = ["-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_CUDA_ARCHITECTURES={e.cuda_architectures}"]
-        build_argv = ["cmake", "--build", str(src / "build")]
-    res["cmake_options"] = opts
-    c = _run(ctx, ["cmake", "-S", str(src), "-B", str(src / "build"), *opts], log, env=_env(ctx))
-    res["configure_rc"] = c.returncode
-    if c.returncode == 0:
-        b = _run(ctx, build_argv, log, env=_env(ctx))
-        res["build_rc"] = b.returncode
-        res["build_tail"] = " | ".join((b.stdout + b.stderr).strip().splitlines()[-3:]) if b.returncode else None
+    res["cmake_options"] = ["-G", "Ninja", *role_vars(ctx, log)["p2pkit_engine_cmake_options"]]
+    _cmake(ctx, res, log)
     res["first_error"] = pb.first_cmake_error(log.read_text(errors="replace"))
     return res
 
@@ -220,31 +205,27 @@ def installed(ctx) -> dict:
     p, host = ctx.profile, ctx.host
     src = host.path(p.engine.build_dir)
     log = _last_build_log(ctx)
-    if archived(p):
-        source = llamacpp.unpacked(src)
-    else:
-        head = host.runner.run(["git", "-C", str(src), "rev-parse", "HEAD"], check=False).stdout.strip() \
-            if (src / ".git").is_dir() else None
-        source = {"path": str(src), "head": head or None}
+    source = llamacpp.unpacked(src) if archived(p) else head_of(ctx, src)
     res: dict = {"log": str(log) if log else None, "source": source, "cuda_enabled": p.engine.cuda}
     if log and p.engine.recipe in ("ninfer", "llamacpp"):
-        cache = src / "build/CMakeCache.txt"
+        out = src / build_subdir()
+        cache = out / "CMakeCache.txt"
         res["cmake_cache"] = str(cache) if cache.is_file() else None
         cached = pb.cmake_cache(cache.read_text(errors="replace")) if cache.is_file() else None
         text = log.read_text(errors="replace")
         if p.engine.recipe == "ninfer":
-            res["up_to_date"] = _up_to_date(ctx, src / "build", ["ninfer-serve"])
+            res["up_to_date"] = _up_to_date(ctx, out, ["ninfer-serve"])
             res["criteria"] = pb.ninfer_criteria(text, cached, res["up_to_date"])
         else:  # llama.cpp: a no-op rebuild still runs its UI-assets step, so Ninja never says "no work to do"
             targets = tuple(p.engine.targets) or pb.LLAMACPP_TARGETS
-            res["up_to_date"] = _up_to_date(ctx, src / "build", list(targets), pb.ninja_current, ("-d", "explain"))
+            res["up_to_date"] = _up_to_date(ctx, out, list(targets), pb.ninja_current, ("-d", "explain"))
             res["criteria"] = pb.llamacpp_criteria(text, cached, res["up_to_date"], p.engine.cuda, targets)
     exe = host.path(binary(p))
     res["binary"] = _binary(ctx, exe)
     if exe.is_file():
         res["libraries"] = pb.ldd(host.runner.run(["ldd", str(exe)], check=False).stdout)
         if p.engine.recipe == "llamacpp" and p.engine.cuda:
-            ggml = next(iter(sorted((src / "build").rglob("libggml-cuda.so*"))), None)
+            ggml = next(iter(sorted((src / build_subdir()).rglob("libggml-cuda.so*"))), None)
             res["nccl_links"] = {"llama-server": res["libraries"]}
             if ggml:
                 res["nccl_links"]["libggml-cuda.so"] = pb.ldd(host.runner.run(["ldd", str(ggml)],
@@ -313,18 +294,17 @@ def act(ctx) -> dict:
     if e.recipe == "vllm":  # nothing to build yet: the recipe of seed 004 is not automated (P21)
         ctx.options["engine_build"] = _vllm_facts(ctx)
         return {"built": False, "note": f"vLLM is used as installed at {e.python}; p2pkit proves it"}
-    deps = dependencies(ctx)
     ctx.options["engine_build"] = build(ctx)
-    return {"dependencies": deps, "log": ctx.options["engine_build"]["log"]}
+    return {"dependencies": ctx.options["engine_build"].pop("dependencies"), "log": ctx.options["engine_build"]["log"]}
 
 
 def dependencies(ctx) -> dict:
-    """The engine role: the build directory's parent (a mode only when it makes it), and the build
-    dependencies dpkg does not have and whose tools are not on PATH, through apt-get. The role
-    decides each from the host; p2pkit hands it the profile's recipe and build directory and keeps
-    Ansible's own count."""
-    e = ctx.profile.engine
-    return run_playbook(ctx, "engine", {"p2pkit_engine_recipe": e.recipe, "p2pkit_engine_build_dir": e.build_dir})
+    """The engine role's first run: the build directory's parent (a mode only when it makes it), the
+    build dependencies dpkg does not have and whose tools are not on PATH (through apt-get), and the
+    checkout at the pinned commit (a tree of empty directories where it belongs is removed, one holding
+    a file refused). The role decides each from the host; p2pkit hands it the profile's values and
+    keeps Ansible's own count. The build is its second run (build), after the toolchain checks."""
+    return run_playbook(ctx, "engine", role_vars(ctx))
 
 
 def measure(ctx, acted: dict | None = None) -> dict:

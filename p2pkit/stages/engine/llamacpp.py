@@ -26,7 +26,8 @@ from p2pkit.core.artifacts import atomic_write
 from p2pkit.host.backup import sha256 as sha256_file
 
 MARKER = ".p2pkit-source.json"
-BASE_OPTIONS = ("-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_USE_PREBUILT_UI=OFF",
+# after -G Ninja, which the engine role gives (it builds with Ninja)
+BASE_OPTIONS = ("-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_USE_PREBUILT_UI=OFF",
                 "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF")
 
 
@@ -220,11 +221,6 @@ def cmake_options(ctx) -> list[str]:
     return [*BASE_OPTIONS, "-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={e.cuda_architectures}",
             "-DGGML_CUDA_NCCL=ON", f"-DNCCL_ROOT={nccl}", f"-DCMAKE_BUILD_RPATH={nccl}/lib",
             f"-DCMAKE_INSTALL_RPATH={nccl}/lib"]
-
-
-def build_argv(ctx, build: Path) -> list[str]:
-    targets = ctx.profile.engine.targets
-    return ["cmake", "--build", str(build), *(["--target", *targets] if targets else [])]
 
 
 def unpacked(src: Path) -> dict:
