@@ -6,6 +6,7 @@ in them is prefixed with p2pkit_root. The full log goes to <state>/logs/<stage>.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -44,6 +45,26 @@ def render(template: str, **values) -> str:
     env = Environment(loader=FileSystemLoader(dirs), undefined=StrictUndefined,
                       trim_blocks=True, keep_trailing_newline=True, autoescape=False)
     return env.get_template(template).render(**values)
+
+
+@functools.cache
+def role_defaults(role: str) -> dict:
+    """A role's defaults/main.yml, read once (read when first asked, never at import: doctor's start-up does not
+    pay for YAML). What a role and p2pkit both state is stated there, and p2pkit reads it (role_default)."""
+    import yaml
+
+    text = (share_dir() / COLLECTION / "roles" / role / "defaults/main.yml").read_text()
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
+
+
+def role_default(role: str, name: str) -> str:
+    """One plain value of a role's defaults (a path, a user, a unit's name): refused when it is missing or a
+    template, which p2pkit could not read as the role does."""
+    value = role_defaults(role).get(name)
+    if not isinstance(value, str) or "{" in value:
+        raise P2pkitError(f"the {role} role's defaults/main.yml gives {name} as {value!r}, not a plain value p2pkit "
+                          "can read", hint=f"restore {COLLECTION}/roles/{role}/defaults/main.yml from p2pkit's tree")
+    return value
 
 
 def playbook_binary() -> str:

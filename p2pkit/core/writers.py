@@ -66,6 +66,7 @@ unit_path = _carried(unitenv.unit_path)
 unit_exec = _carried(unitenv.unit_exec)
 env_line = _carried(unitenv.env_line)
 env_file = _carried(unitenv.env_file)
+ip_filter = _carried(unitenv.ip_filter)  # the engine unit's IPAddressDeny=, IPAddressAllow=
 
 
 def env_value(raw: str) -> str:
