@@ -91,7 +91,7 @@ def playbook(book: str, inventory: Path, tmp: Path, *extra: str) -> tuple[subpro
 
 
 def write_inventory(path: Path, hostvars: dict) -> Path:
-    path.write_text(yaml.safe_dump({"all": {"hosts": {"sim": hostvars}}}, sort_keys=False))  # as written: flags in order
+    path.write_text(yaml.safe_dump({"all": {"hosts": {"sim": hostvars}}}, sort_keys=False))  # flags in their order
     return path
 
 
