@@ -26,7 +26,7 @@ from p2pkit.sim import lifecycle
 
 RECIPES = next(f.metadata["choices"] for f in fields(config.Engine) if f.name == "recipe")
 BUILTIN = {config.load(n).engine.recipe: config.load(n) for n in config.builtin_names()}
-FUNCTIONS = ("binary", "argv", "flags_of", "node", "served_model", "request_log", "flag_problems", "checks",
+FUNCTIONS = ("binary", "command", "argv", "flags_of", "node", "served_model", "request_log", "flag_problems", "checks",
              "fit_plan", "fit_checks", "drafting", "draft_model")
 # what one engine's readers elsewhere ask only it (bench's llama.cpp tools, the running server's slots, NInfer's
 # --tp for the model stage); llamacpp.batched_flags also passes on two flags llama-server does not have
@@ -44,6 +44,20 @@ def test_every_recipe_has_an_engine_module_and_config_asks_it():
         assert flags.with_path(m.FLAGS, "reads") == m.PATH_FLAGS
         assert all(callable(getattr(m, fn, None)) for fn in FUNCTIONS), name
         assert not m.CHECKS_HELP or callable(m.refuse_unaccepted), name
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_every_engines_command_line_is_its_command_then_its_flags_words(recipe):
+    """The service role is given the command and the flags (a mapping) and writes ExecStart as command + the
+    flags' words: that is each engine module's argv, with no word after the flags (switches, false and null
+    flags included), and what start_line hands the role and the launcher."""
+    m, p = engines.ENGINES[recipe], BUILTIN[recipe]
+    q = replace(p, serve=replace(p.serve, flags={**p.serve.flags, "verbose": True, "quiet": False, "x": None}))
+    for prof in (p, q):
+        line = engine_cmd.start_line(prof)
+        assert m.argv(prof) == [*m.command(prof), *flags.words(m.flags_of(prof))] == line["argv"]
+        assert line["command"] == m.command(prof) and line["flags"] == m.flags_of(prof)
+    assert "--verbose" in m.argv(q) and "--quiet" not in m.argv(q) and "--x" not in m.argv(q)
 
 
 class Reading(dict):
@@ -159,28 +173,29 @@ def test_the_service_act_computes_the_command_line_once_for_the_unit_and_the_lau
 
     ctx = service_ctx(sim(scenario))
     made, handed = [], {}
-    argv = engine_cmd.argv
+    start_line = engine_cmd.start_line
 
     def counted(p):
-        made.append(argv(p))
+        made.append(start_line(p))
         return made[-1]
 
     def playbook(ctx, name, v):
-        handed["exec_start"] = v["p2pkit_service_exec_start"]
+        handed["command"], handed["flags"] = v["p2pkit_service_command"], v["p2pkit_service_flags"]
         return {"changed": 1}
 
     def started(host, **kw):
         handed["launcher"] = kw["shown_argv"]
         return {"started": True, "pid": 1}
 
-    monkeypatch.setattr(engine_cmd, "argv", counted)
+    monkeypatch.setattr(engine_cmd, "start_line", counted)
     monkeypatch.setattr(service, "run_playbook", playbook)
     monkeypatch.setattr(service_launcher, "run_playbook", playbook)
     monkeypatch.setattr(service_launcher.launcher, "start", started)
     service.act(ctx)
     assert len(made) == 1, f"the command line was computed {len(made)} times"
-    assert handed["exec_start"] == service.exec_start(made[0])
-    assert handed.get("launcher", made[0]) == made[0]
+    # the role's ExecStart is written from the very command and flags the launcher's argv is made of
+    assert [*handed["command"], *flags.words(handed["flags"])] == made[0]["argv"] == engine_cmd.argv(ctx.profile)
+    assert handed.get("launcher", made[0]["argv"]) == made[0]["argv"]
     assert ("launcher" in handed) == (scenario == "no-systemd")
 
 

@@ -125,9 +125,9 @@ def test_the_guard_sees_an_option_missing_and_one_too_many():
     options = spec_options(role)
     handed = set(options) - set(defaults(role)) | {"p2pkit_path", "ansible_python_interpreter"}
     assert contract_gaps(role, handed, options) == []
-    fewer = {k: v for k, v in options.items() if k != "p2pkit_service_exec_start"}
+    fewer = {k: v for k, v in options.items() if k != "p2pkit_service_command"}
     assert contract_gaps(role, handed, fewer) == [
-        "p2pkit_service_exec_start: p2pkit hands it to p2pkit_service, its argument_specs do not name it"]
+        "p2pkit_service_command: p2pkit hands it to p2pkit_service, its argument_specs do not name it"]
     more = {**options, "p2pkit_service_nice": {"type": "int", "description": "x"}}
     assert contract_gaps(role, handed, more) == [
         "p2pkit_service_nice: in p2pkit_service's argument_specs, but p2pkit hands it no value and no default "

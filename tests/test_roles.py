@@ -69,6 +69,28 @@ def profile_vars(root: Path) -> dict:
     }
 
 
+def service_vars_by_hand(root: Path) -> dict:
+    """The service role's values as an operator writes them in an inventory from the profile's TOML (no p2pkit
+    function, nothing copied from a p2pkit run): ninfer-serve and the model it loads ([engine] build_dir,
+    [model] output), [serve.flags] with [serve]'s host and port, the GPUs in bus order, the address it
+    listens on; the working directory where the state directory is on the host (/var/lib/p2pkit)."""
+    import tomllib
+
+    doc = tomllib.loads(Path(Host.at(root).sim["profile"]).read_text())
+    serve = doc["serve"]
+    assert doc["engine"]["recipe"] == "ninfer", "this inventory is written for ninfer"
+    return {
+        "p2pkit_service_recipe": doc["engine"]["recipe"],
+        "p2pkit_service_profile": doc["profile"]["name"],
+        "p2pkit_service_command": [f"{doc['engine']['build_dir']}/build/apps/ninfer-serve", doc["model"]["output"]],
+        "p2pkit_service_flags": {**serve["flags"], "host": serve["host"], "port": serve["port"]},
+        "p2pkit_service_env": {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "0,1"},
+        "p2pkit_service_listen_host": serve["host"],
+        "p2pkit_service_work_dir": "/var/lib/p2pkit/engine",
+    }
+
+
+
 def playbook(book: str, inventory: Path, tmp: Path, *extra: str,
              collections: Path | None = None) -> tuple[subprocess.CompletedProcess, dict]:
     """ansible-playbook on its own (no p2pkit): the operator's inventory, and either the checkout's playbooks
@@ -89,7 +111,7 @@ def playbook(book: str, inventory: Path, tmp: Path, *extra: str,
 
 
 def write_inventory(path: Path, hostvars: dict) -> Path:
-    path.write_text(yaml.safe_dump({"all": {"hosts": {"sim": hostvars}}}))
+    path.write_text(yaml.safe_dump({"all": {"hosts": {"sim": hostvars}}}, sort_keys=False))  # flags in their order
     return path
 
 
@@ -304,20 +326,11 @@ def test_site_yml_alone_brings_a_host_through_every_acting_role_and_then_nothing
     from p2pkit.stages.service import act as svc
     from tests.test_collection import install_collection
 
-    ref, hand = sim("healthy", "ref"), sim("healthy", "site")
-    prof = config.load(Host.at(ref).sim["profile"])
-    prof = replace(prof, serve=replace(prof.serve, health_timeout_s=30.0))
-    # the service role's values as p2pkit hands them (its command lines written by writers.py), taken from
-    # a reference host's run and pointed at this one
-    lifecycle.place_engine(ref, prof)
-    ctx = pipeline.Ctx(profile=prof, host=Host.at(ref), store=Store(ref / "var/lib/p2pkit"), out=Output())
-    svc.act(ctx)
-    subprocess.run([str(ref / "usr/bin/systemctl"), "stop", svc.UNIT], check=True)
-    given = json.loads((ctx.store.dir / "logs/service.vars.json").read_text())
-    service = {k: v for k, v in given.items() if k.startswith("p2pkit_service_")}
-    lifecycle.place_engine(hand, prof)
+    hand = sim("healthy", "site")
+    prof = config.load(Host.at(hand).sim["profile"])
+    lifecycle.place_engine(hand, replace(prof, serve=replace(prof.serve, health_timeout_s=30.0)))
     shutil.rmtree(hand / prof.engine.build_dir.lstrip("/"))  # the engine role checks it out and builds it
-    hostvars = {**profile_vars(hand), **service, **engine_vars(prof)}
+    hostvars = {**profile_vars(hand), **service_vars_by_hand(hand), **engine_vars(prof)}
     inventory = write_inventory(tmp_path / "hosts.yml", hostvars)
     collections = install_collection(tmp_path / "controller")
     try:
@@ -326,6 +339,12 @@ def test_site_yml_alone_brings_a_host_through_every_acting_role_and_then_nothing
         plays = re.findall(r"^PLAY \[(.+?)\]", r.stdout, re.M)
         assert len(plays) == 4, plays
         assert svc.unit_alive(Host.at(hand)) and (hand / "etc/p2pkit/engine.env").is_file()
+        # the role wrote from the profile's values the very command line p2pkit starts the engine with
+        from p2pkit.rules import engine_cmd
+
+        unit = (hand / "etc/systemd/system/p2pkit-engine.service").read_text()
+        assert f"\nExecStart={svc.exec_start(engine_cmd.argv(prof))}\n" in unit, unit
+        assert "\nIPAddressDeny=any\nIPAddressAllow=localhost\n" in unit
         assert (hand / f"lib/modules/{KERNEL}/kernel/drivers/video/nvidia.ko").is_file()
         r, recap = playbook("p2pkit.host.site", inventory, tmp_path, collections=collections)
         assert r.returncode == 0 and recap["changed"] == 0, r.stdout[-3000:]  # every role idempotent

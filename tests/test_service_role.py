@@ -127,16 +127,17 @@ def test_without_a_required_variable_the_first_task_stops_naming_it(sim, tmp_pat
     first_task = r.stdout.split("TASK [", 2)[1]
     assert first_task.startswith("p2pkit.host.p2pkit_service : Validating arguments against arg spec 'main'"), \
         first_task
-    assert "FAILED" in first_task and "missing required arguments: p2pkit_service_exec_start, " \
-                                     "p2pkit_service_profile" in first_task
+    assert "FAILED" in first_task and "missing required arguments: p2pkit_service_command, " \
+                                     "p2pkit_service_listen_host, p2pkit_service_profile" in first_task
     assert r.stdout.count("TASK [") == 1  # nothing after it ran
     assert not (root / "etc/p2pkit").exists() and "p2pkit-engine" not in (root / "etc/passwd").read_text()
     # given empty, the role's own first task names them
     r = by_hand(root, tmp_path, {"p2pkit_root": str(root), "p2pkit_path": h.runner.path_env(),
                                  "p2pkit_service_recipe": "ninfer", "p2pkit_service_profile": "",
-                                 "p2pkit_service_exec_start": ""})
+                                 "p2pkit_service_command": [], "p2pkit_service_listen_host": ""})
     second_task = r.stdout.split("TASK [", 3)[2]
-    assert "FAILED" in second_task and "p2pkit_service_profile, p2pkit_service_exec_start" in second_task
+    assert "FAILED" in second_task and "p2pkit_service_profile, p2pkit_service_command, " \
+                                       "p2pkit_service_listen_host" in second_task
     assert r.returncode != 0 and r.stdout.count("TASK [") == 2  # nothing after it ran
     assert not (root / "etc/p2pkit").exists() and "p2pkit-engine" not in (root / "etc/passwd").read_text()
 

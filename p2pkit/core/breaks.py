@@ -19,54 +19,23 @@ text around it reads without being seen:
 - lone surrogates U+D800-DFFF: what a byte that is not UTF-8 turns into in an argument (surrogateescape),
   which no UTF-8 file can hold.
 
-BREAKS is that table, written out so that importing it costs nothing; tests/test_line_breaks.py proves it
-holds every character of those Unicode categories (Cc, Cf, Zl, Zp, Zs but U+0020, Cs) in this Python's
-Unicode database. p2pkit's own readers split a file only on \\n (`lines`): a break any other reader would
-see is refused before it is ever written, so a file p2pkit wrote reads the same to everyone; one it did not
-write is never split where systemd would not split it.
+BREAKS is that table (written out in p2pkit.core.unitenv, so that importing it costs nothing);
+tests/test_line_breaks.py proves it holds every character of those Unicode categories (Cc, Cf, Zl, Zp, Zs
+but U+0020, Cs) in this Python's Unicode database. p2pkit's own readers split a file only on \\n (`lines`):
+a break any other reader would see is refused before it is ever written, so a file p2pkit wrote reads the
+same to everyone; one it did not write is never split where systemd would not split it.
 """
 
 from __future__ import annotations
 
 import re
-import unicodedata
 
-BREAKS = re.compile(
-    "["
-    "\x00-\x1f\x7f-\x9f"  # C0 controls, DEL, C1 controls (U+0085 NEXT LINE)
-    "\u00a0\u00ad"  # NO-BREAK SPACE, SOFT HYPHEN
-    "\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2"  # Arabic and Syriac format characters, ARABIC LETTER MARK
-    "\u1680\u180e"  # OGHAM SPACE MARK, MONGOLIAN VOWEL SEPARATOR
-    "\u2000-\u200f"  # the typographic spaces, ZERO WIDTH SPACE/NON-JOINER/JOINER, LRM, RLM
-    "\u2028-\u202f"  # LINE and PARAGRAPH SEPARATOR, bidi embeddings and overrides, NARROW NO-BREAK SPACE
-    "\u205f-\u2064\u2066-\u206f"  # MEDIUM MATHEMATICAL SPACE, WORD JOINER, invisible operators, bidi isolates
-    "\u3000"  # IDEOGRAPHIC SPACE
-    "\ud800-\udfff"  # lone surrogates (bytes that are not UTF-8)
-    "\ufeff\ufff9-\ufffb"  # ZERO WIDTH NO-BREAK SPACE (BOM), interlinear annotation
-    "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
-    "\U000e0001\U000e0020-\U000e007f"  # LANGUAGE TAG, the tag characters
-    "]"
-)
+from p2pkit.core import unitenv
 
-_SHORT = {"\n": "a newline (\\n)", "\r": "a carriage return (\\r)", "\t": "a tab (\\t)", "\0": "a NUL byte"}
-_C1 = {0x85: "NEXT LINE"}  # the C1 control Unicode's database gives no name but is a line break
-_KIND = {"Zl": "a line break", "Zp": "a line break", "Zs": "a space other than U+0020",
-         "Cf": "an invisible format character", "Cs": "a lone surrogate (a byte that is not UTF-8)"}
-
-
-def name(ch: str) -> str:
-    """How an error message names a character: a newline, a tab, a printable one quoted, the rest by
-    code point and Unicode name (U+2028 LINE SEPARATOR, a line break)."""
-    if ch in _SHORT:
-        return _SHORT[ch]
-    cat = unicodedata.category(ch)
-    if cat == "Cc":
-        extra = f" ({_C1[ord(ch)]}, a line break)" if ord(ch) in _C1 else ""
-        return f"the control character U+{ord(ch):04X}{extra}"
-    if ch.isprintable() and not BREAKS.match(ch):
-        return f"the character {ch!r}"
-    uname = unicodedata.name(ch, "")
-    return f"U+{ord(ch):04X}{' ' + uname if uname else ''} ({_KIND.get(cat, 'an invisible character')})"
+# the table and the naming of a character live in p2pkit.core.unitenv (stdlib only: the p2pkit.host collection's
+# filter plugins use that very file); read here by their names
+BREAKS = unitenv.BREAKS
+name = unitenv.name
 
 
 def first(value: str) -> re.Match | None:

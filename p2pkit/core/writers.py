@@ -2,6 +2,8 @@
 cannot write safely, naming the value and the character. Nothing is pasted into such a file by
 string formatting anywhere else (DESIGN: "Seams that keep it simple").
 
+- systemd units and environment files: p2pkit.core.unitenv (stdlib only, shared with the p2pkit.host
+  collection's filter plugins), re-exported here with its refusal carried as UnsafeValue.
 - systemd units: setting values (`%` is a specifier: written `%%`), paths, Exec*= command lines
   (each word quoted, `\\` and `"` escaped, `%%` and `$$`), per systemd.unit(5), systemd.service(5).
 - environment files: NAME="value" with `\\`, `"`, `$` and backquote escaped (systemd's
@@ -19,6 +21,7 @@ table, p2pkit.core.breaks.BREAKS), fit none of them: refused everywhere.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -26,75 +29,44 @@ import shlex
 import tomllib
 from typing import Any
 
-from p2pkit.core import breaks, tomlwrite
+from p2pkit.core import breaks, tomlwrite, unitenv
 from p2pkit.core.errors import UsageError
 
 CONTROL = breaks.BREAKS  # what no file p2pkit writes may hold (the name it had when it was the C0 controls)
-UNIT_PLAIN = re.compile(r"^[A-Za-z0-9_./:=+,@-]+$")
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+UNIT_PLAIN, ENV_NAME = unitenv.UNIT_PLAIN, unitenv.ENV_NAME
 
 
 class UnsafeValue(UsageError):
     """A value that cannot be written into the target format without changing its meaning."""
 
 
+def _carried(write):
+    """One of p2pkit.core.unitenv's writers (the one writer of its format, shared with the p2pkit.host
+    collection's filter plugins), its refusal carried as p2pkit's own UnsafeValue: the same message and hint,
+    exit 2."""
+
+    @functools.wraps(write)
+    def carried(*args, **kwargs):
+        try:
+            return write(*args, **kwargs)
+        except unitenv.Refused as e:
+            raise UnsafeValue(e.message, hint=e.hint) from None
+
+    return carried
+
+
 def char_name(ch: str) -> str:
     return breaks.name(ch)
 
 
-def refuse_controls(what: str, value: str, fmt: str) -> str:
-    m = CONTROL.search(value)
-    if m:
-        raise UnsafeValue(f"{what} holds {char_name(m.group())}, which cannot be written into {fmt}",
-                          hint=f"remove it from {what}")
-    return value
-
-
-# systemd units ----------------------------------------------------------------------------------
-
-def unit_value(what: str, value: str) -> str:
-    """A free-text setting (Description=, a comment): one line, `%` escaped."""
-    return refuse_controls(what, str(value), "a systemd unit").replace("%", "%%")
-
-
-def unit_path(what: str, path: str) -> str:
-    """An absolute path setting (WorkingDirectory=, EnvironmentFile=, ReadWritePaths=, Condition*=)."""
-    path = refuse_controls(what, str(path), "a systemd unit")
-    if not path.startswith("/"):
-        raise UnsafeValue(f"{what} is not an absolute path: {path!r}", hint=f"give {what} as an absolute path")
-    bad = re.search(r"[\s\"'\\;]", path)
-    if bad:
-        raise UnsafeValue(f"{what} holds {char_name(bad.group())} ({path!r}), which a systemd path setting cannot "
-                          "hold", hint=f"use a path without it for {what}")
-    return path.replace("%", "%%")
-
-
-def _unit_word(word: str) -> str:
-    if UNIT_PLAIN.match(word):
-        return word.replace("%", "%%")
-    quoted = word.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$")
-    return f'"{quoted}"'
-
-
-def unit_exec(argv: list[str], what: str = "the command line") -> str:
-    """A command line for a systemd Exec*= setting: each word quoted when it needs it."""
-    words = [refuse_controls(what, str(a), "a systemd unit") for a in argv]
-    if not words or not words[0] or words[0][0] in "@-:+!|":
-        raise UnsafeValue(f"{what} starts with {words[0][:1]!r} if anything, which systemd reads as a prefix",
-                          hint="give the program as an absolute path")
-    return " ".join(_unit_word(w) for w in words)
-
-
-# environment files ------------------------------------------------------------------------------
-
-def env_line(name: str, value: str, what: str = "") -> str:
-    what = what or name
-    if not ENV_NAME.match(name):
-        raise UnsafeValue(f"{what}: {name!r} is not an environment variable name",
-                          hint="use letters, digits and _ (not starting with a digit)")
-    value = refuse_controls(what, str(value), "an environment file")
-    escaped = re.sub(r'([\\"$`])', r"\\\1", value)
-    return f'{name}="{escaped}"'
+# systemd units (unit_value, unit_path, unit_exec) and environment files (env_line, env_file): p2pkit.core.unitenv
+refuse_controls = _carried(unitenv.refuse_controls)
+unit_value = _carried(unitenv.unit_value)
+unit_path = _carried(unitenv.unit_path)
+unit_exec = _carried(unitenv.unit_exec)
+env_line = _carried(unitenv.env_line)
+env_file = _carried(unitenv.env_file)
+ip_filter = _carried(unitenv.ip_filter)  # the engine unit's IPAddressDeny=, IPAddressAllow=
 
 
 def env_value(raw: str) -> str:
@@ -228,12 +200,6 @@ class _EnvFileReader:
 
     def comment_escape(self, c: str) -> None:
         self.state = "pre_key" if c in _ENV_NEWLINE else "comment"
-
-
-def env_file(env: dict[str, str], header: str = "", what: str = "") -> str:
-    lines = [f"# {refuse_controls('the header', ln, 'a comment')}" for ln in breaks.lines(header)]
-    lines += [env_line(k, v, f"{what}.{k}" if what else k) for k, v in env.items()]
-    return "\n".join(lines) + "\n"
 
 
 # shell ------------------------------------------------------------------------------------------

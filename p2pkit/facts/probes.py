@@ -188,7 +188,7 @@ def _engine_archs(h: Host, profile):
 
 
 def _engine_env_file(h: Host):
-    path = "/etc/p2pkit/engine.env"
+    path = system.ENGINE_ENV_FILE
     if not h.exists(path):
         return {"path": path, "env": None}
     # read as systemd reads it: a line ends at \n or \r only (a U+2028 in a value is part of it)

@@ -197,17 +197,30 @@ def mapped_under(host: Host, pid: int, directory: str) -> dict:
     return {"pid": pid, "directory": directory, "mappings": maps, **({"unread": unread} if unread else {})}
 
 
-ENGINE_UNIT = "p2pkit-engine.service"
-ENGINE_ENV_FILE, ENGINE_SECRETS_FILE = "/etc/p2pkit/engine.env", "/etc/p2pkit/engine.secrets.env"
-# what the service stage writes (the service role's unit, slice and environment files): its gate's proof that
-# they are still the files it proved
-ENGINE_FILES = (f"/etc/systemd/system/{ENGINE_UNIT}", "/etc/systemd/system/p2pkit.slice", ENGINE_ENV_FILE,
-                ENGINE_SECRETS_FILE)
+# The engine's unit, environment files and user: the service role states them (its defaults/main.yml) and p2pkit
+# reads them there when first asked (module attributes ENGINE_UNIT, ENGINE_ENV_FILE, ENGINE_SECRETS_FILE,
+# ENGINE_USER, never read at import), and ENGINE_FILES: what the service stage writes (the service role's
+# unit, slice and environment files), its gate's proof that they are still the files it proved.
+SERVICE_ROLE = "p2pkit_service"
+_SERVICE_DEFAULTS = {"ENGINE_UNIT": "p2pkit_service_unit", "ENGINE_ENV_FILE": "p2pkit_service_env_file",
+                     "ENGINE_SECRETS_FILE": "p2pkit_service_secrets_file", "ENGINE_USER": "p2pkit_service_user"}
 BOOT_HOLD = "/etc/default/grub.d/61-p2pkit-boot-default.cfg"  # the kernel hook's boot default (P36)
 
 
-def service_main_pid(host: Host, unit: str = ENGINE_UNIT, timeout: float | None = None) -> int | None:
-    """The running unit's main PID as systemd reports it, or None."""
+def __getattr__(name: str):
+    if name in _SERVICE_DEFAULTS:
+        from p2pkit.core.role_defaults import role_default
+
+        return role_default(SERVICE_ROLE, _SERVICE_DEFAULTS[name])
+    if name == "ENGINE_FILES":
+        return (f"/etc/systemd/system/{__getattr__('ENGINE_UNIT')}", "/etc/systemd/system/p2pkit.slice",
+                __getattr__("ENGINE_ENV_FILE"), __getattr__("ENGINE_SECRETS_FILE"))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def service_main_pid(host: Host, unit: str | None = None, timeout: float | None = None) -> int | None:
+    """The running unit's main PID as systemd reports it (the engine's unit by default), or None."""
+    unit = unit or __getattr__("ENGINE_UNIT")
     r = host.runner.run(["systemctl", "show", "-p", "MainPID", "--value", unit], check=False, timeout=timeout)
     v = r.stdout.strip()
     return int(v) if v.isdigit() and int(v) > 0 else None

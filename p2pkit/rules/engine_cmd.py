@@ -73,6 +73,20 @@ def argv(p: Profile) -> list[str]:
     return engine(p).argv(p)
 
 
+def command(p: Profile) -> list[str]:
+    """The engine's command line before its flags: argv(p) is command(p) + the flags' words (flags_of)."""
+    return engine(p).command(p)
+
+
+def start_line(p: Profile) -> dict:
+    """One start's command line, computed once: the command before the flags, the flags (a mapping, as the
+    service role is given them) and the whole argv (what p2pkit's launcher runs and the unit's ExecStart
+    holds): the command, then the flags' words, which is how every engine module's argv(p) is made (none puts
+    a word after its flags; tests/test_engine_modules.py holds it)."""
+    cmd, flags = command(p), flags_of(p)
+    return {"command": cmd, "flags": flags, "argv": [*cmd, *engine_flags.words(flags)]}
+
+
 def unknown_flags(p: Profile) -> list[str]:
     """The flags the engine does not know."""
     return sorted(set(flags_of(p)) - set(engine(p).FLAGS))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from p2pkit.core import secrets
+from p2pkit.core import secrets, unitenv
 from p2pkit.core.config import _shown as shown  # a value as a profile error shows it: cut short
 
 MAX_CONTEXT = 1 << 24  # a context beyond 2^24 tokens is no engine's
@@ -46,17 +46,7 @@ def with_path(flags: dict[str, Flag], kind: str) -> tuple[str, ...]:
     return tuple(k for k, f in flags.items() if f.path == kind)
 
 
-def words(flags: dict) -> list[str]:
-    """The flags as command-line words: `--name value`, a switch (true) bare, false or no value left out."""
-    out = []
-    for k, v in flags.items():
-        if v is True:
-            out.append(f"--{k}")
-        elif v is False or v is None:
-            continue
-        else:
-            out += [f"--{k}", str(v)]
-    return out
+words = unitenv.words  # the flags as command-line words: the one definition, shared with the service role
 
 
 def model_path(p) -> str:

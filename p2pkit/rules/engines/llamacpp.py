@@ -49,8 +49,15 @@ def flags_of(p) -> dict:
     return flags.with_listen(p, p.serve.flags)
 
 
+def command(p) -> list[str]:
+    """The command line's words before the flags (the service role's p2pkit_service_command)."""
+    return [binary(p), "-m", p.model.output]
+
+
 def argv(p) -> list[str]:
-    return [binary(p), "-m", p.model.output, *flags.words(flags_of(p))]
+    """The whole command line: command(p), then the flags as words, and nothing after them (the service role
+    builds ExecStart the same way from the command and the flags)."""
+    return [*command(p), *flags.words(flags_of(p))]
 
 
 def flag_problems(f: dict) -> list[tuple[str, str]]:

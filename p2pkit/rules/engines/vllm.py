@@ -45,8 +45,15 @@ def flags_of(p) -> dict:
     return dict(p.serve.flags) if p.serve.flags.get("headless") else flags.with_listen(p, p.serve.flags)
 
 
+def command(p) -> list[str]:
+    """The command line's words before the flags (the service role's p2pkit_service_command)."""
+    return [binary(p), "-m", MODULE, "--model", flags.model_path(p)]
+
+
 def argv(p) -> list[str]:
-    return [binary(p), "-m", MODULE, "--model", flags.model_path(p), *flags.words(flags_of(p))]
+    """The whole command line: command(p), then the flags as words, and nothing after them (the service role
+    builds ExecStart the same way from the command and the flags)."""
+    return [*command(p), *flags.words(flags_of(p))]
 
 
 def _dash_value(k: str, v) -> str | None:

@@ -56,30 +56,27 @@ CAUSES = (
 
 
 def exec_start(argv: list[str]) -> str:
-    """The unit's ExecStart: the engine's command line (engine_cmd.argv) as systemd reads it."""
+    """The unit's ExecStart: the engine's command line (engine_cmd.argv) as systemd reads it (the service role
+    writes it with the same writer, from the command and the flags)."""
     return writers.unit_exec(argv)
 
 
 NCCL_ENV = "/run/p2pkit-engine/nccl.env"
 
 
-def exec_start_pre(profile) -> str:
+def exec_start_pre(profile) -> list[str]:
     """For NCCL over RoCE: `p2pkit net hca --env-file` before every start, so the RDMA device names
     are this boot's (P24). Empty when the profile does not use RoCE."""
     if not profile.network.require_roce:
-        return ""
-    return writers.unit_exec([own_executable(), "--root", "/", *profile.cli_args(), "net", "hca", "--env-file",
-                              NCCL_ENV])
+        return []
+    return [own_executable(), "--root", "/", *profile.cli_args(), "net", "hca", "--env-file", NCCL_ENV]
 
 
 def ip_filter(p) -> tuple[str, str]:
     """IPAddressDeny/Allow: loopback only, unless the API is public or the engine spans nodes (the
-    rendezvous and NCCL's bootstrap cross the fabric: network.fabric_cidr, or no filter)."""
-    if p.serve.host in ("0.0.0.0", "::"):
-        return "", ""
-    if engine_cmd.node(p)["role"] != "single":
-        return ("any", f"localhost {p.network.fabric_cidr}") if p.network.fabric_cidr else ("", "")
-    return "any", "localhost"
+    rendezvous and NCCL's bootstrap cross the fabric: network.fabric_cidr, or no filter). The rule is
+    p2pkit.core.unitenv's, which the service role's ip_filter filter applies to the same values."""
+    return writers.ip_filter(p.serve.host, engine_cmd.node(p)["role"], p.network.fabric_cidr or "")
 
 
 def act(ctx) -> dict:
@@ -97,11 +94,12 @@ def act(ctx) -> dict:
     fit_before_start(ctx)
     if engine_cmd.engine(p).CHECKS_HELP:
         acted["flags_checked"] = flags_accepted(ctx)
-    argv = engine_cmd.argv(p)  # this start's command line, once: the unit's ExecStart and the launcher's alike
-    v = service_vars(ctx, argv)
+    # this start's command line, once: the role's command and flags (its ExecStart) and the launcher's argv alike
+    line = engine_cmd.start_line(p)
+    v = service_vars(ctx, line)
     mark = log_mark(ctx)
     if service_launcher.manager(ctx) == "launcher":  # systemd is not PID 1 here
-        acted.update(service_launcher.act(ctx, v, user=SERVICE_USER, argv=argv))
+        acted.update(service_launcher.act(ctx, v, user=SERVICE_USER, argv=line["argv"]))
         acted["started_at"] = time.time()
         if acted.get("launcher", {}).get("started") is not False:
             acted["log_from"] = mark
@@ -129,35 +127,47 @@ def flags_accepted(ctx) -> list[str]:
     return sorted(used)
 
 
-def service_vars(ctx, argv: list[str] | None = None) -> dict:
-    """The service role's variables: every value from the profile already written by the writer of
-    the file it lands in (p2pkit.core.writers), secrets only in the text of the 0600 file. `argv`: this
-    start's command line (engine_cmd.argv, computed once by the act)."""
+def service_vars(ctx, line: dict | None = None) -> dict:
+    """The service role's variables: the profile's values as they are (the engine's command and its flags, the
+    environment and the secrets as mappings, the listening address, this node's role, the fabric), which the
+    role writes into the unit and the environment files with p2pkit's own writers (p2pkit.core.unitenv, the
+    collection's filters). Each is first written here by the same writers, so a value a file cannot hold is
+    refused before a playbook runs (UnsafeValue, exit 2, naming the profile's key). `line`: this start's
+    command line (engine_cmd.start_line, computed once by the act)."""
     p = ctx.profile
-    deny, allow = ip_filter(p)
+    line = engine_cmd.start_line(p) if line is None else line
     # the whole environment (P16 NCCL, P17 GGML_CUDA_P2P, P30 NCCL_P2P_LEVEL, [serve.env] last):
     # p2pkit/rules/engine_env.py
     env = engine_env.engine_env(p, engine_env.pair_level(ctx.host, p))
     plain, secret = secrets.split_env(env, p.secret_names())
+    work_dir = f"{ctx.host.host_path(ctx.store.dir)}/engine"
+    pre = exec_start_pre(p)
+    # refused here, named by the profile's keys, before anything is written (the role refuses the same)
+    exec_start(line["argv"])
+    if pre:
+        writers.unit_exec(pre)
+    writers.unit_value("the profile's name", p.source)
+    writers.unit_path("the state directory", work_dir)
+    for k, v in plain.items():
+        writers.env_line(k, v, f"serve.env.{k}" if k in p.serve.env else k)
+    writers.env_file(secret, "", "serve.env")
+    ip_filter(p)
     return {
         "p2pkit_service_recipe": p.engine.recipe,
-        "p2pkit_service_profile": writers.unit_value("the profile's name", p.source),
-        "p2pkit_service_exec_start": exec_start(engine_cmd.argv(p) if argv is None else argv),
-        "p2pkit_service_exec_start_pre": exec_start_pre(p),
-        "p2pkit_service_user": SERVICE_USER,
-        "p2pkit_service_env_file": ENV_FILE,
-        "p2pkit_service_secrets_file": SECRETS_FILE,
-        "p2pkit_service_work_dir": writers.unit_path("the state directory", f"{ctx.host.host_path(ctx.store.dir)}"
-                                                                            "/engine"),
-        "p2pkit_service_env_lines": [writers.env_line(k, v, f"serve.env.{k}" if k in p.serve.env else k)
-                                     for k, v in plain.items()],
-        "p2pkit_service_secret_env": writers.env_file(secret, "Written by p2pkit: the engine's secrets (root only)",
-                                                      "serve.env"),
-        "p2pkit_service_ip_deny": writers.unit_value("the IP filter", deny),
-        "p2pkit_service_ip_allow": writers.unit_value("the IP filter", allow),
+        "p2pkit_service_profile": p.source,
+        "p2pkit_service_command": line["command"],
+        "p2pkit_service_flags": line["flags"],
+        "p2pkit_service_exec_start_pre": pre,
+        "p2pkit_service_work_dir": work_dir,
+        "p2pkit_service_env": plain,
+        "p2pkit_service_secrets": secret,
+        "p2pkit_service_listen_host": p.serve.host,
+        "p2pkit_service_node_role": engine_cmd.node(p)["role"],
+        "p2pkit_service_fabric_cidr": p.network.fabric_cidr or "",
     }
 
 
+# the role's defaults, read by p2pkit (p2pkit.host.system): the env files and the engine's user
 ENV_FILE, SECRETS_FILE = system.ENGINE_ENV_FILE, system.ENGINE_SECRETS_FILE
 
 
@@ -512,7 +522,7 @@ def measure(ctx, acted: dict | None = None) -> dict:
     return {"service": res}
 
 
-SERVICE_USER = "p2pkit-engine"
+SERVICE_USER = system.ENGINE_USER  # the service role's p2pkit_service_user
 
 
 def user_access(ctx) -> dict:

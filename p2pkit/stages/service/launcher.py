@@ -57,7 +57,7 @@ def logs(host: Host, n: int = 30) -> list[str]:
 def act(ctx, v: dict, *, user: str, argv: list[str] | None = None) -> dict:
     """The service role without a unit (the engine's user, working directory and environment files),
     then the engine's start (a restart when the role changed something it reads, or its command line
-    changed, while it runs). `argv`: this start's command line (engine_cmd.argv, computed once by the act)."""
+    changed, while it runs). `argv`: this start's command line (engine_cmd.start_line, computed once by the act)."""
     argv = engine_cmd.argv(ctx.profile) if argv is None else argv
     acted = run_playbook(ctx, "service", {**v, "p2pkit_service_manager": "launcher"})
     changed = bool(acted.get("changed"))  # Ansible's own count: the role wrote or made something

@@ -1,0 +1,168 @@
+"""The writers of the two formats the engine's service is written in, and the words its command line is
+made of: one module that imports nothing but the standard library, so that p2pkit (p2pkit.core.writers,
+rules/engines/flags.py) and the p2pkit.host collection's filter plugins (plugins/module_utils/unitenv.py is a
+relative symlink to this file; `ansible-galaxy collection build` copies it in as a file) write the same bytes
+and refuse the same values.
+
+- systemd units: setting values (`%` is a specifier: written `%%`), paths, Exec*= command lines (each word
+  quoted, `\\` and `"` escaped, `%%` and `$$`), per systemd.unit(5), systemd.service(5); the IP filter
+  (IPAddressDeny/Allow) of the engine's unit.
+- environment files: NAME="value" with `\\`, `"`, `$` and backquote escaped (systemd's EnvironmentFile=
+  parser, src/basic/env-file.c, and a POSIX shell read them the same way).
+- an engine's flags as command-line words: `--name value`, a switch (true) bare, false or no value left out.
+
+BREAKS is the one table of the characters no file p2pkit writes may hold (p2pkit.core.breaks explains it and
+re-exports it): each writer refuses them, raising Refused (a message naming the value and the character, a
+hint naming the fix); p2pkit.core.writers carries it as UnsafeValue (exit 2), a filter plugin as Ansible's
+filter error.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+BREAKS = re.compile(
+    "["
+    "\x00-\x1f\x7f-\x9f"  # C0 controls, DEL, C1 controls (U+0085 NEXT LINE)
+    "\u00a0\u00ad"  # NO-BREAK SPACE, SOFT HYPHEN
+    "\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2"  # Arabic and Syriac format characters, ARABIC LETTER MARK
+    "\u1680\u180e"  # OGHAM SPACE MARK, MONGOLIAN VOWEL SEPARATOR
+    "\u2000-\u200f"  # the typographic spaces, ZERO WIDTH SPACE/NON-JOINER/JOINER, LRM, RLM
+    "\u2028-\u202f"  # LINE and PARAGRAPH SEPARATOR, bidi embeddings and overrides, NARROW NO-BREAK SPACE
+    "\u205f-\u2064\u2066-\u206f"  # MEDIUM MATHEMATICAL SPACE, WORD JOINER, invisible operators, bidi isolates
+    "\u3000"  # IDEOGRAPHIC SPACE
+    "\ud800-\udfff"  # lone surrogates (bytes that are not UTF-8)
+    "\ufeff\ufff9-\ufffb"  # ZERO WIDTH NO-BREAK SPACE (BOM), interlinear annotation
+    "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
+    "\U000e0001\U000e0020-\U000e007f"  # LANGUAGE TAG, the tag characters
+    "]"
+)
+
+_SHORT = {"\n": "a newline (\\n)", "\r": "a carriage return (\\r)", "\t": "a tab (\\t)", "\0": "a NUL byte"}
+_C1 = {0x85: "NEXT LINE"}  # the C1 control Unicode's database gives no name but is a line break
+_KIND = {"Zl": "a line break", "Zp": "a line break", "Zs": "a space other than U+0020",
+         "Cf": "an invisible format character", "Cs": "a lone surrogate (a byte that is not UTF-8)"}
+
+
+def name(ch: str) -> str:
+    """How an error message names a character: a newline, a tab, a printable one quoted, the rest by
+    code point and Unicode name (U+2028 LINE SEPARATOR, a line break)."""
+    if ch in _SHORT:
+        return _SHORT[ch]
+    cat = unicodedata.category(ch)
+    if cat == "Cc":
+        extra = f" ({_C1[ord(ch)]}, a line break)" if ord(ch) in _C1 else ""
+        return f"the control character U+{ord(ch):04X}{extra}"
+    if ch.isprintable() and not BREAKS.match(ch):
+        return f"the character {ch!r}"
+    uname = unicodedata.name(ch, "")
+    return f"U+{ord(ch):04X}{' ' + uname if uname else ''} ({_KIND.get(cat, 'an invisible character')})"
+
+
+class Refused(ValueError):
+    """A value that cannot be written into the target format without changing its meaning."""
+
+    def __init__(self, message: str, hint: str = ""):
+        super().__init__(message)
+        self.message, self.hint = message, hint
+
+
+UNIT_PLAIN = re.compile(r"^[A-Za-z0-9_./:=+,@-]+$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def refuse_controls(what: str, value: str, fmt: str) -> str:
+    m = BREAKS.search(value)
+    if m:
+        raise Refused(f"{what} holds {name(m.group())}, which cannot be written into {fmt}",
+                      hint=f"remove it from {what}")
+    return value
+
+
+# systemd units ----------------------------------------------------------------------------------
+
+def unit_value(what: str, value: str) -> str:
+    """A free-text setting (Description=, a comment): one line, `%` escaped."""
+    return refuse_controls(what, str(value), "a systemd unit").replace("%", "%%")
+
+
+def unit_path(what: str, path: str) -> str:
+    """An absolute path setting (WorkingDirectory=, EnvironmentFile=, ReadWritePaths=, Condition*=)."""
+    path = refuse_controls(what, str(path), "a systemd unit")
+    if not path.startswith("/"):
+        raise Refused(f"{what} is not an absolute path: {path!r}", hint=f"give {what} as an absolute path")
+    bad = re.search(r"[\s\"'\\;]", path)
+    if bad:
+        raise Refused(f"{what} holds {name(bad.group())} ({path!r}), which a systemd path setting cannot hold",
+                      hint=f"use a path without it for {what}")
+    return path.replace("%", "%%")
+
+
+def _unit_word(word: str) -> str:
+    if UNIT_PLAIN.match(word):
+        return word.replace("%", "%%")
+    quoted = word.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$")
+    return f'"{quoted}"'
+
+
+def unit_exec(argv: list[str], what: str = "the command line") -> str:
+    """A command line for a systemd Exec*= setting: each word quoted when it needs it."""
+    words = [refuse_controls(what, str(a), "a systemd unit") for a in argv]
+    if not words or not words[0] or words[0][0] in "@-:+!|":
+        raise Refused(f"{what} starts with {words[0][:1] if words else ''!r} if anything, which systemd reads as "
+                      "a prefix", hint="give the program as an absolute path")
+    return " ".join(_unit_word(w) for w in words)
+
+
+def ip_filter(listen_host: str, node_role: str, fabric_cidr: str = "") -> tuple[str, str]:
+    """The engine unit's IPAddressDeny= and IPAddressAllow= ("" and "": no filter): loopback only, unless the
+    API listens on every address or the engine spans nodes (its rendezvous and NCCL's bootstrap cross the
+    fabric: the fabric's CIDR, or no filter when none is given)."""
+    if listen_host in ("0.0.0.0", "::"):
+        return "", ""
+    if node_role != "single":
+        return ("any", unit_value("the IP filter", f"localhost {fabric_cidr}")) if fabric_cidr else ("", "")
+    return "any", "localhost"
+
+
+# environment files ------------------------------------------------------------------------------
+
+def env_line(name_: str, value: str, what: str = "") -> str:
+    what = what or name_
+    if not ENV_NAME.match(str(name_)):
+        raise Refused(f"{what}: {name_!r} is not an environment variable name",
+                      hint="use letters, digits and _ (not starting with a digit)")
+    value = refuse_controls(what, str(value), "an environment file")
+    escaped = re.sub(r'([\\"$`])', r"\\\1", value)
+    return f'{name_}="{escaped}"'
+
+
+def env_file(env: dict, header: str = "", what: str = "") -> str:
+    """A whole environment file: the header as comment lines, then one env_line per variable. `what`: the
+    table the variables come from (an error names `what.NAME`)."""
+    lines = [f"# {refuse_controls('the header', ln, 'a comment')}" for ln in _lines(header)]
+    lines += [env_line(k, v, f"{what}.{k}" if what else k) for k, v in env.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _lines(text: str) -> list[str]:
+    out = text.split("\n")
+    if out and out[-1] == "":
+        out.pop()
+    return out
+
+
+# command-line words -----------------------------------------------------------------------------
+
+def words(flags: dict) -> list[str]:
+    """The flags as command-line words: `--name value`, a switch (true) bare, false or no value left out."""
+    out = []
+    for k, v in flags.items():
+        if v is True:
+            out.append(f"--{k}")
+        elif v is False or v is None:
+            continue
+        else:
+            out += [f"--{k}", str(v)]
+    return out

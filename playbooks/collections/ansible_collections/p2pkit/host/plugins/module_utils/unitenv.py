@@ -1,0 +1,1 @@
+../../../../../../../p2pkit/core/unitenv.py

@@ -1,0 +1,157 @@
+"""The service role and p2pkit write the engine's files with one writer per format (issue 39 item 3):
+p2pkit/core/unitenv.py imports nothing but the standard library and is the file the p2pkit.host
+collection's filter plugins import (plugins/module_utils/unitenv.py, a relative symlink to it); what the
+role and p2pkit both state (the unit's name, the environment files, the engine's user) is the role's
+defaults/main.yml, which p2pkit reads when first asked, never at the import of what doctor imports; a
+value the files cannot hold is refused by the role before it writes anything, as p2pkit refuses it
+before a playbook runs."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from p2pkit.core import unitenv, writers
+from p2pkit.host import system
+from p2pkit.stages.service import act as svc
+from tests.conftest import REPO
+
+COLLECTION = REPO / "playbooks/collections/ansible_collections/p2pkit/host"
+ROLE = COLLECTION / "roles/p2pkit_service"
+
+
+def test_what_python_and_the_role_both_state_is_the_roles_default():
+    defaults = yaml.safe_load((ROLE / "defaults/main.yml").read_text())
+    assert system.ENGINE_UNIT == defaults["p2pkit_service_unit"] == svc.UNIT
+    assert system.ENGINE_ENV_FILE == defaults["p2pkit_service_env_file"] == svc.ENV_FILE
+    assert system.ENGINE_SECRETS_FILE == defaults["p2pkit_service_secrets_file"] == svc.SECRETS_FILE
+    assert system.ENGINE_USER == defaults["p2pkit_service_user"] == svc.SERVICE_USER
+    assert (f"/etc/systemd/system/{defaults['p2pkit_service_unit']}",
+                                   "/etc/systemd/system/p2pkit.slice", defaults["p2pkit_service_env_file"],
+                                   defaults["p2pkit_service_secrets_file"]) == system.ENGINE_FILES
+    with pytest.raises(AttributeError):
+        _ = system.ENGINE_NOTHING
+    # stated once: no Python module of p2pkit spells them out again
+    for f in (REPO / "p2pkit").rglob("*.py"):
+        if "sim" in f.relative_to(REPO / "p2pkit").parts:
+            continue
+        # (the launcher's cgroup is named p2pkit-engine too: another thing, its own name)
+        text = "\n".join(ln for ln in f.read_text().splitlines() if not ln.startswith("CGROUP_NAME = "))
+        for value in ('"/etc/p2pkit/engine.env"', '"/etc/p2pkit/engine.secrets.env"', '"p2pkit-engine.service"',
+                      '"p2pkit-engine"'):
+            assert value not in text, (f, value)
+
+
+def test_doctors_modules_read_no_yaml_at_import():
+    code = ("import sys; import p2pkit.cli.main, p2pkit.app.doctor, p2pkit.host.system, p2pkit.facts.probes; "
+            "from p2pkit.core import role_defaults as rd; "
+            "print(int('yaml' in sys.modules), rd.role_defaults.cache_info().currsize)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert r.stdout.split() == ["0", "0"], r.stdout + r.stderr
+
+
+def test_unitenv_imports_only_the_standard_library_and_the_collection_links_to_it():
+    tree = ast.parse((REPO / "p2pkit/core/unitenv.py").read_text())
+    names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert names <= set(sys.stdlib_module_names) | {"__future__"}, names
+    link = COLLECTION / "plugins/module_utils/unitenv.py"
+    assert link.is_symlink() and not os.readlink(link).startswith("/"), "a relative symlink"
+    assert link.resolve() == (REPO / "p2pkit/core/unitenv.py").resolve()
+    # the filter plugin imports it from the collection, and p2pkit's writers and flag words are its functions
+    plugin = (COLLECTION / "plugins/filter/unitenv.py").read_text()
+    assert "from ansible_collections.p2pkit.host.plugins.module_utils import unitenv" in plugin
+    from p2pkit.rules.engines import flags
+
+    assert flags.words is unitenv.words and writers.unit_exec.__wrapped__ is unitenv.unit_exec
+    assert writers.env_file.__wrapped__ is unitenv.env_file
+
+
+def test_a_refusal_keeps_p2pkits_message_and_exit_code():
+    with pytest.raises(writers.UnsafeValue) as e:
+        writers.env_line("X", "a\nb", "serve.env.X")
+    assert e.value.message == "serve.env.X holds a newline (\\n), which cannot be written into an environment file"
+    assert e.value.hint == "remove it from serve.env.X" and e.value.code == 2
+    with pytest.raises(unitenv.Refused) as r:
+        unitenv.env_line("1X", "v")
+    assert r.value.message == "1X: '1X' is not an environment variable name"
+
+
+def test_the_filters_write_what_p2pkits_writers_write():
+    """The filter plugin loaded as Ansible loads it (from the collection on its path), over the same values."""
+    code = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from ansible_collections.p2pkit.host.plugins.filter.unitenv import FilterModule
+f = FilterModule().filters()
+out = {"exec": f["unit_exec"](["/opt/e/serve", "a b", "100%", "$HOME"] + f["flag_words"](
+           {"tp": 2, "vision": True, "quiet": False, "x": None, "name": 'q"x'})),
+       "env": f["env_file"]({"A": "1", "B": 'x"$`y'}, "h"), "ip": f["ip_filter"]("127.0.0.1", "head", "10.0.0.0/24"),
+       "value": f["unit_value"]("50%", "w"), "path": f["unit_path"]("/var/lib/p2pkit/engine", "w")}
+try:
+    f["unit_exec"](["/opt/e/serve", "a\\nb"], "the command line of the engine")
+except Exception as e:
+    from ansible.errors import AnsibleFilterError
+    out["refused"] = [isinstance(e, AnsibleFilterError), str(e)]
+print(json.dumps(out))
+"""
+    r = subprocess.run([sys.executable, "-c", code, str(REPO / "playbooks/collections")], capture_output=True,
+                       text=True, check=True)
+    got = json.loads(r.stdout)
+    argv = ["/opt/e/serve", "a b", "100%", "$HOME", "--tp", "2", "--vision", "--name", 'q"x']
+    assert got["exec"] == writers.unit_exec(argv) == svc.exec_start(argv)
+    assert got["env"] == writers.env_file({"A": "1", "B": 'x"$`y'}, "h")
+    assert got["ip"] == ["any", "localhost 10.0.0.0/24"]
+    assert got["value"] == "50%%" and got["path"] == "/var/lib/p2pkit/engine"
+    assert got["refused"] == [True, "the command line of the engine holds a newline (\\n), which "
+                              "cannot be written into a systemd unit (remove it from the command line of the engine)"]
+
+
+@pytest.mark.parametrize("key,value,said", [
+    ("p2pkit_service_flags", {"model-id": "a\nExecStartPre=/bin/evil"},
+     "the command line of the engine holds a newline (\\n), which cannot be written into a systemd unit"),
+    ("p2pkit_service_env", {"1BAD": "x"}, "p2pkit_service_env.1BAD: '1BAD' is not an environment variable name"),
+    ("p2pkit_service_secrets", {"HF_TOKEN": "s3cret\u2028X=1"},
+     "p2pkit_service_secrets.HF_TOKEN holds U+2028 LINE SEPARATOR (a line break), which cannot be written into an "
+     "environment file"),
+])
+@pytest.mark.slow
+def test_the_role_alone_refuses_a_value_the_files_cannot_hold_before_it_writes_anything(sim, tmp_path, key, value,
+                                                                                           said):
+    from tests.test_roles import playbook, profile_vars, service_vars_by_hand, write_inventory
+
+    root = sim("healthy")
+    given = {**profile_vars(root), **service_vars_by_hand(root)}
+    given[key] = {**given.get(key, {}), **value}
+    before = sorted(str(p) for p in root.rglob("*"))
+    r, recap = playbook("service.yml", write_inventory(tmp_path / "hosts.yml", given), tmp_path)
+    assert r.returncode != 0 and recap["failed"] == 1, r.stdout[-3000:]
+    assert said in r.stdout, r.stdout[-3000:]
+    assert "s3cret" not in r.stdout
+    assert sorted(str(p) for p in root.rglob("*")) == before  # nothing written, no user made
+    assert "p2pkit-engine" not in (root / "etc/passwd").read_text()
+
+
+@pytest.mark.slow
+def test_the_collection_tarball_holds_the_writer_as_a_file(tmp_path):
+    """`ansible-galaxy collection build` copies the symlinked module_utils file in as a regular file, so an
+    installed collection runs without p2pkit's tree."""
+    exe = Path(sys.executable).parent / "ansible-galaxy"
+    env = {**os.environ, "ANSIBLE_HOME": str(tmp_path / ".ansible"), "ANSIBLE_LOCAL_TEMP": str(tmp_path / "t")}
+    r = subprocess.run([str(exe), "collection", "build", str(COLLECTION), "--output-path", str(tmp_path)],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (tarball,) = tmp_path.glob("p2pkit-host-*.tar.gz")
+    with tarfile.open(tarball) as t:
+        m = t.getmember("plugins/module_utils/unitenv.py")
+        assert m.isfile()
+        assert t.extractfile(m).read() == (REPO / "p2pkit/core/unitenv.py").read_bytes()
+        assert t.getmember("plugins/filter/unitenv.py").isfile()
