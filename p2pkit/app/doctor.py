@@ -4,13 +4,11 @@ the findings that name it, or "n/a" and why none does on this profile."""
 
 from __future__ import annotations
 
-from p2pkit.app import paste as paste_checks
 from p2pkit.app.pipeline import not_applicable
 from p2pkit.core.config import Profile
 from p2pkit.core.errors import UsageError
 from p2pkit.core.output import Output
 from p2pkit.facts import collect as facts_mod
-from p2pkit.parse import paste
 from p2pkit.rules.findings import ERROR, FAIL, PASS, PENDING, SKIP, WARN
 from p2pkit.rules.pitfalls import CHECKED_BY, PITFALLS
 from p2pkit.stages import registry
@@ -71,7 +69,11 @@ def why_none(pid: str, profile: Profile) -> str:
 
 def from_paste(text: str, profile: Profile, source: str) -> dict:
     """A pasted output of a known kind judged like a host's facts: one group, "paste", whose findings
-    name the pitfall and its fix. A paste of no known kind is refused, naming the kinds."""
+    name the pitfall and its fix. A paste of no known kind is refused, naming the kinds. Its readers are imported
+    here: a host's doctor never uses them (issue 38 item 9: doctor's imports)."""
+    from p2pkit.app import paste as paste_checks
+    from p2pkit.parse import paste
+
     kind = paste.kind(text)
     if kind is None:
         known = "; ".join(f"{k}: {v}" for k, v in paste.KINDS.items())

@@ -8,7 +8,6 @@ changed or re-run earlier stage breaks the chain and makes the later ones stale.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -58,6 +57,8 @@ def read_json(path: Path, what: str, fix: str) -> Any:
 
 def self_digest(doc: dict[str, Any]) -> str:
     """sha256 of the document without its "digest" key, in canonical JSON."""
+    import hashlib  # here: doctor writes no artifact, and hashlib loads OpenSSL (issue 38 item 9)
+
     body = {k: v for k, v in doc.items() if k != "digest"}
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
@@ -80,6 +81,8 @@ class Store:
         return self.path(stage).is_file()
 
     def digest(self, stage: str) -> str | None:
+        import hashlib
+
         try:
             return hashlib.sha256(self.path(stage).read_bytes()).hexdigest()
         except FileNotFoundError:

@@ -7,7 +7,6 @@ got "615"` for every problem at once.
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 import json
 import math
@@ -15,12 +14,10 @@ import os
 import posixpath
 import re
 import shlex
-import socket
 import stat
 import tomllib
 import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -284,6 +281,8 @@ class Profile:
         for name in sorted(sections):
             sec, _, key = name.partition(".")
             doc[name] = getattr(getattr(self, sec), key) if key else asdict(getattr(self, sec))
+        import hashlib  # here, as socket and importlib.resources below: not on doctor's path (issue 38 item 9)
+
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
     def as_dict(self) -> dict:
@@ -316,8 +315,8 @@ class Profile:
         return self.profile.name
 
 
-SECTIONS: dict[str, type] = {
-    f_.name: typing.get_type_hints(Profile)[f_.name] for f_ in fields(Profile)
+SECTIONS: dict[str, type] = {  # Profile's type hints read once, not once a field (2 ms of every start)
+    f_.name: hints[f_.name] for hints in [typing.get_type_hints(Profile)] for f_ in fields(Profile)
     if f_.name not in ("source", "overrides", "stored_secrets")
 }
 
@@ -668,6 +667,8 @@ def public_address(host: str) -> str:
         return "" if loopback(host) else "is not a loopback address"
     except ValueError:
         pass
+    import socket
+
     try:
         addrs = sorted({a[4][0] for a in socket.getaddrinfo(host, None)})
     except (OSError, UnicodeError):
@@ -791,13 +792,24 @@ def escaping_paths(p: Profile, realpath, state_dir: str | None = None) -> list[t
     return out
 
 
+def builtin_dir():
+    """The built-in profiles' folder: p2pkit/profiles as a Path where p2pkit lies in a folder (as pip installs
+    it: what importlib.resources.files gives there too, without importing its readers and zipfile), else
+    importlib.resources' view of the package."""
+    here = Path(__file__).parent.parent / "profiles"
+    if (here / "__init__.py").is_file():
+        return here
+    from importlib import resources
+
+    return resources.files("p2pkit.profiles")
+
+
 def builtin_names() -> list[str]:
-    return sorted(p.name.removesuffix(".toml") for p in resources.files("p2pkit.profiles").iterdir()
-                  if p.name.endswith(".toml"))
+    return sorted(p.name.removesuffix(".toml") for p in builtin_dir().iterdir() if p.name.endswith(".toml"))
 
 
 def builtin_path(name: str):
-    return resources.files("p2pkit.profiles") / f"{name}.toml"
+    return builtin_dir() / f"{name}.toml"
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -887,7 +899,7 @@ def load(name_or_path: str | None, overrides: tuple[str, ...] | list[str] = (),
     name_or_path = name_or_path or DEFAULT_PROFILE
     path = Path(name_or_path)
     if name_or_path in builtin_names():
-        text = (resources.files("p2pkit.profiles") / f"{name_or_path}.toml").read_text()
+        text = builtin_path(name_or_path).read_text()
         source = name_or_path
     elif path.suffix == ".toml" or path.exists():
         text = read_profile_file(path)

@@ -17,10 +17,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from p2pkit import __version__
-from p2pkit.core import hoststate
 from p2pkit.core.errors import P2pkitError, UsageError
 from p2pkit.core.secrets import REDACTED, is_secret
-from p2pkit.facts import types as fact_types
 from p2pkit.facts.table import TABLE, read
 from p2pkit.host import Host
 
@@ -101,6 +99,8 @@ def record(host: Host, profile=None) -> dict:
 
 def recorded_profile(profile) -> dict:
     """The profile whole, secrets (serve.env values named or marked as such) shown as <redacted>."""
+    from p2pkit.core import hoststate  # here, not above: `doctor` imports this module to start its facts early
+
     values = profile.as_dict()
     env = values["serve"]["env"]
     values["serve"]["env"] = {k: REDACTED if is_secret(k, profile.secret_names()) else v for k, v in env.items()}
@@ -109,6 +109,8 @@ def recorded_profile(profile) -> dict:
 
 
 def load_recorded(path: Path) -> dict:
+    from p2pkit.facts import types as fact_types
+
     try:
         doc = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:

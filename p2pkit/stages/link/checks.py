@@ -3,8 +3,6 @@ ceiling; P2P access, latency, integrity; replays not rising; clocks not locked (
 
 from __future__ import annotations
 
-import statistics
-
 from p2pkit.core.config import Profile
 from p2pkit.parse.pci import GEN_TO_GTS
 from p2pkit.parse.roce import resolve
@@ -303,6 +301,8 @@ def _from_samples(figure_: object, ms: object, nbytes: object) -> str | None:
         return f"no timed samples ({str(ms)[:40]})"
     if not isinstance(nbytes, int) or nbytes <= 0 or not isinstance(figure_, int | float):
         return f"no figure or size ({figure_!r}, {nbytes!r} bytes)"
+    import statistics  # here: statistics imports fractions and decimal, and doctor never re-proves (issue 38 item 9)
+
     want = nbytes / (statistics.median(ms) / 1000) / 1e9
     if abs(figure_ - want) > 1e-9 * max(abs(want), 1.0):
         return f"{figure_:.3f} GB/s where its {len(ms)} samples give {want:.3f}"
