@@ -1,7 +1,9 @@
 # Each task's own result, as Ansible decided it, for p2pkit's stage artifacts: per task name (role
 # prefix dropped), how many times it was ok, changed, failed or skipped (a loop counts each item).
-# p2pkit no longer predicts a role's work: it reads back what the role's tasks did. Loaded from
-# beside the playbooks; p2pkit's stage runs enable it in ANSIBLE_CALLBACKS_ENABLED.
+# p2pkit no longer predicts a role's work: it reads back what the role's tasks did. A role's report
+# comes back the same way: a fact named p2pkit_<...>_report that a task sets (set_fact) is kept under
+# that task's entry, "report": {fact name: value} (the p2p-module role's live reload says what it did
+# and why). Loaded from beside the playbooks; p2pkit's stage runs enable it in ANSIBLE_CALLBACKS_ENABLED.
 from __future__ import annotations
 
 import json
@@ -17,6 +19,7 @@ description:
   - Counts every task result (each loop item counts) by task name, in the order the tasks ran, and
     writes them when the playbook ends (also when it stops at a failure) to FILE, atomically.
     Nothing is written without a file.
+  - A fact named p2pkit_*_report that a task sets is kept under that task's "report".
 options:
   file:
     description: the JSON file the counts go to
@@ -34,7 +37,7 @@ class CallbackModule(CallbackBase):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.tasks: dict[str, dict[str, int]] = {}
+        self.tasks: dict[str, dict] = {}
 
     def set_options(self, task_keys=None, var_options=None, direct=None):
         super().set_options(task_keys=task_keys, var_options=var_options, direct=direct)
@@ -49,6 +52,10 @@ class CallbackModule(CallbackBase):
         counts[outcome] += 1
         if outcome == "ok" and result._result.get("changed"):
             counts["changed"] += 1
+        facts = result._result.get("ansible_facts") if outcome == "ok" else None
+        for name, value in (facts or {}).items():
+            if name.startswith("p2pkit_") and name.endswith("_report"):
+                counts.setdefault("report", {})[name] = value
 
     def v2_runner_on_ok(self, result) -> None:
         self._count(result, "ok")

@@ -53,10 +53,7 @@ BUILD_CAUSES = (
 def p2p_module(ctx, kernel: str | None = None) -> dict:
     try:
         done = _p2p_module(ctx, kernel)
-        if kernel is None or kernel == system.kernel_release(ctx.host):
-            from p2pkit.stages.p2p_module.live_reload import try_live_reload
-
-            done["live_reload"] = try_live_reload(ctx)
+        if "live_reload" in done:
             ctx.out.step("p2p-module", ("live reload: " if done["live_reload"]["done"] else "no live reload: ")
                          + done["live_reload"]["why"])
         return done
@@ -87,8 +84,12 @@ def build_errors(e: P2pkitError) -> list[str]:
 
 
 def _p2p_module(ctx, kernel: str | None = None) -> dict:
+    from p2pkit.stages.p2p_module import live_reload
+
     m = ctx.profile.p2p_module
-    kernel = kernel or system.kernel_release(ctx.host)
+    running = system.kernel_release(ctx.host)
+    live = kernel is None or kernel == running  # a live reload only for the running kernel
+    kernel = kernel or running
     machine = arch.machine(ctx.host)
     cmdline = iommu_cmdline(m.iommu, system.cpu_vendor(ctx.host), machine)
     loader = boot.bootloader(ctx.host)
@@ -96,6 +97,8 @@ def _p2p_module(ctx, kernel: str | None = None) -> dict:
     # Secure Boot: the key, its enrolment and sign-file proved and decided before any change; the role makes
     # the key and queues the enrolment first thing
     sign = signing.prepare(ctx, kernel)
+    # the live reload's decision from what can be read before the build; the role swaps where it may
+    reload_refused = live_reload.refusal(ctx) if live else None
     wants = "/etc/systemd/system/timers.target.wants/p2pkit-restore.timer"
     Backup(ctx.store.dir, "p2p-module", ctx.host).snapshot(
         [*P2P_PATHS, wants, *module_paths(ctx.host, kernel), *bootloader_paths(loader)], kernel,
@@ -114,6 +117,7 @@ def _p2p_module(ctx, kernel: str | None = None) -> dict:
         # the fork's driver parameters (P28): only for the patched module of a GPU pair
         "p2pkit_p2p_module_registry_dwords": m.registry_dwords if m.patched else "",
         **sign.values,
+        "p2pkit_p2p_module_live_reload": live and reload_refused is None,
     }
     try:
         done = run_playbook(ctx, "p2p-module", values, secret_env=sign.secret_env)
@@ -124,6 +128,8 @@ def _p2p_module(ctx, kernel: str | None = None) -> dict:
         raise refused from None
     finally:
         signing.said(ctx, sign)
+    if live:
+        done["live_reload"] = reload_refused or live_reload.reported(done)
     return {**done, "bootloader": {"name": loader["name"], "why": loader["why"], "options": cmdline.split()}}
 
 
