@@ -20,17 +20,14 @@ from p2pkit.core.artifacts import atomic_write
 from p2pkit.core.errors import P2pkitError, UsageError
 from p2pkit.host import Host
 
-P2P_PATHS = [
-    "/etc/default/grub.d/60-p2pkit-iommu.cfg",
-    "/etc/modprobe.d/p2pkit-nvidia.conf",
-    "/etc/kernel/postinst.d/zz-p2pkit",
-    # the same hook where a headers package runs its own (Debian's and Ubuntu's linux-headers postinst:
-    # run-parts /etc/kernel/header_postinst.d): headers that come after their kernel still get the module
-    "/etc/kernel/header_postinst.d/zz-p2pkit",
-    "/etc/apt/apt.conf.d/99p2pkit-restore",
-    "/etc/systemd/system/p2pkit-restore.service",
-    "/etc/systemd/system/p2pkit-restore.timer",
-]
+
+def p2p_paths() -> list[str]:
+    """The files the p2p-module role writes (its defaults/main.yml, p2pkit_p2p_module_paths), kept for rollback."""
+    from p2pkit.core.role_defaults import role_default
+
+    return list(role_default("p2pkit_p2p_module", "p2pkit_p2p_module_paths").values())
+
+
 # what the fork builds and installs (its kernel-open/Makefile: nvidia-peermem too, tests/fixtures/fork-570.86.16-p2p)
 MODULES = ("nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-drm", "nvidia-peermem")
 # What NVIDIA's .run installer writes, replaces or removes (the library, firmware, binary and

@@ -13,7 +13,7 @@ from p2pkit.core.config import p2p_src_dir
 from p2pkit.core.errors import P2pkitError
 from p2pkit.core.runner import own_executable
 from p2pkit.host import arch, boot, system
-from p2pkit.host.backup import P2P_PATHS, Backup, module_paths
+from p2pkit.host.backup import Backup, module_paths, p2p_paths
 from p2pkit.parse import boot as pb
 from p2pkit.parse import build as pb_build
 from p2pkit.stages.p2p_module import signing
@@ -101,7 +101,7 @@ def _p2p_module(ctx, kernel: str | None = None) -> dict:
     reload_refused = live_reload.refusal(ctx) if live else None
     wants = "/etc/systemd/system/timers.target.wants/p2pkit-restore.timer"
     Backup(ctx.store.dir, "p2p-module", ctx.host).snapshot(
-        [*P2P_PATHS, wants, *module_paths(ctx.host, kernel), *bootloader_paths(loader)], kernel,
+        [*p2p_paths(), wants, *module_paths(ctx.host, kernel), *bootloader_paths(loader)], kernel,
         ctx.profile.driver.version)
     values = {
         "p2pkit_arch": machine,
