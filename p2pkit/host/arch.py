@@ -20,13 +20,6 @@ class Arch:
         """NVIDIA's installer for this architecture (download.nvidia.com/XFree86/Linux-<machine>/<v>/...)."""
         return f"NVIDIA-Linux-{self.machine}-{version}.run"
 
-    def iommu_passthrough(self, cpu_vendor: str) -> str:
-        """The kernel command line that puts the IOMMU in passthrough: iommu=pt with the vendor's switch
-        on x86; on arm64 the SMMU's generic option iommu.passthrough=1 (iommu=pt is x86-only)."""
-        if self.machine == "aarch64":
-            return "iommu.passthrough=1"
-        return f"{'amd_iommu' if 'AMD' in cpu_vendor.upper() else 'intel_iommu'}=on iommu=pt"
-
 
 ARCHES = {
     "x86_64": Arch("x86_64", "/usr/lib/x86_64-linux-gnu", "amd64"),

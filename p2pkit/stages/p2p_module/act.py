@@ -11,6 +11,7 @@ from p2pkit.core import writers
 from p2pkit.core.ansible import PlaybookFailed, run_playbook
 from p2pkit.core.config import p2p_src_dir
 from p2pkit.core.errors import P2pkitError
+from p2pkit.core.role_defaults import role_default
 from p2pkit.core.runner import own_executable
 from p2pkit.host import arch, boot, system
 from p2pkit.host.backup import Backup, module_paths, p2p_paths
@@ -23,12 +24,11 @@ BOOT_HOLD = system.BOOT_HOLD
 
 
 def iommu_cmdline(mode: str, cpu_vendor: str, machine: str = "x86_64") -> str:
-    """The kernel options for the profile's IOMMU mode on this architecture (arm64: iommu.passthrough)."""
-    if mode == "passthrough":
-        return arch.of(machine).iommu_passthrough(cpu_vendor)
-    if machine == "aarch64":
-        return "iommu.passthrough=1"  # the SMMU has no generic off switch: passthrough is what P2P needs
-    return f"{'amd_iommu' if 'AMD' in cpu_vendor.upper() else 'intel_iommu'}=off"
+    """The kernel options for the profile's IOMMU mode on this architecture and CPU vendor: the role's
+    table (p2pkit_p2p_module_iommu_options in its defaults, which the role reads too; arm64:
+    iommu.passthrough, whatever the vendor)."""
+    by_vendor = role_default("p2pkit_p2p_module", "p2pkit_p2p_module_iommu_options")[machine][mode]
+    return by_vendor["any"] if "any" in by_vendor else by_vendor["AMD" if "AMD" in cpu_vendor.upper() else "Intel"]
 
 
 NEWER_KERNEL = ("the kernel is newer than the fork's branch supports: boot the previous kernel (hold "
@@ -110,6 +110,7 @@ def _p2p_module(ctx, kernel: str | None = None) -> dict:
         "p2pkit_p2p_module_commit": m.commit,
         "p2pkit_p2p_module_src_dir": p2p_src_dir(ctx.profile),
         "p2pkit_p2p_module_kernel": kernel,
+        "p2pkit_p2p_module_iommu": m.iommu,
         "p2pkit_p2p_module_cmdline": cmdline,
         "p2pkit_p2p_module_bootloader": loader["name"],
         "p2pkit_p2p_module_loader_files": loader_files(ctx.host, loader, cmdline.split()),
