@@ -134,7 +134,7 @@ def test_loopback_needs_nothing(host):
 
 
 def test_a_name_is_judged_by_what_it_resolves_to(monkeypatch):
-    monkeypatch.setattr(config.socket, "getaddrinfo", lambda h, p: [(0, 0, 0, "", ("192.0.2.7", 0))])
+    monkeypatch.setattr("socket.getaddrinfo", lambda h, p: [(0, 0, 0, "", ("192.0.2.7", 0))])  # config imports it late
     assert "resolves to 192.0.2.7" in problems(serve__host="api.example")["serve.host"]
 
 

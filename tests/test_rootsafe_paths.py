@@ -198,15 +198,24 @@ def test_a_repository_that_git_would_read_as_an_option_is_refused(key):
 
 
 def test_git_gets_double_dash_before_every_url():
-    """Every git command line p2pkit builds from a repository value puts `--` before it."""
+    """Every git command line p2pkit builds from a repository value puts `--` before it; the engine role,
+    whose ansible.builtin.git gives git the URL without one, refuses a repository starting with `-` before
+    its first git task (and p2pkit's engine stage runs no git of its own)."""
     import re
 
+    import yaml
+
+    from p2pkit.core.role_defaults import COLLECTION
     from tests.conftest import REPO
 
-    for f in ("p2pkit/stages/engine/act.py", "p2pkit/app/pin.py"):
-        text = (REPO / f).read_text()
-        calls = re.findall(r'\["git", "(?:clone|ls-remote)"[^\]]*\]', text)
-        assert calls and all('"--", ' in c for c in calls), (f, calls)
+    text = (REPO / "p2pkit/app/pin.py").read_text()
+    calls = re.findall(r'\["git", "(?:clone|ls-remote)"[^\]]*\]', text)
+    assert calls and all('"--", ' in c for c in calls), calls
+    assert not re.search(r'"git", "(?:clone|fetch|checkout)"', (REPO / "p2pkit/stages/engine/act.py").read_text())
+    tasks = yaml.safe_load((REPO / COLLECTION / "roles/p2pkit_engine/tasks/checkout.yml").read_text())
+    refusal = next(i for i, t in enumerate(tasks) if "startswith('-')" in str(t.get("ansible.builtin.assert", "")))
+    first_git = next(i for i, t in enumerate(tasks) if "ansible.builtin.git" in t)
+    assert refusal < first_git and "p2pkit_engine_repo" in str(tasks[refusal])
 
 
 # 6. no exit 70 on user input ----------------------------------------------------------------------
