@@ -129,13 +129,19 @@ def test_json_result_of_a_helper_process(tmp_path):
 
 
 def test_architecture_picks_installer_libdir_and_iommu_option():
+    import yaml
+
+    from p2pkit.core.role_defaults import COLLECTION
     from p2pkit.host.arch import ARCHES
     from p2pkit.stages.p2p_module.act import iommu_cmdline
+    from tests.conftest import REPO
 
     x86, arm = ARCHES["x86_64"], ARCHES["aarch64"]
     assert x86.installer("615.71.09") == "NVIDIA-Linux-x86_64-615.71.09.run"
     assert arm.installer("615.71.09") == "NVIDIA-Linux-aarch64-615.71.09.run"
-    assert (x86.libdir, arm.libdir) == ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu")
+    libdir = {m: yaml.safe_load((REPO / COLLECTION / f"roles/p2pkit_driver/vars/{m}.yml").read_text())
+              ["p2pkit_driver_arch_libdir"] for m in ARCHES}  # stated once, by the driver role
+    assert libdir == {"x86_64": "/usr/lib/x86_64-linux-gnu", "aarch64": "/usr/lib/aarch64-linux-gnu"}
     assert iommu_cmdline("passthrough", "AuthenticAMD", "x86_64") == "amd_iommu=on iommu=pt"
     assert iommu_cmdline("passthrough", "GenuineIntel", "x86_64") == "intel_iommu=on iommu=pt"
     assert iommu_cmdline("passthrough", "unknown", "aarch64") == "iommu.passthrough=1"

@@ -9,8 +9,10 @@ import itertools
 from pathlib import Path
 
 import pytest
+import yaml
 
 from p2pkit.core import config
+from p2pkit.core.role_defaults import COLLECTION
 from p2pkit.host.arch import ARCHES
 from p2pkit.parse import field as pf
 from p2pkit.parse import pci
@@ -20,6 +22,7 @@ from p2pkit.rules import engine_cmd
 from p2pkit.rules.engines import ninfer, vllm
 from p2pkit.sim import engine as sim_engine
 from p2pkit.sim import model, rules, scenarios
+from tests.conftest import REPO
 
 SIM = Path(__file__).resolve().parent.parent / "p2pkit/sim"
 # The product's rules and tables: what the product decides about a host (parsers, checks, the engine's
@@ -121,7 +124,8 @@ def test_simulator_and_product_agree_on_pcie_nvidia_smi_and_the_layout():
     assert all(pci.link_gen(rules.link_speed_text(g)) == g for g in rules.PCIE_GTS)
     assert dict(rules.SMI_TOPO_LEGEND) == TOPO_LEGEND
     for machine, arch in ARCHES.items():
-        assert rules.MULTIARCH_LIBDIR[machine] == arch.libdir
+        role = yaml.safe_load((REPO / COLLECTION / f"roles/p2pkit_driver/vars/{machine}.yml").read_text())
+        assert rules.MULTIARCH_LIBDIR[machine] == role["p2pkit_driver_arch_libdir"]
         assert rules.nvidia_installer(machine, "615.71.09") == arch.installer("615.71.09")
     assert set(rules.MULTIARCH_LIBDIR) == set(ARCHES)
 

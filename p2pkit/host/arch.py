@@ -1,6 +1,7 @@
-"""The host's CPU architecture and what follows from it: NVIDIA's installer name, the multiarch
-library directory, Debian's architecture name and the kernel option that puts the IOMMU in
-passthrough. x86_64 (the 5090 hosts) and aarch64 (DGX Spark, GB10)."""
+"""The host's CPU architecture and what follows from it: NVIDIA's installer name and Debian's
+architecture name. x86_64 (the 5090 hosts) and aarch64 (DGX Spark, GB10). The multiarch library
+directory the installer fills is the driver role's (vars/<machine>.yml, p2pkit_driver_arch_libdir), the
+IOMMU options the p2p-module role's (p2pkit_p2p_module_iommu_options): each stated once, there."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from p2pkit.host import Host
 @dataclass(frozen=True)
 class Arch:
     machine: str  # `uname -m`
-    libdir: str  # Debian/Ubuntu multiarch directory, where the .run installer puts libnvidia-ml.so.<v>
     dpkg: str  # `dpkg --print-architecture`
 
     def installer(self, version: str) -> str:
@@ -22,8 +22,8 @@ class Arch:
 
 
 ARCHES = {
-    "x86_64": Arch("x86_64", "/usr/lib/x86_64-linux-gnu", "amd64"),
-    "aarch64": Arch("aarch64", "/usr/lib/aarch64-linux-gnu", "arm64"),
+    "x86_64": Arch("x86_64", "amd64"),
+    "aarch64": Arch("aarch64", "arm64"),
 }
 
 
