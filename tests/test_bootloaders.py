@@ -213,3 +213,35 @@ def test_the_role_alone_stops_on_a_loader_entry_it_cannot_read_before_it_writes_
     assert r.returncode != 0 and recap["failed"] == 1, r.stdout[-3000:]
     assert "/boot/efi/loader/entries/gone.conf: no such systemd-boot loader entry (or not a file)" in r.stdout
     assert sorted(str(p) for p in root.rglob("*")) == before
+
+
+def test_the_p2p_module_roles_paths_are_stated_once_in_its_defaults():
+    """The restore units, the hooks, the GRUB drop-in and the modprobe file: p2pkit reads their paths in the
+    role's defaults (p2pkit_p2p_module_paths) when asked, never at import, and spells none of them again."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from p2pkit.app import rollback
+    from p2pkit.host import system
+    from p2pkit.stages.preflight import checks as preflight
+    from tests.conftest import REPO
+
+    paths = yaml.safe_load((REPO / COLLECTION / "roles/p2pkit_p2p_module/defaults/main.yml").read_text())[
+        "p2pkit_p2p_module_paths"]
+    assert (paths["restore_service"], paths["restore_timer"], paths["kernel_hook"], paths["apt_hook"]) == \
+        (system.RESTORE_UNIT, system.RESTORE_TIMER, system.KERNEL_HOOK, system.APT_HOOK)
+    assert system.TIMER_WANTS == "/etc/systemd/system/timers.target.wants/p2pkit-restore.timer"
+    assert rollback._timer() == "p2pkit-restore.timer"
+    assert preflight.BOOTLOADER_TAKES["grub"] == f"a GRUB drop-in ({paths['grub_dropin']}) and update-grub"
+    for f in (REPO / "p2pkit").rglob("*.py"):
+        if "sim" in f.relative_to(REPO / "p2pkit").parts:
+            continue
+        text = f.read_text()
+        for value in [*paths.values(), "p2pkit-restore.timer", "p2pkit-restore.service"]:
+            assert value not in text, (f, value)
+    code = ("import sys; import p2pkit.app.rollback, p2pkit.stages.preflight.checks, p2pkit.stages.p2p_module.checks, "
+            "p2pkit.host.system; print(int('yaml' in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert r.stdout.split() == ["0"], r.stdout + r.stderr

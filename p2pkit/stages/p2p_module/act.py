@@ -98,9 +98,8 @@ def _p2p_module(ctx, kernel: str | None = None) -> dict:
     sign = signing.prepare(ctx, kernel)
     # the live reload's decision from what can be read before the build; the role swaps where it may
     reload_refused = live_reload.refusal(ctx) if live else None
-    wants = "/etc/systemd/system/timers.target.wants/p2pkit-restore.timer"
     Backup(ctx.store.dir, "p2p-module", ctx.host).snapshot(
-        [*p2p_paths(), wants, *module_paths(ctx.host, kernel), *bootloader_paths(loader)], kernel,
+        [*p2p_paths(), system.TIMER_WANTS, *module_paths(ctx.host, kernel), *bootloader_paths(loader)], kernel,
         ctx.profile.driver.version)
     values = {
         "p2pkit_arch": machine,
