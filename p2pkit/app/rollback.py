@@ -17,7 +17,10 @@ from p2pkit.host import kmod, system
 from p2pkit.host.backup import Backup
 from p2pkit.stages import names
 
-TIMER = "p2pkit-restore.timer"
+
+def _timer() -> str:
+    """The restore timer's unit name (the p2p-module role's path, read when asked)."""
+    return system.RESTORE_TIMER.rpartition("/")[2]
 
 
 def _root_arg(ctx) -> str:
@@ -31,7 +34,7 @@ def plan(ctx, stage: str) -> list[str]:
                           "(or it was rolled back already)", hint="nothing to roll back", code=Exit.USAGE)
     steps = []
     if stage == "p2p-module":
-        steps.append(f"disable {TIMER}")
+        steps.append(f"disable {_timer()}")
     if stage == "driver":
         if Backup(ctx.store.dir, "p2p-module", ctx.host).manifest_path.exists():
             raise GateError("the P2P-patched module is still installed over this driver",
@@ -146,7 +149,7 @@ def apply(ctx, stage: str) -> dict:
             b.apply()  # raises, naming the file; nothing has been changed yet
         run = ctx.host.runner.run
         if stage == "p2p-module":
-            run(["systemctl", f"--root={_root_arg(ctx)}", "disable", TIMER], check=False)
+            run(["systemctl", f"--root={_root_arg(ctx)}", "disable", _timer()], check=False)
             done = b.apply()
             for k in sorted({e["kernel"] for e in m["entries"].values()}):
                 run(["depmod", "-b", _root_arg(ctx), k])  # the host root's modules (`-b /` on a real host)

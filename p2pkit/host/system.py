@@ -145,11 +145,12 @@ def package_holds(host: Host) -> dict:
     return {"installed": ps.dpkg_installed(q.stdout), "held": ps.dpkg_held(q.stdout)}
 
 
-RESTORE_UNIT = "/etc/systemd/system/p2pkit-restore.service"
-RESTORE_TIMER = "/etc/systemd/system/p2pkit-restore.timer"
-TIMER_WANTS = "/etc/systemd/system/timers.target.wants/p2pkit-restore.timer"  # what `systemctl enable` links
-KERNEL_HOOK = "/etc/kernel/postinst.d/zz-p2pkit"
-APT_HOOK = "/etc/apt/apt.conf.d/99p2pkit-restore"
+# The restore units and hooks: the p2p-module role states their paths (p2pkit_p2p_module_paths in its
+# defaults/main.yml) and p2pkit reads them there when first asked (module attributes RESTORE_UNIT, RESTORE_TIMER,
+# KERNEL_HOOK, APT_HOOK, never read at import), and TIMER_WANTS: the link `systemctl enable` makes for the timer.
+P2P_ROLE = "p2pkit_p2p_module"
+_P2P_PATHS = {"RESTORE_UNIT": "restore_service", "RESTORE_TIMER": "restore_timer", "KERNEL_HOOK": "kernel_hook",
+              "APT_HOOK": "apt_hook"}
 
 
 def restore_guards(host: Host) -> dict[str, bool]:
@@ -158,13 +159,14 @@ def restore_guards(host: Host) -> dict[str, bool]:
     masked), the kernel postinst hook (executable) and the apt hook."""
     def has(path: str, needle: str) -> bool:
         return host.path(path).is_file() and needle in host.read(path)
-    hook = host.path(KERNEL_HOOK)
+    unit, timer = __getattr__("RESTORE_UNIT"), __getattr__("RESTORE_TIMER")
+    hook = host.path(__getattr__("KERNEL_HOOK"))
     return {
-        "restore service": has(RESTORE_UNIT, "restore"),
-        "restore timer enabled": host.path(host.realpath(TIMER_WANTS)).is_file()
-        and host.realpath(RESTORE_TIMER) != "/dev/null",
+        "restore service": has(unit, "restore"),
+        "restore timer enabled": host.path(host.realpath(__getattr__("TIMER_WANTS"))).is_file()
+        and host.realpath(timer) != "/dev/null",
         "kernel postinst hook": hook.is_file() and os.access(hook, os.X_OK) and "restore --kernel" in hook.read_text(),
-        "apt hook": has(APT_HOOK, "p2pkit-restore.service"),
+        "apt hook": has(__getattr__("APT_HOOK"), unit.rpartition("/")[2]),
     }
 
 
@@ -212,6 +214,12 @@ def __getattr__(name: str):
         from p2pkit.core.role_defaults import role_default
 
         return role_default(SERVICE_ROLE, _SERVICE_DEFAULTS[name])
+    if name in _P2P_PATHS:
+        from p2pkit.core.role_defaults import role_default
+
+        return role_default(P2P_ROLE, "p2pkit_p2p_module_paths")[_P2P_PATHS[name]]
+    if name == "TIMER_WANTS":
+        return "/etc/systemd/system/timers.target.wants/" + __getattr__("RESTORE_TIMER").rpartition("/")[2]
     if name == "ENGINE_FILES":
         return (f"/etc/systemd/system/{__getattr__('ENGINE_UNIT')}", "/etc/systemd/system/p2pkit.slice",
                 __getattr__("ENGINE_ENV_FILE"), __getattr__("ENGINE_SECRETS_FILE"))

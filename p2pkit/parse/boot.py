@@ -2,11 +2,9 @@
 host boots with, and which kernel options its next boot gets.
 
 Formats:
-- systemd-boot loader entries (the Boot Loader Specification, type #1 `.conf`): one `key value`
-  per line, `options` may repeat and its values are joined (systemd's 90-loaderentry.install
-  writes `options    root=... ro quiet splash`; kernelstub's make_loader_entry writes
-  `options root=UUID=... ro quiet splash`).
-- /etc/kernel/cmdline: kernel-install's command line for the entries it writes, one line.
+- systemd-boot loader entries (the Boot Loader Specification, type #1 `.conf`) and /etc/kernel/cmdline
+  (kernel-install's command line for the entries it writes, one line): p2pkit.core.bootentry, named here
+  (the p2p-module role writes them with that very file, its filter plugins).
 - /etc/kernelstub/configuration: kernelstub's JSON (kernelstub/config.py: `default` and `user`
   sections, `kernel_options` a list, a string in configurations before config_rev 3).
 """
@@ -15,41 +13,13 @@ from __future__ import annotations
 
 import json
 
-from p2pkit.core.breaks import lines
+# systemd-boot's options lines, read and written by the p2p-module role's filters too
+from p2pkit.core.bootentry import entry_options, entry_with_options, kernel_install_cmdline
+
+__all__ = ["GRUB", "KERNELSTUB", "SYSTEMD_BOOT", "UNKNOWN", "entry_options", "entry_with_options",
+           "kernel_install_cmdline", "kernelstub_options", "which"]
 
 GRUB, SYSTEMD_BOOT, KERNELSTUB, UNKNOWN = "grub", "systemd-boot", "kernelstub", "unknown"
-
-
-def entry_options(text: str) -> list[str]:
-    """The kernel options of a loader entry: every `options` line's words, in order."""
-    out: list[str] = []
-    for line in lines(text):  # systemd-boot ends a line at \n: a U+2028 is no line break to it
-        key, _, value = line.strip().partition(" ")
-        if key == "options":
-            out += value.split()
-    return out
-
-
-def entry_with_options(text: str, options: list[str]) -> str:
-    """The entry with each option it lacks appended to its first `options` line (a new one where it
-    has none); every other line as it was. An entry that has them all comes back unchanged."""
-    missing = [o for o in options if o not in entry_options(text)]
-    if not missing:
-        return text
-    parts = text.split("\n")
-    for i, line in enumerate(parts):
-        if line.strip().partition(" ")[0] == "options":
-            body = line.rstrip("\r")
-            parts[i] = body + " " + " ".join(missing) + line[len(body):]
-            return "\n".join(parts)
-    sep = "" if not text or text.endswith("\n") else "\n"
-    return text + sep + "options " + " ".join(missing) + "\n"
-
-
-def kernel_install_cmdline(proc_cmdline: str) -> list[str]:
-    """What kernel-install puts on a new entry where /etc/kernel/cmdline is missing: the running
-    command line without the bootloader's own BOOT_IMAGE= and initrd= words."""
-    return [w for w in proc_cmdline.split() if not w.startswith(("BOOT_IMAGE=", "initrd="))]
 
 
 def kernelstub_options(text: str) -> list[str]:

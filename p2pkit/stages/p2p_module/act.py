@@ -4,7 +4,6 @@ Ansible (p2pkit_tasks), never predicted here."""
 
 from __future__ import annotations
 
-import stat
 from pathlib import Path
 
 from p2pkit.core import writers
@@ -99,9 +98,8 @@ def _p2p_module(ctx, kernel: str | None = None) -> dict:
     sign = signing.prepare(ctx, kernel)
     # the live reload's decision from what can be read before the build; the role swaps where it may
     reload_refused = live_reload.refusal(ctx) if live else None
-    wants = "/etc/systemd/system/timers.target.wants/p2pkit-restore.timer"
     Backup(ctx.store.dir, "p2p-module", ctx.host).snapshot(
-        [*p2p_paths(), wants, *module_paths(ctx.host, kernel), *bootloader_paths(loader)], kernel,
+        [*p2p_paths(), system.TIMER_WANTS, *module_paths(ctx.host, kernel), *bootloader_paths(loader)], kernel,
         ctx.profile.driver.version)
     values = {
         "p2pkit_arch": machine,
@@ -113,7 +111,7 @@ def _p2p_module(ctx, kernel: str | None = None) -> dict:
         "p2pkit_p2p_module_iommu": m.iommu,
         "p2pkit_p2p_module_cmdline": cmdline,
         "p2pkit_p2p_module_bootloader": loader["name"],
-        "p2pkit_p2p_module_loader_files": loader_files(ctx.host, loader, cmdline.split()),
+        "p2pkit_p2p_module_loader_entries": loader_entries(loader),
         **restore_command_vars(ctx),
         # the fork's driver parameters (P28): only for the patched module of a GPU pair
         "p2pkit_p2p_module_registry_dwords": m.registry_dwords if m.patched else "",
@@ -155,27 +153,11 @@ def bootloader_paths(loader: dict) -> list[str]:
     return []
 
 
-def loader_files(host, loader: dict, options: list[str]) -> list[dict]:
-    """systemd-boot's files, each whole (p2pkit_files entries): /etc/kernel/cmdline (what kernel-install
-    writes for new kernels) and each loader entry with the options on its options line (the next
-    boot), read from the host and given to the role like a writer's lines. GRUB's drop-in is the
-    role's own template; kernelstub changes its own files (a command)."""
-    if loader["name"] != pb.SYSTEMD_BOOT:
-        return []
-    base = loader["kernel_cmdline"]
-    if base is None:
-        base = pb.kernel_install_cmdline(system.cmdline(host))
-    files = [_entry(boot.KERNEL_CMDLINE, " ".join([*base, *(o for o in options if o not in base)]) + "\n")]
-    for path in loader["entries"]:
-        text = host.read(path, "a systemd-boot loader entry")
-        # the ESP is FAT: its files keep the mode the mount gives them
-        files.append(_entry(path, pb.entry_with_options(text, options),
-                            mode=f"0{stat.S_IMODE(host.path(path).stat().st_mode):o}"))
-    return files
-
-
-def _entry(path: str, content: str, mode: str = "0644") -> dict:
-    return {"path": path, "content": content, "mode": mode}
+def loader_entries(loader: dict) -> list[str]:
+    """systemd-boot's loader entries, for the role: it reads each (and /etc/kernel/cmdline, or the running
+    command line where that is missing) and writes it with the options (p2pkit.core.bootentry, its filter
+    plugins). GRUB's drop-in is the role's own template; kernelstub changes its own files (a command)."""
+    return list(loader["entries"]) if loader["name"] == pb.SYSTEMD_BOOT else []
 
 
 def restore_command_vars(ctx) -> dict:

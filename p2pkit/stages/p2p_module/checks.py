@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from p2pkit.core.config import Profile
+from p2pkit.core.role_defaults import role_default
 from p2pkit.parse import field as pf
 from p2pkit.parse.mok import signed_by
 from p2pkit.rules.findings import (
@@ -285,10 +286,15 @@ def static_bar1(f: dict, p: Profile) -> list[Check]:
     missing = [f"{k}={v}" for k, v in want.items() if live.get(k, "").lower() != v.lower()]
     return [judge(id_, title, not missing, f"RegistryDwords: \"{d['params'].get('RegistryDwords', '')}\"", expected,
                   "topo -p2p may say OK while NCCL hangs in ncclCommInitRank: p2pkit writes "
-                  "/etc/modprobe.d/p2pkit-nvidia.conf (options nvidia NVreg_RegistryDwords=\""
+                  f"{_role_path('modprobe_conf')} (options nvidia NVreg_RegistryDwords=\""
                   f"{p.p2p_module.registry_dwords}\") and rebuilds the initramfs: `p2pkit up --from p2p-module "
                   "--force`, then reboot; check with `grep -i registrydwords /proc/driver/nvidia/params` (the sysfs "
                   "parameter reads empty even when live)", pitfall="P28")]
+
+
+def _role_path(key: str) -> str:
+    """A file the p2p-module role writes, as its defaults state it (p2pkit_p2p_module_paths), read when asked."""
+    return role_default("p2pkit_p2p_module", "p2pkit_p2p_module_paths")[key]
 
 
 @reads("module_sources", "module", "built_module")
@@ -338,7 +344,7 @@ def boot_default(f: dict, p: Profile) -> list[Check]:
                   f"booting {held['kernel']}: the P2P module did not build for {held['new_kernel']}" if held else
                   "no hold", "no hold", f"the new kernel {held['new_kernel'] if held else ''} breaks the module build "
                   "(a kernel API removed): pin a fork commit that builds for it, then rerun the hook "
-                  f"(`sudo /etc/kernel/postinst.d/zz-p2pkit {held['new_kernel'] if held else '<new>'}`: it lifts "
+                  f"(`sudo {_role_path('kernel_hook')} {held['new_kernel'] if held else '<new>'}`: it lifts "
                   "the hold when the build succeeds) and `sudo update-grub`", pitfall="P36", severity=WARN)]
 
 

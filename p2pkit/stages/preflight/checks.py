@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from p2pkit.core.config import Profile
+from p2pkit.core.role_defaults import role_default
 from p2pkit.parse.system import kernel_tuple
 from p2pkit.rules.findings import FAIL, PASS, WARN, Check, failed, figure, judge, reading, reads, show, unknown
 
@@ -248,11 +249,21 @@ def _iommu(f, p) -> Check:
                  "stage adds iommu=pt to the kernel command line and asks for a reboot" if translating else "")
 
 
-BOOTLOADER_TAKES = {
-    "grub": "a GRUB drop-in (/etc/default/grub.d/60-p2pkit-iommu.cfg) and update-grub",
-    "systemd-boot": "/etc/kernel/cmdline and the loader entries' options lines",
-    "kernelstub": "`kernelstub --add-options`",
-}
+def bootloader_takes() -> dict[str, str]:
+    """Where the p2p-module stage puts the IOMMU option, per bootloader (GRUB's drop-in: the p2p-module role's
+    path, read when asked; the module attribute BOOTLOADER_TAKES is this)."""
+    dropin = role_default("p2pkit_p2p_module", "p2pkit_p2p_module_paths")["grub_dropin"]
+    return {
+        "grub": f"a GRUB drop-in ({dropin}) and update-grub",
+        "systemd-boot": "/etc/kernel/cmdline and the loader entries' options lines",
+        "kernelstub": "`kernelstub --add-options`",
+    }
+
+
+def __getattr__(name: str):
+    if name == "BOOTLOADER_TAKES":
+        return bootloader_takes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def bootloader(f, p) -> Check:
@@ -263,9 +274,10 @@ def bootloader(f, p) -> Check:
     want = "GRUB, systemd-boot or kernelstub"
     if failed(b):
         return unknown("preflight.bootloader", title, b, want)
-    if b["name"] in BOOTLOADER_TAKES:
+    takes = bootloader_takes()
+    if b["name"] in takes:
         return Check("preflight.bootloader", title, PASS, f"{b['name']} ({b['why']}): the IOMMU option goes into "
-                     + BOOTLOADER_TAKES[b["name"]], want)
+                     + takes[b["name"]], want)
     applied = not failed(io) and io.get("intent") == p.p2p_module.iommu
     return Check("preflight.bootloader", title, PASS if applied else FAIL,
                  f"unknown: {b['why']}" + ("; the running command line already has the IOMMU option" if applied

@@ -1,0 +1,1 @@
+../../../../../../../p2pkit/core/bootentry.py
