@@ -315,21 +315,21 @@ def act(ctx) -> dict:
     return {"dependencies": ctx.options["engine_build"].pop("dependencies"), "log": ctx.options["engine_build"]["log"]}
 
 
+DPKG_INSTALLED = r"^Package: (\S+)\nStatus: install \S+ installed$"  # dpkg-query's "ii", as the engine role reads it
+
+
 def missing_dependencies(ctx) -> list[str]:
     """Read-only: the recipe's build dependencies (the engine role's defaults) that the engine role would install,
-    decided as its first command decides: dpkg's database says the package is installed ("ii"), or else each of
-    the package's tools (p2pkit_engine_tools) is on the host's PATH (a host without dpkg-query, or whose dpkg
-    cannot answer: the tools alone, as the role's script falls through)."""
+    decided as the role decides: dpkg's database (/var/lib/dpkg/status under the host root) says the package is
+    installed, or else each of the package's tools (p2pkit_engine_tools) is an executable on the host's PATH."""
     pkgs = role_default(ROLE, "p2pkit_engine_packages").get(ctx.profile.engine.recipe) or []
     tools = role_default(ROLE, "p2pkit_engine_tools")
-    installed: set[str] = set()
-    try:  # one line per package instance: "name ii " (its status abbreviated); none for a package dpkg never had
-        out = ctx.host.runner.run(["dpkg-query", "-W", "-f=${Package} ${db:Status-Abbrev}\n", *pkgs],
-                                  check=False).stdout if pkgs else ""
-        installed = {name for name, _, status in (x.partition(" ") for x in out.splitlines()) if status[:2] == "ii"}
-    except P2pkitError:
-        pass
-    path = ctx.host.runner.path_env()
+    try:
+        installed = set(re.findall(DPKG_INSTALLED, ctx.host.path("/var/lib/dpkg/status").read_text(errors="replace"),
+                                   re.M))
+    except OSError:
+        installed = set()
+    path = ":".join(d for d in ctx.host.runner.path_env().split(":") if d.startswith("/"))
     return [pkg for pkg in pkgs if pkg not in installed
             and not (tools.get(pkg) and all(shutil.which(t, path=path) for t in tools[pkg]))]
 
