@@ -150,3 +150,48 @@ def test_a_missing_dependency_goes_to_the_hosts_apt_get_and_its_message_comes_ba
         engine_stage.dependencies(ctx)
     assert "Ensure the missing build dependencies are installed" in e.value.message
     assert "libcurl4-openssl-dev" in e.value.message
+
+
+def _without_package(root: Path, name: str) -> None:
+    status = root / "var/lib/dpkg/status"
+    text = status.read_text()
+    status.write_text(text.replace(re.search(rf"Package: {re.escape(name)}\n.*?\n\n", text, re.S).group(0), ""))
+
+
+def test_p2pkit_reads_the_missing_dependencies_as_the_role_decides_them(sim):
+    """dpkg's database, or else the package's tools on the host's PATH (cmake without its package: this
+    machine's cmake is lent to the simulated host); what p2pkit reads is what the role installs."""
+    root = sim("healthy")
+    ctx = ctx_for(root)
+    assert engine_stage.missing_dependencies(ctx) == []
+    _without_package(root, "cmake")
+    assert engine_stage.missing_dependencies(ctx) == []  # its tool is on PATH: the role installs nothing either
+    engine_stage.dependencies(ctx)
+    log = (ctx.store.dir / "logs/engine.log").read_text()
+    assert "skipping: [localhost]" in log.split("Ensure the missing build dependencies are installed]", 1)[1][:200]
+    _without_package(root, "libcurl4-openssl-dev")
+    assert engine_stage.missing_dependencies(ctx) == ["libcurl4-openssl-dev"]
+    with pytest.raises(P2pkitError) as e:  # the role finds the same one and goes to apt-get with it
+        engine_stage.dependencies(ctx)
+    assert "Ensure the missing build dependencies are installed" in e.value.message
+    assert "libcurl4-openssl-dev" in e.value.message
+
+
+def test_the_stage_runs_the_role_once_when_nothing_is_to_be_installed_first(sim):
+    """The dependencies there (p2pkit reads them as the role does): the toolchain is checked first, then one
+    run of the role checks out, configures and builds; a dependency to install first: two runs, the toolchain
+    checked between them (pkg-config may be what is installed)."""
+    root = sim("healthy")
+    ctx = ctx_for(root)
+    logs = ctx.store.dir / "logs"
+    res = engine_stage.build(ctx)
+    assert res["configure_rc"] == res["build_rc"] == 0 and res["source"]["head"] == ctx.profile.engine.commit
+    assert (logs / "engine.log").is_file() and not (logs / "engine.log.1").exists()  # one ansible-playbook run
+    tasks = res["dependencies"]["tasks"]
+    assert tasks["Ensure the engine is checked out at the pinned commit"]["changed"] == 1
+    assert tasks[engine_stage.BUILD_TASK]["changed"] == 1
+    assert engine_stage.CONFIGURE_MARK in Path(res["log"]).read_text()
+    _without_package(root, "libcurl4-openssl-dev")
+    with pytest.raises(P2pkitError) as e:  # its first run stops at apt-get, before any toolchain check or build
+        engine_stage.build(ctx)
+    assert "Ensure the missing build dependencies are installed" in e.value.message

@@ -316,6 +316,24 @@ def test_the_files_module_probes_what_the_tasks_decide_from(tmp_path):
         mod.probe(str(tmp_path), {"path": "relative"})
 
 
+def test_the_files_module_probes_what_a_path_is_and_where_its_links_lead(tmp_path):
+    """type: the path itself, a link not followed (the engine role's checkout and its HEAD); realpath: the
+    path on this machine with its links resolved, as `realpath -m` (what CMake is given)."""
+    mod = load_files_module()
+    (tmp_path / "real/sub").mkdir(parents=True)
+    (tmp_path / "real/HEAD").write_text("abc\n")
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    (tmp_path / "link/HEADLINK").symlink_to(tmp_path / "real/HEAD")
+    kinds = {p: mod.probe(str(tmp_path), {"path": p, "type": True})["type"]
+             for p in ("/real", "/real/HEAD", "/link", "/link/HEADLINK", "/nothing")}
+    assert kinds == {"/real": "directory", "/real/HEAD": "file", "/link": "link", "/link/HEADLINK": "link",
+                     "/nothing": None}
+    assert mod.probe(str(tmp_path), {"path": "/link/sub/x/y", "realpath": True})["realpath"] == \
+        subprocess.run(["realpath", "-m", "--", str(tmp_path / "link/sub/x/y")], capture_output=True,
+                       text=True).stdout.strip() == str(tmp_path.resolve() / "real/sub/x/y")
+    assert "type" not in mod.probe(str(tmp_path), {"path": "/real"})  # only when asked
+
+
 @pytest.mark.slow
 def test_site_yml_alone_brings_a_host_through_every_acting_role_and_then_nothing(sim, tmp_path):
     """`ansible-galaxy collection install` of p2pkit.host, then `ansible-playbook -i INVENTORY p2pkit.host.site`

@@ -1,7 +1,8 @@
 """engine: build the inference engine from its pinned source. The engine role (Ansible) installs the
 dependencies, checks out the pinned commit, and configures and builds with CMake and Ninja, its output
 appended to this run's log in the state directory; p2pkit fetches and verifies a source archive,
-checks the toolchain in between, and proves what was built.
+checks the toolchain before the role builds (the role runs once, or twice when it must install a build
+dependency first: see build), and proves what was built.
 
 Before configuring, the CUDA toolkit version and pkg-config's view of the FFmpeg and curl
 libraries are checked (P05, P06); a refused precondition never reaches CMake."""
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -58,9 +60,10 @@ def role_vars(ctx, log: Path | None = None) -> dict:
 CONFIGURE_TASK, BUILD_TASK = "Configure the engine (cmake -S)", "Build the engine's targets (cmake --build)"
 
 
-def _cmake(ctx, res: dict, log: Path) -> None:
+def _cmake(ctx, res: dict, log: Path) -> dict | None:
     """The role's configure and build, their rc and the build's last lines into res (a failure of another
-    task is the role's, raised as it is)."""
+    task is the role's, raised as it is); the run's summary (where it stopped, when configure or the build
+    failed)."""
     try:
         ran = run_playbook(ctx, "engine", role_vars(ctx, log))
         res["configure_rc"] = res["build_rc"] = 0
@@ -68,6 +71,7 @@ def _cmake(ctx, res: dict, log: Path) -> None:
                                                                   if k.endswith((CONFIGURE_TASK, BUILD_TASK))}}
     except PlaybookFailed as err:
         rc = err.result.get("rc") or 1
+        ran = {"playbook": "engine.yml", "log": str(ctx.store.dir / "logs/engine.log"), "failed_task": err.task}
         if err.task.endswith(CONFIGURE_TASK):
             res["configure_rc"] = rc
         elif err.task.endswith(BUILD_TASK):
@@ -78,6 +82,7 @@ def _cmake(ctx, res: dict, log: Path) -> None:
             raise
     if res.get("build_rc") == 0:
         res["build_tail"] = None
+    return ran
 
 
 def head_of(ctx, src: Path) -> dict:
@@ -134,9 +139,12 @@ def _last_build_log(ctx) -> Path | None:
 
 
 def build(ctx) -> dict:
-    """The engine role's first run (dependencies, checkout), the archive fetched and unpacked here, the
-    toolchain checked, then the role's second run configures and builds. What the stage does (not
-    read-only); the first run's summary under "dependencies" (act takes it out of the record)."""
+    """The toolchain checked, then the engine role's one run: dependencies, checkout, configure and build. Twice
+    only when the role must act first: a build dependency to install (the toolchain checks need pkg-config), or
+    the build directory's parent to make before an archive is fetched and unpacked into it; then its first run
+    (dependencies, checkout) comes before the toolchain checks, as when a check refuses the build. What the stage
+    does (not read-only); the summary of the role's run that ensured the dependencies and the checkout under
+    "dependencies" (act takes it out of the record)."""
     p, host = ctx.profile, ctx.host
     e = p.engine
     log = _new_log(ctx)
@@ -146,18 +154,27 @@ def build(ctx) -> dict:
     if cpu:
         ctx.out.step("engine", f"building {e.recipe}{cpu}")
     src = host.path(e.build_dir)
-    deps = dependencies(ctx)  # the role's first run: the dependencies and the checkout, no build yet
+    first = bool(missing_dependencies(ctx)) or (archived(p) and not src.parent.is_dir())
+    deps = dependencies(ctx) if first else None  # the role's first run: the dependencies and the checkout
+    res: dict = {"log": str(log)}
     if archived(p):  # the role gives CMake real paths: a build dir reached through a link keeps its cache
-        res: dict = {"log": str(log), "source": llamacpp.source(ctx, src.resolve(), log), **toolchain(ctx)}
-    else:
-        res = {"log": str(log), "source": head_of(ctx, src), **toolchain(ctx)}
+        res["source"] = llamacpp.source(ctx, src.resolve(), log)
+    res.update(toolchain(ctx))
+    res["cuda_enabled"] = e.cuda
+    refused = "error" in res.get("source", {}) or not toolchain_ok(res, p)
+    if refused and deps is None:
+        deps = dependencies(ctx)  # the checkout all the same: the source record says where it stands
+    elif not refused:
+        res["cmake_options"] = ["-G", "Ninja", *role_vars(ctx, log)["p2pkit_engine_cmake_options"]]
+        ran = _cmake(ctx, res, log)
+        deps = deps or ran
+    if not archived(p):
+        res["source"] = head_of(ctx, src)
         if not (res["source"]["head"] or "").startswith(e.commit or "-"):
             res["source"]["error"] = f"{e.build_dir} is not checked out at {e.commit} (the engine role checks it out)"
-    res["cuda_enabled"], res["dependencies"] = e.cuda, deps
-    if "error" in res["source"] or not toolchain_ok(res, p):
+    res["dependencies"] = deps
+    if refused or "error" in res["source"]:
         return {**res, "refused": True}  # refused before configuring: the checks say why, CMake never ran
-    res["cmake_options"] = ["-G", "Ninja", *role_vars(ctx, log)["p2pkit_engine_cmake_options"]]
-    _cmake(ctx, res, log)
     res["first_error"] = pb.first_cmake_error(log.read_text(errors="replace"))
     return res
 
@@ -298,12 +315,32 @@ def act(ctx) -> dict:
     return {"dependencies": ctx.options["engine_build"].pop("dependencies"), "log": ctx.options["engine_build"]["log"]}
 
 
+DPKG_INSTALLED = r"^Package: (\S+)\nStatus: install \S+ installed$"  # dpkg-query's "ii", as the engine role reads it
+
+
+def missing_dependencies(ctx) -> list[str]:
+    """Read-only: the recipe's build dependencies (the engine role's defaults) that the engine role would install,
+    decided as the role decides: dpkg's database (/var/lib/dpkg/status under the host root) says the package is
+    installed, or else each of the package's tools (p2pkit_engine_tools) is an executable on the host's PATH."""
+    pkgs = role_default(ROLE, "p2pkit_engine_packages").get(ctx.profile.engine.recipe) or []
+    tools = role_default(ROLE, "p2pkit_engine_tools")
+    try:
+        installed = set(re.findall(DPKG_INSTALLED, ctx.host.path("/var/lib/dpkg/status").read_text(errors="replace"),
+                                   re.M))
+    except OSError:
+        installed = set()
+    path = ":".join(d for d in ctx.host.runner.path_env().split(":") if d.startswith("/"))
+    return [pkg for pkg in pkgs if pkg not in installed
+            and not (tools.get(pkg) and all(shutil.which(t, path=path) for t in tools[pkg]))]
+
+
 def dependencies(ctx) -> dict:
     """The engine role's first run: the build directory's parent (a mode only when it makes it), the
     build dependencies dpkg does not have and whose tools are not on PATH (through apt-get), and the
     checkout at the pinned commit (a tree of empty directories where it belongs is removed, one holding
     a file refused). The role decides each from the host; p2pkit hands it the profile's values and
-    keeps Ansible's own count. The build is its second run (build), after the toolchain checks."""
+    keeps Ansible's own count. The build follows (build): in the same run when nothing is to be installed first,
+    else in a second run after the toolchain checks."""
     return run_playbook(ctx, "engine", role_vars(ctx))
 
 

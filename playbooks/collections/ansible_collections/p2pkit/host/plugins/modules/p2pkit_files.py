@@ -53,7 +53,8 @@ options:
       - Entries with name and path (under root), read before anything is written. With glob, the paths
         under path that match it (each probed). sha256 adds the checksum, content the text (small
         files), findall a regular expression (multiline) whose matches are returned; absolute, a
-        path taken as it is, without root.
+        path taken as it is, without root; type, what the path itself is (a link not followed);
+        realpath, the path on this machine (root included) with its links resolved, as `realpath -m`.
     type: list
     elements: dict
     default: []
@@ -66,7 +67,8 @@ changed_paths:
   type: list
   returned: always
 probed:
-  description: Per probe name, exists, mtime_ns, mode (octal text), sha256, content, found; a glob's
+  description: Per probe name, exists, mtime_ns, mode (octal text), sha256, content, found, type (file,
+    directory, link, other; null when nothing is there), realpath; a glob's
     probe has matches, a list of those for each path it matched (paths without the root prefix).
   type: dict
   returned: always
@@ -137,13 +139,28 @@ def _file(path: str, entry: dict, check: bool) -> bool:
     return True
 
 
+def _kind(path: str) -> str | None:
+    """What the path itself is, a link not followed: file, directory, link, other; None when nothing is there."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return None
+    return "link" if stat.S_ISLNK(mode) else "directory" if stat.S_ISDIR(mode) else \
+        "file" if stat.S_ISREG(mode) else "other"
+
+
 def _probe_path(root: str, rel: str, entry: dict) -> dict:
     path = root + rel
+    more = {}
+    if entry.get("type"):
+        more["type"] = _kind(path)
+    if entry.get("realpath"):
+        more["realpath"] = os.path.realpath(path)
     try:
         st = os.stat(path)
     except OSError:
-        return {"path": rel, "exists": os.path.lexists(path), "mtime_ns": None, "mode": None}
-    out = {"path": rel, "exists": True, "mtime_ns": st.st_mtime_ns, "mode": f"0{stat.S_IMODE(st.st_mode):o}"}
+        return {"path": rel, "exists": os.path.lexists(path), "mtime_ns": None, "mode": None, **more}
+    out = {"path": rel, "exists": True, "mtime_ns": st.st_mtime_ns, "mode": f"0{stat.S_IMODE(st.st_mode):o}", **more}
     if not stat.S_ISREG(st.st_mode):
         return out
     if entry.get("sha256"):
