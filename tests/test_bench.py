@@ -172,7 +172,7 @@ def log_records(log: Path, offset: int) -> list[dict]:
 def ab_read_from_the_request_log(root: Path, cli, tmp_path: Path) -> None:
     log = root / "var/lib/p2pkit/engine/requests.jsonl"  # relative to the unit's WorkingDirectory
     offset = log.stat().st_size if log.exists() else 0
-    unit = {f: (root / f.lstrip("/")).read_bytes() for f in bench.UNIT_FILES}
+    unit = {f: (root / f.lstrip("/")).read_bytes() for f in bench.unit_files()}
     png = tmp_path / "bench.png"
     r = cli("--root", str(root), "--json", "bench", "--requests", "3", "--warmup", "1", "--prompt-tokens", "16",
             "--output-tokens", "24", "--ab", "serve.flags.draft-tokens=3", "--plot", str(png))
@@ -203,7 +203,7 @@ def ab_read_from_the_request_log(root: Path, cli, tmp_path: Path) -> None:
     assert [a["arm"] for a in doc["arms"]] == ["baseline", "serve.flags.draft-tokens=3"]
     assert doc["ab_ratio_decode"] < 1  # a smaller draft window decodes slower
     assert doc["restored"] == {"files_identical": True, "health": True}
-    assert {f: (root / f.lstrip("/")).read_bytes() for f in bench.UNIT_FILES} == unit
+    assert {f: (root / f.lstrip("/")).read_bytes() for f in bench.unit_files()} == unit
     text = b" ".join(b for k, b in png_chunks(png) if k == b"tEXt").decode("latin-1")
     assert doc["plot"] == str(png) and "baseline=3" in text and "serve.flags.draft-tokens=3=3" in text
 
@@ -228,7 +228,7 @@ def ab_interrupted_in_the_second_arm(root: Path) -> None:
 
     log = root / "var/lib/p2pkit/engine/requests.jsonl"
     offset = log.stat().st_size
-    unit = {f: (root / f.lstrip("/")).read_bytes() for f in bench.UNIT_FILES}
+    unit = {f: (root / f.lstrip("/")).read_bytes() for f in bench.unit_files()}
     exe = Path(sys.executable).parent / "p2pkit"
     proc = subprocess.Popen([str(exe), "--root", str(root), "bench", "--ab", "serve.flags.draft-tokens=3",
                              "--requests", "40", "--warmup", "0", "--output-tokens", "32"],
@@ -250,7 +250,7 @@ def ab_interrupted_in_the_second_arm(root: Path) -> None:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130 and "interrupted" in err, err[-2000:]
-    assert {f: (root / f.lstrip("/")).read_bytes() for f in bench.UNIT_FILES} == unit
+    assert {f: (root / f.lstrip("/")).read_bytes() for f in bench.unit_files()} == unit
     last = [x for x in log_records(log, offset) if x["event"] == "server_start"][-1]
     assert last["server_instance_id"] != b_server and draft_tokens(last) == "7"
     from p2pkit.core import config

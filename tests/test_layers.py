@@ -56,8 +56,8 @@ LAYERS: list[tuple[str, list[list[str]]]] = [
               ["p2pkit.core.writers"],
               ["p2pkit.core.tomlwrite", "p2pkit.core.logfiles", "p2pkit.core.output", "p2pkit.core.lock",
                "p2pkit.core.runner"],
-              ["p2pkit.core.secrets", "p2pkit.core.children"], ["p2pkit.core.safefs"],
-              ["p2pkit.core.errors", "p2pkit.core"], ["p2pkit.core.breaks", "p2pkit.core.role_defaults"],
+              ["p2pkit.core.secrets", "p2pkit.core.children"], ["p2pkit.core.safefs", "p2pkit.core.role_defaults"],
+              ["p2pkit.core.errors", "p2pkit.core"], ["p2pkit.core.breaks"],
               ["p2pkit.core.unitenv", "p2pkit.core.bootentry"]]),
     # data and child processes: the profiles (read with importlib.resources), the load worker (a child
     # process that imports nothing of p2pkit), the package itself (its version)

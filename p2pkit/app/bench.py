@@ -52,7 +52,6 @@ from p2pkit.rules import engine_cmd
 from p2pkit.rules.engines import llamacpp
 
 SCHEMA = 1
-UNIT_FILES = system.ENGINE_FILES[:3]  # what an --ab arm changes and puts back (the secrets stay)
 PROMPT_WORD = " gpu"  # one token per repeat in the tiny tokenizer and in most BPE vocabularies
 # seed 000's two workload shapes: (prompt tokens, output tokens)
 SHAPES = {"decode": (128, 512), "production": (2048, 128)}
@@ -517,7 +516,7 @@ def draft_sources(reqs: list[dict], delta: dict | None, log: dict | None) -> dic
 
 
 def snapshot(host) -> dict[str, bytes | None]:
-    return {f: (host.path(f).read_bytes() if host.path(f).is_file() else None) for f in UNIT_FILES}
+    return {f: (host.path(f).read_bytes() if host.path(f).is_file() else None) for f in unit_files()}
 
 
 def restore(ctx, saved: dict[str, bytes | None]) -> dict:
@@ -823,3 +822,8 @@ ACCOUNTING = {
               "timings_seconds, speculative; Neroued/ninfer src/serve/request_log.cpp), the response's `usage` "
               "beside it",
 }
+
+
+def unit_files() -> tuple[str, ...]:
+    """What an --ab arm changes and puts back (the secrets stay): the service role's unit, slice and env file."""
+    return system.ENGINE_FILES[:3]

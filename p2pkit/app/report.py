@@ -26,9 +26,8 @@ from p2pkit import __version__
 from p2pkit.core import logfiles, secrets, writers
 from p2pkit.core.errors import ProbeError, UsageError
 from p2pkit.facts import collect as facts
-from p2pkit.host import Host
+from p2pkit.host import Host, system
 from p2pkit.host.system import identity
-from p2pkit.stages.service.act import SECRETS_FILE
 
 MEMBER_CAP = 2 << 20  # a log's head and tail, 2 MiB at most in the archive
 ROTATED = re.compile(r"\.log\.\d+$")  # older runs' logs (<stage>.log.1 ...): the last run's is enough
@@ -69,12 +68,12 @@ def register_engine_secrets(host: Host, rep: Report) -> None:
     """The values in the engine's secrets file (root-only) are redacted like the profile's: a token the
     engine printed into a log is <redacted> in the archive. Unreadable here (not root): said."""
     try:
-        text = host.path(SECRETS_FILE).read_text()
+        text = host.path(system.ENGINE_SECRETS_FILE).read_text()
     except FileNotFoundError:
         return
     except OSError as e:
-        rep.leave_out(SECRETS_FILE, f"not readable here ({e.strerror or e}): a value only that file holds is not "
-                      "redacted in the logs; run `sudo p2pkit report` so it is")
+        rep.leave_out(system.ENGINE_SECRETS_FILE, f"not readable here ({e.strerror or e}): a value only that file "
+                      "holds is not redacted in the logs; run `sudo p2pkit report` so it is")
         return
     for value in writers.read_env_file(text).values():
         secrets.register(value)

@@ -8,6 +8,8 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
+from p2pkit.core.errors import P2pkitError
+
 COLLECTION = "playbooks/collections/ansible_collections/p2pkit/host"  # the roles and modules: collection p2pkit.host
 
 
@@ -18,15 +20,34 @@ def share_dir() -> Path:
     return installed if (installed / "playbooks").is_dir() else package.parent
 
 
+def _broken(role: str, why: str) -> P2pkitError:
+    path = share_dir() / COLLECTION / "roles" / role / "defaults/main.yml"
+    return P2pkitError(f"p2pkit reads what its {role} role states from {path}, and {why}: nothing was done",
+                       hint="put that file back as p2pkit ships it (reinstall p2pkit, or `git checkout` it in a "
+                            "source checkout), then run the command again")
+
+
 @cache
 def role_defaults(role: str) -> dict:
-    """The role's defaults/main.yml (role: p2pkit_driver, p2pkit_p2p_module, ...), parsed once."""
+    """The role's defaults/main.yml (role: p2pkit_driver, p2pkit_p2p_module, ...), parsed once; a missing,
+    unreadable or unparsable file is refused with what to do (the roles ship with p2pkit: a broken one
+    is an edited installation, never a traceback)."""
     import yaml  # ansible-core's own dependency (PyYAML)
 
-    doc = yaml.safe_load((share_dir() / COLLECTION / "roles" / role / "defaults/main.yml").read_text())
-    return doc if isinstance(doc, dict) else {}
+    try:
+        doc = yaml.safe_load((share_dir() / COLLECTION / "roles" / role / "defaults/main.yml").read_text())
+    except OSError as e:
+        raise _broken(role, f"cannot read it ({e.strerror or e})") from None
+    except yaml.YAMLError as e:
+        raise _broken(role, f"it is not YAML ({' '.join(str(e).split())[:200]})") from None
+    if not isinstance(doc, dict):
+        raise _broken(role, "it is not a mapping of defaults")
+    return doc
 
 
 def role_default(role: str, name: str):
-    """One default of a role; a KeyError names a default that is not there (tests hold each one)."""
-    return role_defaults(role)[name]
+    """One default of a role; one that is not there is refused as a broken installation."""
+    doc = role_defaults(role)
+    if name not in doc:
+        raise _broken(role, f"it has no {name}")
+    return doc[name]

@@ -23,7 +23,6 @@ from p2pkit.rules import engine_cmd, engine_env
 from p2pkit.stages.service import fit
 from p2pkit.stages.service import launcher as service_launcher
 
-UNIT = system.ENGINE_UNIT
 OOM_CAUSE = ("out of GPU memory at start (P18): the weights, the KV cache at this context and KV type and the draft "
              "layers do not fit with headroom; see service.vram_fit for the numbers and the context that fits")
 CAUSES = (
@@ -99,15 +98,15 @@ def act(ctx) -> dict:
     v = service_vars(ctx, line)
     mark = log_mark(ctx)
     if service_launcher.manager(ctx) == "launcher":  # systemd is not PID 1 here
-        acted.update(service_launcher.act(ctx, v, user=SERVICE_USER, argv=line["argv"]))
+        acted.update(service_launcher.act(ctx, v, user=system.ENGINE_USER, argv=line["argv"]))
         acted["started_at"] = time.time()
         if acted.get("launcher", {}).get("started") is not False:
             acted["log_from"] = mark
         return acted
-    before = system.service_main_pid(ctx.host, UNIT)
+    before = system.service_main_pid(ctx.host, system.ENGINE_UNIT)
     acted.update(run_playbook(ctx, "service", v))
     acted["started_at"] = time.time()
-    after = system.service_main_pid(ctx.host, UNIT)
+    after = system.service_main_pid(ctx.host, system.ENGINE_UNIT)
     if after is None or after != before:  # started or restarted by the role: the lines after the mark are its
         acted["log_from"] = mark
     return acted
@@ -168,7 +167,6 @@ def service_vars(ctx, line: dict | None = None) -> dict:
 
 
 # the role's defaults, read by p2pkit (p2pkit.host.system): the env files and the engine's user
-ENV_FILE, SECRETS_FILE = system.ENGINE_ENV_FILE, system.ENGINE_SECRETS_FILE
 
 
 def poll(probe, timeout: float, *, alive=None, interval: float = 0.25, note=None, every: float = 5.0,
@@ -222,7 +220,7 @@ def _unit_copy(host: Host) -> Path:
     """The installed unit; under a host root other than / a copy whose ExecStart points where this
     machine finds the engine (launcher.on_this_machine), so that systemd-analyze (which resolves
     ExecStart on this machine) checks what would run."""
-    unit = host.path(f"/etc/systemd/system/{UNIT}")
+    unit = host.path(f"/etc/systemd/system/{system.ENGINE_UNIT}")
     text = unit.read_text()
     m = re.search(r"^ExecStart=(.*)$", text, re.M)
     parts = shlex.split(m.group(1)) if m else []
@@ -231,14 +229,14 @@ def _unit_copy(host: Host) -> Path:
     parts[0] = launcher.on_this_machine(host, parts[0])
     text = re.sub(r"^ExecStart=.*$", "ExecStart=" + shlex.join(parts), text, flags=re.M)
     d = Path(tempfile.mkdtemp(prefix="p2pkit-unit-"))
-    safefs.write_text(d / UNIT, text, new=True)
-    return d / UNIT
+    safefs.write_text(d / system.ENGINE_UNIT, text, new=True)
+    return d / system.ENGINE_UNIT
 
 
 def analyze(host: Host) -> dict:
     unit = _unit_copy(host)
     v = host.runner.run(["systemd-analyze", "verify", str(unit)], check=False)
-    issues = [ln for ln in (v.stderr + v.stdout).splitlines() if UNIT in ln or "p2pkit" in ln]
+    issues = [ln for ln in (v.stderr + v.stdout).splitlines() if system.ENGINE_UNIT in ln or "p2pkit" in ln]
     s = host.runner.run(["systemd-analyze", "security", "--offline=true", str(unit)], check=False)
     m = re.search(r"Overall exposure level for \S+:\s*([\d.]+)\s*(\S+)", s.stdout + s.stderr)
     return {"verify_rc": v.returncode, "verify_issues": issues,
@@ -248,7 +246,7 @@ def analyze(host: Host) -> dict:
 def unit_alive(host: Host) -> bool:
     if service_launcher.launched(host):
         return service_launcher.alive(host)
-    return _systemctl(host, "is-active", UNIT).stdout.strip() in ("active", "activating")
+    return _systemctl(host, "is-active", system.ENGINE_UNIT).stdout.strip() in ("active", "activating")
 
 
 class Progress:
@@ -357,7 +355,7 @@ def fit_before_start(ctx) -> None:
 def main_pid(host: Host) -> int | None:
     if service_launcher.launched(host):
         return service_launcher.main_pid(host)
-    return system.service_main_pid(host, UNIT)
+    return system.service_main_pid(host, system.ENGINE_UNIT)
 
 
 def pid_caps(host: Host, pid: int) -> dict:
@@ -408,7 +406,7 @@ def start_lines(host: Host, mark: dict | None) -> list[str]:
         except OSError:
             return []
     if mark and "cursor" in mark:
-        r = host.runner.run(["journalctl", "-u", UNIT, f"--after-cursor={mark['cursor']}", "--no-pager"],
+        r = host.runner.run(["journalctl", "-u", system.ENGINE_UNIT, f"--after-cursor={mark['cursor']}", "--no-pager"],
                             check=False)
         return [ln for ln in r.stdout.splitlines() if ln != "-- No entries --"]
     if service_launcher.launched(host):
@@ -419,8 +417,8 @@ def start_lines(host: Host, mark: dict | None) -> list[str]:
             return []
         starts = [i for i, ln in enumerate(logged) if ln.startswith(launcher.START_LINE)]
         return logged[starts[-1]:] if starts else logged
-    inv = _systemctl(host, "show", "-p", "InvocationID", "--value", UNIT).stdout.strip()
-    args = [f"_SYSTEMD_INVOCATION_ID={inv}"] if inv else ["-u", UNIT, "-b"]
+    inv = _systemctl(host, "show", "-p", "InvocationID", "--value", system.ENGINE_UNIT).stdout.strip()
+    args = [f"_SYSTEMD_INVOCATION_ID={inv}"] if inv else ["-u", system.ENGINE_UNIT, "-b"]
     r = host.runner.run(["journalctl", *args, "--no-pager"], check=False)
     return [ln for ln in r.stdout.splitlines() if ln != "-- No entries --"]
 
@@ -439,7 +437,7 @@ def judged_mark(ctx, acted: dict | None) -> dict | None:
 def logs(host: Host, n: int = 30) -> list[str]:
     if service_launcher.launched(host):
         return service_launcher.logs(host, n)
-    r = host.runner.run(["journalctl", "-u", UNIT, "-n", str(n), "--no-pager"], check=False)
+    r = host.runner.run(["journalctl", "-u", system.ENGINE_UNIT, "-n", str(n), "--no-pager"], check=False)
     return r.stdout.splitlines()
 
 
@@ -484,8 +482,8 @@ def measure(ctx, acted: dict | None = None) -> dict:
     p = ctx.profile
     host = ctx.host
     launched = service_launcher.launched(host)
-    if not launched and not host.path(f"/etc/systemd/system/{UNIT}").is_file():
-        return {"service": {"error": f"{UNIT} is not installed: run `p2pkit up` (the service stage)"}}
+    if not launched and not host.path(f"/etc/systemd/system/{system.ENGINE_UNIT}").is_file():
+        return {"service": {"error": f"{system.ENGINE_UNIT} is not installed: run `p2pkit up` (the service stage)"}}
     role = engine_cmd.node(p)["role"]
     if role == "worker":
         with ctx.out.working("[service] waiting for this worker to join the head (NCCL)"):
@@ -495,7 +493,7 @@ def measure(ctx, acted: dict | None = None) -> dict:
         with ctx.out.working(f"[service] waiting for {url}"):
             health = wait_health(ctx, url, p.serve.health_timeout_s)
     pid = main_pid(host)
-    res = {"unit": UNIT, "role": role, "analyze": None if launched else analyze(host), "health": health,
+    res = {"unit": system.ENGINE_UNIT, "role": role, "analyze": None if launched else analyze(host), "health": health,
            "main_pid": pid, **(service_launcher.measured(host) if launched else {}),
            "pid_cgroup": pid_caps(host, pid) if pid else {"error": "the service has no main PID (not running)"},
            "listen": listening(p, pid) if role != "worker" else None}
@@ -522,7 +520,6 @@ def measure(ctx, acted: dict | None = None) -> dict:
     return {"service": res}
 
 
-SERVICE_USER = system.ENGINE_USER  # the service role's p2pkit_service_user
 
 
 def user_access(ctx) -> dict:
@@ -533,4 +530,16 @@ def user_access(ctx) -> dict:
         wants[p.model.output] = "r"
     for path in config.flag_paths(p).values():  # a draft model, a projector: read by the engine too
         wants[path] = "r"
-    return access.engine_reach(ctx.host, SERVICE_USER, wants)
+    return access.engine_reach(ctx.host, system.ENGINE_USER, wants)
+
+
+# The service role's unit, environment files and user, under the names the rest of p2pkit uses: read from the
+# role's defaults when first asked (host/system.py), never when this module is imported.
+_FROM_SYSTEM = {"UNIT": "ENGINE_UNIT", "ENV_FILE": "ENGINE_ENV_FILE", "SECRETS_FILE": "ENGINE_SECRETS_FILE",
+                "SERVICE_USER": "ENGINE_USER"}
+
+
+def __getattr__(name: str):
+    if name in _FROM_SYSTEM:
+        return getattr(system, _FROM_SYSTEM[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
