@@ -2,6 +2,7 @@
 live module swap with and without a process holding the GPUs."""
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -100,6 +101,22 @@ def test_live_reload_falls_back_to_reboot_when_the_gpu_is_held(cli, sim):
     assert doc["acted"]["live_reload"]["holders"] == [{"pid": 2301, "command": "Xorg"}]
     lifecycle.reboot(root)
     assert cli("--root", str(root), "up", "--to", "link").code == 0
+
+
+def test_live_reload_unloads_nothing_when_fuser_gives_no_answer(cli, sim):
+    """fuser failing (exit 127, as a program that cannot start gives; the simulated one made to) is no answer
+    about who holds /dev/nvidia*: nothing is unloaded, the reason says so, and the reboot path follows. Seen
+    failing before the fix: the modules were unloaded as if nothing held them."""
+    root = sim("stock-driver")
+    state = root / ".p2pkit-sim/state.json"
+    state.write_text(json.dumps({**json.loads(state.read_text()), "fuser_broken": True}))
+    loaded = (root / "sys/module/nvidia/srcversion").read_text()
+    r = cli("--root", str(root), "up", "--to", "link")
+    assert r.code == 4, r.err
+    assert "which processes hold /dev/nvidia* could not be read" in r.err and "nothing was unloaded" in r.err, r.err
+    doc = Store(root / "var/lib/p2pkit").read("p2p-module")
+    assert doc["acted"]["live_reload"]["done"] is False
+    assert (root / "sys/module/nvidia/srcversion").read_text() == loaded  # the stock module still loaded
 
 
 def test_live_reload_can_be_turned_off(cli, sim, tmp_path):
