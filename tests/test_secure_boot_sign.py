@@ -18,6 +18,27 @@ def _state(root):
     return json.loads((root / ".p2pkit-sim/state.json").read_text())
 
 
+def test_the_enrolment_password_is_never_written_into_a_module_file(cli, sim, monkeypatch):
+    """mokutil's stdin is a module argument: without pipelining Ansible writes it into the module's file
+    under the run's temporary directory (AnsiballZ_command.py), which an operator's
+    ANSIBLE_KEEP_REMOTE_FILES=1, or a run killed before its clean-up, leaves on disk. Here the clean-up is
+    switched off and the operator asks to keep the files: no file anywhere under the state directory holds
+    the password (seen failing before the stage's run was piped)."""
+    from p2pkit.core import ansible
+
+    monkeypatch.setenv("P2PKIT_MOK_PASSWORD", "one-time-pw-kept")
+    monkeypatch.setenv("ANSIBLE_KEEP_REMOTE_FILES", "1")
+    monkeypatch.setattr(ansible.shutil, "rmtree", lambda *a, **k: None)
+    root = sim("secure-boot-on")
+    r = cli("--root", str(root), "up", "--to", "p2p-module")
+    assert r.code in (0, 4), r.err  # 4: the reboot the enrolment needs
+    assert _state(root)["mok"]["new"], "mokutil --import was not run"
+    kept = [p for p in (root / "var/lib/p2pkit/.ansible").rglob("*") if p.is_file()]
+    assert kept, "the run's temporary directory was not kept: the test proves nothing"
+    leaked = [p for p in (root / "var/lib/p2pkit").rglob("*") if p.is_file() and b"one-time-pw-kept" in p.read_bytes()]
+    assert leaked == []
+
+
 def test_secure_boot_on_signs_enrols_and_proves_after_the_reboot(cli, sim, monkeypatch):
     monkeypatch.setenv("P2PKIT_MOK_PASSWORD", "one-time-pw")
     root = sim("secure-boot-on")

@@ -143,6 +143,10 @@ def run_playbook(ctx, stage: str, extra: dict, check_mode: bool = False, secret_
         "ANSIBLE_COLLECTIONS_SCAN_SYS_PATH": "false",
         **(secret_env or {}),
     }
+    if secret_env:
+        # a secret reaches one task's module arguments (mokutil's stdin): piped to the module, never written
+        # into a module file under the temporary directory (which a kept or killed run would leave behind)
+        env |= {"ANSIBLE_PIPELINING": "True", "ANSIBLE_KEEP_REMOTE_FILES": "False"}
     log = logs / f"{stage}.log"
     logfiles.rotate(log)  # the last runs' logs kept as .1 .. .3
     # this run's output only, streamed there as ansible-playbook prints it (capped, redacted); never
