@@ -195,3 +195,23 @@ def test_the_stage_runs_the_role_once_when_nothing_is_to_be_installed_first(sim)
     with pytest.raises(P2pkitError) as e:  # its first run stops at apt-get, before any toolchain check or build
         engine_stage.build(ctx)
     assert "Ensure the missing build dependencies are installed" in e.value.message
+
+
+def test_the_emptied_checkout_removal_keeps_the_directory_itself_and_lost_found(sim, tmp_path):
+    """Where the checkout belongs is a filesystem's root (a disk mounted at engine.build_dir): its empty
+    lost+found is the filesystem's, and the directory itself cannot be removed. Both stay; the empty
+    directories p2pkit's checkout left go; git then refuses the non-empty directory in its own words
+    (before, find deleted lost+found and failed on the mount point)."""
+    root = sim("healthy")
+    h = Host.at(root)
+    prof = config.load(h.sim["profile"])
+    given = {"p2pkit_root": str(root), "p2pkit_path": h.runner.path_env(), "p2pkit_engine_build": False,
+             "p2pkit_engine_recipe": prof.engine.recipe, "p2pkit_engine_build_dir": prof.engine.build_dir,
+             "p2pkit_engine_repo": prof.engine.repo, "p2pkit_engine_commit": prof.engine.commit}
+    src = root / prof.engine.build_dir.lstrip("/")
+    (src / "lost+found").mkdir(parents=True)
+    (src / "a/b").mkdir(parents=True)
+    r = by_hand(tmp_path, given)
+    assert "Remove an engine checkout emptied of its files" in r.stdout, r.stdout[-3000:]
+    assert (src / "lost+found").is_dir() and not (src / "a").exists()
+    assert r.returncode != 0 and "not an empty directory" in r.stdout, r.stdout[-3000:]
