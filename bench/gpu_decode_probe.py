@@ -35,6 +35,10 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
     "no-cache-idle-slots": ({"no-cache-idle-slots": True}, {}),
     "greedy-sampler": ({}, {"samplers": ["top_k"], "top_k": 1}),
     "parallel-1-ctx-4096-cache-ram-0": ({"parallel": 1, "kv-unified": None, "ctx-size": 4096, "cache-ram": 0}, {}),
+    # the greedy chain sampled on the GPU (llama-server's --backend-sampling, "experimental" in 0c1e570's help)
+    "backend-sampling": ({"backend-sampling": True}, {"samplers": ["top_k"], "top_k": 1}),
+    # one CPU thread: with every layer offloaded the CPU's part of a step is the token's embedding row
+    "threads-1": ({"threads": 1}, {}),
 }
 SHAPES = {"decode": (128, 512), "production": (2048, 128)}
 

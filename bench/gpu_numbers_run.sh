@@ -10,6 +10,13 @@
 #                                          level, drafting read from three sources, and the bench scripts (doctor
 #                                          against nvidia-smi -q, --help/--version against the interpreter, link,
 #                                          hash) beside it
+#   bash bench/gpu_numbers_run.sh sizes    where the last percent of served decode goes, by model size: the 0.76B
+#                                          main model and a 5.7B one (bench/gpu_model.py large, converted to f16 by
+#                                          llama.cpp's converter beside the build), each served with the profile's
+#                                          flags and a few variants, 10 timed requests a shape, against llama-bench tg
+#                                          (10 repetitions): a fixed cost a step shows as the same milliseconds a
+#                                          token at both sizes; then the production shape at 4 and 8 streams with 3
+#                                          and 8 requests a stream (the drain at a level's end), and doctor's bench
 # Every phase tars its records into $OUT/rec-PHASE.tar.gz when it ends (at most 8 files come back), and a phase
 # that would run past the call's 600 s is left out and says so.
 set -u
@@ -91,6 +98,53 @@ batched_formats() {  # llama-batched-bench's table, JSONL and errors from the CU
   echo "exit $?" >>"$d/missing-model.stderr.txt"
 }
 
+large_model() {  # the 5.7B checkpoint made and converted beside the build (needs the unpacked source only)
+  python3 bench/gpu_model.py large "$W/src/large" | tee "$REC/model-large.json"
+  local t0; t0=$(date +%s)
+  python3 "$W/llama.cpp/convert_hf_to_gguf.py" "$W/src/large" --outfile "$W/models/large-f16.gguf" --outtype f16 \
+    >"$REC/convert-large.txt" 2>&1; echo "exit $?" >>"$REC/convert-large.txt"
+  log "large model converted in $(( $(date +%s) - t0 )) s"
+  rm -rf "$W/src/large"
+}
+
+phase_sizes() {
+  begin sizes
+  phase_build & local bpid=$!
+  for _ in $(seq 120); do [ -f "$W/llama.cpp/convert_hf_to_gguf.py" ] && break; sleep 1; done
+  REC=$OUT/sizes; mkdir -p "$W/models"
+  large_model
+  python3 bench/gpu_model.py main "$W/src/main" >"$REC/model-main.json"
+  stages --state-dir "$W/state-model" model >"$REC/model-stage-main.txt" 2>&1
+  wait "$bpid"; REC=$OUT/sizes
+  local v=p2pkit,greedy-sampler,backend-sampling,threads-1
+  room 150 "the decode probe, 5.7B" && {
+    log "decode probe, 5.7B model: $v, 10 requests a shape"
+    python3 bench/gpu_decode_probe.py --profile "$PROFILE" "${SETS[@]}" --set "model.output=$W/models/large-f16.gguf" \
+      --state-dir "$W/state-probe" --requests 10 --reps 10 --variants "$v" --out "$REC/probe-large.json" \
+      --log-dir "$REC/probe-large-logs" 2>&1 | tee "$REC/probe-large.txt"; }
+  room 100 "the decode probe, 0.76B" && {
+    log "decode probe, 0.76B model: $v, 10 requests a shape"
+    python3 bench/gpu_decode_probe.py --profile "$PROFILE" "${SETS[@]}" --state-dir "$W/state-probe" --requests 10 \
+      --reps 10 --variants "$v" --out "$REC/probe-main.json" --log-dir "$REC/probe-main-logs" 2>&1 | tee "$REC/probe-main.txt"; }
+  room 90 "production at 4 and 8 streams" && {
+    service_up
+    log "bench: production at 4 and 8 streams, 3 requests a stream, llama-batched-bench reference"
+    python3 bench/gpu_bench.py --profile "$PROFILE" "${SETS[@]}" --state-dir "$W/state" --shapes production \
+      --concurrency 4,8 --requests 3 --warmup 1 --reference --out "$REC/bench-prod-3.json" 2>&1 | tee "$REC/bench-prod-3.txt"
+    room 40 "production with 8 requests a stream" && {
+      log "bench: production at 4 and 8 streams, 8 requests a stream"
+      python3 bench/gpu_bench.py --profile "$PROFILE" "${SETS[@]}" --state-dir "$W/state" --shapes production \
+        --concurrency 4,8 --requests 8 --warmup 1 --out "$REC/bench-prod-8.json" 2>&1 | tee "$REC/bench-prod-8.txt"; }
+    cp "$W"/state/logs/engine-launcher.log "$REC/" 2>/dev/null
+    "${P[@]}" serve stop >"$REC/serve-stop.txt" 2>&1; }
+  room 30 "doctor's bench" && {
+    unset PYTHONDONTWRITEBYTECODE
+    python3 -m compileall -q p2pkit bench /tmp/site >/dev/null 2>&1
+    python3 -m venv --without-pip /tmp/v && PYTHONPATH=/tmp/site /tmp/v/bin/python3 bench/bench_doctor.py --runs 9 \
+      >"$REC/bench_doctor_venv.json" 2>"$REC/bench_doctor_venv.err"; }
+  end sizes
+}
+
 phase_final() {
   begin final
   service_up
@@ -132,7 +186,8 @@ scripts() {  # the bench scripts, each as `python3 bench/NAME.py` from this chec
 case "${1:-}" in
 probe) build_and_models; phase_probe ;;
 final) build_and_models; phase_final ;;
-*) echo "usage: gpu_numbers_run.sh probe|final" >&2; exit 2 ;;
+sizes) phase_sizes ;;
+*) echo "usage: gpu_numbers_run.sh probe|final|sizes" >&2; exit 2 ;;
 esac
 log "call took $(( $(date +%s) - T0 )) s"
 ls -la "$OUT"

@@ -46,8 +46,10 @@ def tokenizer(out: Path) -> int:
 
 
 def make(out: Path, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2, ffn: int = 128,
-         seed: int = 0, context: int = 2048) -> Path:
-    """The checkpoint in `out` (created): config.json, model.safetensors(.index.json), tokenizer."""
+         seed: int = 0, context: int = 2048, distinct_layers: bool = True) -> Path:
+    """The checkpoint in `out` (created): config.json, model.safetensors(.index.json), tokenizer. With
+    distinct_layers False every layer holds the first layer's random values (made once: a checkpoint of
+    several GB in seconds, for throughput, which does not care what the weights say)."""
     from safetensors.numpy import save_file
 
     out.mkdir(parents=True, exist_ok=True)
@@ -60,8 +62,12 @@ def make(out: Path, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads:
 
     t = {"model.embed_tokens.weight": w(n_vocab, hidden), "model.norm.weight": np.ones(hidden, np.float16),
          "lm_head.weight": w(n_vocab, hidden)}
+    first: dict = {}
     for i in range(layers):
         p = f"model.layers.{i}."
+        if first and not distinct_layers:
+            t.update({p + k: a for k, a in first.items()})
+            continue
         t.update({p + "self_attn.q_proj.weight": w(hidden, hidden),
                   p + "self_attn.k_proj.weight": w(kv_heads * head_dim, hidden),
                   p + "self_attn.v_proj.weight": w(kv_heads * head_dim, hidden),
@@ -70,6 +76,7 @@ def make(out: Path, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads:
                   p + "mlp.down_proj.weight": w(hidden, ffn),
                   p + "input_layernorm.weight": np.ones(hidden, np.float16),
                   p + "post_attention_layernorm.weight": np.ones(hidden, np.float16)})
+        first = {k[len(p):]: a for k, a in t.items() if k.startswith(p)}
     save_file(t, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "model.safetensors.index.json").write_text(json.dumps(
         {"metadata": {"total_size": sum(a.nbytes for a in t.values())},
