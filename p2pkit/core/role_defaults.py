@@ -34,8 +34,12 @@ def role_defaults(role: str) -> dict:
     is an edited installation, never a traceback)."""
     import yaml  # ansible-core's own dependency (PyYAML)
 
+    # libyaml's parser where PyYAML was built with it (its wheels are): the same safe types as safe_load, a
+    # fifteenth of the time (doctor reads four roles' defaults: 15.8 ms against 1.1 ms here)
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        doc = yaml.safe_load((share_dir() / COLLECTION / "roles" / role / "defaults/main.yml").read_text())
+        doc = yaml.load((share_dir() / COLLECTION / "roles" / role / "defaults/main.yml").read_text(),
+                        Loader=loader)  # a safe loader: SafeLoader or libyaml's CSafeLoader
     except OSError as e:
         raise _broken(role, f"cannot read it ({e.strerror or e})") from None
     except yaml.YAMLError as e:
