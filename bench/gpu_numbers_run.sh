@@ -141,7 +141,9 @@ phase_sizes() {
     unset PYTHONDONTWRITEBYTECODE
     python3 -m compileall -q p2pkit bench /tmp/site >/dev/null 2>&1
     python3 -m venv --without-pip /tmp/v && PYTHONPATH=/tmp/site /tmp/v/bin/python3 bench/bench_doctor.py --runs 9 \
-      >"$REC/bench_doctor_venv.json" 2>"$REC/bench_doctor_venv.err"; }
+      >"$REC/bench_doctor_venv.json" 2>"$REC/bench_doctor_venv.err"
+    PYTHONPATH=/tmp/site /tmp/v/bin/python3 bench/doctor_timeline.py --runs 3 >"$REC/doctor_timeline.jsonl" \
+      2>"$REC/doctor_timeline.err"; }
   end sizes
 }
 

@@ -101,6 +101,24 @@ def test_bench_doctor_times_every_command_with_a_stand_in_for_nvidia_smi(tmp_pat
     assert missing.returncode == 2 and "no-such-smi is not installed" in missing.stderr
 
 
+def test_doctor_timeline_times_doctor_on_a_simulated_host(tmp_path):
+    """bench/doctor_timeline.py: doctor run as the command runs it, its facts started early, the imports, every
+    fact and the end in order, on a simulated host (doctor exits 1 there: the sim's 5090s are not this box's)."""
+    host = tmp_path / "host"
+    made = subprocess.run([sys.executable, "-m", "p2pkit", "sim", "init", str(host)], capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert made.returncode == 0, made.stderr[-1500:]
+    r = run("doctor_timeline.py", "--runs", "1", "--", "--root", str(host), "doctor", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-1500:]
+    t = json.loads(r.stdout)
+    assert 0 < t["facts_started_s"] < t["imports_done_s"] < t["facts_done_s"] <= t["end_s"], t
+    names = [f[0] for f in t["facts"]]
+    assert {"nvml", "smi_topo_m", "engine_live"} <= set(names) and len(names) == len(set(names))
+    assert all(t["facts_started_s"] <= s <= e <= t["facts_done_s"] for _, s, e in t["facts"])
+    bad = run("doctor_timeline.py", "--runs", "x", cwd=tmp_path)
+    assert bad.returncode == 2 and "usage" in bad.stderr
+
+
 def test_bench_hash_hashes_and_compares(tmp_path):
     r = run("bench_hash.py", "--mib", "2", "--runs", "1", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-1500:]
