@@ -83,6 +83,8 @@ def test_a_refusal_keeps_p2pkits_message_and_exit_code():
     with pytest.raises(unitenv.Refused) as r:
         unitenv.env_line("1X", "v")
     assert r.value.message == "1X: '1X' is not an environment variable name"
+    with pytest.raises(unitenv.Refused):  # a regex's `$` matches before a final newline: the name is checked to its end
+        unitenv.env_line("X\n", "v")
 
 
 def test_the_filters_write_what_p2pkits_writers_write():

@@ -68,8 +68,9 @@ class Refused(ValueError):
         self.message, self.hint = message, hint
 
 
-UNIT_PLAIN = re.compile(r"^[A-Za-z0-9_./:=+,@-]+$")
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# \Z, not $: `$` also matches before a final newline, so "X\n" passed ENV_NAME and split its line in two
+UNIT_PLAIN = re.compile(r"^[A-Za-z0-9_./:=+,@-]+\Z")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def refuse_controls(what: str, value: str, fmt: str) -> str:
