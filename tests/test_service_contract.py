@@ -9,8 +9,10 @@ before a playbook runs."""
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -19,8 +21,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from p2pkit.core import unitenv, writers
-from p2pkit.host import system
+from p2pkit.core import config, unitenv, writers
+from p2pkit.host import Host, system
+from p2pkit.sim import lifecycle
 from p2pkit.stages.service import act as svc
 from tests.conftest import REPO
 
@@ -83,6 +86,34 @@ def test_a_refusal_keeps_p2pkits_message_and_exit_code():
     with pytest.raises(unitenv.Refused) as r:
         unitenv.env_line("1X", "v")
     assert r.value.message == "1X: '1X' is not an environment variable name"
+    with pytest.raises(unitenv.Refused):  # a regex's `$` matches before a final newline: the name is checked to its end
+        unitenv.env_line("X\n", "v")
+
+
+@pytest.mark.parametrize("user,said", [
+    ("p2pkit-engine", None), ("_eng_2", None), ("a" * 31, None),
+    ("", "is empty"),
+    ("a" * 32, "is 32 characters long, more than a user name may be"),
+    ("2eng", "starts with the character '2', which a user name cannot start with"),
+    ("-eng", "starts with the character '-', which a user name cannot start with"),
+    ("eng%i", "holds the character '%', which a user name cannot hold"),
+    ("eng\n", "holds a newline (\\n), which a user name cannot hold"),
+    ("root\nExecStartPre=/bin/sh", "holds a newline (\\n), which a user name cannot hold"),
+    ("Eng", "holds the character 'E', which a user name cannot hold"),
+    ("eng$", "holds the character '$', which a user name cannot hold"),
+    ("a:b", "holds the character ':', which a user name cannot hold"),
+    ("a b", "holds the character ' ', which a user name cannot hold"),
+])
+def test_a_user_name_is_one_systemd_and_useradd_both_take_as_it_is(user, said):
+    """User= and Group= expand specifiers and end at a newline; the name is also useradd's argument."""
+    if said is None:
+        assert unitenv.unit_user("the user", user) == user
+        return
+    with pytest.raises(unitenv.Refused) as e:
+        unitenv.unit_user("p2pkit_service_user", user)
+    assert e.value.message == f"p2pkit_service_user {said}"
+    assert e.value.hint == ("give p2pkit_service_user a user name: lowercase letters, digits, _ and -, starting with "
+                            "a letter or _, at most 31 characters, like p2pkit-engine")
 
 
 def test_the_filters_write_what_p2pkits_writers_write():
@@ -95,12 +126,17 @@ f = FilterModule().filters()
 out = {"exec": f["unit_exec"](["/opt/e/serve", "a b", "100%", "$HOME"] + f["flag_words"](
            {"tp": 2, "vision": True, "quiet": False, "x": None, "name": 'q"x'})),
        "env": f["env_file"]({"A": "1", "B": 'x"$`y'}, "h"), "ip": f["ip_filter"]("127.0.0.1", "head", "10.0.0.0/24"),
-       "value": f["unit_value"]("50%", "w"), "path": f["unit_path"]("/var/lib/p2pkit/engine", "w")}
+       "value": f["unit_value"]("50%", "w"), "path": f["unit_path"]("/var/lib/p2pkit/engine", "w"),
+       "user": f["unit_user"]("p2pkit-engine", "w")}
+from ansible.errors import AnsibleFilterError
 try:
     f["unit_exec"](["/opt/e/serve", "a\\nb"], "the command line of the engine")
 except Exception as e:
-    from ansible.errors import AnsibleFilterError
     out["refused"] = [isinstance(e, AnsibleFilterError), str(e)]
+try:
+    f["unit_user"]("eng%i", "p2pkit_service_user")
+except Exception as e:
+    out["user_refused"] = [isinstance(e, AnsibleFilterError), str(e)]
 print(json.dumps(out))
 """
     r = subprocess.run([sys.executable, "-c", code, str(REPO / "playbooks/collections")], capture_output=True,
@@ -110,9 +146,12 @@ print(json.dumps(out))
     assert got["exec"] == writers.unit_exec(argv) == svc.exec_start(argv)
     assert got["env"] == writers.env_file({"A": "1", "B": 'x"$`y'}, "h")
     assert got["ip"] == ["any", "localhost 10.0.0.0/24"]
-    assert got["value"] == "50%%" and got["path"] == "/var/lib/p2pkit/engine"
+    assert got["value"] == "50%%" and got["path"] == "/var/lib/p2pkit/engine" and got["user"] == "p2pkit-engine"
     assert got["refused"] == [True, "the command line of the engine holds a newline (\\n), which "
                               "cannot be written into a systemd unit (remove it from the command line of the engine)"]
+    with pytest.raises(unitenv.Refused) as e:
+        unitenv.unit_user("p2pkit_service_user", "eng%i")
+    assert got["user_refused"] == [True, f"{e.value.message} ({e.value.hint})"]
 
 
 @pytest.mark.parametrize("key,value,said", [
@@ -122,6 +161,18 @@ print(json.dumps(out))
     ("p2pkit_service_secrets", {"HF_TOKEN": "s3cret\u2028X=1"},
      "p2pkit_service_secrets.HF_TOKEN holds U+2028 LINE SEPARATOR (a line break), which cannot be written into an "
      "environment file"),
+    ("p2pkit_service_env", {"NCCL_DEBUG\n": "INFO"}, "'NCCL_DEBUG\\n' is not an environment variable name"),
+    # the unit's own text and its user, given by hand from an inventory (p2pkit bounds them before a playbook runs)
+    ("p2pkit_service_recipe", 'ninfer\nExecStartPre=/bin/sh -c "id >/tmp/p"\n[Service]',
+     "p2pkit_service_recipe holds a newline (\\n), which cannot be written into a systemd unit "
+     "(remove it from p2pkit_service_recipe)"),
+    ("p2pkit_service_profile", "prod\u2028[Service]",
+     "p2pkit_service_profile holds U+2028 LINE SEPARATOR (a line break), which cannot be written into a systemd unit"),
+    ("p2pkit_service_user", 'root\nExecStartPre=/bin/sh -c "id >/tmp/p"',
+     "p2pkit_service_user holds a newline (\\n), which a user name cannot hold (give p2pkit_service_user a user "
+     "name: lowercase letters, digits, _ and -, starting with a letter or _, at most 31 characters, like "
+     "p2pkit-engine)"),
+    ("p2pkit_service_user", "eng%i", "p2pkit_service_user holds the character '%', which a user name cannot hold"),
 ])
 @pytest.mark.slow
 def test_the_role_alone_refuses_a_value_the_files_cannot_hold_before_it_writes_anything(sim, tmp_path, key, value,
@@ -130,14 +181,44 @@ def test_the_role_alone_refuses_a_value_the_files_cannot_hold_before_it_writes_a
 
     root = sim("healthy")
     given = {**profile_vars(root), **service_vars_by_hand(root)}
-    given[key] = {**given.get(key, {}), **value}
-    before = sorted(str(p) for p in root.rglob("*"))
+    given[key] = {**given.get(key, {}), **value} if isinstance(value, dict) else value
+    before = files_of(root)
     r, recap = playbook("service.yml", write_inventory(tmp_path / "hosts.yml", given), tmp_path)
-    assert r.returncode != 0 and recap["failed"] == 1, r.stdout[-3000:]
+    assert r.returncode != 0 and recap["failed"] == 1 and recap["changed"] == 0, r.stdout[-3000:]
     assert said in r.stdout, r.stdout[-3000:]
     assert "s3cret" not in r.stdout
-    assert sorted(str(p) for p in root.rglob("*")) == before  # nothing written, no user made
-    assert "p2pkit-engine" not in (root / "etc/passwd").read_text()
+    # refused by the task that writes the values down, before the user's or any file's task ran
+    tasks = re.findall(r"^TASK \[(?:\S+ : )?(.+?)\]", r.stdout, re.M)
+    assert tasks[-1].startswith("Ensure the profile's values can be written") or \
+        tasks[-1] == "Ensure the secrets can be written into the secrets file", tasks
+    assert files_of(root) == before  # nothing written (no file's content either), no user made
+
+
+def files_of(root: Path) -> dict[str, str]:
+    """Every file under the host's root, by its content."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()}
+
+
+@pytest.mark.slow
+def test_the_role_alone_escapes_a_specifier_in_the_units_text_and_runs_the_user_it_was_given(sim, tmp_path):
+    """A `%` in the recipe and the profile's name is written `%%` (systemd expands specifiers in Description=
+    and reads comments as they are), a user name as it is; the real systemd-analyze verifies the unit."""
+    from tests.test_roles import playbook, profile_vars, service_vars_by_hand, write_inventory
+
+    root = sim("healthy")
+    lifecycle.place_engine(root, config.load(Host.at(root).sim["profile"]))  # the engine stage's binary
+    given = {**profile_vars(root), **service_vars_by_hand(root), "p2pkit_service_recipe": "ninfer-50%",
+             "p2pkit_service_profile": "100%n prod", "p2pkit_service_user": "eng_2"}
+    r, recap = playbook("service.yml", write_inventory(tmp_path / "hosts.yml", given), tmp_path)
+    assert r.returncode == 0 and recap["failed"] == 0, r.stdout[-3000:]
+    unit = (root / "etc/systemd/system" / svc.UNIT).read_text()
+    assert unit.startswith("# Written by p2pkit's service stage: the ninfer-50%% engine as a system service")
+    assert "\nDescription=p2pkit: ninfer-50%% inference engine (100%%n prod)\n" in unit
+    assert "\nUser=eng_2\nGroup=eng_2\n" in unit
+    assert "eng_2:" in (root / "etc/passwd").read_text()
+    verified = svc.analyze(Host.at(root))
+    assert verified["verify_rc"] == 0 and verified["verify_issues"] == [], verified
 
 
 @pytest.mark.slow

@@ -5,8 +5,8 @@ relative symlink to this file; `ansible-galaxy collection build` copies it in as
 and refuse the same values.
 
 - systemd units: setting values (`%` is a specifier: written `%%`), paths, Exec*= command lines (each word
-  quoted, `\\` and `"` escaped, `%%` and `$$`), per systemd.unit(5), systemd.service(5); the IP filter
-  (IPAddressDeny/Allow) of the engine's unit.
+  quoted, `\\` and `"` escaped, `%%` and `$$`), per systemd.unit(5), systemd.service(5); the user of User=
+  and Group= (a user name, nothing else); the IP filter (IPAddressDeny/Allow) of the engine's unit.
 - environment files: NAME="value" with `\\`, `"`, `$` and backquote escaped (systemd's EnvironmentFile=
   parser, src/basic/env-file.c, and a POSIX shell read them the same way).
 - an engine's flags as command-line words: `--name value`, a switch (true) bare, false or no value left out.
@@ -68,8 +68,16 @@ class Refused(ValueError):
         self.message, self.hint = message, hint
 
 
-UNIT_PLAIN = re.compile(r"^[A-Za-z0-9_./:=+,@-]+$")
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# \Z, not $: `$` also matches before a final newline, so "X\n" passed ENV_NAME and split its line in two
+UNIT_PLAIN = re.compile(r"^[A-Za-z0-9_./:=+,@-]+\Z")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+# A user (and its group) for User= and Group=, made by useradd: the names systemd's strict check accepts
+# (src/basic/user-util.c valid_user_group_name without VALID_USER_RELAX: a letter or _ first, then letters,
+# digits, _ and -, at most 31 characters, what fits utmp) in the form useradd(8) recommends (CAVEATS:
+# [a-z_][a-z0-9_-]*[$]?, lower case; without the Samba machine account's final $). Anything else changes
+# the unit: User= expands specifiers (`%i` is another user at run time), a newline starts a new setting.
+USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,30}\Z")
+USER_RULE = "lowercase letters, digits, _ and -, starting with a letter or _, at most 31 characters"
 
 
 def refuse_controls(what: str, value: str, fmt: str) -> str:
@@ -97,6 +105,24 @@ def unit_path(what: str, path: str) -> str:
         raise Refused(f"{what} holds {name(bad.group())} ({path!r}), which a systemd path setting cannot hold",
                       hint=f"use a path without it for {what}")
     return path.replace("%", "%%")
+
+
+def unit_user(what: str, user: str) -> str:
+    """A user or group name for User= and Group= (the engine's system user): USER_NAME's, or refused naming
+    what it holds (a newline, a `%`) and the rule."""
+    user = str(user)
+    if USER_NAME.match(user):
+        return user
+    bad = BREAKS.search(user) or re.search(r"[^a-z0-9_-]", user)
+    if bad:
+        why = f"holds {name(bad.group())}, which a user name cannot hold"
+    elif not user:
+        why = "is empty"
+    elif len(user) > 31:
+        why = f"is {len(user)} characters long, more than a user name may be"
+    else:
+        why = f"starts with {name(user[0])}, which a user name cannot start with"
+    raise Refused(f"{what} {why}", hint=f"give {what} a user name: {USER_RULE}, like p2pkit-engine")
 
 
 def _unit_word(word: str) -> str:
