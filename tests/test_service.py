@@ -77,6 +77,28 @@ def test_the_builtin_profiles_do_not_warn_on_their_own_slots():
     assert mtp["service.spec_slots"].status == "warn" and mtp["service.spec_slots"].value == 8
 
 
+def test_llamacpp_warns_where_idle_slots_cells_stay_in_a_unified_cache():
+    """Several slots in one unified KV cache with no RAM prompt cache: idle slots' cells stay, and one stream's
+    decode slowed to 0.77x on the H200 (docs/measurements.md); one slot, no unified cache or a RAM cache do not
+    warn. The built-in llama.cpp profile serves one slot (seed 003): no warning there."""
+    from p2pkit.core import config
+
+    base = config.load("dual-5090-llamacpp")
+
+    def found(**flags):
+        f = {k: v for k, v in {**base.serve.flags, **flags}.items() if v is not None}
+        q = replace(base, serve=replace(base.serve, flags=f))
+        return {c.id: c for c in engine_cmd.validate(q)}.get("service.idle_slot_cells")
+
+    assert found() is None  # parallel 1, kv-unified, cache-ram 0
+    c = found(parallel=8)
+    assert c.status == "warn" and "8 slots" in c.measured and "kv-unified = false" in c.hint
+    assert found(parallel=None).measured.startswith("4 slots")  # llama-server's auto: 4 slots, one unified cache
+    assert found(parallel=8, **{"kv-unified": None}) is None
+    assert found(parallel=8, **{"cache-ram": 8192}) is None
+    assert found(parallel=8, **{"cache-ram": None}) is None  # llama-server's default RAM cache, 8192 MiB
+
+
 def test_default_profile_passes_validation_and_builds_the_command_as_a_list():
     assert not [c for c in engine_cmd.validate(BASE) if c.status == "fail"]
     argv = engine_cmd.argv(BASE)

@@ -169,9 +169,34 @@ def fit_checks(fit: dict, p, plan: dict) -> list[Check]:
                   pitfall="P18")]
 
 
+# Idle slots' cells with a unified KV cache and no RAM prompt cache: llama-server keeps them in the cache (it saves
+# and clears idle slots only into the RAM cache: "--cache-idle-slots requires --cache-ram, disabling"), and each
+# decode step's attention spans the cache up to its highest used cell (llama_kv_cache::get_n_kv), so one stream
+# decodes slower for what the other slots hold. Measured on the H200 (docs/measurements.md, "Idle slots' cells"):
+# 0.76B model, 8 slots, ctx 32768, one decode stream right after an 8-stream level of 2048-token prompts: 685 tok/s
+# unified against 895 with --no-kv-unified (0.77x).
+IDLE_CELLS_HINT = ("one stream decodes slower for every cell the idle slots keep (measured 0.77x on the H200 after an "
+                   "8-stream level): set serve.flags.kv-unified = false (each slot then gets ctx-size/parallel "
+                   "cells), or parallel = 1, or a cache-ram above 0 (idle slots then move to RAM, about 0.2 s "
+                   "each when a new task starts)")
+
+
+def idle_slot_cells(f: dict) -> Check | None:
+    """A WARN where several slots share a unified KV cache with no RAM prompt cache (IDLE_CELLS_HINT)."""
+    np_ = f.get("parallel")
+    n = 4 if np_ is None or as_int(np_, None) == -1 else as_int(np_, None)  # auto: 4 slots, unified (AUTO_SLOTS)
+    unified = f.get("kv-unified") is True or np_ is None or as_int(np_, None) == -1
+    if n is None or n <= 1 or not unified or str(f.get("cache-ram")) != "0":
+        return None
+    return judge("service.idle_slot_cells", "idle slots' cells leave the one busy stream's decode alone", False,
+                 f"{n} slots in one unified KV cache, cache-ram 0", "kv-unified off, one slot, or cache-ram > 0",
+                 IDLE_CELLS_HINT, severity=WARN)
+
+
 def checks(p, f: dict) -> list[Check]:
-    """llama-server's own refusals, before a start: drafting with one slot (P20), one tensor-split share per GPU."""
-    out = []
+    """llama-server's own refusals, before a start: drafting with one slot (P20), one tensor-split share per GPU;
+    and a warning where idle slots' cells slow the one busy stream (idle_slot_cells)."""
+    out = [c for c in (idle_slot_cells(f),) if c]
     if drafting(f):
         np_ = f.get("parallel")
         shown = np_ if np_ is not None else AUTO_SLOTS
