@@ -1,0 +1,59 @@
+"""dpkg's database (/var/lib/dpkg/status) read for its installed packages: one pattern, the p2pkit_common role's
+p2pkit_dpkg_installed, read by the driver, p2p-module and engine roles and by p2pkit. A stanza's Status line may
+follow other fields (dpkg writes Essential and Protected before it: 25 of the 710 packages of the Debian 12
+machine tests/fixtures/dpkg was copied from), a held package is installed, and only error flag "ok" with status
+"installed" counts (reinstreq is a package dpkg must reinstall, config-files one removed). Read over real
+stanzas and written ones (tests/fixtures/dpkg/README.md)."""
+
+import re
+import shutil
+
+import yaml
+
+from p2pkit.core.ansible import COLLECTION
+from tests.conftest import FIXTURES, REPO
+from tests.test_roles import load_files_module
+
+STATUS = FIXTURES / "dpkg/status"
+ROLES = REPO / COLLECTION / "roles"
+# (package, selection) of each installed package in the fixture, in its order
+INSTALLED = [["hostname", "install"], ["libgcc-s1", "install"], ["libnvidia-compute-580", "hold"],
+             ["pkg-config", "install"]]
+# where each role reads dpkg's database
+READERS = {"p2pkit_driver": "tasks/main.yml", "p2pkit_p2p_module": "tasks/render.yml",
+           "p2pkit_engine": "tasks/main.yml"}
+
+
+def pattern() -> str:
+    return yaml.safe_load((ROLES / "p2pkit_common/defaults/main.yml").read_text())["p2pkit_dpkg_installed"]
+
+
+def test_the_pattern_is_stated_once_in_the_common_role_and_each_reader_takes_it_from_there():
+    """p2pkit reads it there too (tests/test_role_defaults.py)."""
+    for role, tasks in READERS.items():
+        text = (ROLES / role / tasks).read_text()
+        assert "p2pkit_dpkg_installed" in text and "Status:" not in text, role
+    stated = [str(p.relative_to(REPO)) for d in ("p2pkit", "playbooks") for p in (REPO / d).rglob("*")
+              if p.suffix in (".py", ".yml", ".j2") and "Status: " in p.read_text(errors="replace")]
+    # the common role's statement; the simulator's writer of the simulated host's database and its own hold reader
+    assert sorted(stated) == ["p2pkit/sim/render.py", f"{COLLECTION}/roles/p2pkit_common/defaults/main.yml"]
+
+
+def test_the_pattern_reads_real_stanza_shapes():
+    text = STATUS.read_text()
+    found = list(re.finditer(pattern(), text, re.M))
+    assert [list(m.groups()) for m in found] == INSTALLED
+    for m in found:  # each match inside its own stanza: it never runs past a blank line into the next
+        assert "\n\n" not in m.group(0) and m.group(0).startswith(f"Package: {m.group(1)}\n")
+    # the one-line reading (Status: right after Package:) missed the Essential and the Protected package
+    assert [p for p, _ in INSTALLED if p not in re.findall(r"^Package: (\S+)\nStatus: \S+ ok installed$", text,
+                                                            re.M)] == ["hostname", "libgcc-s1"]
+
+
+def test_the_files_module_finds_what_the_roles_read(tmp_path):
+    """The roles read dpkg's database through p2pkit.host.p2pkit_files (findall, multiline): [package, selection]
+    for each installed package."""
+    (tmp_path / "var/lib/dpkg").mkdir(parents=True)
+    shutil.copy(STATUS, tmp_path / "var/lib/dpkg/status")
+    probed = load_files_module().probe(str(tmp_path), {"path": "/var/lib/dpkg/status", "findall": pattern()})
+    assert probed["found"] == INSTALLED
