@@ -7,10 +7,13 @@ stanzas and written ones (tests/fixtures/dpkg/README.md)."""
 
 import re
 import shutil
+import subprocess
 
+import pytest
 import yaml
 
 from p2pkit.core.ansible import COLLECTION
+from p2pkit.parse import system as ps
 from tests.conftest import FIXTURES, REPO
 from tests.test_roles import load_files_module
 
@@ -57,3 +60,19 @@ def test_the_files_module_finds_what_the_roles_read(tmp_path):
     shutil.copy(STATUS, tmp_path / "var/lib/dpkg/status")
     probed = load_files_module().probe(str(tmp_path), {"path": "/var/lib/dpkg/status", "findall": pattern()})
     assert probed["found"] == INSTALLED
+
+
+@pytest.mark.skipif(shutil.which("dpkg-query") is None, reason="dpkg-query is not on this machine")
+def test_dpkg_query_on_the_same_database_reads_the_same_installed_and_held_packages(tmp_path):
+    """p2pkit's package holds (P02) come from dpkg-query's status abbreviation: installed is status 'i' with no
+    error flag (a reinstreq package reads 'iiR'), whatever the selection, as the driver role reads the file."""
+    for d in ("updates", "info"):
+        (tmp_path / d).mkdir()
+    shutil.copy(STATUS, tmp_path / "status")
+    q = subprocess.run(["dpkg-query", f"--admindir={tmp_path}", "-W", "-f=${db:Status-Abbrev} ${Package}\n"],
+                       capture_output=True, text=True, check=True)
+    assert "iiR nvidia-dkms-580" in q.stdout.splitlines()
+    assert ps.dpkg_installed(q.stdout) == [p for p, _ in INSTALLED]
+    assert ps.dpkg_held(q.stdout) == ["libnvidia-compute-580"]
+    # a package selected for removal or purge is still installed until it is removed
+    assert ps.dpkg_installed("ri  a\npi  b\niU  c\nrc  d\nhiR e\n") == ["a", "b"]
