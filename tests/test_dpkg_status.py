@@ -76,3 +76,21 @@ def test_dpkg_query_on_the_same_database_reads_the_same_installed_and_held_packa
     assert ps.dpkg_held(q.stdout) == ["libnvidia-compute-580"]
     # a package selected for removal or purge is still installed until it is removed
     assert ps.dpkg_installed("ri  a\npi  b\niU  c\nrc  d\nhiR e\n") == ["a", "b"]
+
+
+def test_the_simulated_host_writes_an_essential_stanza_as_dpkg_does(sim):
+    """bash's stanza carries Essential: yes between Package: and Status: (as on every Debian and Ubuntu host);
+    a hold the real apt-mark set on it survives a re-render of the simulated host."""
+    from p2pkit.sim.render import load_state, render
+
+    root = sim("healthy")
+    status = root / "var/lib/dpkg/status"
+    assert status.read_text().startswith("Package: bash\nEssential: yes\nStatus: install ok installed\n")
+    assert ["bash", "install"] in [list(m) for m in re.findall(pattern(), status.read_text(), re.M)]
+    apt_mark = str(root / "usr/bin/apt-mark")  # this machine's real apt-mark on the simulated host's database
+    subprocess.run([apt_mark, "hold", "bash"], check=True, capture_output=True)
+    assert status.read_text().startswith("Package: bash\nEssential: yes\nStatus: hold ok installed\n")
+    render(root, load_state(root))
+    assert status.read_text().startswith("Package: bash\nEssential: yes\nStatus: hold ok installed\n")
+    assert subprocess.run([apt_mark, "showhold"], check=True, capture_output=True, text=True).stdout.split() == \
+        ["bash"]
