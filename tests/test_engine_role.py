@@ -177,6 +177,34 @@ def test_p2pkit_reads_the_missing_dependencies_as_the_role_decides_them(sim):
     assert "libcurl4-openssl-dev" in e.value.message
 
 
+def test_a_held_a_protected_and_a_broken_dependency_are_read_as_dpkg_means_them(sim):
+    """libcurl4-openssl-dev has no tool to stand in for it: dpkg's database alone decides. Held (the real
+    apt-mark on the simulated host's database) or with a Protected: line between Package: and Status: (the shape
+    dpkg writes for libgcc-s1 on Debian 12, tests/fixtures/dpkg), it is installed: p2pkit and the role install
+    nothing. With dpkg's reinstreq flag (install reinstreq installed) it is not, and both go to apt-get."""
+    root = sim("healthy")
+    ctx = ctx_for(root)
+    status = root / "var/lib/dpkg/status"
+    plain = status.read_text()
+    subprocess.run([str(root / "usr/bin/apt-mark"), "hold", "libcurl4-openssl-dev"], check=True, capture_output=True)
+    assert "Package: libcurl4-openssl-dev\nStatus: hold ok installed\n" in status.read_text()
+    protected = plain.replace("Package: libcurl4-openssl-dev\n", "Package: libcurl4-openssl-dev\nProtected: yes\n")
+    for text in (None, protected):
+        if text is not None:
+            status.write_text(text)
+        assert engine_stage.missing_dependencies(ctx) == []
+        engine_stage.dependencies(ctx)
+        log = (ctx.store.dir / "logs/engine.log").read_text()
+        assert "skipping: [localhost]" in log.split("Ensure the missing build dependencies are installed]")[-1][:200]
+    status.write_text(plain.replace("Package: libcurl4-openssl-dev\nStatus: install ok installed\n",
+                                    "Package: libcurl4-openssl-dev\nStatus: install reinstreq installed\n"))
+    assert engine_stage.missing_dependencies(ctx) == ["libcurl4-openssl-dev"]
+    with pytest.raises(P2pkitError) as e:
+        engine_stage.dependencies(ctx)
+    assert "Ensure the missing build dependencies are installed" in e.value.message
+    assert "libcurl4-openssl-dev" in e.value.message
+
+
 def test_the_stage_runs_the_role_once_when_nothing_is_to_be_installed_first(sim):
     """The dependencies there (p2pkit reads them as the role does): the toolchain is checked first, then one
     run of the role checks out, configures and builds; a dependency to install first: two runs, the toolchain

@@ -83,6 +83,17 @@ def test_the_engine_commit_pattern_is_the_engine_roles():
         config.load("dual-5090-ninfer", overrides=["engine.commit=abcdef1"])
 
 
+def test_the_dpkg_installed_pattern_is_the_common_roles():
+    """How dpkg's database says a package is installed, stated once for the three roles that read it and for
+    p2pkit (tests/test_dpkg_status.py reads it over real stanzas): the common role's default, read when first
+    asked."""
+    from p2pkit.stages.engine import act as engine_act
+
+    body = default("p2pkit_common", "p2pkit_dpkg_installed")
+    assert engine_act.dpkg_installed_pattern() == body
+    assert re.compile(body).groups == 2  # the package and its selection (the driver role skips the held ones)
+
+
 def test_no_role_default_is_read_at_import():
     """`p2pkit doctor` imports these modules: the roles' defaults are read when a value is first needed."""
     code = ("import p2pkit.core.config, p2pkit.stages.driver.checks, p2pkit.stages.driver.act, "

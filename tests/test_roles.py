@@ -254,6 +254,33 @@ def test_the_roles_put_right_exactly_what_differs_and_say_so_per_task(sim):
 
 
 @pytest.mark.slow
+def test_the_roles_read_a_package_installed_whatever_fields_dpkg_writes_before_its_status(sim):
+    """dpkg writes Essential: and Protected: between a stanza's Package: and Status: lines (Debian 12's bash and
+    libgcc-s1, tests/fixtures/dpkg). With a Protected: line there, the guarded NVIDIA package is still held by the
+    driver role, and the p2p-module role finds its build dependencies installed (no apt-get)."""
+    root = sim("healthy")
+    status = root / "var/lib/dpkg/status"
+
+    def protected(*names: str) -> None:  # the simulator writes its stanzas again as the host changes: each time
+        text = status.read_text()
+        for name in names:
+            assert f"Package: {name}\nStatus: install ok installed\n" in text, name
+            text = text.replace(f"Package: {name}\n", f"Package: {name}\nProtected: yes\n")
+        status.write_text(text)
+
+    protected("nvidia-firmware-580-580.95.05")
+    ctx = ctx_for(root)
+    res = driver_act.driver(ctx)
+    hold = res["tasks"].get("Ensure installed NVIDIA packages are held", {})  # absent: nothing to loop over
+    assert hold.get("changed") == 1, res["tasks"]
+    held = subprocess.run([str(root / "usr/bin/apt-mark"), "showhold"], capture_output=True, text=True).stdout
+    assert held.split() == ["nvidia-firmware-580-580.95.05"]
+    protected("build-essential", "git")
+    res = acting.p2p_module(ctx)
+    assert res["tasks"]["Ensure build dependencies are installed"]["skipped"] == 1, res["tasks"]
+
+
+@pytest.mark.slow
 def test_the_artifact_gate_skips_the_playbook_while_the_proof_holds(cli, sim):
     root = sim("healthy")
     assert cli("--root", str(root), "up", "--to", "driver").code == 0

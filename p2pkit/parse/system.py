@@ -116,20 +116,22 @@ def dpkg_nvidia_problems(status_text: str) -> list[tuple[str, str]]:
     return problems
 
 
-def _dpkg_abbrev(text: str) -> list[tuple[str, str, str]]:
-    """`dpkg-query -W -f='${db:Status-Abbrev} ${Package}\\n'`: (selection, state, package) per line."""
+def _dpkg_abbrev(text: str) -> list[tuple[str, str, str, str]]:
+    """`dpkg-query -W -f='${db:Status-Abbrev} ${Package}\\n'`: (selection, state, error flag, package) per
+    line; the flag is '' where dpkg's is ok (the abbreviation's third column blank) and 'R' for reinstreq."""
     out = []
     for line in text.splitlines():
-        m = re.match(r"^([a-z])([a-zA-Z])\S?\s+(\S+)$", line.strip())
+        m = re.match(r"^([a-z])([a-zA-Z])(\S?)\s+(\S+)$", line.strip())
         if m:
-            out.append((m.group(1), m.group(2), m.group(3)))
+            out.append((m.group(1), m.group(2), m.group(3), m.group(4)))
     return out
 
 
 def dpkg_installed(text: str) -> list[str]:
-    """The packages whose abbreviation starts with 'i' (want install) and whose state is 'i'
-    (installed); 'hi' is held, still installed."""
-    return [p for want, state, p in _dpkg_abbrev(text) if state == "i" and want in "ih"]
+    """The installed packages as the roles read dpkg's database (the common role's p2pkit_dpkg_installed):
+    state 'i' (installed) with no error flag, whatever the selection ('hi' is held, still installed; 'ri' is
+    to be removed, not removed yet); 'iiR' (reinstreq) is a package dpkg must reinstall first."""
+    return [p for _want, state, flag, p in _dpkg_abbrev(text) if state == "i" and not flag]
 
 
 def dpkg_held(text: str) -> list[str]:
@@ -137,7 +139,7 @@ def dpkg_held(text: str) -> list[str]:
     its configuration left), what `apt-mark showhold` prints from the same database. apt-mark also
     names a hold on a package never installed, which dpkg-query -W does not list; P02 asks only
     about installed ones."""
-    return [p for want, _state, p in _dpkg_abbrev(text) if want == "h"]
+    return [p for want, _state, _flag, p in _dpkg_abbrev(text) if want == "h"]
 
 
 SMAPS_HEADER = re.compile(r"^[0-9a-f]+-[0-9a-f]+ \S+ [0-9a-f]+ \S+ \d+\s*(.*)$")

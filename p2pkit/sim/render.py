@@ -380,11 +380,16 @@ def roce_gids(nic: dict) -> list[tuple[str, str]]:
 def _dpkg_database(root: Path, state: dict) -> None:
     """A real dpkg database (the simulated host's dpkg, dpkg-query, apt-mark and apt are this machine's
     real ones pointed at it): the state's packages, each stanza in dpkg's own status format; a hold
-    set by dpkg itself (dpkg --set-selections, ansible's dpkg_selections) survives a re-render."""
+    set by dpkg itself (dpkg --set-selections, ansible's dpkg_selections) survives a re-render. bash is
+    Essential, as on every Debian and Ubuntu host: dpkg writes that field between Package and Status
+    (the shape the roles' reading of this file must allow, tests/fixtures/dpkg), so the reader of the
+    holds allows any field lines there too, never a blank line (the next stanza)."""
     status = root / "var/lib/dpkg/status"
-    held = set(re.findall(r"^Package: (\S+)\nStatus: hold ", status.read_text(), re.M)) if status.is_file() else set()
+    held = set(re.findall(r"^Package: (\S+)\n(?:[^\n]+\n)*?Status: hold ", status.read_text(), re.M)) \
+        if status.is_file() else set()
     arch = "arm64" if state.get("arch") == "aarch64" else "amd64"
-    out = ["Package: bash\nStatus: install ok installed\nPriority: required\nSection: shells\n"
+    out = [f"Package: bash\nEssential: yes\nStatus: {'hold' if 'bash' in held else 'install'} ok installed\n"
+           "Priority: required\nSection: shells\n"
            f"Maintainer: Ubuntu Developers <ubuntu-devel-discuss@lists.ubuntu.com>\nArchitecture: {arch}\n"
            "Version: 5.2.21-2ubuntu4\nDescription: GNU Bourne Again SHell (SIMULATED)\n"]
     for name, abbrev in sorted(state.get("packages", {}).items()):

@@ -315,7 +315,13 @@ def act(ctx) -> dict:
     return {"dependencies": ctx.options["engine_build"].pop("dependencies"), "log": ctx.options["engine_build"]["log"]}
 
 
-DPKG_INSTALLED = r"^Package: (\S+)\nStatus: install \S+ installed$"  # dpkg-query's "ii", as the engine role reads it
+COMMON_ROLE = "p2pkit_common"
+
+
+def dpkg_installed_pattern() -> str:
+    """How dpkg's database says a package is installed, as the engine role (and the driver and p2p-module roles)
+    read it: the common role's p2pkit_dpkg_installed (defaults/main.yml), each match (package, selection)."""
+    return role_default(COMMON_ROLE, "p2pkit_dpkg_installed")
 
 
 def missing_dependencies(ctx) -> list[str]:
@@ -325,8 +331,8 @@ def missing_dependencies(ctx) -> list[str]:
     pkgs = role_default(ROLE, "p2pkit_engine_packages").get(ctx.profile.engine.recipe) or []
     tools = role_default(ROLE, "p2pkit_engine_tools")
     try:
-        installed = set(re.findall(DPKG_INSTALLED, ctx.host.path("/var/lib/dpkg/status").read_text(errors="replace"),
-                                   re.M))
+        text = ctx.host.path("/var/lib/dpkg/status").read_text(errors="replace")
+        installed = {name for name, _selection in re.findall(dpkg_installed_pattern(), text, re.M)}
     except OSError:
         installed = set()
     path = ":".join(d for d in ctx.host.runner.path_env().split(":") if d.startswith("/"))
