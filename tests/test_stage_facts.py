@@ -131,3 +131,38 @@ def test_every_pitfall_says_where_it_is_checked():
     assert all(stage is None or stage in names for stage, _ in CHECKED_BY.values())
     # the pitfalls no stage checks: P13 and P15 are `p2pkit bench`'s rules, P14 has no check at all
     assert sorted(p for p, (stage, _) in CHECKED_BY.items() if stage is None) == ["P13", "P14", "P15"]
+
+
+def test_a_fact_that_uses_another_takes_the_collections_reading(sim, monkeypatch):
+    """vram_fit uses the nvml fact (Fact.uses): in one collection NVML is read once, and vram_fit's GPUs are that
+    reading's; asked alone, vram_fit still gets it (the used fact is read first); read outside a collection, the
+    probe opens NVML itself. Before `uses`, vram_fit opened a second NVML session (20 ms on the H200)."""
+    from p2pkit.facts import table
+    from p2pkit.host import Host
+    from p2pkit.host import nvml as host_nvml
+
+    root = sim("p2p-up")  # the patched module loaded: NVML answers
+    host, p = Host.at(root), config.load(str(root / ".p2pkit-sim/profile.toml"))
+    real, calls = host_nvml.facts, []
+
+    def counting(h):
+        calls.append(h)
+        return real(h)
+
+    monkeypatch.setattr(host_nvml, "facts", counting)  # the probe's own read (vram_fit alone)
+    nvml_fact = table.BY_NAME["nvml"]
+    object.__setattr__(nvml_fact, "probe", counting)
+    try:
+        got = facts_mod.collect(host, ["nvml", "vram_fit"], p)
+        assert len(calls) == 1, calls
+        assert "error" not in got["nvml"], got["nvml"]
+        totals = [g["memory_total"] for g in got["nvml"]["gpus"]]
+        assert [g["total"] for g in got["vram_fit"]["gpus"]] == totals and len(totals) == 2
+        calls.clear()
+        alone = facts_mod.collect(host, ["vram_fit"], p)
+        assert list(alone) == ["vram_fit"] and len(calls) == 1
+        calls.clear()
+        table.read(table.BY_NAME["vram_fit"], host, p)
+        assert len(calls) == 1
+    finally:
+        object.__setattr__(nvml_fact, "probe", real)

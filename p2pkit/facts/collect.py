@@ -32,13 +32,15 @@ PROFILE_COLLECTORS: dict[str, Callable[[Host, object], object]] = {f.name: f.pro
 _READ = {f.name: f for f in TABLE if f.probe is not None}
 
 
-def _one(host: Host, name: str, profile) -> object:
+def _one(host: Host, name: str, profile, used: dict[str, Future] | None = None) -> object:
+    """One fact read, its failure a reading ({"error": ...}). `used`: the futures of the facts it uses (Fact.uses),
+    submitted before it, so their workers run before it waits on them."""
     t0 = time.monotonic()
     try:
         fact = _READ[name]
         if fact.needs and profile is None:
             return {"error": f"could not determine {name}: it needs a profile"}
-        return read(fact, host, profile)
+        return read(fact, host, profile, {k: f.result() for k, f in (used or {}).items()})
     except P2pkitError as e:
         return {"error": e.message}
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -74,13 +76,19 @@ def start_early(host: Host) -> None:
 
 def collect(host: Host, names: tuple[str, ...] | list[str] | None = None, profile=None) -> dict:
     """The named facts, read concurrently (nvidia-smi and NVML each take a while; none waits for another)."""
-    names = list(names or [*COLLECTORS, *(PROFILE_COLLECTORS if profile else ())])
-    early = {n: _EARLY.pop((str(host.root), n)) for n in names if (str(host.root), n) in _EARLY}
-    order = sorted((n for n in names if n not in early),
-                   key=lambda n: WAITING.index(n) if n in WAITING else len(WAITING))
+    asked = list(names or [*COLLECTORS, *(PROFILE_COLLECTORS if profile else ())])
+    # a fact another one uses is read too (and before it: a worker never waits on a fact still queued behind it)
+    wanted = list(dict.fromkeys([u for n in asked for u in _READ[n].uses if n in _READ] + asked))
+    early = {n: _EARLY.pop((str(host.root), n)) for n in wanted if (str(host.root), n) in _EARLY}
+    order = sorted((n for n in wanted if n not in early),
+                   key=lambda n: (bool(_READ[n].uses) if n in _READ else False,
+                                  WAITING.index(n) if n in WAITING else len(WAITING)))
     with ThreadPoolExecutor(max_workers=min(len(WAITING) + 2, len(order) or 1)) as pool:
-        futures = {**early, **{n: pool.submit(_one, host, n, profile) for n in order}}
-        return {n: futures[n].result() for n in names}
+        futures = dict(early)
+        for n in order:
+            used = {u: futures[u] for u in _READ[n].uses} if n in _READ else None
+            futures[n] = pool.submit(_one, host, n, profile, used)
+        return {n: futures[n].result() for n in asked}
 
 
 def record(host: Host, profile=None) -> dict:

@@ -9,8 +9,9 @@ from pathlib import PurePosixPath
 
 from p2pkit.core import writers
 from p2pkit.core.role_defaults import role_default
-from p2pkit.host import Host, launcher, nvml, system
+from p2pkit.host import Host, launcher, system
 from p2pkit.host import field_facts as hfield
+from p2pkit.host import nvml as _nvml
 from p2pkit.parse import system as ps
 
 
@@ -90,13 +91,13 @@ def _head(h: Host, profile):
         return {"role": "worker", "address": addr, "up": False, "why": str(e) or type(e).__name__}
 
 
-def _vram_fit(h: Host, profile):
+def _vram_fit(h: Host, profile, nvml: dict | None = None):
     """P18's inputs: the model's size and KV shape, each GPU's free VRAM (plus what the running engine
     already holds: it gives that back on a restart), and for llama.cpp which KV types its tree accepts
-    with tensor split."""
+    with tensor split. `nvml`: the same collection's nvml fact (the table's uses), else read here."""
     from p2pkit.host import model
     from p2pkit.rules import engine_cmd
-    nv = nvml.facts(h)
+    nv = nvml if isinstance(nvml, dict) else _nvml.facts(h)
     pid = launcher.engine_process(h)["pid"]  # the launcher's record, or the unit's MainPID
     mine = set(system.process_tree(h, pid)) if pid else set()
     gpus: list | dict = {"error": nv["error"]} if "error" in nv else []
