@@ -34,10 +34,10 @@ def one(args: list[str]) -> dict:
 
     orig_one, orig_start, orig_collect = collect._one, collect.start_early, collect.collect
 
-    def one_fact(host, name, profile):
+    def one_fact(host, name, profile, *rest):  # whatever else collect hands a fact's reading (its used facts)
         s = at()
         try:
-            return orig_one(host, name, profile)
+            return orig_one(host, name, profile, *rest)
         finally:
             marks["facts"].append([name, s, at()])
 

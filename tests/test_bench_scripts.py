@@ -112,8 +112,9 @@ def test_doctor_timeline_times_doctor_on_a_simulated_host(tmp_path):
     assert r.returncode == 0, r.stderr[-1500:]
     t = json.loads(r.stdout)
     assert 0 < t["facts_started_s"] < t["imports_done_s"] < t["facts_done_s"] <= t["end_s"], t
+    assert t["exit"] == 1, t  # doctor judged (the sim's GPUs fail this profile's checks), it did not crash (70)
     names = [f[0] for f in t["facts"]]
-    assert {"nvml", "smi_topo_m", "engine_live"} <= set(names) and len(names) == len(set(names))
+    assert {"nvml", "smi_topo_m", "engine_live", "vram_fit"} <= set(names) and len(names) == len(set(names))
     assert all(t["facts_started_s"] <= s <= e <= t["facts_done_s"] for _, s, e in t["facts"])
     bad = run("doctor_timeline.py", "--runs", "x", cwd=tmp_path)
     assert bad.returncode == 2 and "usage" in bad.stderr
