@@ -6,7 +6,7 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
-from p2pkit.host import Host
+from p2pkit.host import Host, system
 from p2pkit.host import field_facts as hf
 from p2pkit.parse import nccl
 from p2pkit.stages.service import act as service
@@ -46,7 +46,7 @@ def test_start_lines_from_the_journal_cursor_or_the_current_invocation(monkeypat
     monkeypatch.setattr(service_launcher, "launched", lambda host: False)
     host = SimpleNamespace(runner=SimpleNamespace(run=run))
     assert service.start_lines(host, {"cursor": "s=1;i=2"}) == ["x", "y"]
-    assert calls[-1] == ["journalctl", "-u", service.UNIT, "--after-cursor=s=1;i=2", "--no-pager"]
+    assert calls[-1] == ["journalctl", "-u", system.ENGINE_UNIT, "--after-cursor=s=1;i=2", "--no-pager"]
     service.start_lines(host, None)
     assert calls[-2][:2] == ["systemctl", "show"] and "InvocationID" in calls[-2]
     assert calls[-1] == ["journalctl", "_SYSTEMD_INVOCATION_ID=abc123", "--no-pager"]

@@ -24,7 +24,7 @@ from p2pkit.core.ansible import COLLECTION, playbook_binary
 from p2pkit.core.artifacts import Store
 from p2pkit.core.errors import P2pkitError
 from p2pkit.core.output import Output
-from p2pkit.host import Host
+from p2pkit.host import Host, system
 from p2pkit.stages import get as get_stage
 from p2pkit.stages.driver import act as driver_act
 from p2pkit.stages.p2p_module import act as acting
@@ -394,7 +394,7 @@ def test_site_yml_alone_brings_a_host_through_every_acting_role_and_then_nothing
         r, recap = playbook("p2pkit.host.site", inventory, tmp_path, collections=collections)
         assert r.returncode == 0 and recap["changed"] == 0, r.stdout[-3000:]  # every role idempotent
     finally:
-        subprocess.run([str(hand / "usr/bin/systemctl"), "stop", svc.UNIT], capture_output=True)
+        subprocess.run([str(hand / "usr/bin/systemctl"), "stop", system.ENGINE_UNIT], capture_output=True)
 
 
 def host_tree(root: Path) -> dict[str, tuple]:

@@ -21,7 +21,7 @@ from p2pkit.core.ansible import COLLECTION
 from p2pkit.core.artifacts import Store
 from p2pkit.core.errors import ProfileError
 from p2pkit.core.output import Output
-from p2pkit.host import Host
+from p2pkit.host import Host, system
 from p2pkit.sim import lifecycle
 from p2pkit.stages import get
 from p2pkit.stages.service import act as service
@@ -210,7 +210,7 @@ def engine_host(sim):
 
     yield make
     for root in roots:
-        subprocess.run([str(root / "usr/bin/systemctl"), "stop", service.UNIT], check=False)
+        subprocess.run([str(root / "usr/bin/systemctl"), "stop", system.ENGINE_UNIT], check=False)
 
 
 @pytest.mark.slow
@@ -355,7 +355,7 @@ def restore_ctx(tmp_path, monkeypatch):
 
     root = tmp_path / "host"
     (root / "etc/systemd/system").mkdir(parents=True)
-    (root / f"etc/systemd/system/{svc.UNIT}").write_text("[Service]\n")
+    (root / f"etc/systemd/system/{system.ENGINE_UNIT}").write_text("[Service]\n")
     calls: list[str] = []
     state = {"active": True}
     monkeypatch.setattr(rs.system, "kernel_release", lambda h: "6.8.0-90-generic")
@@ -382,7 +382,8 @@ def test_restore_interrupted_mid_rebuild_starts_the_engine_again(restore_ctx, mo
     monkeypatch.setattr(rs.pipeline, "run_stage", interrupted)
     with pytest.raises(KeyboardInterrupt):
         rs.restore(ctx)
-    assert calls == [f"systemctl stop {service.UNIT}", f"systemctl start {service.UNIT}"] and state["active"]
+    stop_start = [f"systemctl stop {system.ENGINE_UNIT}", f"systemctl start {system.ENGINE_UNIT}"]
+    assert calls == stop_start and state["active"]
     assert not rs.engine_mark(ctx).exists()
 
 
@@ -394,7 +395,7 @@ def test_a_restore_killed_with_the_engine_stopped_is_undone_by_the_next(restore_
     state["active"] = False
     monkeypatch.setattr(rs, "gate_checks", lambda ctx, t, r: {})  # no drift this time
     _code, record = rs.restore(ctx)
-    assert calls == [f"systemctl start {service.UNIT}"] and state["active"] and not rs.engine_mark(ctx).exists()
+    assert calls == [f"systemctl start {system.ENGINE_UNIT}"] and state["active"] and not rs.engine_mark(ctx).exists()
     assert "killed restore" in json.dumps(record["actions"])
 
 
@@ -533,10 +534,10 @@ def test_the_rendered_unit_starts_as_its_user_and_answers_health():
     root = make_sim(top / "host")
     procs: list[subprocess.Popen] = []
     try:
-        (root / "etc/passwd").write_text(f"root:x:0:0::/root:/bin/sh\n{service.SERVICE_USER}:x:{nobody}:{nobody}::/:"
+        (root / "etc/passwd").write_text(f"root:x:0:0::/root:/bin/sh\n{system.ENGINE_USER}:x:{nobody}:{nobody}::/:"
                                          "/usr/sbin/nologin\n")
         # the render group as Ubuntu has it (udev's system group): the role adds the user to it
-        (root / "etc/group").write_text(f"root:x:0:\nvideo:x:44:{service.SERVICE_USER}\nrender:x:992:\n")
+        (root / "etc/group").write_text(f"root:x:0:\nvideo:x:44:{system.ENGINE_USER}\nrender:x:992:\n")
         h = Host.at(root)
         prof = config.load(h.sim["profile"])
         port = free_port()
@@ -548,9 +549,9 @@ def test_the_rendered_unit_starts_as_its_user_and_answers_health():
         doc = pipeline.run_stage(ctx, get("service"), "model")
         assert doc["status"] == "passed", [c for c in doc["checks"] if c["status"] == "fail"]
         assert next(c for c in doc["checks"] if c["id"] == "service.user_access")["status"] == "pass"
-        subprocess.run([str(root / "usr/bin/systemctl"), "stop", service.UNIT], check=True)
-        unit = _unit_settings((root / "etc/systemd/system" / service.UNIT).read_text())
-        assert unit["User"] == [service.SERVICE_USER]
+        subprocess.run([str(root / "usr/bin/systemctl"), "stop", system.ENGINE_UNIT], check=True)
+        unit = _unit_settings((root / "etc/systemd/system" / system.ENGINE_UNIT).read_text())
+        assert unit["User"] == [system.ENGINE_USER]
         work = root / unit["WorkingDirectory"][0].lstrip("/")
         assert work.stat().st_uid == nobody  # the playbook gave it to the user
         for left in work.iterdir():  # the stand-in systemctl ran the engine as root; systemd runs it as the user
@@ -632,7 +633,7 @@ def test_the_engine_user_must_read_the_draft_model_too(tmp_path):
     named among what it cannot reach."""
     tmp_path.chmod(0o755)
     (tmp_path / "etc").mkdir()
-    (tmp_path / "etc/passwd").write_text(f"{service.SERVICE_USER}:x:65534:65534::/:/usr/sbin/nologin\n")
+    (tmp_path / "etc/passwd").write_text(f"{system.ENGINE_USER}:x:65534:65534::/:/usr/sbin/nologin\n")
     prof = config.load("dual-5090-llamacpp", ["serve.flags.model-draft=/srv/models/draft.gguf"])
     host = Host.at(tmp_path)
     for path, mode in ((prof.model.output, 0o644), ("/srv/models/draft.gguf", 0o600)):

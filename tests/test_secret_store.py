@@ -9,7 +9,7 @@ import stat
 from pathlib import Path
 
 from p2pkit.core import config, hoststate
-from p2pkit.host import Host
+from p2pkit.host import Host, system
 from p2pkit.stages.service import act as svc
 
 TOKEN, CREDS = "hf_kept_s3cr3t_value", "creds-not-token-like-9f2"
@@ -59,7 +59,7 @@ def test_a_secret_given_once_is_kept_across_a_plain_up_and_a_declared_one_stays_
     assert "service" in r.err and "done" in r.err.split("service", 1)[1][:200], r.err  # no restart without them
     store = state / "secrets.json"
     assert stat.S_IMODE(store.stat().st_mode) == 0o600 and TOKEN in store.read_text() and CREDS in store.read_text()
-    secret_file = root / svc.SECRETS_FILE.lstrip("/")
+    secret_file = root / system.ENGINE_SECRETS_FILE.lstrip("/")
     assert stat.S_IMODE(secret_file.stat().st_mode) == 0o600
     assert TOKEN in secret_file.read_text() and CREDS in secret_file.read_text()
     pid = svc.main_pid(Host.at(root))

@@ -18,7 +18,7 @@ from p2pkit.app import pipeline
 from p2pkit.core import config
 from p2pkit.core.artifacts import Store
 from p2pkit.core.output import Output
-from p2pkit.host import Host
+from p2pkit.host import Host, system
 from p2pkit.rules import engine_cmd
 from p2pkit.sim import lifecycle
 from p2pkit.stages import get
@@ -134,7 +134,7 @@ def service_host(sim):
 
     yield make
     for root in roots:  # never leave an engine running
-        subprocess.run([str(root / "usr/bin/systemctl"), "stop", svc.UNIT], check=False)
+        subprocess.run([str(root / "usr/bin/systemctl"), "stop", system.ENGINE_UNIT], check=False)
 
 
 @pytest.mark.slow
@@ -175,7 +175,7 @@ def test_verify_after_the_engine_was_stopped_says_it_had_started(service_host):
     exited at start", whose log would say it was listening."""
     ctx = service_host({"P2PKIT_SIM_LOAD_POLLS": "0", "P2PKIT_SIM_LOAD_SECONDS": "0"})
     assert pipeline.run_stage(ctx, get("service"), "model")["status"] == "passed"
-    subprocess.run([str(ctx.host.root / "usr/bin/systemctl"), "stop", svc.UNIT], check=True)
+    subprocess.run([str(ctx.host.root / "usr/bin/systemctl"), "stop", system.ENGINE_UNIT], check=True)
     results, _ = pipeline.verify(ctx, ["service"])
     h = {c["id"]: c for c in results[0]["checks"]}["service.health"]
     assert h["status"] == "fail" and "exited at start" not in h["measured"]

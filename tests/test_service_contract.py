@@ -33,10 +33,10 @@ ROLE = COLLECTION / "roles/p2pkit_service"
 
 def test_what_python_and_the_role_both_state_is_the_roles_default():
     defaults = yaml.safe_load((ROLE / "defaults/main.yml").read_text())
-    assert system.ENGINE_UNIT == defaults["p2pkit_service_unit"] == svc.UNIT
-    assert system.ENGINE_ENV_FILE == defaults["p2pkit_service_env_file"] == svc.ENV_FILE
-    assert system.ENGINE_SECRETS_FILE == defaults["p2pkit_service_secrets_file"] == svc.SECRETS_FILE
-    assert system.ENGINE_USER == defaults["p2pkit_service_user"] == svc.SERVICE_USER
+    assert defaults["p2pkit_service_unit"] == system.ENGINE_UNIT
+    assert defaults["p2pkit_service_env_file"] == system.ENGINE_ENV_FILE
+    assert defaults["p2pkit_service_secrets_file"] == system.ENGINE_SECRETS_FILE
+    assert defaults["p2pkit_service_user"] == system.ENGINE_USER
     assert (f"/etc/systemd/system/{defaults['p2pkit_service_unit']}",
                                    "/etc/systemd/system/p2pkit.slice", defaults["p2pkit_service_env_file"],
                                    defaults["p2pkit_service_secrets_file"]) == system.ENGINE_FILES
@@ -212,7 +212,7 @@ def test_the_role_alone_escapes_a_specifier_in_the_units_text_and_runs_the_user_
              "p2pkit_service_profile": "100%n prod", "p2pkit_service_user": "eng_2"}
     r, recap = playbook("service.yml", write_inventory(tmp_path / "hosts.yml", given), tmp_path)
     assert r.returncode == 0 and recap["failed"] == 0, r.stdout[-3000:]
-    unit = (root / "etc/systemd/system" / svc.UNIT).read_text()
+    unit = (root / "etc/systemd/system" / system.ENGINE_UNIT).read_text()
     assert unit.startswith("# Written by p2pkit's service stage: the ninfer-50%% engine as a system service")
     assert "\nDescription=p2pkit: ninfer-50%% inference engine (100%%n prod)\n" in unit
     assert "\nUser=eng_2\nGroup=eng_2\n" in unit

@@ -19,7 +19,7 @@ from p2pkit.core import ansible, config
 from p2pkit.core.artifacts import Store
 from p2pkit.core.errors import P2pkitError
 from p2pkit.core.output import Output
-from p2pkit.host import Host
+from p2pkit.host import Host, system
 from p2pkit.sim import lifecycle
 from p2pkit.stages.service import act as svc
 from tests.conftest import REPO
@@ -40,7 +40,7 @@ def ctx_for(root: Path) -> pipeline.Ctx:
 def left(root: Path) -> dict[str, str]:
     """What the role leaves on the host: each file's sha256, mode and owner; each directory's mode and owner."""
     out = {}
-    for rel in ("etc/systemd/system/p2pkit.slice", f"etc/systemd/system/{svc.UNIT}", "etc/p2pkit/engine.env",
+    for rel in ("etc/systemd/system/p2pkit.slice", f"etc/systemd/system/{system.ENGINE_UNIT}", "etc/p2pkit/engine.env",
                 "etc/p2pkit/engine.secrets.env", "etc/passwd", "etc/group", "var/lib/p2pkit/engine", "etc/p2pkit"):
         p = root / rel
         st = p.stat()
@@ -77,7 +77,7 @@ def test_the_role_alone_changes_the_host_as_up_does_and_then_nothing(sim, tmp_pa
     assert not [k for k in given if k.endswith(("_files", "_todo"))] and "p2pkit_simulated" not in json.dumps(
         {k: v for k, v in given.items() if k.startswith("p2pkit_service_")})
     # the same profile values hold the same port: the first engine makes way for the second
-    subprocess.run([str(up_root / "usr/bin/systemctl"), "stop", svc.UNIT], check=True)
+    subprocess.run([str(up_root / "usr/bin/systemctl"), "stop", system.ENGINE_UNIT], check=True)
     hand = ctx_for(hand_root)
     given = {k: v for k, v in given.items() if k.startswith("p2pkit_service_")}
     given |= {"p2pkit_root": str(hand_root), "p2pkit_path": hand.host.runner.path_env()}
@@ -93,7 +93,7 @@ def test_the_role_alone_changes_the_host_as_up_does_and_then_nothing(sim, tmp_pa
     again = by_hand(hand_root, tmp_path, given)
     assert again.returncode == 0 and recap(again.stdout)["changed"] == 0, again.stdout[-3000:]
     assert svc.main_pid(hand.host) == pid  # nothing it reads changed: not restarted
-    subprocess.run([str(hand_root / "usr/bin/systemctl"), "stop", svc.UNIT], check=True)
+    subprocess.run([str(hand_root / "usr/bin/systemctl"), "stop", system.ENGINE_UNIT], check=True)
     assert svc.act(ctx)["changed"] == 1  # through p2pkit: the stopped engine started, nothing written
     second = svc.act(ctx)
     assert second["changed"] == 0 and "log_from" not in second
@@ -112,7 +112,7 @@ def test_a_changed_file_restarts_the_running_engine_and_a_stopped_one_is_started
     assert svc.main_pid(ctx.host) not in (None, pid) and res["log_from"]
     log = (ctx.store.dir / "logs/service.log").read_text()
     assert "changed: [localhost]" in log.split("restarted when what it reads changed]", 1)[1][:200]
-    subprocess.run([str(root / "usr/bin/systemctl"), "stop", svc.UNIT], check=True)
+    subprocess.run([str(root / "usr/bin/systemctl"), "stop", system.ENGINE_UNIT], check=True)
     res = svc.act(ctx)
     assert res["changed"] == 1 and svc.unit_alive(ctx.host)
 

@@ -534,10 +534,10 @@ def restore(ctx, saved: dict[str, bytes | None]) -> dict:
     from p2pkit.stages.service import launcher as service_launcher
 
     if service_launcher.in_use(ctx):  # no systemd as PID 1: the engine is the launcher's
-        service_launcher.restart(ctx, service.SERVICE_USER)
+        service_launcher.restart(ctx, system.ENGINE_USER)
     else:
         host.runner.run(["systemctl", "daemon-reload"], check=False)
-        host.runner.run(["systemctl", "restart", service.UNIT], check=False)
+        host.runner.run(["systemctl", "restart", system.ENGINE_UNIT], check=False)
     h = service.wait_health(ctx, engine_cmd.health_url(ctx.profile), ctx.profile.serve.health_timeout_s)
     same = snapshot(host) == saved
     return {"files_identical": same, "health": h["ok"]}

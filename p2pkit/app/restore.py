@@ -137,24 +137,25 @@ def engine_mark(ctx):
 def _stop_engine(ctx) -> bool:
     """Record that the engine ran, then stop it: a restore killed after this point leaves the mark,
     and the next restore starts the engine before anything else."""
-    from p2pkit.stages.service.act import UNIT, unit_alive
+    from p2pkit.stages.service.act import unit_alive
 
-    if not ctx.host.path(f"/etc/systemd/system/{UNIT}").is_file() or not unit_alive(ctx.host):
+    if not ctx.host.path(f"/etc/systemd/system/{system.ENGINE_UNIT}").is_file() or not unit_alive(ctx.host):
         return False
     engine_mark(ctx).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(engine_mark(ctx), f"{UNIT} was running when restore (pid {os.getpid()}) stopped it\n".encode())
+    said = f"{system.ENGINE_UNIT} was running when restore (pid {os.getpid()}) stopped it\n"
+    atomic_write(engine_mark(ctx), said.encode())
     return _engine(ctx, "stop")
 
 
 def _engine(ctx, action: str) -> bool:
     """Stop the engine service around a rebuild (it holds the GPUs), start it after. Never touches
     the engine build or the model. Returns whether it acted."""
-    from p2pkit.stages.service.act import UNIT, unit_alive
+    from p2pkit.stages.service.act import unit_alive
 
-    if not ctx.host.path(f"/etc/systemd/system/{UNIT}").is_file():
+    if not ctx.host.path(f"/etc/systemd/system/{system.ENGINE_UNIT}").is_file():
         return False
     if action == "stop" and not unit_alive(ctx.host):
         return False
-    ctx.out.step("restore", f"{action} {UNIT}")
-    ctx.host.runner.run(["systemctl", action, UNIT])
+    ctx.out.step("restore", f"{action} {system.ENGINE_UNIT}")
+    ctx.host.runner.run(["systemctl", action, system.ENGINE_UNIT])
     return True

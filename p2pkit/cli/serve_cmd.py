@@ -9,6 +9,7 @@ import typer
 
 from p2pkit.cli import common
 from p2pkit.core.errors import Exit
+from p2pkit.host import system
 
 app = typer.Typer(help="The inference engine's system service.", no_args_is_help=True)
 
@@ -20,7 +21,6 @@ def status() -> None:
     from p2pkit.facts import collect
     from p2pkit.rules import engine_cmd
     from p2pkit.rules.findings import FAIL, PASS
-    from p2pkit.stages.service import act as service
     from p2pkit.stages.service import checks
     from p2pkit.stages.service import launcher as service_launcher
 
@@ -29,8 +29,8 @@ def status() -> None:
     if doc["manager"] == "launcher":
         ok = _launcher_status(ctx, doc)
     else:
-        r = ctx.host.runner.run(["systemctl", "status", "--no-pager", service.UNIT], check=False)
-        doc.update(unit=service.UNIT, systemctl_status=r.stdout.strip() or r.stderr.strip())
+        r = ctx.host.runner.run(["systemctl", "status", "--no-pager", system.ENGINE_UNIT], check=False)
+        doc.update(unit=system.ENGINE_UNIT, systemctl_status=r.stdout.strip() or r.stderr.strip())
         ok = r.returncode == 0
         if not common.OPTS.json:
             ctx.out.line(doc["systemctl_status"])
@@ -106,15 +106,15 @@ def restart() -> None:
     from p2pkit.stages.service import launcher as service_launcher
 
     ctx = common.context()
-    name = service.UNIT
+    name = system.ENGINE_UNIT
     p = ctx.profile
     worker = engine_cmd.node(p)["role"] == "worker"
     with state_lock(ctx.store.dir, say=ctx.out.warn, root=ctx.host.root):  # never beside an `up`
         if service_launcher.in_use(ctx):
-            service_launcher.restart(ctx, service.SERVICE_USER)
+            service_launcher.restart(ctx, system.ENGINE_USER)
             name = "the engine (p2pkit's launcher)"
         else:
-            ctx.host.runner.run(["systemctl", "restart", service.UNIT])
+            ctx.host.runner.run(["systemctl", "restart", system.ENGINE_UNIT])
         h = (service.wait_joined(ctx, p.serve.health_timeout_s) if worker
              else service.wait_health(ctx, engine_cmd.health_url(p), p.serve.health_timeout_s))
     tail = [] if h["ok"] else service.logs(ctx.host, 5)
@@ -134,7 +134,6 @@ def restart() -> None:
 def stop() -> None:
     """Stop the engine (SIGTERM, then SIGKILL of what is left after 30 s where p2pkit's launcher started it)."""
     from p2pkit.core.lock import state_lock
-    from p2pkit.stages.service import act as service
     from p2pkit.stages.service import launcher as service_launcher
 
     ctx = common.context()
@@ -149,11 +148,11 @@ def stop() -> None:
             else:
                 ctx.out.line(said)
             raise typer.Exit(int(Exit.OK))
-        r = ctx.host.runner.run(["systemctl", "stop", service.UNIT], check=False)
-    said = (f"systemctl stop {service.UNIT} failed: {r.stderr.strip()[-300:]}" if r.returncode
-            else f"{service.UNIT} stopped")
+        r = ctx.host.runner.run(["systemctl", "stop", system.ENGINE_UNIT], check=False)
+    said = (f"systemctl stop {system.ENGINE_UNIT} failed: {r.stderr.strip()[-300:]}" if r.returncode
+            else f"{system.ENGINE_UNIT} stopped")
     if common.OPTS.json:
-        ctx.out.document({"stopped": service.UNIT, "ok": not r.returncode, "message": said})
+        ctx.out.document({"stopped": system.ENGINE_UNIT, "ok": not r.returncode, "message": said})
     if r.returncode:
         ctx.out.error(said, "read `p2pkit serve logs`")
         raise typer.Exit(int(Exit.CHECK_FAILED))

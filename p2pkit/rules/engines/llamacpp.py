@@ -172,7 +172,7 @@ def fit_checks(fit: dict, p, plan: dict) -> list[Check]:
 # Idle slots' cells with a unified KV cache and no RAM prompt cache: llama-server keeps them in the cache (it saves
 # and clears idle slots only into the RAM cache: "--cache-idle-slots requires --cache-ram, disabling"), and each
 # decode step's attention spans the cache up to its highest used cell (llama_kv_cache::get_n_kv), so one stream
-# decodes slower for what the other slots hold. Measured on the H200 (docs/measurements.md, "Idle slots' cells"):
+# decodes slower for what the other slots hold. Measured on the H200 (docs/measurements.md, "The slots' KV cache"):
 # 0.76B model, 8 slots, ctx 32768, one decode stream right after an 8-stream level of 2048-token prompts: 685 tok/s
 # unified against 895 with --no-kv-unified (0.77x).
 IDLE_CELLS_HINT = ("one stream decodes slower for every cell the idle slots keep (measured 0.77x on the H200 after an "
@@ -184,8 +184,9 @@ IDLE_CELLS_HINT = ("one stream decodes slower for every cell the idle slots keep
 def idle_slot_cells(f: dict) -> Check | None:
     """A WARN where several slots share a unified KV cache with no RAM prompt cache (IDLE_CELLS_HINT)."""
     np_ = f.get("parallel")
-    n = 4 if np_ is None or as_int(np_, None) == -1 else as_int(np_, None)  # auto: 4 slots, unified (AUTO_SLOTS)
-    unified = f.get("kv-unified") is True or np_ is None or as_int(np_, None) == -1
+    auto = np_ is None or as_int(np_, None) == -1  # llama-server's auto: 4 slots in one unified cache (AUTO_SLOTS)
+    n = 4 if auto else as_int(np_, None)
+    unified = auto or f.get("kv-unified") is True
     if n is None or n <= 1 or not unified or str(f.get("cache-ram")) != "0":
         return None
     return judge("service.idle_slot_cells", "idle slots' cells leave the one busy stream's decode alone", False,

@@ -166,9 +166,6 @@ def service_vars(ctx, line: dict | None = None) -> dict:
     }
 
 
-# the role's defaults, read by p2pkit (p2pkit.host.system): the env files and the engine's user
-
-
 def poll(probe, timeout: float, *, alive=None, interval: float = 0.25, note=None, every: float = 5.0,
          stalled=None) -> dict:
     """Call probe() until it returns a result (a dict), alive() says the thing waited on is gone,
@@ -520,8 +517,6 @@ def measure(ctx, acted: dict | None = None) -> dict:
     return {"service": res}
 
 
-
-
 def user_access(ctx) -> dict:
     """What the unit's User= must reach: its working directory (enter), the engine (run), the model (read)."""
     p = ctx.profile
@@ -532,14 +527,3 @@ def user_access(ctx) -> dict:
         wants[path] = "r"
     return access.engine_reach(ctx.host, system.ENGINE_USER, wants)
 
-
-# The service role's unit, environment files and user, under the names the rest of p2pkit uses: read from the
-# role's defaults when first asked (host/system.py), never when this module is imported.
-_FROM_SYSTEM = {"UNIT": "ENGINE_UNIT", "ENV_FILE": "ENGINE_ENV_FILE", "SECRETS_FILE": "ENGINE_SECRETS_FILE",
-                "SERVICE_USER": "ENGINE_USER"}
-
-
-def __getattr__(name: str):
-    if name in _FROM_SYSTEM:
-        return getattr(system, _FROM_SYSTEM[name])
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
