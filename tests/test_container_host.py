@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -72,7 +73,7 @@ def wait_resumed(h, boots: int, timeout: float = 900) -> str:
     """After `up --reboot` rebooted the OS: the next boot up, and the resume unit run to its end in it, as
     this boot's journal tells ("Finished ..." or "Failed with result"; once done and disabled, systemd
     unloads the unit, so `systemctl show` no longer holds the run). Returns "success" or "failed"."""
-    h.wait_reboot(boots, timeout=300)
+    h.wait_reboot(boots, timeout=600)  # the stages before the reboot too: slow on a loaded CI machine
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         j = h.run(["journalctl", "-b", "-u", "p2pkit-resume.service", "-o", "cat", "--no-pager"]).stdout
@@ -233,6 +234,47 @@ def test_a_container_that_will_not_stop_is_stopped_anyway(make_host):
     assert left.returncode == 1, f"a process of the container outlived it: {left.stdout}"
 
 
+# A process born in the container's PID namespace whose parent, outside it, never reaps it: once the OS
+# kills it at shutdown it stays a zombie, and the kernel does not end the namespace (nor systemd-nspawn)
+# until it is reaped: the shape of a process the OS cannot end (CI saw one: p2pkit, after `systemctl
+# reboot`, "Waiting for process: 46 (p2pkit)", the boot never came back).
+UNREAPED = r"""
+import ctypes, os, sys, time
+fd = os.open(f"/proc/{sys.argv[1]}/ns/pid", os.O_RDONLY)
+if ctypes.CDLL(None, use_errno=True).setns(fd, 0x20000000) != 0:  # CLONE_NEWPID: children are born inside
+    sys.exit(f"setns: {os.strerror(ctypes.get_errno())}")
+if os.fork() == 0:
+    os.execvp("sleep", ["sleep", "3600"])
+print("ready", flush=True)
+time.sleep(3600)
+"""
+
+
+def test_a_process_the_os_cannot_end_does_not_hold_the_reboot(make_host, monkeypatch):
+    """The OS said "Rebooting." and a process of its namespace cannot go: the machine boots again anyway
+    after the supervisor's grace, and its log names what held the old boot (pid, state, parent outside)."""
+    monkeypatch.setenv("P2PKIT_CT_SHUTDOWN_GRACE_S", "3")  # the supervisor reads it when it starts
+    h = make_host(boot=False)
+    h.mount()
+    conf = h.root / "etc/systemd/system.conf.d/p2pkit-test.conf"  # systemd-shutdown waits this long, not 90 s
+    conf.parent.mkdir(parents=True, exist_ok=True)
+    conf.write_text("[Manager]\nDefaultTimeoutStopSec=3s\n")
+    h.boot()
+    holder = subprocess.Popen([sys.executable, "-c", UNREAPED, str(h.leader())], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        boots = h.machine()["boots"]
+        h.reboot(timeout=120)
+        assert h.machine()["boots"] == boots + 1
+        log = (h.logs / "machine.log").read_text()
+        assert "said 'Rebooting.'" in log and "has not ended" in log, log
+        assert re.search(r"pid \d+ \(sleep\) state Z .*\(outside the container\)", log), log
+        assert h.run(["systemctl", "is-system-running"], check=False).stdout.strip() in ("running", "degraded")
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_the_device_layer_refuses_to_act_outside_a_container(tmp_path):
     """The container host's state is saved only inside its container: on this machine the guest's save
     refuses before writing anything (it would write under the machine's own /sys and /proc)."""
@@ -248,12 +290,17 @@ def bring_up(h, env: dict | None = None, options: tuple[str, ...] = ()) -> str:
     boots = h.machine()["boots"]
     first = subprocess.Popen(h.command(["/opt/p2pkit/bin/p2pkit", *options, "--yes", "up", "--reboot"], env=env),
                              text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    printed: list[str] = []  # read as it comes: a full pipe would stop `up` in a write while the OS shuts down
+    reader = threading.Thread(target=lambda: printed.extend(first.stdout), daemon=True)
+    reader.start()
     try:
         result = wait_resumed(h, boots)
     except (AssertionError, container.ContainerError) as e:
         first.kill()
-        raise AssertionError(f"{e}\n{h.diagnose()}\nup --reboot printed:\n{first.communicate()[0][-3000:]}") from None
-    first.communicate(timeout=120)
+        reader.join(10)
+        raise AssertionError(f"{e}\n{h.diagnose()}\nup --reboot printed:\n{''.join(printed)[-3000:]}") from None
+    first.wait(timeout=120)
+    reader.join(10)
     journal = h.run(["journalctl", "-u", "p2pkit-resume.service", "-o", "cat", "--no-pager"]).stdout
     assert result == "success", journal[-3000:]
     return journal

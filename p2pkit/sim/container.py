@@ -411,6 +411,9 @@ class ContainerHost:
                 out.append(f"--- {f}:\n" + "\n".join(f.read_text(errors="replace").splitlines()[-lines:]))
             except OSError:
                 pass
+        if _alive(m.get("nspawn_pid")):
+            held = namespace_processes(m.get("pidns"))
+            out.append(f"--- the container's processes ({len(held)}):\n" + "\n".join(held[-lines:]))
         return "\n".join(out)
 
     def leader(self) -> int:
@@ -517,28 +520,109 @@ def build_wheel(out: Path) -> Path:
 
 def machine_loop(directory: Path) -> int:
     """The machine: boot the container, and boot it again when the OS inside reboots, until it powers
-    off. Run detached by ContainerHost.boot (`python -m p2pkit.sim.container machine DIR`)."""
+    off. Run detached by ContainerHost.boot (`python -m p2pkit.sim.container machine DIR`).
+
+    An OS that said its last word ("Rebooting.", "Powering off.") is off even where systemd-nspawn does
+    not end: the kernel ends a PID namespace only once every process in it is reaped, and one the OS
+    could not kill (asleep in the kernel: an fsync on a loaded disk) or whose parent outside never reaps
+    it holds the old container's PID 1 in its exit. After SHUTDOWN_GRACE_S the supervisor writes what
+    holds it to its log (pid, state, kernel wait channel, parent), ends systemd-nspawn and goes on as
+    systemd-nspawn would have (seen once in CI: a boot that never came back, its console ending in
+    "Rebooting." after "Waiting for process: 46 (p2pkit)")."""
     host = ContainerHost(directory)
     rc = 0
     while True:
         boots = host.machine().get("boots", 0) + 1
         argv = ["systemd-nspawn", "-D", str(host.root), "-b", "--register=no", "--keep-unit",
                 "--console=read-only", "-M", host.machine().get("name", "p2pkit-ct")]
-        with open(host.logs / f"console-{boots}.log", "w") as console:
+        console_log = host.logs / f"console-{boots}.log"
+        with open(console_log, "w") as console:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT)
-            host._record(boots=boots, nspawn_pid=proc.pid, leader_pid=None, state="booting")
+            host._record(boots=boots, nspawn_pid=proc.pid, leader_pid=None, pidns=None, state="booting")
             leader = None
             while leader is None and proc.poll() is None:
                 leader = _child(proc.pid)
                 time.sleep(0.05)
+            pidns = _pidns(leader)
             if leader is not None:
-                host._record(leader_pid=leader, state="running")
-            rc = proc.wait()
+                host._record(leader_pid=leader, pidns=pidns, state="running")
+            rc = _wait_nspawn(proc, console_log, pidns)
         print(f"boot {boots}: systemd-nspawn exit {rc}", flush=True)
         if rc != REBOOT_EXIT:
             break
     host._record(state="off", exit=rc, leader_pid=None, nspawn_pid=None)
     return 0
+
+
+SHUTDOWN_GRACE_S = float(os.environ.get("P2PKIT_CT_SHUTDOWN_GRACE_S", "30"))
+LAST_WORDS = {"Rebooting.": REBOOT_EXIT, "Powering off.": 0, "Halting.": 0}  # systemd-shutdown's, src/shutdown
+
+
+def _last_word(console_log: Path) -> str | None:
+    """The OS's last line on the console where it is one of systemd-shutdown's final words."""
+    try:
+        with open(console_log, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - 4096))
+            tail = fh.read().decode(errors="replace").replace("\r", "\n").split("\n")
+    except OSError:
+        return None
+    lines = [ln.strip() for ln in tail if ln.strip()]
+    return lines[-1] if lines and lines[-1] in LAST_WORDS else None
+
+
+def _wait_nspawn(proc: subprocess.Popen, console_log: Path, pidns: str | None) -> int:
+    said_at = None
+    while True:
+        try:
+            return proc.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            pass
+        word = _last_word(console_log)
+        if word is None:
+            said_at = None
+            continue
+        said_at = said_at or time.monotonic()
+        if time.monotonic() - said_at < SHUTDOWN_GRACE_S:
+            continue
+        print(f"the OS said {word!r} {SHUTDOWN_GRACE_S:g} s ago and systemd-nspawn has not ended; what holds "
+              f"its PID namespace {pidns}:", flush=True)
+        for line in namespace_processes(pidns):
+            print(f"  {line}", flush=True)
+        proc.kill()
+        proc.wait()
+        print(f"ended systemd-nspawn; going on as after {word!r}", flush=True)
+        return LAST_WORDS[word]
+
+
+def _pidns(pid: int | None) -> str | None:
+    try:
+        return os.readlink(f"/proc/{int(pid)}/ns/pid") if pid else None
+    except OSError:
+        return None
+
+
+def namespace_processes(pidns: str | None) -> list[str]:
+    """Every process of the PID namespace `pidns` as this machine sees it: pid, name, state, the kernel
+    function it waits in, its parent (and whether that parent is outside the namespace)."""
+    out = []
+    if not pidns:
+        return out
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if os.readlink(d / "ns/pid") != pidns:
+                continue
+            stat = (d / "stat").read_text()
+            comm = stat[stat.index("(") + 1:stat.rindex(")")]
+            state, ppid = stat.rpartition(")")[2].split()[:2]
+            wchan = (d / "wchan").read_text().strip() or "-"
+            outside = _pidns(int(ppid)) != pidns
+        except (OSError, ValueError):
+            continue
+        out.append(f"pid {d.name} ({comm}) state {state} wchan {wchan} parent {ppid}"
+                   + (" (outside the container)" if outside else ""))
+    return out
 
 
 def _child(pid: int) -> int | None:
