@@ -41,6 +41,8 @@ import time
 import uuid
 from pathlib import Path
 
+from p2pkit.parse.system import proc_stat_ppid, proc_stat_state
+
 SUITE = "bookworm"
 MIRRORS = (f"deb http://deb.debian.org/debian {SUITE} main",
            f"deb http://deb.debian.org/debian {SUITE}-updates main",
@@ -499,7 +501,7 @@ def _alive(pid) -> bool:
         return False
     try:
         with open(f"/proc/{int(pid)}/stat") as fh:
-            return fh.read().rpartition(")")[2].split()[0] != "Z"
+            return proc_stat_state(fh.read()) != "Z"
     except OSError:
         return False
 
@@ -614,10 +616,10 @@ def namespace_processes(pidns: str | None) -> list[str]:
             if os.readlink(d / "ns/pid") != pidns:
                 continue
             stat = (d / "stat").read_text()
-            comm = stat[stat.index("(") + 1:stat.rindex(")")]
-            state, ppid = stat.rpartition(")")[2].split()[:2]
+            comm = (d / "comm").read_text().strip()
+            state, ppid = proc_stat_state(stat), proc_stat_ppid(stat)
             wchan = (d / "wchan").read_text().strip() or "-"
-            outside = _pidns(int(ppid)) != pidns
+            outside = _pidns(ppid) != pidns
         except (OSError, ValueError):
             continue
         out.append(f"pid {d.name} ({comm}) state {state} wchan {wchan} parent {ppid}"
