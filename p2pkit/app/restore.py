@@ -139,7 +139,7 @@ def _stop_engine(ctx) -> bool:
     and the next restore starts the engine before anything else."""
     from p2pkit.stages.service.act import unit_alive
 
-    if not ctx.host.path(f"/etc/systemd/system/{system.ENGINE_UNIT}").is_file() or not unit_alive(ctx.host):
+    if not ctx.host.path(system.ENGINE_UNIT_FILE).is_file() or not unit_alive(ctx.host):
         return False
     engine_mark(ctx).parent.mkdir(parents=True, exist_ok=True)
     said = f"{system.ENGINE_UNIT} was running when restore (pid {os.getpid()}) stopped it\n"
@@ -152,7 +152,7 @@ def _engine(ctx, action: str) -> bool:
     the engine build or the model. Returns whether it acted."""
     from p2pkit.stages.service.act import unit_alive
 
-    if not ctx.host.path(f"/etc/systemd/system/{system.ENGINE_UNIT}").is_file():
+    if not ctx.host.path(system.ENGINE_UNIT_FILE).is_file():
         return False
     if action == "stop" and not unit_alive(ctx.host):
         return False

@@ -118,7 +118,7 @@ def engine_process(host: Host, timeout: float | None = None) -> dict:
         except (OSError, ValueError, IndexError):
             state = None
         return {"manager": "launcher", "pid": pid, "state": state}
-    installed = host.path(f"/etc/systemd/system/{system.ENGINE_UNIT}").is_file()
+    installed = host.path(system.ENGINE_UNIT_FILE).is_file()
     if installed or systemd_booted(host):  # where systemd is not PID 1 there is no systemctl to ask
         pid = system.service_main_pid(host, timeout=timeout)
         if installed or pid:  # a running unit p2pkit did not write there is the engine too

@@ -199,10 +199,10 @@ def mapped_under(host: Host, pid: int, directory: str) -> dict:
     return {"pid": pid, "directory": directory, "mappings": maps, **({"unread": unread} if unread else {})}
 
 
-# The engine's unit, environment files and user: the service role states them (its defaults/main.yml) and p2pkit
-# reads them there when first asked (module attributes ENGINE_UNIT, ENGINE_ENV_FILE, ENGINE_SECRETS_FILE,
-# ENGINE_USER, never read at import), and ENGINE_FILES: what the service stage writes (the service role's
-# unit, slice and environment files), its gate's proof that they are still the files it proved.
+# The engine's unit, environment files and user: the service role states them (its defaults/main.yml) and p2pkit reads
+# them there when first asked (module attributes ENGINE_UNIT, ENGINE_ENV_FILE, ENGINE_SECRETS_FILE, ENGINE_USER, never
+# read at import; ENGINE_UNIT_FILE, the unit's path), and ENGINE_FILES: what the service stage writes (the service
+# role's unit, slice and environment files), its gate's proof that they are still the files it proved.
 SERVICE_ROLE = "p2pkit_service"
 _SERVICE_DEFAULTS = {"ENGINE_UNIT": "p2pkit_service_unit", "ENGINE_ENV_FILE": "p2pkit_service_env_file",
                      "ENGINE_SECRETS_FILE": "p2pkit_service_secrets_file", "ENGINE_USER": "p2pkit_service_user"}
@@ -220,8 +220,10 @@ def __getattr__(name: str):
         return role_default(P2P_ROLE, "p2pkit_p2p_module_paths")[_P2P_PATHS[name]]
     if name == "TIMER_WANTS":
         return "/etc/systemd/system/timers.target.wants/" + __getattr__("RESTORE_TIMER").rpartition("/")[2]
+    if name == "ENGINE_UNIT_FILE":
+        return f"/etc/systemd/system/{__getattr__('ENGINE_UNIT')}"
     if name == "ENGINE_FILES":
-        return (f"/etc/systemd/system/{__getattr__('ENGINE_UNIT')}", "/etc/systemd/system/p2pkit.slice",
+        return (__getattr__("ENGINE_UNIT_FILE"), "/etc/systemd/system/p2pkit.slice",
                 __getattr__("ENGINE_ENV_FILE"), __getattr__("ENGINE_SECRETS_FILE"))
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -217,7 +217,7 @@ def _unit_copy(host: Host) -> Path:
     """The installed unit; under a host root other than / a copy whose ExecStart points where this
     machine finds the engine (launcher.on_this_machine), so that systemd-analyze (which resolves
     ExecStart on this machine) checks what would run."""
-    unit = host.path(f"/etc/systemd/system/{system.ENGINE_UNIT}")
+    unit = host.path(system.ENGINE_UNIT_FILE)
     text = unit.read_text()
     m = re.search(r"^ExecStart=(.*)$", text, re.M)
     parts = shlex.split(m.group(1)) if m else []
@@ -479,7 +479,7 @@ def measure(ctx, acted: dict | None = None) -> dict:
     p = ctx.profile
     host = ctx.host
     launched = service_launcher.launched(host)
-    if not launched and not host.path(f"/etc/systemd/system/{system.ENGINE_UNIT}").is_file():
+    if not launched and not host.path(system.ENGINE_UNIT_FILE).is_file():
         return {"service": {"error": f"{system.ENGINE_UNIT} is not installed: run `p2pkit up` (the service stage)"}}
     role = engine_cmd.node(p)["role"]
     if role == "worker":
