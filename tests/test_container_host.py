@@ -8,6 +8,7 @@ boot such a host (not root, no systemd-nspawn or mmdebstrap, no overlayfs)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
@@ -273,6 +274,12 @@ def test_a_process_the_os_cannot_end_does_not_hold_the_reboot(make_host, monkeyp
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_the_hosts_own_stat_reader_reads_past_a_name_with_parentheses():
+    with open("/proc/self/stat") as fh:  # this process, as the kernel writes it now
+        assert container._stat_state_ppid(fh.read()) == ("R", os.getppid())
+    assert container._stat_state_ppid("1234 (a) 5 (c)) Z 77 1 2") == ("Z", 77)
 
 
 def test_the_device_layer_refuses_to_act_outside_a_container(tmp_path):

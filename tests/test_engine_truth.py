@@ -41,9 +41,6 @@ def test_proc_stat_state_reads_past_a_command_name_with_spaces_and_parentheses()
     with open("/proc/self/stat") as fh:
         assert ps.proc_stat_state(fh.read()) == "R"
     assert ps.proc_stat_state("1234 (a) b (c)) T 1 2 3") == "T"
-    with open("/proc/self/stat") as fh:  # the parent, as the kernel numbers it
-        assert ps.proc_stat_ppid(fh.read()) == os.getppid()
-    assert ps.proc_stat_ppid("1234 (a) 5 (c)) S 77 1 2") == 77
 
 
 def test_alive_judges_stopped_silent_and_healthy():

@@ -240,11 +240,6 @@ def proc_stat_start_ticks(text: str) -> int:
     return int(text[text.rindex(")") + 1:].split()[19])
 
 
-def proc_stat_ppid(text: str) -> int:
-    """The parent's PID in /proc/PID/stat (the field after the state)."""
-    return int(text[text.rindex(")") + 1:].split()[1])
-
-
 def proc_stat_session(text: str) -> int:
     """The session id of /proc/PID/stat (the fourth field after the command name: state ppid pgrp session)."""
     return int(text[text.rindex(")") + 1:].split()[3])

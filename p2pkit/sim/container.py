@@ -41,8 +41,6 @@ import time
 import uuid
 from pathlib import Path
 
-from p2pkit.parse.system import proc_stat_ppid, proc_stat_state
-
 SUITE = "bookworm"
 MIRRORS = (f"deb http://deb.debian.org/debian {SUITE} main",
            f"deb http://deb.debian.org/debian {SUITE}-updates main",
@@ -496,13 +494,21 @@ class ContainerHost:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def _stat_state_ppid(text: str) -> tuple[str, int]:
+    """State letter and parent PID of /proc/PID/stat (proc(5): fields 3 and 4, after the command name,
+    which may hold spaces and parentheses, so read from its last ")"). The container host states this
+    itself: it is part of no product rule (tests/test_sim_rules.py)."""
+    state, ppid = text[text.rindex(")") + 1:].split()[:2]
+    return state, int(ppid)
+
+
 def _alive(pid) -> bool:
     if not pid:
         return False
     try:
         with open(f"/proc/{int(pid)}/stat") as fh:
-            return proc_stat_state(fh.read()) != "Z"
-    except OSError:
+            return _stat_state_ppid(fh.read())[0] != "Z"
+    except (OSError, ValueError):
         return False
 
 
@@ -617,7 +623,7 @@ def namespace_processes(pidns: str | None) -> list[str]:
                 continue
             stat = (d / "stat").read_text()
             comm = (d / "comm").read_text().strip()
-            state, ppid = proc_stat_state(stat), proc_stat_ppid(stat)
+            state, ppid = _stat_state_ppid(stat)
             wchan = (d / "wchan").read_text().strip() or "-"
             outside = _pidns(ppid) != pidns
         except (OSError, ValueError):
