@@ -117,3 +117,27 @@ def test_toml_set_keeps_a_value_holding_u2028_whole():
     import tomllib
 
     assert tomllib.loads(out) == {"a": "x\u2028[serve]", "serve": {"port": 2}}
+
+
+def test_a_unit_value_ending_in_a_backslash_is_refused_and_the_real_systemd_shows_why(tmp_path):
+    """systemd joins a setting's line ending in `\\` with the next line: with the real systemd-analyze, an
+    ExecStart= after such a line is swallowed (comment lines are not joined). unit_value cannot know where its
+    value ends up on the line, so it refuses a final backslash; one inside a value stays as it is."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("systemd-analyze"):
+        pytest.skip("systemd-analyze not installed (CI installs systemd)")
+
+    def verify(body: str) -> subprocess.CompletedProcess:
+        unit = tmp_path / "t.service"
+        unit.write_text(f"[Unit]\nDescription=t\n[Service]\n{body}ExecStart=/bin/true\n")
+        return subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True)
+
+    joined = verify("Environment=A=b\\\n")
+    assert joined.returncode != 0 and "no ExecStart=" in joined.stderr, joined.stderr
+    assert verify("Environment=A=b\n").returncode == 0
+    with pytest.raises(writers.UnsafeValue) as e:
+        writers.unit_value("the profile's name", "lab\\")
+    assert "ends with a backslash" in e.value.message and "the profile's name" in e.value.message
+    assert writers.unit_value("the profile's name", "a\\b 50%") == "a\\b 50%%"

@@ -91,8 +91,14 @@ def refuse_controls(what: str, value: str, fmt: str) -> str:
 # systemd units ----------------------------------------------------------------------------------
 
 def unit_value(what: str, value: str) -> str:
-    """A free-text setting (Description=, a comment): one line, `%` escaped."""
-    return refuse_controls(what, str(value), "a systemd unit").replace("%", "%%")
+    """A free-text setting (Description=, a comment): one line, `%` escaped. A value ending in `\\` is
+    refused: systemd joins a setting's line that ends in a backslash with the next one (systemd.syntax(7);
+    systemd 252's verify then reads the next line's ExecStart= as part of this value)."""
+    value = refuse_controls(what, str(value), "a systemd unit")
+    if value.endswith("\\"):
+        raise Refused(f"{what} ends with a backslash ({value!r}), which systemd reads as joining the unit's "
+                      "next line to this setting", hint=f"remove the final backslash from {what}")
+    return value.replace("%", "%%")
 
 
 def unit_path(what: str, path: str) -> str:
