@@ -60,3 +60,17 @@ def test_the_cli_says_it_as_an_error_not_an_internal_one(tmp_path):
     assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
     assert "Traceback" not in r.stderr and "internal error" not in r.stderr, r.stderr
     assert "role states from" in r.stderr and "cannot read it" in r.stderr, r.stderr
+
+
+def test_an_engine_unit_name_that_is_a_path_is_refused_as_a_broken_installation(share):
+    """p2pkit reads the engine unit's name from the service role's defaults and writes, reads and removes
+    /etc/systemd/system/NAME: a name holding a / is a broken installation, never a path p2pkit acts on."""
+    from p2pkit.host import system
+
+    f = share / "p2pkit_service/defaults/main.yml"
+    f.write_text(f.read_text().replace("p2pkit_service_unit: p2pkit-engine.service",
+                                       "p2pkit_service_unit: ../../cron.d/p2pkit.service"))
+    with pytest.raises(P2pkitError) as e:
+        _ = system.ENGINE_UNIT_FILE
+    assert "its p2pkit_service_unit holds the character '/'" in e.value.message and str(f) in e.value.message
+    assert "reinstall p2pkit" in e.value.hint

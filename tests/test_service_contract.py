@@ -116,6 +116,22 @@ def test_a_user_name_is_one_systemd_and_useradd_both_take_as_it_is(user, said):
                             "a letter or _, at most 31 characters, like p2pkit-engine")
 
 
+@pytest.mark.parametrize("unit,said", [
+    ("p2pkit-engine.service", None), ("engine@gpu0.service", None), ("a:b_c.d-e\\x2d.service", None),
+    ("../x.service", "holds the character '/', which a unit name cannot hold"),
+    ("p2pkit-engine.timer", "is not NAME.service"), (".service", "is not NAME.service"),
+    ("a@b@c.service", "is not NAME.service"), ("eng%i.service", "holds the character '%'"),
+    ("x\n.service", "holds a newline"), ("a" * 248 + ".service", "is longer than 255 bytes"),
+])
+def test_a_unit_name_is_one_file_under_etc_systemd_system(unit, said):
+    if said is None:
+        assert unitenv.unit_name("the unit", unit) == unit
+        return
+    with pytest.raises(unitenv.Refused) as e:
+        unitenv.unit_name("p2pkit_service_unit", unit)
+    assert e.value.message.startswith(f"p2pkit_service_unit {said}"), e.value.message
+
+
 def test_the_filters_write_what_p2pkits_writers_write():
     """The filter plugin loaded as Ansible loads it (from the collection on its path), over the same values."""
     code = """
@@ -127,7 +143,7 @@ out = {"exec": f["unit_exec"](["/opt/e/serve", "a b", "100%", "$HOME"] + f["flag
            {"tp": 2, "vision": True, "quiet": False, "x": None, "name": 'q"x'})),
        "env": f["env_file"]({"A": "1", "B": 'x"$`y'}, "h"), "ip": f["ip_filter"]("127.0.0.1", "head", "10.0.0.0/24"),
        "value": f["unit_value"]("50%", "w"), "path": f["unit_path"]("/var/lib/p2pkit/engine", "w"),
-       "user": f["unit_user"]("p2pkit-engine", "w")}
+       "user": f["unit_user"]("p2pkit-engine", "w"), "unit": f["unit_name"]("p2pkit-engine.service", "w")}
 from ansible.errors import AnsibleFilterError
 try:
     f["unit_exec"](["/opt/e/serve", "a\\nb"], "the command line of the engine")
@@ -147,6 +163,7 @@ print(json.dumps(out))
     assert got["env"] == writers.env_file({"A": "1", "B": 'x"$`y'}, "h")
     assert got["ip"] == ["any", "localhost 10.0.0.0/24"]
     assert got["value"] == "50%%" and got["path"] == "/var/lib/p2pkit/engine" and got["user"] == "p2pkit-engine"
+    assert got["unit"] == "p2pkit-engine.service"
     assert got["refused"] == [True, "the command line of the engine holds a newline (\\n), which "
                               "cannot be written into a systemd unit (remove it from the command line of the engine)"]
     with pytest.raises(unitenv.Refused) as e:
@@ -173,6 +190,12 @@ print(json.dumps(out))
      "name: lowercase letters, digits, _ and -, starting with a letter or _, at most 31 characters, like "
      "p2pkit-engine)"),
     ("p2pkit_service_user", "eng%i", "p2pkit_service_user holds the character '%', which a user name cannot hold"),
+    # the unit's name is a file under /etc/systemd/system, never a path out of it
+    ("p2pkit_service_unit", "../../cron.d/p2pkit.service",
+     "p2pkit_service_unit holds the character '/', which a unit name cannot hold"),
+    ("p2pkit_service_groups", ["video", "render\nExecStartPre=/bin/evil"],
+     "p2pkit_service_groups holds a newline (\\n), which a user name cannot hold"),
+    ("p2pkit_service_profile", "lab\\", "p2pkit_service_profile ends with a backslash"),
 ])
 @pytest.mark.slow
 def test_the_role_alone_refuses_a_value_the_files_cannot_hold_before_it_writes_anything(sim, tmp_path, key, value,
@@ -209,13 +232,13 @@ def test_the_role_alone_escapes_a_specifier_in_the_units_text_and_runs_the_user_
     root = sim("healthy")
     lifecycle.place_engine(root, config.load(Host.at(root).sim["profile"]))  # the engine stage's binary
     given = {**profile_vars(root), **service_vars_by_hand(root), "p2pkit_service_recipe": "ninfer-50%",
-             "p2pkit_service_profile": "100%n prod", "p2pkit_service_user": "eng_2"}
+             "p2pkit_service_profile": "100%n prod", "p2pkit_service_user": "eng_2", "p2pkit_service_groups": ["video"]}
     r, recap = playbook("service.yml", write_inventory(tmp_path / "hosts.yml", given), tmp_path)
     assert r.returncode == 0 and recap["failed"] == 0, r.stdout[-3000:]
     unit = (root / "etc/systemd/system" / system.ENGINE_UNIT).read_text()
     assert unit.startswith("# Written by p2pkit's service stage: the ninfer-50%% engine as a system service")
     assert "\nDescription=p2pkit: ninfer-50%% inference engine (100%%n prod)\n" in unit
-    assert "\nUser=eng_2\nGroup=eng_2\n" in unit
+    assert "\nUser=eng_2\nGroup=eng_2\nSupplementaryGroups=video\n" in unit  # the groups it was given
     assert "eng_2:" in (root / "etc/passwd").read_text()
     verified = svc.analyze(Host.at(root))
     assert verified["verify_rc"] == 0 and verified["verify_issues"] == [], verified

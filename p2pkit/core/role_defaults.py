@@ -20,7 +20,7 @@ def share_dir() -> Path:
     return installed if (installed / "playbooks").is_dir() else package.parent
 
 
-def _broken(role: str, why: str) -> P2pkitError:
+def broken(role: str, why: str) -> P2pkitError:
     path = share_dir() / COLLECTION / "roles" / role / "defaults/main.yml"
     return P2pkitError(f"p2pkit reads what its {role} role states from {path}, and {why}: nothing was done",
                        hint="put that file back as p2pkit ships it (reinstall p2pkit, or `git checkout` it in a "
@@ -41,11 +41,11 @@ def role_defaults(role: str) -> dict:
         doc = yaml.load((share_dir() / COLLECTION / "roles" / role / "defaults/main.yml").read_text(),
                         Loader=loader)  # a safe loader: SafeLoader or libyaml's CSafeLoader
     except OSError as e:
-        raise _broken(role, f"cannot read it ({e.strerror or e})") from None
+        raise broken(role, f"cannot read it ({e.strerror or e})") from None
     except yaml.YAMLError as e:
-        raise _broken(role, f"it is not YAML ({' '.join(str(e).split())[:200]})") from None
+        raise broken(role, f"it is not YAML ({' '.join(str(e).split())[:200]})") from None
     if not isinstance(doc, dict):
-        raise _broken(role, "it is not a mapping of defaults")
+        raise broken(role, "it is not a mapping of defaults")
     return doc
 
 
@@ -53,5 +53,5 @@ def role_default(role: str, name: str):
     """One default of a role; one that is not there is refused as a broken installation."""
     doc = role_defaults(role)
     if name not in doc:
-        raise _broken(role, f"it has no {name}")
+        raise broken(role, f"it has no {name}")
     return doc[name]

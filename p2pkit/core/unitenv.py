@@ -6,7 +6,8 @@ and refuse the same values.
 
 - systemd units: setting values (`%` is a specifier: written `%%`), paths, Exec*= command lines (each word
   quoted, `\\` and `"` escaped, `%%` and `$$`), per systemd.unit(5), systemd.service(5); the user of User=
-  and Group= (a user name, nothing else); the IP filter (IPAddressDeny/Allow) of the engine's unit.
+  and Group= and each of SupplementaryGroups= (a user or group name, nothing else); the service's own name;
+  the IP filter (IPAddressDeny/Allow) of the engine's unit.
 - environment files: NAME="value" with `\\`, `"`, `$` and backquote escaped (systemd's EnvironmentFile=
   parser, src/basic/env-file.c, and a POSIX shell read them the same way).
 - an engine's flags as command-line words: `--name value`, a switch (true) bare, false or no value left out.
@@ -129,6 +130,25 @@ def unit_user(what: str, user: str) -> str:
     else:
         why = f"starts with {name(user[0])}, which a user name cannot start with"
     raise Refused(f"{what} {why}", hint=f"give {what} a user name: {USER_RULE}, like p2pkit-engine")
+
+
+# A service unit's name, as systemd accepts one (src/basic/unit-name.c: unit_name_is_valid, VALID_CHARS
+# "0-9A-Za-z:-_.\\", one "@" before an instance, a suffix naming the type, at most 255 bytes); no "/", so the
+# name is one file under /etc/systemd/system and never a path elsewhere.
+SERVICE_NAME = re.compile(r"^[A-Za-z0-9:_.\\-]+(@[A-Za-z0-9:_.\\-]*)?\.service\Z")
+
+
+def unit_name(what: str, unit: str) -> str:
+    """A service's unit name (p2pkit-engine.service): SERVICE_NAME's, or refused naming what it holds."""
+    unit = str(unit)
+    if SERVICE_NAME.match(unit) and len(unit.encode()) <= 255:
+        return unit
+    bad = BREAKS.search(unit) or re.search(r"[^A-Za-z0-9:_.\\@-]", unit)
+    why = (f"holds {name(bad.group())}, which a unit name cannot hold" if bad else
+           "is longer than 255 bytes" if len(unit.encode()) > 255 else "is not NAME.service")
+    raise Refused(f"{what} {why} ({unit!r})",
+                  hint=f"give {what} a service name: letters, digits, :_.-\\ and one @, ending in .service, "
+                       "like p2pkit-engine.service")
 
 
 def _unit_word(word: str) -> str:

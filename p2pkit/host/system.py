@@ -213,7 +213,16 @@ def __getattr__(name: str):
     if name in _SERVICE_DEFAULTS:
         from p2pkit.core.role_defaults import role_default
 
-        return role_default(SERVICE_ROLE, _SERVICE_DEFAULTS[name])
+        value = role_default(SERVICE_ROLE, _SERVICE_DEFAULTS[name])
+        if name == "ENGINE_UNIT":  # a file name under /etc/systemd/system, never a path elsewhere
+            from p2pkit.core import unitenv
+            from p2pkit.core.role_defaults import broken
+
+            try:
+                unitenv.unit_name(_SERVICE_DEFAULTS[name], value)
+            except unitenv.Refused as e:
+                raise broken(SERVICE_ROLE, f"its {e.message[0].lower()}{e.message[1:]}") from None
+        return value
     if name in _P2P_PATHS:
         from p2pkit.core.role_defaults import role_default
 

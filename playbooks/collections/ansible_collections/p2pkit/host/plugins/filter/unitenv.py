@@ -7,7 +7,9 @@ the task that renders it, with p2pkit's message and the fix, before anything is 
     p2pkit.host.unit_exec(argv, what)     a command line for ExecStart= (each word quoted when it needs it)
     p2pkit.host.unit_value(value, what)   a one-line setting (Description=): `%` escaped
     p2pkit.host.unit_path(value, what)    an absolute path setting (WorkingDirectory=, EnvironmentFile=)
-    p2pkit.host.unit_user(value, what)    a user name for User= and Group= (nothing else: no `%`, no newline)
+    p2pkit.host.unit_user(value, what)    a user or group name for User=, Group= and SupplementaryGroups=
+                                          (nothing else: no `%`, no newline)
+    p2pkit.host.unit_name(value, what)    the service's unit name: one file under /etc/systemd/system
     p2pkit.host.env_file(env, header, what)  a whole environment file from a mapping: NAME="value" lines
     p2pkit.host.flag_words(flags)         an engine's flags (a mapping) as command-line words: true gives a
                                           bare --name, false or null leaves it out, else --name value
@@ -52,6 +54,10 @@ def unit_user(value, what="the user name"):
     return unitenv.unit_user(what, value)
 
 
+def unit_name(value, what="the unit name"):
+    return unitenv.unit_name(what, value)
+
+
 def env_file(env, header="", what=""):
     if not hasattr(env, "items"):
         raise AnsibleFilterError(f"{what or 'the environment'} must be a mapping of names to values")
@@ -70,5 +76,5 @@ def ip_filter(listen_host, node_role="single", fabric_cidr=""):
 
 class FilterModule:
     def filters(self):
-        writers = (unit_exec, unit_value, unit_path, unit_user, env_file, flag_words, ip_filter)
+        writers = (unit_exec, unit_value, unit_path, unit_user, unit_name, env_file, flag_words, ip_filter)
         return {f.__name__: _refusing(f) for f in writers}
