@@ -93,8 +93,11 @@ def main() -> None:
     a = ap.parse_args()
     global BYTECODE
     BYTECODE = not a.no_bytecode
-    argv, env = p2pkit(None)
     work = Path(tempfile.mkdtemp(prefix="bench-inventory-"))
+    # the controller's state directory (its inventory logs, its lock) is the bench's, never this machine's
+    # /var/lib/p2pkit
+    controller = ["--state-dir", str(work / "controller")]
+    argv, env = p2pkit(None)
     out: dict = {"bytecode_written": BYTECODE, "sizes": {}}
     up_points, status_points, vs_points, vs_up_points = [], [], [], []
     for n in a.sizes:
@@ -104,17 +107,19 @@ def main() -> None:
         ups, b_ups = [], []
         for k in range(a.up_runs):  # A B A B ...: fresh hosts for every `up`
             roots, inv = hosts(d, f"h{k}-", n, argv, env, work)
-            ups.append(timed([*argv, "--json", "up", "--inventory", str(inv), "--reboot"], env, work))
+            ups.append(timed([*argv, *controller, "--json", "up", "--inventory", str(inv), "--reboot"], env, work))
             if k < a.up_runs - 1:
                 stop(roots, argv, env, work)
             if a.vs_source:
                 b_roots, b_inv = hosts(d, f"b{k}-", n, b_argv, b_env, work)
-                b_ups.append(timed([*b_argv, "--json", "up", "--inventory", str(b_inv), "--reboot"], b_env, work))
+                b_ups.append(timed([*b_argv, *controller, "--json", "up", "--inventory", str(b_inv), "--reboot"],
+                                   b_env, work))
                 if k < a.up_runs - 1:
                     stop(b_roots, b_argv, b_env, work)
         up = {"runs": ups, "cpu_s": statistics.median(u["cpu_s"] for u in ups),
               "wall_s": statistics.median(u["wall_s"] for u in ups)}
-        status = [timed([*argv, "--json", "status", "--inventory", str(inv)], env, work) for _ in range(a.runs)]
+        status = [timed([*argv, *controller, "--json", "status", "--inventory", str(inv)], env, work)
+                  for _ in range(a.runs)]
         row = {"up": up, "status_inventory": status,
                "status_inventory_median_cpu_s": statistics.median(s["cpu_s"] for s in status)}
         if a.vs_source:
@@ -122,8 +127,8 @@ def main() -> None:
                             "wall_s": statistics.median(u["wall_s"] for u in b_ups)}
             pairs = []
             for _ in range(a.runs):
-                x = timed([*argv, "--json", "status", "--inventory", str(inv)], env, work)
-                y = timed([*b_argv, "--json", "status", "--inventory", str(b_inv)], b_env, work)
+                x = timed([*argv, *controller, "--json", "status", "--inventory", str(inv)], env, work)
+                y = timed([*b_argv, *controller, "--json", "status", "--inventory", str(b_inv)], b_env, work)
                 pairs.append({"A": x, "B": y, "ratio_cpu": round(x["cpu_s"] / y["cpu_s"], 3)})
             row["vs"] = {"pairs": pairs, "median_B_cpu_s": statistics.median(p["B"]["cpu_s"] for p in pairs),
                          "median_ratio_cpu": statistics.median(p["ratio_cpu"] for p in pairs)}

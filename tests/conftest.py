@@ -35,6 +35,35 @@ def pytest_configure(config):
     container.start_background()
 
 
+def pytest_sessionstart(session):
+    """The places p2pkit writes on a real host, as they are before the first test (tests/host_untouched.py)."""
+    if not hasattr(session.config, "workerinput"):
+        import host_untouched
+
+        session.config.stash[HOST_BEFORE] = host_untouched.snapshot()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A session that changed one of those places on this machine fails, naming each path."""
+    before = session.config.stash.get(HOST_BEFORE, None)
+    if before is None:
+        return
+    import host_untouched
+
+    changed = host_untouched.changes(before, host_untouched.snapshot())
+    if changed:
+        tr = session.config.pluginmanager.get_plugin("terminalreporter")
+        say = tr.write_line if tr else print
+        say(f"FAILED: the tests changed this machine ({len(changed)} path(s)); a test works in a temporary "
+            "directory, never on the host the suite runs on (tests/host_untouched.py):")
+        for line in changed[:50]:
+            say(f"  {line}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+HOST_BEFORE = pytest.StashKey[dict]()
+
+
 @dataclass
 class CliResult:
     code: int

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from p2pkit.core import config
+from p2pkit.core import config, lock
 from p2pkit.host import SIM_MARKER
 
 
@@ -31,10 +31,29 @@ def test_up_as_a_user_that_is_not_root_says_what_to_do(cli, monkeypatch, tmp_pat
         return real_mkdir(self, *a, **kw)
     monkeypatch.setattr(Path, "mkdir", mkdir)
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    # the host's lock, taken first, in the test's directory: never this machine's /run
+    (tmp_path / "run").mkdir()
+    monkeypatch.setattr(lock, "host_lock_path", lambda root: tmp_path / lock.HOST_LOCK)
     r = cli("--state-dir", str(state), "up")
     assert r.code == 2, r.err
     assert f"cannot write the state directory {state}: Permission denied (p2pkit is not running as root)" in r.err
     assert "sudo p2pkit" in r.err and "--state-dir" in r.err and "internal error" not in r.err
+
+
+def test_sim_init_on_a_file_is_refused_and_the_sim_commands_take_root(cli, sim, tmp_path):
+    f = tmp_path / "notes.txt"
+    f.write_text("mine")
+    r = cli("sim", "init", str(f))
+    assert r.code == 2 and "is a file, not a directory" in r.err and "internal error" not in r.err, r.err
+    assert f.read_text() == "mine"
+    root = sim("healthy")
+    r = cli("sim", "init", str(tmp_path / "new"))
+    assert r.code == 0 and f"next: p2pkit --root {tmp_path / 'new'} up --reboot" in r.err, r.err
+    # the directory given as every other command takes the host: --root before the command
+    r = cli("--root", str(root), "sim", "stop")
+    assert r.code == 0 and "no simulated service was running" in r.err, r.err
+    r = cli("sim", "stop")
+    assert r.code == 2 and "name the simulated host" in r.err, r.err
 
 
 def test_a_mistyped_root_is_refused(cli, sim, tmp_path):

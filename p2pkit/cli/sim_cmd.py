@@ -32,7 +32,17 @@ def sim_output():
     return out
 
 
-def sim_dir(directory: Path) -> Path:
+SimDir = Annotated[Path | None, typer.Argument(help="the simulated host's directory (default: --root)")]
+
+
+def sim_dir(directory: Path | None) -> Path:
+    """The simulated host named by DIRECTORY, else by --root (`p2pkit --root DIR sim stop` as every other command
+    names it)."""
+    if directory is None:
+        if common.OPTS.root == Path("/"):
+            raise UsageError("name the simulated host: its directory, or --root DIR before the command",
+                             hint="e.g. `p2pkit sim stop /tmp/p2pkit-sim` or `p2pkit --root /tmp/p2pkit-sim sim stop`")
+        directory = common.OPTS.root
     d = directory.resolve()
     if not (d / SIM_MARKER).is_file():
         raise UsageError(f"{d} is not a simulated host", hint="lay one out with `p2pkit sim init DIR`")
@@ -67,6 +77,9 @@ def init(
     common.refuse_unsafe_path("sim init DIRECTORY", str(directory))  # it is the --root of every later command
     d = directory.resolve()
     state = scenarios.build(scenario)  # an unknown scenario is refused before anything is touched
+    if d.exists() and not d.is_dir():
+        raise UsageError(f"{d} is a file, not a directory; p2pkit lays a simulated host out in a directory",
+                         hint="name a new or empty directory")
     if d.exists() and any(d.iterdir()):
         if not (d / SIM_MARKER).is_file():
             raise UsageError(f"{d} is not empty and is not a simulated host; p2pkit will not write into it",
@@ -97,13 +110,13 @@ def init(
                 "the head): lay out the other one and run both from one inventory; the worker's host vars set "
                 "serve.flags.node-rank=1, headless=true and that master-port (docs/inventory.md)")
     else:
-        out.log(f"next: p2pkit --root {d} up")
+        out.log(f"next: p2pkit --root {d} up --reboot (the simulated host reboots itself where a stage needs it)")
     if common.OPTS.json:
         out.document({"root": str(d), "scenario": scenario})
 
 
 @app.command()
-def reboot(directory: Annotated[Path, typer.Argument(help="the simulated host's directory")]) -> None:
+def reboot(directory: SimDir = None) -> None:
     """Reboot the simulated host: new boot id, the pending command line and kernel, the module modprobe picks."""
     from p2pkit.sim import lifecycle
 
@@ -124,7 +137,7 @@ def reboot(directory: Annotated[Path, typer.Argument(help="the simulated host's 
 
 @app.command()
 def upgrade(
-    directory: Annotated[Path, typer.Argument(help="the simulated host's directory")],
+    directory: SimDir = None,
     kernel: Annotated[str, typer.Option("--kernel", help="the new kernel release")] = "6.8.0-90-generic",
     stock_module: Annotated[bool, typer.Option("--stock-module/--no-stock-module",
                                                help="the upgrade also brings a stock DKMS nvidia module")] = True,
@@ -148,7 +161,7 @@ def upgrade(
 
 
 @app.command()
-def stop(directory: Annotated[Path, typer.Argument(help="the simulated host's directory")]) -> None:
+def stop(directory: SimDir = None) -> None:
     """Stop the simulated host's running services (its engine listens on loopback for real)."""
     from p2pkit.sim import lifecycle
 

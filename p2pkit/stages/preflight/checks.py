@@ -9,7 +9,7 @@ from p2pkit.rules.findings import FAIL, PASS, WARN, Check, failed, figure, judge
 
 GIB = 1 << 30
 SIM_HINT = ("to try p2pkit without GPUs: `p2pkit sim init /tmp/p2pkit-sim` then "
-            "`p2pkit --root /tmp/p2pkit-sim up`")
+            "`p2pkit --root /tmp/p2pkit-sim up --reboot`")
 
 
 @reads("tools", "os", "kernel", "is_root", "disk", "secure_boot", "pci_gpus", "iommu", "bootloader",
