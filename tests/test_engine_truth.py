@@ -32,6 +32,8 @@ def served(tmp_path_factory):
     root = make_sim(tmp_path_factory.mktemp("served") / "host")
     r = p2pkit_proc("--root", str(root), "up", "--reboot")
     assert r.returncode == 0, r.stdout + r.stderr
+    # the engine left serving on this machine is said, with what stops it
+    assert "the simulated engine keeps serving on loopback" in r.stderr and f"`p2pkit sim stop {root}`" in r.stderr
     yield root
     lifecycle.stop_services(root)
 

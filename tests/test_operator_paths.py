@@ -83,6 +83,38 @@ def test_a_bad_set_value_is_blamed_on_the_set_not_on_the_profile_file(cli, sim):
     assert r.code == 2 and f"fix: fix the keys named above: pcie.min_gen in your --set, the others in {bad}" in r.err
 
 
+def test_a_mistyped_set_key_is_called_a_key_with_the_nearest_one_and_the_unset_that_drops_it(cli, sim):
+    root = sim("healthy")
+    r = cli("--root", str(root), "--set", "serve.portt=8080", "plan")
+    assert r.code == 2 and "serve.portt: unknown key (did you mean port?)" in r.err, r.err
+    fix = r.err.split("fix: ", 1)[1]
+    assert fix.startswith("--set serve.portt names no key of a profile: correct the key"), fix
+    assert "what is wrong" not in fix and "profile validate" not in fix  # no check that fails the same way
+    assert f"p2pkit --root {root} --unset serve.portt ..." in fix, fix
+    r = cli("--root", str(root), "--set", "serv.port=1", "plan")
+    assert "serv: unknown section (did you mean serve?)" in r.err and "--unset serv.port ..." in r.err, r.err
+    r = cli("--root", str(root), "--set", "zzz.key=1", "plan")  # nothing near: no guess
+    assert "zzz: unknown section; expected one of" in r.err, r.err
+
+
+def test_an_unknown_engine_flag_given_with_set_is_refused_before_up_records_it(cli, sim):
+    """`up` records its --set for the host's later commands: a flag the service stage would refuse is refused
+    at once (exit 2, as `profile validate` refuses it), nothing recorded, and `plan` shows no run for it."""
+    root = sim("healthy")
+    for cmd in ("plan", "up"):
+        r = cli("--root", str(root), "--set", "serve.flags.nosuchflag=1", cmd)
+        assert r.code == 2 and "serve.flags.nosuchflag: ninfer has no flag --nosuchflag" in r.err, (cmd, r.err)
+    assert not (root / "var/lib/p2pkit/profile.json").exists()
+    assert not (root / "var/lib/p2pkit/preflight.json").exists()  # no stage ran
+    # a flag the host kept from an earlier run: the service stage's refusal names the --unset that drops it
+    from p2pkit.core import config
+    from p2pkit.rules import engine_cmd
+
+    kept = config.load("dual-5090-ninfer", ("serve.flags.nosuchflag=1",))
+    (known,) = [c for c in engine_cmd.validate(kept) if c.id == "service.flags_known"]
+    assert known.status == "fail" and "`p2pkit --unset serve.flags.nosuchflag up` takes them out" in known.hint
+
+
 def test_report_with_a_profile_that_does_not_load_takes_its_file_and_says_so(cli, sim, tmp_path):
     root = sim("healthy")
     bad = tmp_path / "mine.toml"

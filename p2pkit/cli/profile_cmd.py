@@ -91,9 +91,10 @@ def engine_refusals(p: config.Profile) -> list[tuple[str, str]]:
     worded = set(str(form.measured).split(", ")) if form else set()
     out = [(f"serve.flags.{name}", f"written as a command-line word; the start refuses it: {form.hint}")
            for name in sorted(worded)]
-    known = refused.get("service.flags_known")
-    out += [(f"serve.flags.{name}", f"{p.engine.recipe} has no flag --{name}: the start refuses it; {known.hint}")
-            for name in (str(known.measured).split(", ") if known else []) if name not in worded]
+    knows = ", ".join(sorted(engine_cmd.engine(p).FLAGS))
+    out += [(f"serve.flags.{name}", f"{p.engine.recipe} has no flag --{name}: the start refuses it; remove or "
+             f"rename it; {p.engine.recipe} knows: {knows}")
+            for name in engine_cmd.unknown_flags(p) if name not in worded]
     return out
 
 

@@ -77,6 +77,7 @@ def up(
             cmd = ["--yes", *cmd]
         _inventory(inventory, "up", cmd, wheel)
     ctx = common.context()
+    refuse_flags_given(ctx.profile)
     if ctx.host.banner():
         ctx.out.log(ctx.host.banner())
     own = f" ({ctx.profile.source})" if ctx.profile.source != ctx.profile.name else ""  # a file, or a host's own copy
@@ -101,9 +102,32 @@ def up(
         ctx.out.table("stages", ["stage", "state", "why", "finished"], _states_rows(res.states), status_col=1)
         if res.code == Exit.OK:
             ctx.out.line(res.message)
+            if ctx.host.simulated and "service" in res.ran:  # a process of this machine, left serving on purpose
+                import shlex
+
+                ctx.out.log("the simulated engine keeps serving on loopback, as a real service would: `p2pkit serve "
+                            f"status` shows it, `p2pkit sim stop {shlex.quote(str(ctx.host.root))}` stops it")
         else:
             ctx.out.error(res.message, res.hint)
     raise typer.Exit(int(res.code))
+
+
+def refuse_flags_given(p) -> None:
+    """An engine flag given with --set on this command that the service stage would refuse (one the engine does
+    not know, one written as a word) is refused now, exit 2, before `up` records the --set for the host or
+    `plan` shows a run: as `profile validate` refuses it (a flag the host kept from an earlier run is the
+    service stage's to judge, its hint naming the --unset)."""
+    given = {o.partition("=")[0].strip() for o in common.OPTS.overrides}
+    if not any(k.startswith("serve.flags.") for k in given):
+        return
+    from p2pkit.cli.profile_cmd import engine_refusals
+    from p2pkit.core import config
+    from p2pkit.core.errors import ProfileError
+
+    refused = [(k, m) for k, m in engine_refusals(p) if k in given]
+    if refused:
+        raise ProfileError(f"{p.source} with --set {', '.join(sorted(given))}", refused,
+                           config.validate_command(p.source, p.overrides), p.source, tuple(sorted(given)))
 
 
 def _inventory(inventory: Path, action: str, command: list[str], wheel: Path | None = None,
@@ -142,6 +166,7 @@ def _inventory(inventory: Path, action: str, command: list[str], wheel: Path | N
 def plan() -> None:
     """Every stage with its gate state and what `up` would do. Changes nothing."""
     ctx = common.context()
+    refuse_flags_given(ctx.profile)
     states = pipeline.evaluate(ctx)
     rows, docs, first_todo = [], [], None
     for s in states:

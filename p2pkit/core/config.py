@@ -519,7 +519,8 @@ def from_dict(data: dict, source: str, overrides: tuple[str, ...] = (),
         raise ProfileError(shown, [("(top)", "expected a TOML document of tables")], check, source, given)
     for key in data:
         if key not in SECTIONS:
-            problems.append((key, f"unknown section; expected one of {', '.join(SECTIONS)}"))
+            near = did_you_mean(key, SECTIONS)
+            problems.append((key, f"unknown section{near}; expected one of {', '.join(SECTIONS)}"))
     for sec, cls in SECTIONS.items():
         values, found = _section(sec, cls, data.get(sec))
         problems += found
@@ -538,6 +539,14 @@ def from_dict(data: dict, source: str, overrides: tuple[str, ...] = (),
     return profile
 
 
+def did_you_mean(word: str, known) -> str:
+    """" (did you mean port?)" for the known name closest to a mistyped one (difflib's ratio 0.6 or more), else ""."""
+    import difflib
+
+    near = difflib.get_close_matches(str(word), sorted(known), n=1)
+    return f" (did you mean {near[0]}?)" if near else ""
+
+
 def _section(sec: str, cls, raw) -> tuple[dict | None, list[tuple[str, str]]]:
     """One section of a profile: its values by field (None where the section is missing or not a table) and its
     problems in order (the section itself, its unknown keys, then field by field)."""
@@ -550,7 +559,7 @@ def _section(sec: str, cls, raw) -> tuple[dict | None, list[tuple[str, str]]]:
         return None, [(sec, f"expected a table, got {_shown(raw)}")]
     hints = typing.get_type_hints(cls)
     known = {x.name for x in fields(cls)}
-    problems = [(f"{sec}.{key}", f"unknown key; expected one of {', '.join(sorted(known))}")
+    problems = [(f"{sec}.{key}", f"unknown key{did_you_mean(key, known)}; expected one of {', '.join(sorted(known))}")
                 for key in raw if key not in known]
     values = {}
     for fl in fields(cls):

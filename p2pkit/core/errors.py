@@ -51,11 +51,21 @@ class ProfileError(P2pkitError):
         file = file or source
         check = check or f"p2pkit profile validate {source}"
 
+        def from_set_key(k: str, path: str) -> bool:
+            return path == k or path.startswith(k + ".") or k.startswith(path + ".")
+
         def from_set(path: str) -> bool:
-            return any(path == k or path.startswith(k + ".") or k.startswith(path + ".") for k in given)
+            return any(from_set_key(k, path) for k in given)
 
         mine = [path for path, _ in problems if from_set(path)]
-        if mine and len(mine) == len(problems):
+        unknown = [path for path, msg in problems
+                   if from_set(path) and msg.startswith(("unknown key", "unknown section"))]
+        if unknown and len(unknown) == len(problems):
+            named = [k for k in given if any(from_set_key(k, path) for path in unknown)]
+            hint = (f"--set {', '.join(named)} names no key of a profile: correct the key (`p2pkit profile show` "
+                    "lists every key) and run the command again; a key an earlier run kept for this host goes with "
+                    f"`p2pkit --unset {named[0] if named else unknown[0]} ...`")
+        elif mine and len(mine) == len(problems):
             keys = ", ".join(dict.fromkeys(mine))
             hint = (f"the value given with --set for {keys} is what is wrong, not {file}: give a valid one (a value "
                     f"an earlier run kept for this host goes with `p2pkit --unset {mine[0]} ...`), then check it "

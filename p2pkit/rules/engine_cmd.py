@@ -102,9 +102,13 @@ def validate(p: Profile) -> list[Check]:
     flags = flags_of(p)
     out = []
     unknown = unknown_flags(p)
+    # a flag given with --set and kept for the host is taken out with --unset, not by editing the profile
+    kept = [f"serve.flags.{n}" for n in unknown if any(o.startswith(f"serve.flags.{n}=") for o in p.overrides)]
+    unset = (f" (given with --set and kept for this host: `p2pkit {' '.join('--unset ' + k for k in kept)} up` "
+             "takes them out)") if kept else ""
     out.append(judge("service.flags_known", "every serve flag is one the engine knows", not unknown,
                      ", ".join(unknown) or "all known", f"flags of {p.engine.recipe}",
-                     f"remove or rename them; {p.engine.recipe} knows: {', '.join(sorted(eng.FLAGS))}"))
+                     f"remove or rename them{unset}; {p.engine.recipe} knows: {', '.join(sorted(eng.FLAGS))}"))
     bad_form = worded_flags(p)
     if bad_form:
         out.append(Check("service.flags_form", "flags written as names", FAIL, ", ".join(bad_form),

@@ -29,8 +29,9 @@ def measure(ctx, acted: dict | None = None) -> dict:
            "samples": lk.samples, "min_gen": pc.min_gen, "min_width": pc.min_width, "backend": backend}
     argv = [sys.executable, "-m", "p2pkit.load.worker", json.dumps(cfg)]
     log = safefs.write_text(ctx.store.dir / "logs/link.log", "")  # never through a link (issue 40)
-    with ctx.out.working("[link] real load on every GPU (torch matmuls and copies), NVML polled", log=str(log),
-                         follow=follow_cmd("link")):
+    what = ("real load on every GPU (torch matmuls and copies), NVML polled" if backend is None else
+            "load on the simulated GPUs (its stand-in devices; the figures are the reference box's recorded ones)")
+    with ctx.out.working(f"[link] {what}", log=str(log), follow=follow_cmd("link")):
         load = ctx.host.runner.json_result(argv, "the load worker", lk.load_seconds + 600, output_log=log)
     return {"link_load": load, **nccl_allreduce(ctx)}
 
