@@ -582,9 +582,15 @@ def _stopped_at(st: Stage, doc: dict, ran: list[str], states: list[StageState]) 
     if doc["status"] == REBOOT:
         return UpResult(Exit.REBOOT, ran, states,
                         f"{st.name}: {doc['reboot']['why']}; reboot, then run p2pkit up again")
-    first = next(c for c in doc["checks"] if c["status"] == FAIL)
-    return UpResult(Exit.CHECK_FAILED, ran, states, f"{st.name} failed: {first['id']}: {first['measured']} (expected "
-                                                    f"{first['expected']}). Fix: {first['hint']}")
+    failed = [c for c in doc["checks"] if c["status"] == FAIL]
+    first = failed[0]
+    # only tools missing (preflight names each with its apt line): exit 6, as for a missing extra
+    code = Exit.MISSING if all(c["id"] in MISSING_TOOL_CHECKS for c in failed) else Exit.CHECK_FAILED
+    return UpResult(code, ran, states, f"{st.name} failed: {first['id']}: {first['measured']} (expected "
+                                       f"{first['expected']}). Fix: {first['hint']}")
+
+
+MISSING_TOOL_CHECKS = ("preflight.tools",)  # a failure that is a command p2pkit needs and the host lacks
 
 
 def _all_passed(ctx: Ctx, selected: list[Stage], ran: list[str], final: list[StageState]) -> str:
