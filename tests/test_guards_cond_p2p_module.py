@@ -203,8 +203,9 @@ def test_runtime_loaded_version_says_which_module_is_loaded(v, status, measured)
 def test_runtime_loaded_srcversion_against_the_build(m, built, status, measured):
     c = runtime(module=m, built_module=built)["p2p.loaded_srcversion"]
     assert (c.status, c.measured) == (status, measured)
-    if status == "fail":
-        assert c.hint.startswith("a different nvidia module is loaded: reboot")
+    if status == "fail":  # the fix follows what was read: another module, or none
+        assert c.hint.startswith("no nvidia module is loaded: reboot" if measured == "not loaded" else
+                                 "a different nvidia module is loaded: reboot")
 
 
 @pytest.mark.parametrize("m, status, measured", [
@@ -219,17 +220,23 @@ def test_runtime_loaded_srcversion_with_the_tree_built_for_the_pending_kernel(m,
         assert c.hint == f"module built for the pending kernel {NEW}; reboot to load it"
 
 
-@pytest.mark.parametrize("nv, status, measured", [
-    ({"driver_version": "615.71.09", "cuda_driver_version": 13000, "gpus": [], "p2p": []}, "pass", "ok"),
+@pytest.mark.parametrize("nv, status, measured, fix", [
+    ({"driver_version": "615.71.09", "cuda_driver_version": 13000, "gpus": [], "p2p": []}, "pass", "ok", ""),
     # NVML initialised; a later call failed (nvml.facts records it beside what it read): still initialised
     ({"driver_version": "615.71.09", "cuda_driver_version": 13000, "gpus": [], "p2p": [],
-      "error": "GPU 1: Unknown Error"}, "pass", "ok"),
+      "error": "GPU 1: Unknown Error"}, "pass", "ok", ""),
+    # the fix follows NVML's own reason (nvmlErrorString)
     ({"error": "NVML did not initialise: Driver/library version mismatch"}, "fail",
-     "NVML did not initialise: Driver/library version mismatch"),
+     "NVML did not initialise: Driver/library version mismatch", "the loaded module and the userspace driver differ"),
+    ({"error": "NVML did not initialise: Driver Not Loaded"}, "fail", "NVML did not initialise: Driver Not Loaded",
+     "no nvidia module is loaded"),
+    ({"error": "NVML did not initialise: NVML Shared Library Not Found"}, "fail",
+     "NVML did not initialise: NVML Shared Library Not Found", "the userspace driver (libnvidia-ml.so.1) is not"),
 ])
-def test_runtime_nvml_initialises(nv, status, measured):
+def test_runtime_nvml_initialises(nv, status, measured, fix):
     c = runtime(nvml=nv)["p2p.nvml"]
     assert (c.status, c.measured) == (status, measured)
+    assert c.hint.startswith(fix) if fix else c.hint == ""
 
 
 # ---------------------------------------------------------------------------------------- _secure_boot

@@ -138,6 +138,19 @@ def safeguards(g: dict) -> Check:
                  "all in place", ", ".join(g), RESTORE_FIX, pitfall="P02")
 
 
+def _nvml_fix(error: str) -> str:
+    """The fix for NVML's own reason (nvmlErrorString's words): a mismatch, no driver loaded, no library."""
+    e = error.lower()
+    if "mismatch" in e:
+        return ("the loaded module and the userspace driver differ ('Driver/library version mismatch'): reboot after "
+                "the p2p-module stage")
+    if "not loaded" in e:
+        return "no nvidia module is loaded: reboot after the p2p-module stage so the patched one loads"
+    if "shared library not found" in e or "library not found" in e:
+        return "the userspace driver (libnvidia-ml.so.1) is not installed: run the driver stage (`p2pkit up`)"
+    return "reboot after the p2p-module stage; if NVML still fails, `p2pkit doctor` names what is loaded"
+
+
 @reads("nvidia_version", "module", "built_module", "nvml", "secure_boot", "mok", "iommu", "bootloader")
 def runtime_checks(f: dict, p: Profile) -> list[Check]:
     """What holds only after the module is loaded and the command line applied (after a reboot)."""
@@ -161,12 +174,12 @@ def runtime_checks(f: dict, p: Profile) -> list[Check]:
         out.append(judge("p2p.loaded_srcversion", "loaded module is the patched build",
                          loaded is not None and loaded == built.get("srcversion"),
                          loaded or "not loaded", built.get("srcversion"),
+                         "no nvidia module is loaded: reboot so the patched one loads" if loaded is None else
                          "a different nvidia module is loaded: reboot so the patched one loads (install.sh's rmmod "
                          "fails silently on a busy module: p2pkit checks what is loaded)"))
     nv = f.get("nvml", {})
     out.append(judge("p2p.nvml", "NVML initialises", not failed(nv), nv.get("error", "ok") if failed(nv) else "ok",
-                     "ok", "a 'Driver/library version mismatch' means the loaded module and the userspace driver "
-                     "differ: reboot after the p2p-module stage"))
+                     "ok", _nvml_fix(nv.get("error", "") if failed(nv) else "")))
     out += _secure_boot(f)
     io = f.get("iommu", {})
     if failed(io):
