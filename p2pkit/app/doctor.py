@@ -104,10 +104,16 @@ def render(out: Output, report: dict) -> None:
                  style="yellow")
     if report.get("pitfalls"):
         na = [x for x in report["pitfalls"] if x["status"] == "n/a"]
-        out.table("pitfalls", ["", "pitfall", "checks", "why"],
-                  [[x["status"], x["id"], ", ".join(x["checks"]), x.get("why", "")] for x in report["pitfalls"]],
-                  status_col=0)
+        out.table("pitfalls", ["", "pitfall", "what it is", "checks", "why"],
+                  [[x["status"], x["id"], x["text"], ", ".join(x["checks"]), x.get("why", "")]
+                   for x in report["pitfalls"]], status_col=0)
         out.line(f"{len(report['pitfalls']) - len(na)} of {len(report['pitfalls'])} pitfalls named by a finding on "
                  f"this profile, {len(na)} n/a", style="dim")
     out.line(f"{len(report['failed'])} check(s) failed" + (": " + ", ".join(report["failed"]) if report["failed"]
                                                            else ""))
+    # no GPU at all explains most of the failures above: said last, where the eye lands, with its fix
+    gpus = next((c for g in report["groups"] for c in g["checks"]
+                 if c["id"] == "preflight.gpu_count" and c["status"] == "fail"), None)
+    if gpus is not None:
+        out.line(f"preflight.gpu_count: {gpus['measured']} (expected {gpus['expected']}); {gpus['hint']}",
+                 style="yellow")

@@ -1,4 +1,6 @@
-"""What the seeds' authors hit (shared/PITFALLS.md), by id; checks name the id that applies."""
+"""What the seeds' authors hit and what owners of such boxes report (P28-P39: docs/field-pitfalls.md), by id;
+checks name the id that applies. docs/pitfalls.md is this table written out (`python3 -m p2pkit.rules.pitfalls`;
+tests/test_pitfalls_doc.py holds them equal)."""
 
 PITFALLS = {
     "P01": "driver 595's GSP firmware cannot build the BAR1 P2P mailbox: pin 615.71.09",
@@ -92,3 +94,22 @@ CHECKED_BY: dict[str, tuple[str | None, str]] = {
     "P38": ("link", "the link stage, when the profile requires RoCE"),
     "P39": ("engine", "the engine stage, from the built engine's kernels (cuobjdump)"),
 }
+
+
+def markdown() -> str:
+    """docs/pitfalls.md: every pitfall with what it is and the stage that checks it."""
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    rows = [f"| {pid} | {cell(text)} | {CHECKED_BY[pid][0] or '(bench)'} | {cell(CHECKED_BY[pid][1])} |"
+            for pid, text in PITFALLS.items()]
+    return ("# The pitfalls p2pkit checks\n\n"
+            "<!-- Written by `python3 -m p2pkit.rules.pitfalls > docs/pitfalls.md` from p2pkit/rules/pitfalls.py: "
+            "do not edit by hand. -->\n\n"
+            "`p2pkit doctor` names these ids beside its findings and ends with every id's status; a finding's fix "
+            "says what to do. P28-P39 come from public trackers, each with its sources: docs/field-pitfalls.md.\n\n"
+            "| id | what it is | stage | checked by |\n|---|---|---|---|\n" + "\n".join(rows) + "\n")
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")
