@@ -276,3 +276,20 @@ def test_no_server_figures_means_a_failed_request_never_the_clients_clock(tmp_pa
     ctx = ctx_for("dual-spark-vllm", store=tmp_path)
     r = bench.Vllm(ctx, ctx.profile).request(8, 8)
     assert r["ok"] is False and "/metrics answered 501" in r["error"] and "decode_tps" not in r
+
+
+def test_a_levels_client_stalls_are_one_warning_naming_the_worst():
+    from types import SimpleNamespace
+
+    from p2pkit.cli import bench_cmd
+
+    said = []
+    ctx = SimpleNamespace(out=SimpleNamespace(warn=said.append))
+    stalls = [{"stream": 0, "index": i, "client_first_byte_s": 0.1 + i / 10, "server_s": 0.05,
+               "outside_s": 0.05 + i / 10} for i in range(5)]
+    doc = {"arms": [{"arm": "base", "levels": [{"shape": "decode", "concurrency": 1, "summary": {"stalls": stalls}},
+                                               {"shape": "production", "concurrency": 1, "summary": {}}]}]}
+    bench_cmd._say_levels(ctx, doc)
+    assert len(said) == 1, said
+    assert said[0].startswith("base, decode at 1 stream(s): 5 request(s) waited at the client") and \
+        "stream 0 request 4: 0.5 s at the client against 0.05 s" in said[0], said[0]

@@ -120,11 +120,11 @@ def test_driver_check_reads_each_fact_or_says_it_could_not():
     assert c["driver.guards"].status == "pass" and c["driver.guards"].hint == ""
     assert c["driver.guards"].measured == "nouveau_blacklisted: yes, apt_pin: yes"
     assert (c["driver.holds"].status, c["driver.holds"].value, c["driver.holds"].measured) == ("pass", 0,
-                                                                                               "0 of 2 not held")
+                                                                                               "0 of 2 without an apt hold")
     # an unheld package that is not NVIDIA's is not p2pkit's to hold
     unheld = {**good["package_holds"], "held": ["nvidia-dkms-615"]}
     h = _by_id(driver.check({**good, "package_holds": unheld}, p))["driver.holds"]
-    assert h.status == "fail" and h.measured == "1 of 2 not held (libnvidia-compute-615)"
+    assert h.status == "fail" and h.measured == "1 of 2 without an apt hold (libnvidia-compute-615)"
     assert "driver.installer_arch" not in _by_id(driver.check({k: v for k, v in good.items() if k != "arch"}, p))
     assert "driver.holds" not in _by_id(driver.check({k: v for k, v in good.items() if k != "package_holds"}, p))
     err = _by_id(driver.check({**good, "arch": {"error": "uname: not found"}}, p))["driver.installer_arch"]

@@ -367,10 +367,14 @@ def _say_levels(ctx, doc: dict) -> None:
     """Each level's stalls, spoiled runs and drafting counts that disagree."""
     for a in doc["arms"]:
         for lv in a.get("levels", []):
-            for st in (lv.get("summary") or {}).get("stalls", []):
-                ctx.out.warn(f"{a['arm']}, {lv['shape']} at {lv['concurrency']} stream(s), stream {st['stream']} "
-                             f"request {st['index']}: {st['client_first_byte_s']} s at the client against "
-                             f"{st['server_s']} s of the server's own time ({st['outside_s']} s outside it)")
+            stalls = (lv.get("summary") or {}).get("stalls", [])
+            if stalls:  # one line a level: how many, the worst, what it does to the aggregate (the JSON has each)
+                st = max(stalls, key=lambda x: x["outside_s"])
+                ctx.out.warn(f"{a['arm']}, {lv['shape']} at {lv['concurrency']} stream(s): {len(stalls)} request(s) "
+                             "waited at the client well beyond the server's own time (the aggregate's wall holds "
+                             f"that wait; the per-stream figures do not); the worst, stream {st['stream']} request "
+                             f"{st['index']}: {st['client_first_byte_s']} s at the client against {st['server_s']} s "
+                             f"of the server's ({st['outside_s']} s outside it)")
             for why in lv.get("spoiled_runs", []):
                 ctx.out.warn(f"{a['arm']}, {lv['shape']} at {lv['concurrency']} stream(s) was spoiled and run "
                              f"again: {why}")

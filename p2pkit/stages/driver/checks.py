@@ -100,5 +100,5 @@ def holds(h: dict) -> Check:
     guarded = [n for n in h["installed"] if n.startswith(guarded_packages())]
     unheld = [n for n in guarded if n not in h["held"]]
     return figure("driver.holds", "installed NVIDIA packages held", len(unheld), "==", 0, "count", RESTORE_FIX,
-                  "P02", text=f"{{}} of {len(guarded)} not held", context=", ".join(unheld),
+                  "P02", text=f"{{}} of {len(guarded)} without an apt hold", context=", ".join(unheld),
                   expected_context="(every one held)")
