@@ -56,6 +56,27 @@ def test_sim_init_on_a_file_is_refused_and_the_sim_commands_take_root(cli, sim, 
     assert r.code == 2 and "name the simulated host" in r.err, r.err
 
 
+def test_status_says_reboot_needed_with_its_own_exit_code(cli, sim):
+    """status: 1 on a host where stages are not run yet, 4 where the next stage waits for a reboot (the README's
+    exit code for it), 0 once every stage is done."""
+    root = sim("healthy")
+    assert cli("--root", str(root), "status").code == 1  # nothing run yet
+    assert cli("--root", str(root), "up", "--to", "p2p-module").code == 4
+    r = cli("--root", str(root), "status")
+    assert r.code == 4 and "reboot" in r.err, r.err
+
+
+def test_doctor_on_a_box_without_gpus_ends_with_that_and_its_fix(cli, sim):
+    """Sixteen failures follow from having no GPU; the last line says so, with the fix (issue: a new operator
+    found the advice only in the first row's fix column)."""
+    r = cli("--root", str(sim("no-gpu")), "doctor")
+    assert r.code == 1
+    last = [ln for ln in r.out.splitlines() if ln.strip()][-1]
+    assert "preflight.gpu_count: 0 (expected == 2); no NVIDIA GPU was found" in last, last
+    r = cli("--root", str(sim("healthy")), "doctor")
+    assert "preflight.gpu_count:" not in r.out  # a box with its GPUs: no such line
+
+
 def test_a_mistyped_root_is_refused(cli, sim, tmp_path):
     root = sim("healthy")
     r = cli("--root", str(root) + "x", "plan")

@@ -119,8 +119,8 @@ def test_driver_check_reads_each_fact_or_says_it_could_not():
     assert c["driver.gsp_firmware"].measured == "gsp_ga10x.bin, gsp_tu10x.bin"
     assert c["driver.guards"].status == "pass" and c["driver.guards"].hint == ""
     assert c["driver.guards"].measured == "nouveau_blacklisted: yes, apt_pin: yes"
-    assert (c["driver.holds"].status, c["driver.holds"].value, c["driver.holds"].measured) == ("pass", 0,
-                                                                                               "0 of 2 without an apt hold")
+    holds = c["driver.holds"]
+    assert (holds.status, holds.value, holds.measured) == ("pass", 0, "0 of 2 without an apt hold")
     # an unheld package that is not NVIDIA's is not p2pkit's to hold
     unheld = {**good["package_holds"], "held": ["nvidia-dkms-615"]}
     h = _by_id(driver.check({**good, "package_holds": unheld}, p))["driver.holds"]

@@ -60,7 +60,9 @@ def validate(path: Annotated[str, typer.Argument(help="profile TOML file (or bui
     out = common.output()
     try:
         p = common.contained(config.load(path, common.OPTS.overrides), common.host())
-        refused = engine_refusals(p)
+        from p2pkit.rules import engine_cmd
+
+        refused = engine_cmd.refusals(p)
         if refused:
             raise ProfileError(p.source, refused, config.validate_command(p.source, p.overrides))
     except ProfileError as e:
@@ -76,26 +78,6 @@ def validate(path: Annotated[str, typer.Argument(help="profile TOML file (or bui
         out.document({"valid": True, "source": p.source, "name": p.name})
     else:
         out.line(f"{p.source}: valid ({p.name})")
-
-
-def engine_refusals(p: config.Profile) -> list[tuple[str, str]]:
-    """The service stage's refusals of how serve.flags are written (rules/engine_cmd.py: a flag the engine
-    does not know, one written with dashes or `=`), as problems by key: `profile validate` refuses a profile
-    the start would refuse for them. The engine's rules on the values (--tp, the rendezvous address) stay
-    the start's: an inventory completes those per host (the Spark pair's master-addr)."""
-    from p2pkit.rules import engine_cmd
-    from p2pkit.rules.findings import FAIL
-
-    refused = {c.id: c for c in engine_cmd.validate(p) if c.status == FAIL}
-    form = refused.get("service.flags_form")
-    worded = set(str(form.measured).split(", ")) if form else set()
-    out = [(f"serve.flags.{name}", f"written as a command-line word; the start refuses it: {form.hint}")
-           for name in sorted(worded)]
-    knows = ", ".join(sorted(engine_cmd.engine(p).FLAGS))
-    out += [(f"serve.flags.{name}", f"{p.engine.recipe} has no flag --{name}: the start refuses it; remove or "
-             f"rename it; {p.engine.recipe} knows: {knows}")
-            for name in engine_cmd.unknown_flags(p) if name not in worded]
-    return out
 
 
 @app.command()

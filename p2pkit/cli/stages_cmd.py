@@ -102,11 +102,9 @@ def up(
         ctx.out.table("stages", ["stage", "state", "why", "finished"], _states_rows(res.states), status_col=1)
         if res.code == Exit.OK:
             ctx.out.line(res.message)
-            if ctx.host.simulated and "service" in res.ran:  # a process of this machine, left serving on purpose
-                import shlex
-
-                ctx.out.log("the simulated engine keeps serving on loopback, as a real service would: `p2pkit serve "
-                            f"status` shows it, `p2pkit sim stop {shlex.quote(str(ctx.host.root))}` stops it")
+            left = ctx.host.engine_left_serving() if "service" in res.ran else None
+            if left:
+                ctx.out.log(left)
         else:
             ctx.out.error(res.message, res.hint)
     raise typer.Exit(int(res.code))
@@ -120,11 +118,11 @@ def refuse_flags_given(p) -> None:
     given = {o.partition("=")[0].strip() for o in common.OPTS.overrides}
     if not any(k.startswith("serve.flags.") for k in given):
         return
-    from p2pkit.cli.profile_cmd import engine_refusals
     from p2pkit.core import config
     from p2pkit.core.errors import ProfileError
+    from p2pkit.rules import engine_cmd
 
-    refused = [(k, m) for k, m in engine_refusals(p) if k in given]
+    refused = [(k, m) for k, m in engine_cmd.refusals(p) if k in given]
     if refused:
         raise ProfileError(f"{p.source} with --set {', '.join(sorted(given))}", refused,
                            config.validate_command(p.source, p.overrides), p.source, tuple(sorted(given)))
@@ -197,7 +195,7 @@ def status(
     ctx = common.context()
     ctx.host.runner.cap_s = pipeline.STATUS_COMMAND_S  # a hung nvidia-smi or systemctl: "could not check", no wait
     states = pipeline.evaluate(ctx, recheck=True)
-    code = Exit.OK if all(s.state == pipeline.DONE for s in states) else Exit.CHECK_FAILED
+    code = status_code(states)
     denied = list(dict.fromkeys(ctx.host.runner.denied))  # commands this user may not run: no verdict on them
     if denied:
         code = Exit.USAGE
@@ -227,6 +225,15 @@ def status(
         if code != Exit.OK and common.sim_hint(ctx.host):
             ctx.out.log(common.sim_hint(ctx.host))
     raise typer.Exit(int(code))
+
+
+def status_code(states) -> Exit:
+    """status's exit code: 0 every stage done; 4 where the first stage not done waits for a reboot (the README's
+    "reboot needed"); 1 otherwise (a stage failed, stale, interrupted or not run yet)."""
+    first = next((s for s in states if s.state != pipeline.DONE), None)
+    if first is None:
+        return Exit.OK
+    return Exit.REBOOT if first.state == pipeline.REBOOT else Exit.CHECK_FAILED
 
 
 def _no_systemd_note(ctx) -> None:
@@ -289,7 +296,7 @@ def doctor(
     paste_file: Annotated[Path | None, typer.Option("--from-paste", help="judge a pasted output (lspci -vv, the "
                                                     "NVIDIA installer's log, CMake's output, nvidia-smi -q)")] = None,
 ) -> None:
-    """Every read-only check p2pkit has, grouped by stage, with PITFALLS ids and fixes."""
+    """Every read-only check p2pkit has, grouped by stage, with pitfall ids (docs/pitfalls.md) and fixes."""
     from p2pkit.app import doctor as doctor_mod
 
     if paste_file is not None:

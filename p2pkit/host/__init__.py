@@ -8,6 +8,7 @@ import dataclasses
 import importlib
 import json
 import os
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -223,6 +224,15 @@ class Host:
         """The command that reboots this host, for a message to print: `p2pkit sim reboot ROOT` on a
         simulated host; None on a real one (its operator reboots it the way they do)."""
         return f"p2pkit sim reboot {self.root}" if self.tree else None
+
+    def engine_left_serving(self) -> str | None:
+        """What `up` says after a service stage on a host whose engine is a process of this machine, left serving
+        on purpose (a simulated host's: it listens on loopback for real), with the command that stops it; None on
+        a real host, where the engine is the service it is meant to be."""
+        if not self.tree:
+            return None
+        return ("the simulated engine keeps serving on loopback, as a real service would: `p2pkit serve status` "
+                f"shows it, `p2pkit sim stop {shlex.quote(str(self.root))}` stops it")
 
     def banner(self) -> str | None:
         """What `up` says first about the host when it is not an ordinary one: a simulated host's scenario."""

@@ -87,6 +87,9 @@ def start_line(p: Profile) -> dict:
     return {"command": cmd, "flags": flags, "argv": [*cmd, *engine_flags.words(flags)]}
 
 
+FORM_FIX = "write serve.flags as `name = value` (p2pkit adds the dashes; the engine rejects --flag=value)"
+
+
 def unknown_flags(p: Profile) -> list[str]:
     """The flags the engine does not know."""
     return sorted(set(flags_of(p)) - set(engine(p).FLAGS))
@@ -112,11 +115,24 @@ def validate(p: Profile) -> list[Check]:
     bad_form = worded_flags(p)
     if bad_form:
         out.append(Check("service.flags_form", "flags written as names", FAIL, ", ".join(bad_form),
-                         "names without dashes or '='", "write serve.flags as `name = value` (p2pkit adds the "
-                         "dashes; the engine rejects --flag=value)"))
+                         "names without dashes or '='", FORM_FIX))
     if "host" in flags:  # a headless vLLM worker listens nowhere
         out.append(_host(p))
     return out + eng.checks(p, flags)
+
+
+def refusals(p: Profile) -> list[tuple[str, str]]:
+    """validate's refusals of how serve.flags are written (a flag the engine does not know, one written with
+    dashes or `=`), as problems by key: `profile validate`, and `up` and `plan` for a flag given with --set,
+    refuse a profile the start would refuse for them. The engine's rules on the values (--tp, the rendezvous
+    address) stay the start's: an inventory completes those per host (the Spark pair's master-addr)."""
+    worded = worded_flags(p)
+    out = [(f"serve.flags.{name}", f"written as a command-line word; the start refuses it: {FORM_FIX}")
+           for name in worded]
+    knows = ", ".join(sorted(engine(p).FLAGS))
+    out += [(f"serve.flags.{name}", f"{p.engine.recipe} has no flag --{name}: the start refuses it; remove or "
+             f"rename it; {p.engine.recipe} knows: {knows}") for name in unknown_flags(p) if name not in worded]
+    return out
 
 
 def _host(p: Profile) -> Check:
