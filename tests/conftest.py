@@ -58,7 +58,8 @@ def pytest_sessionfinish(session, exitstatus):
             "directory, never on the host the suite runs on (tests/host_untouched.py):")
         for line in changed[:50]:
             say(f"  {line}")
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if session.exitstatus == pytest.ExitCode.OK:  # an interrupted or broken session keeps its own code
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 HOST_BEFORE = pytest.StashKey[dict]()

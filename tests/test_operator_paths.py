@@ -104,6 +104,10 @@ def test_an_unknown_engine_flag_given_with_set_is_refused_before_up_records_it(c
     for cmd in ("plan", "up"):
         r = cli("--root", str(root), "--set", "serve.flags.nosuchflag=1", cmd)
         assert r.code == 2 and "serve.flags.nosuchflag: ninfer has no flag --nosuchflag" in r.err, (cmd, r.err)
+        fix = r.err.split("fix: ", 1)[1]
+        assert fix.startswith("correct or drop it on the command line") and "profile validate" not in fix, fix
+    r = cli("--root", str(root), "--set", "serve.flags={nosuchflag=1}", "up")  # the whole table given at once
+    assert r.code == 2 and "serve.flags.nosuchflag: ninfer has no flag" in r.err, r.err
     assert not (root / "var/lib/p2pkit/profile.json").exists()
     assert not (root / "var/lib/p2pkit/preflight.json").exists()  # no stage ran
     # a flag the host kept from an earlier run: the service stage's refusal names the --unset that drops it

@@ -122,6 +122,8 @@ def test_a_user_name_is_one_systemd_and_useradd_both_take_as_it_is(user, said):
     ("p2pkit-engine.timer", "is not NAME.service"), (".service", "is not NAME.service"),
     ("a@b@c.service", "is not NAME.service"), ("eng%i.service", "holds the character '%'"),
     ("x\n.service", "holds a newline"), ("a" * 248 + ".service", "is longer than 255 bytes"),
+    ("-Hroot@10.0.0.5:x.service", "starts with '-', which systemctl reads as an option"),
+    ("x@.service", "is not NAME.service"),
 ])
 def test_a_unit_name_is_one_file_under_etc_systemd_system(unit, said):
     if said is None:
@@ -196,6 +198,8 @@ print(json.dumps(out))
     ("p2pkit_service_groups", ["video", "render\nExecStartPre=/bin/evil"],
      "p2pkit_service_groups holds a newline (\\n), which a user name cannot hold"),
     ("p2pkit_service_profile", "lab\\", "p2pkit_service_profile ends with a backslash"),
+    # a string where a list belongs (-e p2pkit_service_groups=video) is never read letter by letter
+    ("p2pkit_service_groups", "video", "p2pkit_service_groups must be a list of group names"),
 ])
 @pytest.mark.slow
 def test_the_role_alone_refuses_a_value_the_files_cannot_hold_before_it_writes_anything(sim, tmp_path, key, value,
@@ -212,7 +216,7 @@ def test_the_role_alone_refuses_a_value_the_files_cannot_hold_before_it_writes_a
     assert "s3cret" not in r.stdout
     # refused by the task that writes the values down, before the user's or any file's task ran
     tasks = re.findall(r"^TASK \[(?:\S+ : )?(.+?)\]", r.stdout, re.M)
-    assert tasks[-1].startswith("Ensure the profile's values can be written") or \
+    assert tasks[-1].startswith(("Ensure the profile's values can be written", "Ensure p2pkit_service_groups is")) or \
         tasks[-1] == "Ensure the secrets can be written into the secrets file", tasks
     assert files_of(root) == before  # nothing written (no file's content either), no user made
 

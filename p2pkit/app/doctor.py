@@ -111,7 +111,8 @@ def render(out: Output, report: dict) -> None:
                  f"this profile, {len(na)} n/a", style="dim")
     out.line(f"{len(report['failed'])} check(s) failed" + (": " + ", ".join(report["failed"]) if report["failed"]
                                                            else ""))
-    # no GPU at all explains most of the failures above: said last, where the eye lands, with its fix
+    # no GPU (or not the count the profile needs) explains most of the failures above: said last, where the eye
+    # lands, with its fix
     gpus = next((c for g in report["groups"] for c in g["checks"]
                  if c["id"] == "preflight.gpu_count" and c["status"] == "fail"), None)
     if gpus is not None:

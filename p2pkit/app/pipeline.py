@@ -585,7 +585,8 @@ def _stopped_at(st: Stage, doc: dict, ran: list[str], states: list[StageState]) 
     failed = [c for c in doc["checks"] if c["status"] == FAIL]
     first = failed[0]
     # only tools missing (preflight names each with its apt line): exit 6, as for a missing extra
-    code = Exit.MISSING if all(c["id"] in MISSING_TOOL_CHECKS for c in failed) else Exit.CHECK_FAILED
+    code = Exit.MISSING if all(c["id"] in MISSING_TOOL_CHECKS and str(c["measured"]).startswith("missing:")
+                               for c in failed) else Exit.CHECK_FAILED
     return UpResult(code, ran, states, f"{st.name} failed: {first['id']}: {first['measured']} (expected "
                                        f"{first['expected']}). Fix: {first['hint']}")
 

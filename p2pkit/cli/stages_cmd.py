@@ -112,20 +112,23 @@ def up(
 
 def refuse_flags_given(p) -> None:
     """An engine flag given with --set on this command that the service stage would refuse (one the engine does
-    not know, one written as a word) is refused now, exit 2, before `up` records the --set for the host or
-    `plan` shows a run: as `profile validate` refuses it (a flag the host kept from an earlier run is the
-    service stage's to judge, its hint naming the --unset)."""
-    given = {o.partition("=")[0].strip() for o in common.OPTS.overrides}
-    if not any(k.startswith("serve.flags.") for k in given):
+    not know, one written as a word; given alone or as the whole serve.flags table) is refused now, exit 2,
+    before `up` records the --set for the host or `plan` shows a run: as `profile validate` refuses it (a flag
+    the host kept from an earlier run is the service stage's to judge, its hint naming the --unset)."""
+    given = [o.partition("=")[0].strip() for o in common.OPTS.overrides]
+    flags = [g for g in given if g == "serve" or g == "serve.flags" or g.startswith("serve.flags.")]
+    if not flags:
         return
-    from p2pkit.core import config
-    from p2pkit.core.errors import ProfileError
+    from p2pkit.core.errors import UsageError
     from p2pkit.rules import engine_cmd
 
-    refused = [(k, m) for k, m in engine_cmd.refusals(p) if k in given]
+    refused = [(k, m) for k, m in engine_cmd.refusals(p) if any(k == g or k.startswith(g + ".") for g in flags)]
     if refused:
-        raise ProfileError(f"{p.source} with --set {', '.join(sorted(given))}", refused,
-                           config.validate_command(p.source, p.overrides), p.source, tuple(sorted(given)))
+        raise UsageError(f"--set {', '.join(flags)} gives serve.flags the engine's start would refuse: "
+                         + "; ".join(f"{k}: {m}" for k, m in refused),
+                         hint="correct or drop it on the command line and run the command again; nothing was run or "
+                              f"recorded (a flag an earlier run kept for this host goes with `p2pkit --unset "
+                              f"{refused[0][0]} ...`)")
 
 
 def _inventory(inventory: Path, action: str, command: list[str], wheel: Path | None = None,

@@ -134,8 +134,10 @@ def unit_user(what: str, user: str) -> str:
 
 # A service unit's name, as systemd accepts one (src/basic/unit-name.c: unit_name_is_valid, VALID_CHARS
 # "0-9A-Za-z:-_.\\", one "@" before an instance, a suffix naming the type, at most 255 bytes); no "/", so the
-# name is one file under /etc/systemd/system and never a path elsewhere.
-SERVICE_NAME = re.compile(r"^[A-Za-z0-9:_.\\-]+(@[A-Za-z0-9:_.\\-]*)?\.service\Z")
+# name is one file under /etc/systemd/system and never a path elsewhere; not "-" first (systemctl and Ansible
+# put the name as a bare word after the verb, where "-H..." is an option), and an instance after "@" is not
+# empty ("x@.service" is a template, which cannot be started).
+SERVICE_NAME = re.compile(r"^[A-Za-z0-9:_.\\][A-Za-z0-9:_.\\-]*(@[A-Za-z0-9:_.\\-]+)?\.service\Z")
 
 
 def unit_name(what: str, unit: str) -> str:
@@ -145,7 +147,9 @@ def unit_name(what: str, unit: str) -> str:
         return unit
     bad = BREAKS.search(unit) or re.search(r"[^A-Za-z0-9:_.\\@-]", unit)
     why = (f"holds {name(bad.group())}, which a unit name cannot hold" if bad else
-           "is longer than 255 bytes" if len(unit.encode()) > 255 else "is not NAME.service")
+           "is longer than 255 bytes" if len(unit.encode()) > 255 else
+           "starts with '-', which systemctl reads as an option" if unit.startswith("-") else
+           "is not NAME.service (NAME@INSTANCE.service with an instance)")
     raise Refused(f"{what} {why} ({unit!r})",
                   hint=f"give {what} a service name: letters, digits, :_.-\\ and one @, ending in .service, "
                        "like p2pkit-engine.service")
