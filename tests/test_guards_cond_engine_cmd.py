@@ -57,6 +57,11 @@ def test_validate_unknown_flags_are_named_and_none_is_all_known():
     assert ok.status == "pass" and ok.measured == "all known" and ok.hint == ""
     bad = checks(prof(NINFER, bogus=1))["service.flags_known"]
     assert bad.status == "fail" and bad.measured == "bogus" and "ninfer knows: default-max-tokens" in bad.hint
+    # in the profile itself: edited there, so no --unset is named; given with --set and kept: the --unset is
+    assert bad.hint.startswith("remove or rename them; ") and "--unset" not in bad.hint, bad.hint
+    kept = checks(replace(prof(NINFER, bogus=1, other=2), overrides=("serve.flags.other=2",)))["service.flags_known"]
+    assert kept.measured == "bogus, other" and "`p2pkit --unset serve.flags.other up`" in kept.hint, kept.hint
+    assert "--unset serve.flags.bogus" not in kept.hint
 
 
 @pytest.mark.parametrize("flag", ["ctx=4", "--spec", "-x"])
