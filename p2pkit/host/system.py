@@ -221,7 +221,7 @@ def __getattr__(name: str):
             try:
                 unitenv.unit_name(_SERVICE_DEFAULTS[name], value)
             except unitenv.Refused as e:
-                raise broken(SERVICE_ROLE, f"its {e.message[0].lower()}{e.message[1:]}") from None
+                raise broken(SERVICE_ROLE, f"its {e.message}") from None
         return value
     if name in _P2P_PATHS:
         from p2pkit.core.role_defaults import role_default
