@@ -95,7 +95,7 @@ def test_the_readmes_two_lines_in_order_on_one_venv(tmp_path):
     env["PATH"] = ":".join(p for p in env["PATH"].split(":") if not p.startswith(str(Path(sys.executable).parent)))
     steps = [try_it.replace("/tmp/p2pkit-sim", str(host)),
              " && ".join(p for p in tests_line.split(" && ") if "pytest" not in p)]
-    assert "pip install ." in steps[0] and "pip install" in steps[1] and "-e" in steps[1], steps
+    assert "pip install -c constraints.txt ." in steps[0] and "pip install" in steps[1] and "-e" in steps[1], steps
     try:
         for line in steps:
             r = subprocess.run(["bash", "-c", line], cwd=clone, env=env, capture_output=True, text=True)
