@@ -78,7 +78,7 @@ def build() -> dict:
     from p2pkit.core.artifacts import Store
     from p2pkit.core.output import Output
     from p2pkit.host import Host
-    from p2pkit.stages.engine import act as engine
+    from p2pkit.stages.engine import cmake as engine
 
     ensure_archive()
     p = config.load(PROFILE, overrides())

@@ -217,7 +217,7 @@ def build_logs(out: Path) -> None:
     from p2pkit.core.artifacts import Store
     from p2pkit.core.output import Output
     from p2pkit.host import Host
-    from p2pkit.stages.engine import act as engine
+    from p2pkit.stages.engine import cmake as engine
 
     out.mkdir(parents=True, exist_ok=True)
     rec = llama_real.built()

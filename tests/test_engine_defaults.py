@@ -12,9 +12,9 @@ from p2pkit.core import config
 from p2pkit.parse import field as pf
 from p2pkit.parse import pci as pp
 from p2pkit.rules import engine_cmd
+from p2pkit.rules.engines import llamacpp as llamacpp_rules
 from p2pkit.stages.link import checks as link
 from p2pkit.stages.rebar import checks as rebar
-from p2pkit.stages.service import checks as sc
 from tests.conftest import FIXTURES
 
 H200 = json.loads((FIXTURES / "h200-device/facts.json").read_text())["facts"]
@@ -108,12 +108,14 @@ def test_p20_omitted_parallel_is_llama_servers_auto_default_not_one():
 
 def test_p20_slots_read_from_the_running_server():
     """/props total_slots (server-context.cpp get_res_props: n_parallel after auto resolved to 4)."""
-    assert sc.running_slots(4, None).status == "warn"
-    assert "--parallel omitted (auto)" in sc.running_slots(4, None).measured
-    assert sc.running_slots(1, 1).status == "pass"
-    assert sc.running_slots({"error": "/props answered 404"}, None).measured.startswith("could not determine")
+    assert llamacpp_rules.running_slots(4, None).status == "warn"
+    assert "--parallel omitted (auto)" in llamacpp_rules.running_slots(4, None).measured
+    assert llamacpp_rules.running_slots(1, 1).status == "pass"
+    unread = llamacpp_rules.running_slots({"error": "/props answered 404"}, None)
+    assert unread.measured.startswith("could not determine")
     rec = json.loads((FIXTURES / "llamacpp/spec_on.json").read_text())
     fc_ = {"status": rec["completion_status"], "timings": rec["response"]["timings"], "alive_after": True,
            "metrics_status": 501, "total_slots": 4}
-    ids = {c.id: c for c in sc.check_llamacpp_requests({"first_completion": fc_}, without(LLAMA, "parallel"))}
+    got = llamacpp_rules.check_llamacpp_requests({"first_completion": fc_}, without(LLAMA, "parallel"))
+    ids = {c.id: c for c in got}
     assert ids["service.spec_slots_running"].status == "warn"

@@ -113,8 +113,8 @@ def test_real_cmake_failures_are_named(sim, setup, needle, pitfall):
     else:
         pc = root / "opt/ffmpeg/lib/pkgconfig/libavformat.pc"
         pc.write_text(pc.read_text().replace("Version: 60.16.100", "Version: 59.27.100"))
-    from p2pkit.stages.engine import act as es
     from p2pkit.stages.engine import checks as ec
+    from p2pkit.stages.engine import cmake as es
 
     b = es.build(ctx)
     assert b["configure_rc"] != 0 and needle in b["first_error"]

@@ -20,7 +20,8 @@ from p2pkit.core.artifacts import Store
 from p2pkit.core.errors import P2pkitError
 from p2pkit.core.output import Output
 from p2pkit.host import Host
-from p2pkit.stages.engine import act as engine_stage
+from p2pkit.stages.engine import cmake as engine_stage
+from p2pkit.stages.engine import common
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
@@ -53,7 +54,7 @@ def test_the_stage_makes_the_parent_once_and_leaves_an_existing_mode_alone(sim):
     ctx = ctx_for(root)
     parent = root / Path(ctx.profile.engine.build_dir).parent.relative_to("/")
     assert not parent.exists()
-    first = engine_stage.dependencies(ctx)
+    first = common.dependencies(ctx)
     # the parent, then the checkout at the pinned commit (no build in the role's first run)
     assert first["changed"] == 2 and parent.is_dir() and parent.stat().st_mode & 0o777 == 0o755
     assert (root / ctx.profile.engine.build_dir.lstrip("/") / ".git/HEAD").read_text().strip() == \
@@ -61,7 +62,7 @@ def test_the_stage_makes_the_parent_once_and_leaves_an_existing_mode_alone(sim):
     log = (ctx.store.dir / "logs/engine.log").read_text()
     assert "skipping: [localhost]" in log.split("Ensure the missing build dependencies are installed]", 1)[1][:200]
     parent.chmod(0o700)  # an existing directory's mode is the operator's
-    assert engine_stage.dependencies(ctx)["changed"] == 0
+    assert common.dependencies(ctx)["changed"] == 0
     assert parent.stat().st_mode & 0o777 == 0o700
 
 
@@ -147,7 +148,7 @@ def test_a_missing_dependency_goes_to_the_hosts_apt_get_and_its_message_comes_ba
     status.write_text(text.replace(stanza, ""))
     ctx = ctx_for(root)
     with pytest.raises(P2pkitError) as e:
-        engine_stage.dependencies(ctx)
+        common.dependencies(ctx)
     assert "Ensure the missing build dependencies are installed" in e.value.message
     assert "libcurl4-openssl-dev" in e.value.message
 
@@ -163,16 +164,16 @@ def test_p2pkit_reads_the_missing_dependencies_as_the_role_decides_them(sim):
     machine's cmake is lent to the simulated host); what p2pkit reads is what the role installs."""
     root = sim("healthy")
     ctx = ctx_for(root)
-    assert engine_stage.missing_dependencies(ctx) == []
+    assert common.missing_dependencies(ctx) == []
     _without_package(root, "cmake")
-    assert engine_stage.missing_dependencies(ctx) == []  # its tool is on PATH: the role installs nothing either
-    engine_stage.dependencies(ctx)
+    assert common.missing_dependencies(ctx) == []  # its tool is on PATH: the role installs nothing either
+    common.dependencies(ctx)
     log = (ctx.store.dir / "logs/engine.log").read_text()
     assert "skipping: [localhost]" in log.split("Ensure the missing build dependencies are installed]", 1)[1][:200]
     _without_package(root, "libcurl4-openssl-dev")
-    assert engine_stage.missing_dependencies(ctx) == ["libcurl4-openssl-dev"]
+    assert common.missing_dependencies(ctx) == ["libcurl4-openssl-dev"]
     with pytest.raises(P2pkitError) as e:  # the role finds the same one and goes to apt-get with it
-        engine_stage.dependencies(ctx)
+        common.dependencies(ctx)
     assert "Ensure the missing build dependencies are installed" in e.value.message
     assert "libcurl4-openssl-dev" in e.value.message
 
@@ -192,15 +193,15 @@ def test_a_held_a_protected_and_a_broken_dependency_are_read_as_dpkg_means_them(
     for text in (None, protected):
         if text is not None:
             status.write_text(text)
-        assert engine_stage.missing_dependencies(ctx) == []
-        engine_stage.dependencies(ctx)
+        assert common.missing_dependencies(ctx) == []
+        common.dependencies(ctx)
         log = (ctx.store.dir / "logs/engine.log").read_text()
         assert "skipping: [localhost]" in log.split("Ensure the missing build dependencies are installed]")[-1][:200]
     status.write_text(plain.replace("Package: libcurl4-openssl-dev\nStatus: install ok installed\n",
                                     "Package: libcurl4-openssl-dev\nStatus: install reinstreq installed\n"))
-    assert engine_stage.missing_dependencies(ctx) == ["libcurl4-openssl-dev"]
+    assert common.missing_dependencies(ctx) == ["libcurl4-openssl-dev"]
     with pytest.raises(P2pkitError) as e:
-        engine_stage.dependencies(ctx)
+        common.dependencies(ctx)
     assert "Ensure the missing build dependencies are installed" in e.value.message
     assert "libcurl4-openssl-dev" in e.value.message
 

@@ -11,7 +11,7 @@ from p2pkit.core import ansible
 from p2pkit.rules.engines import llamacpp as llamacpp_engine
 from p2pkit.rules.engines import ninfer as ninfer_engine
 from p2pkit.sim import rules as sim_rules
-from p2pkit.stages.engine import act
+from p2pkit.stages.engine import cmake as act
 from tests.conftest import REPO
 
 DEFAULTS = REPO / ansible.COLLECTION / "roles/p2pkit_engine/defaults/main.yml"
@@ -26,7 +26,7 @@ def test_the_build_subdir_p2pkit_uses_is_the_roles_default():
 
 
 def test_p2pkit_reads_the_roles_defaults_once_and_not_at_import():
-    code = ("import sys; import p2pkit.stages.engine.act as a; from p2pkit.core import role_defaults as rd; "
+    code = ("import sys; import p2pkit.stages.engine.cmake as a; from p2pkit.core import role_defaults as rd; "
             "assert rd.role_defaults.cache_info().currsize == 0; a.build_subdir(); a.build_subdir(); "
             "i = rd.role_defaults.cache_info(); assert (i.misses, i.hits) == (1, 1), i")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)

@@ -11,6 +11,8 @@ from conftest import FIXTURES
 from p2pkit.app import paste
 from p2pkit.core import config
 from p2pkit.rules import engine_cmd
+from p2pkit.rules.engines import ninfer as ninfer_rules
+from p2pkit.rules.engines import served
 from p2pkit.rules.findings import FAIL, PASS, WARN, figure, place, reading, show
 from p2pkit.sim import scenarios
 from p2pkit.stages.driver import checks as driver_checks
@@ -86,21 +88,19 @@ def test_counts_and_sizes_of_verify_and_paste_checks():
 
 def test_drafting_carries_its_draft_tokens():
     from p2pkit.parse import engine_api as pe
-    from p2pkit.stages.service import checks as service_checks
 
     # NInfer's own request log (tests/fixtures/ninfer/README)
     events = pe.ninfer_done(pe.jsonl((FIXTURES / "ninfer/request_log.jsonl").read_text()))
-    c = service_checks.ninfer_spec_running({"request_log": "requests.jsonl", "log_events": events}, "dflash2")
+    c = ninfer_rules.ninfer_spec_running({"request_log": "requests.jsonl", "log_events": events}, "dflash2")
     assert (c.status, c.value, c.unit) == (PASS, 35, "count") and "drafted 35, accepted 18" in c.measured
 
 
 def test_the_first_completion_carries_its_tokens():
-    from p2pkit.stages.service import checks as service_checks
 
     fc = {"status": 200, "usage": {"completion_tokens": 24}, "client_seconds": 0.5, "alive_after": True}
-    c = service_checks._openai_first(fc, {"log_tail": []}, "vLLM")
+    c = served.openai_first(fc, {"log_tail": []}, "vLLM")
     assert (c.status, c.value, c.measured) == (PASS, 24, "24 tokens (usage), 0.5 s at the client")
-    bad = service_checks._openai_first({**fc, "status": 500, "error": "{}"}, {"log_tail": []}, "vLLM")
+    bad = served.openai_first({**fc, "status": 500, "error": "{}"}, {"log_tail": []}, "vLLM")
     assert (bad.status, bad.value) == (FAIL, None) and bad.measured.startswith("HTTP 500: {};")
 
 

@@ -10,7 +10,10 @@ import pytest
 
 from p2pkit.core import config
 from p2pkit.rules.findings import FAIL, PASS, SKIP, WARN
-from p2pkit.stages.engine import checks
+from p2pkit.stages.engine import checks, cmake
+from p2pkit.stages.engine import llamacpp as llamacpp_stage
+from p2pkit.stages.engine import ninfer as ninfer_stage
+from p2pkit.stages.engine import vllm as vllm_stage
 
 COMMIT = "3f2a9c1d4b5e6f708192a3b4c5d6e7f8091a2b3c"
 _NINFER = config.load("dual-5090-ninfer")
@@ -104,14 +107,14 @@ def test_nccl_root_is_named_or_said_empty(root, status, measured):
     {"cuda": {"version": None}, "cuda_enabled": False},  # the build's marker alone
 ], ids=["cuda-off", "cuda-enabled-false"])
 def test_a_cpu_build_is_a_warning_from_either_marker(b):
-    (c,) = checks._cuda(b, eng(NINFER, cuda=False))
+    (c,) = cmake._cuda(b, eng(NINFER, cuda=False))
     assert (c.id, c.status, c.measured, c.pitfall) == ("engine.cuda", WARN, "CUDA OFF (engine.cuda = false)", "P05")
 
 
 @pytest.mark.parametrize("version,status", [("12.8", FAIL), ("13.0", FAIL), ("13.1", PASS), ("13.2", PASS),
                                             ("14.0", PASS)])
 def test_cuda_version_held_to_engine_cuda_min(version, status):
-    c = by_id(checks._cuda({"cuda": {"version": version}}, NINFER))["engine.cuda"]
+    c = by_id(cmake._cuda({"cuda": {"version": version}}, NINFER))["engine.cuda"]
     assert (c.status, c.measured, c.expected, c.pitfall) == (status, version, ">= 13.1", "P05")
     assert ("NInfer requires CUDA 13.1 or newer" in c.hint) == (status == FAIL)
 
@@ -125,7 +128,7 @@ def test_cuda_version_held_to_engine_cuda_min(version, status):
 ])
 def test_nccl_layout_needs_the_header_and_the_unversioned_library(header, library, versioned, status, measured):
     n = {"root": "/opt/nccl", "header": header, "library": library, "versioned": versioned}
-    c = by_id(checks._cuda({"cuda": {"version": "13.0"}, "nccl": n}, LLAMA))["engine.nccl_layout"]
+    c = by_id(cmake._cuda({"cuda": {"version": "13.0"}, "nccl": n}, LLAMA))["engine.nccl_layout"]
     assert (c.status, c.measured, c.pitfall) == (status, measured, "P16")
     assert c.expected == "/opt/nccl/include/nccl.h and lib/libnccl.so"
 
@@ -136,7 +139,7 @@ def test_nccl_layout_needs_the_header_and_the_unversioned_library(header, librar
 ])
 def test_cuda_architectures_the_toolkit_lists(archs, status, measured):
     cuda = {"version": "13.1", "archs": ["90", "100", "120"]}
-    c = by_id(checks._cuda_archs(cuda, eng(NINFER, cuda_architectures=archs)))["engine.cuda_arch_supported"]
+    c = by_id(cmake._cuda_archs(cuda, eng(NINFER, cuda_architectures=archs)))["engine.cuda_arch_supported"]
     assert (c.status, c.measured, c.pitfall) == (status, measured, "P05")
 
 
@@ -215,7 +218,7 @@ def test_what_the_build_fact_holds_decides_what_is_judged(b, more):
 
 
 def test_configure_and_build_that_succeed_say_ok():
-    c = by_id(checks._configure({"configure_rc": 0, "build_rc": 0, "build_tail": None, "first_error": None,
+    c = by_id(cmake._configure({"configure_rc": 0, "build_rc": 0, "build_tail": None, "first_error": None,
                                  "log": LOG}))
     assert (c["engine.configure"].status, c["engine.configure"].measured, c["engine.configure"].pitfall) == \
         (PASS, "ok", "")
@@ -224,16 +227,16 @@ def test_configure_and_build_that_succeed_say_ok():
 
 def test_configure_failure_shows_cmakes_first_error():
     err = "CMake Error at CMakeLists.txt:40 (message): No CMAKE_CUDA_COMPILER could be found."
-    c = by_id(checks._configure({"configure_rc": 1, "first_error": err, "log": LOG}))
+    c = by_id(cmake._configure({"configure_rc": 1, "first_error": err, "log": LOG}))
     assert list(c) == ["engine.configure"]
     assert (c["engine.configure"].status, c["engine.configure"].measured, c["engine.configure"].pitfall) == \
         (FAIL, err, "P05")
-    assert c["engine.configure"].hint == f"{checks.NO_CUDA_COMPILER} (log: {LOG})"
+    assert c["engine.configure"].hint == f"{cmake.NO_CUDA_COMPILER} (log: {LOG})"
 
 
 def test_build_failure_shows_the_tail_of_the_build():
     tail = "FAILED: apps/ninfer-serve | collect2: error: ld returned 1 exit status | ninja: build stopped"
-    c = by_id(checks._configure({"configure_rc": 0, "build_rc": 1, "build_tail": tail, "first_error": None,
+    c = by_id(cmake._configure({"configure_rc": 0, "build_rc": 1, "build_tail": tail, "first_error": None,
                                  "log": LOG}))["engine.build"]
     assert (c.status, c.measured, c.hint) == (FAIL, tail, f"read the build log: {LOG}")
 
@@ -246,7 +249,7 @@ CRITERIA = {"found CUDAToolkit 13.1 or newer": "13.1 at /usr/local/cuda-13.1/inc
 
 
 def test_build_log_with_every_criterion_shows_the_evidence():
-    c = by_id(checks._result(build(criteria=CRITERIA), NINFER))["engine.build_log"]
+    c = by_id(cmake._result(build(criteria=CRITERIA), NINFER))["engine.build_log"]
     assert (c.status, c.pitfall) == (PASS, "P07")
     assert c.measured == "; ".join(f"{k}: {v}" for k, v in CRITERIA.items())
     assert c.expected == ", ".join(CRITERIA)
@@ -256,7 +259,7 @@ def test_build_log_with_every_criterion_shows_the_evidence():
                                           "CMakeCache.txt"), (None, "none")])
 def test_build_log_lacking_criteria_names_them_and_the_cache(cache, shown):
     crit = {**CRITERIA, "found libavformat": None, "linked apps/ninfer-serve": None}
-    c = by_id(checks._result(build(criteria=crit, cmake_cache=cache), NINFER))["engine.build_log"]
+    c = by_id(cmake._result(build(criteria=crit, cmake_cache=cache), NINFER))["engine.build_log"]
     assert (c.status, c.pitfall) == (FAIL, "P07")
     assert c.measured == "found libavformat, linked apps/ninfer-serve"
     assert c.hint == (f"the build log {LOG} lacks: found libavformat, linked apps/ninfer-serve (CMakeCache.txt: "
@@ -270,12 +273,12 @@ def test_build_log_lacking_criteria_names_them_and_the_cache(cache, shown):
     ({}, FAIL, "missing"),
 ])
 def test_engine_binary_named_by_its_version_or_why_not(binary, status, measured):
-    c = by_id(checks._result(build(binary=binary), NINFER))["engine.binary"]
+    c = by_id(cmake._result(build(binary=binary), NINFER))["engine.binary"]
     assert (c.status, c.measured) == (status, measured)
 
 
 def test_no_linked_library_listed_is_no_proof():
-    c = by_id(checks._result(build(libraries=[]), NINFER))["engine.libraries"]
+    c = by_id(cmake._result(build(libraries=[]), NINFER))["engine.libraries"]
     assert (c.status, c.value, c.measured) == (FAIL, None, "no linked library listed")
 
 
@@ -284,7 +287,8 @@ CUDART = {"name": "libcudart.so.13", "path": "/usr/local/cuda-13.0/lib64/libcuda
 
 def test_ninfer_is_not_judged_on_nccl_links():
     b = build(nccl_links={"ninfer-serve": [CUDART, {"name": "libnccl.so.2", "path": "/usr/lib/libnccl.so.2"}]})
-    assert not [c for c in checks._result(b, NINFER) if c.id.startswith("engine.nccl")]
+    judged = cmake._result(b, NINFER) + ninfer_stage.result_more(b, NINFER)
+    assert not [c for c in judged if c.id.startswith("engine.nccl")]
 
 
 @pytest.mark.parametrize("links,status,measured", [
@@ -295,7 +299,7 @@ def test_ninfer_is_not_judged_on_nccl_links():
     ([CUDART], FAIL, "no libnccl"),  # built without NCCL
 ], ids=["profile-nccl", "system-nccl", "nccl-not-found", "no-nccl"])
 def test_llamacpp_links_the_profiles_nccl(links, status, measured):
-    c = by_id(checks._result(build(nccl_links={"llama-server": links}), LLAMA))["engine.nccl.llama-server"]
+    c = by_id(llamacpp_stage.result_more(build(nccl_links={"llama-server": links}), LLAMA))["engine.nccl.llama-server"]
     assert (c.status, c.measured, c.expected, c.pitfall) == (status, measured, "under /opt/nccl", "P16")
 
 
@@ -318,12 +322,12 @@ def tree(**kw) -> dict:
     ({"path": "/opt/vllm-src", "error": "/opt/vllm-src is not a git checkout"}, "/opt/vllm-src is not a git checkout"),
 ], ids=["failed", "not-a-checkout"])
 def test_vllm_tree_that_cannot_be_read_is_a_failure(t, why):
-    assert [(c.id, c.status, c.measured, c.pitfall) for c in checks.vllm_tree(t, SPARK)] == \
+    assert [(c.id, c.status, c.measured, c.pitfall) for c in vllm_stage.vllm_tree_checks(t, SPARK)] == \
         [("engine.vllm_source", FAIL, f"could not determine: {why}", "P21")]
 
 
 def test_vllm_tree_at_the_pinned_commit_and_branch_with_the_sm121_patch():
-    c = by_id(checks.vllm_tree(tree(), SPARK))
+    c = by_id(vllm_stage.vllm_tree_checks(tree(), SPARK))
     s = c["engine.vllm_source"]
     assert (s.status, s.expected, s.pitfall) == (PASS, f"{COMMIT[:12]} on release/qwen38next", "P21")
     # the checked-out branch also holds HEAD (`git branch --contains HEAD` names it): named once
@@ -333,12 +337,12 @@ def test_vllm_tree_at_the_pinned_commit_and_branch_with_the_sm121_patch():
 
 
 def test_vllm_tree_on_a_detached_head_is_found_on_the_branches_holding_it():
-    s = checks.vllm_tree(tree(branch=None), SPARK)[0]
+    s = vllm_stage.vllm_tree_checks(tree(branch=None), SPARK)[0]
     assert (s.status, s.measured) == (PASS, f"{COMMIT[:12]} on release/qwen38next")
 
 
 def test_vllm_tree_without_a_pinned_branch_takes_any():
-    s = checks.vllm_tree(tree(branch="main", branches_with_head=["main"]), eng(SPARK, branch=""))[0]
+    s = vllm_stage.vllm_tree_checks(tree(branch="main", branches_with_head=["main"]), eng(SPARK, branch=""))[0]
     assert (s.status, s.expected) == (PASS, f"{COMMIT[:12]} on any branch")
     assert s.measured == f"{COMMIT[:12]} on main"
 
@@ -353,7 +357,7 @@ def test_vllm_tree_without_a_pinned_branch_takes_any():
      "(engine.commit empty) on release/qwen38next", "check out the pinned commit of release/qwen38next"),
 ], ids=["other-commit", "no-head-no-branch", "nothing-pinned"])
 def test_vllm_tree_not_the_pinned_one_says_what_was_read(p, t, measured, expected, hint):
-    s = checks.vllm_tree(t, p)[0]
+    s = vllm_stage.vllm_tree_checks(t, p)[0]
     assert (s.id, s.status, s.expected, s.pitfall) == ("engine.vllm_source", FAIL, expected, "P21")
     assert s.measured.startswith(measured) and s.hint.startswith(hint)
 
@@ -438,7 +442,7 @@ def test_reproved_each_field_of_the_identity_counts(field):
     moved = {**IDENT, field: IDENT[field] + 1}
     (c,) = checks.reproved(built(), now(identity=moved), NINFER)
     assert c.status == FAIL and f"{field} {IDENT[field]} -> {IDENT[field] + 1}" in c.measured
-    assert checks.changed(IDENT, moved) == [f"{field} {IDENT[field]} -> {IDENT[field] + 1}"]
+    assert cmake.changed(IDENT, moved) == [f"{field} {IDENT[field]} -> {IDENT[field] + 1}"]
 
 
 @pytest.mark.parametrize("lib, pitfall", [("libnccl.so.2", "P16"), ("libavformat.so.60", "")])

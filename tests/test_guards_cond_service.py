@@ -9,6 +9,10 @@ from dataclasses import replace
 import pytest
 
 from p2pkit.core import config
+from p2pkit.rules.engines import llamacpp as llamacpp_rules
+from p2pkit.rules.engines import ninfer as ninfer_rules
+from p2pkit.rules.engines import served
+from p2pkit.rules.engines import vllm as vllm_rules
 from p2pkit.rules.findings import FAIL, PASS, SKIP, WARN
 from p2pkit.stages.service import checks
 
@@ -372,25 +376,26 @@ def test_spec_judges_the_request_of_each_engine():
 
 def test_first_completion_fails_when_the_server_died_after_answering():
     fc = {"status": 200, "alive_after": False}
-    ok, c = checks.first_completion(fc, {"log_tail": ["boom"]}, 8, "{} tokens", "hint")
+    ok, c = served.first_completion(fc, {"log_tail": ["boom"]}, 8, "{} tokens", "hint")
     assert not ok and (c.id, c.status, c.value, c.pitfall) == ("service.first_completion", FAIL, None, "P19")
     assert c.measured == "HTTP 200: ; alive after: False; last log lines: boom"
 
 
 def test_vllm_and_ninfer_with_no_request_have_nothing_to_judge():
-    assert checks.check_vllm_requests({}, SPARK) == [] and checks.check_ninfer_requests({}, NINFER) == []
+    assert vllm_rules.check_vllm_requests({}, SPARK) == [] and ninfer_rules.check_ninfer_requests({}, NINFER) == []
 
 
 def test_ninfer_without_spec_judges_the_completion_only():
     p = replace(NINFER, serve=replace(NINFER.serve, flags={k: v for k, v in NINFER.serve.flags.items()
                                                            if k != "spec"}))
     fc = {"status": 200, "usage": {"completion_tokens": 8}, "request_log": None}
-    assert [c.id for c in checks.check_ninfer_requests({"first_completion": fc}, p)] == ["service.first_completion"]
+    got = ninfer_rules.check_ninfer_requests({"first_completion": fc}, p)
+    assert [c.id for c in got] == ["service.first_completion"]
 
 
 @pytest.mark.parametrize("flag,context", [(1, "--parallel 1"), (None, "--parallel omitted (auto)")])
 def test_running_slots_say_how_parallel_was_given(flag, context):
-    c = checks.running_slots(4, flag)
+    c = llamacpp_rules.running_slots(4, flag)
     assert (c.id, c.status, c.value, c.pitfall) == ("service.spec_slots_running", WARN, 4, "P20")
     assert c.measured == f"4 (/props total_slots, {context})"
 

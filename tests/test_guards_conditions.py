@@ -11,6 +11,9 @@ import json
 import os
 from dataclasses import replace
 
+from p2pkit.rules.engines import llamacpp as llamacpp_rules
+from p2pkit.rules.engines import ninfer as ninfer_rules
+from p2pkit.rules.engines import vllm as vllm_rules
 from tests.conftest import FIXTURES
 
 
@@ -156,7 +159,6 @@ def _fc_llamacpp(name: str) -> dict:
 
 def _llamacpp(fc: dict | None, spec: bool = True) -> dict:
     from p2pkit.core import config
-    from p2pkit.stages.service import checks as sc
 
     p = config.load("dual-5090-llamacpp", ["serve.flags.spec-type=draft-simple"] if spec else [])
     if not spec:
@@ -164,7 +166,7 @@ def _llamacpp(fc: dict | None, spec: bool = True) -> dict:
                                                      if k not in ("spec-type", "model-draft", "spec-draft-n-max",
                                                                   "spec-draft-n-min")}))
     s = {"health": {"ok": True}, "log_tail": ["(recorded)"]} | ({"first_completion": fc} if fc is not None else {})
-    return _by_id(sc.check_llamacpp_requests(s, p))
+    return _by_id(llamacpp_rules.check_llamacpp_requests(s, p))
 
 
 def test_p19_llamacpp_needs_the_responses_and_the_metrics_draft_counts_and_a_first_completion():
@@ -190,12 +192,11 @@ def test_p19_llamacpp_needs_the_responses_and_the_metrics_draft_counts_and_a_fir
 
 def _vllm(fc: dict) -> dict:
     from p2pkit.core import config
-    from p2pkit.stages.service import checks as sc
 
     p = config.load("dual-spark-vllm", ['serve.flags.speculative-config={"method":"mtp","num_speculative_tokens":3}'])
     s = {"health": {"ok": True}, "first_completion": {"status": 200, "usage": {"completion_tokens": 16},
                                                       "alive_after": True, **fc}, "log_tail": []}
-    return _by_id(sc.check_vllm_requests(s, p))
+    return _by_id(vllm_rules.check_vllm_requests(s, p))
 
 
 def test_p19_vllm_needs_metrics_and_both_draft_counters():
@@ -218,12 +219,11 @@ def test_p19_vllm_needs_metrics_and_both_draft_counters():
 
 def _ninfer(fc: dict) -> dict:
     from p2pkit.core import config
-    from p2pkit.stages.service import checks as sc
 
     p = config.load("dual-5090-ninfer", ["serve.flags.spec=dflash2"])
     s = {"health": {"ok": True}, "first_completion": {"status": 200, "usage": {"completion_tokens": 24},
                                                       "alive_after": True, **fc}, "log_tail": []}
-    return _by_id(sc.check_ninfer_requests(s, p))
+    return _by_id(ninfer_rules.check_ninfer_requests(s, p))
 
 
 def test_p19_ninfer_reads_the_request_done_line_of_its_own_log():

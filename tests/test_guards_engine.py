@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from p2pkit.core import config
 from p2pkit.stages import registry
-from p2pkit.stages.engine.act import VLLM_PROBE
+from p2pkit.stages.engine.vllm import VLLM_PROBE
 
 SPARK = config.load("dual-spark-vllm")
 PINNED = replace(SPARK, engine=replace(SPARK.engine, commit="3f2a9c1d4b5e6f708192a3b4c5d6e7f8091a2b3c"))

@@ -43,7 +43,7 @@ LAYERS: list[tuple[str, list[list[str]]]] = [
     ("rules", [["p2pkit.rules.engine_cmd", "p2pkit.rules.engine_env"],
                ["p2pkit.rules.engines"],
                [f"p2pkit.rules.engines.{e}" for e in ENGINE_MODULES],
-               ["p2pkit.rules.engines.flags"],
+               ["p2pkit.rules.engines.flags", "p2pkit.rules.engines.served"],
                ["p2pkit.rules.findings", "p2pkit.rules.pitfalls", "p2pkit.rules"]]),
     ("host", [["p2pkit.host.field_facts", "p2pkit.host.kmod", "p2pkit.host.launcher", "p2pkit.host.mok"],
               ["p2pkit.host.system", "p2pkit.host.pci", "p2pkit.host.smi", "p2pkit.host.nvml", "p2pkit.host.arch",
@@ -380,3 +380,69 @@ def test_the_complexity_test_sees_a_method_a_closure_and_an_inner_class():
 
 def _indent(text: str) -> str:
     return "".join(f"    {ln}\n" if ln else "\n" for ln in text.splitlines())
+
+
+# ------------------------------------------------------------------------- one owner per engine recipe (issue 46)
+
+# where a recipe's knowledge lives: its engine module, its engine-stage module, and the simulator (which states
+# its own copy of every engine it imitates); every other module asks the engine module (rules/engines)
+RECIPE_OWNERS = ("p2pkit.rules.engines.", "p2pkit.stages.engine.", "p2pkit.sim.")
+RECIPE_STAGE_MODULES = ("p2pkit.stages.engine.act", "p2pkit.stages.engine.checks", "p2pkit.stages.engine.common",
+                        "p2pkit.stages.engine.cmake")
+
+
+def _is_recipe(node) -> bool:
+    """`x.recipe`, `x["recipe"]` or a name `recipe`."""
+    if isinstance(node, ast.Attribute):
+        return node.attr == "recipe"
+    if isinstance(node, ast.Subscript):
+        return isinstance(node.slice, ast.Constant) and node.slice.value == "recipe"
+    return isinstance(node, ast.Name) and node.id == "recipe"
+
+
+def _names_engines(node) -> bool:
+    """A literal name or names (`"vllm"`, `("ninfer", "llamacpp")`), or a module's constant list of them
+    (`BUILT_ENGINES`): what a branch on particular engines compares a recipe with."""
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str)
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return all(isinstance(e, ast.Constant) for e in node.elts)
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+    return name.isupper()
+
+
+def recipe_branches(source: str) -> list[int]:
+    """The lines where a recipe is compared (==, !=, in, not in) with particular engines: a branch on which
+    engine this is (two recipes compared with each other are not)."""
+    out = []
+    for n in ast.walk(ast.parse(source)):
+        if isinstance(n, ast.Compare) and any(isinstance(op, ast.Eq | ast.NotEq | ast.In | ast.NotIn) for op in n.ops):
+            sides = [n.left, *n.comparators]
+            if any(_is_recipe(s) for s in sides) and any(_names_engines(s) for s in sides if not _is_recipe(s)):
+                out.append(n.lineno)
+    return out
+
+
+def test_a_recipe_is_asked_never_branched_on_outside_its_owners():
+    """`recipe ==` outside rules/engines/, the engine stage's recipe modules and the simulator is a recipe's
+    knowledge leaking into another layer: that layer must ask the engine module (dispatch, not branches)."""
+    bad = []
+    for name, f in modules().items():
+        owner = name.startswith(RECIPE_OWNERS) and name not in RECIPE_STAGE_MODULES
+        if not owner:
+            bad += [f"{f.relative_to(PKG.parent)}:{line}" for line in recipe_branches(f.read_text())]
+    assert bad == [], "branches on the engine recipe outside its owners:\n" + "\n".join(bad)
+
+
+def test_the_recipe_guard_sees_each_form_of_a_branch():
+    src = ("if p.engine.recipe == 'vllm': pass\nif e.recipe in ('a', 'b'): pass\nif data['engine']['recipe'] != 'x': "
+           "pass\nok = recipe not in KNOWN\nif p.engine.recipe: pass\nx = {'recipe': 1}\n"
+           "same = p.engine.recipe == own['engine.recipe']\n")
+    assert recipe_branches(src) == [1, 2, 3, 4]
+
+
+def test_every_recipe_has_its_engine_module_and_its_stage_module():
+    from p2pkit.rules.engines import ENGINES
+
+    for name in ENGINES:
+        assert (PKG / "rules/engines" / f"{name}.py").is_file() and (PKG / "stages/engine" / f"{name}.py").is_file()

@@ -14,8 +14,9 @@ from p2pkit.core import config
 from p2pkit.core.artifacts import Store
 from p2pkit.core.output import Output
 from p2pkit.host import Host
-from p2pkit.stages.engine import act as engine_stage
+from p2pkit.rules.engines import llamacpp as llamacpp_rules
 from p2pkit.stages.engine import checks as ec
+from p2pkit.stages.engine import cmake as engine_stage
 from p2pkit.stages.engine import llamacpp
 
 FIX = Path(__file__).parent / "fixtures/llamacpp"
@@ -183,13 +184,12 @@ def test_help_of_the_real_llama_server_lists_the_flags_p2pkit_writes():
 def test_spec_running_from_the_real_servers_counters(name, status):
     """P19 the real way: `--spec-type` on gives draft counts in the response and growing spec_decode
     counters; `-md` alone loads the draft and drafts nothing; without --metrics /metrics is 501."""
-    from p2pkit.stages.service import checks as sc
 
     rec = json.loads((FIX / f"{name}.json").read_text())
     assert rec["health_codes"][-1][0] == 200
     p = config.load("dual-5090-llamacpp", ["serve.flags.spec-type=draft-simple"])
     s = {"health": {"ok": True}, "first_completion": _first_completion(rec), "log_tail": ["(recorded)"]}
-    c = {x.id: x for x in sc.check_llamacpp_requests(s, p)}
+    c = {x.id: x for x in llamacpp_rules.check_llamacpp_requests(s, p)}
     assert c["service.first_completion"].status == "pass"
     assert c["service.spec_running"].status == status, c["service.spec_running"]
     if name == "no_metrics":
@@ -201,13 +201,12 @@ def test_spec_running_from_the_real_servers_counters(name, status):
 
 
 def test_a_crash_at_the_first_decode_fails_the_service_with_p19():
-    from p2pkit.stages.service import checks as sc
 
     p = config.load("dual-5090-llamacpp")
     fc = {"status": None, "error": "RemoteDisconnected: Remote end closed connection without response",
           "alive_after": False, "metrics_status": None}
     s = {"health": {"ok": True}, "first_completion": fc, "log_tail": ["GGML_ASSERT(...) failed"]}
-    c = {x.id: x for x in sc.check_llamacpp_requests(s, p)}["service.first_completion"]
+    c = {x.id: x for x in llamacpp_rules.check_llamacpp_requests(s, p)}["service.first_completion"]
     assert c.status == "fail" and c.pitfall == "P19" and "GGML_ASSERT" in c.measured
 
 

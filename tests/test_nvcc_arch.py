@@ -14,8 +14,8 @@ from p2pkit.core.artifacts import Store
 from p2pkit.core.output import Output
 from p2pkit.host import Host
 from p2pkit.parse import build as pb
-from p2pkit.stages.engine import act as es
 from p2pkit.stages.engine import checks as ec
+from p2pkit.stages.engine import cmake as es
 
 FIX = Path(__file__).parent / "fixtures"
 NVCC_13_0 = ["75", "80", "86", "87", "88", "89", "90", "100", "103", "110", "120", "121"]

@@ -11,7 +11,7 @@ from p2pkit.app import paste as pc
 from p2pkit.core import config
 from p2pkit.parse import build
 from p2pkit.parse import paste as pp
-from p2pkit.stages.engine import checks as ec
+from p2pkit.stages.engine import cmake as ec
 from tests.conftest import FIXTURES
 
 PASTE = FIXTURES / "paste"

@@ -3,6 +3,8 @@
 from p2pkit.core.ansible import COLLECTION
 from p2pkit.parse import build as pb
 from p2pkit.stages.engine import checks as ec
+from p2pkit.stages.engine import cmake
+from p2pkit.stages.engine import vllm as vllm_stage
 from tests.conftest import FIXTURES
 
 CM = FIXTURES / "cmake"
@@ -149,7 +151,7 @@ def test_nccl_install_path_compared_by_path_not_by_string():
     bad = check("/opt/nccl-2.18.3/lib/libnccl.so.2")  # a string prefix of /opt/nccl, another directory
     assert bad.status == "fail" and bad.pitfall == "P16"
     assert check("/opt/nccl/../nccl-2.18.3/lib/libnccl.so.2").status == "fail"
-    assert ec.under("/opt/nccl/lib/libnccl.so.2", "/opt/nccl/") and not ec.under("/opt/nccl2/x", "/opt/nccl")
+    assert cmake.under("/opt/nccl/lib/libnccl.so.2", "/opt/nccl/") and not cmake.under("/opt/nccl2/x", "/opt/nccl")
 
 
 # ------------------------------------------------------------------------------------------- P27
@@ -221,23 +223,23 @@ def test_vllm_arch_lists_read_from_the_real_cmakelists():
 
 def test_vllm_tree_branch_commit_and_sm121_patch():
     p = spark(commit="a" * 40)
-    c = {x.id: x for x in ec.vllm_tree(tree(), p)}
+    c = {x.id: x for x in vllm_stage.vllm_tree_checks(tree(), p)}
     assert c["engine.vllm_source"].status == "pass" and c["engine.vllm_sm121"].status == "pass"
     # main's lists name 12.1 only in the pre-CUDA-13 branches, but the E2M1 fallback is the patch's own
-    c = {x.id: x for x in ec.vllm_tree(tree(sm121_e2m1=False), p)}
+    c = {x.id: x for x in vllm_stage.vllm_tree_checks(tree(sm121_e2m1=False), p)}
     assert c["engine.vllm_sm121"].status == "fail" and c["engine.vllm_sm121"].pitfall == "P21"
     assert "E2M1" in c["engine.vllm_sm121"].measured
     cuda13 = {k: v[:1] if k == "CUDA_SUPPORTED_ARCHS" else [x for x in v if "12.1a" not in x]
               for k, v in tree()["arch_lists"].items()}  # what a CUDA 13 build's lists leave
-    bad = {x.id: x for x in ec.vllm_tree(tree(arch_lists=cuda13), p)}["engine.vllm_sm121"]
+    bad = {x.id: x for x in vllm_stage.vllm_tree_checks(tree(arch_lists=cuda13), p)}["engine.vllm_sm121"]
     assert bad.status == "fail" and "CUDA_SUPPORTED_ARCHS" in bad.measured and "FP4_SM120_ARCHS" in bad.measured
-    wrong = {x.id: x for x in ec.vllm_tree(tree(branch="main"), p)}["engine.vllm_source"]
+    wrong = {x.id: x for x in vllm_stage.vllm_tree_checks(tree(branch="main"), p)}["engine.vllm_source"]
     assert wrong.status == "fail" and wrong.pitfall == "P21" and "main" in wrong.measured
-    other = {x.id: x for x in ec.vllm_tree(tree(head="b" * 40), p)}["engine.vllm_source"]
+    other = {x.id: x for x in vllm_stage.vllm_tree_checks(tree(head="b" * 40), p)}["engine.vllm_source"]
     assert other.status == "fail"
-    assert [x.id for x in ec.vllm_tree(tree(), spark(commit="a" * 40, cuda_architectures="120a"))] == \
+    assert [x.id for x in vllm_stage.vllm_tree_checks(tree(), spark(commit="a" * 40, cuda_architectures="120a"))] == \
         ["engine.vllm_source"]  # no GB10: no sm_121 patch asked for
-    assert ec.vllm_tree({"path": "/opt/vllm-src", "error": "not a git checkout"}, p)[0].status == "fail"
+    assert vllm_stage.vllm_tree_checks({"path": "/opt/vllm-src", "error": "not a git checkout"}, p)[0].status == "fail"
 
 
 def test_builtin_spark_profile_cannot_prove_its_vllm_tree():
@@ -246,9 +248,9 @@ def test_builtin_spark_profile_cannot_prove_its_vllm_tree():
     p = spark()
     assert p.engine.commit == "" and p.engine.branch == "release/qwen38next"
     env = {"vllm": {"version": "0.11.1.dev53896+gabc1234", "file": "/opt/vllm/x"}, "pins": {}}
-    c = {x.id: x for x in ec._vllm(env, p)}["engine.vllm_tree"]
+    c = {x.id: x for x in vllm_stage._vllm(env, p)}["engine.vllm_tree"]
     assert c.status == "fail" and "cannot be proven" in c.measured and c.pitfall == "P21"
-    assert {x.id: x for x in ec.vllm_tree(tree(), p)}["engine.vllm_source"].status == "fail"
+    assert {x.id: x for x in vllm_stage.vllm_tree_checks(tree(), p)}["engine.vllm_source"].status == "fail"
 
 
 # ------------------------------------------------------------------------------------------- P20

@@ -87,7 +87,7 @@ def test_the_dpkg_installed_pattern_is_the_common_roles():
     """How dpkg's database says a package is installed, stated once for the three roles that read it and for
     p2pkit (tests/test_dpkg_status.py reads it over real stanzas): the common role's default, read when first
     asked."""
-    from p2pkit.stages.engine import act as engine_act
+    from p2pkit.stages.engine import common as engine_act
 
     body = default("p2pkit_common", "p2pkit_dpkg_installed")
     assert engine_act.dpkg_installed_pattern() == body

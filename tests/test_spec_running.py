@@ -15,8 +15,9 @@ import pytest
 
 from p2pkit.core import config
 from p2pkit.host import engine_api
+from p2pkit.rules.engines import ninfer as ninfer_rules
+from p2pkit.rules.engines import vllm as vllm_rules
 from p2pkit.sim import serving
-from p2pkit.stages.service import checks as sc
 
 FIX = Path(__file__).parent / "fixtures"
 SPEC = '{"method":"mtp","num_speculative_tokens":3}'
@@ -67,7 +68,7 @@ def vllm_server():
 def _vllm(fc: dict) -> dict:
     p = config.load("dual-spark-vllm", [f"serve.flags.speculative-config={SPEC}"])
     s = {"health": {"ok": True}, "first_completion": {**fc, "alive_after": True}, "log_tail": []}
-    return {c.id: c for c in sc.check_vllm_requests(s, p)}
+    return {c.id: c for c in vllm_rules.check_vllm_requests(s, p)}
 
 
 def test_vllm_drafting_is_proven_by_its_spec_decode_counters(vllm_server):
@@ -104,7 +105,7 @@ def test_vllm_without_speculative_config_has_no_spec_check(vllm_server):
     from dataclasses import replace
 
     p = replace(base, serve=replace(base.serve, flags=flags))
-    ids = [c.id for c in sc.check_vllm_requests({"first_completion": {**fc, "alive_after": True}}, p)]
+    ids = [c.id for c in vllm_rules.check_vllm_requests({"first_completion": {**fc, "alive_after": True}}, p)]
     assert ids == ["service.first_completion"]
 
 
@@ -114,7 +115,7 @@ def _ninfer(fc: dict, spec: str = "dflash2") -> dict:
     p = config.load("dual-5090-ninfer", [f"serve.flags.spec={spec}"])
     s = {"health": {"ok": True}, "first_completion": {"status": 200, "usage": {"completion_tokens": 24},
                                                       "alive_after": True, **fc}, "log_tail": []}
-    return {c.id: c for c in sc.check_ninfer_requests(s, p)}
+    return {c.id: c for c in ninfer_rules.check_ninfer_requests(s, p)}
 
 
 def _log_events(text: str) -> list[dict]:

@@ -55,7 +55,6 @@ SCHEMA = 1
 PROMPT_WORD = " gpu"  # one token per repeat in the tiny tokenizer and in most BPE vocabularies
 # seed 000's two workload shapes: (prompt tokens, output tokens)
 SHAPES = {"decode": (128, 512), "production": (2048, 128)}
-PER_REQUEST_UNDER_CONCURRENCY = ("llamacpp",)  # each response carries its own server figures
 
 
 def gate(ctx) -> None:
@@ -311,7 +310,18 @@ def request_log(ctx, p):
     return path
 
 
-READERS = {"llamacpp": Llamacpp, "vllm": Vllm, "ninfer": Ninfer}
+# how bench reads an engine's own accounting, by the way its engine module says it keeps it (rules/engines: BENCH)
+READERS = {"timings": Llamacpp, "metrics": Vllm, "request_log": Ninfer}
+
+
+def bench_of(p) -> dict:
+    """What the profile's engine module says of its own accounting: how bench reads it (accounting), whether
+    requests may run at once (concurrent), the reference tool, and what it is (says); nothing for an engine
+    p2pkit has no module for."""
+    from p2pkit.rules.engines import ENGINES
+
+    engine = ENGINES.get(p.engine.recipe)
+    return engine.BENCH if engine is not None else {"accounting": None, "concurrent": False, "reference": None}
 
 
 def one_request(reader: Reader, n_prompt: int, n_out: int) -> dict:
@@ -335,7 +345,7 @@ def run_arm(ctx, p, name: str, n_prompt: int, n_out: int, warmup: int, requests:
     kept, with the error. The arm's own `requests` and `summary` are its first level's (the headline, as
     before levels existed)."""
     levels = levels or [("profile", n_prompt, n_out, 1)]
-    reader = READERS[p.engine.recipe](ctx, p)
+    reader = READERS[bench_of(p)["accounting"]](ctx, p)
     arm: dict = {"arm": name, "overrides": list(p.overrides), "requests": [], "warmup": warmup,
                  "warmup_note": "warm-up requests before each level, at its shape and concurrency, left out",
                  "levels": []}
@@ -562,17 +572,19 @@ def switch(ctx, override: str):
 def refuse(p, concurrency: list[int] | None, reference: bool) -> None:
     """What bench cannot do for this profile's engine, refused as usage (exit 2) before the gate, the lock
     or any request: nothing is measured or changed."""
-    if p.engine.recipe not in READERS:
+    b = bench_of(p)
+    if b["accounting"] not in READERS:
         raise UsageError(f"bench does not read {p.engine.recipe}'s own accounting, and client timing alone is not a "
-                         "measurement (P15)", hint=f"bench measures {', '.join(sorted(READERS))}")
-    if any(c > 1 for c in concurrency or []) and p.engine.recipe not in PER_REQUEST_UNDER_CONCURRENCY:
+                         "measurement (P15)", hint=f"bench reads an engine's {', '.join(sorted(READERS))}")
+    if any(c > 1 for c in concurrency or []) and not b["concurrent"]:
         raise UsageError(f"{p.engine.recipe}'s own accounting cannot be told apart per request when requests run at "
                          "once (vLLM's /metrics are read around each request; NInfer's log lines are read in order), "
                          "so bench runs it one request at a time",
                          hint="leave --concurrency at 1 for this engine (llama.cpp's responses carry their own "
                               "figures: it runs at any concurrency); nothing was run")
-    if reference and p.engine.recipe != "llamacpp":
-        raise UsageError(f"--reference runs llama-bench, which measures llama.cpp; this engine is {p.engine.recipe}",
+    if reference and not b["reference"]:
+        raise UsageError(f"--reference runs an engine's own benchmark beside the served figures (llama.cpp's "
+                         f"llama-bench), and p2pkit has none for {p.engine.recipe}",
                          hint="drop --reference for this profile; nothing was run")
 
 
@@ -581,7 +593,7 @@ def run(ctx, n_prompt: int, n_out: int, warmup: int, requests: int, ab: str | No
     p = ctx.profile
     refuse(p, concurrency, reference)
     levels = levels_of(shapes, concurrency, n_prompt, n_out)
-    if p.engine.recipe == "llamacpp":  # a shape the server's slots cannot hold is refused before any request
+    if bench_of(p)["accounting"] == "timings":  # a shape llama-server's slots cannot hold is refused before any request
         n_ctx = engine_api.slot_context(engine_cmd.base_url(p))
         big = [(s, lp, lo) for s, lp, lo, _ in levels if n_ctx and lp + lo > n_ctx]
         if big:
@@ -591,14 +603,14 @@ def run(ctx, n_prompt: int, n_out: int, warmup: int, requests: int, ab: str | No
                               "model's training context)",
                               hint="raise serve.flags.ctx-size (with kv-unified the slots share it) and run `p2pkit "
                                    "up --from service`, or bench a shape that fits (--prompt-tokens/--output-tokens)")
-    if p.engine.recipe == "ninfer":
+    if bench_of(p)["accounting"] == "request_log":
         request_log(ctx, p)  # refused before any request when the engine keeps no request log
     doc: dict = {"schema": SCHEMA, "kind": "p2pkit-bench", "simulated": ctx.host.simulated, "profile": p.name,
                  "engine": p.engine.recipe, "shape": {"prompt_tokens": levels[0][1], "output_tokens": levels[0][2],
                                                       "warmup": warmup, "requests": requests},
                  "levels": [{"shape": s, "prompt_tokens": lp, "output_tokens": lo, "concurrency": c}
                             for s, lp, lo, c in levels],
-                 "accounting": ACCOUNTING[p.engine.recipe], "arms": []}
+                 "accounting": bench_of(p)["says"], "arms": []}
     doc["arms"].append(run_arm(ctx, p, "baseline", n_prompt, n_out, warmup, requests, levels))
     if ab and "error" not in doc["arms"][0]:
         saved = snapshot(ctx.host)
@@ -808,20 +820,6 @@ def batched_ratios(doc: dict) -> list[dict]:
                                      f"{rl['output_tps']['n']} runs (over {SPREAD_MAX:.0%})")
             out.append(row)
     return out
-
-
-ACCOUNTING = {
-    "llamacpp": "llama-server's own: each /completion response's `timings` (tools/server/server-common.cpp, "
-                "server_slot_stats::to_json) and /metrics llamacpp:* counters (server-task.cpp, to_metrics)",
-    "vllm": "vLLM's own: /metrics read around each request (vllm:prompt_tokens_total, vllm:generation_tokens_total, "
-            "the _sum and _count of vllm:request_prefill_time_seconds, vllm:request_decode_time_seconds and "
-            "vllm:time_to_first_token_seconds, vllm:spec_decode_num_draft_tokens_total and "
-            "..._accepted_tokens_total; vllm/v1/metrics/loggers.py, vllm/v1/spec_decode/metrics.py), the response's "
-            "`usage` beside them",
-    "ninfer": "NInfer's own: the `request_done` line of its JSONL request log (--request-log-jsonl; result, "
-              "timings_seconds, speculative; Neroued/ninfer src/serve/request_log.cpp), the response's `usage` "
-              "beside it",
-}
 
 
 def unit_files() -> tuple[str, ...]:

@@ -10,7 +10,7 @@ from p2pkit.parse import field as pf
 from p2pkit.parse import p2p_paste as p2
 from p2pkit.parse import paste as pp
 from p2pkit.rules.findings import FAIL, PASS, SKIP, WARN, Check, figure
-from p2pkit.stages.engine.checks import NO_CUDA_COMPILER, NO_DEFAULT_ARCH
+from p2pkit.stages.engine.cmake import NO_CUDA_COMPILER, NO_DEFAULT_ARCH
 from p2pkit.stages.rebar.checks import FIX as REBAR_FIX
 from p2pkit.stages.topology.checks import acs_redirect
 

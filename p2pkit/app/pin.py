@@ -136,30 +136,12 @@ def engine_offline(profile: config.Profile, dest: Path, cache: Path) -> dict:
     from p2pkit.core.artifacts import Store
     from p2pkit.core.output import Output
     from p2pkit.host import Host
-    from p2pkit.stages.engine import llamacpp
+    from p2pkit.stages.engine import common
 
-    e = profile.engine
-    if e.recipe != "llamacpp" or not e.source_url:
-        raise UsageError(f"--engine-offline packs an engine source archive; {profile.name}'s engine ({e.recipe}) "
-                         "has none", hint="use a profile whose engine.source_url names an archive (dual-5090-llamacpp)")
-    if not e.source_sha256:
-        raise UsageError("engine.source_sha256 is empty: p2pkit packs only a pinned archive",
-                         hint="pin the archive you reviewed first (engine.source_sha256)")
     if dest.exists():
-        raise UsageError(f"{dest} exists: p2pkit does not overwrite it", hint="move it away or name another file")
-    cache.mkdir(parents=True, exist_ok=True)
+        raise UsageError(f"{dest} exists: p2pkit does not overwrite it", hint="move it away or name another path")
     p = replace(profile, driver=replace(profile.driver, cache_dir=str(cache)))
-    ctx = Ctx(profile=p, host=Host.at("/"), store=Store(cache), out=Output())
-    got = llamacpp.fetch(ctx, cache / "fetch.log")
-    if "error" in got:
-        raise P2pkitError(got["error"], code=Exit.CHECK_FAILED,
-                          hint=f"check the network (or put the pinned archive in {cache}); nothing was written")
-    try:
-        packed = llamacpp.pack(Path(got["archive"]), e.source_subdir, dest)
-    except (ValueError, OSError) as err:
-        raise P2pkitError(f"packing {got['archive']} failed: {err}", code=Exit.CHECK_FAILED,
-                          hint="check engine.source_subdir and the free space beside " + str(dest)) from err
-    return {**packed, "from": e.source_url, "from_sha256": got["sha256"]}
+    return common.recipe(p).offline(Ctx(profile=p, host=Host.at("/"), store=Store(cache), out=Output()), dest)
 
 
 def profile_text(profile: config.Profile, out: Path) -> str:

@@ -428,7 +428,7 @@ def logs(
     import time
 
     from p2pkit.core.lock import lock_holder
-    from p2pkit.stages.engine.act import build_logs
+    from p2pkit.stages.engine.common import build_logs
 
     st = get(stage)
     if st.act is None and st.measure is None:  # it only reads the host: its findings are its record

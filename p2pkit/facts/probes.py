@@ -5,7 +5,6 @@ the fact table (p2pkit/facts/table.py) beside its type. The others are host prob
 from __future__ import annotations
 
 import re
-from pathlib import PurePosixPath
 
 from p2pkit.core import writers
 from p2pkit.core.role_defaults import role_default
@@ -107,9 +106,7 @@ def _vram_fit(h: Host, profile, nvml: dict | None = None):
         gpus.append({"index": g["index"], "total": g.get("memory_total"), "free": free if isinstance(free, int)
                      else None, "engine_used": sum(x["used"] or 0 for x in procs if x["pid"] in mine)})
     out = {"model": model.model_shape(h, profile, engine_cmd.draft_model(profile)), "gpus": gpus}
-    if profile.engine.recipe == "llamacpp":
-        out["tp_quant_kv_refused"] = model.tp_quant_kv_refused(h, profile.engine.build_dir)
-    return out
+    return {**out, **engine_cmd.engine(profile).fit_facts(h, profile)}
 def _engine_nccl(h: Host):
     """The NCCL the running engine has mapped (P37), or that it is not running (found through the
     launcher's record where systemd is not PID 1, else the unit's MainPID)."""
@@ -125,7 +122,7 @@ def _engine_files(h: Host, profile):
 
     exe = h.path(engine_cmd.binary(profile))
     out: dict = {"path": str(exe), "identity": system.file_identity(exe)}
-    if out["identity"] is not None and profile.engine.recipe != "vllm":
+    if out["identity"] is not None and engine_cmd.engine(profile).LINKED_BINARY:
         out["libraries"] = pb.ldd(h.runner.run(["ldd", str(exe)], check=False).stdout)
     return {"binary": out}
 
@@ -172,16 +169,11 @@ def _profile_nccl(h: Host, profile):
     return {"path": lib, "version": ".".join(map(str, v)) if v else None}
 
 
-ENGINE_KERNELS = {"llamacpp": ("build", "libggml-cuda.so*"), "ninfer": ("build", "ninfer-serve")}
-
-
 def _engine_archs(h: Host, profile):
     """The architectures the engine's CUDA kernels were built for (P39)."""
-    e = profile.engine
-    if e.recipe == "vllm":
-        base, pattern = str(PurePosixPath(e.python).parent.parent), "**/vllm/_C*.so"
-    else:
-        base, pattern = e.build_dir, "**/" + ENGINE_KERNELS[e.recipe][1]
+    from p2pkit.rules import engine_cmd
+
+    base, pattern = engine_cmd.engine(profile).kernel_library(profile)
     found = sorted(h.path(base).glob(pattern)) if h.exists(base) else []
     if not found:
         return {"missing": f"no engine kernel library ({pattern}) under {base}: the engine is not built yet"}

@@ -4,6 +4,7 @@ file holds and what the link stage's NCCL all-reduce runs with, so the two canno
 from __future__ import annotations
 
 from p2pkit.parse import field as pf
+from p2pkit.rules import engines
 
 # Kept in every child p2pkit starts that may touch NCCL: NVLink multicast stays off.
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -33,20 +34,7 @@ def engine_env(profile, level: str | None) -> dict[str, str]:
     """Every variable of the engine's environment file, in order; the profile's [serve.env] last, so
     it wins (and is judged: a P2P-disabling value is a finding, P17)."""
     p = profile
-    env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-    if p.engine.recipe == "llamacpp":
-        if level:
-            env["NCCL_P2P_LEVEL"] = level
-        env["NCCL_IB_DISABLE"] = "1"
-        if p.gpus.count >= 2:  # llama.cpp enables peer access outside NCCL only with this set (P17)
-            env["GGML_CUDA_P2P"] = "1"
-        if p.engine.nccl_root:  # the profile's NCCL, never the system's 2.18.3 that hangs on SM120 (P16)
-            env["LD_LIBRARY_PATH"] = f"{p.engine.nccl_root}/lib"
-    elif level:
-        env["NCCL_P2P_LEVEL"] = level
-    if p.engine.recipe == "vllm":  # "via NET/IB" is RoCE, "via NET/Socket" the silent TCP fallback (P23)
-        env["NCCL_DEBUG"] = "INFO"
-        env["NCCL_DEBUG_SUBSYS"] = "INIT,NET"
+    env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", **engines.of(p).env(p, level)}
     for k, v in p.serve.env.items():
         env[k] = str(v).lower() if isinstance(v, bool) else str(v)
     return env

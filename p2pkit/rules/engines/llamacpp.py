@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from p2pkit.core.errors import Exit, P2pkitError
 from p2pkit.parse import engine_api as pe
-from p2pkit.rules.engines import flags
+from p2pkit.rules.engines import flags, served
 from p2pkit.rules.engines.flags import MAX_CONTEXT, as_int, no_request_log, single_node
-from p2pkit.rules.findings import WARN, Check, figure, judge, unknown
+from p2pkit.rules.findings import FAIL, PASS, WARN, Check, figure, judge, reading, unknown
 
 NAME = "llamacpp"
+TITLE = "llama.cpp"
 FLAGS = flags.schema(
     values=("host", "port", "n-gpu-layers", "split-mode", "flash-attn", "batch-size", "ubatch-size", "cache-type-k",
             "cache-type-v", "parallel", "spec-type", "spec-draft-n-max", "spec-draft-n-min", "threads", "cache-ram"),
@@ -121,6 +122,12 @@ def batched_flags(f: dict) -> list[str]:
     return out
 
 
+def help_text(host, p) -> dict:
+    """The built llama-server's --help (what the flags check reads): {"text"}."""
+    r = host.runner.run([str(host.path(binary(p))), "--help"], check=False, timeout=60)
+    return {"text": r.stdout + r.stderr}
+
+
 def refuse_unaccepted(shown_binary: str, help_text: str, used: list[str]) -> None:
     """The flags used against what the built llama-server's --help accepts: an unknown one (or one its help
     lists only to say what replaced it) is refused before a start, not found in a crash log after it."""
@@ -211,3 +218,131 @@ def checks(p, f: dict) -> list[Check]:
                          len(parts) == p.gpus.count, split, f"{p.gpus.count} shares",
                          f"give {p.gpus.count} comma-separated shares"))
     return out
+
+
+def check_llamacpp_requests(s: dict, p) -> list[Check]:
+    """llama-server: one real completion once /health is 200 (MTP under tensor split can crash at the
+    first decode with /health already 200), and with a speculative type the draft counts of that
+    response and of /metrics' spec_decode counters must have grown (P19). `-md` alone leaves
+    drafting off and the start-up log does not say either way: only the counters tell."""
+    spec = drafting(p.serve.flags)
+    fc = s.get("first_completion")
+    if fc is None:
+        return []  # /health never answered 200: the health check already failed
+    t = fc.get("timings") or {}
+    ok, first = served.first_completion(
+        fc, s, t.get("predicted_n") or 0, f"{{}} tokens in {t.get('predicted_ms', 0):.1f} ms (server timings)",
+        "the server said healthy but failed its first decode: read `p2pkit serve logs` (with "
+        "MTP under --split-mode tensor this is the known crash; try --split-mode layer or another KV type)")
+    out = [first]
+    if not spec:
+        return out
+    if "total_slots" in fc:
+        out.append(running_slots(fc["total_slots"], slots(p.serve.flags)))
+    if fc.get("metrics_status") != 200:
+        out.append(Check("service.spec_running", "speculative decoding is really running", FAIL,
+                         f"/metrics answered {fc.get('metrics_status')}", "spec_decode counters growing",
+                         "start llama-server with --metrics (serve.flags.metrics = true): without it /metrics "
+                         "answers 501 and nothing proves drafting", "P19"))
+        return out
+    d = fc.get("metrics_delta", {})
+    drafted = d.get("spec_decode_num_draft_tokens_total", 0)
+    accepted = d.get("spec_decode_num_accepted_tokens_total", 0)
+    ok = ok and (t.get("draft_n") or 0) > 0 and drafted > 0
+    # the figure: the draft tokens /metrics counted over the request (the response's own counts stay in the text)
+    out.append(reading("service.spec_running", "speculative decoding is really running", PASS if ok else FAIL,
+                       drafted, "count", "draft tokens in the response and in /metrics",
+                       f"--spec-type {spec} is set but nothing was drafted: the draft model or the MTP layers are "
+                       "missing (`-md` alone leaves drafting off; the model stage checks the nextn layers)", "P19",
+                       text=f"response draft_n {t.get('draft_n', 0)}, accepted {t.get('draft_n_accepted', 0)}; "
+                       f"/metrics spec_decode_num_draft_tokens_total +{{}}, accepted_tokens_total +{accepted:g}"))
+    return out
+
+
+def running_slots(n: int | dict, flag) -> Check:
+    """P20 on the running llama-server: its slots as /props says (an omitted --parallel is its automatic
+    default, not 1)."""
+    title = "the running server drafts for one slot"
+    given = f"--parallel {flag}" if flag is not None else "--parallel omitted (auto)"
+    if not isinstance(n, int):
+        return unknown("service.spec_slots_running", title, n, 1, needed=False, pitfall="P20")
+    return figure("service.spec_slots_running", title, n, "==", 1, "count",
+                  "MTP only pays at one concurrent slot: set serve.flags.parallel = 1 and "
+                  "`p2pkit up --from service --force`", pitfall="P20", severity=WARN,
+                  context=f"/props total_slots, {given}")
+
+
+request_checks = check_llamacpp_requests
+
+
+# ------------------------------------------------------------ what the other stages and commands ask of llama.cpp
+
+LINKED_BINARY = True  # llama-server is a native binary: its libraries resolve through ldd
+NCCL_FLOOR = ("P16", "NCCL 2.25.1 fails on the 5090 (ncclMaxSharedMem ... exceeds) and 2.18.3 hangs on SM120: point "
+                     "engine.nccl_root at NCCL >= 2.26.2")
+# bench reads each response's own `timings`: requests can run at once; llama-bench and llama-batched-bench are
+# the references on the same GPU and model
+BENCH = {"accounting": "timings", "concurrent": True, "reference": "llama-bench",
+         "says": "llama-server's own: each /completion response's `timings` (tools/server/server-common.cpp, "
+                 "server_slot_stats::to_json) and /metrics llamacpp:* counters (server-task.cpp, to_metrics)"}
+
+
+def build_tools(p) -> tuple[str, ...]:
+    """The commands the engine stage's CMake build runs (preflight.tools finds them before anything runs)."""
+    return ("cmake", "ninja", "pkg-config", "git", "c++")
+
+
+def pins_missing(p) -> list[str]:
+    """The engine's pins this profile leaves empty: the archive's sha256, or the checkout's commit."""
+    if p.engine.source_url:
+        return [] if p.engine.source_sha256 else ["engine.source_sha256"]
+    return [] if len(p.engine.commit) >= 7 else ["engine.commit"]
+
+
+def env(p, level: str | None) -> dict[str, str]:
+    """llama.cpp's part of its environment file: NCCL's P2P level (P30), no InfiniBand between the local pair,
+    peer access outside NCCL (GGML_CUDA_P2P, P17), the profile's NCCL first on the library path (P16)."""
+    out = {"NCCL_P2P_LEVEL": level} if level else {}
+    out["NCCL_IB_DISABLE"] = "1"
+    if p.gpus.count >= 2:  # llama.cpp enables peer access outside NCCL only with this set (P17)
+        out["GGML_CUDA_P2P"] = "1"
+    if p.engine.nccl_root:  # the profile's NCCL, never the system's 2.18.3 that hangs on SM120 (P16)
+        out["LD_LIBRARY_PATH"] = f"{p.engine.nccl_root}/lib"
+    return out
+
+
+def p2p_env_checks(env: dict[str, str]) -> list[Check]:
+    """P17: llama.cpp enables peer access outside NCCL only when GGML_CUDA_P2P is set."""
+    return [judge("field.ggml_cuda_p2p", "llama.cpp enables peer access (GGML_CUDA_P2P)",
+                  env.get("GGML_CUDA_P2P", "") not in ("", "0"), env.get("GGML_CUDA_P2P", "(unset)"), "set",
+                  "llama.cpp enables peer access outside NCCL only when GGML_CUDA_P2P is set "
+                  "(ggml-cuda.cu): `p2pkit up --from service --force` writes it", pitfall="P17")]
+
+
+def kernel_library(p) -> tuple[str, str]:
+    """Where the engine's CUDA kernels are, for their architectures (P39): libggml-cuda under the build."""
+    return p.engine.build_dir, "**/libggml-cuda.so*"
+
+
+def fit_facts(host, p) -> dict:
+    """What the VRAM fit reads of the built tree: which KV types its tensor split refuses."""
+    from p2pkit.host import model
+
+    return {"tp_quant_kv_refused": model.tp_quant_kv_refused(host, p.engine.build_dir)}
+
+
+def model_prechecks(p) -> list[Check]:
+    return []
+
+
+def convert_argv(p, host, src: str, tmp: str) -> list[str]:
+    """llama.cpp's converter run as a module from its source root (P08): it finds its `conversion` package
+    and gguf-py beside it; it writes exactly --outfile, the temporary name."""
+    return [p.engine.python, "-m", "convert_hf_to_gguf", src, "--outfile", tmp, "--outtype", "bf16"]
+
+
+def first_completion(base: str, p, host, state_dir) -> dict:
+    """The service proof's one real request: the response's timings and /metrics around it."""
+    from p2pkit.host import engine_api
+
+    return engine_api.first_completion(base)

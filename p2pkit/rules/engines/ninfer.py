@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from pathlib import PurePosixPath
 
-from p2pkit.rules.engines import flags
+from p2pkit.rules.engines import flags, served
 from p2pkit.rules.engines.flags import MAX_CONTEXT, as_int, no_draft_model, single_node
+from p2pkit.rules.engines.served import SPEC_TITLE
 from p2pkit.rules.findings import FAIL, PASS, WARN, Check, figure, judge, reading
 
 NAME = "ninfer"
+TITLE = "NInfer"
 FLAGS = flags.schema(
     values=("host", "port", "devices", "kv-dtype", "kv-capacity", "max-concurrency", "prefill-chunk", "spec",
             "draft-tokens", "default-max-tokens", "vision-device", "media-cache-mib", "media-live-mib", "model-id"),
@@ -143,3 +145,106 @@ def checks(p, f: dict) -> list[Check]:
                           "count", "speculative decoding pays at one concurrent slot; with more it can cost "
                           "throughput: benchmark wall throughput both ways", "P20", WARN, missing=str(slots)))
     return out
+
+
+def check_ninfer_requests(s: dict, p) -> list[Check]:
+    """NInfer: one real completion once /health is 200, and with --spec the `speculative` block of its
+    request log's `request_done` line must show drafted tokens (P19)."""
+    fc = s.get("first_completion")
+    if fc is None:
+        return []
+    out = [served.openai_first(fc, s, "NInfer")]
+    spec = drafting(p.serve.flags)
+    if spec:
+        out.append(ninfer_spec_running(fc, spec))
+    return out
+
+
+def ninfer_spec_running(fc: dict, spec: str) -> Check:
+    """P19 on NInfer from its JSONL request log (src/serve/request_log.cpp, the `speculative` block of
+    `request_done`: backend, rounds, drafted_tokens, accepted_tokens, accepted_per_position)."""
+    want = f"request_done with speculative.backend {spec} and drafted tokens"
+    if fc.get("request_log") is None:
+        return Check("service.spec_running", served.SPEC_TITLE, FAIL, "the engine keeps no request log", want,
+                     'set serve.flags.request-log-jsonl = "requests.jsonl" (the built-in profile does): NInfer '
+                     "counts drafts only there, and nothing else proves drafting", "P19")
+    done = [e for e in fc.get("log_events", []) if e.get("event") == "request_done"]
+    if not done:
+        return Check("service.spec_running", served.SPEC_TITLE, FAIL, f"no request_done line in {fc['request_log']} "
+                     "for the request", want, "the request log did not record the request: check that the engine "
+                     "writes where serve.flags.request-log-jsonl says (relative to its working directory)", "P19")
+    sp = done[-1].get("speculative") or {}
+    drafted, accepted, rounds = (sp.get("drafted_tokens") or 0), (sp.get("accepted_tokens") or 0), sp.get("rounds")
+    per = sp.get("accepted_per_position") or []
+    rates = ", ".join(f"{n / rounds:.2f}" for n in per) if rounds else ""
+    # the figure: the tokens drafted for the request (rounds and acceptances stay in the text)
+    return reading("service.spec_running", SPEC_TITLE, PASS if sp.get("backend") not in (None, "none") and drafted > 0
+                   else FAIL, drafted, "count", want, f"--spec {spec} is set but NInfer drafted nothing: the "
+                   "artifact lacks the draft components (convert it with the draft head), or the engine ignored the "
+                   "method", "P19", text=f"backend {sp.get('backend')}, rounds {rounds}, drafted {{}}, accepted "
+                   f"{accepted}" + (f"; acceptance per position {rates}" if rates else ""))
+
+
+request_checks = check_ninfer_requests
+
+
+# ------------------------------------------------------------ what the other stages and commands ask of NInfer
+
+LINKED_BINARY = True  # ninfer-serve is a native binary: its libraries resolve through ldd
+NCCL_FLOOR = ("P16", "NCCL 2.25.1 fails on the 5090 (ncclMaxSharedMem ... exceeds) and 2.18.3 hangs on SM120: point "
+                     "engine.nccl_root at NCCL >= 2.26.2")
+# bench reads NInfer's own accounting from its JSONL request log, one request at a time
+BENCH = {"accounting": "request_log", "concurrent": False, "reference": None,
+         "says": "NInfer's own: the `request_done` line of its JSONL request log (--request-log-jsonl; result, "
+                 "timings_seconds, speculative; Neroued/ninfer src/serve/request_log.cpp), the response's `usage` "
+                 "beside it"}
+
+
+def build_tools(p) -> tuple[str, ...]:
+    """The commands the engine stage's CMake build runs (preflight.tools finds them before anything runs)."""
+    return ("cmake", "ninja", "pkg-config", "git", "c++")
+
+
+def pins_missing(p) -> list[str]:
+    """The engine's pins this profile leaves empty (preflight names them before anything changes)."""
+    return [] if len(p.engine.commit) >= 7 else ["engine.commit"]
+
+
+def env(p, level: str | None) -> dict[str, str]:
+    """The engine's own part of its environment file: NCCL's P2P level where its default stops short (P30)."""
+    return {"NCCL_P2P_LEVEL": level} if level else {}
+
+
+def p2p_env_checks(env: dict[str, str]) -> list[Check]:
+    return []
+
+
+def kernel_library(p) -> tuple[str, str]:
+    """Where the engine's CUDA kernels are, for their architectures (P39): a directory and a glob under it."""
+    return p.engine.build_dir, f"**/{SERVER.rsplit('/', 1)[-1]}"
+
+
+def fit_facts(host, p) -> dict:
+    return {}
+
+
+def model_prechecks(p) -> list[Check]:
+    """What the model stage needs of the profile for NInfer's converter."""
+    return [judge("model.convert_recipe", "NInfer convert recipe set", bool(p.model.convert_recipe),
+                  p.model.convert_recipe or "(empty)", "a recipe", "set model.convert_recipe")]
+
+
+def convert_argv(p, host, src: str, tmp: str) -> list[str]:
+    """NInfer's converter run as a module from its source root (P08), writing exactly `tmp`."""
+    m = p.model
+    argv = [p.engine.python, "-m", "tools.convert", "--recipe", m.convert_recipe, "--source", f"quantized={src}"]
+    if "dflash2" in m.components and m.draft_source:
+        argv += ["--source", f"dflash2={host.path(m.draft_source)}"]
+    return [*argv, "--components", ",".join(m.components), "--proposal", "--out", tmp]
+
+
+def first_completion(base: str, p, host, state_dir) -> dict:
+    """The service proof's one real request, with the request log's lines for it."""
+    from p2pkit.host import engine_api
+
+    return engine_api.ninfer_first_completion(base, served_model(p), request_log(p, host, state_dir))

@@ -10,12 +10,16 @@ or holds a space, so `--served-model-name --host=0.0.0.0` would set --host (or f
 from __future__ import annotations
 
 import re
+from pathlib import PurePosixPath
 
-from p2pkit.rules.engines import flags
+from p2pkit.core.errors import Exit, P2pkitError
+from p2pkit.rules.engines import flags, served
 from p2pkit.rules.engines.flags import MAX_CONTEXT, as_int, no_draft_model, no_request_log, shown
-from p2pkit.rules.findings import FAIL, PASS, WARN, Check, figure, judge
+from p2pkit.rules.engines.served import SPEC_TITLE
+from p2pkit.rules.findings import FAIL, PASS, WARN, Check, figure, judge, reading
 
 NAME = "vllm"
+TITLE = "vLLM"
 FLAGS = flags.schema(
     values=("host", "port", "load-format", "nnodes", "node-rank", "master-addr", "master-port",
             "distributed-executor-backend", "max-num-seqs", "max-num-batched-tokens", "long-prefill-token-threshold",
@@ -28,7 +32,7 @@ FLAGS = flags.schema(
 RELATIVE_FLAGS = flags.with_path(FLAGS, "writes")
 PATH_FLAGS = flags.with_path(FLAGS, "reads")
 SECRET_ENV = "vLLM reads VLLM_API_KEY"
-CHECKS_HELP = False  # the flags are held to FLAGS; vLLM's --help is not read
+CHECKS_HELP = False  # turned on with the engine stage's vLLM build (the next commit)
 MODULE = "vllm.entrypoints.openai.api_server"
 NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # argparse's _negative_number_matcher: a value, not an option
 
@@ -156,3 +160,178 @@ def checks(p, f: dict) -> list[Check]:
                          "" if eager else "CUDA graphs with MTP at TP2 cost about 28% of decode on GB10 (36 vs 50 "
                          "tok/s): set serve.flags.enforce-eager = true", "P22"))
     return out
+
+
+def check_vllm_requests(s: dict, p) -> list[Check]:
+    """vLLM: one real completion once /health is 200, and with a speculative-config its spec-decode
+    counters (vllm:spec_decode_num_drafts, _num_draft_tokens, _num_accepted_tokens, and the accepted
+    tokens per position) must have grown over it (P19)."""
+    fc = s.get("first_completion")
+    if fc is None:
+        return []
+    out = [served.openai_first(fc, s, "vLLM")]
+    config = drafting(p.serve.flags)
+    if config is not None:
+        out.append(vllm_spec_running(fc, config))
+    return out
+
+
+def vllm_spec_running(fc: dict, config: str) -> Check:
+    """P19 on vLLM from its own counters' deltas over one request: drafts made (zero drafts with a
+    speculative config set is speculative decoding not running), and the acceptance per draft
+    position (accepted at that position / drafts)."""
+    want = "vllm:spec_decode_num_drafts and _num_draft_tokens growing"
+    if fc.get("metrics_status") != 200:
+        return Check("service.spec_running", served.SPEC_TITLE, FAIL, f"/metrics answered {fc.get('metrics_status')}",
+                     want, "vLLM's API server serves /metrics unless something in front of it hides it: read the "
+                     "counters at the engine's own port", "P19")
+    d = fc.get("metrics_delta") or {}
+    if "spec_decode_num_drafts_total" not in d:
+        return Check("service.spec_running", SPEC_TITLE, FAIL, "no vllm:spec_decode_* counters in /metrics", want,
+                     f"vLLM registers the spec-decode counters only when a speculative config is in force: "
+                     f"--speculative-config {config} did not take (read the start-up log for the config it "
+                     "printed)", "P19")
+    drafts = d.get("spec_decode_num_drafts_total", 0)
+    tokens = d.get("spec_decode_num_draft_tokens_total", 0)
+    accepted = d.get("spec_decode_num_accepted_tokens_total", 0)
+    per = fc.get("accepted_per_pos_delta") or {}
+    rates = ", ".join(f"{per[k] / drafts:.2f}" for k in sorted(per, key=int)) if drafts else ""
+    # the figure: the draft tokens made over the request (the drafts and acceptances stay in the text)
+    return reading("service.spec_running", SPEC_TITLE, PASS if drafts > 0 and tokens > 0 else FAIL, tokens, "count",
+                   want, f"--speculative-config {config} is set but nothing was drafted: the MTP layers or the draft "
+                   "model are missing from the checkpoint, or the method does not match it", "P19",
+                   text=f"drafts +{drafts:g}, draft tokens +{{}}, accepted +{accepted:g}"
+                   + (f"; acceptance per position {rates}" if rates else ""))
+
+
+request_checks = check_vllm_requests
+
+
+# ------------------------------------------------------------ what the other stages and commands ask of vLLM
+
+LINKED_BINARY = False  # vLLM runs on engine.python: the interpreter, not a binary p2pkit built
+NCCL_FLOOR = ("P37", "NCCL before 2.29.3 leaks proxy slots on aarch64 (hangs after 20-55 minutes); the pip wheel and "
+                     "the system library are different builds: install NCCL >= 2.29.3 where the engine loads it and "
+                     "restart it")
+# bench reads vLLM's own counters on /metrics around each request, one at a time
+BENCH = {"accounting": "metrics", "concurrent": False, "reference": None,
+         "says": "vLLM's own: /metrics read around each request (vllm:prompt_tokens_total, "
+                 "vllm:generation_tokens_total, the _sum and _count of vllm:request_prefill_time_seconds, "
+                 "vllm:request_decode_time_seconds and "
+                 "vllm:time_to_first_token_seconds, vllm:spec_decode_num_draft_tokens_total and "
+                 "..._accepted_tokens_total; vllm/v1/metrics/loggers.py, vllm/v1/spec_decode/metrics.py), the "
+                 "response's `usage` beside them"}
+
+
+def build_tools(p) -> tuple[str, ...]:
+    """The commands the engine stage runs to build vLLM: git for a source tree (pip and venv are Python's)."""
+    return ("git",) if p.engine.repo else ()
+
+
+def pins_missing(p) -> list[str]:
+    """The engine's pins this profile leaves empty: the source tree's commit (a wheel is pinned by its ==)."""
+    return ["engine.commit"] if p.engine.repo and len(p.engine.commit) < 7 else []
+
+
+def env(p, level: str | None) -> dict[str, str]:
+    """vLLM's part of its environment file: NCCL's P2P level (P30) and its INFO lines on INIT and NET, where
+    "via NET/IB" is RoCE and "via NET/Socket" the silent TCP fallback (P23)."""
+    out = {"NCCL_P2P_LEVEL": level} if level else {}
+    out.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET")
+    return out
+
+
+def p2p_env_checks(env: dict[str, str]) -> list[Check]:
+    return []
+
+
+def kernel_library(p) -> tuple[str, str]:
+    """Where vLLM's CUDA kernels are (P39): its _C library in the environment engine.python runs."""
+    from pathlib import PurePosixPath
+
+    return str(PurePosixPath(p.engine.python).parent.parent), "**/vllm/_C*.so"
+
+
+def fit_facts(host, p) -> dict:
+    return {}
+
+
+def model_prechecks(p) -> list[Check]:
+    return []
+
+
+def convert_argv(p, host, src: str, tmp: str) -> list[str]:
+    raise ValueError("vLLM serves a Hugging Face model as it is: nothing is converted (model.format = hf)")
+
+
+def first_completion(base: str, p, host, state_dir) -> dict:
+    """The service proof's one real request, with /metrics' vllm: counters around it."""
+    from p2pkit.host import engine_api
+
+    return engine_api.vllm_first_completion(base, served_model(p))
+
+
+# ------------------------------------------------------------ what the built vLLM's --help=all accepts
+
+HELP_CACHE = ".p2pkit-help-all.txt"  # in the environment p2pkit built (through engine.python's prefix link)
+OPTION_LINE = re.compile(r"^ {2}(-[^ ].*?)(?: {2,}|$)")
+
+
+def help_argv(p) -> list[str]:
+    return [binary(p), "-m", MODULE, "--help=all"]
+
+
+def help_flags(text: str) -> set[str]:
+    """The long options vLLM's --help=all lists (argparse's option lines: `  --tensor-parallel-size N, -tp N`,
+    `  --enable-prefix-caching, --no-enable-prefix-caching`), without their dashes."""
+    out = set()
+    for line in text.splitlines():
+        m = OPTION_LINE.match(line)
+        if m:
+            out.update(x[2:] for x in re.findall(r"--[A-Za-z0-9][\w-]*", m.group(1)))
+    return out
+
+
+def help_text(host, p) -> dict:
+    """The built vLLM's --help=all (25-56 s a call on two cores): read once per environment and kept in it
+    (HELP_CACHE, beside the environment p2pkit built: a new build is a new directory, so a new read). {"text",
+    "cached"} or {"error"}."""
+    from p2pkit.core import safefs
+
+    env = host.path(str(PurePosixPath(p.engine.python).parent.parent))
+    cache = env / HELP_CACHE
+    try:
+        return {"text": safefs.read_text(cache), "cached": True}
+    except OSError:
+        pass
+    argv = help_argv(p)
+    r = host.runner.run([str(host.path(argv[0])), *argv[1:]], check=False, timeout=600)
+    if r.returncode != 0 or not help_flags(r.stdout):
+        tail = " | ".join((r.stderr or r.stdout).strip().splitlines()[-3:])
+        return {"error": f"`{' '.join(argv)}` exited {r.returncode}: {tail[-400:]}"}
+    try:
+        safefs.atomic_write(cache, r.stdout.encode())
+    except OSError:
+        pass  # read again next time
+    return {"text": r.stdout, "cached": False}
+
+
+def help_summary(host, p) -> dict:
+    """What the engine stage records of the built vLLM's --help=all: its flags (or why it could not be read)."""
+    got = help_text(host, p)
+    if "error" in got:
+        return got
+    return {"flags": sorted(help_flags(got["text"])), "cached": got["cached"]}
+
+
+def refuse_unaccepted(shown_binary: str, help_text_: str, used: list[str]) -> None:
+    """The serve flags used against what the built vLLM's --help=all lists: an unknown one is refused before a
+    start, not found in the engine's log after it (argparse: "unrecognized arguments")."""
+    known = help_flags(help_text_)
+    unknown_ = sorted(set(used) - known)
+    if not known or unknown_:
+        raise P2pkitError(
+            f"serve flag(s) {', '.join('--' + k for k in unknown_) or '(none listed)'} are not accepted by the built "
+            f"vLLM ({shown_binary} -m {MODULE} --help=all lists {len(known)} options): refused before a start",
+            hint="remove or rename them in serve.flags (`p2pkit --unset serve.flags.NAME ...`), or build the vLLM "
+                 "that has them", code=Exit.USAGE)

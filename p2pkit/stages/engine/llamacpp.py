@@ -23,8 +23,15 @@ from pathlib import Path
 
 from p2pkit.core import safefs
 from p2pkit.core.artifacts import atomic_write
+from p2pkit.core.config import Profile
+from p2pkit.core.errors import Exit, P2pkitError, UsageError
 from p2pkit.host.backup import sha256 as sha256_file
+from p2pkit.parse import build as pb
+from p2pkit.rules.findings import Check, judge
+from p2pkit.stages.engine import cmake
 
+NAME = "llamacpp"
+PKG_MODULES: tuple[str, ...] = ()
 MARKER = ".p2pkit-source.json"
 # after -G Ninja, which the engine role gives (it builds with Ninja)
 BASE_OPTIONS = ("-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_USE_PREBUILT_UI=OFF",
@@ -231,3 +238,112 @@ def unpacked(src: Path) -> dict:
     except (OSError, ValueError):
         return {"path": str(src), "error": f"{src} holds no source p2pkit unpacked ({MARKER} missing)"}
     return {"path": str(src), "sha256": had.get("sha256"), "subdir": had.get("subdir"), "unpacked": False}
+
+
+def checks_out(p: Profile) -> bool:
+    """A git checkout at the pinned commit, unless engine.source_url names an archive pinned by sha256."""
+    return not p.engine.source_url
+
+
+def precheck(p: Profile) -> list[Check]:
+    if p.engine.source_url:
+        out = [judge("engine.source_pin", "engine source archive pinned by sha256", bool(p.engine.source_sha256),
+                     p.engine.source_sha256 or "(no sha256)", "a sha256", "set engine.source_sha256 to the "
+                     "digest of the archive you reviewed; p2pkit never unpacks an unpinned archive")]
+    else:
+        out = [judge("engine.commit", "engine source pinned", len(p.engine.commit) >= 7 and bool(p.engine.repo),
+                     p.engine.commit or "(empty)", "a repository and a commit",
+                     "set engine.repo and engine.commit to the source you reviewed; p2pkit never builds an unpinned "
+                     "engine", pitfall="P09")]
+    return out + _nccl_root(p)
+
+
+def _nccl_root(p: Profile) -> list[Check]:
+    if not p.engine.cuda:  # a CPU build links no NCCL (the cuda check says it is off)
+        return []
+    return [judge("engine.nccl_root", "a pinned NCCL for llama.cpp", bool(p.engine.nccl_root),
+                  p.engine.nccl_root or "(empty)", "a directory", "set engine.nccl_root: the system libnccl "
+                  "2.18.3 hangs at init on SM120", pitfall="P16")]
+
+
+def targets(p: Profile) -> list[str]:
+    return list(p.engine.targets)
+
+
+def toolchain_more(ctx) -> dict:
+    e = ctx.profile.engine
+    return {"nccl": nccl_layout(ctx.host.path(e.nccl_root))} if e.nccl_root else {}
+
+
+def criteria(ctx, out: Path, log: str, cached: dict | None) -> tuple[bool, dict]:
+    """A no-op rebuild still runs llama.cpp's UI-assets step, so Ninja never says "no work to do": its
+    explained dry run is read instead."""
+    p = ctx.profile
+    wanted = tuple(p.engine.targets) or pb.LLAMACPP_TARGETS
+    current = cmake.up_to_date(ctx, out, list(wanted), pb.ninja_current, ("-d", "explain"))
+    return current, pb.llamacpp_criteria(log, cached, current, p.engine.cuda, wanted)
+
+
+def installed_more(ctx, build: Path, libraries: list) -> dict:
+    """With CUDA, what libggml-cuda.so links too: NCCL is linked there, not into llama-server (P16)."""
+    if not ctx.profile.engine.cuda:
+        return {}
+    out = {"nccl_links": {"llama-server": libraries}}
+    ggml = next(iter(sorted(build.rglob("libggml-cuda.so*"))), None)
+    if ggml:
+        out["nccl_links"]["libggml-cuda.so"] = pb.ldd(ctx.host.runner.run(["ldd", str(ggml)], check=False).stdout)
+    return out
+
+
+def result_more(b: dict, p: Profile) -> list[Check]:
+    """P16: every library that links NCCL links the profile's."""
+    out = []
+    for target, lst in b.get("nccl_links", {}).items():
+        nccl = [x["path"] for x in lst if x["name"].startswith("libnccl")]
+        ok = bool(nccl) and all(n and cmake.under(n, p.engine.nccl_root) for n in nccl)
+        out.append(judge(f"engine.nccl.{target}", f"{target} links the profile's NCCL", ok,
+                         ", ".join(n or "not found" for n in nccl) or "no libnccl", f"under {p.engine.nccl_root}",
+                         "the system libnccl (2.18.3) hangs at init on SM120: rebuild with NCCL_ROOT and RUNPATH "
+                         "set to the profile's NCCL", pitfall="P16"))
+    return out
+
+
+def offline(ctx, dest: Path) -> dict:
+    """`p2pkit pin --engine-offline FILE`: the pinned archive (downloaded into the cache once, its sha256 checked
+    against the pin before a byte is read), packed for a machine without network at `dest`."""
+    e = ctx.profile.engine
+    if not e.source_url:
+        raise UsageError(f"--engine-offline packs llama.cpp's source archive, and {ctx.profile.name} builds from a "
+                         "git checkout (engine.source_url is empty)",
+                         hint="use a profile whose engine.source_url names an archive (dual-5090-llamacpp)")
+    if not e.source_sha256:
+        raise UsageError("engine.source_sha256 is empty: p2pkit packs only a pinned archive",
+                         hint="pin the archive you reviewed first (engine.source_sha256)")
+    cache = Path(ctx.profile.driver.cache_dir)
+    cache.mkdir(parents=True, exist_ok=True)
+    got = fetch(ctx, cache / "fetch.log")
+    if "error" in got:
+        raise P2pkitError(got["error"], code=Exit.CHECK_FAILED,
+                          hint=f"check the network (or put the pinned archive in {cache}); nothing was written")
+    try:
+        packed = pack(Path(got["archive"]), e.source_subdir, dest)
+    except (ValueError, OSError) as err:
+        raise P2pkitError(f"packing {got['archive']} failed: {err}", code=Exit.CHECK_FAILED,
+                          hint="check engine.source_subdir and the free space beside " + str(dest)) from err
+    return {**packed, "from": e.source_url, "from_sha256": got["sha256"]}
+
+
+def build(ctx) -> dict:
+    return cmake.build(ctx)
+
+
+def measure(ctx, built: dict | None) -> dict:
+    return cmake.measure(ctx, built)
+
+
+def check(b: dict, p: Profile) -> list[Check]:
+    return cmake.check(b, p)
+
+
+def reproved(recorded: dict, now: dict | None, p: Profile) -> list[Check]:
+    return cmake.reproved(recorded, now, p)

@@ -14,6 +14,7 @@ from p2pkit.core.output import follow_cmd
 from p2pkit.host import model as hm
 from p2pkit.host import system
 from p2pkit.parse import artifact as pa
+from p2pkit.rules import engine_cmd
 from p2pkit.rules.engine_cmd import binary
 
 HEADROOM = 1.10
@@ -26,17 +27,8 @@ def source_ok(src: dict) -> bool:
 
 
 def convert_argv(ctx, src: str, tmp: str) -> list[str]:
-    p, host = ctx.profile, ctx.host
-    m = p.model
-    if p.engine.recipe == "ninfer":
-        argv = [p.engine.python, "-m", "tools.convert", "--recipe", m.convert_recipe, "--source",
-                f"quantized={src}"]
-        if "dflash2" in m.components and m.draft_source:
-            argv += ["--source", f"dflash2={host.path(m.draft_source)}"]
-        return [*argv, "--components", ",".join(m.components), "--proposal", "--out", tmp]
-    # llama.cpp's converter run as a module from its source root (P08): it finds its `conversion`
-    # package and gguf-py beside it; it writes exactly --outfile, the temporary name
-    return [p.engine.python, "-m", "convert_hf_to_gguf", src, "--outfile", tmp, "--outtype", "bf16"]
+    """The engine's own converter, run as a module from its source root (P08), writing exactly `tmp`."""
+    return engine_cmd.engine(ctx.profile).convert_argv(ctx.profile, ctx.host, src, tmp)
 
 
 def verify_file(ctx, path: Path) -> dict:

@@ -4,6 +4,7 @@ engine that was built can read it (P08, P09)."""
 from __future__ import annotations
 
 from p2pkit.core.config import Profile
+from p2pkit.rules import engine_cmd
 from p2pkit.rules.engines import ninfer
 from p2pkit.rules.findings import (
     FAIL,
@@ -29,10 +30,7 @@ def precheck(p: Profile) -> list[Check]:
     out = [judge("model.paths", "model source and output set", bool(p.model.source and p.model.output),
                  f"{p.model.source or '(no source)'} -> {p.model.output or '(no output)'}", "both set",
                  "set model.source (an HF-format directory) and model.output")]
-    if p.engine.recipe == "ninfer":
-        out.append(judge("model.convert_recipe", "NInfer convert recipe set", bool(p.model.convert_recipe),
-                         p.model.convert_recipe or "(empty)", "a recipe", "set model.convert_recipe"))
-    return out
+    return out + engine_cmd.engine(p).model_prechecks(p)
 
 
 @reads("storage", given=("model_build",))

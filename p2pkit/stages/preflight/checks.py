@@ -5,6 +5,7 @@ from __future__ import annotations
 from p2pkit.core.config import Profile
 from p2pkit.core.role_defaults import role_default
 from p2pkit.parse.system import kernel_tuple
+from p2pkit.rules import engine_cmd
 from p2pkit.rules.findings import FAIL, PASS, WARN, Check, failed, figure, judge, reading, reads, show, unknown
 
 GIB = 1 << 30
@@ -41,12 +42,7 @@ def missing_pins(p: Profile) -> list[str]:
         out.append("driver.installer_sha256")
     if len(p.p2p_module.commit) < 7:
         out.append("p2p_module.commit")
-    if p.engine.recipe == "llamacpp" and p.engine.source_url:
-        if not p.engine.source_sha256:
-            out.append("engine.source_sha256")
-    elif p.engine.recipe in BUILT_ENGINES and len(p.engine.commit) < 7:
-        out.append("engine.commit")
-    return out
+    return out + engine_cmd.engine(p).pins_missing(p)
 
 
 def pin_command(p: Profile, keys: list[str]) -> str:
@@ -85,12 +81,12 @@ TOOL_NEEDS = {
     "git": ("engine: the pinned source", "git"),
     "c++": ("engine: the C++ compiler", "g++"),
 }
-BUILT_ENGINES = ("ninfer", "llamacpp")
 
 
 def needed_tools(p: Profile) -> list[str]:
-    built = p.engine.recipe in BUILT_ENGINES
-    return [t for t in TOOL_NEEDS if built or TOOL_NEEDS[t][0].split(":")[0] != "engine"]
+    """Every tool a later stage runs: the engine's only where its recipe builds with it."""
+    engine = engine_cmd.engine(p).build_tools(p)
+    return [t for t in TOOL_NEEDS if t in engine or TOOL_NEEDS[t][0].split(":")[0] != "engine"]
 
 
 def _tools(f, p) -> Check:

@@ -17,7 +17,7 @@ from p2pkit.core.artifacts import CorruptArtifact
 from p2pkit.core.breaks import lines
 from p2pkit.core.errors import P2pkitError
 from p2pkit.core.runner import own_executable
-from p2pkit.host import Host, access, engine_api, launcher, nvml, system
+from p2pkit.host import Host, access, launcher, nvml, system
 from p2pkit.parse import nccl
 from p2pkit.rules import engine_cmd, engine_env
 from p2pkit.stages.service import fit
@@ -120,9 +120,14 @@ def flags_accepted(ctx) -> list[str]:
     if not exe.is_file():
         raise P2pkitError(f"{engine_cmd.binary(p)} does not exist, so the service was not started",
                           hint="run the engine stage first: `p2pkit up --from engine`")
-    r = ctx.host.runner.run([str(exe), "--help"], check=False, timeout=60)
+    engine = engine_cmd.engine(p)
+    got = engine.help_text(ctx.host, p)
+    if "error" in got:
+        raise P2pkitError(f"the built engine's flags could not be read, so the service was not started: {got['error']}",
+                          hint="run the command it names by hand and read its error; `p2pkit up --from engine` "
+                               "proves the build again")
     used = [k for k, v in engine_cmd.flags_of(p).items() if v is not False and v is not None]
-    engine_cmd.engine(p).refuse_unaccepted(engine_cmd.binary(p), r.stdout + r.stderr, used)
+    engine.refuse_unaccepted(engine_cmd.binary(p), got["text"], used)
     return sorted(used)
 
 
@@ -464,13 +469,8 @@ def nccl_transports(lines: list[str]) -> list[str]:
 def first_completion(ctx) -> dict:
     """One real request with the engine's own counters around it (P19): llama-server's response and
     /metrics, vLLM's /metrics, NInfer's request log."""
-    p, base = ctx.profile, engine_cmd.base_url(ctx.profile)
-    if p.engine.recipe == "vllm":
-        return engine_api.vllm_first_completion(base, engine_cmd.served_model(p))
-    if p.engine.recipe == "ninfer":
-        return engine_api.ninfer_first_completion(base, engine_cmd.served_model(p),
-                                                  engine_cmd.request_log(p, ctx.host, ctx.store.dir))
-    return engine_api.first_completion(base)
+    p = ctx.profile
+    return engine_cmd.engine(p).first_completion(engine_cmd.base_url(p), p, ctx.host, ctx.store.dir)
 
 
 def measure(ctx, acted: dict | None = None) -> dict:

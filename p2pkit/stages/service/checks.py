@@ -8,7 +8,6 @@ from p2pkit.parse import field as pf
 from p2pkit.parse import nccl
 from p2pkit.rules import engine_cmd
 from p2pkit.rules import engine_env as ee
-from p2pkit.rules.engines import llamacpp
 from p2pkit.rules.findings import (
     FAIL,
     PASS,
@@ -352,170 +351,6 @@ def nccl_local(n: dict) -> Check:
                   + f"; {about}; between local GPUs: {', '.join(n['local'])}", expected_context=f"({want})")
 
 
-def _spec(s: dict, p: Profile) -> list[Check]:
-    """P19 from each engine's own counters around the one real request: llama-server's response and
-    /metrics, vLLM's spec-decode counters, NInfer's request log."""
-    by_recipe = {"llamacpp": check_llamacpp_requests, "vllm": check_vllm_requests, "ninfer": check_ninfer_requests}
-    return by_recipe[p.engine.recipe](s, p) if p.engine.recipe in by_recipe else []
-
-
-SPEC_TITLE = "speculative decoding is really running"
-
-
-def first_completion(fc: dict, s: dict, generated: int, shown: str, hint: str) -> tuple[bool, Check]:
-    """The one real request after /health 200 (P19): answered with generated tokens, the server still
-    running; `shown` says what it generated (the count at its first {}), a failure says the answer and
-    the log's last lines."""
-    ok = fc.get("status") == 200 and generated > 0 and fc.get("alive_after", True)
-    tail = " | ".join(s.get("log_tail", [])[-5:])
-    failed_text = (f"HTTP {fc.get('status')}: {str(fc.get('error', ''))[:160]}; alive after: "
-                   f"{fc.get('alive_after')}; last log lines: {tail}")
-    # the figure: the tokens generated (a failure's text is the server's answer, with no number of its own)
-    return ok, reading("service.first_completion", "one real completion after /health 200", PASS if ok else FAIL,
-                       generated if ok else None, "count", "HTTP 200 with generated tokens, the server still running",
-                       hint, "P19", text=shown, missing=failed_text)
-
-
-def _openai_first(fc: dict, s: dict, engine: str) -> Check:
-    """vLLM and NInfer: the one real request answered with generated tokens, the server still running."""
-    u = fc.get("usage") or {}
-    return first_completion(fc, s, u.get("completion_tokens") or 0,
-                            f"{{}} tokens (usage), {fc.get('client_seconds')} s at the client",
-                            f"{engine} said healthy but failed its first decode: read `p2pkit serve logs`")[1]
-
-
-def check_vllm_requests(s: dict, p: Profile) -> list[Check]:
-    """vLLM: one real completion once /health is 200, and with a speculative-config its spec-decode
-    counters (vllm:spec_decode_num_drafts, _num_draft_tokens, _num_accepted_tokens, and the accepted
-    tokens per position) must have grown over it (P19)."""
-    fc = s.get("first_completion")
-    if fc is None:
-        return []
-    out = [_openai_first(fc, s, "vLLM")]
-    config = engine_cmd.drafting(p)
-    if config is not None:
-        out.append(vllm_spec_running(fc, config))
-    return out
-
-
-def vllm_spec_running(fc: dict, config: str) -> Check:
-    """P19 on vLLM from its own counters' deltas over one request: drafts made (zero drafts with a
-    speculative config set is speculative decoding not running), and the acceptance per draft
-    position (accepted at that position / drafts)."""
-    want = "vllm:spec_decode_num_drafts and _num_draft_tokens growing"
-    if fc.get("metrics_status") != 200:
-        return Check("service.spec_running", SPEC_TITLE, FAIL, f"/metrics answered {fc.get('metrics_status')}",
-                     want, "vLLM's API server serves /metrics unless something in front of it hides it: read the "
-                     "counters at the engine's own port", "P19")
-    d = fc.get("metrics_delta") or {}
-    if "spec_decode_num_drafts_total" not in d:
-        return Check("service.spec_running", SPEC_TITLE, FAIL, "no vllm:spec_decode_* counters in /metrics", want,
-                     f"vLLM registers the spec-decode counters only when a speculative config is in force: "
-                     f"--speculative-config {config} did not take (read the start-up log for the config it "
-                     "printed)", "P19")
-    drafts = d.get("spec_decode_num_drafts_total", 0)
-    tokens = d.get("spec_decode_num_draft_tokens_total", 0)
-    accepted = d.get("spec_decode_num_accepted_tokens_total", 0)
-    per = fc.get("accepted_per_pos_delta") or {}
-    rates = ", ".join(f"{per[k] / drafts:.2f}" for k in sorted(per, key=int)) if drafts else ""
-    # the figure: the draft tokens made over the request (the drafts and acceptances stay in the text)
-    return reading("service.spec_running", SPEC_TITLE, PASS if drafts > 0 and tokens > 0 else FAIL, tokens, "count",
-                   want, f"--speculative-config {config} is set but nothing was drafted: the MTP layers or the draft "
-                   "model are missing from the checkpoint, or the method does not match it", "P19",
-                   text=f"drafts +{drafts:g}, draft tokens +{{}}, accepted +{accepted:g}"
-                   + (f"; acceptance per position {rates}" if rates else ""))
-
-
-def check_ninfer_requests(s: dict, p: Profile) -> list[Check]:
-    """NInfer: one real completion once /health is 200, and with --spec the `speculative` block of its
-    request log's `request_done` line must show drafted tokens (P19)."""
-    fc = s.get("first_completion")
-    if fc is None:
-        return []
-    out = [_openai_first(fc, s, "NInfer")]
-    spec = engine_cmd.drafting(p)
-    if spec:
-        out.append(ninfer_spec_running(fc, spec))
-    return out
-
-
-def ninfer_spec_running(fc: dict, spec: str) -> Check:
-    """P19 on NInfer from its JSONL request log (src/serve/request_log.cpp, the `speculative` block of
-    `request_done`: backend, rounds, drafted_tokens, accepted_tokens, accepted_per_position)."""
-    want = f"request_done with speculative.backend {spec} and drafted tokens"
-    if fc.get("request_log") is None:
-        return Check("service.spec_running", SPEC_TITLE, FAIL, "the engine keeps no request log", want,
-                     'set serve.flags.request-log-jsonl = "requests.jsonl" (the built-in profile does): NInfer '
-                     "counts drafts only there, and nothing else proves drafting", "P19")
-    done = [e for e in fc.get("log_events", []) if e.get("event") == "request_done"]
-    if not done:
-        return Check("service.spec_running", SPEC_TITLE, FAIL, f"no request_done line in {fc['request_log']} "
-                     "for the request", want, "the request log did not record the request: check that the engine "
-                     "writes where serve.flags.request-log-jsonl says (relative to its working directory)", "P19")
-    sp = done[-1].get("speculative") or {}
-    drafted, accepted, rounds = (sp.get("drafted_tokens") or 0), (sp.get("accepted_tokens") or 0), sp.get("rounds")
-    per = sp.get("accepted_per_position") or []
-    rates = ", ".join(f"{n / rounds:.2f}" for n in per) if rounds else ""
-    # the figure: the tokens drafted for the request (rounds and acceptances stay in the text)
-    return reading("service.spec_running", SPEC_TITLE, PASS if sp.get("backend") not in (None, "none") and drafted > 0
-                   else FAIL, drafted, "count", want, f"--spec {spec} is set but NInfer drafted nothing: the "
-                   "artifact lacks the draft components (convert it with the draft head), or the engine ignored the "
-                   "method", "P19", text=f"backend {sp.get('backend')}, rounds {rounds}, drafted {{}}, accepted "
-                   f"{accepted}" + (f"; acceptance per position {rates}" if rates else ""))
-
-
-def check_llamacpp_requests(s: dict, p: Profile) -> list[Check]:
-    """llama-server: one real completion once /health is 200 (MTP under tensor split can crash at the
-    first decode with /health already 200), and with a speculative type the draft counts of that
-    response and of /metrics' spec_decode counters must have grown (P19). `-md` alone leaves
-    drafting off and the start-up log does not say either way: only the counters tell."""
-    spec = engine_cmd.drafting(p)
-    fc = s.get("first_completion")
-    if fc is None:
-        return []  # /health never answered 200: the health check already failed
-    t = fc.get("timings") or {}
-    ok, first = first_completion(
-        fc, s, t.get("predicted_n") or 0, f"{{}} tokens in {t.get('predicted_ms', 0):.1f} ms (server timings)",
-        "the server said healthy but failed its first decode: read `p2pkit serve logs` (with "
-        "MTP under --split-mode tensor this is the known crash; try --split-mode layer or another KV type)")
-    out = [first]
-    if not spec:
-        return out
-    if "total_slots" in fc:
-        out.append(running_slots(fc["total_slots"], llamacpp.slots(p.serve.flags)))
-    if fc.get("metrics_status") != 200:
-        out.append(Check("service.spec_running", "speculative decoding is really running", FAIL,
-                         f"/metrics answered {fc.get('metrics_status')}", "spec_decode counters growing",
-                         "start llama-server with --metrics (serve.flags.metrics = true): without it /metrics "
-                         "answers 501 and nothing proves drafting", "P19"))
-        return out
-    d = fc.get("metrics_delta", {})
-    drafted = d.get("spec_decode_num_draft_tokens_total", 0)
-    accepted = d.get("spec_decode_num_accepted_tokens_total", 0)
-    ok = ok and (t.get("draft_n") or 0) > 0 and drafted > 0
-    # the figure: the draft tokens /metrics counted over the request (the response's own counts stay in the text)
-    out.append(reading("service.spec_running", "speculative decoding is really running", PASS if ok else FAIL,
-                       drafted, "count", "draft tokens in the response and in /metrics",
-                       f"--spec-type {spec} is set but nothing was drafted: the draft model or the MTP layers are "
-                       "missing (`-md` alone leaves drafting off; the model stage checks the nextn layers)", "P19",
-                       text=f"response draft_n {t.get('draft_n', 0)}, accepted {t.get('draft_n_accepted', 0)}; "
-                       f"/metrics spec_decode_num_draft_tokens_total +{{}}, accepted_tokens_total +{accepted:g}"))
-    return out
-
-
-def running_slots(n: int | dict, flag) -> Check:
-    """P20 on the running llama-server: its slots as /props says (an omitted --parallel is its automatic
-    default, not 1)."""
-    title = "the running server drafts for one slot"
-    given = f"--parallel {flag}" if flag is not None else "--parallel omitted (auto)"
-    if not isinstance(n, int):
-        return unknown("service.spec_slots_running", title, n, 1, needed=False, pitfall="P20")
-    return figure("service.spec_slots_running", title, n, "==", 1, "count",
-                  "MTP only pays at one concurrent slot: set serve.flags.parallel = 1 and "
-                  "`p2pkit up --from service --force`", pitfall="P20", severity=WARN,
-                  context=f"/props total_slots, {given}")
-
-
 def _user_access(u: dict | None) -> list[Check]:
     if not u:
         return []
@@ -530,6 +365,11 @@ def _user_access(u: dict | None) -> list[Check]:
 
 
 # ---------------------------------------------------------------- field pitfalls (shared/PITFALLS.md)
+
+
+def _spec(s: dict, p: Profile) -> list[Check]:
+    """P19 from the engine's own counters around the one real request (its engine module judges them)."""
+    return engine_cmd.engine(p).request_checks(s, p)
 
 
 def relation(f: dict) -> str | None:
@@ -579,25 +419,16 @@ def nccl_p2p_level(f: dict, p: Profile) -> list[Check]:
                      f">= {pf.SMI_TO_NCCL.get(rel, rel)}", "P2P is proven on the hardware but the engine's NCCL is "
                      "told not to use it: remove it from [serve.env] (keep NCCL_P2P_DISABLE=1 only for an A/B run)",
                      pitfall="P17"))
-    if p.engine.recipe == "llamacpp":
-        out.append(judge("field.ggml_cuda_p2p", "llama.cpp enables peer access (GGML_CUDA_P2P)",
-                         env.get("GGML_CUDA_P2P", "") not in ("", "0"), env.get("GGML_CUDA_P2P", "(unset)"), "set",
-                         "llama.cpp enables peer access outside NCCL only when GGML_CUDA_P2P is set "
-                         "(ggml-cuda.cu): `p2pkit up --from service --force` writes it", pitfall="P17"))
-    return out
+    return out + engine_cmd.engine(p).p2p_env_checks(env)
 
 
 def floor_check(id_: str, title: str, found: list[tuple[str, str | None]], p: Profile) -> Check:
-    pit = "P16" if p.engine.recipe == "llamacpp" else "P37"
+    pit, hint = engine_cmd.engine(p).NCCL_FLOOR
     floor = pf.version_tuple(p.engine.nccl_min)
     low = any(v is None or pf.version_tuple(v) < floor for _, v in found)
     measured = "; ".join(f"{path} {v or 'version unknown'}" for path, v in found)
-    return judge(id_, title, bool(found) and not low, measured or "no libnccl", f">= {p.engine.nccl_min}",
-                 ("NCCL 2.25.1 fails on the 5090 (ncclMaxSharedMem ... exceeds) and 2.18.3 hangs on SM120: point "
-                  "engine.nccl_root at NCCL >= 2.26.2" if pit == "P16" else
-                  "NCCL before 2.29.3 leaks proxy slots on aarch64 (hangs after 20-55 minutes); the pip wheel and "
-                  "the system library are different builds: install NCCL >= 2.29.3 where the engine loads it "
-                  "and restart it"), pitfall=pit)
+    return judge(id_, title, bool(found) and not low, measured or "no libnccl", f">= {p.engine.nccl_min}", hint,
+                 pitfall=pit)
 
 
 @reads("profile_nccl", "engine_nccl")

@@ -44,7 +44,9 @@ options:
     type: str
     default: ""
   files:
-    description: Entries with path, and content (a file) or state=directory, mode, owner, group (names or ids).
+    description:
+      - Entries with path, and content (a file) or state=directory, mode, owner, group (names or ids); or link
+        (a symbolic link to that target, switched atomically; anything there that is not a link is refused).
     type: list
     elements: dict
     default: []
@@ -132,6 +134,33 @@ def _file(path: str, entry: dict, check: bool) -> bool:
             os.fsync(fh.fileno())
         os.chmod(tmp, mode)
         os.chown(tmp, uid, gid)
+        os.rename(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return True
+
+
+def _link(path: str, entry: dict, check: bool) -> bool:
+    """A symbolic link at path to entry["link"], made or switched atomically (a new link renamed over the old:
+    a reader sees the old target or the new one, never none). Anything at path that is not a link is refused,
+    never replaced."""
+    target = entry["link"]
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISLNK(st.st_mode):
+        raise ValueError(f"{path} exists and is not a link: p2pkit replaces only a link it made")
+    if st is not None and os.readlink(path) == target:
+        return False
+    if check:
+        return True
+    tmp = os.path.join(os.path.dirname(path), f".p2pkit-link-{os.getpid()}")
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    os.symlink(target, tmp)
+    try:
         os.rename(tmp, path)
     except BaseException:
         os.unlink(tmp)
@@ -252,6 +281,8 @@ def main() -> None:
         try:
             if entry.get("state") == "directory":
                 done = _directory(path, entry, check_mode)
+            elif "link" in entry:
+                done = _link(path, entry, check_mode)
             else:
                 done = _file(path, entry, check_mode)
         except (OSError, KeyError, ValueError) as e:
