@@ -59,7 +59,9 @@ def test_engine_recipe_must_be_one_p2pkit_has(recipe, status):
 
 
 @pytest.mark.parametrize("p,ids", [
-    (SPARK, ["engine.recipe"]),  # vLLM is not built: its environment is proven instead
+    # vLLM: a source tree at a commit, or a pinned wheel; either way engine.python's prefix p2pkit builds beside
+    (SPARK, ["engine.recipe", "engine.vllm_source_pin", "engine.commit", "engine.python_prefix"]),
+    (config.load("vllm-cpu"), ["engine.recipe", "engine.vllm_source_pin", "engine.python_prefix"]),
     (LLAMA, ["engine.recipe", "engine.source_pin", "engine.nccl_root"]),
     (eng(LLAMA, cuda=False), ["engine.recipe", "engine.source_pin"]),
     (LLAMA_GIT, ["engine.recipe", "engine.commit", "engine.nccl_root"]),
@@ -67,7 +69,7 @@ def test_engine_recipe_must_be_one_p2pkit_has(recipe, status):
     # an archive is llama.cpp's way only: NInfer is still pinned by its commit
     (eng(NINFER, source_url="https://example.org/ninfer.tar.gz"),
      ["engine.recipe", "engine.commit", "engine.cuda_arch"]),
-], ids=["vllm", "llamacpp-archive", "llamacpp-cpu", "llamacpp-git", "ninfer", "ninfer-with-source-url"])
+], ids=["vllm", "vllm-wheel", "llamacpp-archive", "llamacpp-cpu", "llamacpp-git", "ninfer", "ninfer-with-source-url"])
 def test_precheck_judges_what_each_recipe_needs(p, ids):
     assert [c.id for c in checks.precheck(p)] == ids
 
@@ -152,10 +154,11 @@ def test_doctor_builds_nothing_so_the_build_is_skipped():
     assert (cs[-1].status, cs[-1].measured) == (SKIP, "not measured here: doctor builds nothing")
 
 
-def test_vllm_is_judged_from_its_environment_not_from_a_build():
+def test_vllm_is_judged_from_what_its_environment_holds():
     cs = checks.check({"engine_build": {"vllm_env": {}, "vllm_tree": None}}, SPARK)
-    assert [c.id for c in cs] == ["engine.recipe", "engine.vllm"]
-    assert (cs[1].status, cs[1].measured) == (FAIL, "could not determine: not probed")
+    assert [c.id for c in cs] == ["engine.recipe", "engine.vllm_source_pin", "engine.commit", "engine.python_prefix",
+                                  "engine.vllm"]
+    assert (cs[-1].status, cs[-1].measured) == (FAIL, "could not determine: not probed")
 
 
 PKG_MISSING = "Package libavformat was not found in the pkg-config search path."

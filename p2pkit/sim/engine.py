@@ -29,7 +29,7 @@ VLLM_SERVE_FLAGS = frozenset({
     "master-addr", "master-port", "distributed-executor-backend", "headless", "max-model-len", "max-num-seqs",
     "gpu-memory-utilization", "no-enable-prefix-caching", "enable-chunked-prefill", "max-num-batched-tokens",
     "long-prefill-token-threshold", "enforce-eager", "enable-auto-tool-choice", "tool-call-parser",
-    "reasoning-parser", "speculative-config", "kv-cache-dtype",
+    "reasoning-parser", "speculative-config", "kv-cache-dtype", "dtype",
 })
 
 LOAD_SECONDS = float(os.environ.get("P2PKIT_SIM_LOAD_SECONDS", "1.5"))
@@ -149,7 +149,20 @@ VLLM_BOOL = {"headless", "enforce-eager", "no-enable-prefix-caching", "enable-ch
              "enable-auto-tool-choice"}
 
 
+def vllm_help() -> str:
+    """The simulated server's `--help=all`: argparse's option lines (`  --name NAME` for a value, `  --name` for a
+    switch, two spaces and the description), as vLLM 0.32.0's prints them, for the simulator's own flags."""
+    lines = ["usage: api_server.py [-h] [options]  (SIMULATED vLLM)", "", "options:"]
+    for name in sorted({*VLLM_SERVE_FLAGS, "model"}):
+        arg = "" if name in VLLM_BOOL else " " + name.upper().replace("-", "_")
+        lines.append(f"  --{name}{arg}  (SIMULATED)")
+    return "\n".join(lines) + "\n"
+
+
 def parse_vllm(argv: list[str]) -> dict:
+    if "--help=all" in argv or "--help" in argv:
+        print(vllm_help(), end="")
+        raise SystemExit(0)
     flags, it = {}, iter(argv)
     for a in it:
         name = a[2:] if a.startswith("--") else None

@@ -36,14 +36,14 @@ def init(root: Path, state: dict) -> None:
                                                             "libswscale", "libcurl")))
     state["profile"] = str(provision.write_profile(root, state["profile"], installer, sha, fork, commit,
                                                    driver_version, engine,
-                                                   vllm_patched=state.get("vllm_sm121_patch", True)))
+                                                   vllm_patched=state.get("vllm_sm121_patch", True),
+                                                   vllm_sass=tuple(state.get("vllm_sass", ("sm_120a", "sm_121a")))))
 
     prof = config.load(state["profile"])
-    if prof.engine.recipe == "vllm":
-        provision.make_vllm(root, state.get("flashinfer_version", "0.6.18"), prof.engine.commit,
-                            tuple(state.get("vllm_sass", ("sm_120a", "sm_121a"))))
-        # the running vLLM maps the NCCL of its venv's wheel (its workers run NCCL; P37)
-        state.setdefault("engine_nccl", [f"/opt/vllm/lib/{provision.VLLM_NCCL}"])
+    if prof.engine.recipe == "vllm" and not prof.engine.package:
+        provision.make_vllm_wheels(root, prof.engine.wheels, state.get("flashinfer_version", "0.6.18"))
+        # the running vLLM maps the NCCL of its environment's wheel (its workers run NCCL; P37)
+        state.setdefault("engine_nccl", [f"{provision.engine_site(prof.engine.python)}/{provision.VLLM_NCCL}"])
     if prof.model.source:
         provision.make_hf_model(root, prof.model.source)
     for d in prof.model.nvme_paths:  # the n-gram table's local copy (SIMULATED: a few bytes)

@@ -114,7 +114,8 @@ def make_headers(root: Path, kernel: str, split: bool = False) -> None:
 
 
 def write_profile(root: Path, base: str, installer: Path, sha: str, fork: Path, commit: str,
-                  driver_version: str, engine: tuple[Path, str] | None = None, vllm_patched: bool = True) -> Path:
+                  driver_version: str, engine: tuple[Path, str] | None = None, vllm_patched: bool = True,
+                  vllm_sass: tuple[str, ...] = ("sm_120a", "sm_121a")) -> Path:
     text = (config.builtin_path(base)).read_text()
     data = tomllib.loads(text)
     data["driver"].update(version=driver_version, installer_url=f"file://{installer}", installer_sha256=sha)
@@ -124,10 +125,12 @@ def write_profile(root: Path, base: str, installer: Path, sha: str, fork: Path, 
     data["p2p_module"].update(repo=f"file://{fork}", branch=driver_version + ("-p2p" if patched else ""),
                               commit=commit)
     data["profile"]["description"] = "SIMULATED host: " + data["profile"]["description"]
-    if data["engine"]["recipe"] == "vllm":
-        tree = make_vllm_tree(root, data["engine"]["build_dir"], data["engine"].get("branch", ""),
-                              patched=vllm_patched)
-        data["engine"].update(repo="", commit=tree, python="/opt/vllm/bin/python")
+    if data["engine"]["recipe"] == "vllm" and not data["engine"].get("package"):
+        # the PR branch's repository at its commit (the engine role clones it into build_dir), the patch in it or
+        # not (the scenario's choice); the wheel cache is filled by lifecycle.init
+        repo, commit = make_vllm_tree(root, data["engine"]["build_dir"], data["engine"].get("branch", ""),
+                                      patched=vllm_patched, sass=vllm_sass)
+        data["engine"].update(repo=f"file://{repo}", commit=commit, python="/opt/vllm/bin/python", requirements=[])
         flags = data["serve"].setdefault("flags", {})
         flags.update({"master-addr": "127.0.0.1", "master-port": free_port()})
         data["serve"]["health_timeout_s"] = 120.0
@@ -220,13 +223,6 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-VLLM_COMMIT = hashlib.sha1(b"SIMULATED vLLM release/qwen38next (PR #53896) with the sm_121 patch").hexdigest()
-VLLM_WRAPPER = """#!/bin/sh
-# SIMULATED vLLM environment: this machine's Python with the simulated packages first on the path.
-PYTHONPATH={lib} exec {python} "$@"
-"""
-
-
 VLLM_CMAKELISTS = """# SIMULATED vLLM tree: the arch-list lines of vLLM's CMakeLists.txt (tests/fixtures/vllm, real
 # format) as seed 004's sm_121 patch leaves them: 12.1 added to the four lists (P21).
 set(CUDA_SUPPORTED_ARCHS "7.5;8.0;8.6;8.7;8.9;9.0;10.0;10.1;10.3;12.0;12.1")
@@ -241,53 +237,94 @@ NVFP4_UTILS = """// SIMULATED: the sm_121 patch's software E2M1 conversion (GB10
 """
 
 
-def make_vllm_tree(root: Path, tree: str, branch: str, patched: bool = True) -> str:
-    """The SIMULATED source tree vLLM was built from: a real git checkout on the PR branch, with (or
-    without) the sm_121 patch. Returns its commit."""
-    work = root / tree.lstrip("/")
+SIM_PYPROJECT = """# SIMULATED vLLM tree: built by its own backend (sim_backend.py), as setup.py builds the real one
+[build-system]
+requires = []
+build-backend = "sim_backend"
+backend-path = ["."]
+
+[project]
+name = "vllm"
+dynamic = ["version"]
+"""
+
+
+def make_vllm_tree(root: Path, tree: str, branch: str, patched: bool = True,
+                   sass: tuple[str, ...] = ("sm_120a", "sm_121a")) -> tuple[Path, str]:
+    """The SIMULATED source tree of vLLM's PR branch: a real git repository (with or without the sm_121 patch's two
+    files) the engine role clones into `tree` at the commit, and pip builds into the engine's environment: the
+    `vllm` package whose api_server is sim.engine's vLLM, and its compiled kernels (the stand-in cuobjdump lists
+    `sass`, P39). Returns the repository and its commit."""
+    work = root / ".p2pkit-sim/git/vllm-work"
     cuh = work / "csrc/libtorch_stable/quantization/fp4/nvfp4_utils.cuh"
     cuh.parent.mkdir(parents=True, exist_ok=True)
     cml = VLLM_CMAKELISTS if patched else VLLM_CMAKELISTS.replace(";12.1a", "").replace(";12.1", "")
     (work / "CMakeLists.txt").write_text(cml)
     cuh.write_text(NVFP4_UTILS if patched else "// SIMULATED: no sm_121 patch\n")
+    (work / "pyproject.toml").write_text(SIM_PYPROJECT)
+    (work / "sim_backend.py").write_text((Path(__file__).parent / "vllm_backend.py").read_text())
+    api = work / "vllm/entrypoints/openai"
+    api.mkdir(parents=True, exist_ok=True)
+    (work / "vllm/__init__.py").write_text("# SIMULATED vLLM\n__version__ = '@VERSION@'\n")
+    (work / "vllm/config.py").write_text("# SIMULATED vLLM: its config module imports\n")
+    (work / "vllm/entrypoints/__init__.py").write_text("")
+    (api / "__init__.py").write_text("")
+    import sysconfig
+
+    # the simulated server is p2pkit's sim.engine: its tree and the packages it imports (those of the Python that
+    # laid the host out) after the environment's own
+    paths = [P2PKIT_TREE, sysconfig.get_paths()["purelib"]]
+    (api / "api_server.py").write_text(f"# SIMULATED\nimport sys\nsys.path.extend({paths!r})\n"
+                                       "from p2pkit.sim.engine import vllm_main\n\n"
+                                       "if __name__ == '__main__':\n    vllm_main()\n")
+    (work / "vllm/_C.abi3.so").write_text("SIMULATED vLLM kernels\n" + "".join(f"sass={a}\n" for a in sass))
+    (work / ".gitignore").write_text("build/\n__pycache__/\n")
     _git(work, "init", "-q", "-b", branch or "main")
     _git(work, "add", "-A")
     _git(work, "commit", "-q", "-m", "SIMULATED vLLM PR #53896" + (" with the sm_121 patch" if patched else ""))
-    return _git(work, "rev-parse", "HEAD")
+    return work, _git(work, "rev-parse", "HEAD")
 
 
 VLLM_NCCL, VLLM_NCCL_VERSION = "nvidia/nccl/lib/libnccl.so.2", "2.29.3"
 
 
-def make_vllm(root: Path, flashinfer: str = "0.6.18", commit: str = "",
-              sass: tuple[str, ...] = ("sm_120a", "sm_121a")) -> None:
-    """A SIMULATED Python environment at /opt/vllm: `vllm` (whose api_server is sim.engine's vLLM),
-    and flashinfer-python at the given version, both with dist-info metadata like pip leaves."""
-    env = root / "opt/vllm"
-    lib = env / "lib"
-    version = f"0.11.1.dev53896+g{(commit or VLLM_COMMIT)[:7]}"
-    api = lib / "vllm/entrypoints/openai"
-    api.mkdir(parents=True, exist_ok=True)
-    (lib / "vllm/__init__.py").write_text(f"# SIMULATED vLLM\n__version__ = {version!r}\n")
-    (lib / "vllm/entrypoints/__init__.py").write_text("")
-    (api / "__init__.py").write_text("")
-    (api / "api_server.py").write_text(f"# SIMULATED\nimport sys\nsys.path.append({P2PKIT_TREE!r})\n"
-                                       "from p2pkit.sim.engine import vllm_main\n\n"
-                                       "if __name__ == '__main__':\n    vllm_main()\n")
-    # the compiled kernels: the stand-in cuobjdump lists these architectures (P39)
-    (lib / "vllm/_C.abi3.so").write_text("SIMULATED vLLM kernels\n" + "".join(f"sass={a}\n" for a in sass))
-    # the NCCL the wheel nvidia-nccl-cu13 puts in the venv: one file, libnccl.so.2, its version inside it
-    # (what the running engine maps, lifecycle.init)
-    nccl = lib / VLLM_NCCL
-    nccl.parent.mkdir(parents=True, exist_ok=True)
-    nccl.write_text(f"\x7fELF SIMULATED libnccl NCCL version {VLLM_NCCL_VERSION}+cuda13.0\n")
-    (lib / "flashinfer").mkdir(exist_ok=True)
-    (lib / "flashinfer/__init__.py").write_text(f"# SIMULATED\n__version__ = {flashinfer!r}\n")
-    for name, ver in (("vllm", version), ("flashinfer_python", flashinfer)):
-        meta = lib / f"{name}-{ver}.dist-info"
-        meta.mkdir(exist_ok=True)
-        (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: {ver}\n")
-    (env / "bin").mkdir(parents=True, exist_ok=True)
-    wrapper = env / "bin/python"
-    wrapper.write_text(VLLM_WRAPPER.format(lib=lib, python=sys.executable))
-    wrapper.chmod(0o755)
+def _wheel(out: Path, dist: str, version: str, files: dict[str, bytes], tag: str = "py3-none-any") -> Path:
+    """A SIMULATED wheel in pip's own layout (the files, dist-info METADATA, WHEEL and RECORD)."""
+    import base64
+    import zipfile
+
+    info = f"{dist}-{version}.dist-info"
+    meta = f"Metadata-Version: 2.1\nName: {dist.replace('_', '-')}\nVersion: {version}\n"
+    wheel = f"Wheel-Version: 1.0\nGenerator: p2pkit-sim\nRoot-Is-Purelib: true\nTag: {tag}\n"
+    files = {**files, f"{info}/METADATA": meta.encode(), f"{info}/WHEEL": wheel.encode()}
+    record = [f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},"
+              f"{len(data)}" for path, data in files.items()]
+    files[f"{info}/RECORD"] = ("\n".join([*record, f"{info}/RECORD,,"]) + "\n").encode()
+    path = out / f"{dist}-{version}-{tag}.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data in sorted(files.items()):
+            z.writestr(name, data)
+    return path
+
+
+def make_vllm_wheels(root: Path, wheels: str, flashinfer: str = "0.6.18") -> None:
+    """The engine's wheel cache as `p2pkit pin --engine-offline` leaves it after a fill where the network is
+    (SIMULATED: this host reaches no package index): the source tree's dependencies as wheels, flashinfer-python
+    at the given version (P25) and NCCL's wheel (its library with its version inside: what the running vLLM maps,
+    P37), and the lock naming each with its sha256 (pip's hash-checking format)."""
+    out = root / wheels.lstrip("/")
+    out.mkdir(parents=True, exist_ok=True)
+    nccl = f"\x7fELF SIMULATED libnccl NCCL version {VLLM_NCCL_VERSION}+cuda13.0\n".encode()
+    made = [("flashinfer-python", flashinfer, _wheel(out, "flashinfer_python", flashinfer, {
+                "flashinfer/__init__.py": f"# SIMULATED\n__version__ = {flashinfer!r}\n".encode()})),
+            ("nvidia-nccl-cu13", VLLM_NCCL_VERSION,
+             _wheel(out, "nvidia_nccl_cu13", VLLM_NCCL_VERSION, {VLLM_NCCL: nccl}))]
+    lines = ["# SIMULATED: the lock `p2pkit pin --engine-offline` writes (this host reaches no package index)"]
+    lines += [f"{name}=={ver} --hash=sha256:{hashlib.sha256(path.read_bytes()).hexdigest()}"
+              for name, ver, path in made]
+    (out / "p2pkit-engine.lock").write_text("\n".join(lines) + "\n")
+
+
+def engine_site(python: str) -> str:
+    """Where a package of the engine's environment lands (engine.python's prefix, this machine's Python)."""
+    return f"{Path(python).parent.parent}/lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages"

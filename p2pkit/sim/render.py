@@ -362,9 +362,9 @@ LIBRARIES = {"nvml": "p2pkit.sim.nvml", "devices": "p2pkit.sim.devices", "machin
 # command is the simulated host's own stand-in, or missing): the engine is built for real (git,
 # pkg-config, CMake, Ninja, make, the compilers; ldd reads what it links) and the service's unit is
 # verified by the real systemd-analyze; the Secure Boot key is made and checked by the real openssl (the
-# simulated mokutil and sign-file read certificates with it too). What reads the host (dmesg, modinfo,
-# nvidia-smi, ...) is never lent.
-LENDS = ("git", "pkg-config", "cmake", "ninja", "make", "cc", "c++", "ldd", "systemd-analyze", "openssl")
+# simulated mokutil and sign-file read certificates with it too); vLLM's environment is made by the real
+# Python (python3 -m venv, pip). What reads the host (dmesg, modinfo, nvidia-smi, ...) is never lent.
+LENDS = ("git", "pkg-config", "cmake", "ninja", "make", "cc", "c++", "ldd", "systemd-analyze", "openssl", "python3")
 
 
 def roce_gids(nic: dict) -> list[tuple[str, str]]:

@@ -23,7 +23,8 @@ TITLE = "vLLM"
 FLAGS = flags.schema(
     values=("host", "port", "load-format", "nnodes", "node-rank", "master-addr", "master-port",
             "distributed-executor-backend", "max-num-seqs", "max-num-batched-tokens", "long-prefill-token-threshold",
-            "tool-call-parser", "reasoning-parser", "speculative-config", "served-model-name", "kv-cache-dtype"),
+            "tool-call-parser", "reasoning-parser", "speculative-config", "served-model-name", "kv-cache-dtype",
+            "dtype"),
     switches=("no-enable-prefix-caching", "enable-chunked-prefill", "enforce-eager", "enable-auto-tool-choice",
               "headless"),
     bounds={"tensor-parallel-size": ("int", 1, 64), "max-model-len": ("int", 0, MAX_CONTEXT),
@@ -32,7 +33,7 @@ FLAGS = flags.schema(
 RELATIVE_FLAGS = flags.with_path(FLAGS, "writes")
 PATH_FLAGS = flags.with_path(FLAGS, "reads")
 SECRET_ENV = "vLLM reads VLLM_API_KEY"
-CHECKS_HELP = False  # turned on with the engine stage's vLLM build (the next commit)
+CHECKS_HELP = True  # the built vLLM's --help=all says which flags it accepts (read once per environment)
 MODULE = "vllm.entrypoints.openai.api_server"
 NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # argparse's _negative_number_matcher: a value, not an option
 
