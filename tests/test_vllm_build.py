@@ -92,7 +92,7 @@ def test_a_package_the_environment_must_not_hold_is_named():
     assert c.status == FAIL and c.measured == "torchvision 0.28.0 installed"
     assert "pip uninstall -y torchvision" in c.hint
     ok = judged({"vllm_env": ENV_OK})["engine.python_exclude"]
-    assert ok.status == PASS and ok.measured == "none of torchvision, torchaudio, torchcodec"
+    assert ok.status == PASS and ok.measured == "none of torchvision, torchaudio, torchcodec, triton"
 
 
 @pytest.mark.parametrize("link,status", [

