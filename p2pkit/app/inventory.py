@@ -22,7 +22,8 @@ from p2pkit.core.runner import Runner, own_executable
 from p2pkit.host.backup import sha256
 from p2pkit.stages import names
 
-HOST_TIMEOUT_S = {"up": 6 * 3600, "status": 1800, "verify": 3600}  # a host var p2pkit_host_timeout overrides
+# a host var p2pkit_host_timeout overrides
+HOST_TIMEOUT_S = {"up": 6 * 3600, "status": 1800, "verify": 3600, "serve-stop": 600, "serve-start": 3600}
 CONNECT_TIMEOUT_S = 30  # Ansible's `timeout` (ssh ConnectTimeout, the banner too), where the operator set none
 # p2pkit's Ansible settings, each given (as an environment variable) only where the operator's
 # configuration has none: [defaults] key -> (environment variable, p2pkit's value). Never host key
@@ -231,6 +232,9 @@ def ansible_failure(tree_file: Path) -> str:
 
 
 def table_rows(report: dict) -> tuple[list[str], list[list[str]]]:
+    if report["action"].startswith("serve-"):  # the engine on each host, no stages
+        return ["host", "result"], [[h, v.get("message") or v.get("error") or f"exit {v['exit_code']}"]
+                                    for h, v in sorted(report["hosts"].items())]
     cols = ["host", *names(), "result"]
     rows = []
     for h, v in sorted(report["hosts"].items()):

@@ -3,6 +3,7 @@ PID 1 the engine p2pkit's launcher started)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -97,18 +98,56 @@ def logs(lines: Annotated[int, typer.Option("--lines", "-n")] = 50) -> None:
         ctx.out.line(line)
 
 
+INVENTORY_HELP = ("an Ansible inventory: on every host of it at once (restart: every engine stopped first, then "
+                  "started, a headless worker once its head's rendezvous answers)")
+
+
+def _inventory(inventory: Path, action: str, command: list[str]) -> dict:
+    from p2pkit.app import inventory as inv
+
+    out = common.output()
+    return inv.run(inventory, action, command, out, common.state_dir(common.host()) / "logs")[1]
+
+
+def _inventory_done(kind: str, report: dict) -> None:
+    from p2pkit.app import inventory as inv
+
+    out = common.output()
+    if common.OPTS.json:
+        out.document({"kind": f"p2pkit-{kind}-inventory", **report})
+    else:
+        cols, rows = inv.table_rows(report)
+        out.table(f"{kind.replace('-', ' ')} on {len(rows)} host(s)", cols, rows)
+    raise typer.Exit(int(report["exit_code"]))
+
+
 @app.command()
-def restart() -> None:
-    """Restart the engine and wait until /health answers 200."""
+def restart(inventory: Annotated[Path | None, typer.Option("--inventory", "-i", help=INVENTORY_HELP)] = None) -> None:
+    """Restart the engine and wait until /health answers 200 (a headless worker: until it joined its head, which
+    it waits for first: a worker restarted alone cannot join a head that runs on; restart both with --inventory)."""
     from p2pkit.core.lock import state_lock
     from p2pkit.rules import engine_cmd
     from p2pkit.stages.service import act as service
     from p2pkit.stages.service import launcher as service_launcher
 
+    if inventory is not None:  # every engine stopped first: a worker never meets the head it had
+        stopped = _inventory(inventory, "serve-stop", ["serve", "stop"])
+        report = {**_inventory(inventory, "serve-start", ["serve", "restart"]), "stopped": stopped["hosts"]}
+        report["exit_code"] = max(report["exit_code"], stopped["exit_code"])
+        _inventory_done("serve-restart", report)
     ctx = common.context()
     name = system.ENGINE_UNIT
     p = ctx.profile
-    worker = engine_cmd.node(p)["role"] == "worker"
+    n = engine_cmd.node(p)
+    worker = n["role"] == "worker"
+    if worker:  # the worker starts only after its head's rendezvous answers (P27)
+        head = service.wait_head(ctx, n["master_addr"], n["master_port"], p.serve.head_wait_s)
+        if not head["ok"]:
+            ctx.out.error(f"the head's rendezvous {head['address']} did not answer within {p.serve.head_wait_s:g} s "
+                          f"({head.get('error') or 'no answer'}), so this worker was not restarted",
+                          "start the head first (its `p2pkit serve restart`), or restart both with `p2pkit serve "
+                          "restart --inventory FILE` (P27)")
+            raise typer.Exit(int(Exit.CHECK_FAILED))
     with state_lock(ctx.store.dir, say=ctx.out.warn, root=ctx.host.root):  # never beside an `up`
         if service_launcher.in_use(ctx):
             service_launcher.restart(ctx, system.ENGINE_USER)
@@ -118,12 +157,14 @@ def restart() -> None:
         h = (service.wait_joined(ctx, p.serve.health_timeout_s) if worker
              else service.wait_health(ctx, engine_cmd.health_url(p), p.serve.health_timeout_s))
     tail = [] if h["ok"] else service.logs(ctx.host, 5)
+    said = (f"{name} restarted; " + (f"joined the head after {h['seconds']} s" if worker
+                                     else f"/health 200 after {h['seconds']} s")) if h["ok"] else \
+        f"{name} did not become healthy: {' | '.join(tail)}"
     if common.OPTS.json:
         ctx.out.document({"restarted": name, "healthy": bool(h["ok"]), "seconds": h.get("seconds"),
-                          "log_tail": tail})
+                          "log_tail": tail, "message": said})
     elif h["ok"]:
-        ctx.out.line(f"{name} restarted; " + (f"joined the head after {h['seconds']} s" if worker
-                                              else f"/health 200 after {h['seconds']} s"))
+        ctx.out.line(said)
     if h["ok"]:
         raise typer.Exit(int(Exit.OK))
     ctx.out.error(f"{name} did not become healthy: {' | '.join(tail)}", "read `p2pkit serve logs`")
@@ -131,11 +172,14 @@ def restart() -> None:
 
 
 @app.command()
-def stop() -> None:
-    """Stop the engine (SIGTERM, then SIGKILL of what is left after 30 s where p2pkit's launcher started it)."""
+def stop(inventory: Annotated[Path | None, typer.Option("--inventory", "-i", help=INVENTORY_HELP)] = None) -> None:
+    """Stop the engine (SIGTERM, then SIGKILL of what is left after 30 s where p2pkit's launcher started it). Across
+    nodes a headless worker does not end with its head: stop every node (--inventory)."""
     from p2pkit.core.lock import state_lock
     from p2pkit.stages.service import launcher as service_launcher
 
+    if inventory is not None:
+        _inventory_done("serve-stop", _inventory(inventory, "serve-stop", ["serve", "stop"]))
     ctx = common.context()
     with state_lock(ctx.store.dir, say=ctx.out.warn, root=ctx.host.root):  # never beside an `up`
         if service_launcher.in_use(ctx):

@@ -173,6 +173,8 @@ def _engine_archs(h: Host, profile):
     """The architectures the engine's CUDA kernels were built for (P39)."""
     from p2pkit.rules import engine_cmd
 
+    if not profile.engine.cuda:
+        return {"missing": "a CPU build (engine.cuda = false) has no CUDA kernels"}
     base, pattern = engine_cmd.engine(profile).kernel_library(profile)
     found = sorted(h.path(base).glob(pattern)) if h.exists(base) else []
     if not found:

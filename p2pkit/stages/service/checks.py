@@ -149,9 +149,10 @@ def answering(s: dict) -> Check:
     h = s["health"]
     tail = " | ".join(s.get("log_tail", [])[-5:])
     if s.get("role") == "worker":
-        why = gone(s.get("log_tail", [])) if h.get("exited") else f"no NCCL channel within {h['seconds']} s"
+        why = gone(s.get("log_tail", [])) if h.get("exited") else \
+            f"no NCCL channel or rank assignment within {h['seconds']} s"
         return reading("service.joined", "this worker joined the head", PASS if h["ok"] else FAIL,
-                       h["seconds"] if h["ok"] else None, "s", "an NCCL channel to the head",
+                       h["seconds"] if h["ok"] else None, "s", "an NCCL channel to the head, or its ranks assigned",
                        "read `p2pkit serve logs`; the head must be up first (P27) and reachable over the fabric "
                        "(master-addr)", "P27", text=f"after {{}}: {h['line']}",
                        missing=f"{why}; last log lines: {tail}")
