@@ -67,7 +67,7 @@ def fill() -> dict:
 
 def _lock():
     CACHE.mkdir(parents=True, exist_ok=True)
-    return open(CACHE / "fill.lock", "w")  # noqa: SIM115 - held for the life of the fill
+    return open(CACHE / "fill.lock", "w")
 
 
 def start_background() -> None:
