@@ -50,6 +50,16 @@ def test_the_benchmark_clients_result_reads_as_vllm_wrote_it():
     assert round(r.mean_ttft_ms, 2) == 61.02 and r.model_id == "/work/vllm-lab/model"
 
 
+def test_a_run_whose_requests_failed_says_why_and_how_long_their_prompts_were():
+    """--save-detailed: each request's error and prompt length; the failed ones' prompts were 382 tokens where 128
+    were asked (the random ids re-encoded in the tiny model's tokenizer), over the server's 256 with 128 to make."""
+    r = vllm_bench.read((FIX / "bench-serve-detailed-over-length.json").read_text())
+    assert (r.num_prompts, r.completed, r.failed) == (4, 2, 2)
+    assert r.errors == ("Bad Request",) and r.failed_prompt_max == 382
+    assert r.total_input_tokens == 256  # its total counts the completed requests only
+    assert vllm_bench.read((FIX / "bench-serve-c2.json").read_text()).errors == ()  # saved without --save-detailed
+
+
 @pytest.mark.parametrize("text, says", [
     ("Traceback (most recent call last):", "not JSON"),
     ("[1, 2]", "a JSON list"),
@@ -187,7 +197,8 @@ def test_the_reference_args_are_the_levels_shape():
     opt = {k: v for k, v in itertools.pairwise(a) if k.startswith("--")}
     assert (opt["--random-input-len"], opt["--random-output-len"], opt["--max-concurrency"]) == ("32", "16", "4")
     assert (opt["--num-prompts"], opt["--num-warmups"], opt["--seed"], opt["--temperature"]) == ("16", "4", "5", "0")
-    assert {"--ignore-eos", "--save-result", "--disable-tqdm"} <= set(a) and opt["--random-range-ratio"] == "0"
+    assert {"--ignore-eos", "--save-result", "--save-detailed", "--disable-tqdm"} <= set(a)
+    assert opt["--random-range-ratio"] == "0"
     assert opt["--dataset-name"] == "random" and opt["--endpoint"] == "/v1/completions"
 
 
@@ -195,8 +206,8 @@ class FakeRunner:
     """Runs nothing: writes each run's result (the recorded c1/c2/c4 JSON at that concurrency) where the argv
     says, or fails after the first `ok` runs."""
 
-    def __init__(self, ok: int | None = None, rc: int = 0):
-        self.ok, self.rc, self.argv, self.env = ok, rc, None, None
+    def __init__(self, ok: int | None = None, rc: int = 0, recorded: str | None = None):
+        self.ok, self.rc, self.argv, self.env, self.recorded = ok, rc, None, None, recorded
 
     def run(self, argv, check=False, timeout=None, env=None):
         self.argv, self.env = argv, env
@@ -206,7 +217,8 @@ class FakeRunner:
             runs.append([]) if w == vllm.BENCH_SERVE_NEXT else runs[-1].append(w)
         for r in runs[: self.ok]:
             opt = dict(itertools.pairwise(r))
-            rec = result(int(opt["--max-concurrency"]))
+            c = int(opt["--max-concurrency"])
+            rec = json.loads((FIX / self.recorded).read_text()) if self.recorded else result(c)
             Path(opt["--result-dir"], opt["--result-filename"]).write_text(json.dumps(rec))
         return SimpleNamespace(returncode=self.rc, stdout="", stderr="Traceback ...\nRuntimeError: it broke\n")
 
@@ -261,6 +273,15 @@ def test_a_reference_that_fails_says_why_per_level_and_never_raises(tmp_path, mo
     doc = {"arms": [{"levels": [{"shape": "profile", "concurrency": c, "summary": {"aggregate_decode_tps": 1.0}}
                                 for c in (1, 2)]}], "serve_reference": ref}
     assert [r["streams"] for r in bench.serve_ratios(doc)] == [1]
+
+
+def test_a_reference_whose_requests_failed_names_the_error_and_the_length_against_the_servers(tmp_path, monkeypatch):
+    ctx = serve_ctx(tmp_path, monkeypatch, FakeRunner(recorded="bench-serve-detailed-over-length.json"))
+    ref = bench.serve_arm(ctx, config.load("vllm-cpu"), [("profile", 128, 128, [2])], warmup=0, requests=2)
+    lv = ref["shapes"][0]["levels"][0]
+    assert "output_tps" not in lv and lv["error"].startswith(
+        "profile-c2-r0.json: 2 of 4 requests completed (2 failed): Bad Request (its failed requests' prompts were up "
+        "to 382 tokens, with 128 to generate: against the server's context, serve.flags.max-model-len = 256)")
 
 
 def test_a_reference_whose_prompts_are_longer_than_asked_says_so(tmp_path, monkeypatch):

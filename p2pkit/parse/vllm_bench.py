@@ -8,7 +8,9 @@ request sent to the last answer received, its warm-up left out), the tokens it s
 total_output_tokens: the server's usage where it gives one), and the rates it derives: output_throughput
 (total_output_tokens / duration, what a served level's aggregate over its wall time compares with),
 request_throughput, and the mean and median time to first token and per output token (ms, from its streamed
-answers). Recorded real result: tests/fixtures/vllm/bench-serve-c2.json (README.md there)."""
+answers). With --save-detailed it also lists each request's error (an empty string for one that completed):
+read as the distinct errors, so a run whose requests failed says why (vLLM's 400 for a prompt and output over
+the model's length, say). Recorded real results: tests/fixtures/vllm/bench-serve-*.json (README.md there)."""
 
 from __future__ import annotations
 
@@ -35,11 +37,14 @@ class ServeResult:
     median_ttft_ms: float | None
     mean_tpot_ms: float | None
     model_id: str | None
+    errors: tuple[str, ...] = ()  # the distinct errors of its failed requests (--save-detailed), at most MAX_ERRORS
+    failed_prompt_max: int | None = None  # the longest prompt (tokens) among its failed requests (--save-detailed)
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
 
 
+MAX_ERRORS = 3
 REQUIRED = ("num_prompts", "completed", "duration", "total_input_tokens", "total_output_tokens", "output_throughput",
             "request_throughput")
 
@@ -71,4 +76,22 @@ def read(text: str) -> ServeResult:
         total_output_tokens=_num(d, "total_output_tokens", int), output_throughput=_num(d, "output_throughput"),
         request_throughput=_num(d, "request_throughput"), mean_ttft_ms=_num(d, "mean_ttft_ms"),
         median_ttft_ms=_num(d, "median_ttft_ms"), mean_tpot_ms=_num(d, "mean_tpot_ms"),
-        model_id=d.get("model_id") if isinstance(d.get("model_id"), str) else None)
+        model_id=d.get("model_id") if isinstance(d.get("model_id"), str) else None, errors=_errors(d.get("errors")),
+        failed_prompt_max=_failed_prompt_max(d.get("errors"), d.get("input_lens")))
+
+
+def _failed_prompt_max(errors, lens) -> int | None:
+    if not isinstance(errors, list) or not isinstance(lens, list) or len(errors) != len(lens):
+        return None
+    got = [n for e, n in zip(errors, lens) if e and isinstance(n, int) and not isinstance(n, bool)]
+    return max(got) if got else None
+
+
+def _errors(v) -> tuple[str, ...]:
+    """The distinct non-empty errors, in order, each's last line (an exception's message after its traceback)."""
+    out: list[str] = []
+    for e in v if isinstance(v, list) else []:
+        lines = str(e or "").strip().splitlines()
+        if lines and lines[-1].strip()[:300] not in out:
+            out.append(lines[-1].strip()[:300])
+    return tuple(out[:MAX_ERRORS])

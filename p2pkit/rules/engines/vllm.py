@@ -279,12 +279,12 @@ def bench_serve_args(*, base_url: str, model: str, tokenizer: str, prompt_tokens
     """One run of vLLM's benchmark client at a level's lengths and concurrency: `requests` random prompts of
     `prompt_tokens` tokens (its random dataset, lengths not varied), `output_tokens` generated each regardless of
     EOS, at most `streams` in flight, greedy as bench's own requests are, `warmups` requests first (left out of
-    its figures), the result JSON written to result_dir/filename."""
+    its figures), the result JSON written to result_dir/filename with each request's error (--save-detailed)."""
     return ["--backend", "openai", "--base-url", base_url, "--endpoint", "/v1/completions", "--model", model,
             "--tokenizer", tokenizer, "--dataset-name", "random", "--num-prompts", str(requests),
             "--random-input-len", str(prompt_tokens), "--random-output-len", str(output_tokens),
             "--random-range-ratio", "0", "--ignore-eos", "--temperature", "0", "--max-concurrency", str(streams),
-            "--num-warmups", str(warmups), "--seed", str(seed), "--disable-tqdm", "--save-result",
+            "--num-warmups", str(warmups), "--seed", str(seed), "--disable-tqdm", "--save-result", "--save-detailed",
             "--result-dir", result_dir, "--result-filename", filename]
 
 
