@@ -275,6 +275,24 @@ def test_a_reference_that_fails_says_why_per_level_and_never_raises(tmp_path, mo
     assert [r["streams"] for r in bench.serve_ratios(doc)] == [1]
 
 
+def test_a_reference_whose_python_is_gone_says_so_per_level(tmp_path, monkeypatch):
+    """The engine's Python is not there (a removed environment): the runner's refusal, with its fix, is each
+    level's error; bench goes on with the served arms."""
+    from p2pkit.core.errors import MissingError
+
+    class Gone:
+        def run(self, argv, **kw):
+            raise MissingError(f"{argv[0]} does not exist or is not executable", hint="fix the path that names it")
+
+    ctx = serve_ctx(tmp_path, monkeypatch, Gone())
+    ref = bench.serve_arm(ctx, config.load("vllm-cpu"), [("profile", 32, 16, [1, 2])], warmup=0, requests=2)
+    for lv in ref["shapes"][0]["levels"]:
+        assert lv["error"].startswith(f"profile-c{lv['streams']}-r0.json: no result written (vllm bench serve did "
+                                      f"not run: {tmp_path}/root/opt/vllm/bin/python does not exist or is not "
+                                      "executable (fix the path that names it))"), lv["error"]
+    assert "exit" not in ref
+
+
 def test_a_reference_whose_requests_failed_names_the_error_and_the_length_against_the_servers(tmp_path, monkeypatch):
     ctx = serve_ctx(tmp_path, monkeypatch, FakeRunner(recorded="bench-serve-detailed-over-length.json"))
     ref = bench.serve_arm(ctx, config.load("vllm-cpu"), [("profile", 128, 128, [2])], warmup=0, requests=2)

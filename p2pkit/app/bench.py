@@ -971,13 +971,18 @@ def serve_arm(ctx, p, shapes: list[tuple[str, int, int, list[int]]], warmup: int
         argv = engine.bench_reference_argv(str(ctx.host.path(engine.binary(p))), runs)
         out["argv"] = argv
         before = engine_api.metrics(base, "vllm:")
-        with ctx.out.working(f"[bench] reference: {out['tool']}, {len(runs)} runs"):
-            r = ctx.host.runner.run(argv, check=False, timeout=3600,
-                                    env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
-        out["exit"] = r.returncode
+        try:
+            with ctx.out.working(f"[bench] reference: {out['tool']}, {len(runs)} runs"):
+                r = ctx.host.runner.run(argv, check=False, timeout=3600,
+                                        env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+        except P2pkitError as e:  # the engine's Python is gone, or the client ran past its time
+            r = None
+            failed = f"{out['tool']} did not run: {e.message}" + (f" ({e.hint})" if e.hint else "")
+        if r is not None:
+            out["exit"] = r.returncode
+            failed = (f"{out['tool']} exited {r.returncode}: "
+                      + " | ".join(r.stderr.strip().splitlines()[-3:])[-600:]) if r.returncode != 0 else None
         out["counted"] = serve_counted(before, engine_api.metrics(base, "vllm:"))
-        failed = (f"{out['tool']} exited {r.returncode}: "
-                  + " | ".join(r.stderr.strip().splitlines()[-3:])[-600:]) if r.returncode != 0 else None
         for lv, name in plan:
             path = os.path.join(tmp, name)
             try:
