@@ -1000,8 +1000,7 @@ def serve_arm(ctx, p, shapes: list[tuple[str, int, int, list[int]]], warmup: int
                 if got.failed_prompt_max is not None:
                     lo = next(e["output_tokens"] for e in out["shapes"] if lv in e["levels"])
                     why += (f" (its failed requests' prompts were up to {got.failed_prompt_max} tokens, with {lo} to "
-                            f"generate: against the server's context, serve.flags.max-model-len = "
-                            f"{p.serve.flags.get('max-model-len', 'unset')})")
+                            f"generate: against the server's context, {engine.context_setting(p)})")
                 lv.setdefault("errors", []).append(f"{name}: {got.completed} of {got.num_prompts} requests completed "
                                                    f"({got.failed} failed){why}")
         for entry in out["shapes"]:

@@ -288,6 +288,12 @@ def bench_serve_args(*, base_url: str, model: str, tokenizer: str, prompt_tokens
             "--result-dir", result_dir, "--result-filename", filename]
 
 
+def context_setting(p) -> str:
+    """The setting that caps a request's prompt and output together, as bench names it."""
+    n = p.serve.flags.get("max-model-len")
+    return f"serve.flags.max-model-len = {n}" if n else "serve.flags.max-model-len unset (the model's own length)"
+
+
 def bench_reference_argv(python: str, runs: list[list[str]]) -> list[str]:
     """The command line that runs vLLM's benchmark client once per run (bench_serve_args), in one process."""
     words: list[str] = []
