@@ -88,17 +88,24 @@ def test_a_failing_llama_bench_leaves_an_error_on_its_shape_and_the_rest_alone()
     assert bench.reference_ratios({"arms": [{"levels": []}], "reference": ref}) == []
 
 
-@pytest.mark.parametrize("profile", ["dual-spark-vllm", "dual-5090-ninfer"])
-def test_engines_read_one_request_at_a_time_refuse_concurrency_and_the_reference(profile):
-    """vLLM's /metrics are read around each request and NInfer's log lines in order: at 2 streams their
-    figures could not be told apart per request, so bench refuses before any request; llama-bench
-    measures llama.cpp only."""
+def test_ninfer_read_one_request_at_a_time_refuses_concurrency_and_the_reference():
+    """NInfer's log lines are read in order: at 2 streams its figures could not be told apart per request, so
+    bench refuses before any request; p2pkit runs no benchmark of NInfer's own."""
     from p2pkit.core.errors import P2pkitError
 
-    ctx = SimpleNamespace(profile=config.load(profile))
+    ctx = SimpleNamespace(profile=config.load("dual-5090-ninfer"))
     with pytest.raises(P2pkitError) as e:
         bench.run(ctx, 16, 16, 0, 1, None, None, [1, 2])
     assert "one request at a time" in e.value.message and "--concurrency at 1" in e.value.hint
     with pytest.raises(P2pkitError) as e:
         bench.run(ctx, 16, 16, 0, 1, None, None, [1], reference=True)
-    assert "llama-bench" in e.value.message
+    assert "llama-bench" in e.value.message and "vllm bench serve" in e.value.message
+
+
+@pytest.mark.parametrize("profile", ["dual-spark-vllm", "vllm-cpu", "dual-5090-llamacpp"])
+def test_vllm_and_llamacpp_take_several_streams_and_their_own_reference(profile):
+    """vLLM's level figures are its /metrics around the whole level and llama.cpp's responses carry their own:
+    both run at any concurrency, and each has a benchmark of its own bench knows how to run."""
+    p = config.load(profile)
+    bench.refuse(p, [1, 2, 4], True)
+    assert bench.bench_of(p)["concurrent"] and bench.bench_of(p)["reference"] in bench.REFERENCES

@@ -115,7 +115,7 @@ class FakeReader(bench.Reader):
 
 
 def arm_with(monkeypatch, fake, levels, warmup=1, requests=2):
-    monkeypatch.setitem(bench.READERS, "llamacpp", lambda ctx, p: fake)
+    monkeypatch.setitem(bench.READERS, "timings", lambda ctx, p: fake)  # llama.cpp's accounting
     ctx = SimpleNamespace(out=SimpleNamespace(working=lambda *a, **k: __import__("contextlib").nullcontext()))
     p = config.load("dual-5090-llamacpp")
     return bench.run_arm(ctx, p, "baseline", 16, 16, warmup, requests, levels)

@@ -31,6 +31,16 @@ reference whose spread is over 5 percent of its mean makes its ratio unreliable,
 drafting on, llama-server's own log lines ("draft acceptance = ...") are read beside the responses' and
 /metrics' counts, and the three are compared.
 
+vLLM (issue 46): at one stream its /metrics are read around each request (that request's own figures); at
+several, a request keeps only its answer's `usage` and the client's clock, and the level's figures are vLLM's
+counters around the whole level: its aggregate is the generated tokens vLLM counted over the level's wall time,
+its per-stream decode rate the tokens after the first over the decode time vLLM summed over the level's
+requests, and the counted requests and tokens must equal the answers' usage (else the level is spoiled:
+something else used the server). `--reference` runs vLLM's own benchmark client (`vllm bench serve` of the
+installed version, with the engine's Python) at each level's lengths and stream count, read by
+p2pkit.parse.vllm_bench, against which each level's aggregate is a ratio. Which reference an engine has is its
+engine module's word (BENCH["reference"], dispatched through REFERENCES), never a branch on the recipe.
+
 `--ab KEY=VALUE` runs a second arm with one profile setting changed (the P2P-off arm is
 `serve.env.NCCL_P2P_DISABLE=1`, P17): the service is re-rendered and restarted with it, the same
 requests run, and the files the service stage writes are put back byte for byte and the service
@@ -38,7 +48,11 @@ restarted as it was, also after a failure or Ctrl-C."""
 
 from __future__ import annotations
 
+import itertools
+import os
+import shutil
 import statistics
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -77,6 +91,8 @@ class Reader:
     """One engine's own accounting, read around each timed request of an arm (P15): never the
     client's clock, which is kept beside it (client_s, client_tps, client_first_byte_s)."""
 
+    concurrency = 1  # the streams of the level being run (run_level sets it before the level's warm-up)
+
     def __init__(self, ctx, p):
         self.ctx, self.p, self.base = ctx, p, engine_cmd.base_url(p)
         self.identity: dict | None = None
@@ -90,6 +106,10 @@ class Reader:
 
     def finish(self, level: dict) -> None:
         """After the last one: the level's totals from the same accounting, and whether they hold."""
+
+    def aggregate(self, level: dict, wall: float) -> dict:
+        """The level's aggregate over its wall time (aggregate(): the output tokens of its requests' own figures)."""
+        return aggregate(level["requests"], wall)
 
     def restarted(self) -> str | None:
         """Why the engine that ran the level is not the one that started it (its PID or its process start time
@@ -215,13 +235,23 @@ def log_since(ctx, mark: dict | None) -> list[str]:
 
 
 class Vllm(Reader):
-    """vLLM: its /metrics read before and after each request (one at a time, so each delta is that
-    request's), the response's `usage` kept beside them."""
+    """vLLM: at one stream its /metrics read before and after each request (each delta is that request's own
+    figures); at several, each request keeps only the response's `usage` and the client's clock (the counters'
+    deltas around one request would hold the others in flight), and the level's figures are the counters' deltas
+    around the whole level (vllm:generation_tokens_total, prompt_tokens_total, request_success_total, the phase
+    histograms' _sum), its aggregate their tokens over the level's wall time. The deltas must count the requests
+    bench sent, token for token with their usage: a level they do not is spoiled (something else used the
+    server). The prompt is one token of the model's own vocabulary repeated (its /tokenize): exactly the asked
+    length (P13; the text prompt() is, in a small vocabulary, a few tokens more). Each request carries its own
+    cache_salt, so vLLM's prefix cache (on by default, whole 128-token blocks on the CPU build) does not serve the
+    repeated prompt from the request before: every prompt is computed, as the reference's random prompts are."""
 
     def __init__(self, ctx, p):
         super().__init__(ctx, p)
         self.model = engine_api.served_name(self.base, engine_cmd.served_model(p))
         self.first = self.last = None
+        self.salt = itertools.count()
+        self.run_id = f"p2pkit-bench-{os.getpid()}-{time.monotonic_ns()}"
 
     def _metrics(self) -> dict:
         return engine_api.metrics(self.base, "vllm:")
@@ -230,12 +260,23 @@ class Vllm(Reader):
         super().start()
         self.first = self.last = self._metrics()
 
+    token: int | None = None
+    asked = False  # /tokenize asked once: a server without it gets the text prompt
+
+    def _complete(self, n_prompt: int, n_out: int, times: dict) -> dict:
+        if not self.asked:
+            self.token, self.asked = engine_api.vllm_token(self.base, self.model), True
+        text = [self.token] * n_prompt if self.token is not None else prompt(n_prompt)
+        return engine_api.openai_request(self.base, "/v1/completions", {
+            "model": self.model, "prompt": text, "max_tokens": n_out, "temperature": 0,
+            "ignore_eos": True, "cache_salt": f"{self.run_id}-{next(self.salt)}"}, times=times)
+
     def request(self, n_prompt: int, n_out: int) -> dict:
+        if self.concurrency > 1:
+            return self._usage_only(n_prompt, n_out)
         before = self.last or self._metrics()
         times: dict = {}
-        r = engine_api.openai_request(self.base, "/v1/completions", {
-            "model": self.model, "prompt": prompt(n_prompt), "max_tokens": n_out, "temperature": 0,
-            "ignore_eos": True}, times=times)
+        r = self._complete(n_prompt, n_out, times)
         after = self.last = self._metrics()
         if r.get("status") != 200:
             return {"ok": False, "error": r.get("error"), "status": r.get("status")}
@@ -252,8 +293,53 @@ class Vllm(Reader):
                     "requests too: bench needs the server to itself"}
         return self.with_client({**f, "usage": r.get("usage")}, r["client_seconds"], times)
 
+    def _usage_only(self, n_prompt: int, n_out: int) -> dict:
+        """One of several requests in flight: the server's `usage` of it (its lengths) and the client's clock."""
+        times: dict = {}
+        r = self._complete(n_prompt, n_out, times)
+        if r.get("status") != 200:
+            return {"ok": False, "error": r.get("error"), "status": r.get("status")}
+        u = r.get("usage") or {}
+        if not all(isinstance(u.get(k), int) for k in ("prompt_tokens", "completion_tokens")):
+            return {"ok": False, "status": 200, "error": f"vLLM's answer carries no usage ({u!r}): bench cannot "
+                    "tell the lengths it ran"}
+        return self.with_client({"prompt_n": u["prompt_tokens"], "predicted_n": u["completion_tokens"], "usage": u},
+                                r["client_seconds"], times)
+
     def finish(self, level: dict) -> None:
-        self.judge_metrics(level, self.first, self.last or self._metrics())
+        self.judge_metrics(level, self.first, self._metrics())
+        self.last = None  # the next request at one stream reads its own "before"
+        d = level.get("metrics_delta")
+        if d is None:
+            return
+        got, reqs = pe.vllm_counted(d), level["requests"]
+        sent = {"requests": len(reqs), "prompt_tokens": sum((r.get("usage") or {}).get("prompt_tokens") or 0
+                                                            for r in reqs),
+                "completion_tokens": sum((r.get("usage") or {}).get("completion_tokens") or 0 for r in reqs)}
+        agree = (got["requests"], got["prompt_tokens"], got["generation_tokens"]) == \
+            (sent["requests"], sent["prompt_tokens"], sent["completion_tokens"])
+        level["counted"] = {**got, "usage": sent, "agree": agree}
+        if not agree and "error" not in level and not level.get("spoiled"):
+            level["spoiled"] = (f"vLLM counted {got['requests']} requests, {got['prompt_tokens']} prompt and "
+                                f"{got['generation_tokens']} generated tokens over the level, and its answers' usage "
+                                f"says {sent['requests']}, {sent['prompt_tokens']} and {sent['completion_tokens']}: "
+                                "other requests shared the server (bench needs it to itself)")
+
+    def aggregate(self, level: dict, wall: float) -> dict:
+        """The level's aggregate from vLLM's own counters: the tokens it counted over the level's wall time (and at
+        one stream over the time its per-request figures cover, as aggregate() places them)."""
+        out = aggregate(level["requests"], wall)
+        c = level.get("counted")
+        if not c or wall <= 0:
+            return out
+        out.update(aggregate_decode_tps=round(c["generation_tokens"] / wall, 3),
+                   aggregate_prefill_tps=round(c["prompt_tokens"] / wall, 3),
+                   requests_per_s=round(c["requests"] / wall, 3), wall_s=round(wall, 4),
+                   aggregate_note="output tokens vLLM counted over the level (the delta of "
+                                  "vllm:generation_tokens_total), over the level's wall time")
+        if out.get("server_span_s"):
+            out["aggregate_server_decode_tps"] = round(c["generation_tokens"] / out["server_span_s"], 3)
+        return out
 
 
 class Ninfer(Reader):
@@ -384,6 +470,7 @@ def run_level(ctx, reader: Reader, arm_name: str, shape: str, n_prompt: int, n_o
     """The level's warm-up, then C streams at once, each sending `requests` timed requests one after another."""
     level: dict = {"shape": shape, "prompt_tokens": n_prompt, "output_tokens": n_out, "concurrency": conc,
                    "warmup": warmup, "requests": []}
+    reader.concurrency = conc
     with ctx.out.working(f"[bench] {arm_name}: {shape} {n_prompt}/{n_out} tokens, {conc} stream(s): warm-up"):
         bad = warm(reader, n_prompt, n_out, conc, warmup)
     if bad is not None:
@@ -424,7 +511,7 @@ def run_level(ctx, reader: Reader, arm_name: str, shape: str, n_prompt: int, n_o
     reader.finish(level)
     level["summary"] = summarize(level)
     if not level.get("spoiled"):
-        level["summary"].update(aggregate(level["requests"], wall))
+        level["summary"].update(reader.aggregate(level, wall))
     level["summary"]["lengths"] = lengths_ran(level["requests"], n_prompt, n_out)
     return level
 
@@ -497,6 +584,7 @@ def summarize(arm: dict) -> dict:
     if d and "generation_tokens_total" in d:  # vLLM's
         v = pe.vllm_figures(d)
         out["metrics_decode_tps"], out["metrics_prefill_tps"] = v["decode_tps"], v["prefill_tps"]
+        out["metrics_ttft_ms"] = v["ttft_ms"]
     t = arm.get("log_totals")
     if t and t["decode_seconds"]:  # NInfer's request log, summed over the arm
         out["log_decode_tps"] = round((t["completion_tokens"] - t["requests"]) / t["decode_seconds"], 3)
@@ -578,13 +666,14 @@ def refuse(p, concurrency: list[int] | None, reference: bool) -> None:
                          "measurement (P15)", hint=f"bench reads an engine's {', '.join(sorted(READERS))}")
     if any(c > 1 for c in concurrency or []) and not b["concurrent"]:
         raise UsageError(f"{p.engine.recipe}'s own accounting cannot be told apart per request when requests run at "
-                         "once (vLLM's /metrics are read around each request; NInfer's log lines are read in order), "
-                         "so bench runs it one request at a time",
+                         "once (NInfer's log lines are read in order, each for the request just answered), so bench "
+                         "runs it one request at a time",
                          hint="leave --concurrency at 1 for this engine (llama.cpp's responses carry their own "
-                              "figures: it runs at any concurrency); nothing was run")
-    if reference and not b["reference"]:
+                              "figures and vLLM's counters are read around a whole level: they run at any "
+                              "concurrency); nothing was run")
+    if reference and b["reference"] not in REFERENCES:
         raise UsageError(f"--reference runs an engine's own benchmark beside the served figures (llama.cpp's "
-                         f"llama-bench), and p2pkit has none for {p.engine.recipe}",
+                         f"llama-bench, vLLM's vllm bench serve), and p2pkit has none for {p.engine.recipe}",
                          hint="drop --reference for this profile; nothing was run")
 
 
@@ -625,14 +714,30 @@ def run(ctx, n_prompt: int, n_out: int, warmup: int, requests: int, ab: str | No
         if base and other:
             doc["ab_ratio_decode"] = round(other["median"] / base["median"], 4)
     if reference:
-        order = [lv[0] for lv in levels]
-        shapes_ran = sorted({(s, lp, lo) for s, lp, lo, _ in levels}, key=lambda x: order.index(x[0]))
-        doc["reference"] = reference_arm(ctx, p, shapes_ran)
-        doc["reference_ratios"] = reference_ratios(doc)
-        doc["batched_reference"] = batched_arm(ctx, p, [(s, lp, lo, sorted({c for s2, _, _, c in levels if s2 == s}))
-                                                        for s, lp, lo in shapes_ran])
-        doc["batched_ratios"] = batched_ratios(doc)
+        REFERENCES[bench_of(p)["reference"]](ctx, p, doc, levels, warmup, requests)
     return doc
+
+
+def shapes_of(levels: list[tuple[str, int, int, int]]) -> list[tuple[str, int, int, list[int]]]:
+    """Each shape the levels ran, in their order, with its lengths and its levels' stream counts."""
+    order = [lv[0] for lv in levels]
+    shapes = sorted({(s, lp, lo) for s, lp, lo, _ in levels}, key=lambda x: order.index(x[0]))
+    return [(s, lp, lo, sorted({c for s2, _, _, c in levels if s2 == s})) for s, lp, lo in shapes]
+
+
+def llama_references(ctx, p, doc: dict, levels: list, warmup: int, requests: int) -> None:
+    """llama.cpp's: llama-bench at each shape (one stream), llama-batched-bench at the levels' stream counts."""
+    shapes = shapes_of(levels)
+    doc["reference"] = reference_arm(ctx, p, [(s, lp, lo) for s, lp, lo, _ in shapes])
+    doc["reference_ratios"] = reference_ratios(doc)
+    doc["batched_reference"] = batched_arm(ctx, p, shapes)
+    doc["batched_ratios"] = batched_ratios(doc)
+
+
+def serve_references(ctx, p, doc: dict, levels: list, warmup: int, requests: int) -> None:
+    """vLLM's: its own benchmark client at each level's lengths and concurrency."""
+    doc["serve_reference"] = serve_arm(ctx, p, shapes_of(levels), warmup, requests)
+    doc["serve_ratios"] = serve_ratios(doc)
 
 
 REFERENCE_REPS = 10   # llama-bench's repetitions: enough to judge its spread
@@ -825,3 +930,156 @@ def batched_ratios(doc: dict) -> list[dict]:
 def unit_files() -> tuple[str, ...]:
     """What an --ab arm changes and puts back (the secrets stay): the service role's unit, slice and env file."""
     return system.ENGINE_FILES[:3]
+
+
+SERVE_REPS = 3  # vLLM's benchmark client's runs per level (one run has no spread of its own)
+
+
+def serve_arm(ctx, p, shapes: list[tuple[str, int, int, list[int]]], warmup: int, requests: int) -> dict:
+    """vLLM's own benchmark client (`vllm bench serve` of the installed vLLM, run by the engine's Python: the engine
+    module's bench_serve_args and bench_reference_argv) at each level's lengths and stream count: as many requests
+    as the level sent (streams x requests), as many warm-up requests as its warm-up, SERVE_REPS runs a level (each
+    with its own seed: its random prompts never repeat, so the prefix cache serves none of them), all in one
+    process; each run's result JSON read by p2pkit.parse.vllm_bench. Per level: the output tok/s (output tokens
+    over its duration, as a served level's aggregate is over its wall time), median and spread of the runs, and
+    its time to first token. A client that fails or writes no result leaves the served arms as they are and says
+    why here."""
+    from p2pkit.parse import vllm_bench
+
+    engine = engine_cmd.engine(p)
+    base = engine_cmd.base_url(p)
+    model = engine_api.served_name(base, engine_cmd.served_model(p))
+    tokenizer = str(ctx.host.path(engine_cmd.model_path(p)))
+    out: dict = {"tool": bench_of(p)["reference"], "runs": SERVE_REPS, "spread_max": SPREAD_MAX, "shapes": []}
+    ctx.store.dir.mkdir(parents=True, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="bench-reference-", dir=ctx.store.dir)
+    try:
+        runs, plan = [], []
+        for shape, lp, lo, streams in shapes:
+            entry: dict = {"shape": shape, "prompt_tokens": lp, "output_tokens": lo, "streams": streams, "levels": []}
+            out["shapes"].append(entry)
+            for c in streams:
+                lv = {"streams": c, "num_prompts": c * requests, "warmups": c * warmup, "results": []}
+                entry["levels"].append(lv)
+                for i in range(SERVE_REPS):
+                    name = f"{shape}-c{c}-r{i}.json"
+                    runs.append(engine.bench_serve_args(
+                        base_url=base, model=model, tokenizer=tokenizer, prompt_tokens=lp, output_tokens=lo,
+                        streams=c, requests=c * requests, warmups=c * warmup, result_dir=tmp, filename=name,
+                        seed=len(runs)))
+                    plan.append((lv, name))
+        argv = engine.bench_reference_argv(str(ctx.host.path(engine.binary(p))), runs)
+        out["argv"] = argv
+        before = engine_api.metrics(base, "vllm:")
+        try:
+            with ctx.out.working(f"[bench] reference: {out['tool']}, {len(runs)} runs"):
+                r = ctx.host.runner.run(argv, check=False, timeout=3600,
+                                        env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+        except P2pkitError as e:  # the engine's Python is gone, or the client ran past its time
+            r = None
+            failed = f"{out['tool']} did not run: {e.message}" + (f" ({e.hint})" if e.hint else "")
+        if r is not None:
+            out["exit"] = r.returncode
+            failed = (f"{out['tool']} exited {r.returncode}: "
+                      + " | ".join(r.stderr.strip().splitlines()[-3:])[-600:]) if r.returncode != 0 else None
+        out["counted"] = serve_counted(before, engine_api.metrics(base, "vllm:"))
+        for lv, name in plan:
+            path = os.path.join(tmp, name)
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    got = vllm_bench.read(fh.read())
+            except OSError:
+                lv.setdefault("errors", []).append(f"{name}: no result written" + (f" ({failed})" if failed else ""))
+                continue
+            except vllm_bench.VllmBenchError as e:
+                lv.setdefault("errors", []).append(f"{name}: {e}")
+                continue
+            lv["results"].append(got.as_dict())
+            if got.completed != got.num_prompts or got.failed:
+                why = f": {' | '.join(got.errors)}" if got.errors else ""
+                if got.failed_prompt_max is not None:
+                    lo = next(e["output_tokens"] for e in out["shapes"] if lv in e["levels"])
+                    why += (f" (its failed requests' prompts were up to {got.failed_prompt_max} tokens, with {lo} to "
+                            f"generate: against the server's context, {engine.context_setting(p)})")
+                lv.setdefault("errors", []).append(f"{name}: {got.completed} of {got.num_prompts} requests completed "
+                                                   f"({got.failed} failed){why}")
+        for entry in out["shapes"]:
+            for lv in entry["levels"]:
+                _serve_level(lv, entry["prompt_tokens"])
+        done = [(x, lv["warmups"], e["output_tokens"]) for e in out["shapes"] for lv in e["levels"]
+                for x in lv["results"]]
+        out["sent"] = {"requests": sum(x["completed"] + w for x, w, _ in done),
+                       "generation_tokens": sum(x["total_output_tokens"] + w * lo for x, w, lo in done)}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def serve_counted(before: dict, after: dict) -> dict | None:
+    """What vLLM counted while its benchmark client ran (its /metrics around the client's process): the requests,
+    prompt and generated tokens it served (the warm-ups' among them), and the prompt tokens a request; None when
+    its /metrics could not be read or were reset in between."""
+    if before["status"] != 200 or after["status"] != 200:
+        return None
+    types = {**before.get("types", {}), **after.get("types", {})}
+    if pe.counter_reset(before["values"], after["values"], types):
+        return None
+    got = pe.vllm_counted(pe.counter_deltas(before["values"], after["values"], types))
+    return {**got, "prompt_tokens_per_request": round(got["prompt_tokens"] / got["requests"], 2) if got["requests"]
+            else None}
+
+
+LENGTH_TOLERANCE = 0.1  # a reference whose prompts are further than this share from the asked length says so
+
+
+def _serve_level(lv: dict, n_prompt: int) -> None:
+    """A level's reference figures from its runs' results (only the runs whose every request completed), and
+    whether its prompts were the asked length (P13): its random prompts are random token ids decoded to text
+    and encoded again, which in a small or byte-level vocabulary comes to more tokens than asked."""
+    ok = [x for x in lv["results"] if x["completed"] == x["num_prompts"] and not x["failed"]]
+    if not ok:
+        lv["error"] = "; ".join(lv.get("errors") or ["no run completed"])
+        return
+    o = [x["output_throughput"] for x in ok]
+    mean = statistics.fmean(o)
+    sd = statistics.stdev(o) if len(o) > 1 else 0.0
+    lv.update(output_tps=_stats(o), **spread(mean, sd), request_tps=_stats([x["request_throughput"] for x in ok]),
+              mean_ttft_ms=_stats([x["mean_ttft_ms"] for x in ok]),
+              mean_tpot_ms=_stats([x["mean_tpot_ms"] for x in ok]),
+              prompt_tokens_per_request=_stats([x["total_input_tokens"] / x["num_prompts"] for x in ok]))
+    got = lv["prompt_tokens_per_request"]["median"]
+    if abs(got - n_prompt) > LENGTH_TOLERANCE * n_prompt:
+        lv["lengths"] = (f"its prompts came to {got:g} tokens a request (the median of its runs), where {n_prompt} "
+                         "were asked (random token ids decoded and encoded again by the model's tokenizer): the ratio "
+                         "sets prompts of other lengths against each other; the output lengths are the asked ones")
+
+
+def serve_ratios(doc: dict) -> list[dict]:
+    """Each baseline level's aggregate (vLLM's counted output tokens over the level's wall) as a ratio of vLLM's
+    own benchmark client at the same lengths and stream count (its output tokens over its duration)."""
+    base = doc["arms"][0] if doc["arms"] else {}
+    out = []
+    for ref in doc.get("serve_reference", {}).get("shapes", []):
+        for rl in ref.get("levels", []):
+            lv = next((x for x in base.get("levels", []) if x["shape"] == ref["shape"]
+                       and x["concurrency"] == rl["streams"]), None)
+            if lv is None or "output_tps" not in rl:
+                continue
+            s, r = lv.get("summary") or {}, rl["output_tps"]["median"]
+            agg = s.get("aggregate_decode_tps")
+            row = {"shape": ref["shape"], "streams": rl["streams"], "reference_tps": r,
+                   "reference_spread": rl["spread"], "aggregate_decode_tps": agg,
+                   "aggregate_decode_ratio": round(agg / r, 4) if agg and r else None,
+                   "reference_mean_ttft_ms": (rl.get("mean_ttft_ms") or {}).get("median"),
+                   "metrics_ttft_ms": s.get("metrics_ttft_ms")}
+            if s.get("spoiled"):
+                row["spoiled"] = s["spoiled"]
+            if not rl["reliable"]:
+                row["unreliable"] = (f"{doc['serve_reference']['tool']}'s spread is {rl['spread']:.1%} of its mean "
+                                     f"over {rl['output_tps']['n']} runs (over {SPREAD_MAX:.0%})")
+            out.append(row)
+    return out
+
+
+# an engine's own benchmark, by the name its engine module gives it (rules/engines: BENCH["reference"])
+REFERENCES = {"llama-bench": llama_references, "vllm bench serve": serve_references}

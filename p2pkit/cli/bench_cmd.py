@@ -126,12 +126,23 @@ def figure(doc: dict):
     import matplotlib.pyplot as plt
 
     shapes = list(dict.fromkeys(lv["shape"] for a in doc["arms"] for lv in levels(a)))
-    arms = [a for a in doc["arms"] if any((lv.get("summary") or {}).get("decode_tps") for lv in levels(a))]
+    arms = [a for a in doc["arms"] if any(per_stream(lv.get("summary")) for lv in levels(a))]
     fig, axes = plt.subplots(1, len(shapes), figsize=(max(8.5, 6 * len(shapes)), 4.8), squeeze=False)
     for ax, shape in zip(axes[0], shapes):
         _panel(ax, doc, shape, arms)
     _legend(fig, axes, arms, shapes)
     return fig
+
+
+def per_stream(s: dict | None) -> dict | None:
+    """A level's per-stream decode tok/s from the server's own accounting: the median of its requests' own figures
+    with their spread where each request has one, else the level's mean from the engine's counters (vLLM at
+    several streams: the tokens after the first over the decode time it summed over the level's requests)."""
+    s = s or {}
+    if s.get("decode_tps"):
+        return s["decode_tps"]
+    m = s.get("metrics_decode_tps")
+    return {"median": m, "min": m, "max": m, "n": 1} if m else None
 
 
 def _panel(ax, doc: dict, shape: str, arms: list[dict]) -> None:
@@ -140,7 +151,7 @@ def _panel(ax, doc: dict, shape: str, arms: list[dict]) -> None:
     width = 0.7 / max(1, len(arms))  # the arms share 70% of a category's width
     top = 0.0
     for i, a in enumerate(arms):
-        lvs = [lv for lv in levels(a) if lv["shape"] == shape and (lv.get("summary") or {}).get("decode_tps")]
+        lvs = [lv for lv in levels(a) if lv["shape"] == shape and per_stream(lv.get("summary"))]
         if lvs:
             xs = [concs.index(lv["concurrency"]) + (i - (len(arms) - 1) / 2) * width for lv in lvs]
             top = max(top, _arm_points(ax, a, lvs, xs))
@@ -158,7 +169,7 @@ def _panel(ax, doc: dict, shape: str, arms: list[dict]) -> None:
 
 def _arm_points(ax, a: dict, lvs: list[dict], xs: list[float]) -> float:
     """An arm's per-stream medians with their spread, and its aggregates; the highest point drawn."""
-    st = [lv["summary"]["decode_tps"] for lv in lvs]
+    st = [per_stream(lv["summary"]) for lv in lvs]
     ys = [x["median"] for x in st]
     err = [[y - x["min"] for y, x in zip(ys, st)], [x["max"] - y for y, x in zip(ys, st)]]
     line = ax.errorbar(xs, ys, yerr=err, marker="o", linestyle="none", capsize=3, label=f"{a['arm']}: per stream")
@@ -172,17 +183,30 @@ def _arm_points(ax, a: dict, lvs: list[dict], xs: list[float]) -> float:
     return top
 
 
+# the references measured at each level's stream count: the doc's key, its ratios' key, its marker, its legend entry
+LEVEL_REFERENCES = (("batched_reference", "batched_ratios", "^", "llama-batched-bench: output tok/s (pl*tg/T)"),
+                    ("serve_reference", "serve_ratios", "v", "vllm bench serve: output tok/s (its aggregate)"))
+
+
 def _references(ax, doc: dict, shape: str, concs: list[int]) -> float:
-    """The references at the levels' categories: llama-batched-bench's output tok/s at each stream count,
+    """The references at the levels' categories: llama-batched-bench's or vLLM's benchmark client's output tok/s
+    at each stream count, each with the baseline aggregate's ratio to it written beside it ("x0.86"), and
     llama-bench's tg at one stream; the highest point drawn (0 without them)."""
     top = 0.0
-    ref = next((r for r in doc.get("batched_reference", {}).get("shapes", []) if r["shape"] == shape), None)
-    pts = [(concs.index(x["streams"]), x["output_tps"]["median"]) for x in (ref or {}).get("levels", [])
-           if x["streams"] in concs and x.get("output_tps")]
-    if pts:
-        ax.plot([x for x, _ in pts], [y for _, y in pts], linestyle="none", marker="^", color="black",
-                label="llama-batched-bench: output tok/s (pl*tg/T)")
-        top = max(top, *(y for _, y in pts))
+    for key, ratios, marker, label in LEVEL_REFERENCES:
+        ref = next((r for r in doc.get(key, {}).get("shapes", []) if r["shape"] == shape), None)
+        pts = [(concs.index(x["streams"]), x["output_tps"]["median"], x["streams"])
+               for x in (ref or {}).get("levels", []) if x["streams"] in concs and x.get("output_tps")]
+        if not pts:
+            continue
+        ax.plot([x for x, _, _ in pts], [y for _, y, _ in pts], linestyle="none", marker=marker, color="black",
+                label=label)
+        top = max(top, *(y for _, y, _ in pts))
+        for x, y, c in pts:
+            row = next((r for r in doc.get(ratios, []) if r["shape"] == shape and r["streams"] == c), {})
+            if row.get("aggregate_decode_ratio") is not None:
+                ax.annotate(f"x{row['aggregate_decode_ratio']:.2f}", (x, y), xytext=(7, -3),
+                            textcoords="offset points", fontsize="small")
     single = next((r for r in doc.get("reference", {}).get("shapes", []) if r["shape"] == shape), None)
     if single and single.get("decode_tps") and 1 in concs:
         ax.plot([concs.index(1)], [single["decode_tps"]["avg"]], marker="*", markersize=10, linestyle="none",
@@ -256,9 +280,11 @@ def bench(
                                                     "128)")] = None,
     concurrency: Annotated[str | None, typer.Option("--concurrency", metavar="1,2,4,8",
                                                     help="concurrent streams per level (default 1)")] = None,
-    reference: Annotated[bool, typer.Option("--reference", help="llama.cpp: llama-bench on the same GPU, model and "
-                                                                "lengths (decode at the prompt's depth), and the "
-                                                                "served figures as ratios of it")] = False,
+    reference: Annotated[bool, typer.Option("--reference", help="the engine's own benchmark at the same lengths, "
+                                                                "and the served figures as ratios of it: llama.cpp's "
+                                                                "llama-bench (decode at the prompt's depth) and "
+                                                                "llama-batched-bench at the levels' streams; vLLM's "
+                                                                "vllm bench serve at the levels' streams")] = False,
 ) -> None:
     """Benchmark the served engine (it gates nothing): fixed lengths, warm-up left out, the server's own figures."""
     from contextlib import nullcontext
@@ -314,6 +340,7 @@ def _say(ctx, doc: dict, ab: str | None) -> None:
     _say_lengths(ctx, doc)
     _say_references(ctx, doc)
     _say_batched(ctx, doc)
+    _say_serve(ctx, doc)
     _say_levels(ctx, doc)
     if "ab_ratio_decode" in doc:
         ctx.out.line(f"A/B decode ratio ({ab} / baseline): {doc['ab_ratio_decode']}")
@@ -361,6 +388,21 @@ def _say_batched(ctx, doc: dict) -> None:
     for ref in doc.get("batched_reference", {}).get("shapes", []):
         if "error" in ref:
             ctx.out.warn(f"reference (llama-batched-bench) {ref['shape']}: {ref['error']}")
+
+
+def _say_serve(ctx, doc: dict) -> None:
+    """The aggregate as a ratio of vLLM's own benchmark client, and the levels it could not measure."""
+    for r in doc.get("serve_ratios", []):
+        ctx.out.line(f"{r['shape']} at {r['streams']} stream(s): aggregate / vllm bench serve "
+                     f"{r['aggregate_decode_ratio']} ({r['aggregate_decode_tps']} vs {r['reference_tps']:.1f} tok/s)"
+                     + (f"; unreliable: {r['unreliable']}" if r.get("unreliable") else "")
+                     + (f"; spoiled: {r['spoiled']}" if r.get("spoiled") else ""))
+    for ref in doc.get("serve_reference", {}).get("shapes", []):
+        for lv in ref.get("levels", []):
+            for k in ("error", "lengths"):
+                if k in lv:
+                    ctx.out.warn(f"{'P13: ' if k == 'lengths' else ''}reference (vllm bench serve) {ref['shape']} at "
+                                 f"{lv['streams']} stream(s): {lv[k]}")
 
 
 def _say_levels(ctx, doc: dict) -> None:

