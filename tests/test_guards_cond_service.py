@@ -119,7 +119,7 @@ def test_worker_that_joined_passes_with_its_seconds():
 
 
 @pytest.mark.parametrize("exited,tail,why", [
-    (False, ["a", "b"], "no NCCL channel within 30 s"),
+    (False, ["a", "b"], "no NCCL channel or rank assignment within 30 s"),
     (True, ["a", "b"], "the engine exited at start"),
     (True, [SERVING, "bye"], "the engine is not running (stopped after it had started: last log line 'bye')"),
 ])

@@ -107,3 +107,17 @@ def test_net_rail_in_a_real_network_namespace(netns, sim):
     assert r.returncode == 1 and "no interface of this node that is up holds an address in 10.80.0.0/24" in r.stderr
     assert "p2pkrail1 10.79.0.2/24" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "run/p2pkit-engine/nccl.env").exists()
+
+
+def test_a_worker_whose_head_is_down_is_an_orphan_never_done():
+    """vLLM's headless worker runs on, silent, after its head died (measured: 300 s after a SIGKILL or a SIGTERM of
+    the head): status's live look asks the head's rendezvous and calls such a worker orphaned."""
+    from p2pkit.stages.service import checks
+
+    live = {"installed": True, "manager": "systemd", "pid": 4242, "state": "S", "role": "worker"}
+    down = checks.alive({**live, "head": {"address": "10.77.9.1:29511", "up": False,
+                                          "error": "[Errno 111] Connection refused"}})[0]
+    assert down.status == "fail" and down.measured.startswith("orphaned: pid 4242 runs")
+    assert "serve restart --inventory" in down.hint and down.pitfall == "P27"
+    up = checks.alive({**live, "head": {"address": "10.77.9.1:29511", "up": True}})[0]
+    assert up.status == "pass" and "10.77.9.1:29511 answering" in up.measured

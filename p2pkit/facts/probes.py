@@ -218,4 +218,7 @@ def _engine_live(h: Host, profile):
     if pid and out["role"] != "worker" and proc["state"] not in ("T", "t"):  # a stopped one cannot answer: not asked
         code, body = engine_api.get(engine_cmd.health_url(profile), timeout=LIVE_TIMEOUT_S)
         out["health"] = {"code": code, "text": body.strip()[:160]}
+    if pid and out["role"] == "worker":  # a headless worker outlives its head: its head's rendezvous, asked once
+        n = engine_cmd.node(profile)
+        out["head"] = engine_api.port_answers(n["master_addr"], n["master_port"], LIVE_TIMEOUT_S)
     return out

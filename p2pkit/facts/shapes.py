@@ -319,6 +319,12 @@ class Health(TypedDict, total=False):
     text: str
 
 
+class Rendezvous(TypedDict, total=False):
+    address: str  # "ADDR:PORT"
+    up: bool
+    error: str
+
+
 class EngineLive(TypedDict, total=False):
     installed: bool
     manager: str  # "systemd" or "launcher": how the engine was found (host/launcher.py, engine_process)
@@ -326,6 +332,7 @@ class EngineLive(TypedDict, total=False):
     state: str | None
     role: str
     health: Health
+    head: Rendezvous  # a headless worker's head, asked once
 
 
 class ModelShape(TypedDict, total=False):

@@ -140,6 +140,20 @@ def total_slots(base: str) -> int | dict:
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 
 
+def port_answers(addr: str | None, port: int | None, timeout: float) -> dict:
+    """Whether addr:port accepts a TCP connection now (a head's rendezvous): {address, up, error}."""
+    import socket
+
+    shown = f"{addr}:{port}"
+    if not addr or port is None:
+        return {"address": shown, "up": False, "error": "no master-addr or master-port"}
+    try:
+        with socket.create_connection((addr, port), timeout=timeout):
+            return {"address": shown, "up": True}
+    except OSError as e:
+        return {"address": shown, "up": False, "error": str(e)}
+
+
 def served_name(base: str, model: str) -> str:
     """The model name an OpenAI request must give, as the server lists it (/v1/models): `model` where it is one of
     them, else the only one it serves (vLLM names a model by the path it was given: on a host reached through a

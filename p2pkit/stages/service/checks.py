@@ -56,8 +56,15 @@ def alive(live: dict | None) -> list[Check]:
         return [Check(id_, title, FAIL, f"frozen: pid {pid} is stopped (state {live['state']} in /proc/{pid}/stat)",
                       want, f"something sent it SIGSTOP (a debugger, a job-control stop): `kill -CONT {pid}`, or "
                       "`p2pkit serve restart`")]
-    if health is None:  # a headless worker: the process is all there is to ask
-        return [Check(id_, title, PASS, f"pid {pid} running (state {live.get('state')})", want)]
+    if health is None:  # a headless worker: its process, and its head (a headless worker does not end with it)
+        head = live.get("head")
+        if head and not head.get("up"):
+            return [Check(id_, title, FAIL, f"orphaned: pid {pid} runs, and its head's rendezvous {head['address']} "
+                          f"does not answer ({head.get('error')}): the head is down, and vLLM's headless worker does "
+                          "not end with it", want, "stop it (`p2pkit serve stop`), then start both, the head first: "
+                          "`p2pkit serve restart --inventory FILE`", "P27")]
+        return [Check(id_, title, PASS, f"pid {pid} running (state {live.get('state')})"
+                      + (f", its head's rendezvous {head['address']} answering" if head else ""), want)]
     if health["code"] is None:
         return [Check(id_, title, FAIL, f"not answering: pid {pid} (state {live.get('state')}) runs, and /health "
                       f"gave no answer: {health['text']}", want, "read `p2pkit serve logs`; a hung engine needs "
