@@ -103,7 +103,8 @@ def test_the_warning_readers_see_what_cryptography_51_printed():
     `ansible-playbook --version` in a venv without the constraints, 2026-12-05) is seen."""
     seen = ("/v/lib/python3.11/site-packages/ansible/_internal/_ssh/_ssh_agent.py:18: CryptographyDeprecationWarning: "
             "DSA is deprecated and support will be removed in a future release. Use a more modern signature "
-            "algorithm.\n  from cryptography.hazmat.primitives.asymmetric.dsa import (\nansible-playbook [core 2.19.14]\n")
+            "algorithm.\n  from cryptography.hazmat.primitives.asymmetric.dsa import (\n"
+            "ansible-playbook [core 2.19.14]\n")
     assert len(PY_WARNING.findall(seen)) == 1
     assert ANSIBLE_DEPRECATION.findall("[DEPRECATION WARNING]: The tree callback plugin is deprecated.\n")
     assert not PY_WARNING.findall("ansible-playbook [core 2.19.14]\n  config file = None\n")
