@@ -9,7 +9,7 @@ from p2pkit.core.config import Profile
 from p2pkit.core.errors import UsageError
 from p2pkit.core.output import Output
 from p2pkit.facts import collect as facts_mod
-from p2pkit.rules.findings import ERROR, FAIL, PASS, PENDING, SKIP, WARN
+from p2pkit.rules.findings import ERROR, FAIL, PASS, PENDING, SKIP, WARN, unanswered
 from p2pkit.rules.pitfalls import CHECKED_BY, PITFALLS
 from p2pkit.stages import registry
 
@@ -32,11 +32,15 @@ def judge(found: dict, profile: Profile, simulated: bool) -> dict:
             if c["pitfall"]:
                 c["pitfall_text"] = PITFALLS.get(c["pitfall"], "")
         groups.append({"stage": st.name, "checks": checks})
-    failed = [c["id"] for g in groups for c in g["checks"] if c["status"] == FAIL]
+    # a command that did not answer in time (a loaded machine, a wedged tool) says nothing of the host: such a
+    # check is listed as not checked, never counted failed (issue 47 item 3)
+    failed = [c["id"] for g in groups for c in g["checks"] if c["status"] == FAIL and not unanswered(c)]
     not_checked = [{"id": c["id"], "why": c["measured"]} for g in groups for c in g["checks"]
                    if c["status"] == SKIP or str(c["measured"]).startswith(("could not determine", "could not check"))]
     return {"kind": "p2pkit-doctor", "profile": profile.name, "simulated": simulated, "groups": groups,
-            "failed": failed, "not_checked": not_checked, "pitfalls": pitfalls(groups, profile)}
+            "failed": failed, "not_checked": not_checked,
+            "unanswered": [c["id"] for g in groups for c in g["checks"] if unanswered(c)],
+            "pitfalls": pitfalls(groups, profile)}
 
 
 RANK = (FAIL, ERROR, PENDING, WARN, PASS, SKIP)  # a pitfall's status: the worst of the findings naming it
@@ -111,6 +115,10 @@ def render(out: Output, report: dict) -> None:
                  f"this profile, {len(na)} n/a", style="dim")
     out.line(f"{len(report['failed'])} check(s) failed" + (": " + ", ".join(report["failed"]) if report["failed"]
                                                            else ""))
+    if report.get("unanswered"):
+        out.line(f"{len(report['unanswered'])} could not be checked, a command they need having not answered in "
+                 f"time: {', '.join(report['unanswered'])}; run doctor again (a loaded machine answers later), and if "
+                 "one keeps hanging find out why", style="yellow")
     # no GPU (or not the count the profile needs) explains most of the failures above: said last, where the eye
     # lands, with its fix
     gpus = next((c for g in report["groups"] for c in g["checks"]

@@ -328,8 +328,8 @@ def doctor(
         out.document(report)
     else:
         doctor_mod.render(out, report)
-    # a paste too short to tell is never a pass
-    unsure = paste_file is not None and report["not_checked"]
+    # a paste too short to tell is never a pass, nor a check a command gave no answer to in time
+    unsure = (paste_file is not None and report["not_checked"]) or report.get("unanswered")
     raise typer.Exit(int(Exit.CHECK_FAILED if report["failed"] or unsure else Exit.OK))
 
 

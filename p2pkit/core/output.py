@@ -51,6 +51,7 @@ STATUS_STYLE = {
     "fail": "red",
     "failed": "red",
     "stale": "yellow",
+    "could not check": "yellow",
     "blocked": "magenta",
     "reboot-needed": "cyan",
     "running": "cyan",

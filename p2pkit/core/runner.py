@@ -86,14 +86,35 @@ def timeout_for(name: str, given: float | None = None) -> float:
     return TIMEOUTS_S.get(base, DEFAULT_TIMEOUT_S)
 
 
+def load_per_cpu() -> float:
+    """This machine's load: the 1-minute load average over its CPUs (how many processes each CPU has to run);
+    0 where the kernel does not say."""
+    try:
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:
+        return 0.0
+
+
+def under_load(seconds: float) -> float:
+    """A short time limit that decides a stage's state (status's bound on a command, the live engine's answer),
+    scaled with this machine's load: `seconds` where each CPU has at most one process to run, that many times the
+    load per CPU above it. A command waiting for a CPU is slow, not hung (issue 47 item 3)."""
+    return seconds * max(1.0, load_per_cpu())
+
+
+# what a CommandTimeout's message says, found again in a finding built from it: a command that did not answer
+# says nothing about the host ("could not check"), never that a stage is stale or failed
+UNANSWERED = re.compile(r"\b\S+ did not answer within [0-9.]+ s \(`")
+
+
 class CommandTimeout(CommandError):
     """A command that did not finish within its timeout; its process group was killed."""
 
     def __init__(self, argv: list[str], timeout: float, elapsed: float, stdout: str, stderr: str):
         super().__init__(argv, -1, stdout, stderr)
         name = os.path.basename(argv[0])
-        self.message = (f"{name} did not answer within {timeout:g} s (`{shlex.join(argv)}` was killed after "
-                        f"{elapsed:.1f} s)")
+        self.message = (f"{name} did not answer within {round(timeout, 1):g} s (`{shlex.join(argv)}` was killed after "
+                        f"{elapsed:.1f} s; this machine's load: {load_per_cpu():.1f} a CPU)")
         self.args = (self.message,)
         self.hint = (f"find out why {name} hangs (a wedged driver makes nvidia-smi hang for minutes); if it is "
                      f"only slow, give it longer with P2PKIT_TIMEOUT_{re.sub(r'[^A-Za-z0-9]', '_', name).upper()}"
@@ -207,7 +228,8 @@ def standin_cannot_run(err: str) -> HostUnusable:
 class Runner:
     root: Path = Path("/")
     extra_env: dict[str, str] = field(default_factory=dict)
-    # a bound over every command's own limit: a read-only report (status) waits on no command longer
+    # a bound over every command's own limit: a read-only report (status) waits on no command longer (times this
+    # machine's load per CPU, where it is over 1: under_load)
     cap_s: float | None = None
     # with a host root other than /: the commands of this machine the host lends by name (its
     # Host says which); every other command is the host's own, or missing
@@ -266,7 +288,7 @@ class Runner:
         token = full_env[children.TOKEN] = children.new_token()
         limit = timeout_for(argv[0], timeout)
         if self.cap_s is not None:
-            limit = min(limit, self.cap_s)
+            limit = min(limit, under_load(self.cap_s))
         log.debug("run (timeout %g s): %s", limit, redact(shlex.join(argv)))
         start = time.monotonic()
         pipe = subprocess.PIPE if capture else None
