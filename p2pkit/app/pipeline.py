@@ -568,6 +568,28 @@ def _up(ctx: Ctx, selected: list[Stage], stop: str | None, force: bool, started:
     return UpResult(Exit.OK, ran, list(states.values()), _all_passed(ctx, selected, ran, list(states.values())))
 
 
+def refused_before_recording(ctx: Ctx, start: str | None) -> UpResult | None:
+    """Where nothing is recorded on this host yet (no state directory), preflight is proven before anything is
+    written: a run it stops (a machine without GPUs) leaves no state directory, lock or artifact behind, as the
+    README says of a run that stops at preflight (issue 47 item 11). None: it passes (or the state directory is
+    there): `up` goes on as ever, preflight's own run writing its artifact."""
+    first = registry()[0]
+    if start not in (None, first.name) or ctx.store.dir.exists() or first.check is None:
+        return None
+    refused = _refused(ctx, first)
+    checks = refused.checks if refused is not None else prove(ctx, first, None)[1]
+    if worst(checks) != FAIL:
+        return None
+    docs = [c.as_dict() for c in checks]
+    ctx.out.step(first.name, f"running: {first.title}")
+    report_checks(ctx.out, first.name, docs)
+    bad = next(c for c in docs if c["status"] == FAIL)
+    states = evaluate(ctx, recheck=False)
+    states[0] = StageState(first.name, FAILED, f"{bad['id']}: {bad['measured']} (nothing recorded on this host)",
+                           {"stage": first.name, "status": "failed", "checks": docs})  # shown, never written
+    return _stopped_at(first, {"status": "failed", "checks": docs}, [first.name], states)
+
+
 def _previous(name: str) -> str | None:
     order = [s.name for s in registry()]
     i = order.index(name)
