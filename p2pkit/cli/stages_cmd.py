@@ -123,12 +123,23 @@ def refuse_flags_given(p) -> None:
     from p2pkit.rules import engine_cmd
 
     refused = [(k, m) for k, m in engine_cmd.refusals(p) if any(k == g or k.startswith(g + ".") for g in flags)]
+    if not refused:  # a value the start refuses (--tp 3 on two GPUs), where the profile without this --set passes
+        refused = [(flags[0] if len(flags) == 1 else "serve.flags", f"{c.id} ({c.title}): {c.measured} (expected "
+                    f"{c.expected}); {c.hint}") for c in engine_cmd.refused_by(p, without_flags(p, flags))]
     if refused:
         raise UsageError(f"--set {', '.join(flags)} gives serve.flags the engine's start would refuse: "
                          + "; ".join(f"{k}: {m}" for k, m in refused),
                          hint="correct or drop it on the command line and run the command again; nothing was run or "
                               f"recorded (a flag an earlier run kept for this host goes with `p2pkit --unset "
                               f"{refused[0][0]} ...`)")
+
+
+def without_flags(p, flags: list[str]):
+    """The profile as it is without this command line's --set of serve flags (what the host kept stays)."""
+    from p2pkit.core import config
+
+    given = [o for o in common.OPTS.overrides if o.partition("=")[0].strip() in flags]
+    return config.load(p.source, tuple(o for o in p.overrides if o not in given), p.stored_secrets)
 
 
 def _inventory(inventory: Path, action: str, command: list[str], wheel: Path | None = None,
