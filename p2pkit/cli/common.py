@@ -57,14 +57,23 @@ def host() -> Host:
         raise UsageError(f"--root {root} {'is not a directory' if root.exists() else 'does not exist'}",
                          hint="check the path for a typo: --root names / (the default) or a simulated host's "
                               "directory (`p2pkit sim init DIR` lays one out)")
+    # a typo first (`--root /tmp`): said as a typo, before what the trust check would say of a shared directory
+    # (one stat per sign, nothing read)
+    signs = (SIM_MARKER, *HOST_ROOT_SIGNS)
+    if Path(os.path.abspath(root)) != Path("/") and not any((root / x).exists() for x in signs):
+        raise not_a_host_root(root)
     trusted(root, "the host root (--root)", "or lay a simulated host out where only root can change it")
     h = Host.at(root)
     if not h.is_host_root():
-        raise UsageError(f"--root {root} is neither a simulated host nor a host's root filesystem "
-                         f"(none of {SIM_MARKER}, {', '.join(HOST_ROOT_SIGNS)} is there)",
-                         hint="check the path for a typo: --root names / (the default) or a simulated host's "
-                              "directory (`p2pkit sim init DIR` lays one out)")
+        raise not_a_host_root(root)
     return h
+
+
+def not_a_host_root(root: Path) -> UsageError:
+    return UsageError(f"--root {root} is neither a simulated host nor a host's root filesystem "
+                      f"(none of {SIM_MARKER}, {', '.join(HOST_ROOT_SIGNS)} is there)",
+                      hint="check the path for a typo: --root names / (the default) or a simulated host's "
+                           "directory (`p2pkit sim init DIR` lays one out)")
 
 
 PATH_OPTIONS = (("--root", "root"), ("--state-dir", "state_dir"), ("--profile", "profile"))
