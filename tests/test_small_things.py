@@ -48,7 +48,8 @@ def test_a_state_dir_that_names_a_file_is_refused_as_such(cli, sim, tmp_path):
 
 def test_up_and_status_as_a_user_on_a_host_without_gpus_name_the_simulated_host(cli, tmp_path, monkeypatch):
     """A host root that is not simulated (os-release, /proc, /sys) and has no NVIDIA GPU; the user is
-    not root, so `up` stops at the state directory, before preflight's GPU check could say it."""
+    not root. Nothing is recorded there yet, so `up` proves preflight before it makes the state directory (issue
+    47 item 11): preflight names both (not root, no GPU) and nothing is written."""
     import os
     import shutil
     from pathlib import Path
@@ -69,8 +70,8 @@ def test_up_and_status_as_a_user_on_a_host_without_gpus_name_the_simulated_host(
     monkeypatch.setattr(Path, "mkdir", mkdir)
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     r = cli("--root", str(root), "--state-dir", str(state), "up")
-    assert r.code == 2 and "p2pkit is not running as root" in r.err
-    assert "this host has no NVIDIA GPU; to try p2pkit without GPUs: `p2pkit sim init" in r.err
+    assert r.code == 1 and "FAIL    preflight.root: False (expected True)" in r.err, r.err
+    assert "to try p2pkit without GPUs: `p2pkit sim init" in r.err and not state.exists()
 
 
 def moved(standin, here: str, to: str) -> None:
