@@ -188,6 +188,47 @@ def not_permitted(exe: str) -> NotPermitted:
                         hint=f"check the modes of {exe} and of what it runs (a noexec mount refuses even root)")
 
 
+def interpreter_of(exe: str) -> str:
+    """The interpreter a script's #! line names ("" for none, or a file that cannot be read)."""
+    try:
+        with open(exe, "rb") as fh:
+            first = fh.readline(200)
+    except OSError:
+        return ""
+    words = first[2:].split() if first.startswith(b"#!") else []
+    return words[0].decode(errors="replace") if words else ""
+
+
+def refuse_lost_interpreter(exe: str, root: Path) -> None:
+    """At the door of a command on a simulated host: its stand-in `exe` names an interpreter that is gone (the
+    venv that laid the host out was removed): the command stops at once, saying so, rather than each fact
+    failing and a stage being blamed (issue 47 item 2)."""
+    interp = interpreter_of(exe)
+    if interp.startswith("/") and not os.path.exists(interp):
+        raise interpreter_missing(exe, root)
+
+
+def interpreter_missing(exe: str, root: Path) -> P2pkitError | HostUnusable:
+    """The kernel found no file to start for `exe`, which is there: the interpreter its #! line names is gone (a
+    simulated host's stand-ins name the Python of the venv that laid the host out, which was removed since). On
+    a simulated host nothing of it can run: HostUnusable, with the command that lays it out again (issue 47
+    item 2); elsewhere a missing tool."""
+    interp = interpreter_of(exe)
+    why = f"the interpreter its #! line names ({interp}) does not exist" if interp else "it cannot be started"
+    state = root / ".p2pkit-sim/state.json"  # p2pkit.host.SIM_MARKER: a simulated host's stand-ins
+    if root != Path("/") and state.is_file():
+        try:
+            scenario = json.loads(state.read_text()).get("scenario") or "healthy"
+        except (OSError, ValueError, AttributeError):
+            scenario = "healthy"
+        return HostUnusable(f"the simulated host at {root} cannot run its stand-in {exe}: {why} (the Python it was "
+                            "laid out with is gone, its venv removed or moved)",
+                            f"lay the simulated host out again with the p2pkit you have now (its stages start anew): "
+                            f"`p2pkit sim init --force {root} --scenario {scenario}`")
+    return MissingError(f"cannot run {exe}: {why}",
+                        hint=f"reinstall what provides {os.path.basename(exe)}, or the interpreter it names")
+
+
 class _LogSink:
     """Appends to a log file from both pipes' reader threads, flushed at once so `tail -f` and
     `p2pkit logs STAGE --follow` see each line as the command prints it."""
@@ -299,6 +340,8 @@ class Runner:
         except PermissionError:
             self.denied.append(exe)
             raise not_permitted(exe) from None
+        except FileNotFoundError:
+            raise interpreter_missing(exe, self.root) from None
         children.started(proc.pid, argv, token)
         sink = _LogSink(output_log, argv) if output_log is not None and capture else None
         readers = [_Capped(p, sink) for p in (proc.stdout, proc.stderr) if p is not None]
