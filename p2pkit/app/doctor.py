@@ -20,7 +20,9 @@ def run(ctx) -> dict:
     return judge(found, ctx.profile, simulated=ctx.host.simulated)
 
 
-def judge(found: dict, profile: Profile, simulated: bool) -> dict:
+def judge(found: dict, profile: Profile, simulated: bool, recorded: str | None = None) -> dict:
+    """`recorded`: the facts file judged (`doctor --facts`): a fact it could not read is that host's, so its fix
+    is to record the facts again there, never --debug (nothing runs here to show)."""
     groups = []
     for st in registry():
         if not st.implemented or st.check is None:
@@ -31,6 +33,8 @@ def judge(found: dict, profile: Profile, simulated: bool) -> dict:
         for c in checks:
             if c["pitfall"]:
                 c["pitfall_text"] = PITFALLS.get(c["pitfall"], "")
+            if recorded is not None:
+                c["hint"] = recorded_fix(c, recorded)
         groups.append({"stage": st.name, "checks": checks})
     # a command that did not answer in time (a loaded machine, a wedged tool) says nothing of the host: such a
     # check is listed as not checked, never counted failed (issue 47 item 3)
@@ -41,6 +45,20 @@ def judge(found: dict, profile: Profile, simulated: bool) -> dict:
             "failed": failed, "not_checked": not_checked,
             "unanswered": [c["id"] for g in groups for c in g["checks"] if unanswered(c)],
             "pitfalls": pitfalls(groups, profile)}
+
+
+def recorded_fix(c: dict, source: str) -> str:
+    """A check's fix where it judged a facts file: a fact that could not be read, or a command that did not answer
+    in time, when the file was recorded is fixed on that host and recorded again (issue 47 item 4)."""
+    measured = str(c["measured"])
+    again = f"record the facts again there (`p2pkit facts record {source}`)"
+    if unanswered(c):
+        return (f"a command did not answer in time on the host when {source} was recorded (a loaded machine, or a "
+                f"hung tool): {again}, and if it keeps hanging find out why")
+    if c["status"] == FAIL and measured.startswith("could not determine"):
+        return (f"this fact could not be read on the host when {source} was recorded: fix the cause named there, "
+                f"then {again}")
+    return c["hint"]
 
 
 RANK = (FAIL, ERROR, PENDING, WARN, PASS, SKIP)  # a pitfall's status: the worst of the findings naming it

@@ -327,7 +327,7 @@ def doctor(
             prof = config.from_record(rec, common.OPTS.overrides)
         else:
             prof = common.profile()
-        report = doctor_mod.judge(recorded["facts"], prof, simulated=recorded["simulated"])
+        report = doctor_mod.judge(recorded["facts"], prof, simulated=recorded["simulated"], recorded=str(facts_file))
         report["source"] = str(facts_file)
         report["profile_source"] = prof.source
     else:
