@@ -111,6 +111,15 @@ def from_paste(text: str, profile: Profile, source: str) -> dict:
                             if c["status"] == SKIP or str(c["measured"]).startswith("could not determine")]}
 
 
+def _paste_unsure(report: dict) -> str:
+    """Beside "0 check(s) failed" for a paste that showed too little: why doctor still exits 1."""
+    if "paste_kind" not in report or report["failed"] or not report["not_checked"]:
+        return ""
+    why = "; ".join(str(n["why"]).removeprefix("could not determine: ") for n in report["not_checked"][:2])
+    return (f", but {len(report['not_checked'])} could not be judged from the paste ({why}): a paste that shows too "
+            "little is never a pass (exit 1); paste the whole output, from the box with the GPUs")
+
+
 def render(out: Output, report: dict) -> None:
     for g in report["groups"]:
         if not g["checks"]:
@@ -132,7 +141,7 @@ def render(out: Output, report: dict) -> None:
         out.line(f"{len(report['pitfalls']) - len(na)} of {len(report['pitfalls'])} pitfalls named by a finding on "
                  f"this profile, {len(na)} n/a", style="dim")
     out.line(f"{len(report['failed'])} check(s) failed" + (": " + ", ".join(report["failed"]) if report["failed"]
-                                                           else ""))
+                                                           else "") + _paste_unsure(report))
     if report.get("unanswered"):
         out.line(f"{len(report['unanswered'])} could not be checked, a command they need having not answered in "
                  f"time: {', '.join(report['unanswered'])}; run doctor again (a loaded machine answers later), and if "

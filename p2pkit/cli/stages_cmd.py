@@ -307,8 +307,11 @@ def verify(
 
 def doctor(
     facts_file: Annotated[Path | None, typer.Option("--facts", help="judge a recorded facts file")] = None,
-    paste_file: Annotated[Path | None, typer.Option("--from-paste", help="judge a pasted output (lspci -vv, the "
-                                                    "NVIDIA installer's log, CMake's output, nvidia-smi -q)")] = None,
+    paste_file: Annotated[Path | None, typer.Option("--from-paste", help="judge a pasted output, one of: lspci (lspci "
+                                                    "-vv, sudo lspci -vvv for ACS), nvidia-installer (its log), cmake "
+                                                    "(CMake's or nvcc's errors), nvidia-smi-q (nvidia-smi -q), "
+                                                    "simpleP2P, p2pBandwidthLatencyTest (the CUDA samples), nccl-log "
+                                                    "(an NCCL or PyTorch log or crash)")] = None,
 ) -> None:
     """Every read-only check p2pkit has, grouped by stage, with pitfall ids (docs/pitfalls.md) and fixes."""
     from p2pkit.app import doctor as doctor_mod
