@@ -117,3 +117,29 @@ def test_a_stand_in_that_cannot_find_p2pkit_says_sim_init_force(sim, tmp_path):
     assert r.returncode == 127 and "Traceback" not in r.stderr  # the runner stops the command with its message
     assert "cannot run its stand-in for modinfo" in r.stderr
     assert f"`p2pkit sim init --force {root} --scenario healthy`" in r.stderr
+
+
+def test_sim_container_exec_never_exits_a_wrapped_signal(tmp_path):
+    """Issue 47 item 9: `sim container exec DIR -- p2pkit --yes up --reboot` exited 241 when the container rebooted
+    (the command's -15 passed on, wrapped to 241: in no table). A command the OS going down ended is exit 4 (as
+    that `up` on a real box that reboots), with what happened; another signal is 128+N, as a shell says it."""
+    import json
+    import os
+    import subprocess
+
+    from p2pkit.core.errors import Exit
+    from p2pkit.sim import container
+
+    assert container.REBOOTED == Exit.REBOOT
+    h = container.ContainerHost(tmp_path / "ct")
+    h.dir.mkdir()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    (h.dir / "machine.json").write_text(json.dumps({"state": "running", "boots": 2, "leader_pid": gone.pid}))
+    code, said = h.ended_by(-15, gone.pid, 2, wait_s=1)
+    assert code == 4 and "went down under the command (boot 2 ended: its OS rebooted)" in said and "SIGTERM" in said
+    assert f"p2pkit sim container exec {h.dir} -- p2pkit status" in said
+    (h.dir / "machine.json").write_text(json.dumps({"state": "running", "boots": 2, "leader_pid": os.getpid()}))
+    assert h.ended_by(-9, os.getpid(), 2, wait_s=0.3) == (137, "the command inside was ended by SIGKILL (exit 137, "
+                                                                "as a shell says it)")
+    assert h.ended_by(3, os.getpid(), 2) == (3, "")
