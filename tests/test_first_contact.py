@@ -34,7 +34,9 @@ def test_up_as_a_user_that_is_not_root_says_what_to_do(cli, monkeypatch, tmp_pat
     # the host's lock, taken first, in the test's directory: never this machine's /run
     (tmp_path / "run").mkdir()
     monkeypatch.setattr(lock, "host_lock_path", lambda root: tmp_path / lock.HOST_LOCK)
-    r = cli("--state-dir", str(state), "up")
+    # --from driver: a plain `up` where nothing is recorded proves preflight first and stops there on this
+    # machine without GPUs, writing nothing (issue 47 item 11; tests/test_small_things.py has that case)
+    r = cli("--state-dir", str(state), "up", "--from", "driver")
     assert r.code == 2, r.err
     assert f"cannot write the state directory {state}: Permission denied (p2pkit is not running as root)" in r.err
     assert "sudo p2pkit" in r.err and "--state-dir" in r.err and "internal error" not in r.err

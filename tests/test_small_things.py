@@ -144,3 +144,42 @@ def test_sim_container_exec_never_exits_a_wrapped_signal(tmp_path):
     assert h.ended_by(-9, os.getpid(), 2, wait_s=0.3) == (137, "the command inside was ended by SIGKILL (exit 137, "
                                                                 "as a shell says it)")
     assert h.ended_by(3, os.getpid(), 2) == (3, "")
+
+
+def test_issue_47_item_13_small_things(cli, sim, tmp_path, capsys):
+    """Each as an operator met it: `facts record FILE` overwrote FILE silently (report refuses without --force);
+    `logs -n -1` and `serve logs -n -1` were taken; `--json --version` printed text; `sim init --scenario healty`
+    listed every scenario but guessed none."""
+    import json
+    import subprocess
+    import sys
+
+    root = sim("healthy")
+    f = tmp_path / "facts.json"
+    f.write_text("mine\n")
+    r = cli("--root", str(root), "facts", "record", str(f))
+    assert r.code == 2 and "exists" in r.err and "--force" in r.err and f.read_text() == "mine\n", r.err
+    assert cli("--root", str(root), "facts", "record", "--force", str(f)).code == 0
+    assert json.loads(f.read_text())["kind"] == "p2pkit-facts"
+    for args in (["logs", "driver", "-n", "-1"], ["serve", "logs", "-n", "-1"]):
+        r = cli("--root", str(root), *args)
+        assert r.code == 2 and "-1" in r.err and "no log" not in r.err, (args, r.err)
+    for args in (["--json", "--version"], ["--version", "--json"]):
+        p = subprocess.run([sys.executable, "-m", "p2pkit", *args], capture_output=True, text=True)
+        doc = json.loads(p.stdout)
+        assert p.returncode == 0 and doc["kind"] == "p2pkit-version" and doc["version"], (args, p.stdout)
+    r = cli("sim", "init", "--scenario", "healty", str(tmp_path / "x"))
+    assert r.code == 2 and "did you mean healthy?" in r.err, r.err
+
+
+def test_status_on_a_host_without_gpus_sends_to_the_simulated_host_not_to_up(cli, tmp_path):
+    """On a machine without NVIDIA GPUs status said "next: run `p2pkit up`" beside "this host has no NVIDIA GPU":
+    up stops at preflight there; the one next step is the simulated host (issue 47 item 13)."""
+    import shutil
+
+    root = tmp_path / "box"
+    for d in ("etc", "proc", "sys/bus/pci/devices"):
+        (root / d).mkdir(parents=True)
+    shutil.copy("/etc/os-release", root / "etc/os-release")
+    r = cli("--root", str(root), "--state-dir", str(tmp_path / "state"), "status")
+    assert r.code == 1 and "this host has no NVIDIA GPU" in r.err and "next: run" not in r.err, r.err

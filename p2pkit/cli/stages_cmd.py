@@ -233,11 +233,12 @@ def status(
             raise typer.Exit(int(code))
         _no_systemd_note(ctx)
         first = next((s for s in states if s.state != pipeline.DONE), None)
-        if first is not None and first.state in (pipeline.STALE, pipeline.NOT_RUN, pipeline.REBOOT,
-                                                 pipeline.INTERRUPTED):
+        no_gpu = common.sim_hint(ctx.host) if code != Exit.OK else ""
+        if no_gpu:  # `up` stops at preflight on a host without NVIDIA GPUs: the simulated host is the next step
+            ctx.out.log(no_gpu)
+        elif first is not None and first.state in (pipeline.STALE, pipeline.NOT_RUN, pipeline.REBOOT,
+                                                   pipeline.INTERRUPTED):
             ctx.out.log(f"next: {pipeline.gate_fix(ctx, states, None)}")  # the one command that makes it done
-        if code != Exit.OK and common.sim_hint(ctx.host):
-            ctx.out.log(common.sim_hint(ctx.host))
     raise typer.Exit(int(code))
 
 
@@ -409,9 +410,13 @@ def rollback(
 
 
 @facts_app.command("record")
-def facts_record(file: Annotated[Path, typer.Argument(help="JSON file to write")]) -> None:
-    """Write every fact p2pkit reads from this host to FILE."""
+def facts_record(file: Annotated[Path, typer.Argument(help="JSON file to write")],
+                 force: Annotated[bool, typer.Option("--force", help="replace FILE when it exists")] = False) -> None:
+    """Write every fact p2pkit reads from this host to FILE (never over one that exists, without --force)."""
     file = common.output_file("", file)  # refused before any fact is read
+    if file.exists() and not force:  # as `report` refuses: nothing overwritten unasked (issue 47 item 13)
+        raise UsageError(f"{file} exists: p2pkit does not overwrite it",
+                         hint="name another file, or add --force to replace it; nothing was read or written")
     h = common.host()
     doc = facts.record(h, common.profile(h))
     target = file.resolve()
@@ -433,7 +438,8 @@ def logs(
                                          "no log", **STAGE)],
     follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing as the log grows, until the run "
                                          "writing it ends (Ctrl-C stops)")] = False,
-    lines: Annotated[int, typer.Option("--lines", "-n", help="start with only the last N lines (0: all)")] = 0,
+    lines: Annotated[int, typer.Option("--lines", "-n", min=0, help="start with only the last N lines (0: all)")]
+    = 0,
 ) -> None:
     """A stage's log: ansible-playbook's output, the engine build, the conversion, the load, as they
     are written (a 20-minute build can be followed with --follow). With --json, one document with the
