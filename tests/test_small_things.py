@@ -183,3 +183,14 @@ def test_status_on_a_host_without_gpus_sends_to_the_simulated_host_not_to_up(cli
     shutil.copy("/etc/os-release", root / "etc/os-release")
     r = cli("--root", str(root), "--state-dir", str(tmp_path / "state"), "status")
     assert r.code == 1 and "this host has no NVIDIA GPU" in r.err and "next: run" not in r.err, r.err
+
+
+def test_hints_to_root_carry_no_sudo():
+    """Hints said `sudo p2pkit ...` and `sudo apt-get ...` to root on a real box, which may have no sudo (issue 47
+    item 13); a user who is not root is still told sudo."""
+    from p2pkit.core.output import on_host
+
+    said = "run `sudo p2pkit up --pin`, or `sudo apt-get install -y make`, as `sudo -E x` says; then `p2pkit status`"
+    assert on_host(said, [], drop_sudo=True) == ("run `p2pkit up --pin`, or `apt-get install -y make`, as `sudo -E x` "
+                                                 "says; then `p2pkit status`")
+    assert on_host(said, [], drop_sudo=False) == said

@@ -33,9 +33,9 @@ OPTS = Options()
 
 def output() -> Output:
     args, simulated = host_options()  # a simulated host's errors say SIMULATED too
-    # sudo is dropped from the commands a simulated host prints only for root, who needs none: a user who is
-    # not root needs it there too (`status` run as another user says "run it as root: `sudo ...`")
-    return Output(json_mode=OPTS.json, simulated=simulated, host_args=args, drop_sudo=simulated and os.geteuid() == 0)
+    # sudo is dropped from the commands p2pkit prints for root, who needs none (a box may have no sudo at all): a
+    # user who is not root needs it (`status` run as another user says "run it as root: `sudo ...`")
+    return Output(json_mode=OPTS.json, simulated=simulated, host_args=args, drop_sudo=os.geteuid() == 0)
 
 
 def host_options() -> tuple[list[str], bool]:
