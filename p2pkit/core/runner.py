@@ -204,8 +204,14 @@ def refuse_lost_interpreter(exe: str, root: Path) -> None:
     venv that laid the host out was removed): the command stops at once, saying so, rather than each fact
     failing and a stage being blamed (issue 47 item 2)."""
     interp = interpreter_of(exe)
-    if interp.startswith("/") and not os.path.exists(interp):
-        raise interpreter_missing(exe, root)
+    if not interp.startswith("/"):
+        return
+    try:
+        os.stat(interp)
+    except FileNotFoundError:  # gone; one this user may not reach (EACCES) is the runner's `denied` to say
+        raise interpreter_missing(exe, root) from None
+    except OSError:
+        pass
 
 
 def interpreter_missing(exe: str, root: Path) -> P2pkitError | HostUnusable:
