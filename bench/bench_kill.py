@@ -138,7 +138,7 @@ def one_kill(base: Path, i: int, at: float) -> dict:
     before = set(processes_in(root)) - engine_pids(root)  # what the killed run left (its children die with it)
     broken = half_written(state)
     r = subprocess.run(p2pkit("--root", str(root), "up", "--reboot"), capture_output=True, text=True, cwd=base)
-    status = subprocess.run(p2pkit("--root", str(root), "status"), capture_output=True, text=True, cwd=base)
+    status = subprocess.run(p2pkit("--root", str(root), "--json", "status"), capture_output=True, text=True, cwd=base)
     left = processes_in(root)
     orphans = {pid: cmd for pid, cmd in left.items() if pid in before and pid not in engine_pids(root)}
     stop_host(root)
@@ -148,6 +148,7 @@ def one_kill(base: Path, i: int, at: float) -> dict:
            "lock_problem": r.returncode == LOCKED}
     if not out["finished"]:
         out["resume_tail"] = r.stderr[-600:]
+        out["status_not_done"] = not_done(status.stdout)  # which stage status did not call done, and why
     for pid in orphans:  # leave this machine as it was
         try:
             os.kill(pid, signal.SIGKILL)
@@ -155,6 +156,16 @@ def one_kill(base: Path, i: int, at: float) -> dict:
             pass
     shutil.rmtree(root, ignore_errors=True)
     return out
+
+
+def not_done(status_json: str) -> list[str]:
+    """The stages `status --json` did not call done, each with its state and reason (issue 48 item 6: a stale
+    after a resume that finished is said with its reason, never only counted)."""
+    try:
+        return [f"{s['stage']}: {s['state']}: {s['reason']}" for s in json.loads(status_json)["stages"]
+                if s["state"] != "done"]
+    except (ValueError, KeyError, TypeError):
+        return [f"status printed no document: {status_json[-300:]}"]
 
 
 def table(kills: list[dict], stages: list[str]) -> list[dict]:
@@ -192,7 +203,9 @@ def main() -> int:
             k = kills[-1]
             print(f"kill {i + 1}/{a.kills} at {k['at_s']} s in {k['stage']}: resume exit {k['resume_exit']}"
                   f"{', half-written ' + str(k['half_written']) if k['half_written'] else ''}"
-                  f"{', orphans ' + str(k['orphans']) if k['orphans'] else ''}", file=sys.stderr)
+                  f"{', orphans ' + str(k['orphans']) if k['orphans'] else ''}"
+                  f"{', status: ' + '; '.join(k['status_not_done']) if k.get('status_not_done') else ''}",
+                  file=sys.stderr)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     rows = table(kills, stages)

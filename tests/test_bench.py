@@ -61,6 +61,21 @@ def test_bench_before_the_service_stage_exits_3(sim, cli):
     assert not (root / "var/lib/p2pkit/bench.json").exists()
 
 
+@pytest.mark.parametrize("ab,said", [
+    ("serve.flags.tp=3", "service.tp (--tp is 1 or 2): 3 (expected 1 or 2)"),  # a value doctor and the start refuse
+    ("serve.env.BOGUS", "--ab 'serve.env.BOGUS' is not section.key=VALUE"),  # no value
+    ("serve.nosuchkey=1", "serve.nosuchkey: unknown key"),
+])
+def test_an_ab_change_the_start_refuses_is_refused_before_anything_runs(sim, cli, ab, said):
+    """Issue 47 item 6: `bench --ab serve.flags.tp=3` ran and printed a ratio for a value doctor fails; `--ab
+    serve.env.BOGUS` ran the whole baseline arm, then exited 1 and overwrote bench.json. Both are usage: exit 2,
+    before the gate, the lock or a request, nothing written."""
+    root = sim("healthy")
+    r = cli("--root", str(root), "bench", "--ab", ab)
+    assert r.code == 2 and said in r.err and "nothing was run" in r.err, r.err
+    assert not (root / "var/lib/p2pkit").exists()
+
+
 def ctx_for(profile: str, root: Path = Path("/"), store: Path = Path("/nonexistent")):
     from p2pkit.app import pipeline
     from p2pkit.core import config
@@ -156,6 +171,9 @@ def test_bench_on_the_simulated_ninfer(sim, cli, monkeypatch, tmp_path):
     r = cli("--root", str(root), "up", "--reboot")
     assert r.code == 0, r.err[-3000:]
     ab_read_from_the_request_log(root, cli, tmp_path)
+    kept = (root / "var/lib/p2pkit/bench.json").read_bytes()  # a bad --ab on a served host: no baseline run, nothing
+    r = cli("--root", str(root), "bench", "--ab", "serve.env.BOGUS")  # overwritten (issue 47 item 6)
+    assert r.code == 2 and (root / "var/lib/p2pkit/bench.json").read_bytes() == kept, r.err
     without_matplotlib(root, cli, monkeypatch, tmp_path)
     ab_interrupted_in_the_second_arm(root)
 

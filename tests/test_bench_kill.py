@@ -26,3 +26,17 @@ def test_two_kills_each_resume_finishes_with_nothing_left_behind(tmp_path):
         assert k["half_written"] == [] and k["orphans"] == [], k
     assert r.returncode == 0, r.stdout + r.stderr
     assert "stage" in r.stdout.splitlines()[0] and "half_written" in r.stdout, r.stdout
+
+
+def test_a_kill_whose_status_is_not_done_after_the_resume_keeps_the_reason():
+    """Issue 48 item 6: "status said service stale" after a resume that exited 0, counted and never explained.
+    The campaign keeps each stage status did not call done with its state and reason."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_kill", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    doc = {"stages": [{"stage": "model", "state": "done", "reason": ""},
+                      {"stage": "service", "state": "could not check", "reason": "systemctl did not answer"}]}
+    assert mod.not_done(json.dumps(doc)) == ["service: could not check: systemctl did not answer"]
+    assert mod.not_done("Traceback")[0].startswith("status printed no document")

@@ -108,3 +108,25 @@ def test_facts_record_then_doctor_elsewhere(cli, sim, tmp_path):
     assert doc["simulated"] is True and len(doc["facts"]["pci_gpus"]) == 2
     r = cli("--json", "doctor", "--facts", str(out))
     assert r.json()["simulated"] is True
+
+
+def test_a_facts_file_recorded_while_a_command_hung_is_not_judged_and_never_sends_to_debug(cli, sim, tmp_path):
+    """Issue 47 item 4: `doctor --facts F` judged a systemctl that timed out while F was recorded as the engine
+    being dead, and its fix said `--debug`, which shows no command line when nothing runs (the facts are read
+    from the file). A timeout recorded is "could not check", not failed; a fact that could not be read says to
+    record the facts again on that host."""
+    root = sim("healthy")
+    out = tmp_path / "facts.json"
+    assert cli("--root", str(root), "facts", "record", str(out)).code == 0
+    doc = json.loads(out.read_text())
+    doc["facts"]["engine_live"] = {"error": "systemctl did not answer within 2 s (`systemctl show -p MainPID --value "
+                                            "p2pkit-engine.service` was killed after 2.1 s)"}
+    doc["facts"]["smi_topo_m"] = {"error": "could not determine smi_topo_m: OSError: [Errno 5] Input/output error"}
+    out.write_text(json.dumps(doc))
+    r = cli("--json", "doctor", "--facts", str(out))
+    report = r.json()
+    checks = {c["id"]: c for g in report["groups"] for c in g["checks"]}
+    assert "service.engine_alive" not in report["failed"] and "service.engine_alive" in report["unanswered"]
+    for id_ in ("service.engine_alive", *[c for c in report["failed"] if "could not determine" in
+                                          str(checks[c]["measured"])]):
+        assert "--debug" not in checks[id_]["hint"] and "facts record" in checks[id_]["hint"], checks[id_]

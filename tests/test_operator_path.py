@@ -138,6 +138,31 @@ def test_sim_stop_stops_the_engine_even_when_the_hosts_systemctl_cannot(cli, sim
     assert r.code == 0 and "no simulated service was running" in r.err
 
 
+def test_a_simulated_host_whose_python_is_gone_says_so_and_lays_out_again(cli, sim, tmp_path):
+    """Issue 47 item 2: the venv that laid the host out removed, `sim stop` and `sim init --force` exited 70
+    (FileNotFoundError on usr/bin/systemctl: the file is there, its interpreter is not) and status blamed
+    p2p-module. Now: `sim stop` stops the engine the simulator started all the same; a command on that host says its
+    stand-ins cannot run, why, and the command that lays the host out again (exit 6); that command works."""
+    root = sim("healthy")
+    pid = _started_engine(root)
+    gone = tmp_path / "gone-venv/bin/python3"
+    for f in (root / "usr/bin").iterdir():
+        text = f.read_text() if f.is_file() and not f.is_symlink() else ""
+        if text.startswith("#!") and "SIMULATED stand-in" in text:
+            f.write_text(f"#!{gone} -S\n" + text.split("\n", 1)[1])
+    r = cli("sim", "stop", str(root))
+    assert r.code == 0 and f"stopped p2pkit-engine.service (pid {pid})" in r.err and not _alive(pid), r.err
+    for args in (["status"], ["doctor"], ["up"], ["--json", "status"]):
+        r = cli("--root", str(root), *args)
+        err = " ".join(r.err.split())
+        assert r.code == 6 and str(gone) in err and "does not exist" in err, (args, err)
+        assert f"p2pkit sim init --force {root} --scenario healthy" in err and "internal error" not in err, err
+    r = cli("sim", "init", "--force", str(root))
+    assert r.code == 0, r.err
+    assert (root / "usr/bin/systemctl").read_text().startswith(f"#!{sys.executable} -S\n")
+    assert cli("--root", str(root), "up", "--to", "preflight").code == 0
+
+
 def test_sim_stop_that_fails_says_so_and_names_what_still_runs(cli, sim, monkeypatch):
     """A process that outlives SIGTERM and SIGKILL (stuck in the kernel): `sim stop` says it could not stop
     it, with its pid and the command that ends it, exit 1; never "stopped"."""

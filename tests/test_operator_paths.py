@@ -119,6 +119,30 @@ def test_an_unknown_engine_flag_given_with_set_is_refused_before_up_records_it(c
     assert known.status == "fail" and "`p2pkit --unset serve.flags.nosuchflag up` takes them out" in known.hint
 
 
+def test_an_engine_flag_value_the_start_refuses_given_with_set_is_refused_before_up_records_it(cli, sim):
+    """Issue 47 item 5: `--set serve.flags.tp=3 up` ran, recorded tp=3 for the host, and every later `up` failed
+    at the service stage with no word of the --unset; `plan` showed a run. A value the engine's start refuses
+    (where the profile without that --set passes) is refused at once, exit 2, nothing recorded; a good value
+    goes through; a flag kept from an earlier run is the service stage's, whose fix names the --unset."""
+    root = sim("healthy")
+    for cmd in ("plan", "up"):
+        r = cli("--root", str(root), "--set", "serve.flags.tp=3", cmd)
+        assert r.code == 2 and "serve.flags.tp: service.tp (--tp is 1 or 2): 3 (expected 1 or 2)" in r.err, (cmd, r.err)
+        fix = r.err.split("fix: ", 1)[1]
+        assert fix.startswith("correct or drop it on the command line") and "nothing was run or recorded" in fix, fix
+    assert not (root / "var/lib/p2pkit").exists()
+    assert cli("--root", str(root), "--set", "serve.flags.tp=2", "plan").code == 0
+    from p2pkit.core import config
+    from p2pkit.rules import engine_cmd
+
+    kept = config.load("dual-5090-ninfer", ("serve.flags.tp=3",))
+    (tp,) = [c for c in engine_cmd.validate(kept) if c.id == "service.tp"]
+    assert tp.status == "fail" and "`p2pkit --unset serve.flags.tp up` takes it out" in tp.hint, tp.hint
+    (tp,) = [c for c in engine_cmd.validate(config.load("dual-5090-ninfer", ("serve.flags.tp=2",)))
+             if c.id == "service.tp"]
+    assert tp.status == "pass" and tp.hint == ""
+
+
 def test_report_with_a_profile_that_does_not_load_takes_its_file_and_says_so(cli, sim, tmp_path):
     root = sim("healthy")
     bad = tmp_path / "mine.toml"

@@ -154,3 +154,43 @@ def test_p29_from_a_pasted_lspci_acsctl_grep_and_an_unprivileged_lspci():
                                "\tCapabilities: <access denied>\n", p)
     acs = [c for c in denied if c.id.startswith("field.acs")]
     assert acs and all(c.status == "warn" for c in acs) and "sudo lspci" in acs[-1].hint, acs
+
+
+# ------------------------------------------------------------ issue 47 item 8: what a new operator pasted
+
+def test_a_cmake_error_from_nvcc_refusing_the_architecture_is_p05(cli):
+    """"nvcc fatal : Unsupported gpu architecture 'compute_35'" (gadgetron/gadgetron#6) was a generic paste.cmake
+    failure without a pitfall: it is P05, naming the architecture and the toolkit's list."""
+    t = text("cmake_nvcc_unsupported_arch_gadgetron6.txt")
+    assert pp.kind(t) == "cmake"
+    (c,) = [c for c in pc.check("cmake", t, P) if c.status == "fail"]
+    assert (c.id, c.pitfall) == ("paste.cuda_arch", "P05") and "compute_35" in c.measured, c
+    assert "nvcc --list-gpu-arch" in c.hint and "CMAKE_CUDA_ARCHITECTURES" in c.hint, c.hint
+    assert pp.kind("nvcc fatal : Unsupported gpu architecture 'compute_120a'\n") == "cmake"  # the line alone
+
+
+def test_a_pytorch_crash_of_a_cpu_only_torch_is_read(cli):
+    """"Torch not compiled with CUDA enabled" (facebookresearch/detectron2#460) was "no output p2pkit knows how to
+    read" though the README lists PyTorch crashes: it is the CPU-only torch, with the fix; no NCCL version asked."""
+    t = text("crash_torch_cpu_only_detectron2_460.txt")
+    assert pp.kind(t) == "nccl-log"
+    checks = pc.check("nccl-log", t, P)
+    assert [(c.id, c.status) for c in checks] == [("paste.torch_cuda", "fail")], checks
+    assert "CUDA build" in checks[0].hint
+
+
+def test_an_lspci_paste_without_an_nvidia_gpu_says_why_it_is_not_a_pass(cli):
+    """A real `lspci -vv` of a box without NVIDIA devices (geerlingguy/raspberry-pi-pcie-devices#331) printed
+    "0 check(s) failed" and exited 1: the exit stays (a paste that shows too little is never a pass), and the
+    last line says so, naming what the paste lacks."""
+    r = cli("doctor", "--from-paste", str(PASTE / "lspci_radeon_no_nvidia_geerlingguy331.txt"))
+    last = " ".join(r.out.strip().splitlines()[-1].split())
+    assert r.code == 1 and "could not be judged from the paste" in last and "no NVIDIA VGA or 3D controller" in last, \
+        r.out
+
+
+def test_doctor_help_names_every_paste_kind(cli):
+    r = cli("doctor", "--help")
+    said = " ".join(r.out.split())
+    for k in pp.KINDS:
+        assert k in said, (k, said)

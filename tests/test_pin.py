@@ -120,3 +120,23 @@ def test_pin_a_builtin_profile_into_a_new_file(cli, sim, tmp_path):
     assert p.name == "dual-5090-ninfer" and p.serve.port == 8001 and len(p.p2p_module.commit) == 40
     doc = cli("--json", "--profile", str(out), "pin", "--engine", str(root / ".p2pkit-sim/git/ninfer-work")).json()
     assert doc["kind"] == "p2pkit-pin" and doc["written"] is False and len(doc["found"]["engine"]["commit"]) == 40
+
+
+def test_pin_out_writes_a_comment_per_pin_and_junk_is_bad_input(cli, sim, tmp_path):
+    """Issue 47 item 12: `pin --out F --yes` wrote one header comment, not a comment per pin saying where it came
+    from (the README says it does); `pin --installer junk.txt` exited 1 where other bad input exits 2."""
+    root = sim("healthy")
+    out = tmp_path / "mine.toml"
+    work = root / ".p2pkit-sim/git/work"
+    r = cli("pin", "--fork", str(work), "--engine", str(root / ".p2pkit-sim/git/ninfer-work"), "--out", str(out),
+            "--yes")
+    assert r.code == 0, r.err
+    lines = out.read_text().splitlines()
+    for where in (f"checkout {work} ", "ninfer-work"):  # beside each pinned commit, as `up --pin` writes them
+        notes = [ln for ln in lines if ln.startswith("commit = ") and "# pinned by `p2pkit pin` on " in ln
+                 and where in ln]
+        assert len(notes) == 1, (where, out.read_text()[:3000])
+    junk = tmp_path / "junk.txt"
+    junk.write_text("not an installer\n")
+    r = cli("pin", "--installer", str(junk), "--out", str(tmp_path / "other.toml"))
+    assert r.code == 2 and "is not a makeself archive" in r.err and not (tmp_path / "other.toml").exists(), r.err

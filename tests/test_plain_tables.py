@@ -24,6 +24,7 @@ def piped(*args: str, columns: int = 30) -> subprocess.CompletedProcess:
 
 def test_piped_status_keeps_long_ids_whole_at_narrow_columns(cli, sim):
     root = sim("one-gpu")
+    (root / "var/lib/p2pkit").mkdir(parents=True)  # state recorded here: preflight's failure is its artifact
     assert cli("--root", str(root), "up", "--to", "preflight").code == 1
     r = piped("--root", str(root), "status")
     doc = json.loads(piped("--root", str(root), "--json", "status").stdout)

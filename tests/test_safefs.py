@@ -247,6 +247,25 @@ def test_a_sticky_world_writable_parent_is_passed_through_but_never_trusted_itse
         safefs.check_trusted(tmp, "the state directory")
 
 
+def test_a_shared_sticky_directory_is_never_told_to_lose_its_write_bits(tmp_path):
+    """Issue 47 item 7: `chmod go-w /tmp` was the fix for a --state-dir or --root of /tmp itself: advice that
+    breaks every other user of the box. The fix is a directory of its own inside it."""
+    tmp = _own_dir(tmp_path / "tmp", 0o1777)
+    with pytest.raises(UsageError) as e:
+        safefs.check_trusted(tmp, "the state directory")
+    assert "chmod" not in e.value.hint and f"`mkdir -m 0755 {tmp}/NAME`" in e.value.hint, e.value.hint
+    assert "shared directory" in e.value.hint
+
+
+@pytest.mark.parametrize("shared", ["/tmp", "/var/tmp"])
+def test_a_root_of_tmp_is_called_a_typo_not_a_directory_to_chmod(cli, shared):
+    """`--root /tmp status` (a typo) answered "/tmp is writable by every user", fix `chmod go-w /tmp`: it is no host
+    root at all, and says so first (nothing read there)."""
+    r = cli("--root", shared, "status")
+    assert r.code == 2 and f"--root {shared} is neither a simulated host nor a host's root filesystem" in r.err, r.err
+    assert "chmod" not in r.err
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="a link owned by another user needs root to make")
 def test_a_link_another_user_made_in_a_sticky_directory_is_not_followed(tmp_path):
     tmp = _own_dir(tmp_path / "tmp", 0o1777)

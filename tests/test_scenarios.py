@@ -1,5 +1,7 @@
 """Each simulated scenario makes the right stage fail with the right check and hint."""
 
+import json
+
 import pytest
 
 from p2pkit.core.artifacts import Store
@@ -39,7 +41,12 @@ def test_scenario_fails_at_the_right_stage(cli, sim, scenario, stage, check, hin
     r = up_through_reboot(cli, root)
     assert r.code == 1, r.err
     assert f"{stage} failed: {check}" in r.err
-    bad = failing(root, stage)
+    if stage == "preflight":  # a first run that stops at preflight records nothing (issue 47 item 11)
+        assert not (root / "var/lib/p2pkit").exists() and not (root / "run/p2pkit.core.lock").exists()
+        doc = json.loads(cli("--root", str(root), "--json", "up").out)
+        bad = {c["id"]: c for c in doc["stages"][0]["checks"] if c["status"] == "fail"}
+    else:
+        bad = failing(root, stage)
     assert check in bad, list(bad)
     assert hint in bad[check]["hint"]
     assert bad[check]["measured"] is not None and bad[check]["expected"] is not None
@@ -67,12 +74,27 @@ def test_behind_switch_each_bridge_has_its_own_address_and_the_finding_names_the
     lifecycle.stop_services(root)
 
 
-def test_no_gpu_real_message(cli, sim):
-    r = cli("--root", str(sim("no-gpu")), "up")
+@pytest.mark.parametrize("reboot", [[], ["--reboot"]])
+def test_no_gpu_real_message(cli, sim, reboot):
+    root = sim("no-gpu")
+    r = cli("--root", str(root), "up", *reboot)
     assert r.code == 1 and "Traceback" not in r.err
     headline = r.err.strip().splitlines()[-1]
     assert "preflight failed: preflight.gpu_count: 0" in headline
     assert "no NVIDIA GPU was found under /sys/bus/pci/devices" in headline and "p2pkit sim init" in headline
+    # issue 47 item 11: a first run that stops at preflight changes nothing (the README): no state directory, no
+    # lock, no artifact; the table still shows why
+    assert not (root / "var/lib/p2pkit").exists() and not (root / "run/p2pkit.core.lock").exists()
+    assert "preflight.gpu_count: 0 (nothing recorded on this host)" in r.out, r.out
+
+
+def test_a_preflight_failure_where_state_is_recorded_is_kept(cli, sim):
+    """Where the host has a state directory already (an earlier run), preflight's failure is its artifact, as
+    ever: status shows it."""
+    root = sim("no-gpu")
+    (root / "var/lib/p2pkit").mkdir(parents=True)
+    assert cli("--root", str(root), "up").code == 1
+    assert failing(root, "preflight")["preflight.gpu_count"]["measured"] == "0"
 
 
 def test_driver_595_refused_before_anything_runs(cli, sim):

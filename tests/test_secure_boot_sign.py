@@ -162,9 +162,10 @@ def test_a_certificate_that_is_not_one_stops_at_preflight(cli, sim, monkeypatch)
 def test_no_password_and_no_queued_key_stops_at_preflight(cli, sim, monkeypatch):
     monkeypatch.delenv("P2PKIT_MOK_PASSWORD", raising=False)
     root = sim("secure-boot-on")
-    r = cli("--root", str(root), "up", "--to", "p2p-module")
-    assert r.code == 1 and "preflight failed: preflight.secure_boot" in r.err, r.err
-    doc = Store(root / "var/lib/p2pkit").read("preflight")
+    r = cli("--root", str(root), "--json", "up", "--to", "p2p-module")
+    assert r.code == 1 and "preflight failed: preflight.secure_boot" in r.out, r.out
+    assert not (root / "var/lib/p2pkit").exists()  # a first run that stops at preflight records nothing
+    doc = json.loads(r.out)["stages"][0]
     c = {c["id"]: c for c in doc["checks"]}["preflight.secure_boot"]
     for words in ("/var/lib/p2pkit/mok/p2pkit-mok.priv", "mokutil --import", "P2PKIT_MOK_PASSWORD", "sign-file",
                   "Enroll MOK"):

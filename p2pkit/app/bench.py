@@ -677,10 +677,32 @@ def refuse(p, concurrency: list[int] | None, reference: bool) -> None:
                          hint="drop --reference for this profile; nothing was run")
 
 
+def refuse_ab(p, ab: str | None) -> None:
+    """--ab's one change, refused as usage (exit 2) before the gate, the lock or any request, as `up` refuses it
+    with --set: not KEY=VALUE, a profile that does not load with it, or a value the engine's start refuses where
+    the profile without it passes (--tp 3 on two GPUs: issue 47 item 6). Nothing is run or written."""
+    if ab is None:
+        return
+    try:
+        config.parse_override(ab)
+        q = config.load(p.source, (*p.overrides, ab), p.stored_secrets)
+    except P2pkitError as e:
+        key = ab.partition("=")[0].strip()
+        message = e.message.replace(f"--set {ab!r}", f"--ab {ab!r}").replace(f"--set {key}", f"--ab {key}")
+        raise UsageError(message, hint="give --ab one SECTION.KEY=VALUE the profile takes, like "
+                                       "serve.env.NCCL_P2P_DISABLE=1; nothing was run") from e
+    refused = engine_cmd.refused_by(q, p)
+    if refused:
+        raise UsageError(f"--ab {ab} gives the engine a start it refuses: " + "; ".join(
+            f"{c.id} ({c.title}): {c.measured} (expected {c.expected}); {c.hint}" for c in refused),
+            hint="give --ab a value the engine starts with; nothing was run")
+
+
 def run(ctx, n_prompt: int, n_out: int, warmup: int, requests: int, ab: str | None,
         shapes: list[str] | None = None, concurrency: list[int] | None = None, reference: bool = False) -> dict:
     p = ctx.profile
     refuse(p, concurrency, reference)
+    refuse_ab(p, ab)
     levels = levels_of(shapes, concurrency, n_prompt, n_out)
     if bench_of(p)["accounting"] == "timings":  # a shape llama-server's slots cannot hold is refused before any request
         n_ctx = engine_api.slot_context(engine_cmd.base_url(p))

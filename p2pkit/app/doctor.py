@@ -9,7 +9,7 @@ from p2pkit.core.config import Profile
 from p2pkit.core.errors import UsageError
 from p2pkit.core.output import Output
 from p2pkit.facts import collect as facts_mod
-from p2pkit.rules.findings import ERROR, FAIL, PASS, PENDING, SKIP, WARN
+from p2pkit.rules.findings import ERROR, FAIL, PASS, PENDING, SKIP, WARN, unanswered
 from p2pkit.rules.pitfalls import CHECKED_BY, PITFALLS
 from p2pkit.stages import registry
 
@@ -20,7 +20,9 @@ def run(ctx) -> dict:
     return judge(found, ctx.profile, simulated=ctx.host.simulated)
 
 
-def judge(found: dict, profile: Profile, simulated: bool) -> dict:
+def judge(found: dict, profile: Profile, simulated: bool, recorded: str | None = None) -> dict:
+    """`recorded`: the facts file judged (`doctor --facts`): a fact it could not read is that host's, so its fix
+    is to record the facts again there, never --debug (nothing runs here to show)."""
     groups = []
     for st in registry():
         if not st.implemented or st.check is None:
@@ -31,12 +33,32 @@ def judge(found: dict, profile: Profile, simulated: bool) -> dict:
         for c in checks:
             if c["pitfall"]:
                 c["pitfall_text"] = PITFALLS.get(c["pitfall"], "")
+            if recorded is not None:
+                c["hint"] = recorded_fix(c, recorded)
         groups.append({"stage": st.name, "checks": checks})
-    failed = [c["id"] for g in groups for c in g["checks"] if c["status"] == FAIL]
+    # a command that did not answer in time (a loaded machine, a wedged tool) says nothing of the host: such a
+    # check is listed as not checked, never counted failed (issue 47 item 3)
+    failed = [c["id"] for g in groups for c in g["checks"] if c["status"] == FAIL and not unanswered(c)]
     not_checked = [{"id": c["id"], "why": c["measured"]} for g in groups for c in g["checks"]
                    if c["status"] == SKIP or str(c["measured"]).startswith(("could not determine", "could not check"))]
     return {"kind": "p2pkit-doctor", "profile": profile.name, "simulated": simulated, "groups": groups,
-            "failed": failed, "not_checked": not_checked, "pitfalls": pitfalls(groups, profile)}
+            "failed": failed, "not_checked": not_checked,
+            "unanswered": [c["id"] for g in groups for c in g["checks"] if unanswered(c)],
+            "pitfalls": pitfalls(groups, profile)}
+
+
+def recorded_fix(c: dict, source: str) -> str:
+    """A check's fix where it judged a facts file: a fact that could not be read, or a command that did not answer
+    in time, when the file was recorded is fixed on that host and recorded again (issue 47 item 4)."""
+    measured = str(c["measured"])
+    again = f"record the facts again there (`p2pkit facts record {source}`)"
+    if unanswered(c):
+        return (f"a command did not answer in time on the host when {source} was recorded (a loaded machine, or a "
+                f"hung tool): {again}, and if it keeps hanging find out why")
+    if c["status"] == FAIL and measured.startswith("could not determine"):
+        return (f"this fact could not be read on the host when {source} was recorded: fix the cause named there, "
+                f"then {again}")
+    return c["hint"]
 
 
 RANK = (FAIL, ERROR, PENDING, WARN, PASS, SKIP)  # a pitfall's status: the worst of the findings naming it
@@ -89,6 +111,15 @@ def from_paste(text: str, profile: Profile, source: str) -> dict:
                             if c["status"] == SKIP or str(c["measured"]).startswith("could not determine")]}
 
 
+def _paste_unsure(report: dict) -> str:
+    """Beside "0 check(s) failed" for a paste that showed too little: why doctor still exits 1."""
+    if "paste_kind" not in report or report["failed"] or not report["not_checked"]:
+        return ""
+    why = "; ".join(str(n["why"]).removeprefix("could not determine: ") for n in report["not_checked"][:2])
+    return (f", but {len(report['not_checked'])} could not be judged from the paste ({why}): a paste that shows too "
+            "little is never a pass (exit 1); paste the whole output, from the box with the GPUs")
+
+
 def render(out: Output, report: dict) -> None:
     for g in report["groups"]:
         if not g["checks"]:
@@ -110,7 +141,11 @@ def render(out: Output, report: dict) -> None:
         out.line(f"{len(report['pitfalls']) - len(na)} of {len(report['pitfalls'])} pitfalls named by a finding on "
                  f"this profile, {len(na)} n/a", style="dim")
     out.line(f"{len(report['failed'])} check(s) failed" + (": " + ", ".join(report["failed"]) if report["failed"]
-                                                           else ""))
+                                                           else "") + _paste_unsure(report))
+    if report.get("unanswered"):
+        out.line(f"{len(report['unanswered'])} could not be checked, a command they need having not answered in "
+                 f"time: {', '.join(report['unanswered'])}; run doctor again (a loaded machine answers later), and if "
+                 "one keeps hanging find out why", style="yellow")
     # no GPU (or not the count the profile needs) explains most of the failures above: said last, where the eye
     # lands, with its fix
     gpus = next((c for g in report["groups"] for c in g["checks"]

@@ -108,6 +108,16 @@ def cmake(text: str, p: Profile) -> list[Check]:
         out.append(Check("paste.cuda_compiler", "CMake finds the CUDA compiler", FAIL,
                          "No CMAKE_CUDA_COMPILER could be found", "nvcc of CUDA >= " + p.engine.cuda_min,
                          NO_CUDA_COMPILER, "P05"))
+    if r["unsupported_arch"]:
+        archs = ", ".join(repr(a) for a in r["unsupported_arch"])
+        out.append(Check("paste.cuda_arch", "nvcc builds the architectures CMake asks for", FAIL,
+                         f"nvcc fatal: Unsupported gpu architecture {archs}", "an architecture in `nvcc "
+                         "--list-gpu-arch`", f"this CUDA toolkit does not build {archs} (too old for it, or too new): "
+                         "set CMAKE_CUDA_ARCHITECTURES to the GPUs' own architecture from `nvcc --list-gpu-arch` "
+                         "(RTX 5090: 120a; p2pkit passes engine.cuda_architectures, here "
+                         f"{p.engine.cuda_architectures}), or install a toolkit that lists it; an empty 'compute_' is "
+                         "an architecture variable left empty",
+                         "P05"))
     if r["no_default_arch"]:
         out.append(Check("paste.cuda_arch", "CMake compiles for the GPU's architecture", FAIL,
                          "Failed to detect a default CUDA architecture", f"CMAKE_CUDA_ARCHITECTURES="
@@ -249,6 +259,14 @@ def nccl_log(text: str, p: Profile) -> list[Check]:
     one finding is "could not determine" and the rest is judged all the same."""
     r = p2.crash_log(text)
     out = []
+    if r["torch_no_cuda"]:
+        out.append(Check("paste.torch_cuda", "PyTorch is a CUDA build", FAIL, "Torch not compiled with CUDA enabled",
+                         "a CUDA build of torch", "this torch is the CPU-only build (pip's default on some indexes): "
+                         "install a CUDA build for the driver's CUDA (`pip install torch --index-url "
+                         "https://download.pytorch.org/whl/cu128`; `python -c 'import torch; "
+                         "print(torch.version.cuda)'` prints its CUDA, None for a CPU build), then run again"))
+        if "NCCL" not in text:
+            return out  # a CPU-only torch never reached NCCL: no NCCL finding to make
     if r["version"] is None:
         out.append(could_not("paste.nccl_version", "NCCL is at or above the profile's floor", "the log carries no "
                              "NCCL version line (NCCL_DEBUG=VERSION or INFO prints it)",

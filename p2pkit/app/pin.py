@@ -62,10 +62,10 @@ def check_archive(path: Path) -> dict:
         head = fh.read(HEADER_MAX)
     hdr = makeself.header(head.decode("latin-1")) if head.startswith(b"#!") else {}
     if "skip" not in hdr or not hdr["sizes"] or not (hdr.get("md5s") or hdr.get("shas")):
-        raise P2pkitError(f"{path} is not a makeself archive with checksums (no makeself header: label, MD5 or "
-                          "SHA, filesizes and its line count)", code=Exit.CHECK_FAILED,
-                          hint="give NVIDIA's .run installer (NVIDIA-Linux-<arch>-<version>.run) as downloaded "
-                               "from NVIDIA; nothing was pinned")
+        raise UsageError(f"{path} is not a makeself archive with checksums (no makeself header: label, MD5 or "
+                         "SHA, filesizes and its line count)",  # the wrong file given: bad input, exit 2
+                         hint="give NVIDIA's .run installer (NVIDIA-Linux-<arch>-<version>.run) as downloaded "
+                              "from NVIDIA; nothing was pinned")
     lines = head.splitlines(keepends=True)
     offset = len(b"".join(lines[:hdr["skip"]]))
     sums = hdr.get("md5s") or hdr["shas"]

@@ -25,10 +25,11 @@ from p2pkit.core.output import Output
 from p2pkit.facts import collect as facts
 from p2pkit.host import Host
 from p2pkit.host.system import identity
-from p2pkit.rules.findings import ERROR, FAIL, PENDING, SKIP, WARN, Check, worst
+from p2pkit.rules.findings import ERROR, FAIL, PENDING, SKIP, WARN, Check, unanswered, worst
 from p2pkit.stages import Stage, registry
 
 DONE, STALE, FAILED, REBOOT, NOT_RUN, RUNNING = "done", "stale", "failed", "reboot-needed", "not run", "running"
+UNCHECKED = "could not check"  # a command its re-check needed did not answer in time: nothing said of the stage
 INTERRUPTED = "interrupted"  # a run was killed while acting on the stage (its marker is left, no run holds the lock)
 RUNNING_FILE = "running.json"  # the stage a run is acting on now (its artifact is deleted meanwhile)
 _ACTING: set[str] = set()  # the stages this process is acting on now (its marker is this run's, not a killed one's)
@@ -197,6 +198,8 @@ def _not_passed(s: _Seen) -> StageState | None:
 
 
 def _earlier_not_done(s: _Seen) -> StageState | None:
+    if s.prev is not None and s.prev.state == UNCHECKED:  # nothing known of the one before: nothing of this one
+        return StageState(s.st.name, UNCHECKED, f"earlier stage {s.prev.stage} could not be checked", s.doc)
     if s.prev is not None and s.prev.state != DONE:
         return s.stale(f"earlier stage {s.prev.stage} is {s.prev.state}")
     return None
@@ -241,17 +244,29 @@ def _rechecked(s: _Seen, live: Future | None) -> StageState:
         if bad and len(ctx.host.runner.denied) > refused:  # not a finding about the host: a user p2pkit runs as
             return s.stale("could not re-check: p2pkit may not run "
                            + ", ".join(dict.fromkeys(ctx.host.runner.denied[refused:])) + " as this user (not root)")
+        if real := [c for c in bad if not unanswered(c)]:
+            why = f" ({real[0].pitfall}): {real[0].hint}" if real[0].pitfall else ""
+            return s.stale(f"re-check failed: {real[0].id}: {real[0].measured}{why}")
         if bad:
-            why = f" ({bad[0].pitfall}): {bad[0].hint}" if bad[0].pitfall else ""
-            return s.stale(f"re-check failed: {bad[0].id}: {bad[0].measured}{why}")
+            return _unchecked(s, bad[0])
         notes = "; ".join(f"{c.id}: {c.hint}" for c in checks if c.status == WARN and c.id in st.notes)
     if st.live is not None:
         name, judge_live = st.live
         found = live.result() if live is not None else facts.collect(ctx.host, (name,), ctx.profile)
         bad = [c for c in judge_live(found.get(name)) if c.status == FAIL]
+        if real := [c for c in bad if not unanswered(c)]:
+            return s.stale(f"re-check failed: {real[0].id}: {real[0].measured}: {real[0].hint}")
         if bad:
-            return s.stale(f"re-check failed: {bad[0].id}: {bad[0].measured}: {bad[0].hint}")
+            return _unchecked(s, bad[0])
     return StageState(st.name, DONE, notes, s.doc)
+
+
+def _unchecked(s: _Seen, c: Check) -> StageState:
+    """A re-check that could not be made (a command it needed did not answer within its limit, however long the
+    machine's load made it): nothing is known of the stage, and nothing on the host needs redoing."""
+    why = str(c.measured).removeprefix("could not determine: ")
+    return StageState(s.st.name, UNCHECKED, f"could not re-check {c.id}: {why}; run `{command(s.ctx, 'status')}` "
+                      "again (a loaded machine answers later), and if it keeps hanging find out why", s.doc)
 
 
 def reproof(ctx: Ctx, st: Stage, doc: dict) -> Check | None:
@@ -551,6 +566,28 @@ def _up(ctx: Ctx, selected: list[Stage], stop: str | None, force: bool, started:
         if doc["status"] in ("failed", REBOOT):
             return _stopped_at(st, doc, ran, list(states.values()))
     return UpResult(Exit.OK, ran, list(states.values()), _all_passed(ctx, selected, ran, list(states.values())))
+
+
+def refused_before_recording(ctx: Ctx, start: str | None) -> UpResult | None:
+    """Where nothing is recorded on this host yet (no state directory), preflight is proven before anything is
+    written: a run it stops (a machine without GPUs) leaves no state directory, lock or artifact behind, as the
+    README says of a run that stops at preflight (issue 47 item 11). None: it passes (or the state directory is
+    there): `up` goes on as ever, preflight's own run writing its artifact."""
+    first = registry()[0]
+    if start not in (None, first.name) or ctx.store.dir.exists() or first.check is None:
+        return None
+    refused = _refused(ctx, first)
+    checks = refused.checks if refused is not None else prove(ctx, first, None)[1]
+    if worst(checks) != FAIL:
+        return None
+    docs = [c.as_dict() for c in checks]
+    ctx.out.step(first.name, f"running: {first.title}")
+    report_checks(ctx.out, first.name, docs)
+    bad = next(c for c in docs if c["status"] == FAIL)
+    states = evaluate(ctx, recheck=False)
+    states[0] = StageState(first.name, FAILED, f"{bad['id']}: {bad['measured']} (nothing recorded on this host)",
+                           {"stage": first.name, "status": "failed", "checks": docs})  # shown, never written
+    return _stopped_at(first, {"status": "failed", "checks": docs}, [first.name], states)
 
 
 def _previous(name: str) -> str | None:

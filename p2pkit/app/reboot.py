@@ -54,6 +54,8 @@ def up_with_reboots(ctx, start: str | None = None, stop: str | None = None, forc
     place and the stages go on; a real host goes down (`going_down`) and its resume unit runs `up` after boot.
     A person's `up --reboot` starts a new budget of `max_reboots`; the resume unit's (`resumed`) spends the
     recorded one. Rebooting a real host needs `yes`. The result carries the next thing to do (`hint`)."""
+    if not resumed and (refused := pipeline.refused_before_recording(ctx, start)) is not None:
+        return refused  # nothing recorded on this host, and preflight stops the run: nothing written
     if reboot and not resumed:
         ctx.store.ensure()
         hoststate.start_reboot_budget(ctx.store.dir, max_reboots)

@@ -18,9 +18,18 @@ from p2pkit.cli.argv import COMMANDS, GLOBAL_VALUES, hoist_global_options, named
 from p2pkit.core.errors import HostUnusable, P2pkitError, disk_full
 
 
+def version_text(argv: list[str]) -> str:
+    """What --version prints: the version, or under --json the one document every --json output is."""
+    if "--json" in argv:
+        import json
+
+        return json.dumps({"kind": "p2pkit-version", "schema": 1, "version": __version__})
+    return f"p2pkit {__version__}"
+
+
 def _version(value: bool) -> None:
     if value:
-        print(f"p2pkit {__version__}")
+        print(version_text(sys.argv[1:]))
         raise typer.Exit()
 
 

@@ -299,6 +299,7 @@ def bench(
     cfg = ctx.profile.bench
     shape_names, levels = _shapes(shapes), _ints(concurrency, "--concurrency")
     b.refuse(ctx.profile, levels, reference)  # usage this engine cannot take: exit 2 before the gate and the lock
+    b.refuse_ab(ctx.profile, ab)  # and an --ab change the profile or the engine's start refuses
     # --ab changes the unit: it holds the host's lock, refused beside an `up` (exit 5) before anything
     with state_lock(ctx.store.dir, say=ctx.out.warn, root=ctx.host.root) if ab else nullcontext():
         b.gate(ctx)

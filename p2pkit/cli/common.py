@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from p2pkit.app.pipeline import Ctx, state_dir_default
-from p2pkit.core import config, hoststate, safefs
+from p2pkit.core import config, hoststate, runner, safefs
 from p2pkit.core.artifacts import Store
 from p2pkit.core.errors import P2pkitError, ProfileError, UsageError
 from p2pkit.core.output import Output
@@ -33,9 +33,9 @@ OPTS = Options()
 
 def output() -> Output:
     args, simulated = host_options()  # a simulated host's errors say SIMULATED too
-    # sudo is dropped from the commands a simulated host prints only for root, who needs none: a user who is
-    # not root needs it there too (`status` run as another user says "run it as root: `sudo ...`")
-    return Output(json_mode=OPTS.json, simulated=simulated, host_args=args, drop_sudo=simulated and os.geteuid() == 0)
+    # sudo is dropped from the commands p2pkit prints for root, who needs none (a box may have no sudo at all): a
+    # user who is not root needs it (`status` run as another user says "run it as root: `sudo ...`")
+    return Output(json_mode=OPTS.json, simulated=simulated, host_args=args, drop_sudo=os.geteuid() == 0)
 
 
 def host_options() -> tuple[list[str], bool]:
@@ -57,14 +57,25 @@ def host() -> Host:
         raise UsageError(f"--root {root} {'is not a directory' if root.exists() else 'does not exist'}",
                          hint="check the path for a typo: --root names / (the default) or a simulated host's "
                               "directory (`p2pkit sim init DIR` lays one out)")
+    # a typo first (`--root /tmp`): said as a typo, before what the trust check would say of a shared directory
+    # (one stat per sign, nothing read)
+    signs = (SIM_MARKER, *HOST_ROOT_SIGNS)
+    if Path(os.path.abspath(root)) != Path("/") and not any((root / x).exists() for x in signs):
+        raise not_a_host_root(root)
     trusted(root, "the host root (--root)", "or lay a simulated host out where only root can change it")
     h = Host.at(root)
     if not h.is_host_root():
-        raise UsageError(f"--root {root} is neither a simulated host nor a host's root filesystem "
-                         f"(none of {SIM_MARKER}, {', '.join(HOST_ROOT_SIGNS)} is there)",
-                         hint="check the path for a typo: --root names / (the default) or a simulated host's "
-                              "directory (`p2pkit sim init DIR` lays one out)")
+        raise not_a_host_root(root)
+    if h.simulated:  # stand-ins whose Python is gone: said once, with the command that lays the host out again
+        runner.refuse_lost_interpreter(str(h.path("/usr/bin/systemctl")), h.root)
     return h
+
+
+def not_a_host_root(root: Path) -> UsageError:
+    return UsageError(f"--root {root} is neither a simulated host nor a host's root filesystem "
+                      f"(none of {SIM_MARKER}, {', '.join(HOST_ROOT_SIGNS)} is there)",
+                      hint="check the path for a typo: --root names / (the default) or a simulated host's "
+                           "directory (`p2pkit sim init DIR` lays one out)")
 
 
 PATH_OPTIONS = (("--root", "root"), ("--state-dir", "state_dir"), ("--profile", "profile"))

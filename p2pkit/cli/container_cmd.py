@@ -96,7 +96,11 @@ def exec_(
         cmd = h.command(argv)
     except container.ContainerError as e:
         raise UsageError(str(e), hint=f"boot it first: `p2pkit sim container boot {directory}`") from None
-    raise typer.Exit(subprocess.run(cmd, stdin=sys.stdin).returncode)
+    boots, leader = h.machine().get("boots", 0), h.leader()
+    code, said = h.ended_by(subprocess.run(cmd, stdin=sys.stdin).returncode, leader, boots)
+    if said:
+        _output().log(said)
+    raise typer.Exit(code)
 
 
 @app.command()

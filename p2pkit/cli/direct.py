@@ -87,4 +87,4 @@ def run(opts: dict) -> int:
         out.document(report)
     else:
         doctor_mod.render(out, report)
-    return int(Exit.CHECK_FAILED if report["failed"] else Exit.OK)
+    return int(Exit.CHECK_FAILED if report["failed"] or report["unanswered"] else Exit.OK)

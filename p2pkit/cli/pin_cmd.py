@@ -54,7 +54,7 @@ def pin(
         pins.update({("engine", "source_url"): str(dest), ("engine", "source_sha256"): packed["sha256"],
                      ("engine", "source_subdir"): packed["subdir"]})
     text = pin_mod.profile_text(prof, out)
-    new, diff = pin_mod.apply(text, pins, out)
+    new, diff = pin_mod.apply(text, pins, out, _notes(found))
     written = bool(yes or common.OPTS.yes) and new != text
     if written:
         atomic_write(out, new.encode())
@@ -136,6 +136,25 @@ def _commits(prof, fork: Path | None, fork_remote: bool, engine: Path | None, en
         found["engine"] = (pin_mod.checkout_commit(runner, engine) if engine else
                            pin_mod.remote_commit(runner, prof.engine.repo, "HEAD"))
         pins[("engine", "commit")] = found["engine"]["commit"]
+
+
+def _notes(found: dict) -> dict[tuple[str, str], str]:
+    """The comment written beside each pin: where it came from (the README's promise; issue 47 item 12)."""
+    import datetime as dt
+
+    said = f"pinned by `p2pkit pin` on {dt.date.today().isoformat()}"
+    notes = {}
+    if "installer" in found:
+        f = found["installer"]
+        notes[("driver", "installer_sha256")] = f"{said}: sha256 of {f['file']} (archive check: {f['check']})"
+    for what, key in (("fork", ("p2p_module", "commit")), ("engine", ("engine", "commit"))):
+        if what in found:
+            notes[key] = f"{said}: {found[what]['from']}"
+    if "engine_offline" in found:
+        f = found["engine_offline"]
+        for key in (("engine", "source_url"), ("engine", "source_sha256"), ("engine", "source_subdir")):
+            notes[key] = f"{said}: packed from {f['from']} (sha256 {f['from_sha256']})"
+    return notes
 
 
 def _say_found(o, found: dict) -> None:

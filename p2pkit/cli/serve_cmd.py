@@ -85,7 +85,7 @@ def _launcher_status(ctx, doc: dict) -> bool:
 
 
 @app.command()
-def logs(lines: Annotated[int, typer.Option("--lines", "-n")] = 50) -> None:
+def logs(lines: Annotated[int, typer.Option("--lines", "-n", min=0)] = 50) -> None:
     """The engine's last log lines (journalctl, or the launcher's log file where systemd is not PID 1)."""
     from p2pkit.stages.service import act as service
 

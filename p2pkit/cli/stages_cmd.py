@@ -123,12 +123,23 @@ def refuse_flags_given(p) -> None:
     from p2pkit.rules import engine_cmd
 
     refused = [(k, m) for k, m in engine_cmd.refusals(p) if any(k == g or k.startswith(g + ".") for g in flags)]
+    if not refused:  # a value the start refuses (--tp 3 on two GPUs), where the profile without this --set passes
+        refused = [(flags[0] if len(flags) == 1 else "serve.flags", f"{c.id} ({c.title}): {c.measured} (expected "
+                    f"{c.expected}); {c.hint}") for c in engine_cmd.refused_by(p, without_flags(p, flags))]
     if refused:
         raise UsageError(f"--set {', '.join(flags)} gives serve.flags the engine's start would refuse: "
                          + "; ".join(f"{k}: {m}" for k, m in refused),
                          hint="correct or drop it on the command line and run the command again; nothing was run or "
                               f"recorded (a flag an earlier run kept for this host goes with `p2pkit --unset "
                               f"{refused[0][0]} ...`)")
+
+
+def without_flags(p, flags: list[str]):
+    """The profile as it is without this command line's --set of serve flags (what the host kept stays)."""
+    from p2pkit.core import config
+
+    given = [o for o in common.OPTS.overrides if o.partition("=")[0].strip() in flags]
+    return config.load(p.source, tuple(o for o in p.overrides if o not in given), p.stored_secrets)
 
 
 def _inventory(inventory: Path, action: str, command: list[str], wheel: Path | None = None,
@@ -222,11 +233,12 @@ def status(
             raise typer.Exit(int(code))
         _no_systemd_note(ctx)
         first = next((s for s in states if s.state != pipeline.DONE), None)
-        if first is not None and first.state in (pipeline.STALE, pipeline.NOT_RUN, pipeline.REBOOT,
-                                                 pipeline.INTERRUPTED):
+        no_gpu = common.sim_hint(ctx.host) if code != Exit.OK else ""
+        if no_gpu:  # `up` stops at preflight on a host without NVIDIA GPUs: the simulated host is the next step
+            ctx.out.log(no_gpu)
+        elif first is not None and first.state in (pipeline.STALE, pipeline.NOT_RUN, pipeline.REBOOT,
+                                                   pipeline.INTERRUPTED):
             ctx.out.log(f"next: {pipeline.gate_fix(ctx, states, None)}")  # the one command that makes it done
-        if code != Exit.OK and common.sim_hint(ctx.host):
-            ctx.out.log(common.sim_hint(ctx.host))
     raise typer.Exit(int(code))
 
 
@@ -296,8 +308,11 @@ def verify(
 
 def doctor(
     facts_file: Annotated[Path | None, typer.Option("--facts", help="judge a recorded facts file")] = None,
-    paste_file: Annotated[Path | None, typer.Option("--from-paste", help="judge a pasted output (lspci -vv, the "
-                                                    "NVIDIA installer's log, CMake's output, nvidia-smi -q)")] = None,
+    paste_file: Annotated[Path | None, typer.Option("--from-paste", help="judge a pasted output, one of: lspci (lspci "
+                                                    "-vv, sudo lspci -vvv for ACS), nvidia-installer (its log), cmake "
+                                                    "(CMake's or nvcc's errors), nvidia-smi-q (nvidia-smi -q), "
+                                                    "simpleP2P, p2pBandwidthLatencyTest (the CUDA samples), nccl-log "
+                                                    "(an NCCL or PyTorch log or crash)")] = None,
 ) -> None:
     """Every read-only check p2pkit has, grouped by stage, with pitfall ids (docs/pitfalls.md) and fixes."""
     from p2pkit.app import doctor as doctor_mod
@@ -316,7 +331,7 @@ def doctor(
             prof = config.from_record(rec, common.OPTS.overrides)
         else:
             prof = common.profile()
-        report = doctor_mod.judge(recorded["facts"], prof, simulated=recorded["simulated"])
+        report = doctor_mod.judge(recorded["facts"], prof, simulated=recorded["simulated"], recorded=str(facts_file))
         report["source"] = str(facts_file)
         report["profile_source"] = prof.source
     else:
@@ -328,8 +343,8 @@ def doctor(
         out.document(report)
     else:
         doctor_mod.render(out, report)
-    # a paste too short to tell is never a pass
-    unsure = paste_file is not None and report["not_checked"]
+    # a paste too short to tell is never a pass, nor a check a command gave no answer to in time
+    unsure = (paste_file is not None and report["not_checked"]) or report.get("unanswered")
     raise typer.Exit(int(Exit.CHECK_FAILED if report["failed"] or unsure else Exit.OK))
 
 
@@ -395,9 +410,13 @@ def rollback(
 
 
 @facts_app.command("record")
-def facts_record(file: Annotated[Path, typer.Argument(help="JSON file to write")]) -> None:
-    """Write every fact p2pkit reads from this host to FILE."""
+def facts_record(file: Annotated[Path, typer.Argument(help="JSON file to write")],
+                 force: Annotated[bool, typer.Option("--force", help="replace FILE when it exists")] = False) -> None:
+    """Write every fact p2pkit reads from this host to FILE (never over one that exists, without --force)."""
     file = common.output_file("", file)  # refused before any fact is read
+    if file.exists() and not force:  # as `report` refuses: nothing overwritten unasked (issue 47 item 13)
+        raise UsageError(f"{file} exists: p2pkit does not overwrite it",
+                         hint="name another file, or add --force to replace it; nothing was read or written")
     h = common.host()
     doc = facts.record(h, common.profile(h))
     target = file.resolve()
@@ -419,7 +438,8 @@ def logs(
                                          "no log", **STAGE)],
     follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing as the log grows, until the run "
                                          "writing it ends (Ctrl-C stops)")] = False,
-    lines: Annotated[int, typer.Option("--lines", "-n", help="start with only the last N lines (0: all)")] = 0,
+    lines: Annotated[int, typer.Option("--lines", "-n", min=0, help="start with only the last N lines (0: all)")]
+    = 0,
 ) -> None:
     """A stage's log: ansible-playbook's output, the engine build, the conversion, the load, as they
     are written (a 20-minute build can be followed with --follow). With --json, one document with the

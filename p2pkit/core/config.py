@@ -519,15 +519,28 @@ def _bounds_problem(value, meta: dict, expect: str) -> str | None:
     return None
 
 
-def validate_command(source: str, overrides: tuple[str, ...] | list[str]) -> str:
+def validate_command(source: str, overrides: tuple[str, ...] | list[str],
+                     wrong: dict[str, str] | None = None) -> str:
     """The command line that validates a profile with its overrides (global options before the
-    command; a secret's value left for the user to type)."""
+    command; a secret's value left for the user to type, and a value found wrong too: `wrong` maps its key to
+    what it expects, never the bad value again: issue 47 item 12)."""
     sets = []
     for o in overrides:
         key, _, value = o.partition("=")
         shown = "<your value>" if secrets.is_secret(key.rsplit(".", 1)[-1]) else value
+        if key.strip() in (wrong or {}):
+            shown = f"<{wrong[key.strip()]}>"
         sets += ["--set", shlex.quote(f"{key}={shown}")]
     return " ".join(["p2pkit", *sets, "profile", "validate", shlex.quote(source)])
+
+
+def _expected(problems: list[tuple[str, str]]) -> dict[str, str]:
+    """What each key found wrong expects, from its problem ("expected an integer, got ..." -> "an integer")."""
+    out = {}
+    for path, msg in problems:
+        m = re.match(r"expected (.+?)(?:, got .*)?$", msg)
+        out[path] = m.group(1) if m and len(m.group(1)) <= 60 else "a valid value"
+    return out
 
 
 def from_dict(data: dict, source: str, overrides: tuple[str, ...] = (),
@@ -550,7 +563,7 @@ def from_dict(data: dict, source: str, overrides: tuple[str, ...] = (),
         if values is not None:
             built[sec] = values
     if problems:
-        raise ProfileError(shown, problems, check, source, given)
+        raise ProfileError(shown, problems, validate_command(source, overrides, _expected(problems)), source, given)
     profile = Profile(**{sec: cls(**built[sec]) for sec, cls in SECTIONS.items()}, source=source,
                       overrides=tuple(overrides), stored_secrets=tuple(stored_secrets))
     cross = _cross_checks(profile)

@@ -51,6 +51,7 @@ STATUS_STYLE = {
     "fail": "red",
     "failed": "red",
     "stale": "yellow",
+    "could not check": "yellow",
     "blocked": "magenta",
     "reboot-needed": "cyan",
     "running": "cyan",
@@ -64,17 +65,21 @@ HEARTBEAT_S = 30.0  # without a terminal (a CI log, journald), a long step says 
 
 # a p2pkit command in a message, as p2pkit prints one: between backticks, perhaps after sudo
 HINT = re.compile(r"`(sudo )?p2pkit( [^`]*)`")
+ROOT_SUDO = re.compile(r"`sudo (?=[^`\s-])")  # `sudo CMD ...` in a message: the command, for a user who is root
 
 
 def on_host(text: str, host_args: list[str], drop_sudo: bool) -> str:
     """`text` with every p2pkit command it names (`p2pkit ...`, `sudo p2pkit ...`) made to act on the host the
     message is about: the host's options (`--root R`, `--state-dir S`) put after `p2pkit` where the command
-    does not give them itself, and on a host that is a directory (not /) no `sudo` (it is a directory the
-    operator owns, and sudo's own PATH would not find this p2pkit). The one place that does it, for every
-    message, table and document p2pkit prints: no caller adds them. `p2pkit sim ...` names its host by its
-    own argument and is left alone, as is a command that names another host's --root."""
+    does not give them itself, and no `sudo` for root (on a host that is a directory, whose operator owns it
+    and where sudo's own PATH would not find this p2pkit, and on a real host, which may have no sudo). The one
+    place that does it, for every message, table and document p2pkit prints: no caller adds them. `p2pkit
+    sim ...` names its host by its own argument and is left alone, as is a command that names another host's
+    --root."""
     if not host_args and not drop_sudo:
         return text
+    if drop_sudo:  # root needs no sudo for any command it is told to run, and a box may have none (issue 47 item 13)
+        text = ROOT_SUDO.sub("`", text)
     given = dict(zip(host_args[::2], host_args[1::2]))
 
     def fix(m: re.Match) -> str:

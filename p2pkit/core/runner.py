@@ -86,14 +86,35 @@ def timeout_for(name: str, given: float | None = None) -> float:
     return TIMEOUTS_S.get(base, DEFAULT_TIMEOUT_S)
 
 
+def load_per_cpu() -> float:
+    """This machine's load: the 1-minute load average over its CPUs (how many processes each CPU has to run);
+    0 where the kernel does not say."""
+    try:
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:
+        return 0.0
+
+
+def under_load(seconds: float) -> float:
+    """A short time limit that decides a stage's state (status's bound on a command, the live engine's answer),
+    scaled with this machine's load: `seconds` where each CPU has at most one process to run, that many times the
+    load per CPU above it. A command waiting for a CPU is slow, not hung (issue 47 item 3)."""
+    return seconds * max(1.0, load_per_cpu())
+
+
+# what a CommandTimeout's message says, found again in a finding built from it: a command that did not answer
+# says nothing about the host ("could not check"), never that a stage is stale or failed
+UNANSWERED = re.compile(r"\b\S+ did not answer within [0-9.]+ s \(`")
+
+
 class CommandTimeout(CommandError):
     """A command that did not finish within its timeout; its process group was killed."""
 
     def __init__(self, argv: list[str], timeout: float, elapsed: float, stdout: str, stderr: str):
         super().__init__(argv, -1, stdout, stderr)
         name = os.path.basename(argv[0])
-        self.message = (f"{name} did not answer within {timeout:g} s (`{shlex.join(argv)}` was killed after "
-                        f"{elapsed:.1f} s)")
+        self.message = (f"{name} did not answer within {round(timeout, 1):g} s (`{shlex.join(argv)}` was killed after "
+                        f"{elapsed:.1f} s; this machine's load: {load_per_cpu():.1f} a CPU)")
         self.args = (self.message,)
         self.hint = (f"find out why {name} hangs (a wedged driver makes nvidia-smi hang for minutes); if it is "
                      f"only slow, give it longer with P2PKIT_TIMEOUT_{re.sub(r'[^A-Za-z0-9]', '_', name).upper()}"
@@ -167,6 +188,53 @@ def not_permitted(exe: str) -> NotPermitted:
                         hint=f"check the modes of {exe} and of what it runs (a noexec mount refuses even root)")
 
 
+def interpreter_of(exe: str) -> str:
+    """The interpreter a script's #! line names ("" for none, or a file that cannot be read)."""
+    try:
+        with open(exe, "rb") as fh:
+            first = fh.readline(200)
+    except OSError:
+        return ""
+    words = first[2:].split() if first.startswith(b"#!") else []
+    return words[0].decode(errors="replace") if words else ""
+
+
+def refuse_lost_interpreter(exe: str, root: Path) -> None:
+    """At the door of a command on a simulated host: its stand-in `exe` names an interpreter that is gone (the
+    venv that laid the host out was removed): the command stops at once, saying so, rather than each fact
+    failing and a stage being blamed (issue 47 item 2)."""
+    interp = interpreter_of(exe)
+    if not interp.startswith("/"):
+        return
+    try:
+        os.stat(interp)
+    except FileNotFoundError:  # gone; one this user may not reach (EACCES) is the runner's `denied` to say
+        raise interpreter_missing(exe, root) from None
+    except OSError:
+        pass
+
+
+def interpreter_missing(exe: str, root: Path) -> P2pkitError | HostUnusable:
+    """The kernel found no file to start for `exe`, which is there: the interpreter its #! line names is gone (a
+    simulated host's stand-ins name the Python of the venv that laid the host out, which was removed since). On
+    a simulated host nothing of it can run: HostUnusable, with the command that lays it out again (issue 47
+    item 2); elsewhere a missing tool."""
+    interp = interpreter_of(exe)
+    why = f"the interpreter its #! line names ({interp}) does not exist" if interp else "it cannot be started"
+    state = root / ".p2pkit-sim/state.json"  # p2pkit.host.SIM_MARKER: a simulated host's stand-ins
+    if root != Path("/") and state.is_file():
+        try:
+            scenario = json.loads(state.read_text()).get("scenario") or "healthy"
+        except (OSError, ValueError, AttributeError):
+            scenario = "healthy"
+        return HostUnusable(f"the simulated host at {root} cannot run its stand-in {exe}: {why} (the Python it was "
+                            "laid out with is gone, its venv removed or moved)",
+                            f"lay the simulated host out again with the p2pkit you have now (its stages start anew): "
+                            f"`p2pkit sim init --force {root} --scenario {scenario}`")
+    return MissingError(f"cannot run {exe}: {why}",
+                        hint=f"reinstall what provides {os.path.basename(exe)}, or the interpreter it names")
+
+
 class _LogSink:
     """Appends to a log file from both pipes' reader threads, flushed at once so `tail -f` and
     `p2pkit logs STAGE --follow` see each line as the command prints it."""
@@ -207,7 +275,8 @@ def standin_cannot_run(err: str) -> HostUnusable:
 class Runner:
     root: Path = Path("/")
     extra_env: dict[str, str] = field(default_factory=dict)
-    # a bound over every command's own limit: a read-only report (status) waits on no command longer
+    # a bound over every command's own limit: a read-only report (status) waits on no command longer (times this
+    # machine's load per CPU, where it is over 1: under_load)
     cap_s: float | None = None
     # with a host root other than /: the commands of this machine the host lends by name (its
     # Host says which); every other command is the host's own, or missing
@@ -266,7 +335,7 @@ class Runner:
         token = full_env[children.TOKEN] = children.new_token()
         limit = timeout_for(argv[0], timeout)
         if self.cap_s is not None:
-            limit = min(limit, self.cap_s)
+            limit = min(limit, under_load(self.cap_s))
         log.debug("run (timeout %g s): %s", limit, redact(shlex.join(argv)))
         start = time.monotonic()
         pipe = subprocess.PIPE if capture else None
@@ -277,6 +346,8 @@ class Runner:
         except PermissionError:
             self.denied.append(exe)
             raise not_permitted(exe) from None
+        except FileNotFoundError:
+            raise interpreter_missing(exe, self.root) from None
         children.started(proc.pid, argv, token)
         sink = _LogSink(output_log, argv) if output_log is not None and capture else None
         readers = [_Capped(p, sink) for p in (proc.stdout, proc.stderr) if p is not None]

@@ -358,6 +358,13 @@ def _distrusted(path: str, st: os.stat_result, why: str, what: str, fix: str) ->
     owner = f"{_who(st.st_uid)}:{_group(st.st_gid)}"
     if st.st_uid not in (0, os.geteuid()):
         cure = f"`chown root:root {path}`"
+    elif stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_IWOTH and st.st_mode & stat.S_ISVTX:
+        # a shared directory by design (/tmp, /var/tmp): taking its write bits breaks every user of the box
+        cure = (f"{path} is a shared directory (sticky and writable by every user, as /tmp is): leave its mode "
+                f"as it is and use a directory of its own inside it (`mkdir -m 0755 {path.rstrip('/')}/NAME`)")
+        return UsageError(f"{what}: {path} {why} ({owner}, {mode}): p2pkit runs as root and reads and writes "
+                          "there, so another user could make it write where they choose; nothing was read or "
+                          "written", hint=cure + (f"; {fix}" if fix else ""))
     elif stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_IWOTH:
         cure = f"`chmod go-w {path}` (or `chmod +t {path}` for a shared directory others need to write in)"
     else:

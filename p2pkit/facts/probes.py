@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from p2pkit.core import writers
+from p2pkit.core import runner, writers
 from p2pkit.core.role_defaults import role_default
 from p2pkit.host import Host, launcher, system
 from p2pkit.host import field_facts as hfield
@@ -199,14 +199,17 @@ def _boot_hold(h: Host):
     return {"held": {"kernel": kv.get("kernel", "?"), "new_kernel": kv.get("new_kernel", "?")}}
 
 
-LIVE_TIMEOUT_S = 2.0  # status and doctor ask a running engine once, briefly: a frozen one does not answer
+# status and doctor ask a running engine once, briefly: a frozen one does not answer (times this machine's load per
+# CPU where it is over 1: a loaded machine's systemctl and engine are slow, not frozen)
+LIVE_TIMEOUT_S = 2.0
 
 
 def _engine_live(h: Host, profile):
     """The engine as it is now, each probe bounded by a second or two: its main PID (the launcher's
     record, or the unit's MainPID), that process's state (T: stopped), and /health once (a headless
     worker serves none)."""
-    proc = launcher.engine_process(h, timeout=LIVE_TIMEOUT_S)
+    limit = runner.under_load(LIVE_TIMEOUT_S)
+    proc = launcher.engine_process(h, timeout=limit)
     if proc["manager"] is None:
         return {"installed": False}
     from p2pkit.host import engine_api
@@ -216,7 +219,7 @@ def _engine_live(h: Host, profile):
     out = {"installed": True, "manager": proc["manager"], "pid": pid, "state": proc["state"],
            "role": engine_cmd.node(profile)["role"]}
     if pid and out["role"] != "worker" and proc["state"] not in ("T", "t"):  # a stopped one cannot answer: not asked
-        code, body = engine_api.get(engine_cmd.health_url(profile), timeout=LIVE_TIMEOUT_S)
+        code, body = engine_api.get(engine_cmd.health_url(profile), timeout=limit)
         out["health"] = {"code": code, "text": body.strip()[:160]}
     if pid and out["role"] == "worker":  # a headless worker outlives its head: its head's rendezvous, asked once
         n = engine_cmd.node(profile)

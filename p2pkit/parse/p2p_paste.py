@@ -102,4 +102,5 @@ def crash_log(text: str) -> dict:
             "transports": sorted({t for ln in lines if (t := nccl.transport(ln))}),
             "peer_unsupported": any(s in text for s in PEER_UNSUPPORTED),
             "map_failed": any(s in text for s in MAP_FAILED),
-            "illegal_address": bool(ILLEGAL.search(text))}
+            "illegal_address": bool(ILLEGAL.search(text)),
+            "torch_no_cuda": "Torch not compiled with CUDA enabled" in text}

@@ -13,13 +13,14 @@ KINDS = {
     "lspci": "`lspci -v` / `lspci -vv` (BAR regions and sizes, the Resizable BAR capability, bridge windows); "
              "`sudo lspci -vvv` (or its ACSCtl lines) for ACS redirect",
     "nvidia-installer": "the NVIDIA installer's output or /var/log/nvidia-installer.log, or install.sh's rmmod lines",
-    "cmake": "CMake's configure output (the engine build)",
+    "cmake": "CMake's configure or build output (the engine build; nvcc's \"Unsupported gpu architecture\")",
     "nvidia-smi-q": "`nvidia-smi -q`",
     "simpleP2P": "the CUDA samples' simpleP2P (peer access, its copies read back, CUDA's error names)",
     "p2pBandwidthLatencyTest": "the CUDA samples' p2pBandwidthLatencyTest (peer access, bandwidth with P2P off and "
                                "on, its Cuda failure line)",
     "nccl-log": "an NCCL or PyTorch log or crash (NCCL INFO/WARN lines, ProcessGroupNCCL's watchdog, NCCL and CUDA "
-                "errors), with or without NCCL's version line",
+                "errors, a CPU-only torch's \"Torch not compiled with CUDA enabled\"), with or without NCCL's version "
+                "line",
 }
 
 LSPCI_HEAD = re.compile(r"^((?:[0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\s+([^:]+):\s*(.*)$")
@@ -40,7 +41,7 @@ def kind(text: str) -> str | None:
                  r".*Matrix \((?:GB/s|us)\)|p2pBandwidthLatencyTest\.cu", text):
         return "p2pBandwidthLatencyTest"
     if re.search(r"NCCL (?:INFO|WARN)|ProcessGroupNCCL|WorkNCCL|\bnccl[A-Z]\w+Error\b|DistBackendError|NCCL error in:|"
-                 r"Cuda failure (?:\d+ )?'", text):
+                 r"Cuda failure (?:\d+ )?'|Torch not compiled with CUDA enabled", text):
         return "nccl-log"
     if re.search(r"^GPU [0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]\s*$", text, re.M) and \
             "Product Name" in text:
@@ -48,7 +49,8 @@ def kind(text: str) -> str | None:
     if re.search(r"An NVIDIA kernel module '[^']+' appears to", text) or "nvidia-installer" in text or \
             re.search(r"^rmmod: ERROR: Module nvidia", text, re.M):
         return "nvidia-installer"
-    if re.search(r"^CMake (Error|Warning)|^-- (The CUDA compiler identification|Configuring)", text, re.M):
+    if re.search(r"^CMake (Error|Warning)|^-- (The CUDA compiler identification|Configuring)|nvcc fatal\s*:", text,
+                 re.M):
         return "cmake"
     if any(LSPCI_HEAD.match(ln) for ln in text.splitlines()) or re.search(r"^\s*ACSCtl:", text, re.M):
         return "lspci"
@@ -124,6 +126,9 @@ def cmake(text: str) -> dict:
             or "CMAKE_CUDA_COMPILER-NOTFOUND" in text,
             "no_default_arch": "Failed to detect a default CUDA architecture" in text,
             "errors": re.findall(r"^CMake Error.*$", text, re.M),
+            # nvcc refusing an architecture it does not build (too old for this toolkit, or too new)
+            "unsupported_arch": sorted(set(re.findall(r"nvcc fatal\s*:\s*Unsupported gpu architecture '([^']*)'",
+                                                      text))),
             "incomplete": "Configuring incomplete" in text}
 
 

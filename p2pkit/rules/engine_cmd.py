@@ -6,6 +6,8 @@ address) before a start (P10, P11, P18, P20 in the engine modules).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from p2pkit.core.config import Profile
 from p2pkit.rules import engines
 from p2pkit.rules.engines import flags as engine_flags
@@ -100,7 +102,10 @@ def worded_flags(p: Profile) -> list[str]:
     return sorted(k for k in flags_of(p) if "=" in k or k.startswith("-"))
 
 
-def validate(p: Profile) -> list[Check]:
+def validate(p: Profile, name_unset: bool = True) -> list[Check]:
+    """The start's refusals and warnings of the profile's serve flags; `name_unset`: a refusal's fix names the
+    --unset of the flags given with --set and kept for the host (not for a --set refused on its own command
+    line)."""
     eng = engine(p)
     flags = flags_of(p)
     out = []
@@ -118,7 +123,21 @@ def validate(p: Profile) -> list[Check]:
                          "names without dashes or '='", FORM_FIX))
     if "host" in flags:  # a headless vLLM worker listens nowhere
         out.append(_host(p))
-    return out + eng.checks(p, flags)
+    return out + [_unset_named(c, p) if name_unset else c for c in eng.checks(p, flags)]
+
+
+def _unset_named(c: Check, p: Profile) -> Check:
+    """A refusal of a flag's value where serve flags were given with --set and kept for this host: its fix names
+    the --unset that takes them out (editing the profile file would not: issue 47 item 5); the flag the check is
+    named for where it is one of them, else each kept one."""
+    kept = [o.partition("=")[0].strip() for o in p.overrides if o.startswith("serve.flags.")]
+    if c.status != FAIL or not kept:
+        return c
+    named = f"serve.flags.{c.id.removeprefix('service.').replace('_', '-')}"
+    keys = [named] if named in kept else kept
+    return replace(c, hint=f"{c.hint} ({', '.join(keys)} {'was' if len(keys) == 1 else 'were'} given with --set and "
+                           f"kept for this host: `p2pkit {' '.join('--unset ' + k for k in keys)} up` takes "
+                           f"{'it' if len(keys) == 1 else 'them'} out)")
 
 
 def refusals(p: Profile) -> list[tuple[str, str]]:
@@ -133,6 +152,13 @@ def refusals(p: Profile) -> list[tuple[str, str]]:
     out += [(f"serve.flags.{name}", f"{p.engine.recipe} has no flag --{name}: the start refuses it; remove or "
              f"rename it; {p.engine.recipe} knows: {knows}") for name in unknown_flags(p) if name not in worded]
     return out
+
+
+def refused_by(p: Profile, before: Profile) -> list[Check]:
+    """The start's refusals of `p` that `before` (the same profile without some --set) does not have: what those
+    overrides bring (an inventory's per-host values only take refusals away)."""
+    had = {c.id for c in validate(before) if c.status == FAIL}
+    return [c for c in validate(p, name_unset=False) if c.status == FAIL and c.id not in had]
 
 
 def _host(p: Profile) -> Check:

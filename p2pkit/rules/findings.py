@@ -12,6 +12,8 @@ import operator
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from p2pkit.core.runner import UNANSWERED
+
 PASS, FAIL, WARN, SKIP = "pass", "fail", "warn", "skip"
 PENDING = "pending"  # fails now, and a reboot is what makes it pass
 ERROR = "could-not-run"  # the proof could not run here (a tool or extra missing): neither passed nor failed
@@ -105,6 +107,14 @@ def not_measured(f: dict, key: str, id: str, title: str, why: str, expected: Any
     if failed(b):
         return unknown(id, title, b, expected)
     return None
+
+
+def unanswered(check: Check | dict) -> bool:
+    """A failure that is no finding about the host: a command it needed did not answer within its limit (a
+    loaded machine, a wedged tool). "could not check", never stale or failed (issue 47 item 3)."""
+    measured = check.get("measured") if isinstance(check, dict) else check.measured
+    status = check.get("status") if isinstance(check, dict) else check.status
+    return status == FAIL and bool(UNANSWERED.search(str(measured)))
 
 
 def failed(fact: Any) -> bool:

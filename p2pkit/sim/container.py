@@ -440,6 +440,31 @@ class ContainerHost:
     def p2pkit(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
         return self.run([f"{VENV}/bin/p2pkit", *args], timeout=timeout, check=False)
 
+    def ended_by(self, returncode: int, leader: int, boots: int, wait_s: float = 15.0) -> tuple[int, str]:
+        """`sim container exec`'s exit code and what to say, for a command inside that ended with `returncode`
+        while the container's boot `boots` (its PID 1 `leader`) ran. A command ended by a signal because the OS
+        went down under it (`up --reboot` rebooting it: SIGTERM) is exit 4, as that `up` on a real box that
+        reboots; another signal is 128+N, as a shell says it; never a negative number that wraps to 241."""
+        if returncode >= 0:
+            return returncode, ""
+        sig = -returncode
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        deadline = time.monotonic() + wait_s
+        while True:
+            m = self.machine()
+            if not _alive(leader) or m.get("boots", 0) > boots or m.get("state") != "running":
+                what = "powered off" if m.get("state") == "off" else "rebooted"
+                return REBOOTED, (f"the container host went down under the command (boot {boots} ended: its "
+                                          f"OS {what}), which ended it with {name}; where it rebooted, p2pkit's "
+                                          "resume unit carries on inside: `p2pkit sim container exec "
+                                          f"{self.dir} -- p2pkit status` shows where it is")
+            if time.monotonic() >= deadline:
+                return 128 + sig, f"the command inside was ended by {name} (exit {128 + sig}, as a shell says it)"
+            time.sleep(0.2)
+
     def reboot(self, timeout: float = 120) -> None:
         boots = self.machine().get("boots", 0)
         self.run(["systemctl", "reboot"], check=False)
@@ -500,6 +525,10 @@ def _stat_state_ppid(text: str) -> tuple[str, int]:
     itself: it is part of no product rule (tests/test_sim_rules.py)."""
     state, ppid = text[text.rindex(")") + 1:].split()[:2]
     return state, int(ppid)
+
+
+REBOOTED = 4  # p2pkit's exit code for "reboot needed" (p2pkit.core.errors.Exit.REBOOT): what exec exits with when
+# the container went down under its command, as `p2pkit --yes up --reboot` exits on a real box that goes down
 
 
 def _alive(pid) -> bool:

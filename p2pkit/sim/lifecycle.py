@@ -212,10 +212,13 @@ def stop_services(root: Path) -> list[str]:
         running = bool(svc.get("started")) and _alive(pid)
         if not svc.get("started"):
             continue
-        r = subprocess.run([str(root / "usr/bin/systemctl"), "stop", unit], check=False, capture_output=True,
-                           text=True)
-        if running and launcher.session_members(pid):  # the stand-in did not stop it
+        try:
+            r = subprocess.run([str(root / "usr/bin/systemctl"), "stop", unit], check=False, capture_output=True,
+                               text=True)
             why = (r.stderr or r.stdout).strip() or f"systemctl stop exited {r.returncode}"
+        except OSError as e:  # the stand-in cannot start (the Python it was laid out with is gone): stopped here
+            why = f"its systemctl cannot run: {e.strerror or e}"
+        if running and launcher.session_members(pid):  # the stand-in did not stop it
             still = launcher.stop_session(pid, STOP_TIMEOUT_S)
             if still:
                 left.append(f"{unit} (pid {', '.join(map(str, still))}; systemctl stop said: {why})")

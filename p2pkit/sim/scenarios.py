@@ -195,9 +195,13 @@ SCENARIOS: dict[str, tuple[str, list]] = {
 
 def build(name: str) -> dict:
     if name not in SCENARIOS:
+        import difflib
+
         from p2pkit.core.errors import UsageError
 
-        raise UsageError(f"no simulated scenario named {name!r}", hint="scenarios: " + ", ".join(SCENARIOS))
+        near = difflib.get_close_matches(str(name), list(SCENARIOS), n=1)
+        raise UsageError(f"no simulated scenario named {name!r}" + (f" (did you mean {near[0]}?)" if near else ""),
+                         hint="scenarios: " + ", ".join(SCENARIOS))
     state = copy.deepcopy(HEALTHY)
     for change in SCENARIOS[name][1]:
         change(state)

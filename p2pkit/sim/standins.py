@@ -12,7 +12,8 @@ from pathlib import Path
 
 STATE = ".p2pkit-sim/state.json"  # p2pkit.host.SIM_MARKER
 # a file naming stand-ins (one a line) that hang as a wedged driver makes nvidia-smi hang: they
-# sleep until they are killed (a test of every caller's limit)
+# sleep until they are killed (a test of every caller's limit); "NAME SECONDS" makes one only slow, as a
+# machine under load makes every command slow: it answers after that many seconds
 HANG = ".p2pkit-sim/hang"
 
 LEGEND_P2P = """
@@ -86,15 +87,20 @@ def main(name: str, args: list[str]) -> int:
 
 
 def hang(root: Path, name: str) -> None:
-    """Sleep until killed when <root>/.p2pkit-sim/hang names this stand-in."""
+    """Sleep until killed when <root>/.p2pkit-sim/hang names this stand-in; sleep SECONDS first where its line
+    says "NAME SECONDS"."""
     import time
 
     try:
-        names = (root / HANG).read_text().split()
+        lines = [ln.split() for ln in (root / HANG).read_text().splitlines()]
     except OSError:
         return
-    while name in names:
-        time.sleep(3600)
+    for words in lines:
+        if words[:1] == [name] and len(words) == 2:
+            time.sleep(float(words[1]))
+            return
+        while words == [name]:
+            time.sleep(3600)
 
 
 # ---------------------------------------------------------------------------------------- modules
