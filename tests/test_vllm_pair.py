@@ -219,14 +219,20 @@ def test_the_pair_for_real(fabric, tmp_path, cli, monkeypatch):
         assert set(doc["stopped"]) == set(NODES) and "joined the head" in doc["hosts"]["worker"]["message"], doc
         assert "/health 200" in doc["hosts"]["head"]["message"], doc
 
-        # the head dies: the worker is an orphan (vLLM's headless worker runs on, silent): status names it
-        os.kill(engine_pid(roots["head"]), 9)
+        # the head dies (the node loses it all: its API server and every process under it, as when the node goes
+        # down): the worker is an orphan (vLLM's headless worker runs on, silent), and status names it
+        import psutil
+
+        head = psutil.Process(engine_pid(roots["head"]))
+        for proc in [head, *head.children(recursive=True)]:
+            proc.kill()
         r = cli(*controller(tmp_path), "--json", "status", "--inventory", str(inv))
         hosts = r.json()["hosts"]
         assert r.code == 1 and hosts["head"]["stages"]["service"] != "done", hosts
         assert hosts["worker"]["stages"]["service"] != "done", hosts["worker"]
         worker_said = cli("--root", str(roots["worker"]), *sets_of(roots["worker"], "worker"), "status")
-        assert "head" in worker_said.out + worker_said.err, worker_said.out + worker_said.err
+        said = " ".join((worker_said.out + worker_said.err).split())
+        assert worker_said.code == 1 and "orphaned" in said and f"{NET}.1:{MASTER_PORT} does not answer" in said, said
         print(f"pair ready in {ready_s:.0f} s")
     finally:
         for root in roots.values():
@@ -260,4 +266,4 @@ def metric(text: str, name: str) -> float:
 def sets_of(root: Path, name: str) -> list[str]:
     base = dict(s.split("=", 1) for s in vllm_real.sets())
     sets = {**base, **node_sets(name)}
-    return [a for k, v in sets.items() for a in ("--set", f"{k}={json.dumps(v) if not isinstance(v, str) else v}")]
+    return [a for k, v in sets.items() for a in ("--set", f"{k}={json.dumps(v)}")]  # as the inventory gives them

@@ -70,13 +70,23 @@ def init(
     scenario: Annotated[str, typer.Option("--scenario", "-s", help="see `p2pkit sim list`",
                                           autocompletion=_complete_scenario)] = "healthy",
     force: Annotated[bool, typer.Option("--force", help="replace an existing simulated host there")] = False,
+    profile: Annotated[str | None, typer.Option(
+        "--host-profile", help="the built-in profile the host is laid out for (its scenario's own by default; "
+                          "vllm-cpu: the real vLLM's CPU build on the simulated dual-5090 box)")] = None,
 ) -> None:
     """Lay out a simulated host (sysfs, /proc, /etc, stand-in commands) in DIRECTORY."""
+    from p2pkit.core import config
     from p2pkit.sim import lifecycle
 
     common.refuse_unsafe_path("sim init DIRECTORY", str(directory))  # it is the --root of every later command
     d = directory.resolve()
     state = scenarios.build(scenario)  # an unknown scenario is refused before anything is touched
+    if profile is not None:
+        if profile not in config.builtin_names():
+            near = config.did_you_mean(profile, config.builtin_names())
+            raise UsageError(f"{profile!r} is no built-in profile{near}",
+                             hint="`p2pkit profile list` names them; nothing was laid out")
+        state["profile"] = profile
     if d.exists() and not d.is_dir():
         raise UsageError(f"{d} is a file, not a directory; p2pkit lays a simulated host out in a directory",
                          hint="name a new or empty directory")
@@ -97,8 +107,6 @@ def init(
     lifecycle.init(d, state)
     out = sim_output()
     out.log(f"simulated host ({scenario}: {scenarios.SCENARIOS[scenario][0]}) laid out in {d}")
-    from p2pkit.core import config
-
     prof = config.load(state["profile"])
     out.log(f"its profile: {state['profile']} ({prof.name}, pinned to this host's own downloads and repositories; "
             f"`--profile {prof.name}` on this host means this file)")
