@@ -333,17 +333,6 @@ def offline(ctx, dest: Path) -> dict:
     return {**packed, "from": e.source_url, "from_sha256": got["sha256"]}
 
 
-def build(ctx) -> dict:
-    return cmake.build(ctx)
-
-
-def measure(ctx, built: dict | None) -> dict:
-    return cmake.measure(ctx, built)
-
-
-def check(b: dict, p: Profile) -> list[Check]:
-    return cmake.check(b, p)
-
-
-def reproved(recorded: dict, now: dict | None, p: Profile) -> list[Check]:
-    return cmake.reproved(recorded, now, p)
+# the build, its record, its checks and their re-proof: the CMake recipes' (stages/engine/cmake.py), which asks this
+# module for what is the recipe's own (its options, targets, pkg-config modules, criteria)
+build, measure, check, reproved = cmake.build, cmake.measure, cmake.check, cmake.reproved
