@@ -653,25 +653,34 @@ def _stop(root: Path, state: dict, unit: str) -> int:
 
 def systemctl(root: Path, state: dict, args: list[str]) -> int:
     """Offline verbs (--root, enable, is-enabled, disable) go to the real systemctl against the
-    simulated root; runtime verbs (start, stop, show, ...) are simulated with real processes."""
+    simulated root; runtime verbs (start, stop, show, ...) are simulated with real processes. The manager's
+    memory is simulated as systemd keeps it: the unit files as it read them at the last daemon-reload (or
+    boot), so that a file edited or removed since says NeedDaemonReload=yes and a timer that runs stays
+    loaded after its file is gone (systemd(1), "daemon-reload"; systemctl(1), "show")."""
     args = [a.strip("'") for a in args if a not in ("--no-block", "--no-pager", "-l", "--system")]
     if any(a.startswith("--root") for a in args) or (args and args[0] in ("enable", "disable", "is-enabled")):
         return _real_systemctl(root, args)
     verb, units = (args[0], args[1:]) if args else ("", [])
     if verb in ("daemon-reload", "daemon-reexec"):
         state["daemon_reloads"] = state.get("daemon_reloads", 0) + 1
+        daemon_reload(root, state)
         save(root, state)
         return 0
     positional = [a for i, a in enumerate(units) if not a.startswith("-") and (i == 0 or units[i - 1] != "-p")]
     unit = positional[0] if positional else ""
     if verb in ("start", "stop", "restart"):
-        return _start_stop(root, state, verb, unit)
-    active, pid = service_state(state, unit)
+        rc = 0
+        for u in positional:
+            rc = (_timer_start_stop(root, state, verb, u) if u.endswith(".timer")
+                  else _start_stop(root, load_state(root), verb, u)) or rc
+            state = load_state(root)
+        return rc
+    active, pid = _unit_active(root, state, unit)
     if verb == "is-active":
         print(active)
         return 0 if active == "active" else 3
     if verb == "show":
-        return _show(root, unit, units, active, pid)
+        return _show(root, state, positional, units)
     if verb == "status":
         print(f"● {unit} (SIMULATED)\n     Active: {active}" + (f"\n   Main PID: {pid}" if pid else ""))
         return 0 if active == "active" else 3
@@ -697,17 +706,82 @@ def _start_stop(root: Path, state: dict, verb: str, unit: str) -> int:
     return _stop(root, state, unit) or _start(root, load_state(root), unit)
 
 
-def _show(root: Path, unit: str, units: list[str], active: str, pid: int) -> int:
-    """systemctl show UNIT [-p PROP]... [--value]: the unit's properties p2pkit reads."""
-    u = _unit(root, unit)
-    props = {"Id": unit, "LoadState": "loaded" if u["exists"] else "not-found", "ActiveState": active,
-             "SubState": {"active": "running", "failed": "failed"}.get(active, "dead"), "MainPID": pid,
-             "UnitFileState": "enabled" if (root / "etc/systemd/system/multi-user.target.wants" / unit).exists()
-             else "disabled"}
-    want = [units[i + 1] for i, a in enumerate(units) if a == "-p" and i + 1 < len(units)]
-    for k, v in props.items():
-        if not want or k in want:
-            print(v if "--value" in units else f"{k}={v}")
+UNIT_DIR = "etc/systemd/system"
+
+
+def _unit_digest(root: Path, unit: str) -> str | None:
+    import hashlib
+
+    p = root / UNIT_DIR / unit
+    return hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
+
+
+def daemon_reload(root: Path, state: dict) -> None:
+    """The manager reads every unit file again: what it holds is what is on disk now; a unit whose file is
+    gone stays in memory (not-found) only while it is active (a timer that still waits)."""
+    d = root / UNIT_DIR
+    files = {p.name: _unit_digest(root, p.name) for p in d.iterdir() if p.is_file()} if d.is_dir() else {}
+    gone = {u: None for u, on in state.get("timers", {}).items() if on and u not in files}
+    state["loaded_units"] = {**files, **gone}
+
+
+def _timer_start_stop(root: Path, state: dict, verb: str, unit: str) -> int:
+    loaded = state.get("loaded_units", {})
+    if verb != "stop" and _unit_digest(root, unit) is None and unit not in loaded:
+        print(f"Failed to start {unit}: Unit {unit} not found.", file=sys.stderr)
+        return 5
+    state.setdefault("timers", {})[unit] = verb != "stop"
+    if verb != "stop":
+        loaded.setdefault(unit, _unit_digest(root, unit))  # loaded as it is started
+        state["loaded_units"] = loaded
+    save(root, state)
+    return 0
+
+
+def _unit_active(root: Path, state: dict, unit: str) -> tuple[str, int]:
+    if unit.endswith(".timer"):
+        return ("active" if state.get("timers", {}).get(unit) else "inactive"), 0
+    return service_state(state, unit)
+
+
+def _show(root: Path, state: dict, names: list[str], args: list[str]) -> int:
+    """systemctl show UNIT... [-p PROP[,PROP]]... [--value]: the properties p2pkit reads, one block a unit
+    (an empty line between blocks), as the manager holds the unit."""
+    want = [p for i, a in enumerate(args) if a == "-p" and i + 1 < len(args) for p in args[i + 1].split(",")]
+    want += [p for a in args if a.startswith("--property=") for p in a.split("=", 1)[1].split(",")]
+    blocks = []
+    for unit in names:
+        u = _unit(root, unit)
+        active, pid = _unit_active(root, state, unit)
+        loaded = state.get("loaded_units", {})
+        now = _unit_digest(root, unit)
+        in_memory = unit in loaded and (now is not None or active == "active")
+        wants = "timers.target.wants" if unit.endswith(".timer") else "multi-user.target.wants"
+        text = u["path"].read_text() if u["exists"] else ""
+        props = {"Id": unit, "LoadState": "loaded" if u["exists"] or in_memory else "not-found",
+                 "ActiveState": active,
+                 "SubState": ({"active": "waiting"} if unit.endswith(".timer") else
+                              {"active": "running", "failed": "failed"}).get(active, "dead"),
+                 "MainPID": pid,
+                 "UnitFileState": ("enabled" if (root / UNIT_DIR / wants / unit).exists() else
+                                   "disabled" if "[Install]" in text else "static") if u["exists"]
+                 else ("bad" if in_memory else ""),
+                 "NeedDaemonReload": "yes" if unit in loaded and loaded[unit] != now else "no",
+                 "FragmentPath": f"/{UNIT_DIR}/{unit}" if u["exists"] or in_memory else ""}
+        if unit.endswith(".timer"):
+            m = re.search(r"^Unit=(\S+)", text, re.M)
+            props["Triggers"] = (m.group(1) if m else unit.removesuffix(".timer") + ".service") \
+                if u["exists"] or in_memory else ""
+            props["NextElapseUSecRealtime"] = "Thu 2026-12-10 00:07:41 UTC" if active == "active" else ""
+            props["LastTriggerUSec"] = ""
+        else:
+            props["ExecStart"] = (f"{{ path={u['exec'].split()[0]} ; argv[]={u['exec']} ; ignore_errors=no ; "
+                                  "start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; code=(null) ; status=0/0 }")  \
+                if u.get("exec") else ""
+            props["Slice"] = u.get("slice") or ("system.slice" if u["exists"] else "")
+            props["MemoryMax"] = u.get("memory_max") or "infinity"
+        blocks.append([(v if "--value" in args else f"{k}={v}") for k, v in props.items() if not want or k in want])
+    print("\n\n".join("\n".join(str(x) for x in b) for b in blocks))
     return 0
 
 
