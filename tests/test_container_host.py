@@ -464,3 +464,48 @@ def test_a_link_planted_at_every_path_up_writes_on_the_real_os_leaves_its_victim
                or (v.lstat().st_mode, v.lstat().st_uid, v.lstat().st_gid) != was]  # written, chmod or chown
     assert touched == [], touched
     assert refused, "no planted link was met"
+
+
+def test_the_wheel_is_built_from_an_install_that_is_no_checkout(tmp_path):
+    """The README's own install (`pip install .`) puts p2pkit in site-packages, where there is no source tree
+    to build a wheel from (pip: "Directory '.../site-packages' is not installable"): the container host packs
+    the installed distribution again, the same files as the wheel pip built from the checkout."""
+    import zipfile
+
+    built = container.build_wheel(tmp_path / "from-checkout")
+    target = tmp_path / "site-packages"
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--target",
+                        str(target), str(built)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    code = ("import sys; from pathlib import Path; from p2pkit.sim import container; "
+            "print(container.build_wheel(Path(sys.argv[1])))")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "from-install")], capture_output=True, text=True,
+                       cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(target)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    again = Path(r.stdout.strip())
+    assert again.name == built.name and again.parent == tmp_path / "from-install"
+    with zipfile.ZipFile(built) as a, zipfile.ZipFile(again) as b:
+        names = sorted(n for n in a.namelist() if not n.endswith(".dist-info/RECORD"))
+        assert names == sorted(n for n in b.namelist() if not n.endswith(".dist-info/RECORD"))
+        assert all(a.read(n) == b.read(n) for n in names)
+        assert "p2pkit/sim/container.py" in names and f"p2pkit-{built.name.split('-')[1]}.data/scripts/p2pkit" in names
+
+
+def test_a_host_whose_making_stopped_half_way_is_refused(tmp_path, image):
+    """A host whose p2pkit could not be installed (a wheel that is no wheel): create fails naming the step and
+    its log, and a later boot of the directory refuses it as half-made instead of booting it without p2pkit."""
+    bad = tmp_path / "p2pkit-0-py3-none-any.whl"
+    bad.write_bytes(b"not a zip file\n")
+    d = tmp_path / "ct"
+    with pytest.raises(container.ContainerError) as e:
+        container.ContainerHost.create(d, image, wheel=bad)
+    assert e.value.step == "install p2pkit" and e.value.log and e.value.log.is_file()
+    h = container.ContainerHost(d)
+    assert h.machine()["made"] is False and not h.root.is_mount()
+    with pytest.raises(container.ContainerError, match="not a whole container host: its making stopped half-way"):
+        h.boot(timeout=30)
+    assert not h.root.is_mount() and h.machine()["state"] == "off"
+    r = subprocess.run([sys.executable, "-m", "p2pkit", "sim", "container", "boot", str(d)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode != 0 and "not a whole container host" in r.stderr and " is up " not in r.stderr, r.stderr
+    assert "(log: " in r.stderr and "read its log (" in r.stderr

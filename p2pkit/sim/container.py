@@ -303,7 +303,8 @@ class ContainerHost:
         for d in ("upper", "work", "root", "logs"):
             (host.dir / d).mkdir(parents=True, exist_ok=True)
         name = name or f"p2pkit-ct-{uuid.uuid4().hex[:8]}"
-        host._record(image=str(image_root), name=name, state="off", boots=0)
+        # made: False until the last step is done: a host whose making stopped half-way is refused by boot
+        host._record(image=str(image_root), name=name, state="off", boots=0, scenario=scenario, made=False)
         host.mount()
         try:
             (host.root / "etc/machine-id").write_text(uuid.uuid4().hex + "\n")
@@ -311,10 +312,21 @@ class ContainerHost:
             host.install(wheel)
             host.run_once([f"{VENV}/bin/python", "-m", "p2pkit.sim.guest", "provision", "--scenario", scenario],
                           "provision the simulated GPUs")
-        except BaseException:
+        except BaseException as e:
+            host._record(failed=str(e) or type(e).__name__)
             host.unmount()
             raise
+        host._record(made=True)
         return host
+
+    def half_made(self) -> str | None:
+        """Why this directory is not a whole host (its making stopped half-way), or None."""
+        m = self.machine()
+        if m.get("made") is False:
+            return f"its making stopped half-way ({m.get('failed') or 'killed before it finished'})"
+        if os.path.ismount(self.root) and not (self.root / VENV.lstrip("/") / "bin/p2pkit").is_file():
+            return f"p2pkit is not installed in it ({VENV}/bin/p2pkit is missing)"
+        return None
 
     def install(self, wheel: Path | None = None) -> None:
         """p2pkit from `wheel` (a wheel of this tree when None) into the root's venv, as `pip install .`
@@ -371,6 +383,12 @@ class ContainerHost:
         """Start the machine (its supervisor restarts the container when the OS inside reboots) and wait
         until systemd inside says it is up."""
         self.mount()
+        why = self.half_made()
+        if why:
+            self.unmount()
+            raise ContainerError("boot", f"{self.dir} is not a whole container host: {why}; remove it (`p2pkit sim "
+                                 f"container stop {self.dir}`, then `rm -rf {self.dir}`) and boot it again",
+                                 self.logs / "setup.log" if (self.logs / "setup.log").is_file() else None)
         m = self.machine()
         if m.get("state") in ("booting", "running") and _alive(m.get("supervisor_pid")):
             return self.wait_up(timeout)
@@ -513,15 +531,92 @@ def _alive(pid) -> bool:
 
 
 def build_wheel(out: Path) -> Path:
-    """A wheel of this tree (what `pip install .` installs), for the host to install inside."""
+    """A wheel of this p2pkit (what `pip install .` installs), for the host to install inside: built by pip
+    from the source tree it runs from (a checkout, an editable install), or, where it runs from an installed
+    wheel (`pip install .` puts the package in site-packages: no pyproject.toml there to build from), packed
+    again from the installed distribution's own files as its RECORD lists them. What pip said is kept in
+    OUT/build-wheel.log, which an error names."""
     src = Path(__file__).resolve().parents[2]
     out.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(src)],
-                       capture_output=True, text=True)
-    wheels = sorted(out.glob("p2pkit-*.whl"))
-    if r.returncode != 0 or not wheels:
-        raise ContainerError("build p2pkit's wheel", (r.stderr or r.stdout).strip()[-2000:])
-    return wheels[-1]
+    log = out / "build-wheel.log"
+    if (src / "pyproject.toml").is_file():
+        r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(src)],
+                           capture_output=True, text=True)
+        log.write_text(f"$ pip wheel --no-deps -w {out} {src}\n{r.stdout}{r.stderr}# exit {r.returncode}\n")
+        wheels = sorted(out.glob("p2pkit-*.whl"))
+        if r.returncode != 0 or not wheels:
+            raise ContainerError("build p2pkit's wheel", f"pip wheel {src}: "
+                                 + ((r.stderr or r.stdout).strip().splitlines() or [f"exit {r.returncode}"])[-1], log)
+        return wheels[-1]
+    try:
+        return repack_installed(out)
+    except (OSError, ValueError, KeyError) as e:
+        log.write_text(f"p2pkit runs from {src}, which is no source tree (no pyproject.toml), and its installed "
+                       f"distribution could not be packed again: {e}\n")
+        raise ContainerError("build p2pkit's wheel", f"p2pkit runs from {src} (no pyproject.toml) and its installed "
+                             f"files could not be packed into a wheel ({e}): install it from its checkout "
+                             "(`pip install -e .`) or run `python -m p2pkit sim container boot` from the checkout",
+                             log) from None
+
+
+def repack_installed(out: Path) -> Path:
+    """The wheel the installed p2pkit came from, packed again: every file its RECORD lists inside the
+    installation (the package and its .dist-info; not byte code, INSTALLER, REQUESTED or direct_url.json,
+    which the installer adds), and the `p2pkit` script the wheel carries as shared data
+    (`p2pkit-V.data/scripts/p2pkit`, pyproject.toml) from the bin/ it was installed into, its first line put
+    back to `#!python` (the wheel format: the installer points it at its Python); a new RECORD of their sha256
+    and sizes (PEP 427, PEP 376). Raises ValueError where the distribution found is not the one this module
+    belongs to, or an installed script is not where its RECORD line says with its hash."""
+    import base64
+    import importlib.metadata
+    import zipfile
+
+    dist = importlib.metadata.distribution("p2pkit")
+    here = Path(__file__).resolve()
+    if Path(dist.locate_file("p2pkit/sim/container.py")).resolve() != here:
+        raise ValueError(f"the installed p2pkit distribution ({dist.locate_file('')}) is not the one running here")
+    info = next(f for f in dist.files if f.parts[0].endswith(".dist-info"))
+    info_dir = info.parts[0]
+    tag = next((ln.split(":", 1)[1].strip() for ln in dist.read_text("WHEEL").splitlines()
+                if ln.startswith("Tag:")), "py3-none-any")
+    name = f"p2pkit-{dist.version}-{tag}.whl"
+    skip = {"RECORD", "INSTALLER", "REQUESTED", "direct_url.json"}
+    files = {str(f): Path(dist.locate_file(f)).read_bytes() for f in dist.files
+             if ".." not in f.parts and "__pycache__" not in f.parts and not str(f).endswith(".pyc")
+             and not (f.parts[0] == info_dir and f.name in skip)}
+    for f in dist.files:  # the scripts, installed outside site-packages (`../../../bin/p2pkit` in a venv)
+        if ".." in f.parts and f.parent.name == "bin":
+            files[f"p2pkit-{dist.version}.data/scripts/{f.name}"] = _installed_script(dist, f)
+    tmp = out / (name + ".part")
+    record = []
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+        for rel, data in sorted(files.items()):
+            z.writestr(rel, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            record.append(f"{rel},sha256={digest},{len(data)}")
+        record.append(f"{info_dir}/RECORD,,")
+        z.writestr(f"{info_dir}/RECORD", "\n".join(record) + "\n")
+    os.replace(tmp, out / name)
+    return out / name
+
+
+def _installed_script(dist, f) -> bytes:
+    """An installed script as its wheel held it: the file its RECORD line names (pip --target moves bin/ into
+    the target, away from the path the line says), found by its recorded hash, with `#!python` first again."""
+    import base64
+    import sysconfig
+
+    want = (f.hash.value if f.hash else None)
+    for p in (Path(dist.locate_file(f)), Path(dist.locate_file(f"bin/{f.name}")),
+              Path(sysconfig.get_path("scripts")) / f.name, Path(sys.executable).parent / f.name):
+        try:
+            data = p.read_bytes()
+        except OSError:
+            continue
+        if want is None or base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode() == want:
+            first, nl, rest = data.partition(b"\n")
+            return (b"#!python" + nl + rest) if first.startswith(b"#!") and b"python" in first else data
+    raise ValueError(f"the installed script {f} is not where its RECORD line says, nor in a bin/ beside it")
 
 
 # ------------------------------------------------------------------------------------------- machine
