@@ -327,7 +327,7 @@ def test_static_bar1_with_no_module_loaded_is_a_skip():
 IMAGE = f"/boot/initrd.img-{RUN}"
 IR_PATCHED = f"usr/lib/modules/{RUN}/kernel/drivers/video/nvidia.ko"
 IR_DKMS = f"usr/lib/modules/{RUN}/updates/dkms/nvidia.ko"
-FINE = "no copy under updates/, the initramfs holds the patched module"
+FINE = f"no copy under updates/, {IMAGE} holds {IR_PATCHED}"  # what lsinitramfs listed, as it is
 HOLDERS = ["nvidia_uvm", "nvidia_modeset"]
 
 
@@ -403,6 +403,12 @@ def test_module_sources_problems(facts, status, measured):
 def test_boot_default_hold_names_the_new_kernel_in_the_hint():
     c = p2p_module.boot_default({"boot_hold": {"held": {"kernel": RUN, "new_kernel": NEW}}}, P)
     assert [(x.id, x.status, x.pitfall) for x in c] == [("field.boot_default", "warn", "P36")]
-    assert c[0].measured == f"booting {RUN}: the P2P module did not build for {NEW}"
+    assert c[0].measured == f"booting {RUN}: the P2P module did not build for {NEW} (modinfo -k {NEW}: nothing)"
     assert c[0].hint.startswith(f"the new kernel {NEW} breaks the module build")
-    assert f"(`sudo /etc/kernel/postinst.d/zz-p2pkit {NEW}`: it lifts the hold" in c[0].hint
+    assert f"then `sudo p2pkit restore --kernel {NEW}`: it lifts the hold and runs update-grub" in c[0].hint
+
+
+def test_an_empty_initramfs_is_said_to_hold_no_nvidia_ko():
+    """Issue 49 item 5: an initramfs that holds no nvidia.ko was said to hold the patched module."""
+    c = ms(module_sources=sources({"path": IMAGE, "nvidia": [], "mtime": 2000.0}))
+    assert [(x.status, x.measured) for x in c] == [("pass", f"no copy under updates/, {IMAGE} holds no nvidia.ko")]

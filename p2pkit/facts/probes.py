@@ -9,7 +9,7 @@ from pathlib import PurePosixPath
 
 from p2pkit.core import writers
 from p2pkit.core.role_defaults import role_default
-from p2pkit.host import Host, launcher, system
+from p2pkit.host import Host, kmod, launcher, system
 from p2pkit.host import field_facts as hfield
 from p2pkit.host import nvml as _nvml
 from p2pkit.parse import system as ps
@@ -202,7 +202,10 @@ def _boot_hold(h: Host):
         return {"held": None}
     text = h.read(system.BOOT_HOLD, "the boot-default hold")
     kv = dict(m.groups() for m in re.finditer(r"^# p2pkit-(kernel|new_kernel)=(\S+)", text, re.M))
-    return {"held": {"kernel": kv.get("kernel", "?"), "new_kernel": kv.get("new_kernel", "?")}}
+    held = {"kernel": kv.get("kernel", "?"), "new_kernel": kv.get("new_kernel", "?")}
+    if held["new_kernel"] != "?":  # what modprobe would load for the kernel held back, as modinfo says now
+        held["module"] = kmod.modinfo(h, held["new_kernel"])
+    return {"held": held}
 
 
 LIVE_TIMEOUT_S = 2.0  # status and doctor ask a running engine once, briefly: a frozen one does not answer

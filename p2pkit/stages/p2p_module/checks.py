@@ -337,7 +337,10 @@ def module_sources(f: dict, p: Profile) -> list[Check]:
         problems.append(f"loaded srcversion {mod['loaded_srcversion']} is not the built {built}; "
                         f"{', '.join(m['holders'])} hold nvidia (rmmod nvidia fails until they are "
                         "unloaded)")
-    fine = "no copy under updates/" + ("" if unreadable(ir) else ", the initramfs holds the patched module")
+    # what lsinitramfs listed, said as it is: an initramfs without any nvidia.ko loads none early (modprobe
+    # takes the patched one from /lib/modules); one with the patched module holds it
+    fine = "no copy under updates/" + ("" if unreadable(ir) else f", {ir['path']} holds "
+                                       + (", ".join(ir["nvidia"]) if ir["nvidia"] else "no nvidia.ko"))
     out.append(judge(id_, title, not problems, "; ".join(problems) or fine, want, "remove the stock copies (p2pkit "
                      "backs them up), rebuild the initramfs "
                      "(`update-initramfs -u -k $(uname -r)`), unload in order nvidia_drm nvidia_modeset nvidia_uvm "
@@ -347,18 +350,32 @@ def module_sources(f: dict, p: Profile) -> list[Check]:
 
 @reads("boot_hold")
 def boot_default(f: dict, p: Profile) -> list[Check]:
-    """P36: the kernel hook held the boot default at the working kernel when the build for a new one failed."""
+    """P36: the kernel hook held the boot default at the working kernel when the build for a new one failed.
+    Whether the module is there for the new kernel now is modinfo's word (read with the hold), not the hold's:
+    a hold whose kernel has its module since is one `restore --kernel` lifts."""
     b = f.get("boot_hold")
+    title = "boot default not held back by a failed module build"
     if unreadable(b):  # never a silent pass: the hold could not be read
-        return [could_not("field.boot_default", "boot default not held back by a failed module build", b,
-                          "no hold", "P36")]
+        return [could_not("field.boot_default", title, b, "no hold", "P36")]
     held = b.get("held")
-    return [judge("field.boot_default", "boot default not held back by a failed module build", not held,
-                  f"booting {held['kernel']}: the P2P module did not build for {held['new_kernel']}" if held else
-                  "no hold", "no hold", f"the new kernel {held['new_kernel'] if held else ''} breaks the module build "
-                  "(a kernel API removed): pin a fork commit that builds for it, then rerun the hook "
-                  f"(`sudo {_role_path('kernel_hook')} {held['new_kernel'] if held else '<new>'}`: it lifts "
-                  "the hold when the build succeeds) and `sudo update-grub`", pitfall="P36", severity=WARN)]
+    if not held:
+        return [judge("field.boot_default", title, True, "no hold", "no hold", "", pitfall="P36", severity=WARN)]
+    new = held["new_kernel"]
+    mod = held.get("module") or {}
+    there = mod.get("modinfo_filename")
+    if there == module_file(new):
+        return [Check("field.boot_default", title, WARN,
+                      f"booting {held['kernel']}, held back from {new}, whose module is there now (modinfo -k {new}: "
+                      f"{there}, srcversion {mod.get('modinfo_srcversion')}"
+                      + (f", signed by {mod['modinfo_sig_key']})" if mod.get("modinfo_sig_key") else ")"),
+                      "no hold", f"the hold is no longer needed: `sudo p2pkit restore --kernel {new}` proves the "
+                      "module for it, lifts the hold and runs update-grub", "P36")]
+    return [Check("field.boot_default", title, WARN,
+                  f"booting {held['kernel']}: the P2P module did not build for {new} (modinfo -k {new}: "
+                  f"{there or mod.get('modinfo_error') or 'nothing'})", "no hold",
+                  f"the new kernel {new} breaks the module build (a kernel API removed, or its headers missing): pin a "
+                  f"fork commit that builds for it (or install linux-headers-{new}), then `sudo p2pkit restore "
+                  f"--kernel {new}`: it lifts the hold and runs update-grub when the module is there", "P36")]
 
 
 def _secure_boot(f) -> list[Check]:
