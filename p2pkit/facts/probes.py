@@ -196,6 +196,24 @@ def _engine_env_file(h: Host):
     return {"path": path, "env": writers.read_env_file(h.read(path, "the engine's environment file"))}
 
 
+TIMER_PROPS = ["LoadState", "ActiveState", "SubState", "UnitFileState", "NeedDaemonReload", "FragmentPath", "Triggers",
+               "NextElapseUSecRealtime", "LastTriggerUSec"]
+SERVICE_PROPS = ["LoadState", "ActiveState", "UnitFileState", "NeedDaemonReload", "FragmentPath", "ExecStart"]
+
+
+def _restore_units(h: Host):
+    """systemd's own view of the restore timer and its service, where systemd is PID 1 (`systemctl show`): what
+    it loaded and runs, which the files on disk do not tell (a timer whose file is gone still fires; one edited
+    and not reloaded runs the old settings)."""
+    if not launcher.systemd_booted(h):
+        return {"systemd": False}
+    timer, unit = (system.RESTORE_TIMER.rpartition("/")[2], system.RESTORE_UNIT.rpartition("/")[2])
+    props = sorted(set(TIMER_PROPS) | set(SERVICE_PROPS))
+    view = system.unit_view(h, [timer, unit], props)
+    return {"systemd": True, "timer": {"name": timer, "path": system.RESTORE_TIMER, **view[timer]},
+            "service": {"name": unit, "path": system.RESTORE_UNIT, **view[unit]}}
+
+
 def _boot_hold(h: Host):
     """The kernel hook's hold on the boot default (P36): which kernel it keeps booting, for which new one."""
     if not h.exists(system.BOOT_HOLD):

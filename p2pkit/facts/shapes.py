@@ -309,6 +309,12 @@ class EngineEnvFile(TypedDict, total=False):
     env: dict[str, str] | None
 
 
+class RestoreUnits(TypedDict, total=False):
+    systemd: bool  # systemd is PID 1: the units below are its own view (systemctl show)
+    timer: dict[str, str]  # name, path and the properties read (LoadState, ActiveState, NeedDaemonReload, ...)
+    service: dict[str, str]
+
+
 class Held(TypedDict, total=False):
     kernel: str
     new_kernel: str

@@ -751,38 +751,55 @@ def _show(root: Path, state: dict, names: list[str], args: list[str]) -> int:
     want += [p for a in args if a.startswith("--property=") for p in a.split("=", 1)[1].split(",")]
     blocks = []
     for unit in names:
-        u = _unit(root, unit)
-        active, pid = _unit_active(root, state, unit)
-        loaded = state.get("loaded_units", {})
-        now = _unit_digest(root, unit)
-        in_memory = unit in loaded and (now is not None or active == "active")
-        wants = "timers.target.wants" if unit.endswith(".timer") else "multi-user.target.wants"
-        text = u["path"].read_text() if u["exists"] else ""
-        props = {"Id": unit, "LoadState": "loaded" if u["exists"] or in_memory else "not-found",
-                 "ActiveState": active,
-                 "SubState": ({"active": "waiting"} if unit.endswith(".timer") else
-                              {"active": "running", "failed": "failed"}).get(active, "dead"),
-                 "MainPID": pid,
-                 "UnitFileState": ("enabled" if (root / UNIT_DIR / wants / unit).exists() else
-                                   "disabled" if "[Install]" in text else "static") if u["exists"]
-                 else ("bad" if in_memory else ""),
-                 "NeedDaemonReload": "yes" if unit in loaded and loaded[unit] != now else "no",
-                 "FragmentPath": f"/{UNIT_DIR}/{unit}" if u["exists"] or in_memory else ""}
-        if unit.endswith(".timer"):
-            m = re.search(r"^Unit=(\S+)", text, re.M)
-            props["Triggers"] = (m.group(1) if m else unit.removesuffix(".timer") + ".service") \
-                if u["exists"] or in_memory else ""
-            props["NextElapseUSecRealtime"] = "Thu 2026-12-10 00:07:41 UTC" if active == "active" else ""
-            props["LastTriggerUSec"] = ""
-        else:
-            props["ExecStart"] = (f"{{ path={u['exec'].split()[0]} ; argv[]={u['exec']} ; ignore_errors=no ; "
-                                  "start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; code=(null) ; status=0/0 }")  \
-                if u.get("exec") else ""
-            props["Slice"] = u.get("slice") or ("system.slice" if u["exists"] else "")
-            props["MemoryMax"] = u.get("memory_max") or "infinity"
+        props = _unit_props(root, state, unit)
         blocks.append([(v if "--value" in args else f"{k}={v}") for k, v in props.items() if not want or k in want])
     print("\n\n".join("\n".join(str(x) for x in b) for b in blocks))
     return 0
+
+
+def _unit_props(root: Path, state: dict, unit: str) -> dict:
+    """One unit's properties as the manager holds it: loaded from its file, or still in memory (an active
+    timer whose file is gone); NeedDaemonReload where the file differs from what the last reload read."""
+    u = _unit(root, unit)
+    active, pid = _unit_active(root, state, unit)
+    loaded = state.get("loaded_units", {})
+    in_memory = unit in loaded and (_unit_digest(root, unit) is not None or active == "active")
+    known = u["exists"] or in_memory
+    timer = unit.endswith(".timer")
+    props = {"Id": unit, "LoadState": "loaded" if known else "not-found", "ActiveState": active,
+             "SubState": ({"active": "waiting"} if timer else {"active": "running", "failed": "failed"}).get(
+                 active, "dead"),
+             "MainPID": pid, "UnitFileState": _file_state(root, unit, u, in_memory),
+             "NeedDaemonReload": "yes" if unit in loaded and loaded[unit] != _unit_digest(root, unit) else "no",
+             "FragmentPath": f"/{UNIT_DIR}/{unit}" if known else ""}
+    return {**props, **(_timer_props(u, known, active) if timer else _service_props(u))}
+
+
+def _file_state(root: Path, unit: str, u: dict, in_memory: bool) -> str:
+    if not u["exists"]:
+        return "bad" if in_memory else ""
+    wants = "timers.target.wants" if unit.endswith(".timer") else "multi-user.target.wants"
+    if (root / UNIT_DIR / wants / unit).is_symlink():  # systemctl --root links to the absolute path in the root
+        return "enabled"
+    return "disabled" if "[Install]" in u["path"].read_text() else "static"
+
+
+def _timer_props(u: dict, known: bool, active: str) -> dict:
+    m = re.search(r"^Unit=(\S+)", u["path"].read_text(), re.M) if u["exists"] else None
+    name = u["path"].name
+    return {"Triggers": (m.group(1) if m else name.removesuffix(".timer") + ".service") if known else "",
+            "NextElapseUSecRealtime": "Thu 2026-12-10 00:07:41 UTC" if active == "active" else "",
+            "LastTriggerUSec": ""}
+
+
+def _service_props(u: dict) -> dict:
+    """ExecStart as systemd 252's `systemctl show` prints an exec command (a unit not run yet: start and stop
+    times n/a, pid 0), Slice and MemoryMax as loaded."""
+    ex = u.get("exec")
+    return {"ExecStart": (f"{{ path={ex.split()[0]} ; argv[]={ex} ; ignore_errors=no ; start_time=[n/a] ; "
+                          "stop_time=[n/a] ; pid=0 ; code=(null) ; status=0/0 }") if ex else "",
+            "Slice": u.get("slice") or ("system.slice" if u["exists"] else ""),
+            "MemoryMax": u.get("memory_max") or "infinity"}
 
 
 def journalctl(root: Path, state: dict, args: list[str]) -> int:

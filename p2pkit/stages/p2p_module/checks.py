@@ -34,7 +34,7 @@ def precheck(p: Profile) -> list[Check]:
                   "builds an unpinned kernel module")]
 
 
-@reads("module", "built_module", "kernel", "restore_guards", "pending_kernel", "mok")
+@reads("module", "built_module", "kernel", "restore_guards", "restore_units", "pending_kernel", "mok")
 def install_checks(f: dict, p: Profile) -> list[Check]:
     """What the stage itself must have achieved; a reboot does not change these."""
     m, built = f.get("module", {}), f.get("built_module", {})
@@ -54,6 +54,7 @@ def install_checks(f: dict, p: Profile) -> list[Check]:
               built["srcversion"], m.get("modinfo_srcversion"), built["srcversion"],
               "the installed nvidia.ko is not this build: rerun `p2pkit up --from p2p-module --force`"),
         *([safeguards(f["restore_guards"])] if "restore_guards" in f else []),
+        *([restore_timer(f["restore_units"])] if "restore_units" in f else []),
         *([pending_kernel(f["pending_kernel"], built, f.get("mok"))] if "pending_kernel" in f else []),
     ]
 
@@ -136,6 +137,43 @@ def safeguards(g: dict) -> Check:
     missing = [k for k, v in g.items() if not v]
     return judge("p2p.safeguards", title, not missing, f"missing: {', '.join(missing)}" if missing else
                  "all in place", ", ".join(g), RESTORE_FIX, pitfall="P02")
+
+
+def restore_timer(u: dict) -> Check:
+    """P02, as systemd itself holds it (`systemctl show`): the restore timer loaded from its file with nothing
+    left to reload, enabled and waiting with a next run, triggering the restore service, which is loaded from
+    p2pkit's file and runs `p2pkit restore`. Files alone do not say this: a timer whose file is gone still
+    fires, one edited and not reloaded runs the settings it had."""
+    title = "the restore timer as systemd runs it"
+    want = "timer loaded, enabled, active (waiting) with a next run, triggers the restore service; nothing to reload"
+    if failed(u):
+        return unknown("p2p.restore_timer", title, u, want, pitfall="P02")
+    if not u.get("systemd"):
+        return Check("p2p.restore_timer", title, SKIP, "systemd is not PID 1 here: no timer runs", want, "", "P02")
+    t, s = u.get("timer") or {}, u.get("service") or {}
+    problems = []
+    for x in (t, s):
+        if x.get("LoadState") != "loaded":
+            problems.append(f"{x.get('name')} {x.get('LoadState') or 'not read'}")
+        elif x.get("FragmentPath") != x.get("path"):
+            problems.append(f"{x.get('name')} loaded from {x.get('FragmentPath') or 'no file'}, not {x.get('path')}")
+        if x.get("NeedDaemonReload") == "yes":
+            problems.append(f"{x.get('name')} changed on disk since systemd read it (NeedDaemonReload=yes)")
+    if t.get("UnitFileState") != "enabled":
+        problems.append(f"{t.get('name')} is not enabled (UnitFileState={t.get('UnitFileState') or 'none'})")
+    if t.get("ActiveState") != "active":
+        problems.append(f"{t.get('name')} {t.get('ActiveState')} (it runs from the next boot only)")
+    if t.get("Triggers") and t.get("Triggers") != s.get("name"):
+        problems.append(f"{t.get('name')} triggers {t['Triggers']}, not {s.get('name')}")
+    if s.get("LoadState") == "loaded" and "restore" not in (s.get("ExecStart") or ""):
+        problems.append(f"{s.get('name')} runs {s.get('ExecStart') or 'nothing'}")
+    nxt = t.get("NextElapseUSecRealtime") or "none"
+    measured = "; ".join(problems) or (f"{t.get('name')} {t.get('ActiveState')} ({t.get('SubState')}), next run "
+                                       f"{nxt}, triggers {t.get('Triggers')}; {s.get('name')} loaded")
+    return judge("p2p.restore_timer", title, not problems, measured, want,
+                 f"`sudo systemctl daemon-reload && sudo systemctl enable --now {t.get('name')}` (or rerun `p2pkit up "
+                 "--from p2p-module --force`); `systemctl show " + f"{t.get('name')} {s.get('name')}` says what "
+                 "systemd holds", pitfall="P02")
 
 
 def _nvml_fix(error: str) -> str:
