@@ -214,6 +214,21 @@ def _restore_units(h: Host):
             "service": {"name": unit, "path": system.RESTORE_UNIT, **view[unit]}}
 
 
+ENGINE_UNIT_PROPS = ["LoadState", "ActiveState", "NeedDaemonReload", "FragmentPath", "DropInPaths", "Slice",
+                     "MemoryMax", "User", "ExecStart"]
+
+
+def _engine_unit(h: Host):
+    """The engine's unit as systemd loaded it (`systemctl show`), where systemd is PID 1 and the unit file is
+    there: the settings it runs with, which a file edited and not reloaded, or a drop-in, makes other than the
+    role's file."""
+    if not launcher.systemd_booted(h) or not h.path(system.ENGINE_UNIT_FILE).is_file():
+        return {"systemd": launcher.systemd_booted(h), "installed": False}
+    unit = system.ENGINE_UNIT
+    return {"systemd": True, "installed": True, "name": unit, "path": system.ENGINE_UNIT_FILE,
+            "user": system.ENGINE_USER, **system.unit_view(h, [unit], ENGINE_UNIT_PROPS)[unit]}
+
+
 def _boot_hold(h: Host):
     """The kernel hook's hold on the boot default (P36): which kernel it keeps booting, for which new one."""
     if not h.exists(system.BOOT_HOLD):

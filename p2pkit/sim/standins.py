@@ -565,6 +565,8 @@ def _unit(root: Path, unit: str) -> dict:
             out["slice"] = v
         elif k == "WorkingDirectory":
             out["cwd"] = v
+        elif k == "User":
+            out["user"] = v
     return out
 
 
@@ -799,7 +801,9 @@ def _service_props(u: dict) -> dict:
     return {"ExecStart": (f"{{ path={ex.split()[0]} ; argv[]={ex} ; ignore_errors=no ; start_time=[n/a] ; "
                           "stop_time=[n/a] ; pid=0 ; code=(null) ; status=0/0 }") if ex else "",
             "Slice": u.get("slice") or ("system.slice" if u["exists"] else ""),
-            "MemoryMax": u.get("memory_max") or "infinity"}
+            "MemoryMax": u.get("memory_max") or "infinity", "User": u.get("user") or "",
+            "DropInPaths": " ".join(f"/{UNIT_DIR}/{d.parent.name}/{d.name}"
+                                    for d in sorted(u["path"].parent.glob(f"{u['path'].name}.d/*.conf")))}
 
 
 def journalctl(root: Path, state: dict, args: list[str]) -> int:
