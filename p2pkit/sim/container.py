@@ -68,10 +68,11 @@ REBOOT_EXIT = 133  # systemd-nspawn's exit status when the container asked for a
 #   grub-probe: error: failed to get canonical path of `overlay'.
 # (recorded on this image: docs/container-host.md). This stand-in answers for the disk a real box has
 # (an ext4 root on the second GPT partition of its first disk), so the real grub-mkconfig and its
-# /etc/grub.d scripts run on; the real grub-probe stays beside it, diverted by dpkg-divert.
+# /etc/grub.d scripts run on; the real grub-probe stays beside it, moved aside by dpkg-divert --rename
+# (to grub-probe.distrib, dpkg-divert's own name for it: `dpkg-divert --list` says so on the image).
 GRUB_PROBE = r"""#!/bin/sh
 # SIMULATED grub-probe (p2pkit container host): the disk a real box has; the real one is
-# /usr/sbin/grub-probe.real (dpkg-divert), which fails in a container: "failed to get canonical path".
+# /usr/sbin/grub-probe.distrib (dpkg-divert), which fails in a container: "failed to get canonical path".
 target=device
 for a in "$@"; do
   case "$a" in
@@ -442,10 +443,14 @@ class ContainerHost:
         return int(pid)
 
     def command(self, argv: list[str], env: dict[str, str] | None = None) -> list[str]:
-        """The argv that runs `argv` inside the running container as root, with a login's environment."""
+        """The argv that runs `argv` inside the running container as root, with a login's environment and the
+        container's capabilities: the capability bounding set of its PID 1 (systemd-nspawn's, without
+        CAP_SYS_MODULE, CAP_SYS_TIME, ...), so that a command run from here (the first half of `up --reboot`,
+        every hook apt runs for it) has no more privilege than the units the container's systemd starts."""
         base = {"PATH": GUEST_PATH, "HOME": "/root", "LANG": "C.UTF-8", "TERM": "dumb", "COLUMNS": "200"}
-        return ["nsenter", "-t", str(self.leader()), "-a", "--", "/usr/bin/env", "-i",
-                *(f"{k}={v}" for k, v in {**base, **(env or {})}.items()), *argv]
+        leader = self.leader()
+        return [sys.executable, "-c", DROP_CAPS, _bounding_set(leader), "nsenter", "-t", str(leader), "-a", "--",
+                "/usr/bin/env", "-i", *(f"{k}={v}" for k, v in {**base, **(env or {})}.items()), *argv]
 
     def run(self, argv: list[str], timeout: float = 600, check: bool = True, env: dict[str, str] | None = None,
             input: str | None = None) -> subprocess.CompletedProcess:
@@ -510,6 +515,33 @@ class ContainerHost:
     def destroy(self) -> None:
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# Drops every capability outside a bounding set (hex, as /proc/PID/status's CapBnd) from this process's bounding
+# set (prctl(2) PR_CAPBSET_DROP, 24) and the ambient set, then execs the rest of its argv: a root process's
+# permitted and effective sets after execve are its bounding set (capabilities(7), "Transformation of
+# capabilities during execve()"). nsenter needs CAP_SYS_ADMIN and CAP_SYS_CHROOT, which the container keeps.
+DROP_CAPS = """import ctypes, os, sys
+keep = int(sys.argv[1], 16)
+libc = ctypes.CDLL(None, use_errno=True)
+last = int(open("/proc/sys/kernel/cap_last_cap").read())
+for cap in range(last + 1):
+    if not keep >> cap & 1 and libc.prctl(24, cap, 0, 0, 0) != 0:
+        sys.exit(f"prctl(PR_CAPBSET_DROP, {cap}): {os.strerror(ctypes.get_errno())}")
+libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+
+
+def _bounding_set(pid: int) -> str:
+    """The capability bounding set of a process of this machine (CapBnd of /proc/PID/status, hex)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("CapBnd:"):
+                return line.split()[1]
+    except OSError as e:
+        raise ContainerError("run", f"the container's PID 1 ({pid}): {e.strerror}") from None
+    raise ContainerError("run", f"no CapBnd in /proc/{pid}/status")
 
 
 def _stat_state_ppid(text: str) -> tuple[str, int]:
