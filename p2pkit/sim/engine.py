@@ -66,15 +66,17 @@ def parse(argv: list[str]) -> tuple[str, dict]:
 
 
 def loaded_module(artifact: str) -> dict | bool | None:
-    """The simulated host's loaded nvidia module, as the GPUs the engine opens would show it: its record, False
-    when none is loaded, None where the engine finds no simulated host above its model (its state file,
-    .p2pkit-sim/state.json, in the first directory above the artifact that holds one: a container host's is /)."""
+    """On a container host (a real OS whose reboots and rollbacks really unload the module), its loaded nvidia
+    module as the GPUs the engine opens would show it: its record, or False when none is loaded. None elsewhere:
+    the directory host's stage tests start the engine on a host laid out without a module (its state file,
+    .p2pkit-sim/state.json, is the first above the artifact that holds one; a container host's is /)."""
     for d in Path(artifact).resolve().parents:
-        state = d / ".p2pkit-sim/state.json"
         try:
-            doc = json.loads(state.read_text())
+            doc = json.loads((d / ".p2pkit-sim/state.json").read_text())
         except (OSError, ValueError):
             continue
+        if doc.get("layout") != "container":
+            return None
         return (doc.get("module") or {}).get("loaded") or False
     return None
 
