@@ -1,7 +1,9 @@
 """The container host against the simulated host, in one run: the time to make the Debian image (cold:
 an empty cache; cached: found), to make and boot a host from it, and `p2pkit up --reboot` on it (the
-reboot a real one, the resume unit carrying on) beside `up --reboot` on a simulated host of the same
-scenario. Prints a table (markdown with --markdown) and, with --json F, the figures.
+reboot a real one, the resume unit carrying on), then a kernel upgrade (the container host's: a real
+apt-get install whose hook builds the module; the simulated host's: `sim upgrade`) and `rollback
+p2p-module`, beside the same on a simulated host of the same scenario. Prints a table (markdown with
+--markdown) and, with --json F, the figures.
 
 Run by hand, as root: `python3 bench/bench_container.py [--cold] [--runs 1]`. --cold makes the image
 in a new empty cache (a few minutes; the cached image is left alone). Not a test: nothing asserts a time."""
@@ -42,7 +44,11 @@ def container_up(image: Path, work: Path, wheel: Path) -> dict:
             time.sleep(0.5)
         t_up = time.monotonic() - t0
         st = json.loads(h.p2pkit("--json", "status").stdout)
-        return {"make_host_s": t_make, "boot_s": t_boot, "up_reboot_s": t_up, "all_done": st.get("all_done")}
+        t_upgrade, apt = timed(h.upgrade_kernel)  # apt-get install of the newer kernel, its hooks building for it
+        t_rollback, rb = timed(lambda: h.p2pkit("--yes", "rollback", "p2p-module"))
+        return {"make_host_s": t_make, "boot_s": t_boot, "up_reboot_s": t_up, "upgrade_s": t_upgrade,
+                "rollback_s": t_rollback, "all_done": st.get("all_done") and apt.returncode == 0
+                and rb.returncode == 4}
     finally:
         if h is not None:
             h.stop()
@@ -56,8 +62,12 @@ def sim_up(work: Path) -> dict:
                                              capture_output=True))
     t_up, r = timed(lambda: subprocess.run([*exe, "--root", str(root), "up", "--reboot"], capture_output=True,
                                            text=True))
+    t_upgrade, u = timed(lambda: subprocess.run([*exe, "sim", "upgrade", str(root)], capture_output=True))
+    t_rollback, rb = timed(lambda: subprocess.run([*exe, "--root", str(root), "--yes", "rollback", "p2p-module"],
+                                                  capture_output=True))
     subprocess.run([*exe, "sim", "stop", str(root)], capture_output=True)
-    return {"make_host_s": t_make, "boot_s": 0.0, "up_reboot_s": t_up, "all_done": r.returncode == 0}
+    return {"make_host_s": t_make, "boot_s": 0.0, "up_reboot_s": t_up, "upgrade_s": t_upgrade,
+            "rollback_s": t_rollback, "all_done": r.returncode == 0 and u.returncode == 0 and rb.returncode == 4}
 
 
 def main() -> int:
@@ -84,11 +94,14 @@ def main() -> int:
         wheel = container.build_wheel(work / "wheel")
         runs = [container_up(image, Path(tempfile.mkdtemp(dir=work)), wheel) for _ in range(a.runs)]
         sims = [sim_up(Path(tempfile.mkdtemp(dir=work))) for _ in range(a.runs)]
-    med = {k: {f: statistics.median(r[f] for r in v) for f in ("make_host_s", "boot_s", "up_reboot_s")}
+    fields = ("make_host_s", "boot_s", "up_reboot_s", "upgrade_s", "rollback_s")
+    med = {k: {f: statistics.median(r[f] for r in v) for f in fields}
            for k, v in (("container host", runs), ("simulated host", sims))}
     lines = ["| what | container host | simulated host |", "|---|---|---|"]
     for f, label in (("make_host_s", "make a host (s)"), ("boot_s", "boot it (s)"),
-                     ("up_reboot_s", "`up --reboot`, all nine stages (s)")):
+                     ("up_reboot_s", "`up --reboot`, all nine stages (s)"),
+                     ("upgrade_s", "kernel upgrade, the hook building for it (s)"),
+                     ("rollback_s", "`rollback p2p-module` (s)")):
         lines.append(f"| {label} | {med['container host'][f]:.1f} | {med['simulated host'][f]:.1f} |")
     for k, v in rows.items():
         lines.append(f"| {k} (s) | {v['s']:.1f} | - |")

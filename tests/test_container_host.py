@@ -70,6 +70,45 @@ def status(h) -> dict[str, str]:
     return {s["stage"]: s["state"] for s in doc["stages"]}
 
 
+def doctor_checks(h, *ids: str) -> list[dict]:
+    """Those checks of one `p2pkit --json doctor` run inside."""
+    doc = json.loads(h.p2pkit("--json", "doctor").stdout)
+    found = {c["id"]: c for g in doc["groups"] for c in g["checks"]}
+    return [found[i] for i in ids]
+
+
+FIND_STOOD_IN = """import os, sys
+for d in ("/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin"):
+    for n in sorted(os.listdir(d)):
+        p = os.path.join(d, n)
+        if os.path.isfile(p) and not os.path.islink(p):
+            with open(p, "rb") as fh:
+                if fh.readline()[:2] == b"#!" and fh.readline().startswith(b"# SIMULATED"):
+                    print(p)
+"""
+
+
+def stood_in(h) -> list[str]:
+    """The stand-ins on the host: every executable whose second line says it is SIMULATED."""
+    return sorted(h.run(["/opt/p2pkit/bin/python", "-c", FIND_STOOD_IN]).stdout.split())
+
+
+def diverted(h) -> list[str]:
+    """The files dpkg-divert moved aside (`dpkg-divert --list`: "local diversion of F to F.distrib")."""
+    said = h.run(["dpkg-divert", "--list"]).stdout
+    return sorted(m.group(1) for m in re.finditer(r"^local diversion of (\S+) to ", said, re.M))
+
+
+def documented(label: str) -> list[str]:
+    """A list docs/container-host.md gives as `LABEL (N): a, b, ...`, held to its own count."""
+    text = (Path(__file__).resolve().parent.parent / "docs/container-host.md").read_text()
+    m = re.search(rf"^{re.escape(label)} \((\d+)\): (.+)$", text, re.M)
+    assert m, f"docs/container-host.md has no line '{label} (N): ...'"
+    items = sorted(x.strip() for x in m.group(2).split(","))
+    assert len(items) == int(m.group(1)), (label, items)
+    return items
+
+
 def wait_resumed(h, boots: int, timeout: float = 900) -> str:
     """After `up --reboot` rebooted the OS: the next boot up, and the resume unit run to its end in it, as
     this boot's journal tells ("Finished ..." or "Failed with result"; once done and disabled, systemd
@@ -112,7 +151,10 @@ def test_the_whole_path_on_a_real_os(make_host):
     built = h.run(["modinfo", "-F", "srcversion",
                    "/var/cache/p2pkit/open-gpu-kernel-modules/kernel-open/nvidia.ko"]).stdout.strip()
     assert built and built in fields
-    assert "615.71.09" in h.run(["cat", "/proc/driver/nvidia/version"]).stdout
+    version = h.run(["cat", "/proc/driver/nvidia/version"]).stdout
+    assert "615.71.09" in version
+    gcc = h.run(["sh", "-c", "gcc -v 2>&1 | tail -n 1"]).stdout.strip()  # the compiler kbuild ran: Debian's
+    assert f"GCC version:  {gcc}\n" in version and "(Debian " in gcc and "Ubuntu" not in version, version
 
     # the engine as real systemd runs it: its own slice, no memory cap, its PID's cgroup
     eng = show(h, "p2pkit-engine.service", "ActiveState", "MainPID", "ControlGroup", "MemoryMax", "User", "Slice")
@@ -135,6 +177,32 @@ def test_the_whole_path_on_a_real_os(make_host):
     r = h.p2pkit("verify")
     assert r.returncode == 0, r.stderr[-3000:]
 
+    # the restore timer and the engine's unit as real systemd holds them (systemctl show), and each file edited
+    # and not reloaded: p2pkit's judgement follows systemd's own NeedDaemonReload
+    timer = "/etc/systemd/system/p2pkit-restore.timer"
+    assert show(h, "p2pkit-restore.timer", "ActiveState", "NeedDaemonReload", "Triggers") == {
+        "ActiveState": "active", "NeedDaemonReload": "no", "Triggers": "p2pkit-restore.service"}
+    assert [c["status"] for c in doctor_checks(h, "p2p.restore_timer", "service.unit_loaded")] == ["pass"] * 2
+    for f in (timer, unit):
+        h.run(["sh", "-c", f"cp {f} {f}.was && echo '# edited' >> {f}"])
+    assert show(h, "p2pkit-restore.timer", "NeedDaemonReload") == {"NeedDaemonReload": "yes"}
+    c, e = doctor_checks(h, "p2p.restore_timer", "service.unit_loaded")
+    assert c["status"] == "fail" and "changed on disk since systemd read it (NeedDaemonReload=yes)" in c["measured"], c
+    assert e["status"] == "fail" and "NeedDaemonReload=yes" in e["measured"], e
+    h.run(["sh", "-c", f"mv {timer}.was {timer} && mv {unit}.was {unit} && systemctl daemon-reload"])
+    assert stood_in(h) == documented("Stood in on the host") and diverted(h) == documented("Moved aside by dpkg-divert")
+
+    # serve.manager=launcher where systemd runs the engine's unit: refused before anything is written (a second
+    # engine would find the unit's port taken), the unit's engine untouched; the setting dropped again
+    pid = show(h, "p2pkit-engine.service", "MainPID")["MainPID"]
+    r = h.p2pkit("--set", "serve.manager=launcher", "--yes", "up", "--from", "service", "--force")
+    assert r.returncode == 1 and "p2pkit-engine.service is active" in r.stderr, r.stderr[-2000:]
+    assert "`--unset serve.manager`" in r.stderr and "systemctl disable --now p2pkit-engine.service" in r.stderr
+    assert show(h, "p2pkit-engine.service", "MainPID")["MainPID"] == pid
+    assert h.run(["test", "-e", "/run/p2pkit/engine-launcher.json"], check=False).returncode == 1
+    r = h.p2pkit("--unset", "serve.manager", "--yes", "up")
+    assert r.returncode == 0, r.stderr[-3000:]
+
     # a kernel upgrade for real: apt-get installs the newer kernel; dpkg runs the kernel's postinst hooks
     new = h.manifest()["upgrade_kernel"]
     t0 = time.monotonic()
@@ -152,6 +220,11 @@ def test_the_whole_path_on_a_real_os(make_host):
             and time.monotonic() < deadline:
         time.sleep(1)
     assert show(h, "p2pkit-restore.service", "Result")["Result"] == "success"
+    # the next boot's kernel as Debian keeps it (/vmlinuz, GRUB's default entry): built for, a reboot away
+    p2p = {x["stage"]: x for x in json.loads(h.p2pkit("--json", "status").stdout)["stages"]}["p2p-module"]
+    note = f"module built for the pending kernel {new}; reboot to load it"
+    assert p2p["state"] == "done" and note in p2p["reason"], \
+        (p2p, h.run(["grep", "-m3", "set default\\|vmlinuz-", "/boot/grub/grub.cfg"]).stdout)
 
     boots = h.machine()["boots"]
     h.reboot()
@@ -187,16 +260,45 @@ def test_the_whole_path_on_a_real_os(make_host):
     assert set(status(h).values()) == {"done"}
     assert h.run(["pgrep", "-f", "cmake --build|ninja"], check=False).returncode == 1, "a build outlived up"
 
-    # rollback: p2pkit's module files, hooks and units go; after a reboot no module of p2pkit's resolves
+    # rollback with a timer that will not stop (RefuseManualStop=): refused before anything is removed
+    dropin = "/etc/systemd/system/p2pkit-restore.timer.d"
+    h.run(["sh", "-c", f"mkdir -p {dropin} && printf '[Unit]\\nRefuseManualStop=yes\\n' > {dropin}/refuse.conf && "
+           "systemctl daemon-reload"])
+    r = h.p2pkit("--yes", "rollback", "p2p-module")
+    assert r.returncode == 1 and "p2pkit-restore.timer would not stop" in r.stderr, r.stderr[-2000:]
+    assert "nothing was rolled back" in r.stderr and "RefuseManualStop" in r.stderr
+    for path in ("/etc/kernel/postinst.d/zz-p2pkit", timer, "/var/lib/p2pkit/backup/p2p-module"):
+        assert h.run(["test", "-e", path], check=False).returncode == 0, path
+    h.run(["sh", "-c", f"rm -r {dropin} && systemctl daemon-reload"])
+    # rollback: p2pkit's module files, hooks and units go, and systemd holds neither unit (a timer left loaded
+    # fires and its restore puts everything back); no initramfs holds p2pkit's modprobe.d file; after a reboot
+    # no module of p2pkit's resolves
     r = h.p2pkit("--yes", "rollback", "p2p-module")
     assert r.returncode in (0, 4), r.stderr[-3000:]
-    for path in ("/etc/kernel/postinst.d/zz-p2pkit", "/etc/default/grub.d/60-p2pkit-iommu.cfg",
-                 "/etc/systemd/system/p2pkit-restore.timer"):
+    for path in ("/etc/kernel/postinst.d/zz-p2pkit", "/etc/default/grub.d/60-p2pkit-iommu.cfg", timer):
         assert h.run(["test", "-e", path], check=False).returncode == 1, path
+    for unit in ("p2pkit-restore.timer", "p2pkit-restore.service"):
+        assert show(h, unit, "LoadState", "ActiveState", "NeedDaemonReload") == {
+            "LoadState": "not-found", "ActiveState": "inactive", "NeedDaemonReload": "no"}, unit
+    assert "p2pkit-restore" not in h.run(["systemctl", "list-timers", "--all", "--no-pager"]).stdout
+    images = h.run(["sh", "-c", "ls /boot/initrd.img-*"]).stdout.split()
+    assert len(images) == 2, images
+    for img in images:
+        listing = h.run(["lsinitramfs", img]).stdout
+        assert "etc/modprobe.d/p2pkit-nvidia.conf" not in listing, img
+        assert "kernel/drivers/video/nvidia.ko" not in listing, img
     h.reboot()
     assert "iommu=pt" not in h.run(["cat", "/proc/cmdline"]).stdout.split()
     gone = h.run(["modprobe", "--show-depends", "nvidia"], check=False)
     assert gone.returncode != 0, f"a module of p2pkit's still resolves after rollback: {gone.stdout}"
+    # no nvidia module loaded: the engine's unit finds no GPU, as CUDA says it (it logged "all-reduce p2p on")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        said = h.run(["journalctl", "-b", "-u", "p2pkit-engine.service", "-o", "cat", "--no-pager"]).stdout
+        if "no CUDA-capable device is detected" in said:
+            break
+        time.sleep(1)
+    assert "no CUDA-capable device is detected" in said and "all-reduce p2p on" not in said, said[-2000:]
     print("container host timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in times.items()))
 
 
@@ -221,6 +323,12 @@ def test_a_container_that_will_not_stop_is_stopped_anyway(make_host):
                        capture_output=True, text=True, timeout=300)
     doc = check_document(r.stdout)
     assert r.returncode == 0 and doc["kind"] == "p2pkit-sim-container" and doc["machine"]["boots"] == 2, r.stderr
+    # a command run in it has the container's capabilities, those of its PID 1 and the units it starts, not
+    # this machine's (CAP_SYS_MODULE, bit 16, and CAP_SYS_TIME, bit 25, among those it lacks)
+    caps = dict(ln.split(":\t") for ln in h.run(["grep", "^Cap", "/proc/self/status"]).stdout.splitlines())
+    pid1 = dict(ln.split(":\t") for ln in h.run(["grep", "^Cap", "/proc/1/status"]).stdout.splitlines())
+    assert caps["CapBnd"] == caps["CapEff"] == pid1["CapBnd"] and not int(caps["CapEff"], 16) & (1 << 16 | 1 << 25), \
+        (caps, pid1)
     leader = h.leader()
     subprocess.Popen(h.command(["sleep", "600"]), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(0.5)
@@ -316,6 +424,8 @@ def bring_up(h, env: dict | None = None, options: tuple[str, ...] = ()) -> str:
 def test_secure_boot_signs_with_the_real_sign_file_and_a_missing_one_is_refused(make_host):
     """Secure Boot on: the modules are signed by the headers' real scripts/sign-file with p2pkit's key, the
     real modinfo shows that key's serial as sig_key, the key is enrolled at the reboot and the module loads.
+    A kernel upgrade by apt with Secure Boot on: the hook, run on apt's own PATH, builds and signs the module for
+    the new kernel (issue 49 item 3: it said "mokutil is not installed" while the stand-ins lay in /usr/local).
     Then sign-file gone from the headers: up stops in preflight naming it, and the installed module is the
     signed one still (nothing unsigned is installed with Secure Boot on)."""
     h = make_host("secure-boot-on")
@@ -328,6 +438,17 @@ def test_secure_boot_signs_with_the_real_sign_file_and_a_missing_one_is_refused(
     assert sig_key.replace(":", "") == serial.upper(), (sig_key, serial)
     assert h.run(["modinfo", "-F", "sig_hashalgo", ko]).stdout.strip() == "sha256"
     assert "615.71.09" in h.run(["cat", "/proc/driver/nvidia/version"]).stdout
+    # a kernel upgrade with Secure Boot on: apt runs the kernel's hooks on its own PATH (DPkg::Path
+    # "/usr/sbin:/usr/bin:/sbin:/bin"); p2pkit's hook builds the module for the new kernel and signs it with the
+    # key, and the real modinfo -k NEW says so; status says it waits for the reboot
+    new = h.manifest()["upgrade_kernel"]
+    apt = h.upgrade_kernel()
+    said = apt.stdout + apt.stderr
+    assert apt.returncode == 0 and "could not build" not in said and "is not installed" not in said, said[-4000:]
+    assert h.run(["modinfo", "-k", new, "-F", "sig_key", "nvidia"]).stdout.strip().replace(":", "") == serial.upper()
+    p2p = {x["stage"]: x for x in json.loads(h.p2pkit("--json", "status").stdout)["stages"]}["p2p-module"]
+    assert p2p["state"] == "done" and f"built and signed for the pending kernel {new}" in p2p["reason"], p2p
+
     signed = h.run(["sha256sum", ko]).stdout.split()[0]
     sign_file = h.run(["readlink", "-f", f"/lib/modules/{kernel}/build/scripts/sign-file"]).stdout.strip()
     h.run(["mv", sign_file, sign_file + ".away"])
@@ -373,7 +494,11 @@ def test_a_new_kernel_without_its_headers_keeps_the_working_kernel_booting(make_
         ["test", "-e", f"/lib/modules/{new}/kernel/drivers/video/nvidia.ko"], check=False).returncode == 0
     assert h.run(["modinfo", "-k", new, "-F", "vermagic", "nvidia"]).stdout.startswith(new + " ")
     assert h.run(["test", "-e", "/etc/default/grub.d/61-p2pkit-boot-default.cfg"], check=False).returncode == 1
-    h.run(["update-grub"])
+    # the restore the headers' hook ran lifted the hold and ran update-grub itself (nothing runs it after a
+    # headers package): GRUB's default entry boots the new kernel, with no update-grub by hand
+    cfg = h.run(["cat", "/boot/grub/grub.cfg"]).stdout
+    first = re.search(r"^\s*linux\s+(\S+)", cfg, re.M)
+    assert 'set default="0"' in cfg and first and first.group(1) == f"/boot/vmlinuz-{new}", cfg[:3000]
     h.reboot()
     assert h.run(["uname", "-r"]).stdout.strip() == new
     assert "615.71.09" in h.run(["cat", "/proc/driver/nvidia/version"]).stdout
@@ -464,3 +589,48 @@ def test_a_link_planted_at_every_path_up_writes_on_the_real_os_leaves_its_victim
                or (v.lstat().st_mode, v.lstat().st_uid, v.lstat().st_gid) != was]  # written, chmod or chown
     assert touched == [], touched
     assert refused, "no planted link was met"
+
+
+def test_the_wheel_is_built_from_an_install_that_is_no_checkout(tmp_path):
+    """The README's own install (`pip install .`) puts p2pkit in site-packages, where there is no source tree
+    to build a wheel from (pip: "Directory '.../site-packages' is not installable"): the container host packs
+    the installed distribution again, the same files as the wheel pip built from the checkout."""
+    import zipfile
+
+    built = container.build_wheel(tmp_path / "from-checkout")
+    target = tmp_path / "site-packages"
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--target",
+                        str(target), str(built)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    code = ("import sys; from pathlib import Path; from p2pkit.sim import container; "
+            "print(container.build_wheel(Path(sys.argv[1])))")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "from-install")], capture_output=True, text=True,
+                       cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(target)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    again = Path(r.stdout.strip())
+    assert again.name == built.name and again.parent == tmp_path / "from-install"
+    with zipfile.ZipFile(built) as a, zipfile.ZipFile(again) as b:
+        names = sorted(n for n in a.namelist() if not n.endswith(".dist-info/RECORD"))
+        assert names == sorted(n for n in b.namelist() if not n.endswith(".dist-info/RECORD"))
+        assert all(a.read(n) == b.read(n) for n in names)
+        assert "p2pkit/sim/container.py" in names and f"p2pkit-{built.name.split('-')[1]}.data/scripts/p2pkit" in names
+
+
+def test_a_host_whose_making_stopped_half_way_is_refused(tmp_path, image):
+    """A host whose p2pkit could not be installed (a wheel that is no wheel): create fails naming the step and
+    its log, and a later boot of the directory refuses it as half-made instead of booting it without p2pkit."""
+    bad = tmp_path / "p2pkit-0-py3-none-any.whl"
+    bad.write_bytes(b"not a zip file\n")
+    d = tmp_path / "ct"
+    with pytest.raises(container.ContainerError) as e:
+        container.ContainerHost.create(d, image, wheel=bad)
+    assert e.value.step == "install p2pkit" and e.value.log and e.value.log.is_file()
+    h = container.ContainerHost(d)
+    assert h.machine()["made"] is False and not h.root.is_mount()
+    with pytest.raises(container.ContainerError, match="not a whole container host: its making stopped half-way"):
+        h.boot(timeout=30)
+    assert not h.root.is_mount() and h.machine()["state"] == "off"
+    r = subprocess.run([sys.executable, "-m", "p2pkit", "sim", "container", "boot", str(d)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode != 0 and "not a whole container host" in r.stderr and " is up " not in r.stderr, r.stderr
+    assert "(log: " in r.stderr and "read its log (" in r.stderr

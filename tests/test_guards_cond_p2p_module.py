@@ -327,7 +327,7 @@ def test_static_bar1_with_no_module_loaded_is_a_skip():
 IMAGE = f"/boot/initrd.img-{RUN}"
 IR_PATCHED = f"usr/lib/modules/{RUN}/kernel/drivers/video/nvidia.ko"
 IR_DKMS = f"usr/lib/modules/{RUN}/updates/dkms/nvidia.ko"
-FINE = "no copy under updates/, the initramfs holds the patched module"
+FINE = f"no copy under updates/, {IMAGE} holds {IR_PATCHED}"  # what lsinitramfs listed, as it is
 HOLDERS = ["nvidia_uvm", "nvidia_modeset"]
 
 
@@ -403,6 +403,50 @@ def test_module_sources_problems(facts, status, measured):
 def test_boot_default_hold_names_the_new_kernel_in_the_hint():
     c = p2p_module.boot_default({"boot_hold": {"held": {"kernel": RUN, "new_kernel": NEW}}}, P)
     assert [(x.id, x.status, x.pitfall) for x in c] == [("field.boot_default", "warn", "P36")]
-    assert c[0].measured == f"booting {RUN}: the P2P module did not build for {NEW}"
+    assert c[0].measured == f"booting {RUN}: the P2P module did not build for {NEW} (modinfo -k {NEW}: nothing)"
     assert c[0].hint.startswith(f"the new kernel {NEW} breaks the module build")
-    assert f"(`sudo /etc/kernel/postinst.d/zz-p2pkit {NEW}`: it lifts the hold" in c[0].hint
+    assert f"then `sudo p2pkit restore --kernel {NEW}`: it lifts the hold and runs update-grub" in c[0].hint
+
+
+def test_an_empty_initramfs_is_said_to_hold_no_nvidia_ko():
+    """Issue 49 item 5: an initramfs that holds no nvidia.ko was said to hold the patched module."""
+    c = ms(module_sources=sources({"path": IMAGE, "nvidia": [], "mtime": 2000.0}))
+    assert [(x.status, x.measured) for x in c] == [("pass", f"no copy under updates/, {IMAGE} holds no nvidia.ko")]
+
+
+# --------------------------------------------------------------------- restore_timer (P02, issue 49 item 8)
+
+def units(timer: dict | None = None, service: dict | None = None) -> dict:
+    """The restore_units fact as systemctl show gives it on a host whose timer runs."""
+    t = {"name": "p2pkit-restore.timer", "path": "/etc/systemd/system/p2pkit-restore.timer", "LoadState": "loaded",
+         "ActiveState": "active", "SubState": "waiting", "UnitFileState": "enabled", "NeedDaemonReload": "no",
+         "FragmentPath": "/etc/systemd/system/p2pkit-restore.timer", "Triggers": "p2pkit-restore.service",
+         "NextElapseUSecRealtime": "Thu 2026-12-10 00:07:41 UTC", "LastTriggerUSec": ""}
+    s = {"name": "p2pkit-restore.service", "path": "/etc/systemd/system/p2pkit-restore.service",
+         "LoadState": "loaded", "ActiveState": "inactive", "UnitFileState": "static", "NeedDaemonReload": "no",
+         "FragmentPath": "/etc/systemd/system/p2pkit-restore.service",
+         "ExecStart": "{ path=/opt/p2pkit/bin/p2pkit ; argv[]=/opt/p2pkit/bin/p2pkit --yes restore ; ... }"}
+    return {"systemd": True, "timer": {**t, **(timer or {})}, "service": {**s, **(service or {})}}
+
+
+@pytest.mark.parametrize("timer, service, measured", [
+    ({}, {}, "p2pkit-restore.timer active (waiting), next run Thu 2026-12-10 00:07:41 UTC, triggers "
+             "p2pkit-restore.service; p2pkit-restore.service loaded"),
+    ({"NeedDaemonReload": "yes"}, {}, "p2pkit-restore.timer changed on disk since systemd read it"),
+    ({"LoadState": "not-found", "UnitFileState": "bad"}, {}, "p2pkit-restore.timer not-found"),
+    ({"ActiveState": "inactive", "SubState": "dead"}, {}, "p2pkit-restore.timer inactive (it runs from the next boot"),
+    ({"Triggers": "other.service"}, {}, "triggers other.service, not p2pkit-restore.service"),
+    ({}, {"FragmentPath": "/run/systemd/system/p2pkit-restore.service"}, "loaded from /run/systemd/system/"),
+    ({}, {"ExecStart": "{ path=/bin/true ; argv[]=/bin/true ; }"}, "p2pkit-restore.service runs { path=/bin/true"),
+])
+def test_restore_timer_is_judged_from_systemds_own_view(timer, service, measured):
+    c = p2p_module.restore_timer(units(timer, service))
+    assert c.id == "p2p.restore_timer" and c.pitfall == "P02" and measured in c.measured, c.measured
+    assert c.status == ("pass" if not timer and not service else "fail")
+    assert c.status == "pass" or "systemctl daemon-reload && sudo systemctl enable --now p2pkit-restore.timer" in c.hint
+
+
+def test_restore_timer_without_systemd_is_skipped_and_unread_is_could_not_check():
+    assert p2p_module.restore_timer({"systemd": False}).status == "skip"
+    c = p2p_module.restore_timer({"error": "systemctl show: exit 1"})
+    assert c.status == "fail" and c.measured == "could not determine: systemctl show: exit 1"

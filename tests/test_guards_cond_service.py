@@ -537,3 +537,37 @@ def test_nccl_floor_two_nccls_mapped_by_one_engine(versions, status, hint):
     (c,) = checks.nccl_floor({"engine_nccl": {"pid": 4242, "libraries": libs}}, SPARK)
     assert (c.status, c.pitfall) == (status, "P37") and c.hint.startswith(hint)
     assert c.measured.endswith(" (more than one NCCL mapped)")
+
+
+# ---------------------------------------------------------- the unit as systemd loaded it (issue 49 item 8)
+
+LOADED = {"systemd": True, "installed": True, "name": "p2pkit-engine.service",
+          "path": "/etc/systemd/system/p2pkit-engine.service", "user": "p2pkit-engine", "LoadState": "loaded",
+          "ActiveState": "active", "NeedDaemonReload": "no",
+          "FragmentPath": "/etc/systemd/system/p2pkit-engine.service",
+          "DropInPaths": "", "Slice": "p2pkit.slice", "MemoryMax": "infinity", "User": "p2pkit-engine",
+          "ExecStart": "{ path=/opt/ninfer/ninfer-serve ; argv[]=/opt/ninfer/ninfer-serve /m --port 8000 ; ... }"}
+
+
+@pytest.mark.parametrize("change, said, pitfall", [
+    ({}, "loaded from /etc/systemd/system/p2pkit-engine.service, p2pkit.slice, MemoryMax=infinity, "
+         "User=p2pkit-engine, runs /opt/ninfer/ninfer-serve", ""),
+    ({"NeedDaemonReload": "yes"}, "its file changed since systemd read it (NeedDaemonReload=yes)", ""),
+    ({"DropInPaths": "/usr/lib/systemd/system/service.d/10-timeout-abort.conf "
+                     "/etc/systemd/system/p2pkit-engine.service.d/mem.conf"},
+     "drop-ins change it: /etc/systemd/system/p2pkit-engine.service.d/mem.conf", ""),
+    ({"MemoryMax": "17179869184"}, "MemoryMax=17179869184, not infinity", "P12"),
+    ({"Slice": "system.slice", "User": ""}, "Slice=system.slice, not p2pkit.slice; User=(none), not p2pkit-engine", ""),
+    ({"FragmentPath": "/run/systemd/system/p2pkit-engine.service"}, "loaded from /run/systemd/system/", ""),
+])
+def test_the_engine_unit_is_judged_as_systemd_loaded_it(change, said, pitfall):
+    c = checks.unit_loaded({"engine_unit": {**LOADED, **change}}, NINFER)
+    assert [(x.id, x.status, x.pitfall) for x in c] == [("service.unit_loaded", FAIL if change else PASS, pitfall)]
+    assert said in c[0].measured, c[0].measured
+
+
+def test_no_unit_is_no_finding_and_an_unread_one_is_could_not_determine():
+    assert checks.unit_loaded({"engine_unit": {"systemd": False, "installed": False}}, NINFER) == []
+    assert checks.unit_loaded({}, NINFER) == []
+    c = checks.unit_loaded({"engine_unit": {"error": "systemctl show: timed out"}}, NINFER)
+    assert c[0].status == FAIL and "could not determine" in c[0].measured

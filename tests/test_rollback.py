@@ -3,6 +3,7 @@ live module swap with and without a process holding the GPUs."""
 
 import hashlib
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -49,8 +50,19 @@ def test_install_rollback_install_again(cli, sim):
     assert plan["acted"] is False and f"restore /lib/modules/{KERNEL}/updates/dkms/nvidia.ko" in plan["plan"]
     assert "remove /etc/default/grub.d/60-p2pkit-iommu.cfg" in plan["plan"]
     assert tree(root) != before  # the plan changed nothing
+    units = ["p2pkit-restore.timer", "p2pkit-restore.service"]
+    show = [str(root / "usr/bin/systemctl"), "show", *units, "-p", "LoadState,ActiveState,NeedDaemonReload"]
+    assert "ActiveState=active" in subprocess.run(show, capture_output=True, text=True).stdout  # the reboot started it
     r = cli("--root", str(root), "rollback", "p2p-module", "--yes")
     assert r.code == 4, r.err
+    # the manager's own view: the timer stopped and gone after the reload (it would fire and undo the rollback),
+    # and the rebuilt initramfs holds no modprobe.d file of p2pkit's
+    said = subprocess.run(show, capture_output=True, text=True).stdout
+    assert said.strip().split("\n\n") == ["LoadState=not-found\nActiveState=inactive\nNeedDaemonReload=no"] * 2, said
+    assert "systemd: p2pkit-restore.timer not-found, inactive" in r.err
+    listing = subprocess.run([str(root / "usr/bin/lsinitramfs"), str(root / f"boot/initrd.img-{KERNEL}")],
+                             capture_output=True, text=True).stdout
+    assert "etc/modprobe.d/p2pkit-nvidia.conf" not in listing and "nvidia.ko" in listing, listing
     assert "p2p-module rolled back" in r.out and "error" not in r.err  # it worked: exit 4 asks for the reboot
     # the driver's pinned userspace stays: the command that completes the way back comes before the reboot
     assert f"next: `p2pkit --root {root} rollback driver --yes`, then `p2pkit sim reboot {root}`" in r.err

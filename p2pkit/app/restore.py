@@ -73,6 +73,8 @@ def restore(ctx, kernel: str | None = None) -> tuple[Exit, dict]:
                 _engine(ctx, "start")
                 engine_mark(ctx).unlink(missing_ok=True)
                 record["actions"].append({"engine_service": "started again"})
+        if code == Exit.OK and target != running:
+            lift_hold(ctx, record, target, after)
         record["after"] = {n: [c.as_dict() for c in cs] for n, cs in after.items()}
         record["next"] = next_command(ctx) if code == Exit.OK else None
         record["finished"] = pipeline.now()
@@ -82,6 +84,27 @@ def restore(ctx, kernel: str | None = None) -> tuple[Exit, dict]:
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
         atomic_write(d / f"{stamp}.json", (json.dumps(record, indent=2, default=str) + "\n").encode())
     return code, record
+
+
+def lift_hold(ctx, record: dict, target: str, after: dict) -> None:
+    """P36: the kernel hook held the boot default at the running kernel because the module did not build for
+    `target`; with the module proven for it now, the hold goes and update-grub runs (after a headers package's
+    hook, or a restore run by hand, nothing else runs it), and GRUB's default is read back: the next boot
+    starts `target`."""
+    if any(worst(cs) == FAIL for cs in after.values()):
+        return
+    hold = ctx.host.path(system.BOOT_HOLD)
+    if not hold.is_file() or f"# p2pkit-new_kernel={target}\n" not in hold.read_text() + "\n":
+        return
+    ctx.out.step("restore", f"the module holds for kernel {target}: lifting the boot-default hold (P36) and "
+                 "running update-grub")
+    hold.unlink()
+    ctx.host.runner.run(["update-grub"])
+    nxt = kmod.pending_kernel(ctx.host)
+    record["actions"].append({"boot_default": f"hold for {target} lifted; update-grub: {nxt.get('boot_image')}"})
+    if nxt.get("kernel") != target:
+        ctx.out.warn(f"after update-grub the next boot starts {nxt.get('kernel') or nxt.get('running')}, not "
+                     f"{target} ({nxt.get('boot_image')}): GRUB_DEFAULT in /etc/default/grub names another entry")
 
 
 def next_command(ctx) -> dict | None:

@@ -13,14 +13,20 @@ from p2pkit.app import pipeline
 from p2pkit.core.artifacts import atomic_write
 from p2pkit.core.errors import Exit, GateError, P2pkitError, ProbeError
 from p2pkit.core.lock import state_lock
-from p2pkit.host import kmod, system
+from p2pkit.host import kmod, launcher, system
 from p2pkit.host.backup import Backup
+from p2pkit.parse import field as pf
 from p2pkit.stages import names
 
 
 def _timer() -> str:
     """The restore timer's unit name (the p2p-module role's path, read when asked)."""
     return system.RESTORE_TIMER.rpartition("/")[2]
+
+
+def _units() -> list[str]:
+    """The p2p-module stage's units: the restore timer and the service it starts."""
+    return [_timer(), system.RESTORE_UNIT.rpartition("/")[2]]
 
 
 def _root_arg(ctx) -> str:
@@ -34,6 +40,8 @@ def plan(ctx, stage: str) -> list[str]:
                           "(or it was rolled back already)", hint="nothing to roll back", code=Exit.USAGE)
     steps = []
     if stage == "p2p-module":
+        if launcher.systemd_booted(ctx.host):
+            steps.append(f"stop {' '.join(_units())}")
         steps.append(f"disable {_timer()}")
     if stage == "driver":
         if Backup(ctx.store.dir, "p2p-module", ctx.host).manifest_path.exists():
@@ -45,9 +53,11 @@ def plan(ctx, stage: str) -> list[str]:
     steps += [f"{a} {p}" for a, p in b.plan()]
     if stage == "p2p-module":
         kernels = sorted({e["kernel"] for e in b.manifest()["entries"].values()})
-        steps += [f"depmod {k}" for k in kernels] + ["update-grub"]
+        steps += [f"depmod {k}" for k in kernels] + ["update-grub", "update-initramfs -u -k all"]
+        if launcher.systemd_booted(ctx.host):
+            steps.append(f"systemctl daemon-reload; prove {' and '.join(_units())} not loaded (systemctl show)")
     else:
-        steps.append("update-initramfs -u")
+        steps.append("update-initramfs -u -k all")
     later = names()[names().index(stage):]
     steps.append(f"invalidate stages {', '.join(later)} (their artifacts are removed; logs and backups stay)")
     steps.append(after_reboot(ctx, stage, b))
@@ -131,6 +141,65 @@ def after_reboot(ctx, stage: str, b: Backup) -> str:
     return f"a reboot loads {module} on kernel {kernel}"
 
 
+UNIT_PROPS = ["LoadState", "ActiveState", "SubState", "NeedDaemonReload", "UnitFileState"]
+
+
+def stop_units(ctx, units: list[str]) -> None:
+    """`systemctl stop` of the units (a restore timer that fires after its files are gone would put back
+    what the rollback removed); one that will not stop is an error naming it, before anything changed."""
+    r = ctx.host.runner.run(["systemctl", "stop", *units], check=False)
+    view = system.unit_view(ctx.host, units, UNIT_PROPS)
+    running = [u for u in units if view[u].get("ActiveState") not in ("inactive", "failed")]
+    if r.returncode != 0 or running:
+        said = (r.stderr or r.stdout).strip()[-300:]
+        raise P2pkitError(
+            f"{', '.join(running or units)} would not stop (systemctl stop exit {r.returncode}"
+            + (f": {said}" if said else "") + "); nothing was rolled back",
+            hint=f"find what keeps it (`systemctl status {' '.join(running or units)}`; a RefuseManualStop= drop-in?), "
+                 f"stop it by hand (`systemctl stop {' '.join(running or units)}`), then run `"
+                 + pipeline.command(ctx, "rollback", "p2p-module", "--yes") + "` again", code=Exit.CHECK_FAILED)
+
+
+def units_gone(ctx, units: list[str]) -> dict:
+    """After the unit files are removed and systemd reloaded: systemd's own view of each (`systemctl show`)
+    is not-found and inactive, with nothing left to reload; anything else is an error naming the unit."""
+    view = system.unit_view(ctx.host, units, UNIT_PROPS)
+    left = {u: v for u, v in view.items()
+            if v.get("LoadState") != "not-found" or v.get("ActiveState") != "inactive"
+            or v.get("NeedDaemonReload") == "yes"}
+    if left:
+        said = "; ".join(f"{u}: " + ", ".join(f"{k}={v[k]}" for k in UNIT_PROPS if k in v) for u, v in left.items())
+        raise P2pkitError(f"systemd still holds {', '.join(left)} after its files were removed and it reloaded: "
+                          f"{said}", hint=f"`systemctl stop {' '.join(left)} && systemctl daemon-reload`, then "
+                          f"`systemctl show {' '.join(left)} -p LoadState,ActiveState` says not-found, inactive",
+                          code=Exit.CHECK_FAILED)
+    return view
+
+
+def initramfs_clean(ctx, files: list[str], removed: list[str]) -> dict:
+    """Each /boot/initrd.img-K after its rebuild, as lsinitramfs lists it: none holds one of `files` (p2pkit's
+    modprobe.d file) nor an nvidia.ko the rollback removed from /lib/modules. Returns {initrd: nvidia.ko
+    paths it holds}; an initrd still holding one is an error naming it."""
+    out, stale = {}, []
+    for img in sorted(ctx.host.path("/boot").glob("initrd.img-*")):
+        rel = f"/boot/{img.name}"
+        r = ctx.host.runner.run(["lsinitramfs", str(img)], check=False)
+        if r.returncode != 0:
+            raise P2pkitError(f"lsinitramfs {rel} exited {r.returncode}: {(r.stderr or r.stdout).strip()[-300:]}",
+                              hint=f"`update-initramfs -u -k {img.name.removeprefix('initrd.img-')}`, then "
+                                   f"`lsinitramfs {rel}`", code=Exit.CHECK_FAILED)
+        listed = {"/" + ln.strip().removeprefix("usr/") for ln in r.stdout.splitlines() if ln.strip()}
+        kos = pf.initramfs_nvidia(r.stdout)
+        out[rel] = kos
+        stale += [f"{rel}: {f}" for f in files if f in listed]
+        stale += [f"{rel}: {ko}" for ko in kos if "/" + ko.removeprefix("usr/") in removed]
+    if stale:
+        raise P2pkitError(f"the initramfs still holds what the rollback removed: {'; '.join(stale)}",
+                          hint="`update-initramfs -u -k all`, then `lsinitramfs /boot/initrd.img-$(uname -r)`",
+                          code=Exit.CHECK_FAILED)
+    return out
+
+
 def _held_by_p2pkit(ctx, manifest: dict) -> list[str]:
     """The holds p2pkit added: held now (read as every other reading of holds is, from dpkg's database:
     system.package_holds; a failed read stops here rather than leaving holds in place unsaid) and not
@@ -148,12 +217,23 @@ def apply(ctx, stage: str) -> dict:
         if bad:
             b.apply()  # raises, naming the file; nothing has been changed yet
         run = ctx.host.runner.run
+        proofs: dict = {}
         if stage == "p2p-module":
+            booted = launcher.systemd_booted(ctx.host)
+            if booted:  # before anything is removed: a unit that will not stop leaves the host as it was
+                stop_units(ctx, _units())
             run(["systemctl", f"--root={_root_arg(ctx)}", "disable", _timer()], check=False)
             done = b.apply()
             for k in sorted({e["kernel"] for e in m["entries"].values()}):
                 run(["depmod", "-b", _root_arg(ctx), k])  # the host root's modules (`-b /` on a real host)
             run(["update-grub"])
+            # the initramfs holds p2pkit's modprobe.d file (and the module it resolved when it was made)
+            run(["update-initramfs", "-u", "-k", "all"])
+            if booted:
+                run(["systemctl", "daemon-reload"])
+                proofs["systemd"] = units_gone(ctx, _units())
+            proofs["initramfs"] = initramfs_clean(ctx, [system.MODPROBE_CONF],
+                                                  [p for a, p in done if a == "remove"])
         else:
             installer = ctx.host.path(m["installer"])
             if installer.is_file():
@@ -170,7 +250,7 @@ def apply(ctx, stage: str) -> dict:
         b.dir.rename(b.dir.with_name(f"{stage}.rolled-back-{stamp}"))
         record = {"kind": "p2pkit-rollback", "stage": stage, "simulated": ctx.host.simulated,
                   "kernel": system.kernel_release(ctx.host), "time": pipeline.now(), "plan": steps,
-                  "files": [{"action": a, "path": p} for a, p in done], "invalidated": later,
+                  "files": [{"action": a, "path": p} for a, p in done], "invalidated": later, **proofs,
                   "reboot_needed": True, "after_reboot": steps[-1],
                   "next": pipeline.command(ctx, "rollback", "driver", "--yes")
                   if stage == "p2p-module" and Backup(ctx.store.dir, "driver", ctx.host).manifest_path.exists()

@@ -40,8 +40,8 @@ def _document(action: str, h, **extra) -> None:
 
 
 def _fail(e) -> P2pkitError:
-    return P2pkitError(str(e), hint=f"read the log it names{'' if e.log is None else f' ({e.log})'}; "
-                                    "`p2pkit sim container stop DIR` leaves nothing running or mounted")
+    return P2pkitError(str(e), hint=(f"read its log ({e.log}); " if e.log else "")
+                       + "`p2pkit sim container stop DIR` leaves nothing running or mounted")
 
 
 @app.command()
@@ -72,6 +72,7 @@ def boot(
         h.boot()
     except container.ContainerError as e:
         raise _fail(e) from None
+    scenario = h.machine().get("scenario", scenario)  # a host made before: the scenario it was made with
     out.log(f"container host {d} is up (systemd as PID 1; GPUs SIMULATED, scenario {scenario})")
     out.log(f"next: p2pkit sim container exec {d} -- p2pkit --yes up --reboot")
     _document("boot", h, scenario=scenario)

@@ -401,6 +401,10 @@ def rollback(
     else:
         for f in record["files"]:
             ctx.out.log(f"[rollback] {f['action']} {f['path']}")
+        for unit, v in (record.get("systemd") or {}).items():  # systemd's own word, after its reload
+            ctx.out.log(f"[rollback] systemd: {unit} {v.get('LoadState')}, {v.get('ActiveState')}")
+        for img, kos in (record.get("initramfs") or {}).items():
+            ctx.out.log(f"[rollback] {img} rebuilt: " + (f"holds {', '.join(kos)}" if kos else "holds no nvidia.ko"))
         nxt = f"`{how}`" if (how := ctx.host.reboot_command()) else "reboot"
         # it worked: not an error, though the exit code (4) says a reboot is still due
         ctx.out.line(f"{stage} rolled back; stages {', '.join(record['invalidated'])} are invalidated")

@@ -8,7 +8,7 @@ import re
 
 from p2pkit.core import runner, writers
 from p2pkit.core.role_defaults import role_default
-from p2pkit.host import Host, launcher, system
+from p2pkit.host import Host, kmod, launcher, system
 from p2pkit.host import field_facts as hfield
 from p2pkit.host import nvml as _nvml
 from p2pkit.parse import system as ps
@@ -190,13 +190,49 @@ def _engine_env_file(h: Host):
     return {"path": path, "env": writers.read_env_file(h.read(path, "the engine's environment file"))}
 
 
+TIMER_PROPS = ["LoadState", "ActiveState", "SubState", "UnitFileState", "NeedDaemonReload", "FragmentPath", "Triggers",
+               "NextElapseUSecRealtime", "LastTriggerUSec"]
+SERVICE_PROPS = ["LoadState", "ActiveState", "UnitFileState", "NeedDaemonReload", "FragmentPath", "ExecStart"]
+
+
+def _restore_units(h: Host):
+    """systemd's own view of the restore timer and its service, where systemd is PID 1 (`systemctl show`): what
+    it loaded and runs, which the files on disk do not tell (a timer whose file is gone still fires; one edited
+    and not reloaded runs the old settings)."""
+    if not launcher.systemd_booted(h):
+        return {"systemd": False}
+    timer, unit = (system.RESTORE_TIMER.rpartition("/")[2], system.RESTORE_UNIT.rpartition("/")[2])
+    props = sorted(set(TIMER_PROPS) | set(SERVICE_PROPS))
+    view = system.unit_view(h, [timer, unit], props)
+    return {"systemd": True, "timer": {"name": timer, "path": system.RESTORE_TIMER, **view[timer]},
+            "service": {"name": unit, "path": system.RESTORE_UNIT, **view[unit]}}
+
+
+ENGINE_UNIT_PROPS = ["LoadState", "ActiveState", "NeedDaemonReload", "FragmentPath", "DropInPaths", "Slice",
+                     "MemoryMax", "User", "ExecStart"]
+
+
+def _engine_unit(h: Host):
+    """The engine's unit as systemd loaded it (`systemctl show`), where systemd is PID 1 and the unit file is
+    there: the settings it runs with, which a file edited and not reloaded, or a drop-in, makes other than the
+    role's file."""
+    if not launcher.systemd_booted(h) or not h.path(system.ENGINE_UNIT_FILE).is_file():
+        return {"systemd": launcher.systemd_booted(h), "installed": False}
+    unit = system.ENGINE_UNIT
+    return {"systemd": True, "installed": True, "name": unit, "path": system.ENGINE_UNIT_FILE,
+            "user": system.ENGINE_USER, **system.unit_view(h, [unit], ENGINE_UNIT_PROPS)[unit]}
+
+
 def _boot_hold(h: Host):
     """The kernel hook's hold on the boot default (P36): which kernel it keeps booting, for which new one."""
     if not h.exists(system.BOOT_HOLD):
         return {"held": None}
     text = h.read(system.BOOT_HOLD, "the boot-default hold")
     kv = dict(m.groups() for m in re.finditer(r"^# p2pkit-(kernel|new_kernel)=(\S+)", text, re.M))
-    return {"held": {"kernel": kv.get("kernel", "?"), "new_kernel": kv.get("new_kernel", "?")}}
+    held = {"kernel": kv.get("kernel", "?"), "new_kernel": kv.get("new_kernel", "?")}
+    if held["new_kernel"] != "?":  # what modprobe would load for the kernel held back, as modinfo says now
+        held["module"] = kmod.modinfo(h, held["new_kernel"])
+    return {"held": held}
 
 
 # status and doctor ask a running engine once, briefly: a frozen one does not answer (times this machine's load per

@@ -152,8 +152,12 @@ class Module(TypedDict, total=False):
     modinfo_error: str
 
 
-class PendingKernel(Module, total=False):
+class KernelModule(Module, total=False):
+    """What modprobe would load for a kernel that is not running (modinfo -k K nvidia)."""
     modinfo_sig_key: str | None  # colon-separated hex serial of the key that signed it; None: unsigned
+
+
+class PendingKernel(KernelModule, total=False):
     running: str
     boot_image: str
     kernel: str | None
@@ -305,9 +309,16 @@ class EngineEnvFile(TypedDict, total=False):
     env: dict[str, str] | None
 
 
+class RestoreUnits(TypedDict, total=False):
+    systemd: bool  # systemd is PID 1: the units below are its own view (systemctl show)
+    timer: dict[str, str]  # name, path and the properties read (LoadState, ActiveState, NeedDaemonReload, ...)
+    service: dict[str, str]
+
+
 class Held(TypedDict, total=False):
     kernel: str
     new_kernel: str
+    module: KernelModule  # modinfo -k NEW_KERNEL nvidia, read now
 
 
 class BootHold(TypedDict, total=False):

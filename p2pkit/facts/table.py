@@ -39,6 +39,8 @@ TABLE: tuple[Fact, ...] = (
     Fact("arch", arch.machine, str),
     Fact("package_holds", system.package_holds, t.PackageHolds),
     Fact("restore_guards", system.restore_guards, dict[str, bool]),
+    Fact("restore_units", pr._restore_units, t.RestoreUnits),
+    Fact("engine_unit", pr._engine_unit, dict[str, str | bool]),
     Fact("identity", system.identity, t.Identity),
     Fact("os", pr._os, dict[str, str]),
     Fact("kernel", system.kernel_release, str),

@@ -26,31 +26,67 @@ def module(host: Host) -> dict:
     return {"loaded_srcversion": loaded, **modinfo(host, kernel)}
 
 
-BOOT_IMAGE = "/boot/vmlinuz"  # linux-base keeps it at the newest kernel, the one GRUB's default entry boots
+# the links linux-base keeps at the newest kernel (linux-update-symlinks(8)): Debian's at /vmlinuz, Ubuntu's
+# (link_in_boot = yes in /etc/kernel-img.conf) at /boot/vmlinuz
+BOOT_IMAGES = ("/vmlinuz", "/boot/vmlinuz")
+GRUB_CFG, GRUBENV = "/boot/grub/grub.cfg", "/boot/grub/grubenv"
+
+
+def _linked_kernel(host: Host) -> tuple[str | None, str | None]:
+    """The release the first of BOOT_IMAGES that is a link names, and how it reads ("/vmlinuz -> ...")."""
+    import os
+
+    for link in BOOT_IMAGES:
+        try:
+            target = os.readlink(host.path(link))
+        except OSError:
+            continue
+        name = target.rsplit("/", 1)[-1]
+        if name.startswith("vmlinuz-"):
+            return name[len("vmlinuz-"):], f"{link} -> {target}"
+    return None, None
 
 
 def pending_kernel(host: Host) -> dict:
     """The kernel the next boot starts when it is not the running one (an upgrade installed it, the
-    reboot has not come yet), and what modprobe would load for it. The /boot/vmlinuz symlink names
-    it, unless p2pkit's kernel hook held the boot default at the running kernel (P36)."""
-    import os
-
+    reboot has not come yet), and what modprobe would load for it. The bootloader's own default decides
+    where p2pkit can read it: GRUB's default entry in grub.cfg (with grubenv's next_entry, saved_entry);
+    a kernel newer than every grub.cfg entry (the link linux-base keeps, /vmlinuz or /boot/vmlinuz, names
+    it and update-grub has not run since) is the next boot's too, as the update-grub after its install makes
+    it. Where GRUB's default stays on the running kernel while grub.cfg has the linked one (p2pkit's kernel
+    hook held it, P36, or GRUB_DEFAULT names it), the next boot is the running kernel, held. No grub.cfg:
+    the link alone."""
     from p2pkit.host.system import BOOT_HOLD
+    from p2pkit.parse import boot as pb
 
     running = host.read("/proc/sys/kernel/osrelease", "the kernel release").strip()
-    try:
-        target = os.readlink(host.path(BOOT_IMAGE))
-    except OSError as e:
-        raise ProbeError("the next boot's kernel", f"{BOOT_IMAGE} is not a symlink ({e.strerror or e})") from None
-    name = target.rsplit("/", 1)[-1]
-    if not name.startswith("vmlinuz-"):
-        raise ProbeError("the next boot's kernel", f"{BOOT_IMAGE} points at {target}, not a vmlinuz-<release>")
-    kernel = name[len("vmlinuz-"):]
-    out = {"running": running, "boot_image": f"{BOOT_IMAGE} -> {target}"}
-    if kernel == running:
+    linked, how = _linked_kernel(host)
+    grub = None
+    if host.path(GRUB_CFG).is_file():
+        cfg = host.read(GRUB_CFG, "GRUB's configuration")
+        env = pb.grubenv(host.read(GRUBENV, "GRUB's environment")) if host.path(GRUBENV).is_file() else {}
+        grub = pb.grub_default(cfg, env)
+        listed = pb.grub_kernels(cfg)
+    if grub is None and linked is None:
+        raise ProbeError("the next boot's kernel", f"no GRUB default entry with a kernel in {GRUB_CFG}, and neither "
+                         f"{' nor '.join(BOOT_IMAGES)} is a link to a vmlinuz-<release>")
+    said = [f"GRUB's default entry '{grub['entry']}' boots {grub['kernel']} ({GRUB_CFG})"] if grub else []
+    said += [how] if how else []
+    out = {"running": running, "boot_image": "; ".join(said)}
+    # p2pkit's kernel hook held the boot default at the running kernel (P36): the update-grub after it keeps it
+    held = host.exists(BOOT_HOLD) and f"# p2pkit-kernel={running}" in host.read(BOOT_HOLD, "the boot-default hold")
+    if grub and grub["kernel"] != running:
+        kernel = grub["kernel"]
+    elif linked and linked != running and (grub is None or linked not in listed) and not held:
+        kernel = linked  # installed after grub.cfg was written: the update-grub after its install boots it
+        if grub:
+            out["boot_image"] += f" (no entry in {GRUB_CFG} yet: the next update-grub makes it the default)"
+    else:
+        kernel = None
+    if kernel is None:
+        if linked and linked != running:
+            return {**out, "kernel": None, "held_for": linked}  # the next boot stays on the running kernel (P36)
         return {**out, "kernel": None}
-    if host.exists(BOOT_HOLD) and f"# p2pkit-kernel={running}" in host.read(BOOT_HOLD, "the boot-default hold"):
-        return {**out, "kernel": None, "held_for": kernel}  # the next boot stays on the running kernel (P36)
     return {**out, "kernel": kernel, **modinfo(host, kernel)}
 
 

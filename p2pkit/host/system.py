@@ -147,10 +147,11 @@ def package_holds(host: Host) -> dict:
 
 # The restore units and hooks: the p2p-module role states their paths (p2pkit_p2p_module_paths in its
 # defaults/main.yml) and p2pkit reads them there when first asked (module attributes RESTORE_UNIT, RESTORE_TIMER,
-# KERNEL_HOOK, APT_HOOK, never read at import), and TIMER_WANTS: the link `systemctl enable` makes for the timer.
+# KERNEL_HOOK, APT_HOOK, MODPROBE_CONF, never read at import), and TIMER_WANTS: the link `systemctl enable` makes
+# for the timer.
 P2P_ROLE = "p2pkit_p2p_module"
 _P2P_PATHS = {"RESTORE_UNIT": "restore_service", "RESTORE_TIMER": "restore_timer", "KERNEL_HOOK": "kernel_hook",
-              "APT_HOOK": "apt_hook"}
+              "APT_HOOK": "apt_hook", "MODPROBE_CONF": "modprobe_conf"}
 
 
 def restore_guards(host: Host) -> dict[str, bool]:
@@ -168,6 +169,19 @@ def restore_guards(host: Host) -> dict[str, bool]:
         "kernel postinst hook": hook.is_file() and os.access(hook, os.X_OK) and "restore --kernel" in hook.read_text(),
         "apt hook": has(__getattr__("APT_HOOK"), unit.rpartition("/")[2]),
     }
+
+
+def unit_view(host: Host, units: list[str], props: list[str], timeout: float | None = None) -> dict[str, dict]:
+    """systemd's own view of each unit, as the running manager holds it (`systemctl show UNIT... -p ...`): the
+    settings it loaded, not the file on disk (a unit edited and not reloaded says NeedDaemonReload=yes; one
+    whose file is gone stays loaded while it is active). Keyed by the unit's name; Id is always read."""
+    want = ["Id", *[p for p in props if p != "Id"]]
+    r = host.runner.run(["systemctl", "show", *units, "-p", ",".join(want)], check=False, timeout=timeout)
+    blocks = ps.systemctl_show(r.stdout)
+    if r.returncode != 0 or len(blocks) != len(units):
+        raise ProbeError(f"systemd's view of {', '.join(units)}", (r.stderr or r.stdout).strip()[-300:]
+                         or f"systemctl show exited {r.returncode} with {len(blocks)} of {len(units)} units")
+    return {unit: block for unit, block in zip(units, blocks, strict=True)}
 
 
 def process_tree(host: Host, pid: int) -> list[int]:

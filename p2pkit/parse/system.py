@@ -244,3 +244,20 @@ def proc_stat_session(text: str) -> int:
     """The session id of /proc/PID/stat (the fourth field after the command name: state ppid pgrp session)."""
     return int(text[text.rindex(")") + 1:].split()[3])
 
+
+
+def systemctl_show(text: str) -> list[dict[str, str]]:
+    """`systemctl show UNIT... -p PROP,...`: one block of KEY=VALUE lines per unit, in the order the units
+    were named, blocks apart by an empty line (systemctl(1), show: "the output is ... one property per line
+    ... separated by an empty line between units"). A value may hold '=' (ExecStart's { path=... }); only
+    the first one splits."""
+    blocks: list[dict[str, str]] = [{}]
+    for line in text.splitlines():
+        if not line.strip():
+            if blocks[-1]:
+                blocks.append({})
+            continue
+        key, eq, value = line.partition("=")
+        if eq:
+            blocks[-1][key] = value
+    return [b for b in blocks if b]

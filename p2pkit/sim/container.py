@@ -68,10 +68,11 @@ REBOOT_EXIT = 133  # systemd-nspawn's exit status when the container asked for a
 #   grub-probe: error: failed to get canonical path of `overlay'.
 # (recorded on this image: docs/container-host.md). This stand-in answers for the disk a real box has
 # (an ext4 root on the second GPT partition of its first disk), so the real grub-mkconfig and its
-# /etc/grub.d scripts run on; the real grub-probe stays beside it, diverted by dpkg-divert.
+# /etc/grub.d scripts run on; the real grub-probe stays beside it, moved aside by dpkg-divert --rename
+# (to grub-probe.distrib, dpkg-divert's own name for it: `dpkg-divert --list` says so on the image).
 GRUB_PROBE = r"""#!/bin/sh
 # SIMULATED grub-probe (p2pkit container host): the disk a real box has; the real one is
-# /usr/sbin/grub-probe.real (dpkg-divert), which fails in a container: "failed to get canonical path".
+# /usr/sbin/grub-probe.distrib (dpkg-divert), which fails in a container: "failed to get canonical path".
 target=device
 for a in "$@"; do
   case "$a" in
@@ -303,7 +304,8 @@ class ContainerHost:
         for d in ("upper", "work", "root", "logs"):
             (host.dir / d).mkdir(parents=True, exist_ok=True)
         name = name or f"p2pkit-ct-{uuid.uuid4().hex[:8]}"
-        host._record(image=str(image_root), name=name, state="off", boots=0)
+        # made: False until the last step is done: a host whose making stopped half-way is refused by boot
+        host._record(image=str(image_root), name=name, state="off", boots=0, scenario=scenario, made=False)
         host.mount()
         try:
             (host.root / "etc/machine-id").write_text(uuid.uuid4().hex + "\n")
@@ -311,10 +313,21 @@ class ContainerHost:
             host.install(wheel)
             host.run_once([f"{VENV}/bin/python", "-m", "p2pkit.sim.guest", "provision", "--scenario", scenario],
                           "provision the simulated GPUs")
-        except BaseException:
+        except BaseException as e:
+            host._record(failed=str(e) or type(e).__name__)
             host.unmount()
             raise
+        host._record(made=True)
         return host
+
+    def half_made(self) -> str | None:
+        """Why this directory is not a whole host (its making stopped half-way), or None."""
+        m = self.machine()
+        if m.get("made") is False:
+            return f"its making stopped half-way ({m.get('failed') or 'killed before it finished'})"
+        if os.path.ismount(self.root) and not (self.root / VENV.lstrip("/") / "bin/p2pkit").is_file():
+            return f"p2pkit is not installed in it ({VENV}/bin/p2pkit is missing)"
+        return None
 
     def install(self, wheel: Path | None = None) -> None:
         """p2pkit from `wheel` (a wheel of this tree when None) into the root's venv, as `pip install .`
@@ -371,6 +384,12 @@ class ContainerHost:
         """Start the machine (its supervisor restarts the container when the OS inside reboots) and wait
         until systemd inside says it is up."""
         self.mount()
+        why = self.half_made()
+        if why:
+            self.unmount()
+            raise ContainerError("boot", f"{self.dir} is not a whole container host: {why}; remove it (`p2pkit sim "
+                                 f"container stop {self.dir}`, then `rm -rf {self.dir}`) and boot it again",
+                                 self.logs / "setup.log" if (self.logs / "setup.log").is_file() else None)
         m = self.machine()
         if m.get("state") in ("booting", "running") and _alive(m.get("supervisor_pid")):
             return self.wait_up(timeout)
@@ -424,10 +443,14 @@ class ContainerHost:
         return int(pid)
 
     def command(self, argv: list[str], env: dict[str, str] | None = None) -> list[str]:
-        """The argv that runs `argv` inside the running container as root, with a login's environment."""
+        """The argv that runs `argv` inside the running container as root, with a login's environment and the
+        container's capabilities: the capability bounding set of its PID 1 (systemd-nspawn's, without
+        CAP_SYS_MODULE, CAP_SYS_TIME, ...), so that a command run from here (the first half of `up --reboot`,
+        every hook apt runs for it) has no more privilege than the units the container's systemd starts."""
         base = {"PATH": GUEST_PATH, "HOME": "/root", "LANG": "C.UTF-8", "TERM": "dumb", "COLUMNS": "200"}
-        return ["nsenter", "-t", str(self.leader()), "-a", "--", "/usr/bin/env", "-i",
-                *(f"{k}={v}" for k, v in {**base, **(env or {})}.items()), *argv]
+        leader = self.leader()
+        return [sys.executable, "-c", DROP_CAPS, _bounding_set(leader), "nsenter", "-t", str(leader), "-a", "--",
+                "/usr/bin/env", "-i", *(f"{k}={v}" for k, v in {**base, **(env or {})}.items()), *argv]
 
     def run(self, argv: list[str], timeout: float = 600, check: bool = True, env: dict[str, str] | None = None,
             input: str | None = None) -> subprocess.CompletedProcess:
@@ -519,6 +542,33 @@ class ContainerHost:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+# Drops every capability outside a bounding set (hex, as /proc/PID/status's CapBnd) from this process's bounding
+# set (prctl(2) PR_CAPBSET_DROP, 24) and the ambient set, then execs the rest of its argv: a root process's
+# permitted and effective sets after execve are its bounding set (capabilities(7), "Transformation of
+# capabilities during execve()"). nsenter needs CAP_SYS_ADMIN and CAP_SYS_CHROOT, which the container keeps.
+DROP_CAPS = """import ctypes, os, sys
+keep = int(sys.argv[1], 16)
+libc = ctypes.CDLL(None, use_errno=True)
+last = int(open("/proc/sys/kernel/cap_last_cap").read())
+for cap in range(last + 1):
+    if not keep >> cap & 1 and libc.prctl(24, cap, 0, 0, 0) != 0:
+        sys.exit(f"prctl(PR_CAPBSET_DROP, {cap}): {os.strerror(ctypes.get_errno())}")
+libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+
+
+def _bounding_set(pid: int) -> str:
+    """The capability bounding set of a process of this machine (CapBnd of /proc/PID/status, hex)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("CapBnd:"):
+                return line.split()[1]
+    except OSError as e:
+        raise ContainerError("run", f"the container's PID 1 ({pid}): {e.strerror}") from None
+    raise ContainerError("run", f"no CapBnd in /proc/{pid}/status")
+
+
 def _stat_state_ppid(text: str) -> tuple[str, int]:
     """State letter and parent PID of /proc/PID/stat (proc(5): fields 3 and 4, after the command name,
     which may hold spaces and parentheses, so read from its last ")"). The container host states this
@@ -542,15 +592,92 @@ def _alive(pid) -> bool:
 
 
 def build_wheel(out: Path) -> Path:
-    """A wheel of this tree (what `pip install .` installs), for the host to install inside."""
+    """A wheel of this p2pkit (what `pip install .` installs), for the host to install inside: built by pip
+    from the source tree it runs from (a checkout, an editable install), or, where it runs from an installed
+    wheel (`pip install .` puts the package in site-packages: no pyproject.toml there to build from), packed
+    again from the installed distribution's own files as its RECORD lists them. What pip said is kept in
+    OUT/build-wheel.log, which an error names."""
     src = Path(__file__).resolve().parents[2]
     out.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(src)],
-                       capture_output=True, text=True)
-    wheels = sorted(out.glob("p2pkit-*.whl"))
-    if r.returncode != 0 or not wheels:
-        raise ContainerError("build p2pkit's wheel", (r.stderr or r.stdout).strip()[-2000:])
-    return wheels[-1]
+    log = out / "build-wheel.log"
+    if (src / "pyproject.toml").is_file():
+        r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(src)],
+                           capture_output=True, text=True)
+        log.write_text(f"$ pip wheel --no-deps -w {out} {src}\n{r.stdout}{r.stderr}# exit {r.returncode}\n")
+        wheels = sorted(out.glob("p2pkit-*.whl"))
+        if r.returncode != 0 or not wheels:
+            raise ContainerError("build p2pkit's wheel", f"pip wheel {src}: "
+                                 + ((r.stderr or r.stdout).strip().splitlines() or [f"exit {r.returncode}"])[-1], log)
+        return wheels[-1]
+    try:
+        return repack_installed(out)
+    except (OSError, ValueError, KeyError) as e:
+        log.write_text(f"p2pkit runs from {src}, which is no source tree (no pyproject.toml), and its installed "
+                       f"distribution could not be packed again: {e}\n")
+        raise ContainerError("build p2pkit's wheel", f"p2pkit runs from {src} (no pyproject.toml) and its installed "
+                             f"files could not be packed into a wheel ({e}): install it from its checkout "
+                             "(`pip install -e .`) or run `python -m p2pkit sim container boot` from the checkout",
+                             log) from None
+
+
+def repack_installed(out: Path) -> Path:
+    """The wheel the installed p2pkit came from, packed again: every file its RECORD lists inside the
+    installation (the package and its .dist-info; not byte code, INSTALLER, REQUESTED or direct_url.json,
+    which the installer adds), and the `p2pkit` script the wheel carries as shared data
+    (`p2pkit-V.data/scripts/p2pkit`, pyproject.toml) from the bin/ it was installed into, its first line put
+    back to `#!python` (the wheel format: the installer points it at its Python); a new RECORD of their sha256
+    and sizes (PEP 427, PEP 376). Raises ValueError where the distribution found is not the one this module
+    belongs to, or an installed script is not where its RECORD line says with its hash."""
+    import base64
+    import importlib.metadata
+    import zipfile
+
+    dist = importlib.metadata.distribution("p2pkit")
+    here = Path(__file__).resolve()
+    if Path(dist.locate_file("p2pkit/sim/container.py")).resolve() != here:
+        raise ValueError(f"the installed p2pkit distribution ({dist.locate_file('')}) is not the one running here")
+    info = next(f for f in dist.files if f.parts[0].endswith(".dist-info"))
+    info_dir = info.parts[0]
+    tag = next((ln.split(":", 1)[1].strip() for ln in dist.read_text("WHEEL").splitlines()
+                if ln.startswith("Tag:")), "py3-none-any")
+    name = f"p2pkit-{dist.version}-{tag}.whl"
+    skip = {"RECORD", "INSTALLER", "REQUESTED", "direct_url.json"}
+    files = {str(f): Path(dist.locate_file(f)).read_bytes() for f in dist.files
+             if ".." not in f.parts and "__pycache__" not in f.parts and not str(f).endswith(".pyc")
+             and not (f.parts[0] == info_dir and f.name in skip)}
+    for f in dist.files:  # the scripts, installed outside site-packages (`../../../bin/p2pkit` in a venv)
+        if ".." in f.parts and f.parent.name == "bin":
+            files[f"p2pkit-{dist.version}.data/scripts/{f.name}"] = _installed_script(dist, f)
+    tmp = out / (name + ".part")
+    record = []
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+        for rel, data in sorted(files.items()):
+            z.writestr(rel, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            record.append(f"{rel},sha256={digest},{len(data)}")
+        record.append(f"{info_dir}/RECORD,,")
+        z.writestr(f"{info_dir}/RECORD", "\n".join(record) + "\n")
+    os.replace(tmp, out / name)
+    return out / name
+
+
+def _installed_script(dist, f) -> bytes:
+    """An installed script as its wheel held it: the file its RECORD line names (pip --target moves bin/ into
+    the target, away from the path the line says), found by its recorded hash, with `#!python` first again."""
+    import base64
+    import sysconfig
+
+    want = (f.hash.value if f.hash else None)
+    for p in (Path(dist.locate_file(f)), Path(dist.locate_file(f"bin/{f.name}")),
+              Path(sysconfig.get_path("scripts")) / f.name, Path(sys.executable).parent / f.name):
+        try:
+            data = p.read_bytes()
+        except OSError:
+            continue
+        if want is None or base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode() == want:
+            first, nl, rest = data.partition(b"\n")
+            return (b"#!python" + nl + rest) if first.startswith(b"#!") and b"python" in first else data
+    raise ValueError(f"the installed script {f} is not where its RECORD line says, nor in a bin/ beside it")
 
 
 # ------------------------------------------------------------------------------------------- machine

@@ -10,6 +10,7 @@ import os
 import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 # The options ninfer-serve knows (after the artifact path; `--flag value` only, `--flag=value` is
 # "unknown option"): REFERENCE.md, "Engines" (--tp, --devices, --kv-dtype, --kv-capacity, --spec,
@@ -64,6 +65,22 @@ def parse(argv: list[str]) -> tuple[str, dict]:
     return artifact, flags
 
 
+def loaded_module(artifact: str) -> dict | bool | None:
+    """On a container host (a real OS whose reboots and rollbacks really unload the module), its loaded nvidia
+    module as the GPUs the engine opens would show it: its record, or False when none is loaded. None elsewhere:
+    the directory host's stage tests start the engine on a host laid out without a module (its state file,
+    .p2pkit-sim/state.json, is the first above the artifact that holds one; a container host's is /)."""
+    for d in Path(artifact).resolve().parents:
+        try:
+            doc = json.loads((d / ".p2pkit-sim/state.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if doc.get("layout") != "container":
+            return None
+        return (doc.get("module") or {}).get("loaded") or False
+    return None
+
+
 def main() -> None:
     print("ninfer-serve (SIMULATED) starting", flush=True)
     artifact, f = parse(sys.argv[1:])
@@ -75,9 +92,15 @@ def main() -> None:
     fail = os.environ.get("P2PKIT_SIM_ENGINE_FAIL", "")
     if f.get("tp") == "2" and f.get("spec") == "dflash2" and not f.get("lm-head-draft"):
         raise SystemExit("Engine tp 2 DFlash2 requires the optimized proposal head")
+    mod = loaded_module(artifact)
+    if mod is False:  # no nvidia module loaded: CUDA finds no device (cudaErrorNoDevice's string)
+        raise SystemExit("CUDA error: no CUDA-capable device is detected (SIMULATED: the nvidia module is not "
+                         "loaded)")
     print(f"loading {artifact}", flush=True)
     if f.get("tp") == "2":
-        print(f"tp 2 on devices {f.get('devices')}: all-reduce p2p on", flush=True)
+        p2p = mod is None or bool(mod.get("patched"))  # GeForce P2P only with the patched module
+        print(f"tp 2 on devices {f.get('devices')}: all-reduce p2p {'on' if p2p else 'off (shared memory)'}",
+              flush=True)
     if fail == "kv":
         raise SystemExit("FATAL: KV cache does not fit: need 9.4 GiB, 7.3 GiB free (short by 2.1 GiB)")
     if f.get("spec"):

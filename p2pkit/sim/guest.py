@@ -12,12 +12,12 @@ rules: p2pkit/sim/rules.py, model.py); the tools around it are the root's real o
   entry (as GRUB boots it); queued machine owner keys become enrolled (MokManager); the GPUs' PCI
   functions appear in sysfs (overlays on /sys, this boot's changes in /run); the nvidia module is
   loaded the way udev's coldplug would, if the real modprobe resolves one that this kernel accepts.
-- modprobe and rmmod (/usr/local/sbin, before the real ones on every PATH): resolution, options and
+- modprobe and rmmod (/usr/sbin, where kmod's are; those diverted to .distrib): resolution, options and
   blacklists are the real kmod's (`modprobe -S RELEASE --show-depends`), the module's fields the real
   modinfo's; only the last step, the kernel accepting the module, is stood in: its vermagic against
   the running release, its signature against the enrolled keys with Secure Boot on, its GSP firmware
   on disk; then /sys/module, /proc/driver/nvidia and /dev/nvidia* appear as the loaded driver makes them.
-- uname (/usr/local/bin): the running kernel's release is the one booted from grub.cfg.
+- uname (/usr/bin, coreutils' diverted): the running kernel's release is the one booted from grub.cfg.
 - nvidia-smi, NVML, the GPUs under load, mokutil, dmesg, nvcc: p2pkit/sim/standins.py's, over this state.
 """
 
@@ -38,9 +38,17 @@ UNIT = "p2pkit-sim-machine.service"
 # sysfs directories the simulated devices appear in: an overlay each, the real sysfs below
 SYS_OVERLAYS = ("/sys/bus/pci/devices", "/sys/devices", "/sys/module", "/sys/class", "/sys/firmware",
                 "/sys/kernel/iommu_groups")
-# the stand-ins and where they lie: before the real tools on Debian's root PATH
-STANDINS = {"modprobe": "usr/local/sbin", "rmmod": "usr/local/sbin", "mokutil": "usr/local/sbin",
-            "dmesg": "usr/local/bin", "uname": "usr/local/bin", "nvcc": "usr/local/bin", "cuobjdump": "usr/local/bin"}
+# The stand-ins and where they lie. An OS tool's stand-in lies where the real tool is (every PATH finds it,
+# apt's hook PATH "/usr/sbin:/usr/bin:/sbin:/bin" too: apt's DPkg::Path, apt-pkg/deb/dpkgpm.cc), the package's
+# file moved aside by dpkg-divert as Debian's own tools do it (dpkg-divert(1): --rename, to FILE.distrib), so
+# that dpkg and apt know it: kmod's /sbin/modprobe and /sbin/rmmod, coreutils' /bin/uname, util-linux's
+# /bin/dmesg (the package paths of bookworm, whose /sbin and /bin are links into /usr). mokutil is not in the
+# image: its stand-in is where Debian's mokutil package puts it. The CUDA toolkit's (no OS tool: NVIDIA's
+# own, in /usr/local) stay in /usr/local/bin.
+STANDINS = {"modprobe": "usr/sbin", "rmmod": "usr/sbin", "mokutil": "usr/bin", "dmesg": "usr/bin", "uname": "usr/bin",
+            "nvcc": "usr/local/bin", "cuobjdump": "usr/local/bin"}
+DIVERTED = {"modprobe": "/sbin/modprobe", "rmmod": "/sbin/rmmod", "uname": "/bin/uname", "dmesg": "/bin/dmesg"}
+REAL_UNAME = "/usr/bin/uname.distrib"  # coreutils' uname, moved aside for the stand-in
 KMOD = "/usr/bin/kmod"  # modprobe, rmmod and modinfo are links to it; it acts as the name it is called by
 NVIDIA_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm", "nvidia_peermem")
 # what a module built from the P2P fork carries in its code (p2pkit/sim/fork_tree.py puts it there): the
@@ -130,8 +138,19 @@ def load(state: dict, name: str = "nvidia") -> str | None:
     state["module"]["loaded"] = {
         "version": info.get("version", ""), "srcversion": info.get("srcversion", ""), "path": path,
         "patched": P2P_MARK in code, "open": "MIT" in info.get("license", ""),
-        "registry_dwords": m.group(1).strip('"') if m else "", "builder": "root@" + os.uname().nodename}
+        "registry_dwords": m.group(1).strip('"') if m else "", "builder": "root@" + os.uname().nodename,
+        "compiler": compiler()}
     return None
+
+
+def compiler() -> str:
+    """The compiler the module was built with, as NVIDIA's /proc/driver/nvidia/version names it (the last line
+    of `gcc -v`: "gcc version 12.2.0 (Debian 12.2.0-14)"): this root's gcc, which kbuild ran."""
+    try:
+        said = subprocess.run(["gcc", "-v"], capture_output=True, text=True, timeout=30).stderr.splitlines()
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return next((ln.strip() for ln in reversed(said) if ln.startswith("gcc version")), "")
 
 
 def unload(state: dict) -> str | None:
@@ -217,7 +236,7 @@ def modprobe_cmd(name: str, args: list[str]) -> int:
 def uname_cmd(args: list[str]) -> int:
     """The real uname, with the running kernel's release being the one booted from grub.cfg."""
     state = load_state()
-    real = subprocess.run(["/usr/bin/uname", *args], capture_output=True, text=True)
+    real = subprocess.run([REAL_UNAME, *args], capture_output=True, text=True)
     if real.returncode != 0:
         sys.stderr.write(real.stderr)
         return real.returncode
@@ -421,8 +440,12 @@ def provision(scenario: str) -> int:
     if prof.model.draft_source:
         prov.make_hf_model(ROOT, prof.model.draft_source, layers=2, shards=1)
     for name, where in STANDINS.items():
+        if name in DIVERTED:  # the package's own file moved aside, as dpkg knows it
+            subprocess.run(["dpkg-divert", "--local", "--rename", "--add", DIVERTED[name]], check=True,
+                           stdout=subprocess.DEVNULL)
         p = ROOT / where / name
         p.parent.mkdir(parents=True, exist_ok=True)
+        p.unlink(missing_ok=True)  # never written through a link (kmod's tools are links to /bin/kmod)
         p.write_text(standin_text(name))
         p.chmod(0o755)
     unit = ROOT / "etc/systemd/system" / UNIT

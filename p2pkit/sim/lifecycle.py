@@ -10,6 +10,7 @@ from p2pkit.core.errors import P2pkitError
 from p2pkit.sim import provision, rules
 from p2pkit.sim.render import load_state, render
 from p2pkit.sim.standins import (
+    daemon_reload,
     load_module,
     loader_next_cmdline,
     systemctl,
@@ -117,6 +118,12 @@ def reboot(root: Path) -> dict:
     load_module(root, state)
     for svc in state.get("services", {}).values():
         svc["started"] = False
+    # the manager of the new boot: every unit file read as it is now, the enabled timers started
+    state["timers"] = {}
+    daemon_reload(root, state)
+    timers = root / "etc/systemd/system/timers.target.wants"
+    for unit in sorted(p.name for p in timers.iterdir()) if timers.is_dir() else []:  # links into the root
+        state["timers"][unit] = True
     render(root, state)
     wants = root / "etc/systemd/system/multi-user.target.wants"
     for unit in sorted(p.name for p in wants.iterdir()) if wants.is_dir() else []:

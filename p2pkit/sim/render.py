@@ -324,7 +324,7 @@ def module_files(root: Path, state: dict, clear: bool = False) -> None:
         write(root, "proc/driver/nvidia/version",
               f"NVRM version: NVIDIA UNIX {kind} for {state.get('arch', 'x86_64')}  {mod['version']}  Release Build  "
               f"({mod.get('builder', 'dvs-builder@U22-I3-AM02-24-3')})  Tue Nov  3 10:00:00 UTC 2026\n"
-              "GCC version:  gcc version 13.3.0 (Ubuntu 13.3.0-6ubuntu2~24.04)\n")
+              f"GCC version:  {mod.get('compiler') or 'gcc version 13.3.0 (Ubuntu 13.3.0-6ubuntu2~24.04)'}\n")
 
 
 def _boot(root: Path, state: dict) -> None:

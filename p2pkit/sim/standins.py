@@ -571,6 +571,8 @@ def _unit(root: Path, unit: str) -> dict:
             out["slice"] = v
         elif k == "WorkingDirectory":
             out["cwd"] = v
+        elif k == "User":
+            out["user"] = v
     return out
 
 
@@ -659,25 +661,34 @@ def _stop(root: Path, state: dict, unit: str) -> int:
 
 def systemctl(root: Path, state: dict, args: list[str]) -> int:
     """Offline verbs (--root, enable, is-enabled, disable) go to the real systemctl against the
-    simulated root; runtime verbs (start, stop, show, ...) are simulated with real processes."""
+    simulated root; runtime verbs (start, stop, show, ...) are simulated with real processes. The manager's
+    memory is simulated as systemd keeps it: the unit files as it read them at the last daemon-reload (or
+    boot), so that a file edited or removed since says NeedDaemonReload=yes and a timer that runs stays
+    loaded after its file is gone (systemd(1), "daemon-reload"; systemctl(1), "show")."""
     args = [a.strip("'") for a in args if a not in ("--no-block", "--no-pager", "-l", "--system")]
     if any(a.startswith("--root") for a in args) or (args and args[0] in ("enable", "disable", "is-enabled")):
         return _real_systemctl(root, args)
     verb, units = (args[0], args[1:]) if args else ("", [])
     if verb in ("daemon-reload", "daemon-reexec"):
         state["daemon_reloads"] = state.get("daemon_reloads", 0) + 1
+        daemon_reload(root, state)
         save(root, state)
         return 0
     positional = [a for i, a in enumerate(units) if not a.startswith("-") and (i == 0 or units[i - 1] != "-p")]
     unit = positional[0] if positional else ""
     if verb in ("start", "stop", "restart"):
-        return _start_stop(root, state, verb, unit)
-    active, pid = service_state(state, unit)
+        rc = 0
+        for u in positional:
+            rc = (_timer_start_stop(root, state, verb, u) if u.endswith(".timer")
+                  else _start_stop(root, load_state(root), verb, u)) or rc
+            state = load_state(root)
+        return rc
+    active, pid = _unit_active(root, state, unit)
     if verb == "is-active":
         print(active)
         return 0 if active == "active" else 3
     if verb == "show":
-        return _show(root, unit, units, active, pid)
+        return _show(root, state, positional, units)
     if verb == "status":
         print(f"● {unit} (SIMULATED)\n     Active: {active}" + (f"\n   Main PID: {pid}" if pid else ""))
         return 0 if active == "active" else 3
@@ -703,18 +714,102 @@ def _start_stop(root: Path, state: dict, verb: str, unit: str) -> int:
     return _stop(root, state, unit) or _start(root, load_state(root), unit)
 
 
-def _show(root: Path, unit: str, units: list[str], active: str, pid: int) -> int:
-    """systemctl show UNIT [-p PROP]... [--value]: the unit's properties p2pkit reads."""
-    u = _unit(root, unit)
-    props = {"Id": unit, "LoadState": "loaded" if u["exists"] else "not-found", "ActiveState": active,
-             "SubState": {"active": "running", "failed": "failed"}.get(active, "dead"), "MainPID": pid,
-             "UnitFileState": "enabled" if (root / "etc/systemd/system/multi-user.target.wants" / unit).exists()
-             else "disabled"}
-    want = [units[i + 1] for i, a in enumerate(units) if a == "-p" and i + 1 < len(units)]
-    for k, v in props.items():
-        if not want or k in want:
-            print(v if "--value" in units else f"{k}={v}")
+UNIT_DIR = "etc/systemd/system"
+
+
+def _unit_digest(root: Path, unit: str) -> str | None:
+    import hashlib
+
+    p = root / UNIT_DIR / unit
+    return hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
+
+
+def daemon_reload(root: Path, state: dict) -> None:
+    """The manager reads every unit file again: what it holds is what is on disk now; a unit whose file is
+    gone stays in memory (not-found) only while it is active (a timer that still waits)."""
+    d = root / UNIT_DIR
+    files = {p.name: _unit_digest(root, p.name) for p in d.iterdir() if p.is_file()} if d.is_dir() else {}
+    gone = {u: None for u, on in state.get("timers", {}).items() if on and u not in files}
+    state["loaded_units"] = {**files, **gone}
+
+
+def _timer_start_stop(root: Path, state: dict, verb: str, unit: str) -> int:
+    loaded = state.get("loaded_units", {})
+    if verb != "stop" and _unit_digest(root, unit) is None and unit not in loaded:
+        print(f"Failed to start {unit}: Unit {unit} not found.", file=sys.stderr)
+        return 5
+    state.setdefault("timers", {})[unit] = verb != "stop"
+    if verb != "stop":
+        loaded.setdefault(unit, _unit_digest(root, unit))  # loaded as it is started
+        state["loaded_units"] = loaded
+    save(root, state)
     return 0
+
+
+def _unit_active(root: Path, state: dict, unit: str) -> tuple[str, int]:
+    if unit.endswith(".timer"):
+        return ("active" if state.get("timers", {}).get(unit) else "inactive"), 0
+    return service_state(state, unit)
+
+
+def _show(root: Path, state: dict, names: list[str], args: list[str]) -> int:
+    """systemctl show UNIT... [-p PROP[,PROP]]... [--value]: the properties p2pkit reads, one block a unit
+    (an empty line between blocks), as the manager holds the unit."""
+    want = [p for i, a in enumerate(args) if a == "-p" and i + 1 < len(args) for p in args[i + 1].split(",")]
+    want += [p for a in args if a.startswith("--property=") for p in a.split("=", 1)[1].split(",")]
+    blocks = []
+    for unit in names:
+        props = _unit_props(root, state, unit)
+        blocks.append([(v if "--value" in args else f"{k}={v}") for k, v in props.items() if not want or k in want])
+    print("\n\n".join("\n".join(str(x) for x in b) for b in blocks))
+    return 0
+
+
+def _unit_props(root: Path, state: dict, unit: str) -> dict:
+    """One unit's properties as the manager holds it: loaded from its file, or still in memory (an active
+    timer whose file is gone); NeedDaemonReload where the file differs from what the last reload read."""
+    u = _unit(root, unit)
+    active, pid = _unit_active(root, state, unit)
+    loaded = state.get("loaded_units", {})
+    in_memory = unit in loaded and (_unit_digest(root, unit) is not None or active == "active")
+    known = u["exists"] or in_memory
+    timer = unit.endswith(".timer")
+    props = {"Id": unit, "LoadState": "loaded" if known else "not-found", "ActiveState": active,
+             "SubState": ({"active": "waiting"} if timer else {"active": "running", "failed": "failed"}).get(
+                 active, "dead"),
+             "MainPID": pid, "UnitFileState": _file_state(root, unit, u, in_memory),
+             "NeedDaemonReload": "yes" if unit in loaded and loaded[unit] != _unit_digest(root, unit) else "no",
+             "FragmentPath": f"/{UNIT_DIR}/{unit}" if known else ""}
+    return {**props, **(_timer_props(u, known, active) if timer else _service_props(u))}
+
+
+def _file_state(root: Path, unit: str, u: dict, in_memory: bool) -> str:
+    if not u["exists"]:
+        return "bad" if in_memory else ""
+    wants = "timers.target.wants" if unit.endswith(".timer") else "multi-user.target.wants"
+    if (root / UNIT_DIR / wants / unit).is_symlink():  # systemctl --root links to the absolute path in the root
+        return "enabled"
+    return "disabled" if "[Install]" in u["path"].read_text() else "static"
+
+
+def _timer_props(u: dict, known: bool, active: str) -> dict:
+    m = re.search(r"^Unit=(\S+)", u["path"].read_text(), re.M) if u["exists"] else None
+    name = u["path"].name
+    return {"Triggers": (m.group(1) if m else name.removesuffix(".timer") + ".service") if known else "",
+            "NextElapseUSecRealtime": "Thu 2026-12-10 00:07:41 UTC" if active == "active" else "",
+            "LastTriggerUSec": ""}
+
+
+def _service_props(u: dict) -> dict:
+    """ExecStart as systemd 252's `systemctl show` prints an exec command (a unit not run yet: start and stop
+    times n/a, pid 0), Slice and MemoryMax as loaded."""
+    ex = u.get("exec")
+    return {"ExecStart": (f"{{ path={ex.split()[0]} ; argv[]={ex} ; ignore_errors=no ; start_time=[n/a] ; "
+                          "stop_time=[n/a] ; pid=0 ; code=(null) ; status=0/0 }") if ex else "",
+            "Slice": u.get("slice") or ("system.slice" if u["exists"] else ""),
+            "MemoryMax": u.get("memory_max") or "infinity", "User": u.get("user") or "",
+            "DropInPaths": " ".join(f"/{UNIT_DIR}/{d.parent.name}/{d.name}"
+                                    for d in sorted(u["path"].parent.glob(f"{u['path'].name}.d/*.conf")))}
 
 
 def journalctl(root: Path, state: dict, args: list[str]) -> int:

@@ -74,7 +74,7 @@ STAGES: list[Stage] = [
           measure=later("model.act", "measure"), reprove=("model_file", model_checks.reproved)),
     Stage("service", "engine service healthy, no memory cap", inputs=("serve", "engine", "model"),
           check=combine(service_checks.check, service_checks.nccl_p2p_level, service_checks.nccl_floor,
-                        service_checks.files_in_place),
+                        service_checks.files_in_place, service_checks.unit_loaded),
           precheck=service_checks.precheck, act=later("service.act", "act"),
           live=("engine_live", service_checks.alive),
           measure=later("service.act", "measure"), reprove=("service_files", service_checks.reproved)),

@@ -34,7 +34,7 @@ def precheck(p: Profile) -> list[Check]:
                   "builds an unpinned kernel module")]
 
 
-@reads("module", "built_module", "kernel", "restore_guards", "pending_kernel", "mok")
+@reads("module", "built_module", "kernel", "restore_guards", "restore_units", "pending_kernel", "mok")
 def install_checks(f: dict, p: Profile) -> list[Check]:
     """What the stage itself must have achieved; a reboot does not change these."""
     m, built = f.get("module", {}), f.get("built_module", {})
@@ -54,6 +54,7 @@ def install_checks(f: dict, p: Profile) -> list[Check]:
               built["srcversion"], m.get("modinfo_srcversion"), built["srcversion"],
               "the installed nvidia.ko is not this build: rerun `p2pkit up --from p2p-module --force`"),
         *([safeguards(f["restore_guards"])] if "restore_guards" in f else []),
+        *([restore_timer(f["restore_units"])] if "restore_units" in f else []),
         *([pending_kernel(f["pending_kernel"], built, f.get("mok"))] if "pending_kernel" in f else []),
     ]
 
@@ -136,6 +137,43 @@ def safeguards(g: dict) -> Check:
     missing = [k for k, v in g.items() if not v]
     return judge("p2p.safeguards", title, not missing, f"missing: {', '.join(missing)}" if missing else
                  "all in place", ", ".join(g), RESTORE_FIX, pitfall="P02")
+
+
+def restore_timer(u: dict) -> Check:
+    """P02, as systemd itself holds it (`systemctl show`): the restore timer loaded from its file with nothing
+    left to reload, enabled and waiting with a next run, triggering the restore service, which is loaded from
+    p2pkit's file and runs `p2pkit restore`. Files alone do not say this: a timer whose file is gone still
+    fires, one edited and not reloaded runs the settings it had."""
+    title = "the restore timer as systemd runs it"
+    want = "timer loaded, enabled, active (waiting) with a next run, triggers the restore service; nothing to reload"
+    if failed(u):
+        return unknown("p2p.restore_timer", title, u, want, pitfall="P02")
+    if not u.get("systemd"):
+        return Check("p2p.restore_timer", title, SKIP, "systemd is not PID 1 here: no timer runs", want, "", "P02")
+    t, s = u.get("timer") or {}, u.get("service") or {}
+    problems = []
+    for x in (t, s):
+        if x.get("LoadState") != "loaded":
+            problems.append(f"{x.get('name')} {x.get('LoadState') or 'not read'}")
+        elif x.get("FragmentPath") != x.get("path"):
+            problems.append(f"{x.get('name')} loaded from {x.get('FragmentPath') or 'no file'}, not {x.get('path')}")
+        if x.get("NeedDaemonReload") == "yes":
+            problems.append(f"{x.get('name')} changed on disk since systemd read it (NeedDaemonReload=yes)")
+    if t.get("UnitFileState") != "enabled":
+        problems.append(f"{t.get('name')} is not enabled (UnitFileState={t.get('UnitFileState') or 'none'})")
+    if t.get("ActiveState") != "active":
+        problems.append(f"{t.get('name')} {t.get('ActiveState')} (it runs from the next boot only)")
+    if t.get("Triggers") and t.get("Triggers") != s.get("name"):
+        problems.append(f"{t.get('name')} triggers {t['Triggers']}, not {s.get('name')}")
+    if s.get("LoadState") == "loaded" and "restore" not in (s.get("ExecStart") or ""):
+        problems.append(f"{s.get('name')} runs {s.get('ExecStart') or 'nothing'}")
+    nxt = t.get("NextElapseUSecRealtime") or "none"
+    measured = "; ".join(problems) or (f"{t.get('name')} {t.get('ActiveState')} ({t.get('SubState')}), next run "
+                                       f"{nxt}, triggers {t.get('Triggers')}; {s.get('name')} loaded")
+    return judge("p2p.restore_timer", title, not problems, measured, want,
+                 f"`sudo systemctl daemon-reload && sudo systemctl enable --now {t.get('name')}` (or rerun `p2pkit up "
+                 "--from p2p-module --force`); `systemctl show " + f"{t.get('name')} {s.get('name')}` says what "
+                 "systemd holds", pitfall="P02")
 
 
 def _nvml_fix(error: str) -> str:
@@ -337,7 +375,10 @@ def module_sources(f: dict, p: Profile) -> list[Check]:
         problems.append(f"loaded srcversion {mod['loaded_srcversion']} is not the built {built}; "
                         f"{', '.join(m['holders'])} hold nvidia (rmmod nvidia fails until they are "
                         "unloaded)")
-    fine = "no copy under updates/" + ("" if unreadable(ir) else ", the initramfs holds the patched module")
+    # what lsinitramfs listed, said as it is: an initramfs without any nvidia.ko loads none early (modprobe
+    # takes the patched one from /lib/modules); one with the patched module holds it
+    fine = "no copy under updates/" + ("" if unreadable(ir) else f", {ir['path']} holds "
+                                       + (", ".join(ir["nvidia"]) if ir["nvidia"] else "no nvidia.ko"))
     out.append(judge(id_, title, not problems, "; ".join(problems) or fine, want, "remove the stock copies (p2pkit "
                      "backs them up), rebuild the initramfs "
                      "(`update-initramfs -u -k $(uname -r)`), unload in order nvidia_drm nvidia_modeset nvidia_uvm "
@@ -347,18 +388,32 @@ def module_sources(f: dict, p: Profile) -> list[Check]:
 
 @reads("boot_hold")
 def boot_default(f: dict, p: Profile) -> list[Check]:
-    """P36: the kernel hook held the boot default at the working kernel when the build for a new one failed."""
+    """P36: the kernel hook held the boot default at the working kernel when the build for a new one failed.
+    Whether the module is there for the new kernel now is modinfo's word (read with the hold), not the hold's:
+    a hold whose kernel has its module since is one `restore --kernel` lifts."""
     b = f.get("boot_hold")
+    title = "boot default not held back by a failed module build"
     if unreadable(b):  # never a silent pass: the hold could not be read
-        return [could_not("field.boot_default", "boot default not held back by a failed module build", b,
-                          "no hold", "P36")]
+        return [could_not("field.boot_default", title, b, "no hold", "P36")]
     held = b.get("held")
-    return [judge("field.boot_default", "boot default not held back by a failed module build", not held,
-                  f"booting {held['kernel']}: the P2P module did not build for {held['new_kernel']}" if held else
-                  "no hold", "no hold", f"the new kernel {held['new_kernel'] if held else ''} breaks the module build "
-                  "(a kernel API removed): pin a fork commit that builds for it, then rerun the hook "
-                  f"(`sudo {_role_path('kernel_hook')} {held['new_kernel'] if held else '<new>'}`: it lifts "
-                  "the hold when the build succeeds) and `sudo update-grub`", pitfall="P36", severity=WARN)]
+    if not held:
+        return [judge("field.boot_default", title, True, "no hold", "no hold", "", pitfall="P36", severity=WARN)]
+    new = held["new_kernel"]
+    mod = held.get("module") or {}
+    there = mod.get("modinfo_filename")
+    if there == module_file(new):
+        return [Check("field.boot_default", title, WARN,
+                      f"booting {held['kernel']}, held back from {new}, whose module is there now (modinfo -k {new}: "
+                      f"{there}, srcversion {mod.get('modinfo_srcversion')}"
+                      + (f", signed by {mod['modinfo_sig_key']})" if mod.get("modinfo_sig_key") else ")"),
+                      "no hold", f"the hold is no longer needed: `sudo p2pkit restore --kernel {new}` proves the "
+                      "module for it, lifts the hold and runs update-grub", "P36")]
+    return [Check("field.boot_default", title, WARN,
+                  f"booting {held['kernel']}: the P2P module did not build for {new} (modinfo -k {new}: "
+                  f"{there or mod.get('modinfo_error') or 'nothing'})", "no hold",
+                  f"the new kernel {new} breaks the module build (a kernel API removed, or its headers missing): pin a "
+                  f"fork commit that builds for it (or install linux-headers-{new}), then `sudo p2pkit restore "
+                  f"--kernel {new}`: it lifts the hold and runs update-grub when the module is there", "P36")]
 
 
 def _secure_boot(f) -> list[Check]:

@@ -31,7 +31,7 @@ from p2pkit.core.errors import P2pkitError, ProbeError
 from p2pkit.host import mok, system
 from p2pkit.parse import mok as pm
 
-MOKMANAGER = ("at the next boot the firmware shows MokManager (a blue screen) before Ubuntu: choose "
+MOKMANAGER = ("at the next boot the firmware shows MokManager (a blue screen) before the OS starts: choose "
               "\"Enroll MOK\", \"Continue\", \"Yes\", type the one-time password given to mokutil (the value of "
               f"{mok.PASSWORD_ENV}), then \"Reboot\"; skip it and the signed module does not load "
               "(the key stays queued: `mokutil --list-new` shows it)")

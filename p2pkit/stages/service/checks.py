@@ -121,6 +121,39 @@ def files_in_place(f: dict, p: Profile) -> list[Check]:
                   f"{len(want)} files in place", ", ".join(want), FILES_REDO)]
 
 
+@reads("engine_unit")
+def unit_loaded(f: dict, p: Profile) -> list[Check]:
+    """The engine's unit as systemd runs it (issue 49 item 8): loaded from the role's file with nothing left to
+    reload and no drop-in of someone else's, in p2pkit's slice, MemoryMax=infinity (P12), as the engine's user;
+    what the file says is not what runs until systemd reads it again."""
+    u = f.get("engine_unit")
+    id_, title = "service.unit_loaded", "the engine's unit as systemd loaded it"
+    want = "loaded from the role's file, nothing to reload, no drop-in; p2pkit.slice, MemoryMax=infinity, its user"
+    if u is None:
+        return []
+    if failed(u):
+        return [unknown(id_, title, u, want)]
+    if not u.get("installed"):
+        return []  # no unit here (the launcher's engine, or the stage not run): the stage's own findings say so
+    problems = []
+    if u.get("LoadState") != "loaded" or u.get("FragmentPath") != u.get("path"):
+        problems.append(f"{u.get('LoadState')} from {u.get('FragmentPath') or 'no file'}, not {u.get('path')}")
+    if u.get("NeedDaemonReload") == "yes":
+        problems.append("its file changed since systemd read it (NeedDaemonReload=yes): it runs the old settings")
+    own = [d for d in (u.get("DropInPaths") or "").split() if f"/{u.get('name')}.d/" in d]  # not the OS's service.d
+    if own:
+        problems.append(f"drop-ins change it: {' '.join(own)}")
+    for key, wanted in (("Slice", "p2pkit.slice"), ("MemoryMax", "infinity"), ("User", u.get("user"))):
+        if u.get(key) != wanted:
+            problems.append(f"{key}={u.get(key) or '(none)'}, not {wanted}")
+    path = next((w.removeprefix("path=") for w in (u.get("ExecStart") or "").split() if w.startswith("path=")), "")
+    return [judge(id_, title, not problems, "; ".join(problems) or f"loaded from {u.get('path')}, {u.get('Slice')}, "
+                  f"MemoryMax={u.get('MemoryMax')}, User={u.get('User')}, runs {path or '?'}", want,
+                  f"`sudo systemctl daemon-reload` (a file edited by hand), remove a drop-in that is not p2pkit's "
+                  f"(`systemctl cat {u.get('name')}` names it), then `p2pkit up --from service --force`",
+                  pitfall="P12" if any(x.startswith("MemoryMax") for x in problems) else "")]
+
+
 def reproved(recorded: dict, now: dict | None, p: Profile) -> list[Check]:
     """What the service artifact claims of the files the role wrote, against the files now (status and the
     gate): each one the proof read is still there with the same sha256. A file this user may not read now (the

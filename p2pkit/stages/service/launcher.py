@@ -59,6 +59,7 @@ def act(ctx, v: dict, *, user: str, argv: list[str] | None = None) -> dict:
     then the engine's start (a restart when the role changed something it reads, or its command line
     changed, while it runs). `argv`: this start's command line (engine_cmd.start_line, computed once by the act)."""
     argv = engine_cmd.argv(ctx.profile) if argv is None else argv
+    refuse_beside_unit(ctx)
     acted = run_playbook(ctx, "service", {**v, "p2pkit_service_manager": "launcher"})
     changed = bool(acted.get("changed"))  # Ansible's own count: the role wrote or made something
     rec_path = launcher.record_path(ctx.host)
@@ -75,6 +76,26 @@ def act(ctx, v: dict, *, user: str, argv: list[str] | None = None) -> dict:
         acted["launcher_stop"] = launcher.stop(rec_path)
     acted["launcher"] = start(ctx, user, argv)
     return acted
+
+
+def refuse_beside_unit(ctx) -> None:
+    """serve.manager = "launcher" on a host where systemd is PID 1 and runs the engine's unit: a second engine
+    would start beside it on the same port ("Address already in use") and hold the same GPUs. Refused before
+    anything is written, naming the unit and both ways out."""
+    from p2pkit.core.errors import Exit, P2pkitError
+    from p2pkit.host import system
+
+    if not launcher.systemd_booted(ctx.host):
+        return
+    unit = system.ENGINE_UNIT
+    pid = system.service_main_pid(ctx.host, unit)
+    if pid is None:
+        return
+    raise P2pkitError(f"serve.manager is \"launcher\" but systemd runs the engine here: {unit} is active (main "
+                      f"pid {pid}); a second engine started beside it would find its port taken and its GPUs held",
+                      hint=f"keep systemd's: drop the setting (`--unset serve.manager`); or stop and disable the unit "
+                           f"first (`systemctl disable --now {unit}`), then `p2pkit up --from service --force`",
+                      code=Exit.USAGE)
 
 
 def start(ctx, service_user: str, argv: list[str] | None = None) -> dict:
