@@ -173,6 +173,8 @@ def state_dir(h: Host) -> Path:
                          hint="name a directory (p2pkit makes it when it is missing), or leave --state-dir out "
                               "for <root>/var/lib/p2pkit")
     trusted(d, "the state directory", "or give --state-dir a directory only root can change")
+    safefs.own(d, base=h.root)  # reached from the host's root (or its parent) without a link (issue 48 item 1)
+    safefs.reach(d)
     return d
 
 

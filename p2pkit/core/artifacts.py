@@ -70,7 +70,7 @@ class Store:
 
     def ensure(self) -> None:
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
+            safefs.makedirs(self.dir)  # never through a link at it or on the way (issue 48 item 1)
         except OSError as e:
             raise state_dir_unwritable(self.dir, e) from e
 

@@ -36,23 +36,40 @@ from pathlib import Path
 from p2pkit.core.errors import UsageError
 
 _mu = threading.Lock()
-_anchors: set[str] = set()
+_anchors: dict[str, str] = {}  # an owned directory -> the directory it is reached from without a link
 DIR_MODE = 0o755
+# The most bytes p2pkit reads from a record it wrote itself (an artifact, profile.json, a backup's manifest,
+# a run's marker): its artifacts are tens of KiB; a link to /dev/zero or a file grown without end is
+# refused at this size, never read whole (issue 48 item 4).
+RECORD_MAX = 16 << 20
 
 
 class LinkRefused(UsageError):
     """A link (or something else that is not p2pkit's plain file) where p2pkit writes."""
 
 
-def own(directory: Path | str) -> None:
-    """From now on, nothing below `directory` (the state directory) is written through a link."""
+def own(directory: Path | str, base: Path | str | None = None) -> None:
+    """From now on, nothing below `directory` (the state directory) is written through a link, and the
+    directory itself is reached from `base` (the host's root, when it holds it; else its own parent)
+    one component at a time without following a link: a link at the state directory, or at any
+    directory between the host's root and it, is refused (issue 48 item 1)."""
+    d = os.path.abspath(directory)
+    b = os.path.abspath(base) if base is not None else ""
+    if not (b and (d == b or d.startswith(b.rstrip("/") + "/"))):
+        b = os.path.dirname(d) or "/"
     with _mu:
-        _anchors.add(os.path.abspath(directory))
+        if d not in _anchors or len(b) < len(_anchors[d]):
+            _anchors[d] = b
 
 
 def _owned(directory: str) -> bool:
     with _mu:
         return directory in _anchors
+
+
+def _base_of(directory: str) -> str | None:
+    with _mu:
+        return _anchors.get(directory)
 
 
 def anchor_of(path: str) -> str:
@@ -67,15 +84,17 @@ def anchor_of(path: str) -> str:
 
 # ------------------------------------------------------------------------------------------ refusals
 
-def _link_refused(path: str, what: str) -> LinkRefused:
+def _link_refused(path: str, what: str, reading: bool = False) -> LinkRefused:
     try:
         target = os.readlink(path)
     except OSError:
         target = None
     shown = f"a symbolic link (to {target})" if target is not None else what
+    did = ("reads its own records and never through a link it did not make, so it read nothing through it"
+           if reading else "writes there as root and never through a link it did not make, so it wrote nothing "
+           "through it")
     return LinkRefused(
-        f"{path} is {shown}: p2pkit writes there as root and never through a link it did not make, so it "
-        "wrote nothing through it",
+        f"{path} is {shown}: p2pkit {did}",
         hint=f"remove it (`rm {path}`) and run the same command again; if you did not make it, find out who "
              f"could write to {os.path.dirname(path) or '/'} (`ls -ld {os.path.dirname(path) or '/'}`)")
 
@@ -129,26 +148,12 @@ def _descend(fd: int, name: str, shown: str, create: bool) -> int:
         raise
 
 
-def parent_fd(path: Path | str, under: Path | str | None = None, create: bool = True,
-              make_anchor: bool = False) -> tuple[int, str]:
-    """(an fd of the path's directory reached without following a link below its anchor, the last
-    component). The caller closes the fd. The directories below the anchor are made when missing;
-    the anchor itself when it is an owned one (the state directory) or `make_anchor`."""
-    p = os.path.abspath(path)
-    anchor = os.path.abspath(under) if under is not None else anchor_of(p)
-    parent, name = os.path.split(p)
-    if not (parent == anchor or parent.startswith(anchor.rstrip("/") + "/")):
-        anchor = parent
+def _walk(fd: int, top: str, rest: str, create: bool) -> int:
+    """Down from the directory `fd` (named `top`) through `rest`, one component at a time without following
+    a link (made 0755 where missing and `create`): the last directory's fd. `fd` is consumed."""
+    shown = top.rstrip("/")
     try:
-        fd = _open_dir(anchor)
-    except FileNotFoundError:
-        if not (create and (make_anchor or _owned(anchor))):
-            raise
-        os.makedirs(anchor, DIR_MODE, exist_ok=True)  # the state directory itself, checked (check_trusted)
-        fd = _open_dir(anchor)
-    shown = anchor.rstrip("/")
-    try:
-        for part in [x for x in parent[len(anchor):].split("/") if x]:
+        for part in [x for x in rest.split("/") if x]:
             shown = f"{shown}/{part}"
             nxt = _descend(fd, part, shown, create)
             os.close(fd)
@@ -156,7 +161,48 @@ def parent_fd(path: Path | str, under: Path | str | None = None, create: bool = 
     except BaseException:
         os.close(fd)
         raise
-    return fd, name
+    return fd
+
+
+def _open_anchor(anchor: str, create: bool) -> int:
+    """The anchor's fd: an owned directory (the state directory) reached from its base without following a
+    link; any other anchor opened as it is named."""
+    base = _base_of(anchor)
+    start = base if base is not None else anchor
+    try:
+        fd = _open_dir(start)
+    except FileNotFoundError:
+        if not create:
+            raise
+        os.makedirs(start, DIR_MODE, exist_ok=True)  # above the anchor: judged by check_trusted
+        fd = _open_dir(start)
+    return fd if base is None else _walk(fd, base, anchor[len(base):], create)
+
+
+def parent_fd(path: Path | str, under: Path | str | None = None, create: bool = True,
+              make_anchor: bool = False) -> tuple[int, str]:
+    """(an fd of the path's directory reached without following a link below its anchor, the last
+    component). The caller closes the fd. The directories below the anchor are made when missing;
+    the anchor itself when it is an owned one (the state directory) or `make_anchor`. An owned anchor
+    is itself reached without a link from its base (own())."""
+    p = os.path.abspath(path)
+    anchor = os.path.abspath(under) if under is not None else anchor_of(p)
+    parent, name = os.path.split(p)
+    if not (parent == anchor or parent.startswith(anchor.rstrip("/") + "/")):
+        anchor = parent
+    fd = _open_anchor(anchor, create and (make_anchor or _owned(anchor)))
+    return _walk(fd, anchor, parent[len(anchor):], create), name
+
+
+def reach(directory: Path | str) -> None:
+    """An owned directory (the state directory), when it is there, reached from its base without following
+    a link: a link at it or on the way is refused (LinkRefused, exit 2) before anything is read or
+    written. Nothing is made."""
+    try:
+        fd = _open_anchor(os.path.abspath(directory), False)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    os.close(fd)
 
 
 def makedirs(path: Path | str, under: Path | str | None = None) -> Path:
@@ -201,22 +247,53 @@ def open_fd(path: Path | str, flags: int, mode: int = 0o644, under: Path | str |
     return fd
 
 
-def read_text(path: Path | str) -> str:
-    """A record p2pkit wrote itself (profile.json, secrets.json, reboots.json), read only from its own
-    plain file: a link there is refused (exit 2, naming it), never read through. FileNotFoundError as
-    open() raises it."""
+def read_bytes(path: Path | str, limit: int = RECORD_MAX, under: Path | str | None = None) -> bytes:
+    """A record p2pkit wrote itself (an artifact, profile.json, a run's marker, a backup's manifest), read
+    only as its own regular file of at most `limit` bytes: never through a link (at the file, or among the
+    directories below its anchor), never waiting (opened O_NONBLOCK, then fstat: a FIFO, a device or a
+    directory is refused before a byte is read), never more than `limit` bytes (a link to /dev/zero, a file
+    grown without end). FileNotFoundError as open() raises it; LinkRefused (exit 2) naming what is there."""
     p = os.path.abspath(path)
+    dfd, name = parent_fd(p, under, create=False)
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise _link_refused(p, "a symbolic link") from None
+            raise _link_refused(p, "a symbolic link", reading=True) from None
+        e.filename = p
         raise
+    finally:
+        os.close(dfd)
     with os.fdopen(fd, "rb") as fh:
         st = os.fstat(fh.fileno())
         if not stat.S_ISREG(st.st_mode):
-            raise _not_plain(p, st)
-        return fh.read().decode("utf-8")
+            raise _unreadable(p, f"not a regular file ({_kind(st.st_mode)})")
+        data = fh.read(limit + 1) if st.st_size <= limit else b""
+        if st.st_size > limit or len(data) > limit:
+            raise _unreadable(p, f"{max(st.st_size, len(data))} bytes or more, larger than the {limit} bytes "
+                                 "a record of p2pkit's may be")
+    return data
+
+
+def read_text(path: Path | str, limit: int = RECORD_MAX) -> str:
+    """read_bytes() as UTF-8 text (a record p2pkit wrote: profile.json, secrets.json, reboots.json)."""
+    return read_bytes(path, limit).decode("utf-8")
+
+
+def is_file(path: Path | str) -> bool:
+    """Whether a regular file is there, the name itself not followed (a link is not p2pkit's file)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _unreadable(path: str, what: str) -> LinkRefused:
+    return LinkRefused(
+        f"{path} is {what}: p2pkit reads its records only from its own regular files, never waiting on one "
+        "and never more than a record may hold, so it read nothing from it",
+        hint=f"remove it (`rm -r {path}`) and run the same command again; if you did not make it, find out who "
+             f"could write to {os.path.dirname(path) or '/'}")
 
 
 def _is_link(name: str, dfd: int) -> bool:
