@@ -99,8 +99,8 @@ def running_now(store: Store) -> dict | None:
     if holder is None or (holder == str(os.getpid()) and not _ACTING):  # this run's lock, no stage acted on yet:
         return None  # a marker there is a killed run's
     try:
-        doc = json.loads((store.dir / RUNNING_FILE).read_text())
-    except (OSError, ValueError):
+        doc = json.loads(safefs.read_bytes(store.dir / RUNNING_FILE))  # never a FIFO's wait (issue 48 item 4)
+    except (OSError, ValueError, safefs.LinkRefused):
         return None
     return {**doc, "pid": holder} if isinstance(doc, dict) else None
 
@@ -113,8 +113,8 @@ def killed_marker(store: Store) -> dict | None:
     """The marker of the stage a run was acting on, left when that run was killed (its own run removes it
     in any other ending); read only when no run holds the lock (running_now)."""
     try:
-        doc = json.loads((store.dir / RUNNING_FILE).read_text())
-    except (OSError, ValueError):
+        doc = json.loads(safefs.read_bytes(store.dir / RUNNING_FILE))  # never a FIFO's wait (issue 48 item 4)
+    except (OSError, ValueError, safefs.LinkRefused):
         return None
     return doc if isinstance(doc, dict) else None
 
@@ -322,8 +322,8 @@ def run_stage(ctx: Ctx, st: Stage, prev_name: str | None) -> dict:
 def _killed_acting(marker: Path, stage: str) -> bool:
     """A run was killed while acting on this stage: its marker is still there (the lock is ours now)."""
     try:
-        return json.loads(marker.read_text()).get("stage") == stage
-    except (OSError, ValueError, AttributeError):
+        return json.loads(safefs.read_bytes(marker)).get("stage") == stage
+    except (OSError, ValueError, AttributeError, safefs.LinkRefused):
         return False
 
 
