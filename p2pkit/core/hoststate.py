@@ -43,6 +43,8 @@ def canonical_source(source: str) -> str:
 
 def recorded_profile(state_dir: Path) -> dict | None:
     path = Path(state_dir) / PROFILE_FILE
+    if safefs.is_file(path) and safefs.place_untrusted(path):  # what another user could write is never read (issue 48)
+        safefs.check_trusted(path, "the recorded profile", REWRITE_HINT.format(path=path))
     try:
         doc = json.loads(safefs.read_text(path))  # never through a link (issue 40)
     except FileNotFoundError:

@@ -392,13 +392,21 @@ def check_trusted(path: Path | str, what: str, fix: str = "") -> None:
     """Refuse (exit 2) a `path` that someone other than root or the running user could change or
     replace: the path itself (when it exists) and every directory from / to it, links followed as
     the kernel follows them. What does not exist yet is not judged (p2pkit makes it 0755)."""
+    found = first_untrusted(path)
+    if found:
+        raise _distrusted(*found, what, fix)
+
+
+def first_untrusted(path: Path | str) -> tuple[str, os.stat_result, str] | None:
+    """(the first of `path` and the directories from / to it that another user could change, its stat, why), or
+    None: check_trusted's judgement without the error."""
     me = os.geteuid()
     todo = [x for x in os.path.abspath(path).split("/") if x]
     cur, hops = "/", 0
     st = os.stat("/")
     why = _untrusted(st, me, passing=bool(todo))
     if why:
-        raise _distrusted("/", st, why, what, fix)
+        return "/", st, why
     while todo:
         part = todo.pop(0)
         if part == ".":
@@ -410,15 +418,15 @@ def check_trusted(path: Path | str, what: str, fix: str = "") -> None:
         try:
             st = os.lstat(here)
         except FileNotFoundError:
-            return
+            return None
         except OSError:
-            return  # unreadable: the open that follows says why
+            return None  # unreadable: the open that follows says why
         if stat.S_ISLNK(st.st_mode):
             hops += 1
             if hops > 40:
-                return
+                return None
             if st.st_uid not in (0, me):  # a link made by another user (in a sticky /tmp, say)
-                raise _distrusted(here, st, f"is a symbolic link owned by {_who(st.st_uid)}", what, fix)
+                return here, st, f"is a symbolic link owned by {_who(st.st_uid)}"
             target = os.readlink(here)
             if target.startswith("/"):
                 cur = "/"
@@ -426,8 +434,14 @@ def check_trusted(path: Path | str, what: str, fix: str = "") -> None:
             continue
         why = _untrusted(st, me, passing=bool(todo))
         if why:
-            raise _distrusted(here, st, why, what, fix)
+            return here, st, why
         cur = here
+    return None
+
+
+def distrusted(found: tuple[str, os.stat_result, str], what: str, fix: str = "") -> UsageError:
+    """first_untrusted's finding as check_trusted's refusal."""
+    return _distrusted(*found, what, fix)
 
 
 def _distrusted(path: str, st: os.stat_result, why: str, what: str, fix: str) -> UsageError:
@@ -443,3 +457,68 @@ def _distrusted(path: str, st: os.stat_result, why: str, what: str, fix: str) ->
         f"{what}: {path} {why} ({owner}, {mode}): p2pkit runs as root and reads and writes there, so another "
         "user could make it write where they choose; nothing was read or written",
         hint=f"{cure}, then run the same command again" + (f"; {fix}" if fix else ""))
+
+
+# ------------------------------------------------------------------------------------ what root later uses
+
+def place_untrusted(path: Path | str, owners: tuple[int, ...] = ()) -> str | None:
+    """Why a place p2pkit wrote (a file or directory root later executes, loads or hands to a service) may
+    not be trusted now: owned by someone other than root, the running user or `owners` (the engine's account
+    where it owns its directory), or writable by its group (unless root's) or by every user; None when it is
+    fine or not there (issue 48 item 2). The message names the path, its owner and mode."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    me = os.geteuid()
+    if st.st_uid not in (0, me, *owners):
+        why = f"is owned by {_who(st.st_uid)}"
+    elif st.st_mode & stat.S_IWOTH:
+        why = "is writable by every user"
+    elif st.st_mode & stat.S_IWGRP and st.st_gid != 0 and st.st_uid not in owners:
+        why = f"is writable by group {_group(st.st_gid)}"
+    else:
+        return None
+    return f"{path} {why} ({_who(st.st_uid)}:{_group(st.st_gid)}, {stat.filemode(st.st_mode)})"
+
+
+def repair_place(path: Path | str, owners: tuple[int, ...] = ()) -> str | None:
+    """A place p2pkit wrote made root's again: no group or other write, owned by root where its owner is not
+    root, the running user or `owners`; opened without following a link (a link there is item 1's refusal).
+    What was done, or None where nothing was wrong."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        done = []
+        if st.st_uid not in (0, os.geteuid(), *owners):
+            os.fchown(fd, 0, 0)
+            done.append(f"owner {_who(st.st_uid)}:{_group(st.st_gid)} -> root:root")
+            st = os.fstat(fd)
+        if st.st_mode & stat.S_IWOTH or (st.st_mode & stat.S_IWGRP and st.st_gid != 0 and st.st_uid not in owners):
+            os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~0o022)
+            done.append(f"mode {stat.filemode(st.st_mode)} -> {stat.filemode(os.fstat(fd).st_mode)}")
+        return f"{path}: {', '.join(done)}" if done else None
+    finally:
+        os.close(fd)
+
+
+def repair_tree(top: Path | str, limit: int = 200000) -> list[str]:
+    """repair_place over a directory p2pkit made and everything in it (links never followed nor changed)."""
+    out = []
+    seen = 0
+    for d, dirs, files in os.walk(top, followlinks=False):
+        for name in [*dirs, *files]:
+            seen += 1
+            if seen > limit:
+                return out
+            p = os.path.join(d, name)
+            try:
+                st = os.lstat(p)
+            except OSError:
+                continue
+            if (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)) and (done := repair_place(p)):
+                out.append(done)
+    return out
