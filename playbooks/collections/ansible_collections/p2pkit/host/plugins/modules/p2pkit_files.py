@@ -401,16 +401,23 @@ def main() -> None:
             probed[entry.get("name") or entry.get("path")] = probe(root, entry)
         except (OSError, ValueError, re.error) as e:
             fail(f"p2pkit_files: probe {entry.get('name')}: {e}", changed_paths=changed)
-    for entry in params["files"]:  # every link refused before the first write
+    refused: list[Refused] = []
+    for entry in params["files"]:  # every link refused before the first write, all of them named at once
         rel = entry.get("path", "")
         if not rel.startswith("/"):
             fail(f"p2pkit_files: path {rel!r} is not absolute")
         try:
             _checked(root, rel, entry.get("state") or "file")
         except Refused as e:
-            fail(str(e), changed_paths=changed, probed=probed, p2pkit_refused={"path": e.path, "hint": e.hint})
+            if all(e.path != r.path for r in refused):
+                refused.append(e)
         except (OSError, ValueError) as e:
             fail(f"{rel}: {e}", changed_paths=changed, probed=probed)
+    if refused:
+        hint = refused[0].hint if len(refused) == 1 else (
+            f"remove them (`rm {' '.join(r.path for r in refused)}`) and run the same command again")
+        fail("; ".join(str(r) for r in refused), changed_paths=changed, probed=probed,
+             p2pkit_refused={"path": refused[0].path, "paths": [r.path for r in refused], "hint": hint})
     for entry in params["files"]:
         rel = entry.get("path", "")
         try:
