@@ -399,6 +399,7 @@ def run_stage(ctx: Ctx, st: Stage, prev_name: str | None) -> dict:
     resumed = old if old and old.get("status") == REBOOT and \
         old.get("reboot", {}).get("boot_id") != identity(ctx.host)["boot_id"] else None
     marker = ctx.store.dir / RUNNING_FILE
+    ctx.options["previous_artifact"] = old  # what the stage's last run recorded (its act compares its outputs)
     gate = gate_applies(ctx, st, old, _killed_acting(marker, st.name))
     if repaired and gate is None:
         gate = f"repaired what another user could change ({repaired[0]}): proved again by acting"

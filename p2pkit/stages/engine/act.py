@@ -10,6 +10,7 @@ libraries are checked (P05, P06); a refused precondition never reaches CMake."""
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shutil
 import time
@@ -311,8 +312,30 @@ def act(ctx) -> dict:
     if e.recipe == "vllm":  # nothing to build yet: the recipe of seed 004 is not automated (P21)
         ctx.options["engine_build"] = _vllm_facts(ctx)
         return {"built": False, "note": f"vLLM is used as installed at {e.python}; p2pkit proves it"}
+    aside = changed_binary_aside(ctx)
     ctx.options["engine_build"] = build(ctx)
-    return {"dependencies": ctx.options["engine_build"].pop("dependencies"), "log": ctx.options["engine_build"]["log"]}
+    return {"dependencies": ctx.options["engine_build"].pop("dependencies"), "log": ctx.options["engine_build"]["log"],
+            **({"moved_aside": aside} if aside else {})}
+
+
+def changed_binary_aside(ctx) -> str | None:
+    """The binary the last build hashed (the artifact before this run), no longer those bytes (an edit with its
+    mtime kept: Ninja rebuilds nothing): moved aside under a name of its own, kept and named, so the build links
+    it again whatever the mtimes say (issue 48 item 3). None where it is unchanged or was never recorded."""
+    was = ((((ctx.options.get("previous_artifact") or {}).get("facts") or {}).get("engine_build") or {})
+           .get("binary") or {})
+    exe = ctx.host.path(binary(ctx.profile))
+    if not isinstance(was, dict) or not was.get("sha256") or not exe.is_file() or exe.is_symlink() \
+            or system.file_identity(exe) == was.get("identity"):
+        return None
+    if hashlib.sha256(exe.read_bytes()).hexdigest() == was["sha256"]:
+        return None
+    aside = exe.with_name(f"{exe.name}.changed-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+    os.rename(exe, aside)
+    said = (f"{exe} no longer matches the sha256 of the last build ({was['sha256'][:12]}...): moved aside to "
+            f"{aside} (kept) and built again")
+    ctx.out.warn(f"[engine] {said}")
+    return said
 
 
 COMMON_ROLE = "p2pkit_common"
