@@ -5,6 +5,7 @@ starts with '-'; a value over its bound is refused as it is read, named by its s
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -87,3 +88,21 @@ def test_a_long_value_is_named_by_its_size_in_the_command_a_refusal_prints(cli):
             "dual-5090-ninfer")
     assert r.code == 2 and "serve.port" in r.err, r.err[:600]
     assert "yyyyyyyyyy" not in r.err and "<your value of 50000 bytes>" in r.err, r.err[:2000]
+
+
+def test_a_link_above_the_models_directory_leading_out_is_refused_the_directory_itself_may_be_one(cli, tmp_path):
+    """The campaign found it: a link at /srv (to a directory outside) had the model converted into its target;
+    the containment rule resolved both sides through it. The models directory itself may still be a link (the
+    models on another disk)."""
+    root = make_sim(tmp_path / "host")
+    away = tmp_path / "elsewhere"
+    (away / "models").mkdir(parents=True)
+    if (root / "srv").exists():
+        os.rename(root / "srv", tmp_path / "srv-moved")
+    (root / "srv").symlink_to(away)
+    r = cli("--root", str(root), "plan")
+    assert r.code == 2 and f"leaves / through the link /srv (to {away})" in r.err, r.err
+    (root / "srv").unlink()
+    (root / "srv/models").parent.mkdir()
+    (root / "srv/models").symlink_to(away / "models")
+    assert cli("--root", str(root), "plan").code in (0, 1)

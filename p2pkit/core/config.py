@@ -844,10 +844,13 @@ def models_dir(p: Profile) -> str:
     return common if common != "/" else out_dir
 
 
-def escaping_paths(p: Profile, realpath, state_dir: str | None = None) -> list[tuple[str, str]]:
+def escaping_paths(p: Profile, realpath, state_dir: str | None = None, kernel_realpath=None) -> list[tuple[str, str]]:
     """(key, why) for every profile path in CONTAINED and path_flags(), and each of STATE_PATHS under
     `state_dir`, that a symlink leads out of the directory it belongs to. `realpath`: the host's
-    (Host.realpath)."""
+    (Host.realpath); `kernel_realpath`: where a host path leads when p2pkit's own writes follow it on this
+    machine (a simulated host's link to an absolute path leaves its root; the host's view reads it chrooted),
+    judged for the directories p2pkit makes and fills (default: `realpath`)."""
+    kernel_realpath = kernel_realpath or realpath
     out = []
     named = [(k, getattr(getattr(p, k.split(".")[0]), k.split(".")[1]), None) for k in CONTAINED]
     named = [(k, path, models_dir(p) if k == "model.output" else under) for k, path, under in named]
@@ -860,7 +863,13 @@ def escaping_paths(p: Profile, realpath, state_dir: str | None = None) -> list[t
         path = path.rstrip("/") or "/"
         why = leads_out(realpath, path, under or path.rpartition("/")[0] or "/")
         real = realpath(path)
-        if not why and key in MADE_DIRS and (left := leaves_through_link(realpath, path)):
+        if not why and key == "model.output" and (left := leaves_through_link(kernel_realpath, posixpath.dirname(
+                models_dir(p)))):  # the models directory itself may be a link (another disk); above it, none leads out
+            out.append((key, f"{path} leaves {left[0]} through the link {left[1]} (to {left[2]}): p2pkit writes the "
+                             "model as root only where no link above the models directory leads out of its directory; "
+                             "remove the link, or make the models directory itself the link (issue 48)"))
+            continue
+        if not why and key in MADE_DIRS and (left := leaves_through_link(kernel_realpath, path)):
             out.append((key, f"{path} leaves {left[0]} through the link {left[1]} (to {left[2]}): p2pkit makes and "
                              f"fills {MADE_DIRS[key]} as root only where no link leads out of its directory; give "
                              f"{key} the real path ({real}) or remove the link (issue 48)"))
