@@ -41,7 +41,7 @@ description:
   - Every directory below the root is reached one component at a time without following a link (openat with
     O_NOFOLLOW from the root's descriptor); a link at a path it writes or on the way is refused, nothing
     written through it (the result's p2pkit_refused names it). state=checked writes nothing and refuses a
-    link at the path (where a later task writes: a checkout, a build tree).
+    link at the path (where a later task writes, such as a checkout or a build tree).
 options:
   root:
     description: Prefix for every path (a simulated host's root); empty on a real host.
