@@ -40,7 +40,7 @@ LAYERS: list[tuple[str, list[list[str]]]] = [
                ["p2pkit.facts.probes", "p2pkit.facts.shapes", "p2pkit.facts"]]),
     # an engine module per recipe (rules/engines/): its flags, argv, refusals and fit rules; the package plugs
     # them into core/config.py when it is imported (config names no engine)
-    ("rules", [["p2pkit.rules.engine_cmd", "p2pkit.rules.engine_env"],
+    ("rules", [["p2pkit.rules.places"], ["p2pkit.rules.engine_cmd", "p2pkit.rules.engine_env"],
                ["p2pkit.rules.engines"],
                [f"p2pkit.rules.engines.{e}" for e in ENGINE_MODULES],
                ["p2pkit.rules.engines.flags", "p2pkit.rules.engines.served"],

@@ -25,6 +25,7 @@ from p2pkit.core.output import Output
 from p2pkit.facts import collect as facts
 from p2pkit.host import Host
 from p2pkit.host.system import identity
+from p2pkit.rules import places
 from p2pkit.rules.findings import ERROR, FAIL, PENDING, SKIP, WARN, Check, unanswered, worst
 from p2pkit.stages import Stage, registry
 
@@ -100,8 +101,8 @@ def running_now(store: Store) -> dict | None:
     if holder is None or (holder == str(os.getpid()) and not _ACTING):  # this run's lock, no stage acted on yet:
         return None  # a marker there is a killed run's
     try:
-        doc = json.loads((store.dir / RUNNING_FILE).read_text())
-    except (OSError, ValueError):
+        doc = json.loads(safefs.read_bytes(store.dir / RUNNING_FILE))  # never a FIFO's wait (issue 48 item 4)
+    except (OSError, ValueError, safefs.LinkRefused):
         return None
     return {**doc, "pid": holder} if isinstance(doc, dict) else None
 
@@ -114,8 +115,8 @@ def killed_marker(store: Store) -> dict | None:
     """The marker of the stage a run was acting on, left when that run was killed (its own run removes it
     in any other ending); read only when no run holds the lock (running_now)."""
     try:
-        doc = json.loads((store.dir / RUNNING_FILE).read_text())
-    except (OSError, ValueError):
+        doc = json.loads(safefs.read_bytes(store.dir / RUNNING_FILE))  # never a FIFO's wait (issue 48 item 4)
+    except (OSError, ValueError, safefs.LinkRefused):
         return None
     return doc if isinstance(doc, dict) else None
 
@@ -132,7 +133,7 @@ def _state_of(ctx: Ctx, st: Stage, prev: StageState | None, ident: dict, recheck
         return _no_artifact(ctx, st, prev)
     seen = _Seen(ctx, st, doc, prev, ident)
     for step in (_written_elsewhere, _kernel_changed, _waits_for_reboot, _not_passed, _earlier_not_done,
-                 _profile_changed, _chain_broken, _not_applicable):
+                 _profile_changed, _chain_broken, _places_untrusted, _not_applicable):
         if (state := step(seen)) is not None:
             return state
     if not recheck:
@@ -222,6 +223,95 @@ def _chain_broken(s: _Seen) -> StageState | None:
         return s.stale(f"chain broken: {prev.stage} ran again at {_when(again)}, after this stage was proven on its "
                        f"earlier artifact ({_when(proven)}): prove it again (it acts only where its proof fails)")
     return s.stale(f"chain broken: {prev.stage}'s artifact changed since")
+
+
+def _places(ctx: Ctx, st: Stage) -> list[tuple[places.Place, Path, tuple[int, ...]]]:
+    """The stage's places (rules/places.py) as paths on this machine, each with the owners besides root it may
+    have (the engine's account for its working directory)."""
+    state = ctx.host.host_path(ctx.store.dir)
+    out = []
+    for pl in places.places(st.name, ctx.profile, state):
+        real = ctx.store.dir / pl.path[len(state) + 1:] if pl.path.startswith(state + "/") else \
+            ctx.host.path(pl.path)
+        out.append((pl, real, _engine_uid(ctx) if pl.engine_owned else ()))
+    return out
+
+
+def _engine_uid(ctx: Ctx) -> tuple[int, ...]:
+    """The engine's account's uid on this host (its /etc/passwd), where it has one."""
+    from p2pkit.host import system
+
+    try:
+        for line in ctx.host.path("/etc/passwd").read_text(errors="replace").split("\n"):
+            f = line.split(":")
+            if len(f) > 3 and f[0] == system.ENGINE_USER and f[2].isdigit():
+                return (int(f[2]),)
+    except OSError:
+        pass
+    return ()
+
+
+def untrusted_places(ctx: Ctx, st: Stage) -> tuple[list[str], list[str]]:
+    """(the stage's places that another user could change now, each with its owner and mode; the directories above
+    them that are not p2pkit's and another user could change, as safefs.check_trusted names them)."""
+    found = _places(ctx, st)
+    ours = {str(real) for _, real, _ in found}
+    mine, above, judged = [], [], set()
+    for pl, real, owners in found:
+        why = safefs.place_untrusted(real, owners)
+        if why:
+            mine.append(f"{pl.what}: {why}")
+        bad = _above(real, judged, ours)
+        if bad:
+            above.append(safefs.distrusted(bad, f"above {pl.what}").message)
+    return mine, above
+
+
+def _above(real: Path, judged: set[str], ours: set[str]):
+    """The first directory above a place (from /) that another user could change and that is not itself one of
+    the stage's places (those are repaired, never refused), or None; each directory judged once."""
+    parent = str(real.parent)
+    if parent in judged or not os.path.lexists(real):
+        return None
+    judged.add(parent)
+    bad = safefs.first_untrusted(parent)
+    return None if bad is None or bad[0] in ours else bad
+
+
+def _places_untrusted(s: _Seen) -> StageState | None:
+    """What root later runs, loads or hands to the service, another user could change (issue 48 item 2): not
+    proven any more. `up` repairs what the stage wrote and refuses a directory above it that is not p2pkit's."""
+    mine, above = untrusted_places(s.ctx, s.st)
+    if above:
+        return s.stale(f"{above[0]}: fix it, then `p2pkit up` proves the stage again")
+    if mine:
+        return s.stale(f"{'; '.join(mine[:3])}: `{command(s.ctx, 'up')}` repairs it (p2pkit wrote it) and proves "
+                       "the stage again")
+    return None
+
+
+def secure_places(ctx: Ctx, st: Stage) -> list[str]:
+    """Before a stage acts: each place it wrote is repaired (owner root, no group or other write; the engine's
+    checkout as a whole tree), the shallowest first, each repair said; then a directory above one of them that is
+    not p2pkit's and another user could change is refused (exit 2: path, owner, mode and fix). What was
+    repaired."""
+    found = sorted(_places(ctx, st), key=lambda x: len(x[1].parts))
+    ours = {str(real) for _, real, _ in found}
+    repaired: list[str] = []
+    for pl, real, owners in found:
+        done = safefs.repair_place(real, owners)
+        if done:
+            repaired.append(done)
+        if pl.tree and real.is_dir() and not real.is_symlink():
+            repaired += safefs.repair_tree(real)
+    judged: set[str] = set()
+    for pl, real, _ in found:
+        bad = _above(real, judged, ours)
+        if bad:
+            raise safefs.distrusted(bad, f"above {pl.what}", f"p2pkit then repairs {real} itself")
+    for r in repaired:
+        ctx.out.warn(f"[{st.name}] repaired what another user could change: {r}")
+    return repaired
 
 
 def _not_applicable(s: _Seen) -> StageState | None:
@@ -315,14 +405,19 @@ def run_stage(ctx: Ctx, st: Stage, prev_name: str | None) -> dict:
     A stage that asked for a reboot and runs again after it proves first: when its proof holds, what
     it did before the reboot stands and it does not act again (its artifact keeps that pass)."""
     ctx.store.ensure()
+    repaired = secure_places(ctx, st)  # issue 48 item 2: before anything of the stage's is read or used
     try:
-        old = ctx.store.read(st.name)
+        old = ctx.store.read(st.name) if not any(r.startswith(str(ctx.store.path(st.name))) for r in repaired) \
+            else None  # an artifact another user could write is not read as proven
     except CorruptArtifact:
         old = None
     resumed = old if old and old.get("status") == REBOOT and \
         old.get("reboot", {}).get("boot_id") != identity(ctx.host)["boot_id"] else None
     marker = ctx.store.dir / RUNNING_FILE
+    ctx.options["previous_artifact"] = old  # what the stage's last run recorded (its act compares its outputs)
     gate = gate_applies(ctx, st, old, _killed_acting(marker, st.name))
+    if repaired and gate is None:
+        gate = f"repaired what another user could change ({repaired[0]}): proved again by acting"
     ctx.store.delete(st.name)
     started = now()
     _ACTING.add(st.name)
@@ -337,8 +432,8 @@ def run_stage(ctx: Ctx, st: Stage, prev_name: str | None) -> dict:
 def _killed_acting(marker: Path, stage: str) -> bool:
     """A run was killed while acting on this stage: its marker is still there (the lock is ours now)."""
     try:
-        return json.loads(marker.read_text()).get("stage") == stage
-    except (OSError, ValueError, AttributeError):
+        return json.loads(safefs.read_bytes(marker)).get("stage") == stage
+    except (OSError, ValueError, AttributeError, safefs.LinkRefused):
         return False
 
 

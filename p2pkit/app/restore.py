@@ -13,6 +13,7 @@ import json
 import os
 
 from p2pkit.app import pipeline
+from p2pkit.core import safefs
 from p2pkit.core.artifacts import atomic_write
 from p2pkit.core.errors import Exit
 from p2pkit.core.lock import state_lock
@@ -79,8 +80,7 @@ def restore(ctx, kernel: str | None = None) -> tuple[Exit, dict]:
         record["next"] = next_command(ctx) if code == Exit.OK else None
         record["finished"] = pipeline.now()
         record["exit_code"] = int(code)
-        d = ctx.store.dir / "restore"
-        d.mkdir(parents=True, exist_ok=True)
+        d = safefs.makedirs(ctx.store.dir / "restore")  # no link on the way (issue 48 item 1)
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
         atomic_write(d / f"{stamp}.json", (json.dumps(record, indent=2, default=str) + "\n").encode())
     return code, record
@@ -164,7 +164,7 @@ def _stop_engine(ctx) -> bool:
 
     if not ctx.host.path(system.ENGINE_UNIT_FILE).is_file() or not unit_alive(ctx.host):
         return False
-    engine_mark(ctx).parent.mkdir(parents=True, exist_ok=True)
+    safefs.makedirs(engine_mark(ctx).parent)
     said = f"{system.ENGINE_UNIT} was running when restore (pid {os.getpid()}) stopped it\n"
     atomic_write(engine_mark(ctx), said.encode())
     return _engine(ctx, "stop")

@@ -10,6 +10,7 @@ import datetime as dt
 import json
 
 from p2pkit.app import pipeline
+from p2pkit.core import safefs
 from p2pkit.core.artifacts import atomic_write
 from p2pkit.core.errors import Exit, GateError, P2pkitError, ProbeError
 from p2pkit.core.lock import state_lock
@@ -255,7 +256,6 @@ def apply(ctx, stage: str) -> dict:
                   "next": pipeline.command(ctx, "rollback", "driver", "--yes")
                   if stage == "p2p-module" and Backup(ctx.store.dir, "driver", ctx.host).manifest_path.exists()
                   else None}
-        d = ctx.store.dir / "rollback"
-        d.mkdir(parents=True, exist_ok=True)
+        d = safefs.makedirs(ctx.store.dir / "rollback")  # no link on the way (issue 48 item 1)
         atomic_write(d / f"{stamp}-{stage}.json", (json.dumps(record, indent=2) + "\n").encode())
         return record

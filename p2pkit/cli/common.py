@@ -98,9 +98,15 @@ def refuse_repeated_sets(overrides: tuple[str, ...]) -> None:
         key = ".".join(parts)
         value = item.partition("=")[2].strip()
         if key in seen and seen[key] != value:
-            raise UsageError(f"--set {key} is given twice with different values: {seen[key]!r} and {value!r}",
+            raise UsageError(f"--set {key} is given twice with different values: {_cut(seen[key])} and "
+                             f"{_cut(value)}",
                              hint=f"keep the one you mean (`--set {key}=VALUE` once); nothing was done")
         seen[key] = value
+
+
+def _cut(value: str) -> str:
+    """A value as an error shows it: whole when short, else cut and named by its size (never echoed whole)."""
+    return repr(value) if len(value) <= 80 else config.shown(value)
 
 
 def output_file(option: str, path: Path | None, remote: bool = False) -> Path | None:
@@ -183,7 +189,16 @@ def state_dir(h: Host) -> Path:
         raise UsageError(f"{given}{d} is not a directory",
                          hint="name a directory (p2pkit makes it when it is missing), or leave --state-dir out "
                               "for <root>/var/lib/p2pkit")
+    sysdir = config.system_dir(h.host_path(d))
+    if OPTS.state_dir and (sysdir or h.host_path(d).count("/") == 1):  # issue 48 item 5
+        where = "/ itself" if sysdir == "/" else f"in the system directory {sysdir}" if sysdir else \
+            "a top-level directory itself"
+        raise UsageError(f"--state-dir {d} is {where}: p2pkit makes and fills the state directory as root",
+                         hint="give --state-dir a directory of its own (like /var/lib/p2pkit, the default); nothing "
+                              "was done")
     trusted(d, "the state directory", "or give --state-dir a directory only root can change")
+    safefs.own(d, base=h.root)  # reached from the host's root (or its parent) without a link (issue 48 item 1)
+    safefs.reach(d)
     return d
 
 
@@ -215,7 +230,8 @@ def profile(h: Host | None = None) -> config.Profile:
 def contained(p: config.Profile, h: Host) -> config.Profile:
     """The profile's paths (and the state directory's) checked on this host: a symlink that leads
     out of the directory a path belongs to is refused before anything is written (exit 2)."""
-    problems = config.escaping_paths(p, h.realpath, h.host_path(state_dir(h)))
+    problems = config.escaping_paths(p, h.realpath, h.host_path(state_dir(h)),
+                                     kernel_realpath=lambda x: os.path.realpath(h.path(x)))
     if problems:
         raise ProfileError(p.source, problems)
     return p

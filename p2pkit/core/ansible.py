@@ -165,6 +165,11 @@ def run_playbook(ctx, stage: str, extra: dict, check_mode: bool = False, secret_
         summary.update(dict(zip(("ok", "changed", "unreachable", "failed", "skipped"), map(int, m.groups()))))
     if res.returncode != 0:
         found = failed_line(res.stdout + res.stderr)
+        refused = _result(found[1]).get("p2pkit_refused") if found else None
+        if isinstance(refused, dict):  # a link where p2pkit's own module writes (issue 48 item 1): exit 2
+            raise safefs.LinkRefused(str(_result(found[1]).get("msg") or refused.get("path")),
+                                     hint=f"{refused.get('hint', '')}; the {stage} playbook stopped there (task "
+                                          f"'{found[0]}'), the full log is {log}")
         hint = f"nothing after the failed task ran; the full log is {log}"
         if found and argument_spec_refusal(_result(found[1])):
             hint = (f"the role checks its variables before its first task, so nothing on the host was changed; "

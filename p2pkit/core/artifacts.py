@@ -48,9 +48,11 @@ def read_json(path: Path, what: str, fix: str) -> Any:
     """A JSON file p2pkit wrote earlier, read defensively: missing is None; unreadable, not UTF-8 or
     not JSON is a CorruptArtifact naming the file and the fix (never a traceback)."""
     try:
-        return json.loads(Path(path).read_bytes().decode("utf-8"))
+        return json.loads(safefs.read_bytes(path).decode("utf-8"))
     except FileNotFoundError:
         return None
+    except safefs.LinkRefused as e:  # a link, a FIFO, a device, a directory, a file without end (issue 48 item 4)
+        raise CorruptArtifact(f"{what}: {e.message}", hint=fix) from e
     except (OSError, ValueError) as e:
         raise CorruptArtifact(f"{what} {path} cannot be read: {e}", hint=fix) from e
 
@@ -70,7 +72,7 @@ class Store:
 
     def ensure(self) -> None:
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
+            safefs.makedirs(self.dir)  # never through a link at it or on the way (issue 48 item 1)
         except OSError as e:
             raise state_dir_unwritable(self.dir, e) from e
 
@@ -78,22 +80,32 @@ class Store:
         return self.dir / f"{stage}.json"
 
     def exists(self, stage: str) -> bool:
-        return self.path(stage).is_file()
+        return safefs.is_file(self.path(stage))  # a link there is not p2pkit's artifact
 
     def digest(self, stage: str) -> str | None:
         import hashlib
 
         try:
-            return hashlib.sha256(self.path(stage).read_bytes()).hexdigest()
-        except FileNotFoundError:
+            return hashlib.sha256(safefs.read_bytes(self.path(stage))).hexdigest()
+        except (FileNotFoundError, NotADirectoryError):
             return None
+        except (OSError, safefs.LinkRefused):
+            return "unreadable"  # what no chain holds: the stage after it is stale, never an error here
 
     def read(self, stage: str) -> dict[str, Any] | None:
+        """The stage's artifact, or None where there is none. Read only as p2pkit's own regular file of a
+        record's size without waiting (issue 48 item 4): a link, a FIFO, a device, a directory or a file
+        without end is a CorruptArtifact that says what is there (the stage is stale with that reason, and
+        `up` redoes it), never a hang, a read without end or an internal error."""
         p = self.path(stage)
         try:
-            doc = json.loads(p.read_text())
-        except FileNotFoundError:
+            doc = json.loads(safefs.read_bytes(p).decode("utf-8"))
+        except (FileNotFoundError, NotADirectoryError):
             return None
+        except safefs.LinkRefused as e:
+            raise CorruptArtifact(f"artifact {e.message}",
+                                  hint=f"run `p2pkit up --from {stage} --force` to redo that stage (it replaces "
+                                       "what is there; a directory you remove first)") from e
         except (OSError, ValueError) as e:
             raise CorruptArtifact(f"artifact {p} cannot be read: {e}",
                                   hint=f"run `p2pkit up --from {stage} --force` to redo that stage") from e
@@ -107,10 +119,17 @@ class Store:
         return doc
 
     def delete(self, stage: str) -> None:
+        """The artifact removed (a link or a FIFO there is removed as a name, nothing behind it touched); a
+        directory there is not p2pkit's to remove: a UsageError (exit 2) naming it and the fix."""
+        p = self.path(stage)
         try:
-            self.path(stage).unlink()
+            p.unlink()
         except FileNotFoundError:
             pass
+        except IsADirectoryError as e:
+            raise UsageError(f"the artifact {p} is a directory: p2pkit keeps a stage's artifact as one file and "
+                             "removes no directory it did not make, so nothing was done",
+                             hint=f"remove it (`rm -r {p}`) and run the same command again") from e
 
     def write(self, stage: str, doc: dict[str, Any]) -> Path:
         """The artifact with its own digest inside (an edit is seen by whoever reads it, the last

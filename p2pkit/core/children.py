@@ -159,13 +159,16 @@ def kill(pgid: int, token: str | None, leader_start: int | None = None) -> list[
 def reap_leftovers(path: Path) -> list[str]:
     """Kill what a dead p2pkit recorded in `path` and left running; say what was killed."""
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(safefs.read_bytes(path))  # p2pkit's own record, never a FIFO's wait (issue 48 item 4)
         groups = list(doc["groups"])
         owner, owner_start = int(doc["owner"]), doc.get("owner_start")
     except FileNotFoundError:
         return []
-    except (OSError, ValueError, KeyError, TypeError):
-        path.unlink(missing_ok=True)
+    except (OSError, ValueError, KeyError, TypeError, safefs.LinkRefused):
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:
+            pass
         return []
     if owner == os.getpid() or running(owner, owner_start):
         return []  # that p2pkit is alive (it released the lock without cleaning up: not a leftover)
@@ -246,9 +249,9 @@ def guard_main(fd: str, record: str, lock: str) -> None:
         pass
     os.close(int(fd))
     try:  # its files close before it is a zombie: wait until it is no longer running
-        doc = json.loads(Path(record).read_text())
+        doc = json.loads(safefs.read_bytes(record))
         owner, owner_start = int(doc["owner"]), doc.get("owner_start")
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, safefs.LinkRefused):
         return  # no record: the run ended normally
     end = time.monotonic() + 30
     while running(owner, owner_start) and time.monotonic() < end:

@@ -356,6 +356,11 @@ def _chars(value: str, kind: str) -> str | None:
         return (f"holds {writers.char_name(m.group())} at character {m.start() + 1}: no file p2pkit writes can "
                 "hold it; remove it")
     allowed, desc = CHARS.get(kind, CHARS["text"])
+    if kind != "text" and value.startswith("-"):  # a path, a URL, a git ref, a CMake target, a key file: handed to
+        # git, CMake, sign-file, the converter or pkg-config as an argument, which would read it as an option
+        return ("starts with '-': expected a value not starting with - (git, cmake, sign-file, the converter or "
+                "pkg-config, given it as an argument, would read it as an option); write it without the leading '-' "
+                f"(a path as ./{value[:40]} or its absolute form)")
     if allowed:
         bad = next((ch for ch in value if not re.fullmatch(allowed, ch)), None)
         if bad is not None:
@@ -383,6 +388,9 @@ def _shown(value) -> str:
     its size, never printed whole."""
     text = str(value) if isinstance(value, int) and not isinstance(value, bool) else json.dumps(value, default=str)
     return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
+
+
+shown = _shown
 
 
 def _size(value: str, limit: int, why: str = "") -> str | None:
@@ -530,6 +538,8 @@ def validate_command(source: str, overrides: tuple[str, ...] | list[str],
         shown = "<your value>" if secrets.is_secret(key.rsplit(".", 1)[-1]) else value
         if key.strip() in (wrong or {}):
             shown = f"<{wrong[key.strip()]}>"
+        elif len(shown) > 200:  # a long value is named by its size, never printed back (issue 48 item 5)
+            shown = f"<your value of {len(value.encode('utf-8', 'surrogatepass'))} bytes>"
         sets += ["--set", shlex.quote(f"{key}={shown}")]
     return " ".join(["p2pkit", *sets, "profile", "validate", shlex.quote(source)])
 
@@ -669,9 +679,51 @@ def _int_range_problems(p: Profile, judged: set[str] = frozenset()) -> list[tupl
     return out
 
 
+# Directories p2pkit creates and fills as root (the installer cache, the engine's checkout, the model's
+# directory): never /, a top-level directory itself, or a system directory or one below it, where root's
+# writes would change what the OS runs or reads (issue 48 item 5: --set driver.cache_dir=/ put the installer
+# in /; /etc/cron.d/NAME made that directory; /proc/self/cwd/NAME was followed).
+SYSTEM_DIRS = ("/etc", "/proc", "/sys", "/dev", "/boot", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64",
+               "/libx32", "/run", "/var/run", "/var/lock", "/var/lib/dpkg", "/var/lib/apt", "/var/lib/systemd",
+               "/var/spool", "/var/log", "/root", "/snap", "/efi")
+MADE_DIRS = {"driver.cache_dir": "the installer cache (the NVIDIA installer and the fork's checkout)",
+             "engine.build_dir": "the engine's checkout and build"}
+MADE_EXAMPLES = {"driver.cache_dir": "/var/cache/p2pkit", "engine.build_dir": "/opt/p2pkit/engine",
+                 "model.output": "/srv/models/NAME.gguf"}
+
+
+def system_dir(path: str) -> str | None:
+    """The system directory `path` is or lies below ("/" for / itself), or None."""
+    path = posixpath.normpath(path) if path else path
+    if path == "/":
+        return "/"
+    return next((d for d in SYSTEM_DIRS if path == d or path.startswith(d + "/")), None)
+
+
+def placement_problems(p: Profile) -> list[tuple[str, str]]:
+    """(key, why) for a directory p2pkit makes and fills that names /, a top-level directory itself, or a system
+    directory (or lies below one); model.output's directory likewise."""
+    out = []
+    named = [(k, getattr(getattr(p, k.split(".")[0]), k.split(".")[1]), what) for k, what in MADE_DIRS.items()]
+    if p.model.output:
+        named.append(("model.output", p.model.output.rstrip("/").rpartition("/")[0] or "/", "the model's directory"))
+    for key, path, what in named:
+        if not path.startswith("/"):
+            continue
+        norm = posixpath.normpath(path)
+        sysdir = system_dir(norm)
+        if sysdir or (key != "model.output" and norm.count("/") == 1):
+            where = ("/ itself" if sysdir == "/" else f"the system directory {sysdir}" if sysdir else
+                     f"the top-level directory {norm} itself")
+            out.append((key, f"{norm} is {where}: p2pkit makes and fills {what} there as root; give it a directory "
+                             f"of its own outside /etc, /proc, /sys, /dev, /boot, /usr, /lib and /run (like "
+                             f"{MADE_EXAMPLES[key]})"))
+    return out
+
+
 def _cross_checks(p: Profile) -> list[tuple[str, str]]:
     engine = _engine_flag_problems(p)
-    out = _int_range_problems(p, {k for k, _ in engine}) + engine
+    out = _int_range_problems(p, {k for k, _ in engine}) + engine + placement_problems(p)
     env, flags = exec_bytes(p)
     room = ARG_MAX_FLOOR - ENGINE_RESERVE
     if env + flags > room:
@@ -802,6 +854,20 @@ def leads_out(realpath, path: str, under: str) -> str | None:
             " (a symlink leads out)")
 
 
+def leaves_through_link(realpath, path: str) -> tuple[str, str, str] | None:
+    """(the directory, the link in it, where it leads) for the first component of `path` that is a link leading
+    out of the directory that holds it (/proc/self/cwd: /proc/PID/cwd leads out of /proc/PID), or None. A link
+    that stays in its directory (lib -> lib64 beside it) is how directories are laid out and passes."""
+    parent, real_parent = "/", realpath("/")
+    for part in [x for x in path.split("/") if x]:
+        here = posixpath.join(parent, part)
+        real = realpath(here)
+        if not real.startswith(real_parent.rstrip("/") + "/"):
+            return parent, here, real
+        parent, real_parent = here, real
+    return None
+
+
 def models_dir(p: Profile) -> str:
     """The models directory model.output must resolve inside: the directory model.source and
     model.output share (/srv/models for /srv/models/Q and /srv/models/Q.gguf), else model.output's own.
@@ -814,10 +880,13 @@ def models_dir(p: Profile) -> str:
     return common if common != "/" else out_dir
 
 
-def escaping_paths(p: Profile, realpath, state_dir: str | None = None) -> list[tuple[str, str]]:
+def escaping_paths(p: Profile, realpath, state_dir: str | None = None, kernel_realpath=None) -> list[tuple[str, str]]:
     """(key, why) for every profile path in CONTAINED and path_flags(), and each of STATE_PATHS under
     `state_dir`, that a symlink leads out of the directory it belongs to. `realpath`: the host's
-    (Host.realpath)."""
+    (Host.realpath); `kernel_realpath`: where a host path leads when p2pkit's own writes follow it on this
+    machine (a simulated host's link to an absolute path leaves its root; the host's view reads it chrooted),
+    judged for the directories p2pkit makes and fills (default: `realpath`)."""
+    kernel_realpath = kernel_realpath or realpath
     out = []
     named = [(k, getattr(getattr(p, k.split(".")[0]), k.split(".")[1]), None) for k in CONTAINED]
     named = [(k, path, models_dir(p) if k == "model.output" else under) for k, path, under in named]
@@ -829,6 +898,23 @@ def escaping_paths(p: Profile, realpath, state_dir: str | None = None) -> list[t
             continue
         path = path.rstrip("/") or "/"
         why = leads_out(realpath, path, under or path.rpartition("/")[0] or "/")
+        real = realpath(path)
+        if not why and key == "model.output" and (left := leaves_through_link(kernel_realpath, posixpath.dirname(
+                models_dir(p)))):  # the models directory itself may be a link (another disk); above it, none leads out
+            out.append((key, f"{path} leaves {left[0]} through the link {left[1]} (to {left[2]}): p2pkit writes the "
+                             "model as root only where no link above the models directory leads out of its directory; "
+                             "remove the link, or make the models directory itself the link (issue 48)"))
+            continue
+        if not why and key in MADE_DIRS and (left := leaves_through_link(kernel_realpath, path)):
+            out.append((key, f"{path} leaves {left[0]} through the link {left[1]} (to {left[2]}): p2pkit makes and "
+                             f"fills {MADE_DIRS[key]} as root only where no link leads out of its directory; give "
+                             f"{key} the real path ({real}) or remove the link (issue 48)"))
+            continue
+        if not why and key == "model.output" and (sysdir := system_dir(real.rpartition("/")[0] or "/")):
+            out.append((key, f"{path} leads to {real}, in the system directory {sysdir}: p2pkit writes the model "
+                             "there as root only outside /etc, /proc, /sys, /dev, /boot, /usr, /lib and /run; remove "
+                             "the link that leads there"))
+            continue
         if why:
             fix = (f"remove the link, or write where it is meant to be in {key} itself" if under is None
                    or key in CONTAINED else "remove the link, or give a --state-dir whose own directories are real")
@@ -873,7 +959,24 @@ def parse_override(item: str) -> tuple[list[str], Any]:
         raise UsageError(f"--set {key.strip()}: the value is an integer of {len(raw.strip())} characters, longer "
                          "than any key takes (p2pkit reads at most 4300 digits)",
                          hint=f"give {key.strip()} a value in its range (`p2pkit profile schema` lists them)") from e
+    name = ".".join(parts)
+    bound = value_max(name)
+    if isinstance(value, str) and (n := len(value.encode("utf-8", "surrogatepass"))) > bound:
+        # refused as it is read (issue 48 item 5), named by its size, never printed back
+        raise ProfileError(f"--set {name}", [(name, f"the value is {n} bytes long; {name} takes at most {bound} bytes"
+                                                    f"{_exec_why('.'.join(parts[:2]))} (docs/profile-limits.md), so "
+                                                    "it was refused as it was read")],
+                           check=f"p2pkit --set '{name}=<a shorter value>' profile validate", given=(name,))
     return parts, value
+
+
+def value_max(key: str) -> int:
+    """The most bytes a string value of `key` (section.key or section.table.name) may hold: an engine variable
+    or flag a string execve hands the engine, any other string STRING_MAX (docs/profile-limits.md)."""
+    parts = key.split(".")
+    if len(parts) == 3:
+        return table_value_max(".".join(parts[:2]), parts[2])
+    return STRING_MAX
 
 
 def apply_overrides(data: dict, overrides: tuple[str, ...]) -> dict:

@@ -43,6 +43,8 @@ def canonical_source(source: str) -> str:
 
 def recorded_profile(state_dir: Path) -> dict | None:
     path = Path(state_dir) / PROFILE_FILE
+    if safefs.is_file(path) and safefs.place_untrusted(path):  # what another user could write is never read (issue 48)
+        safefs.check_trusted(path, "the recorded profile", REWRITE_HINT.format(path=path))
     try:
         doc = json.loads(safefs.read_text(path))  # never through a link (issue 40)
     except FileNotFoundError:
@@ -125,7 +127,7 @@ def record_profile(state_dir: Path, profile) -> None:
     source = canonical_source(profile.source)
     doc = {"source": source, "overrides": public_overrides(profile),
            "recorded": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
-    Path(state_dir).mkdir(parents=True, exist_ok=True)
+    safefs.makedirs(state_dir)  # never through a link at it or on the way (issue 48 item 1)
     kept = profile.secret_overrides()
     if kept:
         atomic_write(Path(state_dir) / SECRETS_FILE, (json.dumps({"source": source, "overrides": kept}, indent=2)
@@ -140,7 +142,7 @@ def record_snapshot(state_dir: Path) -> dict[str, bytes | None]:
     out = {}
     for name in (PROFILE_FILE, SECRETS_FILE):
         try:
-            out[name] = (Path(state_dir) / name).read_bytes()
+            out[name] = safefs.read_bytes(Path(state_dir) / name)  # never a FIFO's wait (issue 48 item 4)
         except OSError:
             out[name] = None
     return out
@@ -191,7 +193,7 @@ def reboot_budget(state_dir: Path, exhausted: bool = False) -> dict | None:
 
 
 def _save_budget(state_dir: Path, doc: dict) -> None:
-    Path(state_dir).mkdir(parents=True, exist_ok=True)
+    safefs.makedirs(state_dir)
     atomic_write(Path(state_dir) / REBOOTS_FILE, (json.dumps(doc, indent=2) + "\n").encode())
 
 

@@ -89,8 +89,8 @@ def _host_lock_unwritable(path: Path, e: OSError) -> UsageError:
 def _state_lock(state_dir: Path, say=None):
     path = state_dir / ".lock"
     try:
-        state_dir.mkdir(parents=True, exist_ok=True)
         safefs.own(state_dir)
+        safefs.makedirs(state_dir)  # no link at it or on the way from its base (issue 48 item 1)
         fd = safefs.open_fd(path, os.O_RDWR | os.O_CREAT, 0o644)  # never through a link (issue 40)
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT):

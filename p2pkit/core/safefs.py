@@ -36,23 +36,40 @@ from pathlib import Path
 from p2pkit.core.errors import UsageError
 
 _mu = threading.Lock()
-_anchors: set[str] = set()
+_anchors: dict[str, str] = {}  # an owned directory -> the directory it is reached from without a link
 DIR_MODE = 0o755
+# The most bytes p2pkit reads from a record it wrote itself (an artifact, profile.json, a backup's manifest,
+# a run's marker): its artifacts are tens of KiB; a link to /dev/zero or a file grown without end is
+# refused at this size, never read whole (issue 48 item 4).
+RECORD_MAX = 16 << 20
 
 
 class LinkRefused(UsageError):
     """A link (or something else that is not p2pkit's plain file) where p2pkit writes."""
 
 
-def own(directory: Path | str) -> None:
-    """From now on, nothing below `directory` (the state directory) is written through a link."""
+def own(directory: Path | str, base: Path | str | None = None) -> None:
+    """From now on, nothing below `directory` (the state directory) is written through a link, and the
+    directory itself is reached from `base` (the host's root, when it holds it; else its own parent)
+    one component at a time without following a link: a link at the state directory, or at any
+    directory between the host's root and it, is refused (issue 48 item 1)."""
+    d = os.path.abspath(directory)
+    b = os.path.abspath(base) if base is not None else ""
+    if not (b and (d == b or d.startswith(b.rstrip("/") + "/"))):
+        b = os.path.dirname(d) or "/"
     with _mu:
-        _anchors.add(os.path.abspath(directory))
+        if d not in _anchors or len(b) < len(_anchors[d]):
+            _anchors[d] = b
 
 
 def _owned(directory: str) -> bool:
     with _mu:
         return directory in _anchors
+
+
+def _base_of(directory: str) -> str | None:
+    with _mu:
+        return _anchors.get(directory)
 
 
 def anchor_of(path: str) -> str:
@@ -67,15 +84,17 @@ def anchor_of(path: str) -> str:
 
 # ------------------------------------------------------------------------------------------ refusals
 
-def _link_refused(path: str, what: str) -> LinkRefused:
+def _link_refused(path: str, what: str, reading: bool = False) -> LinkRefused:
     try:
         target = os.readlink(path)
     except OSError:
         target = None
     shown = f"a symbolic link (to {target})" if target is not None else what
+    did = ("reads its own records and never through a link it did not make, so it read nothing through it"
+           if reading else "writes there as root and never through a link it did not make, so it wrote nothing "
+           "through it")
     return LinkRefused(
-        f"{path} is {shown}: p2pkit writes there as root and never through a link it did not make, so it "
-        "wrote nothing through it",
+        f"{path} is {shown}: p2pkit {did}",
         hint=f"remove it (`rm {path}`) and run the same command again; if you did not make it, find out who "
              f"could write to {os.path.dirname(path) or '/'} (`ls -ld {os.path.dirname(path) or '/'}`)")
 
@@ -129,26 +148,12 @@ def _descend(fd: int, name: str, shown: str, create: bool) -> int:
         raise
 
 
-def parent_fd(path: Path | str, under: Path | str | None = None, create: bool = True,
-              make_anchor: bool = False) -> tuple[int, str]:
-    """(an fd of the path's directory reached without following a link below its anchor, the last
-    component). The caller closes the fd. The directories below the anchor are made when missing;
-    the anchor itself when it is an owned one (the state directory) or `make_anchor`."""
-    p = os.path.abspath(path)
-    anchor = os.path.abspath(under) if under is not None else anchor_of(p)
-    parent, name = os.path.split(p)
-    if not (parent == anchor or parent.startswith(anchor.rstrip("/") + "/")):
-        anchor = parent
+def _walk(fd: int, top: str, rest: str, create: bool) -> int:
+    """Down from the directory `fd` (named `top`) through `rest`, one component at a time without following
+    a link (made 0755 where missing and `create`): the last directory's fd. `fd` is consumed."""
+    shown = top.rstrip("/")
     try:
-        fd = _open_dir(anchor)
-    except FileNotFoundError:
-        if not (create and (make_anchor or _owned(anchor))):
-            raise
-        os.makedirs(anchor, DIR_MODE, exist_ok=True)  # the state directory itself, checked (check_trusted)
-        fd = _open_dir(anchor)
-    shown = anchor.rstrip("/")
-    try:
-        for part in [x for x in parent[len(anchor):].split("/") if x]:
+        for part in [x for x in rest.split("/") if x]:
             shown = f"{shown}/{part}"
             nxt = _descend(fd, part, shown, create)
             os.close(fd)
@@ -156,7 +161,48 @@ def parent_fd(path: Path | str, under: Path | str | None = None, create: bool = 
     except BaseException:
         os.close(fd)
         raise
-    return fd, name
+    return fd
+
+
+def _open_anchor(anchor: str, create: bool) -> int:
+    """The anchor's fd: an owned directory (the state directory) reached from its base without following a
+    link; any other anchor opened as it is named."""
+    base = _base_of(anchor)
+    start = base if base is not None else anchor
+    try:
+        fd = _open_dir(start)
+    except FileNotFoundError:
+        if not create:
+            raise
+        os.makedirs(start, DIR_MODE, exist_ok=True)  # above the anchor: judged by check_trusted
+        fd = _open_dir(start)
+    return fd if base is None else _walk(fd, base, anchor[len(base):], create)
+
+
+def parent_fd(path: Path | str, under: Path | str | None = None, create: bool = True,
+              make_anchor: bool = False) -> tuple[int, str]:
+    """(an fd of the path's directory reached without following a link below its anchor, the last
+    component). The caller closes the fd. The directories below the anchor are made when missing;
+    the anchor itself when it is an owned one (the state directory) or `make_anchor`. An owned anchor
+    is itself reached without a link from its base (own())."""
+    p = os.path.abspath(path)
+    anchor = os.path.abspath(under) if under is not None else anchor_of(p)
+    parent, name = os.path.split(p)
+    if not (parent == anchor or parent.startswith(anchor.rstrip("/") + "/")):
+        anchor = parent
+    fd = _open_anchor(anchor, create and (make_anchor or _owned(anchor)))
+    return _walk(fd, anchor, parent[len(anchor):], create), name
+
+
+def reach(directory: Path | str) -> None:
+    """An owned directory (the state directory), when it is there, reached from its base without following
+    a link: a link at it or on the way is refused (LinkRefused, exit 2) before anything is read or
+    written. Nothing is made."""
+    try:
+        fd = _open_anchor(os.path.abspath(directory), False)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    os.close(fd)
 
 
 def makedirs(path: Path | str, under: Path | str | None = None) -> Path:
@@ -201,22 +247,53 @@ def open_fd(path: Path | str, flags: int, mode: int = 0o644, under: Path | str |
     return fd
 
 
-def read_text(path: Path | str) -> str:
-    """A record p2pkit wrote itself (profile.json, secrets.json, reboots.json), read only from its own
-    plain file: a link there is refused (exit 2, naming it), never read through. FileNotFoundError as
-    open() raises it."""
+def read_bytes(path: Path | str, limit: int = RECORD_MAX, under: Path | str | None = None) -> bytes:
+    """A record p2pkit wrote itself (an artifact, profile.json, a run's marker, a backup's manifest), read
+    only as its own regular file of at most `limit` bytes: never through a link (at the file, or among the
+    directories below its anchor), never waiting (opened O_NONBLOCK, then fstat: a FIFO, a device or a
+    directory is refused before a byte is read), never more than `limit` bytes (a link to /dev/zero, a file
+    grown without end). FileNotFoundError as open() raises it; LinkRefused (exit 2) naming what is there."""
     p = os.path.abspath(path)
+    dfd, name = parent_fd(p, under, create=False)
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise _link_refused(p, "a symbolic link") from None
+            raise _link_refused(p, "a symbolic link", reading=True) from None
+        e.filename = p
         raise
+    finally:
+        os.close(dfd)
     with os.fdopen(fd, "rb") as fh:
         st = os.fstat(fh.fileno())
         if not stat.S_ISREG(st.st_mode):
-            raise _not_plain(p, st)
-        return fh.read().decode("utf-8")
+            raise _unreadable(p, f"not a regular file ({_kind(st.st_mode)})")
+        data = fh.read(limit + 1) if st.st_size <= limit else b""
+        if st.st_size > limit or len(data) > limit:
+            raise _unreadable(p, f"{max(st.st_size, len(data))} bytes or more, larger than the {limit} bytes "
+                                 "a record of p2pkit's may be")
+    return data
+
+
+def read_text(path: Path | str, limit: int = RECORD_MAX) -> str:
+    """read_bytes() as UTF-8 text (a record p2pkit wrote: profile.json, secrets.json, reboots.json)."""
+    return read_bytes(path, limit).decode("utf-8")
+
+
+def is_file(path: Path | str) -> bool:
+    """Whether a regular file is there, the name itself not followed (a link is not p2pkit's file)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _unreadable(path: str, what: str) -> LinkRefused:
+    return LinkRefused(
+        f"{path} is {what}: p2pkit reads its records only from its own regular files, never waiting on one "
+        "and never more than a record may hold, so it read nothing from it",
+        hint=f"remove it (`rm -r {path}`) and run the same command again; if you did not make it, find out who "
+             f"could write to {os.path.dirname(path) or '/'}")
 
 
 def _is_link(name: str, dfd: int) -> bool:
@@ -315,13 +392,21 @@ def check_trusted(path: Path | str, what: str, fix: str = "") -> None:
     """Refuse (exit 2) a `path` that someone other than root or the running user could change or
     replace: the path itself (when it exists) and every directory from / to it, links followed as
     the kernel follows them. What does not exist yet is not judged (p2pkit makes it 0755)."""
+    found = first_untrusted(path)
+    if found:
+        raise _distrusted(*found, what, fix)
+
+
+def first_untrusted(path: Path | str) -> tuple[str, os.stat_result, str] | None:
+    """(the first of `path` and the directories from / to it that another user could change, its stat, why), or
+    None: check_trusted's judgement without the error."""
     me = os.geteuid()
     todo = [x for x in os.path.abspath(path).split("/") if x]
     cur, hops = "/", 0
     st = os.stat("/")
     why = _untrusted(st, me, passing=bool(todo))
     if why:
-        raise _distrusted("/", st, why, what, fix)
+        return "/", st, why
     while todo:
         part = todo.pop(0)
         if part == ".":
@@ -333,15 +418,15 @@ def check_trusted(path: Path | str, what: str, fix: str = "") -> None:
         try:
             st = os.lstat(here)
         except FileNotFoundError:
-            return
+            return None
         except OSError:
-            return  # unreadable: the open that follows says why
+            return None  # unreadable: the open that follows says why
         if stat.S_ISLNK(st.st_mode):
             hops += 1
             if hops > 40:
-                return
+                return None
             if st.st_uid not in (0, me):  # a link made by another user (in a sticky /tmp, say)
-                raise _distrusted(here, st, f"is a symbolic link owned by {_who(st.st_uid)}", what, fix)
+                return here, st, f"is a symbolic link owned by {_who(st.st_uid)}"
             target = os.readlink(here)
             if target.startswith("/"):
                 cur = "/"
@@ -349,8 +434,14 @@ def check_trusted(path: Path | str, what: str, fix: str = "") -> None:
             continue
         why = _untrusted(st, me, passing=bool(todo))
         if why:
-            raise _distrusted(here, st, why, what, fix)
+            return here, st, why
         cur = here
+    return None
+
+
+def distrusted(found: tuple[str, os.stat_result, str], what: str, fix: str = "") -> UsageError:
+    """first_untrusted's finding as check_trusted's refusal."""
+    return _distrusted(*found, what, fix)
 
 
 def _distrusted(path: str, st: os.stat_result, why: str, what: str, fix: str) -> UsageError:
@@ -373,3 +464,68 @@ def _distrusted(path: str, st: os.stat_result, why: str, what: str, fix: str) ->
         f"{what}: {path} {why} ({owner}, {mode}): p2pkit runs as root and reads and writes there, so another "
         "user could make it write where they choose; nothing was read or written",
         hint=f"{cure}, then run the same command again" + (f"; {fix}" if fix else ""))
+
+
+# ------------------------------------------------------------------------------------ what root later uses
+
+def place_untrusted(path: Path | str, owners: tuple[int, ...] = ()) -> str | None:
+    """Why a place p2pkit wrote (a file or directory root later executes, loads or hands to a service) may
+    not be trusted now: owned by someone other than root, the running user or `owners` (the engine's account
+    where it owns its directory), or writable by its group (unless root's) or by every user; None when it is
+    fine or not there (issue 48 item 2). The message names the path, its owner and mode."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    me = os.geteuid()
+    if st.st_uid not in (0, me, *owners):
+        why = f"is owned by {_who(st.st_uid)}"
+    elif st.st_mode & stat.S_IWOTH:
+        why = "is writable by every user"
+    elif st.st_mode & stat.S_IWGRP and st.st_gid != 0 and st.st_uid not in owners:
+        why = f"is writable by group {_group(st.st_gid)}"
+    else:
+        return None
+    return f"{path} {why} ({_who(st.st_uid)}:{_group(st.st_gid)}, {stat.filemode(st.st_mode)})"
+
+
+def repair_place(path: Path | str, owners: tuple[int, ...] = ()) -> str | None:
+    """A place p2pkit wrote made root's again: no group or other write, owned by root where its owner is not
+    root, the running user or `owners`; opened without following a link (a link there is item 1's refusal).
+    What was done, or None where nothing was wrong."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        done = []
+        if st.st_uid not in (0, os.geteuid(), *owners):
+            os.fchown(fd, 0, 0)
+            done.append(f"owner {_who(st.st_uid)}:{_group(st.st_gid)} -> root:root")
+            st = os.fstat(fd)
+        if st.st_mode & stat.S_IWOTH or (st.st_mode & stat.S_IWGRP and st.st_gid != 0 and st.st_uid not in owners):
+            os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~0o022)
+            done.append(f"mode {stat.filemode(st.st_mode)} -> {stat.filemode(os.fstat(fd).st_mode)}")
+        return f"{path}: {', '.join(done)}" if done else None
+    finally:
+        os.close(fd)
+
+
+def repair_tree(top: Path | str, limit: int = 200000) -> list[str]:
+    """repair_place over a directory p2pkit made and everything in it (links never followed nor changed)."""
+    out = []
+    seen = 0
+    for d, dirs, files in os.walk(top, followlinks=False):
+        for name in [*dirs, *files]:
+            seen += 1
+            if seen > limit:
+                return out
+            p = os.path.join(d, name)
+            try:
+                st = os.lstat(p)
+            except OSError:
+                continue
+            if (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)) and (done := repair_place(p)):
+                out.append(done)
+    return out

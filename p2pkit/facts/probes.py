@@ -127,6 +127,25 @@ def _engine_files(h: Host, profile):
     return {"binary": out}
 
 
+def _driver_files(h: Host, profile):
+    """The userspace driver's files of the pinned version the installer wrote (its libraries, its GSP firmware,
+    nvidia-smi and its other programs), now: each one's identity (one stat, issue 48 item 3). The driver act
+    records their sha256 beside it (<state>/driver-files.json) and reinstalls where one no longer matches."""
+    return {path: {"identity": system.file_identity(h.path(path))} for path in installed_driver_files(h, profile)}
+
+
+def installed_driver_files(h: Host, profile) -> list[str]:
+    """The installer's files of this version as the host names them: the libraries named for the version, the
+    firmware directory of the version, the nvidia-* programs in /usr/bin; regular files only (its links are
+    the installer's to remake)."""
+    from p2pkit.host.backup import userspace_paths
+
+    v = profile.driver.version
+    out = [x for x in userspace_paths(h) if (f".so.{v}" in x or f"/lib/firmware/nvidia/{v}/" in x)]
+    out += [f"/usr/bin/{n}" for n in h.listdir("/usr/bin") if n.startswith("nvidia-")]
+    return sorted(x for x in out if h.path(x).is_file() and not h.path(x).is_symlink())
+
+
 def _service_files(h: Host):
     """The files the service stage writes (its unit, slice and environment files), now, None where nothing is
     there: the sha256 of each (a few hundred bytes; content, not identity, since `bench --ab` puts the same bytes

@@ -83,6 +83,7 @@ TABLE: tuple[Fact, ...] = (
     Fact("profile_nccl", pr._profile_nccl, t.ProfileNccl | None, needs=("engine",)),
     Fact("engine_files", pr._engine_files, t.EngineFiles, needs=("engine",)),
     Fact("service_files", pr._service_files, dict[str, t.WrittenFile | None]),
+    Fact("driver_files", pr._driver_files, dict[str, t.WrittenFile], needs=("driver",)),
     Fact("model_file", pr._model_file, t.ModelFile, needs=("model",)),
     # the machine's module signing key: where the profile says, else /var/lib/p2pkit/mok/ (host/mok.py)
     Fact("mok", lambda h, p: mok.facts(h, p, mok.KEY_STATE_DIR), t.Mok, needs=("p2p_module",)),

@@ -210,8 +210,13 @@ class Host:
 
         if not self.simulated:
             return None
+        path = Path(self.sim.get("profile") or "")
+        if path.is_file():  # its sources and pins are used as the host's own: never one another user could write
+            from p2pkit.core import safefs
+
+            safefs.check_trusted(path, f"the simulated host's profile {path}", "or lay the host out again")
         try:
-            return tomllib.loads(Path(self.sim.get("profile") or "").read_text())
+            return tomllib.loads(path.read_text())
         except (OSError, ValueError):
             return None
 

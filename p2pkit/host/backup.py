@@ -94,7 +94,7 @@ class Backup:
         return doc
 
     def save(self, m: dict) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        safefs.makedirs(self.dir)  # no link on the way below the state directory (issue 48 item 1)
         atomic_write(self.manifest_path, (json.dumps(m, indent=2, sort_keys=True) + "\n").encode())
 
     def copy_path(self, path: str) -> Path:
@@ -169,7 +169,7 @@ class Backup:
         for action, path in self.plan():
             real = self.host.path(path)
             if action == "restore":
-                real.parent.mkdir(parents=True, exist_ok=True)
+                safefs.makedirs(real.parent, under=self.host.root)  # no link below the host's root
                 e = self.manifest()["entries"][path]
                 if real.is_symlink() or (e["kind"] == "symlink" and real.exists()):
                     real.unlink()

@@ -90,8 +90,8 @@ def record_path(host: Host) -> Path:
 def read_record(path: Path) -> dict | None:
     """The launcher's record, or None (none written, or one that cannot be read: no engine to name)."""
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
+        doc = json.loads(safefs.read_bytes(path))  # a regular file of a record's size, never waited on
+    except (OSError, ValueError, safefs.LinkRefused):
         return None
     return doc if isinstance(doc, dict) and isinstance(doc.get("pid"), int) else None
 
@@ -205,7 +205,7 @@ def start(host: Host, *, record: Path, log: Path, argv: list[str], env: dict[str
             "second start was refused", hint="`p2pkit serve restart` restarts it, `p2pkit serve stop` stops it",
             code=Exit.LOCKED)
     cg = engine_cgroup(host, cgroup_name)
-    record.parent.mkdir(parents=True, exist_ok=True)
+    safefs.makedirs(record.parent, under=host.root)  # no link below the host's root (issue 48 item 1)
     r, w = os.pipe()  # close-on-exec both: only p2pkit holds the write end
     with safefs.open_file(log, "ab") as fh:  # never through a link (issue 40)
         fh.write(f"{START_LINE} {time.strftime('%Y-%m-%d %H:%M:%S')}: {shlex.join(shown_argv or argv)}\n"

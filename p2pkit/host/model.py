@@ -57,17 +57,22 @@ def _cache_key(path: Path, st: os.stat_result) -> str:
     return f"{path}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}:{st.st_ctime_ns}"
 
 
+def _read_cache(cache_file: Path) -> dict:
+    """The digest cache p2pkit keeps in the state directory; {} where there is none or it is not p2pkit's plain
+    file of a record's size (a link, a FIFO: never read through, never waited on; issue 48 item 4)."""
+    try:
+        cache = json.loads(safefs.read_bytes(cache_file))
+    except (OSError, ValueError, safefs.LinkRefused):
+        return {}
+    return cache if isinstance(cache, dict) else {}
+
+
 def sha256_cached(host: Host, path: Path, cache_file: Path, progress=None, fresh: bool = False) -> str:
     """sha256 of a large file, streamed; cached by its identity (_cache_key) so an unchanged file is not
     re-read; `fresh` reads it whole whatever the cache says (`verify`: bytes rotted in place keep every stat)."""
     st = path.stat()
     key = _cache_key(path, st)
-    cache = {}
-    if cache_file.is_file():
-        try:
-            cache = json.loads(cache_file.read_text())
-        except ValueError:
-            cache = {}
+    cache = _read_cache(cache_file)
     if key in cache and not fresh:
         return cache[key]
     h = hashlib.sha256()
@@ -88,10 +93,7 @@ def sha256_cached(host: Host, path: Path, cache_file: Path, progress=None, fresh
 def remember_sha256(path: Path, cache_file: Path, digest: str) -> None:
     """Record a digest already known for `path` (a file renamed into place keeps size and mtime)."""
     st = path.stat()
-    try:
-        cache = json.loads(cache_file.read_text()) if cache_file.is_file() else {}
-    except ValueError:
-        cache = {}
+    cache = _read_cache(cache_file)
     cache = {k: v for k, v in cache.items() if not k.startswith(f"{path}:")}
     cache[_cache_key(path, st)] = digest
     safefs.atomic_write(cache_file, json.dumps(cache, indent=1).encode(), fsync=False)  # a link there replaced

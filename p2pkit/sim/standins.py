@@ -8,6 +8,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 STATE = ".p2pkit-sim/state.json"  # p2pkit.host.SIM_MARKER
@@ -902,9 +903,11 @@ def user_tool(tool: str, root: Path, args: list[str]) -> int:
         groups.append(f"{name}:x:{gid}:")
     out = [_group_line(tool, ln, name, wanted, opts) for ln in groups]
     passwd.parent.mkdir(parents=True, exist_ok=True)
-    for path, lines in ((passwd, users), (group, out)):
-        tmp = path.with_name(f".{path.name}.p2pkit-sim")
-        tmp.write_text("".join(f"{ln}\n" for ln in lines))
+    for path, lines in ((passwd, users), (group, out)):  # a new name (O_EXCL) renamed over it, as shadow's
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.p2pkit-sim.")  # tools write a new file
+        with os.fdopen(fd, "w") as fh:
+            fh.write("".join(f"{ln}\n" for ln in lines))
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     return 0
 

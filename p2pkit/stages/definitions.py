@@ -47,9 +47,9 @@ def one_gpu_per_host(p) -> str | None:
 STAGES: list[Stage] = [
     Stage("preflight", "host matches the profile", inputs=("host", "gpus", "p2p_module.iommu"),
           check=preflight_checks.check),
-    Stage("driver", "pinned userspace driver", inputs=("driver",), check=driver_checks.check,
-          precheck=driver_checks.precheck,
-          act=later("driver.act", "driver")),
+    Stage("driver", "pinned userspace driver", inputs=("driver",),
+          check=combine(driver_checks.check, driver_checks.files_recorded), precheck=driver_checks.precheck,
+          act=later("driver.act", "driver"), reprove=("driver_files", driver_checks.reproved)),
     Stage("p2p-module", "open kernel modules (the P2P fork for a GPU pair)", inputs=("driver", "p2p_module"),
           check=combine(p2p_module_checks.check, p2p_module_checks.static_bar1, p2p_module_checks.module_sources,
                         p2p_module_checks.boot_default),

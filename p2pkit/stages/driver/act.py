@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 from p2pkit.core.ansible import run_playbook
+from p2pkit.core.artifacts import atomic_write, read_json
 from p2pkit.core.errors import UsageError
 from p2pkit.core.role_defaults import role_default
+from p2pkit.facts.probes import installed_driver_files
 from p2pkit.host import arch, system
-from p2pkit.host.backup import Backup, userspace_paths
+from p2pkit.host.backup import Backup, sha256, userspace_paths
 from p2pkit.stages.driver.checks import guarded_packages, installer_arch
 
 
@@ -24,10 +28,50 @@ def driver(ctx) -> dict:
     backup.snapshot(  # config files and every driver file the installer may replace: rollback puts them back
         [*guard_files(), *userspace_paths(ctx.host)], kernel, d.version,
         extra={"held_before": held, "installer": f"{d.cache_dir}/{d.installer_url.rsplit('/', 1)[-1]}"})
+    redo = changed_files(ctx)
+    if redo:
+        ctx.out.warn(f"[driver] {'; '.join(redo[:3])}{f' (and {len(redo) - 3} more)' if len(redo) > 3 else ''}: not "
+                     "what the installer wrote (its sha256 recorded at the install): the installer runs again")
     try:
-        return run_playbook(ctx, "driver", driver_vars(ctx, a.machine))
+        done = run_playbook(ctx, "driver", {**driver_vars(ctx, a.machine), "p2pkit_driver_reinstall": bool(redo)})
     finally:  # what the installer added (even when a later task failed): rollback removes it
         backup.record_added(userspace_paths(ctx.host), kernel, d.version)
+    record_files(ctx)
+    return {**done, **({"reinstalled": redo} if redo else {})}
+
+
+FILES_RECORD = "driver-files.json"  # in the state directory: the installer's files and their sha256 at the install
+
+
+def changed_files(ctx) -> list[str]:
+    """The installer's files (recorded at the last install of this version) that are gone or no longer hold the
+    bytes it wrote: hashed again only where the file's identity moved (issue 48 item 3: the GSP firmware and
+    nvidia-smi edited with their mtime kept were trusted)."""
+    rec = read_json(ctx.store.dir / FILES_RECORD, "the driver's file record",
+                    f"remove {ctx.store.dir / FILES_RECORD}: the next install records it anew") or {}
+    if not isinstance(rec, dict) or rec.get("version") != ctx.profile.driver.version:
+        return []
+    out = []
+    for path, was in sorted((rec.get("files") or {}).items()):
+        p = ctx.host.path(path)
+        if not isinstance(was, dict):
+            continue
+        if not p.is_file():
+            out.append(f"{path} is gone")
+        elif system.file_identity(p) != was.get("identity") and sha256(p) != was.get("sha256"):
+            out.append(f"{path} changed")
+    return out
+
+
+def record_files(ctx) -> None:
+    """The installer's files of this version now, with their sha256 and identity (<state>/driver-files.json)."""
+    files = {}
+    for path in installed_driver_files(ctx.host, ctx.profile):
+        p = ctx.host.path(path)
+        ident = system.file_identity(p)  # before the hash: a file changed while it is read is not vouched for
+        files[path] = {"sha256": sha256(p), "identity": ident}
+    atomic_write(ctx.store.dir / FILES_RECORD, (json.dumps({"version": ctx.profile.driver.version, "files": files},
+                                                          indent=1, sort_keys=True) + "\n").encode())
 
 
 def driver_vars(ctx, machine: str) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from p2pkit.core.config import Profile
 from p2pkit.core.role_defaults import role_default
-from p2pkit.rules.findings import FAIL, PASS, Check, failed, figure, judge, reads, unknown
+from p2pkit.rules.findings import FAIL, PASS, Check, changed, failed, figure, judge, reads, unknown
 from p2pkit.rules.hints import RESTORE_FIX
 
 PINNED = "615.71.09"
@@ -102,3 +102,46 @@ def holds(h: dict) -> Check:
     return figure("driver.holds", "installed NVIDIA packages held", len(unheld), "==", 0, "count", RESTORE_FIX,
                   "P02", text=f"{{}} of {len(guarded)} without an apt hold", context=", ".join(unheld),
                   expected_context="(every one held)")
+
+
+DRIVER_FILES_REDO = ("run `p2pkit up --from driver`: p2pkit compares each installed file with the sha256 it "
+                     "recorded at the install and runs the installer again where one differs")
+
+
+@reads("driver_files")
+def files_recorded(f: dict, p: Profile) -> list[Check]:
+    """The installer's files of the pinned version, as the proof found them (their identities go into the artifact:
+    the gate's re-proof compares them; issue 48 item 3)."""
+    files = f.get("driver_files")
+    if "driver_files" not in f:
+        return []
+    if failed(files) or not isinstance(files, dict):
+        return [unknown("driver.files", "the installer's files are recorded", files, "each file there")]
+    return [Check("driver.files", "the installer's files are recorded", PASS if files else FAIL,
+                  f"{len(files)} files" if files else "none found", "the libraries, firmware and programs of "
+                  f"{p.driver.version}", "" if files else DRIVER_FILES_REDO)]
+
+
+def reproved(recorded: dict, now: dict | None, p: Profile) -> list[Check]:
+    """What the driver artifact recorded of the installer's files (firmware, nvidia-smi, the libraries), against
+    them now: each is still the same file (identity: an edit keeps no change time, whatever mtime says)."""
+    id_, title = "driver.files_unchanged", "the installer's files are the ones the stage proved"
+    want = "each file the stage proved, unchanged"
+    rec = recorded.get("driver_files")
+    if not isinstance(rec, dict):
+        return []  # an artifact of an earlier p2pkit: its checks on fresh facts judge it
+    if failed(now) or not isinstance(now, dict):
+        return [unknown(id_, title, now, want)]
+    bad = []
+    for path, was in sorted(rec.items()):
+        got = (now.get(path) or {}).get("identity")
+        if not isinstance(was, dict) or not isinstance(was.get("identity"), dict):
+            continue
+        if got is None:
+            bad.append(f"{path} is not there any more")
+        elif moved := changed(was["identity"], got):
+            bad.append(f"{path} changed since the stage proved it ({'; '.join(moved)})")
+    if bad:
+        return [Check(id_, title, FAIL, "; ".join(bad[:3]) + (f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""),
+                      want, DRIVER_FILES_REDO)]
+    return [Check(id_, title, PASS, "unchanged since the stage proved them", want)]

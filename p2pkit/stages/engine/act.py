@@ -11,7 +11,8 @@ def act(ctx) -> dict:
     dependencies and the checkout) returned as what the stage did."""
     built = common.recipe(ctx.profile).build(ctx)
     ctx.options["engine_build"] = built
-    return {"dependencies": built.pop("dependencies", None), "log": built.get("log")}
+    return {"dependencies": built.pop("dependencies", None), "log": built.get("log"),
+            **({"moved_aside": built["moved_aside"]} if built.get("moved_aside") else {})}
 
 
 def measure(ctx, acted: dict | None = None) -> dict:

@@ -12,7 +12,9 @@ modules, its source (a checkout or an archive), its build log's criteria."""
 from __future__ import annotations
 
 import hashlib
+import os
 import posixpath
+import time
 from pathlib import Path, PurePosixPath
 
 from p2pkit.core.ansible import PlaybookFailed, run_playbook
@@ -97,6 +99,7 @@ def build(ctx) -> dict:
     "dependencies" (act takes it out of the record)."""
     p, host = ctx.profile, ctx.host
     e, r = p.engine, common.recipe(p)
+    aside = changed_binary_aside(ctx)
     cpu = "" if e.cuda else " with CUDA OFF (engine.cuda = false: a CPU-only build, not for serving on the GPUs)"
     log = common.new_log(ctx, f"{e.recipe} at {e.commit or e.source_sha256}{cpu}")
     if cpu:
@@ -105,7 +108,7 @@ def build(ctx) -> dict:
     archived = not r.checks_out(p)
     first = bool(common.missing_dependencies(ctx)) or (archived and not src.parent.is_dir())
     deps = common.dependencies(ctx) if first else None  # the role's first run: the dependencies and the checkout
-    res: dict = {"log": str(log)}
+    res: dict = {"log": str(log), **({"moved_aside": aside} if aside else {})}
     if archived:  # the role gives CMake real paths: a build dir reached through a link keeps its cache
         res["source"] = r.source(ctx, src.resolve(), log)
     res.update(toolchain(ctx))
@@ -126,6 +129,26 @@ def build(ctx) -> dict:
         return {**res, "refused": True}  # refused before configuring: the checks say why, CMake never ran
     res["first_error"] = pb.first_cmake_error(log.read_text(errors="replace"))
     return res
+
+
+def changed_binary_aside(ctx) -> str | None:
+    """The binary the last build hashed (the artifact before this run), no longer those bytes (an edit with its
+    mtime kept: Ninja rebuilds nothing): moved aside under a name of its own, kept and named, so the build links
+    it again whatever the mtimes say (issue 48 item 3). None where it is unchanged or was never recorded."""
+    was = ((((ctx.options.get("previous_artifact") or {}).get("facts") or {}).get("engine_build") or {})
+           .get("binary") or {})
+    exe = ctx.host.path(binary(ctx.profile))
+    if not isinstance(was, dict) or not was.get("sha256") or not exe.is_file() or exe.is_symlink() \
+            or system.file_identity(exe) == was.get("identity"):
+        return None
+    if hashlib.sha256(exe.read_bytes()).hexdigest() == was["sha256"]:
+        return None
+    aside = exe.with_name(f"{exe.name}.changed-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+    os.rename(exe, aside)
+    said = (f"{exe} no longer matches the sha256 of the last build ({was['sha256'][:12]}...): moved aside to "
+            f"{aside} (kept) and built again")
+    ctx.out.warn(f"[engine] {said}")
+    return said
 
 
 def toolchain_ok(res: dict, p) -> bool:

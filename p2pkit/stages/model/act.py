@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from pathlib import Path
 
 from p2pkit.core import config, safefs, writers
@@ -145,6 +146,9 @@ def convert(ctx) -> dict:
     if escape:
         res["refused"] = escape
         return res
+    aside = _changed_aside(ctx, out, record_file, cache)
+    if aside:
+        res["moved_aside"] = aside
     if out.exists():
         return existing(ctx, res)
     tmp = out.with_name(f".{out.name}.partial")
@@ -186,6 +190,24 @@ def convert(ctx) -> dict:
     _rename(tmp, out, cache, res["sha256"])
     res["identity"] = system.file_identity(out)  # after the rename (it moves the change time): what status re-proves
     return res
+
+
+def _changed_aside(ctx, out: Path, record_file: Path, cache: Path) -> str | None:
+    """The model p2pkit converted (its record names this output) that no longer holds the bytes it recorded (an
+    edit, a truncation): moved aside under a name of its own, kept and named, so that it is converted again
+    (issue 48 item 3: `up` stopped at "p2pkit never overwrites a model" and the host stayed broken). A file
+    p2pkit did not record is never touched. What was done, or None."""
+    if not out.is_file() or _record(record_file).get("path") != ctx.profile.model.output:
+        return None
+    rec = _record(record_file)
+    if hm.sha256_cached(ctx.host, out, cache) == rec.get("sha256"):
+        return None
+    aside = out.with_name(f"{out.name}.changed-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+    os.rename(out, aside)
+    said = (f"{ctx.profile.model.output} no longer matches the sha256 p2pkit recorded when it converted it "
+            f"({rec.get('sha256', '?')[:12]}...): moved aside to {aside} (kept) and converted again")
+    ctx.out.warn(f"[model] {said}")
+    return said
 
 
 def _rename(tmp: Path, out: Path, cache: Path, digest: str) -> None:

@@ -14,9 +14,11 @@ arguments from the JSON file Ansible gives it and prints its result as JSON.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 
@@ -26,6 +28,8 @@ short_description: Ensure a system user exists and is in groups, on a host root;
 description:
   - Reads <root>/etc/passwd and <root>/etc/group; runs useradd (missing user) or usermod --append
     (missing groups) with --root when a root is given; supports check mode.
+  - <root>/etc and the two files are opened without following a link, the files as regular files without
+    waiting; a link there is refused before any tool runs (the result's p2pkit_refused names it).
 options:
   root:
     description: Prefix of the host's tree (a simulated host's root); empty on a real host.
@@ -59,19 +63,64 @@ gid:
 """
 
 
-def _table(path: str) -> list[list[str]]:
+class Refused(Exception):
+    """A link (or something else that is not a plain file) at the host's /etc or its account files: the tools
+    this module runs write there as root, so nothing is run; p2pkit reports it with exit 2 (p2pkit_refused)."""
+
+    def __init__(self, path: str, what: str):
+        try:
+            what = f"a symbolic link (to {os.readlink(path)})"
+        except OSError:
+            pass
+        super().__init__(f"{path} is {what}: the host's account files are written there as root, and p2pkit "
+                         "never has anything written through a link it did not make, so nothing was run")
+        self.path = path
+        self.hint = f"remove it (`rm {path}`) and run the same command again, or put the real file there"
+
+
+def _table(root: str, name: str) -> list[list[str]]:
+    """The lines of <root>/etc/NAME split on ':': <root>/etc reached and the file opened without following a
+    link, as a regular file, never waiting (O_NONBLOCK: a FIFO is refused, never read)."""
+    etc = root + "/etc"
+    path = f"{etc}/{name}"
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return [ln.split(":") for ln in fh.read().splitlines() if ln and not ln.startswith("#")]
+        dfd = os.open(root or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:
         return []
+    try:
+        try:
+            efd = os.open("etc", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+        except FileNotFoundError:
+            return []
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise Refused(etc, "not a directory") from None
+            raise
+    finally:
+        os.close(dfd)
+    try:
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=efd)
+        except FileNotFoundError:
+            return []
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise Refused(path, "a symbolic link") from None
+            raise
+    finally:
+        os.close(efd)
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise Refused(path, "not a regular file")
+        text = fh.read().decode("utf-8", "replace")
+    return [ln.split(":") for ln in text.splitlines() if ln and not ln.startswith("#")]
 
 
 def _state(root: str, name: str) -> tuple[tuple[int, int] | None, set[str], set[str]]:
     """(uid, gid) or None; the groups the user is a member of; the groups that exist."""
-    ids = next(((int(f[2]), int(f[3])) for f in _table(root + "/etc/passwd")
+    ids = next(((int(f[2]), int(f[3])) for f in _table(root, "passwd")
                 if len(f) >= 4 and f[0] == name and f[2].isdigit() and f[3].isdigit()), None)
-    groups = _table(root + "/etc/group")
+    groups = _table(root, "group")
     member = {f[0] for f in groups if len(f) >= 4 and name in f[3].split(",")}
     return ids, member, {f[0] for f in groups if f}
 
@@ -125,7 +174,10 @@ def main() -> None:
     params, check_mode = arguments(sys.argv[1])
     root, name = params["root"].rstrip("/"), params["name"]
     wanted = list(params["groups"])
-    ids, member, known = _state(root, name)
+    try:
+        ids, member, known = _state(root, name)
+    except Refused as e:  # p2pkit reads this key: a refusal (exit 2)
+        fail(str(e), p2pkit_refused={"path": e.path, "hint": e.hint})
     unknown = [g for g in wanted if g not in known]
     if unknown:
         fail(f"p2pkit_user: the group(s) {', '.join(unknown)} are not in {root}/etc/group, so "
@@ -146,7 +198,10 @@ def main() -> None:
     if r.returncode != 0:
         fail(f"p2pkit_user: {' '.join(argv)} failed (exit {r.returncode}): {(r.stderr or r.stdout).strip()[-400:]}",
              rc=r.returncode, stderr=r.stderr, stdout=r.stdout)
-    ids, member, _ = _state(root, name)
+    try:
+        ids, member, _ = _state(root, name)
+    except Refused as e:
+        fail(str(e), p2pkit_refused={"path": e.path, "hint": e.hint})
     if ids is None or not set(wanted) <= member:
         fail(f"p2pkit_user: {argv[0]} exited 0 but {root}/etc/passwd and /etc/group do not show "
              f"{name} in {', '.join(wanted)}")
