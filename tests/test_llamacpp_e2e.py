@@ -37,6 +37,7 @@ def llama_sim(root: Path, scenario: str = "healthy", context: int = 2048) -> Pat
     as its model source."""
     state = scenarios.build(scenario)
     state["profile"] = "dual-5090-llamacpp"
+    state["lent_dirs"] = ["/opt/p2pkit-tests"]  # the link below to the real build's cache, lent as in place
     root.mkdir(parents=True)
     lifecycle.init(root, state)
     arc = llama_real.archive()

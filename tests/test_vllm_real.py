@@ -45,7 +45,10 @@ def served(tmp_path, cli):
     vllm_real.wait()
     root = vllm_real.host(tmp_path / "host", scenario="no-systemd")
     try:
-        yield root, up(cli, root)
+        r = up(cli, root)
+        if r.code == 0:
+            vllm_real.keep(root)  # the environment it built (on a cold cache), for the hosts after it
+        yield root, r
     finally:
         lifecycle.stop_services(root)
 
@@ -93,9 +96,8 @@ def test_up_builds_and_serves_the_real_vllm(served, cli, tmp_path):
     # a build that fails (a wheel missing from a copy of the cache) leaves the serving environment as it was
     link = root / "opt/p2pkit-tests/vllm"
     before = os.readlink(link)
-    broken = vllm_real.CACHE / "wheels-broken"
-    shutil.rmtree(broken, ignore_errors=True)
-    shutil.copytree(vllm_real.wheels(), broken, copy_function=os.link)
+    broken = root / "opt/p2pkit-tests/wheels-broken"
+    shutil.copytree(root / "opt/p2pkit-tests/wheels" / vllm_real.wheels().name, broken, copy_function=os.link)
     next(broken.glob("numpy-*.whl")).unlink()
     lock = broken / "p2pkit-engine.lock"  # another lock (a new environment to build), its own file, not a link
     text = lock.read_text()

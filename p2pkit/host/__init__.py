@@ -119,6 +119,25 @@ class Host:
             todo = [x for x in target.split("/") if x] + todo
         return "/" + "/".join(done)
 
+    @property
+    def lent_dirs(self) -> tuple[str, ...]:
+        """Directories (host paths) a simulated directory host lends from this machine as links (the tests'
+        shared build cache, its state's lent_dirs): p2pkit's writes walk through them as the host's own
+        layout. None on a real or a container host."""
+        return tuple(str(d).rstrip("/") for d in self.sim.get("lent_dirs", ())) if self.tree else ()
+
+    def kernel_realpath(self, p: str) -> str:
+        """Where p2pkit's own writes to host path `p` land on this machine: every link followed as the kernel
+        follows it (a simulated host's link to an absolute path leaves its root), except a lent directory,
+        taken as in place (lent_dirs)."""
+        real = os.path.realpath(self.path(p))
+        for d in self.lent_dirs:
+            if p == d or p.startswith(d + "/"):
+                lent = os.path.realpath(self.path(d))
+                if real == lent or real.startswith(lent + "/"):
+                    return str(self.path(d)) + real[len(lent):]
+        return real
+
     def library(self, name: str):
         """The host's library `name` as p2pkit calls it: "nvml" is nvidia-ml-py's pynvml module on a
         real host. A simulated host names its own stand-in for it in its state (a module with an

@@ -55,6 +55,13 @@ options:
     type: list
     elements: dict
     default: []
+  lent:
+    description:
+      - Paths under root that are links to directories of this machine a simulated host lends (its test cache):
+        walked through as the host's own layout. Empty on a real host (root empty: never honoured).
+    type: list
+    elements: str
+    default: []
   probe:
     description:
       - Entries with name and path (under root), read before anything is written. With glob, the paths
@@ -158,11 +165,14 @@ def parent_fd(root: str, rel: str, create: bool) -> tuple[int | None, str]:
         if not create:
             return None, parts[-1]
         raise
-    shown = root
+    shown, rel_here = root, ""
     try:
         for part in parts[:-1]:
-            shown = f"{shown}/{part}"
-            nxt = _down(fd, part, shown, create)
+            shown, rel_here = f"{shown}/{part}", f"{rel_here}/{part}"
+            if rel_here in LENT:  # the host's own layout: a directory of this machine it lends (a simulated host)
+                nxt = os.open(shown, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            else:
+                nxt = _down(fd, part, shown, create)
             os.close(fd)
             fd = nxt
             if fd is None:
@@ -194,6 +204,8 @@ def _directory(root: str, rel: str, entry: dict, check: bool) -> bool:
                 finally:
                     os.close(fd)
             return True
+        if stat.S_ISLNK(st.st_mode) and rel.rstrip("/") in LENT:
+            return False  # a directory the simulated host lends: its own, in place
         if stat.S_ISLNK(st.st_mode):
             raise Refused(path, "a symbolic link")
         if not stat.S_ISDIR(st.st_mode):
@@ -224,7 +236,7 @@ def _checked(root: str, rel: str, state: str = "checked") -> bool:
             st = os.lstat(name, dir_fd=dfd)
         except FileNotFoundError:
             return False
-        if stat.S_ISLNK(st.st_mode) and state != "link":  # a link p2pkit switches is one it made: _link judges it
+        if stat.S_ISLNK(st.st_mode) and state != "link" and rel.rstrip("/") not in LENT:  # a link p2pkit switches is one it made: _link judges it
             raise Refused(root + rel, "a symbolic link")
         if state == "file" and not stat.S_ISREG(st.st_mode):
             raise Refused(root + rel, f"not a regular file ({_what(st.st_mode)})")
@@ -387,7 +399,9 @@ def probe(root: str, entry: dict) -> dict:
 
 
 # option -> (type, default); each list's elements are dicts
-OPTIONS = {"root": (str, ""), "files": (list, []), "probe": (list, [])}
+OPTIONS = {"root": (str, ""), "files": (list, []), "probe": (list, []), "lent": (list, [])}
+# directories (paths under root) a simulated host lends from this machine as links: walked through as its own
+LENT: set[str] = set()
 
 
 def _exit(result: dict, rc: int = 0):
@@ -420,7 +434,7 @@ def arguments(path: str) -> tuple[dict, bool]:
         if not isinstance(value, kind):
             fail(f"argument '{name}' is of type {type(value).__name__} and we were unable to convert to "
                  f"{kind.__name__}")
-        if kind is list and any(not isinstance(x, dict) for x in value):
+        if kind is list and name != "lent" and any(not isinstance(x, dict) for x in value):
             fail(f"Elements value for option '{name}' is not a dict: give each entry as a mapping")
         params[name] = value
     return params, bool(given.get("_ansible_check_mode"))
@@ -431,6 +445,7 @@ def main() -> None:
         fail("p2pkit_files: Ansible runs this module with one argument, its arguments file")
     params, check_mode = arguments(sys.argv[1])
     root = params["root"].rstrip("/")
+    LENT.update(str(x).rstrip("/") for x in params["lent"] if root and str(x).startswith("/"))
     changed: list[str] = []
     probed = {}
     for entry in params["probe"]:
