@@ -137,9 +137,14 @@ def test_a_command_that_did_not_answer_is_could_not_check_never_stale(cli, serve
     finally:
         hang.unlink()
     assert r.code == 1 and "stale" not in r.out + r.err and "up --from" not in r.out + r.err, r.out + r.err
-    service = next(s for s in json.loads(j.out)["stages"] if s["stage"] == "service")
+    stages = json.loads(j.out)["stages"]
+    service = next(s for s in stages if s["stage"] == "service")
     assert service["state"] == "could not check", service
-    assert "systemctl did not answer within" in service["reason"] and "load" in service["reason"], service
+    # the first stage that asks systemctl (p2p-module: its restore timer, issue 49) names the command, the
+    # limit and the load; the stages after it are not judged on what could not be read
+    first = next(s for s in stages if s["state"] == "could not check")
+    assert "systemctl did not answer within" in first["reason"] and "load" in first["reason"], first
+    assert all(s["state"] == "could not check" for s in stages[stages.index(first):]), stages
     report = json.loads(d.out)
     assert "service.engine_alive" not in report["failed"], report["failed"]
     assert any(n["id"] == "service.engine_alive" for n in report["not_checked"]), report["not_checked"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from p2pkit.core.config import Profile
 from p2pkit.core.role_defaults import role_default
-from p2pkit.rules.findings import FAIL, PASS, Check, changed, failed, figure, judge, reads, unknown
+from p2pkit.rules.findings import FAIL, PASS, Check, changed, failed, figure, judge, reading, reads, unknown
 from p2pkit.rules.hints import RESTORE_FIX
 
 PINNED = "615.71.09"
@@ -117,9 +117,9 @@ def files_recorded(f: dict, p: Profile) -> list[Check]:
         return []
     if failed(files) or not isinstance(files, dict):
         return [unknown("driver.files", "the installer's files are recorded", files, "each file there")]
-    return [Check("driver.files", "the installer's files are recorded", PASS if files else FAIL,
-                  f"{len(files)} files" if files else "none found", "the libraries, firmware and programs of "
-                  f"{p.driver.version}", "" if files else DRIVER_FILES_REDO)]
+    return [reading("driver.files", "the installer's files are recorded", PASS if files else FAIL,
+                    len(files) or None, "count", f"the libraries, firmware and programs of {p.driver.version}",
+                    DRIVER_FILES_REDO, text="{} files", missing="none found")]
 
 
 def reproved(recorded: dict, now: dict | None, p: Profile) -> list[Check]:
