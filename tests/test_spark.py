@@ -264,3 +264,52 @@ def test_doctor_does_not_judge_a_stage_that_does_not_apply(sim):
     rebar = next(g for g in report["groups"] if g["stage"] == "rebar")["checks"]
     assert [c["id"] for c in rebar] == ["rebar.applies"] and rebar[0]["status"] == "skip"
     assert not [f for f in report["failed"] if f.startswith("rebar.")]
+
+
+def _sm121_patch(root, tmp_path) -> bytes:
+    """The sm_121 patch as `git diff` writes it, made against the node's own unpatched tree (the simulated PR
+    branch of scenario spark-unpatched-vllm): the two files the seed's patch changes, as the patched tree has them."""
+    import shutil
+    import subprocess
+
+    from p2pkit.sim.provision import NVFP4_UTILS, VLLM_CMAKELISTS
+
+    work = tmp_path / "patch-work"
+    shutil.copytree(root / ".p2pkit-sim/git/vllm-work", work, symlinks=True)
+    (work / "CMakeLists.txt").write_text(VLLM_CMAKELISTS)
+    (work / "csrc/libtorch_stable/quantization/fp4/nvfp4_utils.cuh").write_text(NVFP4_UTILS)
+    return subprocess.run(["git", "-C", str(work), "diff"], capture_output=True, check=True).stdout
+
+
+def test_a_patch_is_checked_against_the_pinned_tree_before_anything_is_built(cli, sim, tmp_path):
+    """engine.patches: a pinned patch made against another tree stops the engine stage naming it and what git
+    said, with nothing built (no environment at the prefix); the same stage then takes the right patch, applies
+    it and proves the tree carries it (engine.vllm_sm121, from the tree's files); a second run applies nothing."""
+    import hashlib
+
+    root = sim("spark-unpatched-vllm")
+    patch = root / "opt/p2pkit/patches/vllm-sm121.patch"
+    patch.parent.mkdir(parents=True)
+    good = _sm121_patch(root, tmp_path)
+    # made against another tree: its context is not in this one
+    patch.write_bytes(good.replace(b"CMakeLists.txt", b"cmake/other.cmake"))
+    pin = f'engine.patches=["{hashlib.sha256(patch.read_bytes()).hexdigest()}  /opt/p2pkit/patches/vllm-sm121.patch"]'
+    r = cli("--root", str(root), "--set", pin, "up", "--reboot", "--to", "engine")
+    assert r.code == 1, r.out + r.err
+    assert "the patch /opt/p2pkit/patches/vllm-sm121.patch does not apply" in r.err, r.err
+    assert "git apply --check:" in r.err and "nothing was built" in r.err, r.err
+    assert not (root / "opt/vllm").exists()  # the prefix: nothing half-installed serving
+    # the pinned sha256 no longer matches the file: refused before git is asked
+    patch.write_bytes(good)
+    r = cli("--root", str(root), "--set", pin, "up", "--to", "engine")
+    assert r.code == 1 and "the profile pins" in r.err, r.err
+    pin = f'engine.patches=["{hashlib.sha256(good).hexdigest()}  /opt/p2pkit/patches/vllm-sm121.patch"]'
+    r = cli("--root", str(root), "--json", "--set", pin, "up", "--to", "engine")
+    assert r.code == 0, r.err
+    doc = json.loads((root / "var/lib/p2pkit/engine.json").read_text())
+    assert {c["id"]: c["status"] for c in doc["checks"]}["engine.vllm_sm121"] == "pass"
+    r = cli("--root", str(root), "--set", pin, "up", "--from", "engine", "--to", "engine", "--force")  # again
+    assert r.code == 0, r.err
+    log = (root / "var/lib/p2pkit/logs/engine.log").read_text()
+    recap = re.search(r"changed=(\d+)", log.split("PLAY RECAP")[-1])
+    assert recap and recap.group(1) == "0", log[-3000:]  # the patch is in the tree: git applies nothing again
