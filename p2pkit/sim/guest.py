@@ -387,7 +387,7 @@ WantedBy=sysinit.target
 """
 
 
-def provision(scenario: str) -> int:
+def provision(scenario: str, profile: str | None = None) -> int:
     """Lay the simulated GPUs and what their owner would have to hand into this root (not booted yet)."""
     import tomllib
 
@@ -398,6 +398,8 @@ def provision(scenario: str) -> int:
     if not in_container():
         raise SystemExit("SIMULATED container host: provision runs only inside the container host's root")
     state = scenarios.build(scenario)
+    if profile:  # another built-in profile on the same simulated box (vllm-cpu: the real vLLM's CPU build)
+        state["profile"] = profile
     if scenario not in CONTAINER_SCENARIOS:
         raise SystemExit(f"SIMULATED container host: scenario {scenario!r} is the simulated host's only; the "
                          f"container host runs {', '.join(CONTAINER_SCENARIOS)}")
@@ -480,5 +482,6 @@ if __name__ == "__main__":
         sys.exit(boot())
     if cmd == ["provision"]:
         sc = sys.argv[sys.argv.index("--scenario") + 1] if "--scenario" in sys.argv else "healthy"
-        sys.exit(provision(sc))
-    sys.exit("usage: python -m p2pkit.sim.guest boot | provision [--scenario NAME]")
+        prof = sys.argv[sys.argv.index("--profile") + 1] if "--profile" in sys.argv else None
+        sys.exit(provision(sc, prof))
+    sys.exit("usage: python -m p2pkit.sim.guest boot | provision [--scenario NAME] [--profile NAME]")

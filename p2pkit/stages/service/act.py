@@ -509,8 +509,13 @@ def measure(ctx, acted: dict | None = None) -> dict:
             health = wait_joined(ctx, p.serve.health_timeout_s, acted)
     else:
         url = engine_cmd.health_url(p)
-        with ctx.out.working(f"[service] waiting for {url}"):
-            health = wait_health(ctx, url, p.serve.health_timeout_s)
+        reach = user_access(ctx)
+        if reach.get("blocked"):  # the engine cannot load what it must read: its restarts would fill the timeout
+            health = {"ok": False, "seconds": 0, "exited": False, "not_waited": "the engine's user cannot reach "
+                      + "; ".join(reach["blocked"].values()) + " (service.user_access)"}
+        else:
+            with ctx.out.working(f"[service] waiting for {url}"):
+                health = wait_health(ctx, url, p.serve.health_timeout_s)
     pid = main_pid(host)
     res = {"unit": system.ENGINE_UNIT, "role": role, "analyze": None if launched else analyze(host), "health": health,
            "main_pid": pid, **(service_launcher.measured(host) if launched else {}),
@@ -546,6 +551,13 @@ def user_access(ctx) -> dict:
     wants = {f"{ctx.host.host_path(ctx.store.dir)}/engine": "x", engine_cmd.binary(p): "x"}
     if p.model.format != "hf" and p.model.output:
         wants[p.model.output] = "r"
+    elif p.model.format == "hf" and (src := engine_cmd.served_model(p)).startswith("/"):
+        # a checkpoint served as it is: its directory listed and entered, each file in it read (a file root wrote
+        # 0600, as a download through a temporary file leaves it, stops vLLM's workers: "No such file or directory")
+        wants[src] = "rx"
+        for name in ctx.host.listdir(src):
+            if ctx.host.path(f"{src}/{name}").is_file():
+                wants[f"{src}/{name}"] = "r"
     for path in config.flag_paths(p).values():  # a draft model, a projector: read by the engine too
         wants[path] = "r"
     return access.engine_reach(ctx.host, system.ENGINE_USER, wants)

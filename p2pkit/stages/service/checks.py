@@ -199,7 +199,8 @@ def answering(s: dict) -> Check:
     if h["ok"]:
         return reading("service.health", "/health answers 200", PASS, h["seconds"], "s", 200,
                        text=f"200 after {{}} (codes seen: {h['codes']})")
-    why = gone(s.get("log_tail", [])) if h.get("exited") else h.get("stalled") or f"no 200 within {h['seconds']} s"
+    why = gone(s.get("log_tail", [])) if h.get("exited") else h.get("stalled") or h.get("not_waited") \
+        or f"no 200 within {h['seconds']} s"
     hint, pit = not_healthy_fix(s)
     return Check("service.health", "/health answers 200", FAIL, f"{why}; last log lines: {tail}", 200, hint, pit)
 
@@ -207,6 +208,9 @@ def answering(s: dict) -> Check:
 def not_healthy_fix(s: dict) -> tuple[str, str]:
     """What to do about an engine whose /health never answered 200, and the pitfall behind it."""
     h, cause = s["health"], s.get("likely_cause")
+    if h.get("not_waited"):
+        return ("not waited for: let the engine's user read what it loads (see service.user_access), then "
+                "`p2pkit up --from service`", "")
     if h.get("stalled") and "state T" in h["stalled"]:
         return "something stopped the engine (SIGSTOP): `kill -CONT` its pid, or `p2pkit serve restart`", ""
     if h.get("stalled") and not cause:
