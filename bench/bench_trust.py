@@ -1,16 +1,24 @@
 """The trust campaign (issue 40): what root does with files and values it did not make, stage by stage.
 
 Cases (--cases, comma-separated; all by default):
-- links: a full `up --reboot` on a fresh simulated host runs under strace (bench/written.py); every
-  file p2pkit's own processes wrote there (not Ansible's, not the host's tools', not the simulated
-  machine's own reboot, which `sim reboot` under strace names) whose name could already have been
-  there (not made new with O_EXCL, not inside a private directory the run made) gets a symlink to a
-  victim file of its own on a second fresh host, and each directory p2pkit made under the state
-  directory a symlink to a victim directory. Then `up --reboot` runs until it finishes: each exit 2
-  must name a planted path (that link is removed then, a directory's link replaced by a real
-  directory holding its files' links, and the run repeated). Per path: refused (exit 2 naming it),
-  replaced (p2pkit put its own file where the link was) or not reached; and whether its victim was
-  touched (content, mode or, for a directory, its listing).
+- links (issue 48 items 1 and 7): the whole process tree of each of COMMANDS (a fresh `up --reboot`, then
+  on the done host a second `up`, `serve restart`, `restore`, `rollback p2p-module`) runs under strace
+  (bench/written.py) on one simulated host. Every path under the host's root that any program of the tree
+  wrote (p2pkit, its Ansible modules, Ansible's own modules, the host's stand-in tools, git, CMake, the
+  compilers) and every directory written into on the way is a target, less only what cannot hold a link
+  planted before the run, each skip with its reason: the kernel's filesystems (the simulated host's proc,
+  sys, dev), the simulator's own state (.p2pkit-sim) and the files its machine writes as it boots (what
+  `sim reboot` under strace writes), the directories that hold its stand-in programs (they find the host
+  from their own path), names made new with O_EXCL and whatever lies inside a directory the run itself
+  made. Then on another host a link to a victim outside the host's root is planted at each target
+  (shallowest first; a directory's content moved into its victim, so the host reads what it read before)
+  and the command runs until it finishes: each exit 2 must name a planted path (that link is taken out
+  and the targets below it planted, and the command runs again). Per target: refused (exit 2 naming it),
+  replaced (a file of the run's own where the link was), written through (the run stopped otherwise and a
+  victim changed), not reached; and whether its victim was touched (content, mode, owner or listing), by
+  which programs (from the recording). `up --reboot` goes in rounds, each on a fresh host, until every
+  target was planted; the later commands run once each on the host the last round brought up. A victim
+  touched by p2pkit or its modules fails the run (exit 1); one touched by another program is reported.
 - artifacts: per stage, a forged artifact (the stage's artifact from a host brought up fully,
   re-signed for this host, its chain and digest recomputed, where this host is brought up to the
   stage before: does `status` call it done, and does `up --to STAGE` do the work?), and vanished
@@ -23,9 +31,10 @@ Cases (--cases, comma-separated; all by default):
   to `plan` on a fresh simulated host (--plan-per-kind of them per kind). Exit 2 is a refusal, 0 an
   acceptance, 70 an internal error.
 
-Run by hand: `python3 bench/bench_trust.py [--cases links,artifacts,values] [--keys K1,K2] [--json FILE]`
-(links ~4 min, artifacts ~10 min, values ~1 min on two cores). Not a test: tests/test_bench_trust.py
-runs its argument parsing and the values case on one key; tests/test_safefs.py runs the links case."""
+Run by hand: `python3 bench/bench_trust.py [--cases links,artifacts,values] [--commands up --reboot,second up]
+[--rounds N] [--keys K1,K2] [--json FILE]` (links ~15 min, artifacts ~10 min, values ~1 min on two shared
+cores). Not a test: tests/test_bench_trust.py runs its argument parsing and the values case on two keys;
+tests/test_safefs.py runs a cut of the links case (the fresh `up --reboot`, its first round)."""
 
 from __future__ import annotations
 
@@ -70,6 +79,17 @@ COMMANDS = (("up --reboot", ("up", "--reboot")), ("second up", ("up",)), ("serve
             ("restore", ("--yes", "restore")), ("rollback", ("rollback", "p2p-module", "--yes")))
 DONE = {"rollback": 4}  # the exit a command ends with when it did its work (rollback: a reboot puts it in force)
 OURS = ("p2pkit", "p2pkit module")  # p2pkit's own processes and its own Ansible modules (p2pkit_files, p2pkit_user)
+
+
+def by_design(profile: str = "dual-5090-ninfer") -> dict[str, str]:
+    """The links p2pkit follows on purpose, relative to the host's root, each with where the product says so:
+    the models directory (config.models_dir: it may be a link, the models on another disk; a link above it
+    or below it that leads out is refused). A victim written through one of these is reported apart."""
+    from p2pkit.core import config
+
+    p = config.load(profile)
+    return {config.models_dir(p).strip("/"): "the models directory may itself be a link (the models on another "
+            "disk: p2pkit.core.config.models_dir; a link above or below it that leads out is refused)"}
 
 
 def _rel(root: Path, path: str) -> str | None:
@@ -132,6 +152,9 @@ def targets(trace: written.Trace, root: Path, machine: set[str], sim: set[str] =
             if not any(d.startswith(m + "/") for m in made):
                 dirs.add(d)
     files -= dirs
+    for rel in list(skipped):  # a directory the machine made sure of is still one the run writes into
+        if rel in dirs or rel in files:
+            del skipped[rel]
     for d in sorted(dirs & set(sim)):
         dirs.discard(d)
         skipped[d] = "holds the simulated host's stand-in programs (they find the host from their own path)"
@@ -141,14 +164,21 @@ def targets(trace: written.Trace, root: Path, machine: set[str], sim: set[str] =
     return {"files": sorted(files), "dirs": sorted(dirs), "skipped": skipped, "writers": writers}
 
 
-def discover(base: Path, scenario: str = "healthy") -> dict:
+def discover(base: Path, scenario: str = "healthy", names: tuple[str, ...] | None = None) -> dict:
     """The whole process tree of each command (strace -f; a service it leaves running goes on untraced) on one
-    simulated host: a fresh `up --reboot`, then the other COMMANDS on the done host; each command's targets."""
+    simulated host: a fresh `up --reboot`, then the other COMMANDS on the done host; each command's targets.
+    `names`: only these commands are recorded (a fresh `up --reboot` runs all the same, untraced when not)."""
     root = fresh_host(base, "discover", scenario)
     machine = machine_files(base, scenario)
     sim = standin_dirs(root)
     found = {}
     for name, args in COMMANDS:
+        if names is not None and name not in names:
+            if name == "up --reboot":  # the host the later commands find: brought up, its engine running
+                r = run(["--root", str(root), *args], base)
+                if r.returncode != 0:
+                    raise SystemExit(f"the unplanted `{name}` exited {r.returncode}: {r.stderr[-800:]}")
+            continue
         # the engine a command leaves running keeps strace waiting: it is stopped once the command has exited,
         # and started again untraced (serve restart) for the next command, as the command left it
         code, trace = written.record(p2pkit("--root", str(root), *args), base / f"{name.replace(' ', '-')}.trace",
@@ -175,6 +205,8 @@ def machine_files(base: Path, scenario: str) -> set[str]:
 def _fingerprint(v: Path) -> dict[str, str]:
     """relative path -> mode, owner and content digest of everything in v (v itself "."), links not followed."""
     out = {}
+    if not os.path.lexists(v):
+        return out  # a dangling link's victim, not (yet) made
     for p in [v, *sorted(v.rglob("*"))] if v.is_dir() and not v.is_symlink() else [v]:
         st = p.lstat()
         what = os.readlink(p) if stat.S_ISLNK(st.st_mode) else hashlib.sha256(p.read_bytes()).hexdigest() \
@@ -185,11 +217,13 @@ def _fingerprint(v: Path) -> dict[str, str]:
 
 class Planter:
     """Links planted on one host at the targets of a command, each taken out when a run refuses it. A directory's
-    link leads to its own content, moved aside (the host reads what it read before); a file's to a copy of it
-    (or a victim file where none was)."""
+    link leads to its own content, moved aside (or to an empty victim directory where none was); a file's to a
+    copy of it, or, where none was, to a victim name not there (a dangling link: a reader finds nothing, as
+    before, and a write that follows it makes the victim). The host reads what it read before."""
 
-    def __init__(self, root: Path, victims: Path, writers: dict[str, list[str]]):
+    def __init__(self, root: Path, victims: Path, writers: dict[str, list[str]], design: dict[str, str] | None = None):
         self.root, self.victims, self.writers = root, victims, writers
+        self.design = design or {}
         self.planted: dict[str, dict] = {}
         self.n = 0
 
@@ -205,9 +239,6 @@ class Planter:
         elif moved:
             shutil.copy2(p, v)
             p.unlink()
-        else:
-            v.write_text(f"victim for {rel}: p2pkit must never write here\n")
-            v.chmod(0o640)
         p.parent.mkdir(parents=True, exist_ok=True)
         p.symlink_to(v)
         self.planted[rel] = {"path": rel, "kind": "directory" if directory else "file", "victim": str(v),
@@ -219,7 +250,9 @@ class Planter:
         e = self.planted.pop(rel)
         p, v = self.root / rel, Path(e["victim"])
         before, after = e.pop("before"), _fingerprint(v)
-        e["outcome"] = outcome
+        e["outcome"] = "followed by design" if outcome == "not reached" and rel in self.design else outcome
+        if rel in self.design:
+            e["by_design"] = self.design[rel]
         e["changed"] = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))[:20]
         e["victim_touched"] = bool(e["changed"])
         names = [rel if k == "." else f"{rel}/{k}" for k in e["changed"]]
@@ -243,12 +276,12 @@ def _named_in(text: str, root: Path, rel: str) -> bool:
 
 
 def plant_and_run(base: Path, root: Path, victims: Path, found: dict, args: tuple[str, ...],
-                  todo: dict[str, bool], limit: int = 400, done: int = 0) -> dict:
+                  todo: dict[str, bool], limit: int = 400, done: int = 0, design: dict[str, str] | None = None) -> dict:
     """Plant a link at the shallowest of `todo` (rel -> is a directory), run the command until it finishes; each
     exit 2 must name planted links, which are then taken out and the targets below them planted, and the
     command runs again. Returns the outcomes; what stays in `todo` was never planted (a directory above it was
     not refused: a next round plants it)."""
-    planter = Planter(root, victims, found["writers"])
+    planter = Planter(root, victims, found["writers"], design)
     results, runs = [], []
 
     def plant_below(top: str | None) -> None:
@@ -280,38 +313,56 @@ def plant_and_run(base: Path, root: Path, victims: Path, found: dict, args: tupl
     return {"planted": results, "runs": runs, "finished": bool(runs) and runs[-1]["exit"] == done}
 
 
-def links(base: Path, scenario: str = "healthy") -> dict:
-    """The links case: every command of COMMANDS recorded on one host, then planted on another: a fresh
-    `up --reboot` in rounds (each round a fresh host: the targets below a directory whose link no run refused
-    go into the next), then each later command once on the host the last round brought up."""
+def links(base: Path, scenario: str = "healthy", names: tuple[str, ...] | None = None,
+          rounds: int = 100) -> dict:
+    """The links case: every command of COMMANDS (or of `names`) recorded on one host, then planted on another:
+    a fresh `up --reboot` in rounds (each round a fresh host: the targets below a directory whose link no run
+    refused go into the next), then each later command on the host the last round brought up, in rounds too
+    (before each round after its first, `up --reboot` brings that host back where the command found it: a
+    rollback undone). At most `rounds` rounds a command: what a cut leaves is listed as not planted."""
     t0 = time.monotonic()
     (base / "d").mkdir()
     (base / "p").mkdir()
-    found = discover(base / "d", scenario)
+    found = discover(base / "d", scenario, names)
     t_discover = time.monotonic() - t0
-    out: dict = {"commands": {}, "writers": sorted({w for f in found.values() for ws in f["writers"].values()
-                                                    for w in ws})}
+    design = by_design()
+    out: dict = {"by_design": design, "commands": {},
+                 "writers": sorted({w for f in found.values() for ws in f["writers"].values() for w in ws})}
     root = None
     for name, args in COMMANDS:
+        if name not in found:
+            if name == "up --reboot":  # the later commands' host, brought up unplanted
+                root = fresh_host(base / "p", "planted", scenario)
+                r = run(["--root", str(root), *args], base / "p")
+                if r.returncode != 0:
+                    raise SystemExit(f"the unplanted `{name}` exited {r.returncode}: {r.stderr[-800:]}")
+            continue
         f = found[name]
         todo = {**{d: True for d in f["dirs"]}, **{x: False for x in f["files"]}}
         got: dict = {"planted": [], "runs": [], "finished": True, "rounds": 0}
-        while todo and got["finished"]:
+        t_cmd = time.monotonic()
+        while todo and got["finished"] and got["rounds"] < rounds:
             got["rounds"] += 1
             if name == "up --reboot":
                 if root is not None:
                     stop_host(root)
                 root = fresh_host(base / "p", "planted", scenario)
+            elif got["rounds"] > 1:  # the host as the command found it: done, its engine running
+                r = run(["--root", str(root), "up", "--reboot"], base / "p")
+                if r.returncode != 0:
+                    got["finished"] = False
+                    got["runs"].append({"exit": r.returncode, "named": [], "before_round": got["rounds"],
+                                        "tail": r.stderr.strip().splitlines()[-4:]})
+                    break
             victims = base / "p" / f"victims-{name.replace(' ', '-')}-{got['rounds']}"
             victims.mkdir()
-            r = plant_and_run(base / "p", root, victims, f, args, todo, done=DONE.get(name, 0))
+            r = plant_and_run(base / "p", root, victims, f, args, todo, done=DONE.get(name, 0), design=design)
             got["planted"] += r["planted"]
             got["runs"] += r["runs"]
             got["finished"] = r["finished"]
-            if name != "up --reboot":
-                break
         out["commands"][name] = {"targets": {"files": f["files"], "dirs": f["dirs"]}, "skipped": f["skipped"],
-                                 **got, "not_planted": sorted(todo), "table": _table(got["planted"])}
+                                 **got, "not_planted": sorted(todo), "table": _table(got["planted"]),
+                                 "seconds": round(time.monotonic() - t_cmd, 1)}
         if not got["finished"]:
             break
     if root is not None:
@@ -320,17 +371,22 @@ def links(base: Path, scenario: str = "healthy") -> dict:
     return out
 
 
+def ours_touched(e: dict) -> bool:
+    """A victim p2pkit or its modules wrote (or one no recorded program wrote: counted as p2pkit's)."""
+    return e["victim_touched"] and (bool(set(e["written_by"]) & set(OURS)) or not e["written_by"])
+
+
 def _table(planted: list[dict]) -> list[dict]:
     rows: dict = {}
     for e in planted:
         k = (e["kind"], e["outcome"])
         row = rows.setdefault(k, {"kind": e["kind"], "outcome": e["outcome"], "paths": 0, "victims": 0,
-                                  "victims_p2pkit": 0, "victims_others": 0})
+                                  "victims_p2pkit": 0, "victims_by_design": 0, "victims_others": 0})
         row["paths"] += 1
         if e["victim_touched"]:
             row["victims"] += 1
-            ours = bool(set(e["written_by"]) & set(OURS)) or not e["written_by"]
-            row["victims_p2pkit" if ours else "victims_others"] += 1
+            row["victims_by_design" if "by_design" in e else "victims_p2pkit" if ours_touched(e)
+                else "victims_others"] += 1
     return list(rows.values())
 
 
@@ -541,6 +597,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default="links,artifacts,values", help="links, artifacts, values (comma-separated)")
     ap.add_argument("--scenario", default="healthy", help="the simulated host's scenario (links)")
+    ap.add_argument("--commands", default=None,
+                    help="links: only these of " + ", ".join(n for n, _ in COMMANDS) + " (comma-separated; a cut)")
+    ap.add_argument("--rounds", type=int, default=100, help="links: at most this many rounds a command (a cut)")
     ap.add_argument("--keys", default=None, help="values: only these profile keys (comma-separated)")
     ap.add_argument("--plan-per-kind", type=int, default=3, help="values: accepted values tried with `plan`, per kind")
     ap.add_argument("--json", type=Path, default=None, help="write every case and its table here")
@@ -549,6 +608,10 @@ def main() -> int:
     bad = set(cases) - {"links", "artifacts", "values"}
     if bad:
         ap.error(f"unknown case(s): {', '.join(sorted(bad))}")
+    names = tuple(n.strip() for n in a.commands.split(",") if n.strip()) if a.commands else None
+    unknown = set(names or ()) - {n for n, _ in COMMANDS}
+    if unknown:
+        ap.error(f"unknown command(s): {', '.join(sorted(unknown))}")
     if "links" in cases and not written.available():
         ap.error("the links case needs strace (apt-get install strace)")
     base = Path(tempfile.mkdtemp(prefix="bench-trust-"))
@@ -561,7 +624,7 @@ def main() -> int:
             print_table("values: profile validate (and plan where it passed), per kind", out["values"]["table"])
         if "links" in cases:
             (base / "l").mkdir()
-            lk = links(base / "l", a.scenario)
+            lk = links(base / "l", a.scenario, names, a.rounds)
             out["links"] = lk
             for name, c in lk["commands"].items():
                 print_table(f"links, {name}: {len(c['targets']['files'])} files and {len(c['targets']['dirs'])} "
@@ -585,7 +648,7 @@ def main() -> int:
     if "links" in out:
         for c in out["links"]["commands"].values():
             bad |= any(t["victims_p2pkit"] for t in c["table"]) or not c["finished"]
-        bad |= len(out["links"]["commands"]) < len(COMMANDS)
+        bad |= len(out["links"]["commands"]) < len(names or COMMANDS)
     if "values" in out:
         bad |= any(r["validate_exit"] == 70 or r.get("plan_exit") == 70 for r in out["values"]["rows"])
     return 1 if bad else 0
