@@ -250,7 +250,8 @@ class Planter:
         e = self.planted.pop(rel)
         p, v = self.root / rel, Path(e["victim"])
         before, after = e.pop("before"), _fingerprint(v)
-        e["outcome"] = "followed by design" if outcome == "not reached" and rel in self.design else outcome
+        e["outcome"] = "followed by design" if outcome in ("not reached", "written through") and rel in self.design \
+            else outcome
         if rel in self.design:
             e["by_design"] = self.design[rel]
         e["changed"] = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))[:20]
@@ -308,8 +309,12 @@ def plant_and_run(base: Path, root: Path, victims: Path, found: dict, args: tupl
         runs[-1]["written_through"] = through
         for rel in through:
             results.append(planter.resolve(rel, "written through"))
-    for rel in list(planter.planted):
-        results.append(planter.resolve(rel, "not reached" if (root / rel).is_symlink() else "replaced"))
+    for rel in list(planter.planted):  # a link still there: written through when its victim changed (a tool
+        # followed it and the run went on), else not reached
+        e = planter.planted[rel]
+        through = _fingerprint(Path(e["victim"])) != e["before"]
+        results.append(planter.resolve(rel, ("written through" if through else "not reached")
+                                       if (root / rel).is_symlink() else "replaced"))
     return {"planted": results, "runs": runs, "finished": bool(runs) and runs[-1]["exit"] == done}
 
 
