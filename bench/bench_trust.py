@@ -1,16 +1,24 @@
 """The trust campaign (issue 40): what root does with files and values it did not make, stage by stage.
 
 Cases (--cases, comma-separated; all by default):
-- links: a full `up --reboot` on a fresh simulated host runs under strace (bench/written.py); every
-  file p2pkit's own processes wrote there (not Ansible's, not the host's tools', not the simulated
-  machine's own reboot, which `sim reboot` under strace names) whose name could already have been
-  there (not made new with O_EXCL, not inside a private directory the run made) gets a symlink to a
-  victim file of its own on a second fresh host, and each directory p2pkit made under the state
-  directory a symlink to a victim directory. Then `up --reboot` runs until it finishes: each exit 2
-  must name a planted path (that link is removed then, a directory's link replaced by a real
-  directory holding its files' links, and the run repeated). Per path: refused (exit 2 naming it),
-  replaced (p2pkit put its own file where the link was) or not reached; and whether its victim was
-  touched (content, mode or, for a directory, its listing).
+- links (issue 48 items 1 and 7): the whole process tree of each of COMMANDS (a fresh `up --reboot`, then
+  on the done host a second `up`, `serve restart`, `restore`, `rollback p2p-module`) runs under strace
+  (bench/written.py) on one simulated host. Every path under the host's root that any program of the tree
+  wrote (p2pkit, its Ansible modules, Ansible's own modules, the host's stand-in tools, git, CMake, the
+  compilers) and every directory written into on the way is a target, less only what cannot hold a link
+  planted before the run, each skip with its reason: the kernel's filesystems (the simulated host's proc,
+  sys, dev), the simulator's own state (.p2pkit-sim) and the files its machine writes as it boots (what
+  `sim reboot` under strace writes), the directories that hold its stand-in programs (they find the host
+  from their own path), names made new with O_EXCL and whatever lies inside a directory the run itself
+  made. Then on another host a link to a victim outside the host's root is planted at each target
+  (shallowest first; a directory's content moved into its victim, so the host reads what it read before)
+  and the command runs until it finishes: each exit 2 must name a planted path (that link is taken out
+  and the targets below it planted, and the command runs again). Per target: refused (exit 2 naming it),
+  replaced (a file of the run's own where the link was), written through (the run stopped otherwise and a
+  victim changed), not reached; and whether its victim was touched (content, mode, owner or listing), by
+  which programs (from the recording). `up --reboot` goes in rounds, each on a fresh host, until every
+  target was planted; the later commands run once each on the host the last round brought up. A victim
+  touched by p2pkit or its modules fails the run (exit 1); one touched by another program is reported.
 - artifacts: per stage, a forged artifact (the stage's artifact from a host brought up fully,
   re-signed for this host, its chain and digest recomputed, where this host is brought up to the
   stage before: does `status` call it done, and does `up --to STAGE` do the work?), and vanished
@@ -23,9 +31,10 @@ Cases (--cases, comma-separated; all by default):
   to `plan` on a fresh simulated host (--plan-per-kind of them per kind). Exit 2 is a refusal, 0 an
   acceptance, 70 an internal error.
 
-Run by hand: `python3 bench/bench_trust.py [--cases links,artifacts,values] [--keys K1,K2] [--json FILE]`
-(links ~4 min, artifacts ~10 min, values ~1 min on two cores). Not a test: tests/test_bench_trust.py
-runs its argument parsing and the values case on one key; tests/test_safefs.py runs the links case."""
+Run by hand: `python3 bench/bench_trust.py [--cases links,artifacts,values] [--commands up --reboot,second up]
+[--rounds N] [--keys K1,K2] [--json FILE]` (links ~15 min, artifacts ~10 min, values ~1 min on two shared
+cores). Not a test: tests/test_bench_trust.py runs its argument parsing and the values case on two keys;
+tests/test_safefs.py runs a cut of the links case (the fresh `up --reboot`, its first round)."""
 
 from __future__ import annotations
 
@@ -36,6 +45,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -52,7 +62,6 @@ from bench_kill import STATE, fresh_host, p2pkit, stop_host
 from p2pkit.core.lock import HOST_LOCK
 
 ENV = {**os.environ, "COLUMNS": "1000"}  # one error paragraph per line: a path is never wrapped
-KERNEL = ("proc", "sys", "dev", ".p2pkit-sim")  # the kernel's own filesystems and the simulator's state
 
 
 def run(args: list[str], cwd: Path, timeout: float = 1800) -> subprocess.CompletedProcess:
@@ -61,136 +70,329 @@ def run(args: list[str], cwd: Path, timeout: float = 1800) -> subprocess.Complet
 
 # ------------------------------------------------------------------------------------------------ links
 
-def discover(base: Path, scenario: str = "healthy") -> dict:
-    """A full `up --reboot` under strace; the paths p2pkit itself wrote, as targets to plant at."""
-    root = fresh_host(base, "discover", scenario)
-    code, trace = written.record(p2pkit("--root", str(root), "up", "--reboot"), base / "up.trace",
-                                 after=lambda: stop_host(root), cwd=base, env=ENV)
-    if code != 0:
-        raise SystemExit(f"the unplanted run failed (exit {code}); see {base / 'up.trace'}")
-    machine = machine_files(base, root)
-    own = written.by_program(trace, "p2pkit", root, KERNEL)
-    private = written.private_dirs(trace)
-    state = str(root / STATE)
-    files, dirs, skipped = [], [], {}
-    for path, w in sorted(own.items()):
-        rel = os.path.relpath(path, root)
-        if path in machine:
+# What the campaign leaves out of the recorded writes, each for its reason: the kernel's own filesystems (the
+# simulated host's /proc, /sys and /dev stand for them) and the simulator's own state (the test's machinery).
+KERNEL = ("proc", "sys", "dev", ".p2pkit-sim")
+# The commands recorded and planted, in order, on one host: a fresh `up --reboot`, then on the done host a
+# second `up`, `serve restart`, `restore` and `rollback p2p-module` (issue 48 item 1).
+COMMANDS = (("up --reboot", ("up", "--reboot")), ("second up", ("up",)), ("serve restart", ("serve", "restart")),
+            ("restore", ("--yes", "restore")), ("rollback", ("rollback", "p2p-module", "--yes")))
+DONE = {"rollback": 4}  # the exit a command ends with when it did its work (rollback: a reboot puts it in force)
+OURS = ("p2pkit", "p2pkit module")  # p2pkit's own processes and its own Ansible modules (p2pkit_files, p2pkit_user)
+
+
+def by_design(profile: str = "dual-5090-ninfer") -> dict[str, str]:
+    """The links p2pkit follows on purpose, relative to the host's root, each with where the product says so:
+    the models directory (config.models_dir: it may be a link, the models on another disk; a link above it
+    or below it that leads out is refused). A victim written through one of these is reported apart."""
+    from p2pkit.core import config
+
+    p = config.load(profile)
+    return {config.models_dir(p).strip("/"): "the models directory may itself be a link (the models on another "
+            "disk: p2pkit.core.config.models_dir; a link above or below it that leads out is refused)"}
+
+
+def _rel(root: Path, path: str) -> str | None:
+    top = str(root).rstrip("/") + "/"
+    if not path.startswith(top):
+        return None
+    rel = path[len(top):]
+    return None if not rel or rel.split("/")[0] in KERNEL else rel
+
+
+def standin_dirs(root: Path) -> set[str]:
+    """The directories of a fresh simulated host that hold its stand-in programs (nvidia-smi, dpkg-query,
+    systemctl: scripts that find the host's root from their own path, `readlink -f "$0"`), and those above them:
+    a link there makes the simulator lose its host, not p2pkit write through it (the test's own machinery)."""
+    out = set()
+    for f in root.rglob("*"):
+        if f.is_file() and not f.is_symlink() and os.access(f, os.X_OK) and f.stat().st_size < 65536:
+            with open(f, "rb") as fh:
+                if b"SIMULATED host" in fh.read(400):
+                    parts = f.relative_to(root).parts[:-1]
+                    out |= {"/".join(parts[:i]) for i in range(1, len(parts) + 1)}
+    return out
+
+
+def targets(trace: written.Trace, root: Path, machine: set[str], sim: set[str] = frozenset()) -> dict:
+    """Every path under the host's root the command's whole process tree wrote (any program: p2pkit, its
+    modules, Ansible's, the host's tools), and every directory it wrote into (each directory on the way from the
+    root), as plantable targets; what cannot be planted is skipped with its reason: a name made new by the run
+    itself (O_EXCL, a private mkdtemp directory, or inside a directory the run made: nothing can be there
+    before it is made), the simulated machine's own files (`machine`: relative paths). Writers: path -> the
+    programs that wrote there."""
+    files: set[str] = set()
+    dirs: set[str] = set()
+    skipped: dict[str, str] = {}
+    writers: dict[str, list[str]] = {}
+    made = {rel for p, w in trace.writes.items() if (rel := _rel(root, p))
+            and any(h & {"mkdir", "mkdir-private"} for h in w.by.values())}
+    for path, w in trace.writes.items():
+        rel = _rel(root, path)
+        if rel is None:
+            continue
+        writers[rel] = sorted(w.by)
+        if rel in machine:
             skipped[rel] = "the simulated machine's own file (its reboot writes it)"
-        elif any(path.startswith(d + "/") for d in private):
-            skipped[rel] = "inside a private directory the run made new (0700)"
-        elif w.plantable():
-            files.append(rel)
-        elif w.by["p2pkit"] & {"mkdir", "mkdir-private"} and path.startswith(state + "/"):
-            dirs.append(rel)
+            continue
+        inside = next((d for d in made if rel.startswith(d + "/")), None)
+        if inside:
+            skipped[rel] = f"inside {inside}, a directory the run made"
+        elif rel in made:
+            dirs.add(rel)
+        elif all(h <= {"mkdir-there"} for h in w.by.values()):
+            dirs.add(rel)  # an existing directory a tool made sure of (mkdir -p): one it writes into
+        elif all(w.first.get(prog) in ("open-new", "link") for prog in w.by):
+            skipped[rel] = "a name made new by the run (O_EXCL)"
         else:
-            skipped[rel] = "made new (" + ", ".join(sorted(w.by["p2pkit"])) + ")"
-    others = sorted({p for w in trace.writes.values() for p in w.by} - {"p2pkit"})
+            files.add(rel)
+        parts = rel.split("/")
+        for i in range(1, len(parts)):  # every directory on the way is one the run writes into
+            d = "/".join(parts[:i])
+            if not any(d.startswith(m + "/") for m in made):
+                dirs.add(d)
+    files -= dirs
+    for rel in list(skipped):  # a directory the machine made sure of is still one the run writes into
+        if rel in dirs or rel in files:
+            del skipped[rel]
+    for d in sorted(dirs & set(sim)):
+        dirs.discard(d)
+        skipped[d] = "holds the simulated host's stand-in programs (they find the host from their own path)"
+    for rel in machine:  # the simulated machine's own writes (its boot, run inside `up --reboot`) are no one's
+        if rel in writers:
+            writers[rel] = [w for w in writers[rel] if w != "p2pkit"]
+    return {"files": sorted(files), "dirs": sorted(dirs), "skipped": skipped, "writers": writers}
+
+
+def discover(base: Path, scenario: str = "healthy", names: tuple[str, ...] | None = None) -> dict:
+    """The whole process tree of each command (strace -f; a service it leaves running goes on untraced) on one
+    simulated host: a fresh `up --reboot`, then the other COMMANDS on the done host; each command's targets.
+    `names`: only these commands are recorded (a fresh `up --reboot` runs all the same, untraced when not)."""
+    root = fresh_host(base, "discover", scenario)
+    machine = machine_files(base, scenario)
+    sim = standin_dirs(root)
+    found = {}
+    for name, args in COMMANDS:
+        if names is not None and name not in names:
+            if name == "up --reboot":  # the host the later commands find: brought up, its engine running
+                r = run(["--root", str(root), *args], base)
+                if r.returncode != 0:
+                    raise SystemExit(f"the unplanted `{name}` exited {r.returncode}: {r.stderr[-800:]}")
+            continue
+        # the engine a command leaves running keeps strace waiting: it is stopped once the command has exited,
+        # and started again untraced (serve restart) for the next command, as the command left it
+        code, trace = written.record(p2pkit("--root", str(root), *args), base / f"{name.replace(' ', '-')}.trace",
+                                     after=lambda: stop_host(root), settle=5, cwd=base, env=ENV)
+        if code != DONE.get(name, 0):
+            raise SystemExit(f"the unplanted `{name}` exited {code}; see {base}")
+        found[name] = targets(trace, root, machine, sim)
+        if name != "rollback":
+            run(["--root", str(root), "serve", "restart"], base)
     stop_host(root)
-    return {"root": root, "files": files, "dirs": _shallowest(dirs), "skipped": skipped, "trace": trace,
-            "writers": others}
+    return found
 
 
-def machine_files(base: Path, root: Path) -> set[str]:
+def machine_files(base: Path, scenario: str) -> set[str]:
     """What the simulated machine itself writes (its /etc/os-release, machine-id, dpkg status: a real
     host's kernel and package manager keep those): the paths a `sim reboot` under strace writes."""
-    _, reboot = written.record(p2pkit("sim", "reboot", str(root)), base / "reboot.trace",
-                               after=lambda: stop_host(root), cwd=base, env=ENV)
-    return set(written.by_program(reboot, "p2pkit", root))
-
-
-def _shallowest(dirs: list[str]) -> list[str]:
-    return [d for d in dirs if not any(d.startswith(o + "/") for o in dirs)]
-
-
-def _victim(victims: Path, i: int, directory: bool) -> Path:
-    v = victims / (f"dir-{i}" if directory else f"file-{i}")
-    if directory:
-        v.mkdir()
-        (v / "kept").write_text(f"victim directory {i}\n")
-    else:
-        v.write_text(f"victim {i}: p2pkit must never write here\n")
-        v.chmod(0o640)
-    return v
-
-
-def _fingerprint(v: Path) -> str:
-    if v.is_dir():  # what is in it, at any depth
-        return json.dumps(sorted((str(p.relative_to(v)), p.read_text(errors="replace") if p.is_file() else "")
-                                 for p in v.rglob("*")))
-    st = v.stat()
-    return f"{stat.filemode(st.st_mode)} {st.st_uid} {hashlib.sha256(v.read_bytes()).hexdigest()}"
-
-
-def plant_campaign(base: Path, found: dict, scenario: str = "healthy") -> dict:
-    """Plant at every target on a fresh host and run `up --reboot` until it finishes."""
-    root = fresh_host(base, "planted", scenario)
-    victims = base / "victims"
-    victims.mkdir()
-    planted: dict[str, dict] = {}
-    files = list(found["files"])
-    in_dirs = {d: [f for f in files if f.startswith(d + "/")] for d in found["dirs"]}
-
-    def plant(rel: str, directory: bool) -> None:
-        p = root / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        if p.is_symlink() or p.is_file():
-            p.unlink()
-        elif p.is_dir():
-            shutil.rmtree(p)
-        v = _victim(victims, len(planted), directory)
-        p.symlink_to(v)
-        planted[rel] = {"path": rel, "kind": "directory" if directory else "file", "victim": str(v),
-                        "before": _fingerprint(v), "outcome": None}
-    for d in found["dirs"]:
-        plant(d, True)
-    for f in files:
-        if not any(f in fs for fs in in_dirs.values()):
-            plant(f, False)
-    runs = []
-    for _ in range(len(planted) + 3):
-        r = run(["--root", str(root), "up", "--reboot"], base)
-        named = [rel for rel, e in planted.items() if e["outcome"] is None and (root / rel).is_symlink()
-                 and _named(r.stderr, root, rel)]
-        runs.append({"exit": r.returncode, "named": named, "tail": r.stderr.strip().splitlines()[-2:]})
-        if r.returncode != 2 or not named:
-            break
-        rel = max(named, key=len)
-        planted[rel]["outcome"] = "refused"
-        planted[rel]["message"] = next((x for x in r.stderr.splitlines() if _named(x, root, rel)), "")[:400]
-        (root / rel).unlink()
-        if planted[rel]["kind"] == "directory":  # a real directory now, with its files' links in it
-            (root / rel).mkdir()
-            for f in in_dirs[rel]:
-                plant(f, False)
+    root = fresh_host(base, "machine", scenario)
+    _, reboot = written.record(p2pkit("sim", "reboot", str(root)), base / "reboot.trace", settle=3, cwd=base,
+                               env=ENV)
     stop_host(root)
-    for rel, e in planted.items():
-        p = root / rel
-        if e["outcome"] is None:
-            e["outcome"] = "not reached" if p.is_symlink() else "replaced"
-        e["victim_touched"] = _fingerprint(Path(e["victim"])) != e["before"]
-    last = runs[-1] if runs else {"exit": None}
-    return {"planted": list(planted.values()), "runs": runs, "finished": last["exit"] == 0}
+    return {rel for p in written.by_program(reboot, "p2pkit", root) if (rel := _rel(root, p))}
 
 
-def _named(text: str, root: Path, rel: str) -> bool:
-    """The refusal names the path: as this machine sees it, or as the host does (/var/lib/...)."""
-    return str(root / rel) in text or f"/{rel}" in text
+def _fingerprint(v: Path) -> dict[str, str]:
+    """relative path -> mode, owner and content digest of everything in v (v itself "."), links not followed."""
+    out = {}
+    if not os.path.lexists(v):
+        return out  # a dangling link's victim, not (yet) made
+    for p in [v, *sorted(v.rglob("*"))] if v.is_dir() and not v.is_symlink() else [v]:
+        st = p.lstat()
+        what = os.readlink(p) if stat.S_ISLNK(st.st_mode) else hashlib.sha256(p.read_bytes()).hexdigest() \
+            if stat.S_ISREG(st.st_mode) else ""
+        out[str(p.relative_to(v)) if p != v else "."] = f"{stat.filemode(st.st_mode)} {st.st_uid} {what}"
+    return out
 
 
-def links(base: Path, scenario: str) -> dict:
-    for sub in ("d", "p"):
-        (base / sub).mkdir()
-    found = discover(base / "d", scenario)
-    result = plant_campaign(base / "p", found, scenario)
-    rows = {}
-    for e in result["planted"]:
+class Planter:
+    """Links planted on one host at the targets of a command, each taken out when a run refuses it. A directory's
+    link leads to its own content, moved aside (or to an empty victim directory where none was); a file's to a
+    copy of it, or, where none was, to a victim name not there (a dangling link: a reader finds nothing, as
+    before, and a write that follows it makes the victim). The host reads what it read before."""
+
+    def __init__(self, root: Path, victims: Path, writers: dict[str, list[str]], design: dict[str, str] | None = None):
+        self.root, self.victims, self.writers = root, victims, writers
+        self.design = design or {}
+        self.planted: dict[str, dict] = {}
+        self.n = 0
+
+    def plant(self, rel: str, directory: bool) -> None:
+        p = self.root / rel
+        self.n += 1
+        v = self.victims / f"{self.n:03d}-{rel.replace('/', '_')}"
+        moved = p.is_dir() and not p.is_symlink() if directory else p.is_file() and not p.is_symlink()
+        if directory and moved:
+            os.rename(p, v)
+        elif directory:
+            v.mkdir()
+        elif moved:
+            shutil.copy2(p, v)
+            p.unlink()
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.symlink_to(v)
+        self.planted[rel] = {"path": rel, "kind": "directory" if directory else "file", "victim": str(v),
+                             "moved": moved, "before": _fingerprint(v)}
+
+    def resolve(self, rel: str, outcome: str) -> dict:
+        """The link taken out (a directory's content moved back: the host as it was, with what a run wrote
+        there), its victim judged: what changed there, and which programs wrote those names in the recording."""
+        e = self.planted.pop(rel)
+        p, v = self.root / rel, Path(e["victim"])
+        before, after = e.pop("before"), _fingerprint(v)
+        e["outcome"] = "followed by design" if outcome in ("not reached", "written through") and rel in self.design \
+            else outcome
+        if rel in self.design:
+            e["by_design"] = self.design[rel]
+        e["changed"] = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))[:20]
+        e["victim_touched"] = bool(e["changed"])
+        names = [rel if k == "." else f"{rel}/{k}" for k in e["changed"]]
+        e["written_by"] = sorted({w for n in names for w in self.writers.get(n, ())})
+        if p.is_symlink():
+            p.unlink()
+            if e["kind"] == "directory":
+                if e["moved"]:
+                    os.rename(v, p)
+                else:
+                    p.mkdir()
+            elif e["moved"]:
+                shutil.copy2(v, p)
+        return e
+
+
+def _named_in(text: str, root: Path, rel: str) -> bool:
+    """A refusal names the planted path, as this machine sees it or as the host does (a profile's path), whole."""
+    return any(re.search(rf"(^|[\s(`'\"]){re.escape(path)}($|[\s):,`'\";])", text, re.M)
+               for path in (str(root / rel), f"/{rel}"))
+
+
+def plant_and_run(base: Path, root: Path, victims: Path, found: dict, args: tuple[str, ...],
+                  todo: dict[str, bool], limit: int = 400, done: int = 0, design: dict[str, str] | None = None) -> dict:
+    """Plant a link at the shallowest of `todo` (rel -> is a directory), run the command until it finishes; each
+    exit 2 must name planted links, which are then taken out and the targets below them planted, and the
+    command runs again. Returns the outcomes; what stays in `todo` was never planted (a directory above it was
+    not refused: a next round plants it)."""
+    planter = Planter(root, victims, found["writers"], design)
+    results, runs = [], []
+
+    def plant_below(top: str | None) -> None:
+        below = [t for t in todo if top is None or t.startswith(top + "/")]
+        for t in [t for t in below if not any(t.startswith(o + "/") for o in below if o != t)]:
+            planter.plant(t, todo.pop(t))
+    plant_below(None)
+    for _ in range(limit):
+        r = run(["--root", str(root), *args], base)
+        named = [rel for rel in planter.planted if _named_in(r.stderr, root, rel)]
+        runs.append({"exit": r.returncode, "named": named, "tail": r.stderr.strip().splitlines()[-4:]})
+        if r.returncode == done:
+            break
+        if r.returncode == 2 and named:
+            for rel in named:
+                results.append(planter.resolve(rel, "refused"))
+                plant_below(rel)
+            continue
+        # stopped some other way: a tool wrote through a link (its victim holds what it wrote, and the host
+        # misses it): those links are taken out, what was written put in place, and the command runs again
+        through = [rel for rel, e in planter.planted.items() if _fingerprint(Path(e["victim"])) != e["before"]]
+        if not through:
+            break
+        runs[-1]["written_through"] = through
+        for rel in through:
+            results.append(planter.resolve(rel, "written through"))
+    for rel in list(planter.planted):  # a link still there: written through when its victim changed (a tool
+        # followed it and the run went on), else not reached
+        e = planter.planted[rel]
+        through = _fingerprint(Path(e["victim"])) != e["before"]
+        results.append(planter.resolve(rel, ("written through" if through else "not reached")
+                                       if (root / rel).is_symlink() else "replaced"))
+    return {"planted": results, "runs": runs, "finished": bool(runs) and runs[-1]["exit"] == done}
+
+
+def links(base: Path, scenario: str = "healthy", names: tuple[str, ...] | None = None,
+          rounds: int = 100) -> dict:
+    """The links case: every command of COMMANDS (or of `names`) recorded on one host, then planted on another:
+    a fresh `up --reboot` in rounds (each round a fresh host: the targets below a directory whose link no run
+    refused go into the next), then each later command on the host the last round brought up, in rounds too
+    (before each round after its first, `up --reboot` brings that host back where the command found it: a
+    rollback undone). At most `rounds` rounds a command: what a cut leaves is listed as not planted."""
+    t0 = time.monotonic()
+    (base / "d").mkdir()
+    (base / "p").mkdir()
+    found = discover(base / "d", scenario, names)
+    t_discover = time.monotonic() - t0
+    design = by_design()
+    out: dict = {"by_design": design, "commands": {},
+                 "writers": sorted({w for f in found.values() for ws in f["writers"].values() for w in ws})}
+    root = None
+    for name, args in COMMANDS:
+        if name not in found:
+            if name == "up --reboot":  # the later commands' host, brought up unplanted
+                root = fresh_host(base / "p", "planted", scenario)
+                r = run(["--root", str(root), *args], base / "p")
+                if r.returncode != 0:
+                    raise SystemExit(f"the unplanted `{name}` exited {r.returncode}: {r.stderr[-800:]}")
+            continue
+        f = found[name]
+        todo = {**{d: True for d in f["dirs"]}, **{x: False for x in f["files"]}}
+        got: dict = {"planted": [], "runs": [], "finished": True, "rounds": 0}
+        t_cmd = time.monotonic()
+        while todo and got["finished"] and got["rounds"] < rounds:
+            got["rounds"] += 1
+            if name == "up --reboot":
+                if root is not None:
+                    stop_host(root)
+                root = fresh_host(base / "p", "planted", scenario)
+            elif got["rounds"] > 1:  # the host as the command found it: done, its engine running
+                r = run(["--root", str(root), "up", "--reboot"], base / "p")
+                if r.returncode != 0:
+                    got["finished"] = False
+                    got["runs"].append({"exit": r.returncode, "named": [], "before_round": got["rounds"],
+                                        "tail": r.stderr.strip().splitlines()[-4:]})
+                    break
+            victims = base / "p" / f"victims-{name.replace(' ', '-')}-{got['rounds']}"
+            victims.mkdir()
+            r = plant_and_run(base / "p", root, victims, f, args, todo, done=DONE.get(name, 0), design=design)
+            got["planted"] += r["planted"]
+            got["runs"] += r["runs"]
+            got["finished"] = r["finished"]
+        out["commands"][name] = {"targets": {"files": f["files"], "dirs": f["dirs"]}, "skipped": f["skipped"],
+                                 **got, "not_planted": sorted(todo), "table": _table(got["planted"]),
+                                 "seconds": round(time.monotonic() - t_cmd, 1)}
+        if not got["finished"]:
+            break
+    if root is not None:
+        stop_host(root)
+    out["seconds"] = {"discover": round(t_discover, 1), "total": round(time.monotonic() - t0, 1)}
+    return out
+
+
+def ours_touched(e: dict) -> bool:
+    """A victim p2pkit or its modules wrote (or one no recorded program wrote: counted as p2pkit's)."""
+    return e["victim_touched"] and (bool(set(e["written_by"]) & set(OURS)) or not e["written_by"])
+
+
+def _table(planted: list[dict]) -> list[dict]:
+    rows: dict = {}
+    for e in planted:
         k = (e["kind"], e["outcome"])
-        rows.setdefault(k, {"kind": e["kind"], "outcome": e["outcome"], "paths": 0, "victims_touched": 0})
-        rows[k]["paths"] += 1
-        rows[k]["victims_touched"] += e["victim_touched"]
-    return {"targets": {"files": found["files"], "dirs": found["dirs"]}, "skipped": found["skipped"],
-            "other_writers": found["writers"], **result, "table": list(rows.values())}
+        row = rows.setdefault(k, {"kind": e["kind"], "outcome": e["outcome"], "paths": 0, "victims": 0,
+                                  "victims_p2pkit": 0, "victims_by_design": 0, "victims_others": 0})
+        row["paths"] += 1
+        if e["victim_touched"]:
+            row["victims"] += 1
+            row["victims_by_design" if "by_design" in e else "victims_p2pkit" if ours_touched(e)
+                else "victims_others"] += 1
+    return list(rows.values())
 
 
 # -------------------------------------------------------------------------------------------- artifacts
@@ -400,6 +602,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default="links,artifacts,values", help="links, artifacts, values (comma-separated)")
     ap.add_argument("--scenario", default="healthy", help="the simulated host's scenario (links)")
+    ap.add_argument("--commands", default=None,
+                    help="links: only these of " + ", ".join(n for n, _ in COMMANDS) + " (comma-separated; a cut)")
+    ap.add_argument("--rounds", type=int, default=100, help="links: at most this many rounds a command (a cut)")
     ap.add_argument("--keys", default=None, help="values: only these profile keys (comma-separated)")
     ap.add_argument("--plan-per-kind", type=int, default=3, help="values: accepted values tried with `plan`, per kind")
     ap.add_argument("--json", type=Path, default=None, help="write every case and its table here")
@@ -408,6 +613,10 @@ def main() -> int:
     bad = set(cases) - {"links", "artifacts", "values"}
     if bad:
         ap.error(f"unknown case(s): {', '.join(sorted(bad))}")
+    names = tuple(n.strip() for n in a.commands.split(",") if n.strip()) if a.commands else None
+    unknown = set(names or ()) - {n for n, _ in COMMANDS}
+    if unknown:
+        ap.error(f"unknown command(s): {', '.join(sorted(unknown))}")
     if "links" in cases and not written.available():
         ap.error("the links case needs strace (apt-get install strace)")
     base = Path(tempfile.mkdtemp(prefix="bench-trust-"))
@@ -420,11 +629,14 @@ def main() -> int:
             print_table("values: profile validate (and plan where it passed), per kind", out["values"]["table"])
         if "links" in cases:
             (base / "l").mkdir()
-            lk = links(base / "l", a.scenario)
+            lk = links(base / "l", a.scenario, names, a.rounds)
             out["links"] = lk
-            print_table(f"links: {len(lk['targets']['files'])} files and {len(lk['targets']['dirs'])} directories "
-                        f"p2pkit wrote, a link planted at each ({len(lk['runs'])} runs, finished: {lk['finished']})",
-                        lk["table"])
+            for name, c in lk["commands"].items():
+                print_table(f"links, {name}: {len(c['targets']['files'])} files and {len(c['targets']['dirs'])} "
+                            f"directories written (every program), a link planted at each ({len(c['runs'])} runs, "
+                            f"{c['rounds']} round(s), finished: {c['finished']}, not planted: {len(c['not_planted'])})",
+                            c["table"])
+            print(f"links: {lk['seconds']}")
         if "artifacts" in cases:
             (base / "a").mkdir()
             out["artifacts"] = artifacts(base / "a")
@@ -439,8 +651,9 @@ def main() -> int:
         a.json.write_text(json.dumps(out, indent=2, default=str) + "\n")
     bad = False
     if "links" in out:
-        bad |= any(e["victim_touched"] or e["outcome"] == "not reached" for e in out["links"]["planted"])
-        bad |= not out["links"]["finished"]
+        for c in out["links"]["commands"].values():
+            bad |= any(t["victims_p2pkit"] for t in c["table"]) or not c["finished"]
+        bad |= len(out["links"]["commands"]) < len(names or COMMANDS)
     if "values" in out:
         bad |= any(r["validate_exit"] == 70 or r.get("plan_exit") == 70 for r in out["values"]["rows"])
     return 1 if bad else 0

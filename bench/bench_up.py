@@ -5,9 +5,9 @@ run in turn, A B A B ..., on fresh simulated hosts, and the ratio is taken pair 
 
 Run by hand: `python3 bench/bench_up.py [--runs 3] [--vs-source /tmp/base]`; `--second N` times a
 second `up` on a host brought up fully instead (N of them per arm, no stage work: the gates and
-re-checks). Not a test: nothing here asserts a time. The other tree runs with this interpreter and
-its dependencies (PYTHONPATH puts its p2pkit first); bytecode is written, as CI writes it, and a
-first untimed pair warms it."""
+re-checks), `--command status` times `status` there instead. Not a test: nothing here asserts a time.
+The other tree runs with this interpreter and its dependencies (PYTHONPATH puts its p2pkit first);
+bytecode is written, as CI writes it, and a first untimed pair warms it."""
 
 from __future__ import annotations
 
@@ -95,11 +95,12 @@ def done_host(source: Path | None) -> tuple[Path, list[str], dict]:
     return root, argv, env
 
 
-def second(root: Path, argv: list[str], env: dict) -> dict:
-    """One more `up` on a done host: every stage's gate and re-check, no stage work."""
+def second(root: Path, argv: list[str], env: dict, command: tuple[str, ...] = ("up",)) -> dict:
+    """One more `up` on a done host: every stage's gate and re-check, no stage work (or `command`: status)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    r = subprocess.run([*argv, "--root", str(root), "up"], env=env, capture_output=True, text=True, cwd=root.parent)
+    r = subprocess.run([*argv, "--root", str(root), *command], env=env, capture_output=True, text=True,
+                       cwd=root.parent)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return {"rc": r.returncode, "wall_s": round(wall, 3),
@@ -116,16 +117,18 @@ def main() -> None:
     ap.add_argument("--vs-source", type=Path, help="another p2pkit source tree to pair against (B)")
     ap.add_argument("--second", type=int, default=0, metavar="N",
                     help="instead: N second `up`s on one done host per arm (no stage work), A B A B ...")
+    ap.add_argument("--command", default="up", help="with --second: the command timed on the done host (up, status)")
     a = ap.parse_args()
+    cmd = tuple(a.command.split())
     arms = {"A": None} | ({"B": a.vs_source.resolve()} if a.vs_source else {})
     if a.second:
         hosts = {k: done_host(src) for k, src in arms.items()}
         for k in arms:  # warm-up
-            second(*hosts[k])
+            second(*hosts[k], cmd)
         rows = {k: [] for k in arms}
         for _ in range(a.second):
             for k in arms:
-                rows[k].append(second(*hosts[k]))
+                rows[k].append(second(*hosts[k], cmd))
         for root, argv, env in hosts.values():
             subprocess.run([*argv, "sim", "stop", str(root)], env=env, capture_output=True, cwd=root.parent)
             shutil.rmtree(root.parent, ignore_errors=True)

@@ -71,7 +71,13 @@ def program(argv: list[str]) -> str:
     text = " ".join(argv)
     if "p2pkit.sim" in text or "/.p2pkit-sim/" in text:
         return "simulated host"
-    if any("AnsiballZ" in a or os.path.basename(a).startswith("ansible") for a in argv[:3]):
+    for a in argv[:3]:  # p2pkit's own Ansible modules apart from Ansible's (issue 48)
+        base = os.path.basename(a)
+        if base.startswith("AnsiballZ_p2pkit_"):
+            return "p2pkit module"
+        if base.startswith("AnsiballZ_"):
+            return "ansible " + base.removeprefix("AnsiballZ_").removesuffix(".py")
+    if any(os.path.basename(a).startswith("ansible") for a in argv[:3]):
         return "ansible"
     if os.path.basename(argv[0]) == "p2pkit":
         return "p2pkit"
@@ -190,9 +196,11 @@ def _writes(call: str, rest: str) -> list[tuple[str, str]]:
         m = re.match(rf"{_STR}, (0\d+)", rest) if call == "mkdir" else re.match(rf"{_FD}, {_STR}, (0\d+)", rest)
         if m:
             full = _unescape(m.group(1)) if call == "mkdir" else _join(m.group(2), _unescape(m.group(3)))
-            private = m.group(m.lastindex) == "0700" and re.search(r"\) += 0$", rest)
-            if full:  # a private directory made new (mkdtemp): a place only this run knows
-                got.append(("mkdir-private" if private else "mkdir", full))
+            made = re.search(r"\) += 0$", rest)
+            private = m.group(m.lastindex) == "0700" and made
+            if full:  # a private directory made new (mkdtemp): a place only this run knows; one that was there
+                # already (EEXIST) is "mkdir-there"
+                got.append(("mkdir-private" if private else "mkdir" if made else "mkdir-there", full))
     elif call in ("truncate", "chmod", "chown", "lchown"):
         m = re.match(rf"{_STR}", rest)
         if m and m.group(1).startswith("/") and call != "lchown":
@@ -214,11 +222,14 @@ def _writes(call: str, rest: str) -> list[tuple[str, str]]:
     return got
 
 
-def record(argv: list[str], trace: Path, after=None, timeout: float = 1800, **kw) -> tuple[int, Trace]:
+def record(argv: list[str], trace: Path, after=None, timeout: float = 1800, settle: float = 20,
+           **kw) -> tuple[int, Trace]:
     """Run argv under strace: its exit status and what it wrote. A service it leaves running (the
     simulated engine) would keep strace waiting: once argv's own process has exited, `after()` runs
-    (stop that service) and strace is given a few seconds before it is told to detach."""
-    proc = subprocess.Popen([*strace_argv(trace), *argv], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kw)
+    (stop that service) and strace is given `settle` seconds before it is told to detach (a service
+    left running goes on, untraced)."""
+    with open(trace.with_suffix(".err"), "wb") as err:  # the command's own output, beside its trace
+        proc = subprocess.Popen([*strace_argv(trace), *argv], stdout=err, stderr=subprocess.STDOUT, **kw)
     end = time.monotonic() + timeout
     code = None
     while proc.poll() is None and time.monotonic() < end:
@@ -229,7 +240,7 @@ def record(argv: list[str], trace: Path, after=None, timeout: float = 1800, **kw
     if after is not None:
         after()
     try:
-        proc.wait(timeout=20)
+        proc.wait(timeout=settle)
     except subprocess.TimeoutExpired:
         proc.terminate()  # strace detaches from what it still traces and exits
         proc.wait()

@@ -1,6 +1,6 @@
 """bench/bench_trust.py, the trust campaign (issue 40): its argument parsing, and one small case (the
 values case on two keys, `plan` once per kind), in a real process. The links case is
-tests/test_safefs.py's campaign test."""
+tests/test_safefs.py's campaign test (a cut of it: the fresh `up --reboot`'s first round)."""
 
 import json
 import subprocess
@@ -14,6 +14,12 @@ def test_an_unknown_case_is_refused_by_the_argument_parser(tmp_path):
     r = subprocess.run([sys.executable, str(BENCH), "--cases", "links,nonsense"], capture_output=True, text=True,
                        cwd=tmp_path)
     assert r.returncode == 2 and "unknown case(s): nonsense" in r.stderr, r.stderr
+
+
+def test_an_unknown_command_of_the_links_case_is_refused_by_the_argument_parser(tmp_path):
+    r = subprocess.run([sys.executable, str(BENCH), "--cases", "links", "--commands", "up --reboot,reboot twice"],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 2 and "unknown command(s): reboot twice" in r.stderr, r.stderr
 
 
 def test_the_values_case_on_two_keys_tables_every_kind(tmp_path):

@@ -95,6 +95,27 @@ def test_rollback_refuses_when_a_backed_up_file_changed(cli, sim):
     assert Store(root / "var/lib/p2pkit").exists("p2p-module")
 
 
+def test_a_link_at_the_rollback_records_is_refused_before_anything_is_rolled_back(cli, sim, tmp_path):
+    """issue 48 item 7's campaign: a link at var/lib/p2pkit/rollback was refused only after the module had been
+    rolled back and its backup renamed, so the refusal's "run the same command again" met "nothing to roll back"
+    and the record of what was undone was never written. The link is refused before anything changes."""
+    root = sim("healthy")
+    assert cli("--root", str(root), "up", "--reboot", "--to", "p2p-module").code == 0
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (root / "var/lib/p2pkit/rollback").symlink_to(victim)
+    grub = root / "etc/default/grub.d/60-p2pkit-iommu.cfg"
+    r = cli("--root", str(root), "rollback", "p2p-module", "--yes")
+    assert r.code == 2 and f"{root}/var/lib/p2pkit/rollback is a symbolic link (to {victim})" in r.err, r.err
+    assert list(victim.iterdir()) == []
+    assert grub.exists() and (root / "var/lib/p2pkit/backup/p2p-module").is_dir()  # nothing rolled back
+    assert Store(root / "var/lib/p2pkit").exists("p2p-module")
+    (root / "var/lib/p2pkit/rollback").unlink()
+    r = cli("--root", str(root), "rollback", "p2p-module", "--yes")  # the fix the refusal gives: it works
+    assert r.code == 4, r.err
+    assert not grub.exists() and len(list((root / "var/lib/p2pkit/rollback").glob("*.json"))) == 1
+
+
 def test_live_reload_swaps_the_loaded_stock_module_without_a_reboot(cli, sim):
     root = sim("stock-driver")
     r = cli("--root", str(root), "up", "--to", "link")

@@ -182,26 +182,38 @@ def test_the_link_stage_log_is_never_written_through_a_link(tmp_path, victim):
 # 1. every path a real `up --reboot` writes ----------------------------------------------------------------
 
 @pytest.mark.slow
-def test_a_link_planted_at_every_path_up_writes_is_refused_or_replaced_and_its_victim_untouched(tmp_path):
-    """The paths come from the run itself (strace of a full `up --reboot` on a simulated host: p2pkit's
-    own processes, not Ansible's or the simulated machine's), never from a list typed here."""
+def test_a_link_planted_at_every_path_a_fresh_up_writes_is_never_written_through_by_p2pkit(tmp_path):
+    """issue 48 items 1 and 7: the targets come from the run itself (strace of the whole process tree of a fresh
+    `up --reboot` on a simulated host: p2pkit, its Ansible modules, Ansible's own modules and the host's tools),
+    every path written and every directory written into, filtered only of the kernel's filesystems, the
+    simulator's own state and names the run made new; never from a list typed here. A link at each, run until
+    the command finishes: no victim is written by p2pkit or its modules (p2pkit_files, p2pkit_user); what the
+    host's tools write through is reported.
+
+    A cut of bench/bench_trust.py's links case, for CI's time: the fresh `up --reboot` alone, and its first round
+    only (the shallowest targets, and below each link a run refused the targets under it); the targets below a
+    directory no run refused (the host tools' own: boot/grub, lib/firmware, var/lib/dpkg/...) and the second
+    `up`, `serve restart`, `restore` and `rollback` are the full campaign's, run by hand
+    (`python3 bench/bench_trust.py --cases links`; docs/measurements.md has its figures)."""
     if shutil.which("strace") is None:
         pytest.skip("needs strace (apt-get install strace; .ci/run installs it)")
     sys.path.insert(0, str(REPO / "bench"))
     import bench_trust
 
-    got = bench_trust.links(tmp_path, "healthy")
-    files = got["targets"]["files"]
-    assert any(f.endswith("var/lib/p2pkit/.lock") for f in files), files  # the walk found what the issue names
-    assert any(f.endswith("logs/link.log") for f in files) and any(f.endswith("logs/model.log") for f in files)
-    assert any(d.endswith("var/lib/p2pkit/logs") for d in got["targets"]["dirs"]), got["targets"]["dirs"]
-    assert got["finished"], json.dumps(got["runs"], indent=1)[-3000:]
-    touched = [e for e in got["planted"] if e["victim_touched"]]
-    assert touched == [], json.dumps(touched, indent=1)
-    unreached = [e["path"] for e in got["planted"] if e["outcome"] == "not reached"]
-    assert unreached == [], unreached
-    refused = [e for e in got["planted"] if e["outcome"] == "refused"]
-    assert refused and all(r["exit"] in (0, 2) for r in got["runs"]), got["runs"]
+    got = bench_trust.links(tmp_path, "healthy", names=("up --reboot",), rounds=1)
+    up = got["commands"]["up --reboot"]
+    assert list(got["commands"]) == ["up --reboot"] and up["rounds"] == 1
+    assert up["finished"], json.dumps(up["runs"][-3:], indent=1)
+    # what the issue's own campaign found, found again from the trace: the state directory, p2pkit_files' places
+    named = ("var/lib/p2pkit", "etc/p2pkit", "opt/p2pkit", "etc/kernel/header_postinst.d")
+    assert set(named) <= set(up["targets"]["dirs"]), up["targets"]["dirs"]
+    writers = set(got["writers"])
+    assert {"p2pkit", "p2pkit module"} <= writers and writers - {"p2pkit", "p2pkit module"}, writers
+    refused = {e["path"] for e in up["planted"] if e["outcome"] == "refused"}
+    assert set(named) <= refused, refused
+    assert all(r["exit"] in (0, 1, 2) for r in up["runs"]), up["runs"]
+    ours = [e for e in up["planted"] if bench_trust.ours_touched(e) and "by_design" not in e]
+    assert ours == [], json.dumps(ours, indent=1)
 
 
 # 2. who may change what p2pkit trusts ------------------------------------------------------------------

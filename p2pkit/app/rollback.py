@@ -217,6 +217,9 @@ def apply(ctx, stage: str) -> dict:
         bad = b.verify()
         if bad:
             b.apply()  # raises, naming the file; nothing has been changed yet
+        # where the record goes, reached (made) before anything is undone: a link there is refused while the
+        # host is still as it was, never after the backup is spent (issue 48 item 7's campaign)
+        records = safefs.makedirs(ctx.store.dir / "rollback")  # no link on the way (issue 48 item 1)
         run = ctx.host.runner.run
         proofs: dict = {}
         if stage == "p2p-module":
@@ -256,6 +259,5 @@ def apply(ctx, stage: str) -> dict:
                   "next": pipeline.command(ctx, "rollback", "driver", "--yes")
                   if stage == "p2p-module" and Backup(ctx.store.dir, "driver", ctx.host).manifest_path.exists()
                   else None}
-        d = safefs.makedirs(ctx.store.dir / "rollback")  # no link on the way (issue 48 item 1)
-        atomic_write(d / f"{stamp}-{stage}.json", (json.dumps(record, indent=2) + "\n").encode())
+        atomic_write(records / f"{stamp}-{stage}.json", (json.dumps(record, indent=2) + "\n").encode())
         return record
