@@ -272,3 +272,15 @@ def test_topology_p2p_matrices_from_nvidia_smi_and_link_capability():
     x4 = {**g, "parent_link": {**(g.get("parent_link") or {}), "max_gen": 4, "max_width": 4}}
     bad = topology._capability(x4, P)
     assert bad.status == "fail" and bad.measured == "Gen4 x4"
+
+
+def test_a_vllm_first_request_without_the_python_headers_is_named_before_a_permission_denied_it_logged():
+    """The real journal of vLLM under systemd on the container host (tests/fixtures/vllm/README.md): a
+    PermissionError it logs and goes past at the start, then the first request's inductor compile without
+    Python.h. The likely cause is the headers, not the engine's user's access."""
+    from p2pkit.stages.service.act import CAUSES
+
+    text = (FIXTURES / "vllm/first-request-without-python-headers.log").read_text()
+    assert "Permission denied" in text and "Python.h: No such file or directory" in text
+    cause = next(c for needle, c in CAUSES if needle in text)
+    assert "python3-dev" in cause, cause

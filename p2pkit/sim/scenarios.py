@@ -39,7 +39,7 @@ HEALTHY: dict = {
                  # a build host: the engine role's build dependencies (role p2pkit.host.p2pkit_engine) are in
                  # place, as the real tools the simulated engine build runs (CMake, Ninja, g++) are
                  "build-essential": "ii", "cmake": "ii", "ninja-build": "ii", "pkg-config": "ii", "git": "ii",
-                 "libcurl4-openssl-dev": "ii", "python3-venv": "ii", "libnuma1": "ii"},
+                 "libcurl4-openssl-dev": "ii", "python3-venv": "ii", "python3-dev": "ii", "libnuma1": "ii"},
 }
 
 
@@ -79,7 +79,7 @@ def _spark(head: bool):
         s["arch"] = "aarch64"
         s["kernel"] = "6.11.0-1016-nvidia"
         s["packages"] = {"linux-image-6.11.0-1016-nvidia": "ii", "linux-firmware": "ii", "build-essential": "ii",
-                         "git": "ii", "python3-venv": "ii", "libnuma1": "ii"}
+                         "git": "ii", "python3-venv": "ii", "python3-dev": "ii", "libnuma1": "ii"}
         s["gpus"] = [{"bdf": "000f:01:00.0", "root_port": "000f:00:00.0", "device": "0x2e12", "name": "NVIDIA GB10",
                       "vram_gib": 128, "bar1_bytes": 128 * GIB, "gpu_max_gen": 5, "gpu_max_width": 16,
                       "slot_gen": 5, "slot_width": 16, "switch": False, "monitor": False}]

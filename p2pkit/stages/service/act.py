@@ -37,6 +37,10 @@ CAUSES = (
     ("p2p off", "the engine fell back to host-staged copies: P2P is not working; see the topology and link stages"),
     ("requires the optimized proposal head", "DFlash2 at TP2 needs --lm-head-draft (P10)"),
     ("unknown option", "a flag the engine does not know: check serve.flags"),
+    # before "Permission denied": vLLM logs one (its model-info cache under the engine user's home) and goes on
+    ("fatal error: Python.h: No such file or directory",
+     "torch's inductor compiles vLLM's CPU kernels at the first request and needs the Python headers and a C++ "
+     "compiler on the host: install python3-dev and build-essential (`p2pkit up --from engine` does)"),
     ("Permission denied", "the engine's user may not read or enter a path it needs: see service.user_access"),
     ("cannot open artifact", "the model artifact is missing: see the model stage"),
     # llama-server's own start failures (tests/fixtures/llamacpp/server-start: common/arg.cpp, server-http.cpp,
