@@ -9,6 +9,7 @@ written once: re-running a stage never overwrites the record of the host as it w
 from __future__ import annotations
 
 import datetime as dt
+import fnmatch
 import hashlib
 import json
 import os
@@ -48,13 +49,51 @@ USERSPACE_GLOBS = (
 
 
 def userspace_paths(host: Host) -> list[str]:
-    """The driver files on the host now (files and links) that the installer may replace or remove."""
+    """The driver files on the host now (files and links) that the installer may replace or remove: what
+    Path.glob finds for USERSPACE_GLOBS, each directory read once for all of them (usr/lib/<arch> holds
+    thousands of entries on a real host, and six of the patterns list it; `status` asks on every run)."""
+    root = str(host.root)
+    listed: dict[str, list[os.DirEntry]] = {}
     found = set()
     for pattern in USERSPACE_GLOBS:
-        for p in host.root.glob(pattern):
-            if p.is_file() or p.is_symlink():
-                found.add("/" + str(p.relative_to(host.root)))
+        for rel in _glob(root, pattern.split("/"), listed):
+            p = os.path.join(root, rel)
+            if os.path.isfile(p) or os.path.islink(p):
+                found.add("/" + rel)
     return sorted(found)
+
+
+def _glob(root: str, parts: list[str], listed: dict[str, list[os.DirEntry]]) -> list[str]:
+    """The paths under root (relative) that match parts as Path.glob matches them (3.11: a wildcard matches
+    dot names too, a directory on the way may be a link to one, case counts), the directories read through
+    `listed` (a directory's entries, read once)."""
+    found = [""]
+    for i, part in enumerate(parts):
+        last, nxt = i == len(parts) - 1, []
+        for rel in found:
+            here = os.path.join(root, rel)
+            if not any(c in part for c in "*?["):
+                p = os.path.join(here, part)
+                if os.path.exists(p) if last else os.path.isdir(p):
+                    nxt.append(os.path.join(rel, part))
+                continue
+            if here not in listed:
+                try:
+                    with os.scandir(here) as it:
+                        listed[here] = list(it)
+                except OSError:
+                    listed[here] = []
+            nxt += [os.path.join(rel, e.name) for e in listed[here]
+                    if fnmatch.fnmatchcase(e.name, part) and (last or _is_dir(e))]
+        found = nxt
+    return found
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
 
 
 def sha256(path: Path) -> str:

@@ -8,7 +8,6 @@ import json
 import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 
 STATE = ".p2pkit-sim/state.json"  # p2pkit.host.SIM_MARKER
@@ -901,6 +900,8 @@ def user_tool(tool: str, root: Path, args: list[str]) -> int:
         uid, gid = os.getuid(), os.getgid()
         users.append(f"{name}:x:{uid}:{gid}::/nonexistent:{opts.get('s') or '/usr/sbin/nologin'}")
         groups.append(f"{name}:x:{gid}:")
+    import tempfile  # here, not above: every other stand-in would import it (shutil, random) for nothing
+
     out = [_group_line(tool, ln, name, wanted, opts) for ln in groups]
     passwd.parent.mkdir(parents=True, exist_ok=True)
     for path, lines in ((passwd, users), (group, out)):  # a new name (O_EXCL) renamed over it, as shadow's
