@@ -370,13 +370,14 @@ def cached_image(cache: Path | None = None) -> Path | None:
 
 
 def start_background(cache: Path | None = None) -> None:
-    """Make the image in a process of its own (a test session starts it first and runs beside it)."""
+    """Make the image and then its layers in a process of its own (a test session starts it first and runs beside
+    it; each is made under its own lock, so a test that asks for one meanwhile waits for that one)."""
     cache = cache or cache_dir()
-    if cached_image(cache) or cannot_boot():
+    if (cached_image(cache) and all(cached_layer(n, cache) for n in LAYERS)) or cannot_boot():
         return
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / "image-background.log", "ab") as log:
-        subprocess.Popen([sys.executable, "-m", "p2pkit.sim.container", "image"], stdin=subprocess.DEVNULL,
+        subprocess.Popen([sys.executable, "-m", "p2pkit.sim.container", "layers"], stdin=subprocess.DEVNULL,
                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                          env={**os.environ, "P2PKIT_CT_CACHE": str(cache),
                               "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
@@ -927,7 +928,10 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["image"]:  # the image made (or found) under the cache's lock; its path printed
         print(image(), flush=True)
         sys.exit(0)
+    if sys.argv[1:2] == ["layers"]:  # the image, then every layer over it
+        print(image(), *(layer(n) for n in LAYERS), sep="\n", flush=True)
+        sys.exit(0)
     if sys.argv[1:2] == ["layer"] and sys.argv[2:3] and sys.argv[2] in LAYERS:  # likewise a layer over it
         print(layer(sys.argv[2]), flush=True)
         sys.exit(0)
-    sys.exit(f"usage: {sys.argv[0]} machine DIR | image | layer {'|'.join(LAYERS)}")
+    sys.exit(f"usage: {sys.argv[0]} machine DIR | image | layers | layer {'|'.join(LAYERS)}")
