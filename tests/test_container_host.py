@@ -674,10 +674,12 @@ def test_the_real_vllm_served_by_real_systemd(make_host):
 
     eng = show(h, "p2pkit-engine.service", "ActiveState", "MainPID", "ExecStart", "MemoryMax", "User", "Slice")
     assert eng["ActiveState"] == "active" and eng["MemoryMax"] == "infinity" and eng["User"] == "p2pkit-engine"
-    assert "/opt/vllm/bin/python" in eng["ExecStart"] and "vllm.entrypoints.openai.api_server" in eng["ExecStart"]
+    assert "argv[]=/opt/vllm/bin/python -m vllm.entrypoints.cli.main serve --model /srv/models/tiny-llama" \
+        in eng["ExecStart"], eng["ExecStart"]
     said = h.run(["journalctl", "-u", "p2pkit-engine.service", "-o", "cat", "--no-pager"]).stdout
-    # vLLM's own rank lines (parallel_state.py): both tensor-parallel ranks joined under the unit
-    assert re.search(r"rank 1 in world size 2 is assigned as .*TP rank 1", said), said[-3000:]
+    # vLLM names each tensor-parallel rank's worker process in its lines ("(Worker_TP1 pid=N) INFO ..."): both ran
+    # under the unit
+    assert "(Worker_TP0 pid=" in said and "(Worker_TP1 pid=" in said, said[-3000:]
     port = json.loads(h.run(["cat", "/var/lib/p2pkit/profile.json"]).stdout)["serve"]["port"]
     base = f"http://127.0.0.1:{port}"
     with urllib.request.urlopen(f"{base}/v1/models", timeout=30) as r:

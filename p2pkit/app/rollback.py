@@ -79,9 +79,9 @@ def module_after(ctx, b: Backup, kernel: str) -> tuple[str, str | None] | None:
     version (modinfo of the file, or of the copy the backup keeps); None when no module is left."""
     actions = dict((path, action) for action, path in b.plan())
     base = f"/lib/modules/{kernel}/"
-    there = {"/" + str(f.relative_to(ctx.host.root)) for f in ctx.host.path(base).rglob("nvidia.ko")} \
-        if ctx.host.path(base).is_dir() else set()
-    back = {p for p, a in actions.items() if a == "restore" and p.startswith(base) and p.endswith("/nvidia.ko")}
+    there = {"/" + str(f.relative_to(ctx.host.root)) for f in ctx.host.path(base).rglob("nvidia*.ko")
+             if core_module(f.name)} if ctx.host.path(base).is_dir() else set()
+    back = {p for p, a in actions.items() if a == "restore" and p.startswith(base) and core_module(p)}
     left = sorted({p for p in there if actions.get(p) != "remove"} | back,
                   key=lambda p: (0 if p.startswith(base + "updates/") else 1, p))
     if not left:
@@ -90,6 +90,14 @@ def module_after(ctx, b: Backup, kernel: str) -> tuple[str, str | None] | None:
     source = b.copy_path(path) if path in back and b.copy_path(path).is_file() else ctx.host.path(path)
     r = ctx.host.runner.run(["modinfo", "-F", "version", str(source)], check=False)
     return path, (r.stdout.strip() or None) if r.returncode == 0 else None
+
+
+def core_module(path: str) -> bool:
+    """An nvidia module file that drives the GPU itself: nvidia.ko, or a distro's renamed one (Debian's DKMS installs
+    nvidia-current-open.ko); not a companion (-modeset, -drm, -uvm, -peermem)."""
+    name = path.rsplit("/", 1)[-1]
+    return bool(pf.NVIDIA_ANY_KO.search(name)) and not name.split(".ko")[0].endswith(
+        ("-modeset", "-drm", "-uvm", "-peermem", "_modeset", "_drm", "_uvm", "_peermem"))
 
 
 def firmware_after(ctx, version: str, plans: list[list[tuple[str, str]]]) -> bool:

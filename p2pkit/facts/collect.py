@@ -55,7 +55,7 @@ def _one(host: Host, name: str, profile, used: dict[str, Future] | None = None) 
 # silent engine gives no answer for probes.LIVE_TIMEOUT_S.
 WAITING = ("engine_live", "package_holds", "smi_topo_m", "smi_p2p_read", "smi_p2p_write", "module", "kernel_log",
            "nvml", "persistence_mode", "arch", "built_module", "module_sources", "engine_archs", "engine_nccl",
-           "kernel")
+           "kernel", "distro_dkms")
 
 
 # facts started before they were asked for, by host root and name (start_early)

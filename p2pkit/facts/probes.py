@@ -34,6 +34,15 @@ def _dpkg(h: Host):
     return None if text is None else [{"package": p, "status": s} for p, s in ps.dpkg_nvidia_problems(text)]
 
 
+def _distro_dkms(h: Host):
+    """A distro's NVIDIA module under DKMS (p2pkit.rules.distro): each such DKMS module with its package, and the
+    modprobe.d files that route nvidia to it."""
+    from p2pkit.host import dkms
+
+    mods = dkms.nvidia_modules(h)
+    return {"modules": mods, "routes": dkms.modprobe_routes(h) if mods else {}}
+
+
 def _cgroup(h: Host):
     """p2pkit's own cgroup and its caps, and whether systemd is PID 1 (whether the engine's cgroup will be
     a systemd slice or the one p2pkit's launcher makes)."""

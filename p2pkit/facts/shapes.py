@@ -78,6 +78,24 @@ class DpkgProblem(TypedDict, total=False):
     status: str
 
 
+class DistroModule(TypedDict, total=False):
+    dkms: str
+    name: str
+    version: str
+    kernels: dict[str, str]
+    state: str | None
+    modules: list[dict[str, str]]
+    package: str | None
+    package_version: str | None
+    package_status: str | None
+    held: bool
+
+
+class DistroDkms(TypedDict, total=False):
+    modules: list[DistroModule]
+    routes: dict[str, list[str]]
+
+
 class MemoryCap(TypedDict, total=False):
     file: str
     limit_bytes: Bytes
@@ -273,12 +291,21 @@ class Drm(TypedDict, total=False):
 class Initramfs(TypedDict, total=False):
     path: str
     nvidia: list[str]
+    other: list[str]
     mtime: Epoch
+
+
+class DkmsModule(TypedDict, total=False):
+    dkms: str
+    package: str | None
+    kernels: dict[str, str]
+    state: str | None
 
 
 class ModuleSources(TypedDict, total=False):
     kernel: str
     updates: list[str]
+    dkms: list[DkmsModule]
     holders: list[str]
     installed_mtime: Epoch | None
     initramfs: Initramfs | Failed

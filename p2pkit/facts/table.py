@@ -51,6 +51,7 @@ TABLE: tuple[Fact, ...] = (
     Fact("bootloader", boot.bootloader, t.Bootloader),
     Fact("disk", pr._disk, t.Disk),
     Fact("dpkg_nvidia", pr._dpkg, list[t.DpkgProblem] | None),
+    Fact("distro_dkms", pr._distro_dkms, t.DistroDkms),
     Fact("cgroup", pr._cgroup, t.Cgroup),
     Fact("pci_gpus", pci.gpus, list[t.PciGpu]),
     Fact("nvidia_version", kmod.proc_version, t.KernelModuleVersion),

@@ -208,6 +208,7 @@ class Backup:
         for action, path in self.plan():
             real = self.host.path(path)
             if action == "restore":
+                real = self._placed(path)
                 safefs.makedirs(real.parent, under=self.host.root)  # no link below the host's root
                 e = self.manifest()["entries"][path]
                 if real.is_symlink() or (e["kind"] == "symlink" and real.exists()):
@@ -220,6 +221,18 @@ class Backup:
                 real.unlink()
             done.append((action, path))
         return done
+
+
+    def _placed(self, path: str) -> Path:
+        """Where a kept file goes back: its directory with the links on the way resolved where no one but root (or
+        this user) could have made or changed them (a merged /usr's /lib -> usr/lib, Debian's and Ubuntu's: the
+        stock modules under /lib/modules), so the walk that puts it back meets no link; a link anyone else could
+        have planted stays unresolved, and the walk refuses it (LinkRefused, exit 2)."""
+        parent = os.path.dirname(path)
+        canon = self.host.path(self.host.realpath(parent))
+        if canon == self.host.path(parent) or safefs.first_untrusted(canon) is not None:
+            return self.host.path(path)
+        return canon / os.path.basename(path)
 
 
 def module_paths(host: Host, kernel: str) -> list[str]:

@@ -11,7 +11,7 @@ import os
 import re
 
 from p2pkit.core.errors import P2pkitError, ProbeError
-from p2pkit.host import Host
+from p2pkit.host import Host, dkms
 from p2pkit.host import pci as hpci
 from p2pkit.parse import field as pf
 from p2pkit.parse import pci as pp
@@ -111,7 +111,10 @@ def module_sources(host: Host) -> dict:
     base = f"/lib/modules/{kernel}"
     out: dict = {"kernel": kernel, "updates": [], "holders": host.listdir("/sys/module/nvidia/holders")}
     for d, _dirs, files in os.walk(host.path(f"{base}/updates")):
-        out["updates"] += [host.host_path(os.path.join(d, f)) for f in files if pf.NVIDIA_KO.search(f)]
+        out["updates"] += [host.host_path(os.path.join(d, f)) for f in files if pf.NVIDIA_ANY_KO.search(f)]
+    # a distro's module DKMS would build again for the next kernel (P34's cousin)
+    out["dkms"] = [{"dkms": m["dkms"], "package": m["package"], "kernels": m["kernels"], "state": m["state"]}
+                   for m in dkms.nvidia_modules(host)]
     installed = host.path(f"{base}/kernel/drivers/video/nvidia.ko")
     out["installed_mtime"] = installed.stat().st_mtime if installed.exists() else None
     initrd = f"/boot/initrd.img-{kernel}"
@@ -128,6 +131,7 @@ def module_sources(host: Host) -> dict:
                                   f"sudo lsinitramfs {initrd} | grep nvidia")
         return out
     out["initramfs"] = {"path": initrd, "nvidia": pf.initramfs_nvidia(r.stdout),
+                        "other": pf.initramfs_other_nvidia(r.stdout),
                         "mtime": host.path(initrd).stat().st_mtime}
     return out
 

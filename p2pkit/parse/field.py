@@ -123,6 +123,18 @@ def kernel_log(text: str) -> dict[str, list[str]]:
 NVIDIA_KO = re.compile(r"(?:^|/)nvidia\.ko(?:\.(?:zst|xz|gz))?$")
 
 
+# any nvidia kernel module's file: the fork's companions, and a distro's renamed ones (Debian's DKMS installs
+# nvidia-current-open.ko, nvidia-current-open-drm.ko, ... under updates/dkms)
+NVIDIA_ANY_KO = re.compile(r"(?:^|/)nvidia[-_\w]*\.ko(?:\.(?:zst|xz|gz))?$")
+
+
+def initramfs_other_nvidia(listing: str) -> list[str]:
+    """The nvidia modules in an `lsinitramfs` listing that are not where the fork installs (kernel/drivers/video/):
+    a distro's (Debian's nvidia-current-open*.ko, DKMS's under updates/)."""
+    return [ln.strip() for ln in listing.splitlines()
+            if NVIDIA_ANY_KO.search(ln.strip()) and "/kernel/drivers/video/" not in f"/{ln.strip()}"]
+
+
 def initramfs_nvidia(listing: str) -> list[str]:
     """The nvidia.ko paths in an `lsinitramfs` listing ("usr/lib/modules/<k>/.../nvidia.ko[.zst]")."""
     return [ln.strip() for ln in listing.splitlines() if NVIDIA_KO.search(ln.strip())]

@@ -261,3 +261,59 @@ def systemctl_show(text: str) -> list[dict[str, str]]:
         if eq:
             blocks[-1][key] = value
     return [b for b in blocks if b]
+
+
+# ------------------------------------------------------------------- DKMS (a distro's NVIDIA module, P34)
+
+_DKMS_LINE = re.compile(r"^(?P<head>[^:]+):\s*(?P<state>\S.*?)\s*$")
+
+
+def dkms_status(text: str) -> list[dict]:
+    """`dkms status` lines as dicts {name, version, kernel, arch, state}: dkms 3's "NAME/VERSION, KERNEL, ARCH:
+    installed" (or "NAME/VERSION: added" before any build), and dkms 2's "NAME, VERSION, KERNEL, ARCH: installed".
+    A warning dkms appends in parentheses stays in the state ("installed (WARNING! Diff between built and
+    installed module!)")."""
+    out = []
+    for line in text.splitlines():
+        m = _DKMS_LINE.match(line.strip())
+        if not m or line.startswith(("Error", "Warning", "WARNING")):
+            continue
+        parts = [x.strip() for x in m.group("head").split(",")]
+        if "/" in parts[0]:
+            name, _, version = parts[0].partition("/")
+            rest = parts[1:]
+        elif len(parts) >= 2:
+            name, version, rest = parts[0], parts[1], parts[2:]
+        else:
+            continue
+        out.append({"name": name, "version": version, "kernel": rest[0] if rest else None,
+                    "arch": rest[1] if len(rest) > 1 else None, "state": m.group("state")})
+    return out
+
+
+_DKMS_ARRAY = re.compile(r'^\s*(BUILT_MODULE_NAME|DEST_MODULE_NAME|DEST_MODULE_LOCATION)\[(\d+)\]\s*=\s*"?([^"\s]*)"?',
+                         re.M)
+_DKMS_VAR = re.compile(r'^\s*PACKAGE_NAME\s*=\s*"?([^"\s]*)"?', re.M)
+
+
+def dkms_conf_modules(text: str) -> list[dict]:
+    """The modules a dkms.conf builds: [{built, dest, location}] by index (DEST_MODULE_NAME defaults to the built
+    name; "$PACKAGE_NAME" expanded, as Debian's nvidia packages write it)."""
+    pkg = (_DKMS_VAR.search(text) or [None, ""])[1]
+    by: dict[int, dict] = {}
+    for key, idx, value in _DKMS_ARRAY.findall(text):
+        by.setdefault(int(idx), {})[key] = value.replace("${PACKAGE_NAME}", pkg).replace("$PACKAGE_NAME", pkg)
+    out = []
+    for _, v in sorted(by.items()):
+        if "BUILT_MODULE_NAME" in v:
+            out.append({"built": v["BUILT_MODULE_NAME"], "dest": v.get("DEST_MODULE_NAME") or v["BUILT_MODULE_NAME"],
+                        "location": v.get("DEST_MODULE_LOCATION", "")})
+    return out
+
+
+def modprobe_routes(text: str) -> list[str]:
+    """The modprobe.d lines that send `modprobe nvidia` somewhere else than the nvidia.ko depmod maps: an
+    install command or an alias for nvidia (Debian's nvidia-modprobe.conf: "install nvidia modprobe -i
+    nvidia-current-open $CMDLINE_OPTS")."""
+    return [ln.strip() for ln in text.splitlines()
+            if re.match(r"^\s*(install|alias)\s+nvidia(\s|$)", ln)]

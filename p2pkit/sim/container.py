@@ -138,6 +138,123 @@ printf '{"running_kernel": "%s-cloud-amd64", "upgrade_kernel": "%s-cloud-amd64",
 """.replace("@APT_REPO@", APT_REPO).replace("@VENV@", VENV).replace("@MANIFEST@", MANIFEST).replace("@SUITE@", SUITE)
 
 
+# A layer over the image: what a user installed before p2pkit came, made once per recipe and cached beside the
+# image (layer-NAME-KEY, an overlay's upper directory taken as a lower one by the hosts made with it). Its
+# script runs in the image (and the layers below it), not booted (systemd-nspawn without -b), with this machine's
+# network: apt fetches from Debian's archive.
+#   distro-nvidia: Debian's own open NVIDIA kernel module, nvidia-open-kernel-dkms (bookworm contrib; its
+#     firmware-nvidia-gsp in non-free-firmware, nvidia-kernel-common and friends in non-free), installed as a user
+#     enables those components and installs it. Its postinst runs the real DKMS build against the installed 6.1
+#     cloud kernel's headers, which fails (tests/fixtures/distro-nvidia-dkms: pci_resize_resource() gained an
+#     argument in a 6.1 stable backport): dpkg leaves the package half-configured, DKMS holds it "added". Only
+#     the bookworm suite's components are added: bookworm-security carries a newer nvidia-alternative (535.309)
+#     that no longer provides the nvidia-alternative-535.261.03 nvidia-open-kernel-support depends on.
+#   distro-nvidia-built: over it, that one line of the package's source given the fourth argument (SIMULATED:
+#     the fixed upload the archive does not carry), `dpkg --configure -a` (the package's own postinst and the
+#     real DKMS build, a compile of NVIDIA's open modules: many minutes), and the user's early KMS: the distro's
+#     modules listed in /etc/initramfs-tools/modules and the initramfs rebuilt with them.
+DISTRO_SRC = "/usr/src/nvidia-current-open-535.261.03"
+LAYERS: dict[str, tuple[str | None, str]] = {
+    "distro-nvidia": (None, r"""set -u
+export DEBIAN_FRONTEND=noninteractive LC_ALL=C.UTF-8
+echo "deb http://deb.debian.org/debian @SUITE@ contrib non-free non-free-firmware" \
+    > /etc/apt/sources.list.d/debian-nonfree.list
+apt-get update -q || exit 1
+t0=$(date +%s)
+apt-get install -y -q --no-install-recommends nvidia-open-kernel-dkms
+echo "p2pkit layer: apt-get install nvidia-open-kernel-dkms exited $? after $(( $(date +%s) - t0 )) s"
+dpkg-query -W -f='${db:Status-Abbrev} ${Package} ${Version}\n' nvidia-open-kernel-dkms || exit 1
+dkms status
+rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb
+""".replace("@SUITE@", SUITE)),
+    "distro-nvidia-built": ("distro-nvidia", r"""set -eu
+export DEBIAN_FRONTEND=noninteractive LC_ALL=C.UTF-8
+call='pci_resize_resource(pci_dev, NV_GPU_BAR1, requested_size'
+sed -i "s|$call);|$call, 0); /* SIMULATED fix (p2pkit container host) */|" @SRC@/nvidia/nv-pci.c
+grep -q 'SIMULATED fix' @SRC@/nvidia/nv-pci.c
+t0=$(date +%s)
+dpkg --configure -a
+echo "p2pkit layer: dpkg --configure -a (the real DKMS build) took $(( $(date +%s) - t0 )) s"
+printf '%s\n' nvidia-current-open nvidia-current-open-modeset nvidia-current-open-drm >> /etc/initramfs-tools/modules
+update-initramfs -u -k all
+dpkg-query -W -f='${db:Status-Abbrev} ${Package} ${Version}\n' nvidia-open-kernel-dkms
+dkms status
+""".replace("@SRC@", DISTRO_SRC)),
+}
+
+
+def layer_key(name: str) -> str:
+    below, script = LAYERS[name]
+    h = hashlib.sha256(((layer_key(below) if below else recipe_key()) + "\0" + script).encode())
+    return h.hexdigest()[:16]
+
+
+def layer_stack(name: str, cache: Path | None = None) -> list[Path]:
+    """The layers a host of `name` mounts over the image, the top one first (each made or found: layer())."""
+    below = LAYERS[name][0]
+    return [layer(name, cache), *(layer_stack(below, cache) if below else [])]
+
+
+def cached_layer(name: str, cache: Path | None = None) -> Path | None:
+    """The layer `name` for this recipe if it is made, without making it."""
+    d = (cache or cache_dir()) / f"layer-{name}-{layer_key(name)}"
+    return d if d.with_suffix(".json").is_file() and d.is_dir() else None
+
+
+def layer(name: str, cache: Path | None = None) -> Path:
+    """The layer `name` over this recipe's image (and the layers below it): made now or found in the cache. One
+    maker at a time; a half-made layer is never taken (made aside, renamed when whole)."""
+    cache = cache or cache_dir()
+    base = image(cache)
+    below, script = LAYERS[name]
+    lower = [*(layer_stack(below, cache) if below else []), base]
+    out = cache / f"layer-{name}-{layer_key(name)}"
+    with _locked(cache / f"layer-{name}.lock"):
+        if cached_layer(name, cache):
+            return out
+        for stale in cache.glob(f"layer-{name}-*"):  # this layer of another recipe (not a layer named longer)
+            key = stale.name.removeprefix(f"layer-{name}-").split(".")[0]
+            if len(key) == 16 and "-" not in key and stale != out:
+                shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
+        for left in cache.glob(f"make-layer-{name}-*"):  # its maker killed half-way (none runs: the lock is ours)
+            if left.name.rsplit("-", 1)[0] != f"make-layer-{name}":
+                continue
+            if os.path.ismount(left / "root"):
+                subprocess.run(["umount", str(left / "root")], capture_output=True)
+            if not os.path.ismount(left / "root"):
+                shutil.rmtree(left, ignore_errors=True)
+        work = cache / f"make-layer-{name}-{os.getpid()}"
+        for d in ("upper", "work", "root"):
+            (work / d).mkdir(parents=True)
+        (work / "setup.sh").write_text(script)
+        logfile = cache / f"layer-{name}-{layer_key(name)}.log"
+        mounted = False
+        try:
+            r = subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                                f"lowerdir={':'.join(map(str, lower))},upperdir={work / 'upper'},"
+                                f"workdir={work / 'work'}", str(work / "root")], capture_output=True, text=True)
+            if r.returncode != 0:
+                raise ContainerError(f"make the layer {name}", r.stderr.strip() or f"mount exit {r.returncode}")
+            mounted = True
+            t0 = time.monotonic()
+            _step(["systemd-nspawn", "-q", "-D", str(work / "root"), "--register=no", "--keep-unit", "--pipe",
+                   "-E", f"PATH={GUEST_PATH}", "-E", "LANG=C.UTF-8",
+                   f"--bind-ro={work / 'setup.sh'}:/tmp/p2pkit-layer.sh", "sh", "/tmp/p2pkit-layer.sh"],
+                  f"make the layer {name}", logfile, timeout=5400)
+            seconds = round(time.monotonic() - t0)
+            subprocess.run(["umount", str(work / "root")], check=True)
+            mounted = False
+            shutil.rmtree(out, ignore_errors=True)
+            os.replace(work / "upper", out)
+            out.with_suffix(".json").write_text(json.dumps(  # written last: the mark of a whole layer
+                {"layer": name, "below": below, "image": base.name, "seconds": seconds}) + "\n")
+        finally:
+            if mounted:
+                subprocess.run(["umount", str(work / "root")], capture_output=True)
+            shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
 class ContainerError(RuntimeError):
     """A step of the container host failed; `log` names the file that holds its output."""
 
@@ -253,13 +370,18 @@ def cached_image(cache: Path | None = None) -> Path | None:
 
 
 def start_background(cache: Path | None = None) -> None:
-    """Make the image in a process of its own (a test session starts it first and runs beside it)."""
+    """Make the image and then its layers in a process of its own (a test session starts it first and runs beside
+    it; each is made under its own lock, so a test that asks for one meanwhile waits for that one)."""
     cache = cache or cache_dir()
-    if cached_image(cache) or cannot_boot():
+    # the layers only where asked for (P2PKIT_CT_LAYERS=1) or made before: Debian's NVIDIA package and its two
+    # real DKMS builds take 26 min of two cores cold, more than CI's whole budget leaves (docs/testing.md)
+    want = LAYERS if os.environ.get("P2PKIT_CT_LAYERS") == "1" else ()
+    if (cached_image(cache) and all(cached_layer(n, cache) for n in want)) or cannot_boot():
         return
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / "image-background.log", "ab") as log:
-        subprocess.Popen([sys.executable, "-m", "p2pkit.sim.container", "image"], stdin=subprocess.DEVNULL,
+        subprocess.Popen([sys.executable, "-m", "p2pkit.sim.container", "layers" if want else "image"],
+                         stdin=subprocess.DEVNULL,
                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                          env={**os.environ, "P2PKIT_CT_CACHE": str(cache),
                               "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
@@ -295,10 +417,10 @@ class ContainerHost:
     # -- make
     @classmethod
     def create(cls, directory: Path, image_root: Path, scenario: str = "healthy", wheel: Path | None = None,
-               name: str | None = None, profile: str | None = None) -> ContainerHost:
-        """Lay a host out from the image: its own overlay, machine id and hostname, p2pkit installed from
-        `wheel` (built from this tree when None), the GPUs of `scenario` provisioned inside, for the built-in
-        `profile` (the scenario's own when None). Not booted."""
+               name: str | None = None, layers: tuple[Path, ...] = (), profile: str | None = None) -> ContainerHost:
+        """Lay a host out from the image (and `layers` over it, the top one first: layer()): its own overlay,
+        machine id and hostname, p2pkit installed from `wheel` (built from this tree when None), the GPUs of
+        `scenario` provisioned inside, for the built-in `profile` (the scenario's own when None). Not booted."""
         host = cls(directory)
         if host.dir.exists() and any(host.dir.iterdir()):
             raise ContainerError("create", f"{host.dir} is not empty")
@@ -306,8 +428,8 @@ class ContainerHost:
             (host.dir / d).mkdir(parents=True, exist_ok=True)
         name = name or f"p2pkit-ct-{uuid.uuid4().hex[:8]}"
         # made: False until the last step is done: a host whose making stopped half-way is refused by boot
-        host._record(image=str(image_root), name=name, state="off", boots=0, scenario=scenario, made=False,
-                     profile=profile)
+        host._record(image=str(image_root), layers=[str(x) for x in layers], name=name, state="off", boots=0,
+                     scenario=scenario, made=False, profile=profile)
         host.mount()
         try:
             (host.root / "etc/machine-id").write_text(uuid.uuid4().hex + "\n")
@@ -350,9 +472,9 @@ class ContainerHost:
     def mount(self) -> None:
         if os.path.ismount(self.root):
             return
-        image_root = self.machine()["image"]
+        lower = ":".join([*self.machine().get("layers", []), self.machine()["image"]])
         r = subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
-                            f"lowerdir={image_root},upperdir={self.dir / 'upper'},workdir={self.dir / 'work'}",
+                            f"lowerdir={lower},upperdir={self.dir / 'upper'},workdir={self.dir / 'work'}",
                             str(self.root)], capture_output=True, text=True)
         if r.returncode != 0:
             raise ContainerError("mount the root", r.stderr.strip() or f"mount exit {r.returncode}")
@@ -813,4 +935,10 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["image"]:  # the image made (or found) under the cache's lock; its path printed
         print(image(), flush=True)
         sys.exit(0)
-    sys.exit(f"usage: {sys.argv[0]} machine DIR | image")
+    if sys.argv[1:2] == ["layers"]:  # the image, then every layer over it
+        print(image(), *(layer(n) for n in LAYERS), sep="\n", flush=True)
+        sys.exit(0)
+    if sys.argv[1:2] == ["layer"] and sys.argv[2:3] and sys.argv[2] in LAYERS:  # likewise a layer over it
+        print(layer(sys.argv[2]), flush=True)
+        sys.exit(0)
+    sys.exit(f"usage: {sys.argv[0]} machine DIR | image | layers | layer {'|'.join(LAYERS)}")

@@ -9,8 +9,9 @@ from p2pkit.core.artifacts import atomic_write, read_json
 from p2pkit.core.errors import UsageError
 from p2pkit.core.role_defaults import role_default
 from p2pkit.facts.probes import installed_driver_files
-from p2pkit.host import arch, system
+from p2pkit.host import arch, dkms, system
 from p2pkit.host.backup import Backup, sha256, userspace_paths
+from p2pkit.rules import distro
 from p2pkit.stages.driver.checks import guarded_packages, installer_arch
 
 
@@ -25,6 +26,12 @@ def driver(ctx) -> dict:
     held = system.package_holds(ctx.host)["held"]
     kernel = system.kernel_release(ctx.host)
     backup = Backup(ctx.store.dir, "driver", ctx.host)
+    # a distro NVIDIA module package its user holds: refused before this stage adds its own holds (after them, the
+    # p2p-module stage tells the user's from p2pkit's by the holds recorded here, held_before)
+    refused = distro.held_refusal(distro.user_holds(dkms.nvidia_modules(ctx.host),
+                                                    backup.manifest().get("held_before")))
+    if refused:
+        raise refused
     backup.snapshot(  # config files and every driver file the installer may replace: rollback puts them back
         [*guard_files(), *userspace_paths(ctx.host)], kernel, d.version,
         extra={"held_before": held, "installer": f"{d.cache_dir}/{d.installer_url.rsplit('/', 1)[-1]}"})

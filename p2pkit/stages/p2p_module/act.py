@@ -12,10 +12,11 @@ from p2pkit.core.config import p2p_src_dir
 from p2pkit.core.errors import P2pkitError
 from p2pkit.core.role_defaults import role_default
 from p2pkit.core.runner import own_executable
-from p2pkit.host import arch, boot, system
+from p2pkit.host import arch, boot, dkms, system
 from p2pkit.host.backup import Backup, module_paths, p2p_paths
 from p2pkit.parse import boot as pb
 from p2pkit.parse import build as pb_build
+from p2pkit.rules import distro
 from p2pkit.stages.p2p_module import signing
 
 # The kernel hook pins the boot default here when the module does not build for a new kernel (P36).
@@ -98,8 +99,19 @@ def _p2p_module(ctx, kernel: str | None = None) -> dict:
     sign = signing.prepare(ctx, kernel)
     # the live reload's decision from what can be read before the build; the role swaps where it may
     reload_refused = live_reload.refusal(ctx) if live else None
+    # a distro's NVIDIA module under DKMS (p2pkit.rules.distro): refused where its user holds the package, else
+    # what DKMS keeps of it and the modprobe.d file routing nvidia to it are kept before the role takes them out
+    found = dkms.nvidia_modules(ctx.host)
+    refused = distro.held_refusal(distro.user_holds(found, Backup(ctx.store.dir, "driver", ctx.host).manifest()
+                                                    .get("held_before")))
+    if refused:
+        raise refused
+    routes = dkms.modprobe_routes(ctx.host) if found else {}
+    if found:
+        ctx.out.step("p2p-module", "a distro NVIDIA module: p2pkit " + distro.plan(found, routes))
     Backup(ctx.store.dir, "p2p-module", ctx.host).snapshot(
-        [*p2p_paths(), system.TIMER_WANTS, *module_paths(ctx.host, kernel), *bootloader_paths(loader)], kernel,
+        [*p2p_paths(), system.TIMER_WANTS, *module_paths(ctx.host, kernel), *bootloader_paths(loader),
+         *(x for m in found for x in dkms.tree_paths(ctx.host, m)), *routes], kernel,
         ctx.profile.driver.version)
     values = {
         "p2pkit_arch": machine,
@@ -117,6 +129,8 @@ def _p2p_module(ctx, kernel: str | None = None) -> dict:
         "p2pkit_p2p_module_registry_dwords": m.registry_dwords if m.patched else "",
         **sign.values,
         "p2pkit_p2p_module_live_reload": live and reload_refused is None,
+        "p2pkit_p2p_module_distro_dkms": [m["dkms"] for m in found],
+        "p2pkit_p2p_module_distro_routes": sorted(routes),
     }
     try:
         done = run_playbook(ctx, "p2p-module", values, secret_env=sign.secret_env)

@@ -358,17 +358,13 @@ def module_sources(f: dict, p: Profile) -> list[Check]:
     want = "only kernel/drivers/video/nvidia.ko; an initramfs rebuilt after it"
     if unreadable(m):
         return [could_not(id_, title, m, want, "P34")]
-    problems = [f"{u} (DKMS wins over kernel/drivers/video)" for u in m["updates"]]
+    problems = [f"{u} (DKMS wins over kernel/drivers/video)" for u in m["updates"]] + _distro_dkms(m)
     ir = m.get("initramfs")
     out = []
     if unreadable(ir):
         out.append(could_not(id_ + ".initramfs", "initramfs holds the patched module", ir, want, "P34"))
     else:
-        other = [x for x in ir["nvidia"] if "/kernel/drivers/video/" not in f"/{x}"]
-        problems += [f"initramfs {ir['path']}: {x}" for x in other]
-        if ir["nvidia"] and m.get("installed_mtime") and ir["mtime"] < m["installed_mtime"]:
-            problems.append(f"{ir['path']} is older than the installed patched module: it still holds the one "
-                            "before it")
+        problems += _initramfs_problems(ir, m.get("installed_mtime"))
     mod = f.get("module") or {}
     built = (f.get("built_module") or {}).get("srcversion")
     if built and mod.get("loaded_srcversion") and mod["loaded_srcversion"] != built and m.get("holders"):
@@ -380,9 +376,28 @@ def module_sources(f: dict, p: Profile) -> list[Check]:
     fine = "no copy under updates/" + ("" if unreadable(ir) else f", {ir['path']} holds "
                                        + (", ".join(ir["nvidia"]) if ir["nvidia"] else "no nvidia.ko"))
     out.append(judge(id_, title, not problems, "; ".join(problems) or fine, want, "remove the stock copies (p2pkit "
-                     "backs them up), rebuild the initramfs "
+                     "backs them up; a distro's DKMS module: `dkms remove NAME/VERSION --all`), rebuild the initramfs "
                      "(`update-initramfs -u -k $(uname -r)`), unload in order nvidia_drm nvidia_modeset nvidia_uvm "
                      "nvidia, or rerun `p2pkit up --from p2p-module --force` and reboot", pitfall="P34"))
+    return out
+
+
+def _distro_dkms(m: dict) -> list[str]:
+    """A distro's module still in DKMS (p2pkit.rules.distro): DKMS's kernel hook builds it again for every new
+    kernel."""
+    return [f"DKMS builds {d['dkms']} ({d.get('package') or 'no package'}; "
+            + (", ".join(f"{k}: {v}" for k, v in sorted((d.get("kernels") or {}).items())) or d.get("state")
+               or "added") + ") again for every new kernel" for d in m.get("dkms") or []]
+
+
+def _initramfs_problems(ir: dict, installed_mtime) -> list[str]:
+    """An nvidia module in the initramfs that is not the fork's (a stock nvidia.ko, a distro's renamed one), and an
+    initramfs older than the installed patched module."""
+    other = [x for x in ir["nvidia"] if "/kernel/drivers/video/" not in f"/{x}"]
+    other += [x for x in ir.get("other") or [] if x not in other]
+    out = [f"initramfs {ir['path']}: {x}" for x in other]
+    if ir["nvidia"] and installed_mtime and ir["mtime"] < installed_mtime:
+        out.append(f"{ir['path']} is older than the installed patched module: it still holds the one before it")
     return out
 
 

@@ -14,14 +14,14 @@ SIM_HINT = ("to try p2pkit without GPUs: `p2pkit sim init /tmp/p2pkit-sim` then 
 
 
 @reads("tools", "os", "kernel", "is_root", "disk", "secure_boot", "pci_gpus", "iommu", "bootloader",
-       "dpkg_nvidia", "cgroup", "mok")
+       "dpkg_nvidia", "distro_dkms", "cgroup", "mok")
 def check(f: dict, p: Profile) -> list[Check]:
     # GPUs first: on a machine without them nothing else matters, and the first failure is the headline
     # a facts file recorded before p2pkit read the bootloader has none: that check is left out for it
     boot = [bootloader(f, p)] if "bootloader" in f else []
     return [
         _gpu_count(f, p), _gpu_model(f, p), _os(f, p), _kernel(f, p), _root(f, p), _disk(f, p),
-        _secure_boot(f, p), _iommu(f, p), *boot, _dpkg(f), _cgroup(f, p), _tools(f, p), _pins(p),
+        _secure_boot(f, p), _iommu(f, p), *boot, *_distro(f), _dpkg(f), _cgroup(f, p), _tools(f, p), _pins(p),
     ]
 
 
@@ -295,6 +295,50 @@ def _dpkg(f) -> Check:
                  ", ".join(f"{x['package']} ({x['status']})" for x in d) or "none", "none",
                  "finish or remove them first: `sudo dpkg --configure -a`, then `sudo apt-get purge` the "
                  "listed nvidia packages")
+
+
+def _distro(f) -> list[Check]:
+    """A distro's NVIDIA module under DKMS met before p2pkit (p2pkit.rules.distro): one whose package dpkg left
+    half-configured (its DKMS build failed half-way) is refused here, before anything changes, naming the package,
+    DKMS's log and the fix; an installed one is said, with what the p2p-module stage will do with it (a warning:
+    the next stages replace a driver the user installed). A hold is refused by the acting stages, which tell the
+    user's holds from the driver stage's."""
+    from p2pkit.rules import distro
+
+    if "distro_dkms" not in f:  # facts recorded by an earlier p2pkit
+        return []
+    d = f["distro_dkms"]
+    id_, title = "preflight.distro_module", "a distro NVIDIA kernel module p2pkit can take over"
+    if failed(d):
+        return [unknown(id_, title, d, "none, or one whose package is installed")]
+    mods = d.get("modules") or []
+    if not mods:
+        return [Check(id_, title, PASS, "none under DKMS", "none, or one whose package is installed")]
+    broken = [m for m in mods if m.get("package_status") and m["package_status"][1:2] != "i"]
+    if broken:
+        pkgs = " ".join(sorted({m["package"] for m in broken}))
+        said = "; ".join(
+            f"{m['package']} {m.get('package_version') or ''} is {dpkg_state(m['package_status'])} (dpkg "
+            f"{m['package_status']}); DKMS holds {m['dkms']} "
+            + (", ".join(f"{k}: {v}" for k, v in sorted(m["kernels"].items())) or (m.get("state") or "added"))
+            + f" (its build log: /var/lib/dkms/{m['name']}/{m['version']}/build/make.log)" for m in broken)
+        return [Check(id_, title, FAIL, said, "none, or one whose package is installed",
+                      f"its DKMS build failed half-way and dpkg will run it again at the next apt run; p2pkit replaces "
+                      f"that module with the P2P-patched one: remove the package (`sudo apt-get purge {pkgs}`: nothing "
+                      "of p2pkit's is installed yet), or fix its build and `sudo dpkg --configure -a`; then "
+                      "`p2pkit up` again", "P34")]
+    return [Check(id_, title, WARN, "; ".join(f"{m['package'] or 'no package'} {m.get('package_version') or ''} "
+                                               f"(DKMS {m['dkms']})" for m in mods),
+                  "none, or one whose package is installed",
+                  "the p2p-module stage " + distro.plan(mods, d.get("routes") or {}), "P34")]
+
+
+DPKG_STATES = {"F": "half-configured", "U": "unpacked, not configured", "H": "half-installed",
+               "W": "waiting for a trigger", "t": "with a trigger pending", "c": "removed, its configuration kept"}
+
+
+def dpkg_state(abbrev: str) -> str:
+    return DPKG_STATES.get(abbrev[1:2], f"in dpkg state {abbrev[1:2]!r}")
 
 
 # where the engine's own cgroup comes from, by who starts it (serve.manager, or on "auto" whether
