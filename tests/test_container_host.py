@@ -680,7 +680,7 @@ def test_the_real_vllm_served_by_real_systemd(make_host):
     # vLLM names each tensor-parallel rank's worker process in its lines ("(Worker_TP1 pid=N) INFO ..."): both ran
     # under the unit
     assert "(Worker_TP0 pid=" in said and "(Worker_TP1 pid=" in said, said[-3000:]
-    port = json.loads(h.run(["cat", "/var/lib/p2pkit/profile.json"]).stdout)["serve"]["port"]
+    port = config.load(str(h.root / ".p2pkit-sim/profile.toml")).serve.port  # the host's profile (provisioned)
     base = f"http://127.0.0.1:{port}"
     with urllib.request.urlopen(f"{base}/v1/models", timeout=30) as r:
         served = json.loads(r.read())["data"][0]

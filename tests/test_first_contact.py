@@ -23,13 +23,13 @@ def test_up_as_a_user_that_is_not_root_says_what_to_do(cli, monkeypatch, tmp_pat
     """As a user that is not root, the kernel refuses to make the state directory (EACCES). The
     tests run as root, so the refusal is the kernel's own error raised at that one mkdir."""
     state = tmp_path / "var/lib/p2pkit"
-    real_mkdir = Path.mkdir
+    real_mkdir = os.mkdir
 
-    def mkdir(self, *a, **kw):
-        if self == state:
-            raise PermissionError(13, "Permission denied", str(self))
-        return real_mkdir(self, *a, **kw)
-    monkeypatch.setattr(Path, "mkdir", mkdir)
+    def mkdir(name, *a, dir_fd=None, **kw):  # safefs makes each directory with mkdirat from its parent's fd
+        if os.fspath(name) in (state.name, str(state)) and not (state.exists()):
+            raise PermissionError(13, "Permission denied", str(state))
+        return real_mkdir(name, *a, dir_fd=dir_fd, **kw) if dir_fd is not None else real_mkdir(name, *a, **kw)
+    monkeypatch.setattr(os, "mkdir", mkdir)
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     # the host's lock, taken first, in the test's directory: never this machine's /run
     (tmp_path / "run").mkdir()

@@ -124,6 +124,7 @@ def test_driver_pin_checksum_userspace_firmware_and_guards():
 
 def test_engine_prechecks_and_configure_failures_named():
     from p2pkit.stages.engine import checks as engine
+    from p2pkit.stages.engine import cmake as engine_cmake
 
     c = by_id(engine.precheck(P))
     assert c["engine.commit"].status == "fail" and c["engine.cuda_arch"].status == "pass"
@@ -136,9 +137,10 @@ def test_engine_prechecks_and_configure_failures_named():
     nr = by_id(engine.precheck(bare))["engine.nccl_root"]
     assert nr.status == "fail" and nr.pitfall == "P16"
     err = "CMake Error at CMakeLists.txt:5 (message): NInfer supports only CMAKE_CUDA_ARCHITECTURES=120a"
-    c = by_id(engine._configure({"configure_rc": 1, "first_error": err, "log": "/l"}))
+    c = by_id(engine_cmake._configure({"configure_rc": 1, "first_error": err, "log": "/l"}))
     assert c["engine.configure"].status == "fail" and c["engine.configure"].pitfall == "P05"
-    c = by_id(engine._configure({"configure_rc": 0, "build_rc": 1, "build_tail": "ninja: build stopped", "log": "/l"}))
+    c = by_id(engine_cmake._configure({"configure_rc": 0, "build_rc": 1, "build_tail": "ninja: build stopped",
+                                       "log": "/l"}))
     assert c["engine.configure"].status == "pass" and c["engine.build"].status == "fail"
 
 

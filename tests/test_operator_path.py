@@ -4,6 +4,7 @@ stand-ins cannot run says so whole, once, with the command that lays it out agai
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -50,8 +51,11 @@ def test_a_standin_that_cannot_run_stops_the_command_with_its_own_message(cli, s
     root = sim("gen4-slot")
     assert cli("--root", str(root), "up", "--reboot", "--to", "p2p-module").code == 0
     bare = _python_without_p2pkit(tmp_path)
+    # the driver's own programs are left: the driver stage re-proves them by content (issue 48 item 3), which would
+    # call the host stale before any stand-in runs
+    proved = set(json.loads((root / "var/lib/p2pkit/driver-files.json").read_text()).get("files", {}))
     for f in (root / "usr/bin").iterdir():
-        text = f.read_text() if f.is_file() else ""
+        text = f.read_text() if f.is_file() and f"/usr/bin/{f.name}" not in proved else ""
         if text.startswith("#!") and "SIMULATED stand-in" in text:
             rest = text.split("\n", 1)[1]
             laid_out_from = _standin_path_line(root, f.name).removeprefix("sys.path.append(").removesuffix(")")
@@ -322,7 +326,7 @@ def test_every_command_prints_one_valid_document_under_json(cli, sim, tmp_path):
         "bench": [*R, "bench", "--requests", "1", "--warmup", "0"],
         "serve status": [*R, "serve", "status"], "serve logs": [*R, "serve", "logs"],
         "serve restart": [*R, "serve", "restart"], "serve stop": [*R, "serve", "stop"],
-        "net hca": [*R, "net", "hca"], "profile list": ["profile", "list"], "profile show": [*R, "profile", "show"],
+        "net hca": [*R, "net", "hca"], "net rail": [*R, "net", "rail"], "profile list": ["profile", "list"], "profile show": [*R, "profile", "show"],
         "profile validate": ["profile", "validate", "dual-5090-llamacpp"], "profile schema": ["profile", "schema"],
         "sim init": ["sim", "init", str(tmp_path / "new")], "sim list": ["sim", "list"],
         "sim upgrade": ["sim", "upgrade", str(other)], "sim reboot": ["sim", "reboot", str(other)],

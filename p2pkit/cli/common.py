@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from p2pkit.app.pipeline import Ctx, state_dir_default
-from p2pkit.core import config, hoststate, runner, safefs
+from p2pkit.core import config, hoststate, safefs
 from p2pkit.core.artifacts import Store
 from p2pkit.core.errors import P2pkitError, ProfileError, UsageError
 from p2pkit.core.output import Output
@@ -66,8 +66,7 @@ def host() -> Host:
     h = Host.at(root)
     if not h.is_host_root():
         raise not_a_host_root(root)
-    if h.simulated:  # stand-ins whose Python is gone: said once, with the command that lays the host out again
-        runner.refuse_lost_interpreter(str(h.path("/usr/bin/systemctl")), h.root)
+    h.refuse_lost_standins()  # stand-ins whose Python is gone: said once, with the command that lays it out again
     return h
 
 

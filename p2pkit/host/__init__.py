@@ -119,6 +119,15 @@ class Host:
             todo = [x for x in target.split("/") if x] + todo
         return "/" + "/".join(done)
 
+    def refuse_lost_standins(self) -> None:
+        """A simulated host whose stand-ins' Python is gone (the venv that laid it out removed): refused once,
+        naming the command that lays the host out again (core.runner.refuse_lost_interpreter). Nothing on a real
+        host."""
+        if self.simulated:
+            from p2pkit.core.runner import refuse_lost_interpreter
+
+            refuse_lost_interpreter(str(self.path("/usr/bin/systemctl")), self.root)
+
     @property
     def lent_dirs(self) -> tuple[str, ...]:
         """Directories (host paths) a simulated directory host lends from this machine as links (the tests'
