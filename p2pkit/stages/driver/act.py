@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 
+from p2pkit.core import safefs
 from p2pkit.core.ansible import run_playbook
 from p2pkit.core.artifacts import atomic_write, read_json
 from p2pkit.core.errors import UsageError
@@ -54,8 +56,13 @@ def changed_files(ctx) -> list[str]:
     """The installer's files (recorded at the last install of this version) that are gone or no longer hold the
     bytes it wrote: hashed again only where the file's identity moved (issue 48 item 3: the GSP firmware and
     nvidia-smi edited with their mtime kept were trusted)."""
-    rec = read_json(ctx.store.dir / FILES_RECORD, "the driver's file record",
-                    f"remove {ctx.store.dir / FILES_RECORD}: the next install records it anew") or {}
+    path = ctx.store.dir / FILES_RECORD
+    if path.is_symlink():  # a link p2pkit did not make: refused naming it (exit 2), as every write there is
+        raise safefs.LinkRefused(f"{path} is a symbolic link (to {os.readlink(path)}): p2pkit reads its own records "
+                                 "and never through a link it did not make, so it read nothing through it",
+                                 hint=f"remove it (`rm {path}`) and run the same command again: the next install "
+                                      "records the driver's files anew")
+    rec = read_json(path, "the driver's file record", f"remove {path}: the next install records it anew") or {}
     if not isinstance(rec, dict) or rec.get("version") != ctx.profile.driver.version:
         return []
     out = []
