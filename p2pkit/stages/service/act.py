@@ -515,8 +515,9 @@ def measure(ctx, acted: dict | None = None) -> dict:
         url = engine_cmd.health_url(p)
         reach = user_access(ctx)
         if reach.get("blocked"):  # the engine cannot load what it must read: its restarts would fill the timeout
-            health = {"ok": False, "seconds": 0, "exited": False, "not_waited": "the engine's user cannot reach "
-                      + "; ".join(reach["blocked"].values()) + " (service.user_access)"}
+            health = {"ok": False, "seconds": 0, "exited": False, "not_waited": "not waited for: the engine's user "
+                      f"{reach['user']} cannot load what it reads: " + "; ".join(reach["blocked"].values())
+                      + " (service.user_access)"}
         else:
             with ctx.out.working(f"[service] waiting for {url}"):
                 health = wait_health(ctx, url, p.serve.health_timeout_s)
