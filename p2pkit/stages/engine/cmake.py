@@ -11,7 +11,6 @@ modules, its source (a checkout or an archive), its build log's criteria."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import posixpath
 import time
@@ -22,6 +21,7 @@ from p2pkit.core.config import Profile
 from p2pkit.core.errors import P2pkitError
 from p2pkit.core.role_defaults import role_default
 from p2pkit.host import system
+from p2pkit.host.backup import sha256
 from p2pkit.parse import build as pb
 from p2pkit.parse.build import archs_unbuildable, ldd_problems, version_tuple
 from p2pkit.rules import engine_cmd
@@ -141,7 +141,7 @@ def changed_binary_aside(ctx) -> str | None:
     if not isinstance(was, dict) or not was.get("sha256") or not exe.is_file() or exe.is_symlink() \
             or system.file_identity(exe) == was.get("identity"):
         return None
-    if hashlib.sha256(exe.read_bytes()).hexdigest() == was["sha256"]:
+    if sha256(exe) == was["sha256"]:
         return None
     aside = exe.with_name(f"{exe.name}.changed-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
     os.rename(exe, aside)
@@ -227,7 +227,7 @@ def _binary(ctx, exe: Path) -> dict:
     if not exe.is_file():
         return {"path": str(exe), "runs": False, "error": f"{exe} was not built"}
     ident = system.file_identity(exe)  # before the hash: a file changed while it is read is not vouched for
-    h = hashlib.sha256(exe.read_bytes()).hexdigest()
+    h = sha256(exe)
     r = ctx.host.runner.run([str(exe), "--version"], check=False, timeout=60)
     return {"path": str(exe), "sha256": h, "identity": ident, "runs": r.returncode == 0,
             "version": (r.stdout.strip() or r.stderr.strip())[:200]}

@@ -197,9 +197,9 @@ def _changed_aside(ctx, out: Path, record_file: Path, cache: Path) -> str | None
     edit, a truncation): moved aside under a name of its own, kept and named, so that it is converted again
     (issue 48 item 3: `up` stopped at "p2pkit never overwrites a model" and the host stayed broken). A file
     p2pkit did not record is never touched. What was done, or None."""
-    if not out.is_file() or _record(record_file).get("path") != ctx.profile.model.output:
+    rec = _record(record_file) if out.is_file() else {}
+    if rec.get("path") != ctx.profile.model.output:
         return None
-    rec = _record(record_file)
     if hm.sha256_cached(ctx.host, out, cache) == rec.get("sha256"):
         return None
     aside = out.with_name(f"{out.name}.changed-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
