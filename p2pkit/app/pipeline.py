@@ -79,8 +79,9 @@ def evaluate(ctx: Ctx, recheck: bool = True) -> list[StageState]:
     prev: StageState | None = None
     live = _live_early(ctx) if recheck else {}
     ident = identity(ctx.host)
+    seen = facts.Snapshot(ctx.host, ctx.profile)  # one judgement: nothing acts between the stages' re-checks
     for st in registry():
-        states.append(_state_of(ctx, st, prev, ident, recheck, live.get(st.name)))
+        states.append(_state_of(ctx, st, prev, ident, recheck, live.get(st.name), seen))
         prev = states[-1]
     return states
 
@@ -122,7 +123,7 @@ def killed_marker(store: Store) -> dict | None:
 
 
 def _state_of(ctx: Ctx, st: Stage, prev: StageState | None, ident: dict, recheck: bool,
-              live: Future | None = None) -> StageState:
+              live: Future | None = None, snapshot: facts.Snapshot | None = None) -> StageState:
     """A stage's state, judged in named steps: its artifact (none: not run, running or interrupted), then each
     reason the artifact no longer stands, then (recheck) its proof again on the host as it is now."""
     try:
@@ -131,7 +132,7 @@ def _state_of(ctx: Ctx, st: Stage, prev: StageState | None, ident: dict, recheck
         return StageState(st.name, STALE, e.message)
     if doc is None:
         return _no_artifact(ctx, st, prev)
-    seen = _Seen(ctx, st, doc, prev, ident)
+    seen = _Seen(ctx, st, doc, prev, ident, snapshot or facts.Snapshot(ctx.host, ctx.profile))
     for step in (_written_elsewhere, _kernel_changed, _waits_for_reboot, _not_passed, _earlier_not_done,
                  _profile_changed, _chain_broken, _places_untrusted, _not_applicable):
         if (state := step(seen)) is not None:
@@ -150,6 +151,7 @@ class _Seen:
     doc: dict
     prev: StageState | None
     ident: dict
+    snapshot: facts.Snapshot  # the facts read in this judgement, each read once
 
     def stale(self, why: str) -> StageState:
         return StageState(self.st.name, STALE, why, self.doc)
@@ -324,12 +326,12 @@ def _rechecked(s: _Seen, live: Future | None) -> StageState:
     """The artifact stands; its proof again, now: a measuring stage's re-proof, a reading stage's checks on fresh
     facts, a live probe. Done (with the warnings status shows beside it), or stale with the first failure."""
     ctx, st = s.ctx, s.st
-    if st.reprove is not None and (bad := reproof(ctx, st, s.doc)) is not None:
+    if st.reprove is not None and (bad := reproof(ctx, st, s.doc, s.snapshot)) is not None:
         return s.stale(f"re-proof failed: {bad.id}: {bad.measured}: {bad.hint}")
     notes = ""
     if st.check is not None and st.measure is None:
         refused = len(ctx.host.runner.denied)
-        checks = st.check(facts.collect(ctx.host, st.facts, ctx.profile), ctx.profile)
+        checks = st.check(s.snapshot.collect(st.facts), ctx.profile)
         bad = [c for c in checks if c.status == FAIL]
         if bad and len(ctx.host.runner.denied) > refused:  # not a finding about the host: a user p2pkit runs as
             return s.stale("could not re-check: p2pkit may not run "
@@ -342,7 +344,7 @@ def _rechecked(s: _Seen, live: Future | None) -> StageState:
         notes = "; ".join(f"{c.id}: {c.hint}" for c in checks if c.status == WARN and c.id in st.notes)
     if st.live is not None:
         name, judge_live = st.live
-        found = live.result() if live is not None else facts.collect(ctx.host, (name,), ctx.profile)
+        found = live.result() if live is not None else s.snapshot.collect((name,))
         bad = [c for c in judge_live(found.get(name)) if c.status == FAIL]
         if real := [c for c in bad if not unanswered(c)]:
             return s.stale(f"re-check failed: {real[0].id}: {real[0].measured}: {real[0].hint}")
@@ -359,7 +361,7 @@ def _unchecked(s: _Seen, c: Check) -> StageState:
                       "again (a loaded machine answers later), and if it keeps hanging find out why", s.doc)
 
 
-def reproof(ctx: Ctx, st: Stage, doc: dict) -> Check | None:
+def reproof(ctx: Ctx, st: Stage, doc: dict, snapshot: facts.Snapshot | None = None) -> Check | None:
     """What a measuring stage's artifact claims, proven again before it is trusted (as a stage that does not
     measure re-runs its checks on fresh facts): the facts it recorded still pass the stage's own checks (a
     status or figure edited by hand is caught), and the stage's re-proof holds (its files are there and the
@@ -374,7 +376,7 @@ def reproof(ctx: Ctx, st: Stage, doc: dict) -> Check | None:
     if bad is not None:
         return replace(bad, measured=f"the artifact's own facts fail it: {bad.measured}")
     name, judge_reproof = st.reprove
-    fresh = facts.collect(ctx.host, (name,), ctx.profile).get(name) if name else None
+    fresh = (snapshot or facts.Snapshot(ctx.host, ctx.profile)).collect((name,)).get(name) if name else None
     return next((c for c in judge_reproof(recorded, fresh, ctx.profile) if c.status == FAIL), None)
 
 

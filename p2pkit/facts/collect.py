@@ -91,6 +91,27 @@ def collect(host: Host, names: tuple[str, ...] | list[str] | None = None, profil
         return {n: futures[n].result() for n in asked}
 
 
+class Snapshot:
+    """The facts of one judgement of every stage (one `status`; the pass `up` makes before it acts on any): a
+    fact several stages read (the kernel log: rebar's and topology's re-checks) is read once, nothing acting on
+    the host between them. A read in which the runner refused a command (p2pkit not run as root) is not kept:
+    each stage that needs those facts reads them again and sees the refusal as its own."""
+
+    def __init__(self, host: Host, profile=None):
+        self.host, self.profile = host, profile
+        self._kept: dict[str, object] = {}
+
+    def collect(self, names: tuple[str, ...] | list[str]) -> dict:
+        missing = [n for n in names if n not in self._kept]
+        got: dict = {}
+        if missing:
+            refused = len(self.host.runner.denied)
+            got = collect(self.host, missing, self.profile)
+            if len(self.host.runner.denied) == refused:
+                self._kept.update(got)
+        return {n: got[n] if n in got else self._kept[n] for n in names}
+
+
 def record(host: Host, profile=None) -> dict:
     return {
         "kind": "p2pkit-facts",
