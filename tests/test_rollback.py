@@ -235,3 +235,22 @@ def test_rollback_says_what_the_reboot_loads_and_names_the_command_that_complete
     assert r.code == 4 and f"a reboot loads {stock} on kernel {new}" in r.out, r.out + r.err
     r = cli("sim", "reboot", str(root))
     assert f"nvidia module: 580.95.05 /lib/modules/{new}/updates/dkms/nvidia.ko" in r.err, r.err
+
+
+def test_after_both_driver_stages_are_rolled_back_and_a_reboot_the_engine_finds_no_gpu(cli, sim):
+    """Issue 47 item 13: the simulated engine, started by the reboot with no nvidia module loaded, said "all-reduce
+    p2p on" and `serve status` exited 0. A real engine finds no CUDA device there and stops, as this one now does
+    (the directory host's boot records what modprobe said; the engine reads it)."""
+    root = sim("healthy")
+    try:
+        assert cli("--root", str(root), "up", "--reboot").code == 0
+        assert cli("--root", str(root), "rollback", "p2p-module", "--yes").code == 4
+        assert cli("--root", str(root), "rollback", "driver", "--yes").code == 4
+        lifecycle.reboot(root)
+        r = cli("--root", str(root), "serve", "status")
+        assert r.code != 0, r.out + r.err
+        logs = cli("--root", str(root), "serve", "logs", "-n", "5")
+        last = (logs.out + logs.err).rsplit("ninfer-serve (SIMULATED) starting", 1)[-1]  # the reboot's start
+        assert "no CUDA-capable device is detected" in last and "all-reduce" not in last, logs.out + logs.err
+    finally:
+        lifecycle.stop_services(root)

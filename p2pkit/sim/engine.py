@@ -66,18 +66,23 @@ def parse(argv: list[str]) -> tuple[str, dict]:
 
 
 def loaded_module(artifact: str) -> dict | bool | None:
-    """On a container host (a real OS whose reboots and rollbacks really unload the module), its loaded nvidia
-    module as the GPUs the engine opens would show it: its record, or False when none is loaded. None elsewhere:
-    the directory host's stage tests start the engine on a host laid out without a module (its state file,
-    .p2pkit-sim/state.json, is the first above the artifact that holds one; a container host's is /)."""
+    """The host's loaded nvidia module as the GPUs the engine opens would show it: its record, or False when none
+    is loaded. On a container host (a real OS whose reboots and rollbacks really unload the module) always; on a
+    directory host once one of its boots tried to load it (its state records what modprobe said: after a rollback
+    of both driver stages and a reboot, "Module nvidia not found"). None where a directory host was laid out
+    without a module and never booted to load one (the stage tests that start the engine on such a host). The
+    state file, .p2pkit-sim/state.json, is the first above the artifact that holds one (a container host's is /)."""
     for d in Path(artifact).resolve().parents:
         try:
             doc = json.loads((d / ".p2pkit-sim/state.json").read_text())
         except (OSError, ValueError):
             continue
-        if doc.get("layout") != "container":
-            return None
-        return (doc.get("module") or {}).get("loaded") or False
+        module = doc.get("module") or {}
+        if module.get("loaded"):
+            return module["loaded"]
+        if doc.get("layout") == "container" or module.get("load_error"):
+            return False
+        return None
     return None
 
 
