@@ -162,3 +162,20 @@ def test_the_pending_kernel_is_read_from_debians_link_and_grubs_own_default(tmp_
     assert pk["kernel"] == NEW_K and f"GRUB's default entry 'Debian GNU/Linux' boots {NEW_K}" in pk["boot_image"]
     with pytest.raises(Exception, match="neither /vmlinuz nor /boot/vmlinuz is a link"):
         kmod.pending_kernel(debian_root(tmp_path / "y", None, None))
+
+
+@pytest.mark.slow
+def test_a_kernel_installed_before_the_first_bring_up_gets_the_module_without_a_hand_run_restore(cli, sim):
+    """Issue 47 item 13: an upgrade installed a kernel (with its headers) before p2pkit's kernel hook was there;
+    the first `up` stopped at p2p.pending_kernel asking for `restore --kernel`. The stage now builds for that
+    kernel too, and `up --reboot` boots into it with the patched module loaded."""
+    root = sim("healthy")
+    try:
+        assert lifecycle.upgrade(root, NEW, stock_module=False, run_hooks=True) == []  # no hook of p2pkit's yet
+        r = cli("--root", str(root), "up", "--reboot")
+        assert r.code == 0, r.err[-3000:]
+        assert f"the next boot starts kernel {NEW}, installed before p2pkit's kernel hook" in r.err + r.out
+        state = lifecycle.load_state(root)
+        assert state["kernel"] == NEW and state["module"]["loaded"]["patched"], state["module"]
+    finally:
+        lifecycle.stop_services(root)

@@ -56,10 +56,32 @@ def p2p_module(ctx, kernel: str | None = None) -> dict:
         if "live_reload" in done:
             ctx.out.step("p2p-module", ("live reload: " if done["live_reload"]["done"] else "no live reload: ")
                          + done["live_reload"]["why"])
+        if kernel is None and (pending := pending_without_module(ctx)):
+            ctx.out.step("p2p-module", f"the next boot starts kernel {pending}, installed before p2pkit's kernel "
+                                       "hook was there: building the patched module for it too, as the hook would")
+            done["pending_kernel"] = {"kernel": pending, **_p2p_module(ctx, pending)}
         return done
     except P2pkitError as e:
         explain(e)
         raise
+
+
+def pending_without_module(ctx) -> str | None:
+    """A kernel the next boot starts, installed before this bring-up put the kernel hook in place (an upgrade
+    waiting for its reboot), whose headers are there and for which modprobe would not load the patched module's
+    file: the stage builds for it as the hook does for a kernel installed later (issue 47 item 13: it needed a
+    hand-run `restore --kernel`). None otherwise (no headers: the stage's check names that kernel and the fix)."""
+    from p2pkit.host import kmod
+    from p2pkit.stages.p2p_module.checks import module_file
+
+    try:
+        pk = kmod.pending_kernel(ctx.host)
+    except P2pkitError:
+        return None  # unreadable: the stage's own check says so
+    k = pk.get("kernel")
+    if not k or pk.get("modinfo_filename") == module_file(k) or not ctx.host.exists(f"/lib/modules/{k}/build"):
+        return None
+    return k
 
 
 def explain(e: P2pkitError) -> None:
