@@ -169,6 +169,31 @@ def test_p35_wpr2_line_and_busy_gpu_without_process():
     assert link.wedged({"kernel_log": quiet, "nvml": {"gpus": [unlisted]}}, NINFER)[0].status == "pass"
 
 
+def test_kernel_lines_each_pitfalls_sources_print_are_read():
+    """Issue 47 item 8: the kernel lines the public sources give that the readers missed, each read under its own
+    pitfall: WPR2 without the "GPUn" prefix (aikitoria#9, P35), the NVRM probe's "BAR1 is 0M @ 0x0" (gpu-operator
+    #492, P31), Intel's IOMMU faults in both formats and their DRHD header (tt-umd#1814, OpenNetworkLinux PR #897,
+    P32: the reader asked for "DMAR" twice in a line, so no Intel fault was ever read)."""
+    k = pf.kernel_log(fx("dmesg_wpr2_noprefix_aikitoria9.txt"))
+    assert len(k["wpr2"]) == 2 and not k["bar_no_space"], k
+    c = link.wedged({"kernel_log": k, "nvml": {"gpus": []}}, NINFER)[0]
+    assert c.status == "fail" and c.pitfall == "P35" and "_kgspBootGspRm" in c.measured
+    k = pf.kernel_log(fx("dmesg_bar1_0m_gpuoperator492.txt"))
+    assert k["bar_no_space"] == ["NVRM: BAR1 is 0M @ 0x0 (PCI:0000:14:00.0)"], k
+    c = rebar.bar_assignment({"kernel_log": k}, NINFER)[0]
+    assert c.status == "fail" and c.pitfall == "P31" and "BAR1 is 0M" in c.measured
+    k = pf.kernel_log(fx("dmesg_dmar_no_pasid_ttumd1814.txt"))
+    assert len(k["io_page_fault"]) == 2 and "NO_PASID" in k["io_page_fault"][1], k
+    old = pf.kernel_log(fx("dmesg_dmar_write_onl897.txt"))["io_page_fault"]  # the pre-5.13 "[DMA Write]" format
+    assert len(old) == 4 and old[0].startswith("[10672.868940] DMAR: [DMA Write]"), old
+    gpus = [{"bdf": "0000:01:00.0", "iommu_group": "identity"}, {"bdf": "0000:02:00.0", "iommu_group": "identity"}]
+    c = topology.iommu_translating({"pci_gpus": gpus, "kernel_log": k}, NINFER)[0]
+    assert c.status == "fail" and c.pitfall == "P32" and "DMAR" in c.measured
+    # a BAR that was assigned, and an NVRM line that names BAR1 with its size, are no finding
+    ok = pf.kernel_log("NVRM: BAR1 is 32768M @ 0x4000000000 (PCI:0000:01:00.0)\n" + fx("dmesg_bar_ok_aikitoria9.txt"))
+    assert ok == {"bar_no_space": [], "resize_fatal": [], "wpr2": [], "io_page_fault": []}, ok
+
+
 def test_dmesg_restrict_is_could_not_check_never_a_pass():
     k = {"error": "dmesg exited 1: dmesg: read kernel buffer failed: Operation not permitted", "by_hand": "sudo dmesg"}
     c = rebar.bar_assignment({"kernel_log": k}, NINFER)[0]

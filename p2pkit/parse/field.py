@@ -98,16 +98,23 @@ def redirects(flags: dict[str, bool] | None) -> list[str]:
 
 BAR_FAIL = re.compile(r"(?:pci|pcieport|nvidia) (?P<bdf>[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]): "
                       r"(?P<what>BAR \d+|bridge window)\b.*?(?:can't assign; no space|no space for|failed to assign)")
+# the NVRM probe's own word for a BAR the firmware left unassigned ("NVRM: BAR1 is 0M @ 0x0 (PCI:...)")
+BAR_ZERO = re.compile(r"NVRM: BAR\d is 0M @ 0x0\b")
 RESIZE_FATAL = re.compile(r"NVRM: .*Fatal Error while attempting to resize PCIe BARs")
-WPR2 = re.compile(r"NVRM: (?P<gpu>GPU\S*) .*unexpected WPR2 already up")
-IO_PAGE_FAULT = re.compile(r"(?:AMD-Vi|DMAR).*(?:IO_PAGE_FAULT|DMAR:\s*\[DMA (?:Read|Write)\])")
+# "NVRM: GPU6 _kgspBootGspRm: ..." (NVIDIA/open-gpu-kernel-modules#1230) and without the GPU, as older drivers
+# print it ("NVRM: _kgspBootGspRm: ...", aikitoria#9)
+WPR2 = re.compile(r"NVRM: .*unexpected WPR2 already up")
+# AMD's "Event logged [IO_PAGE_FAULT ...]"; Intel's "[DMA Read]" and, from kernel 5.13, "[DMA Read NO_PASID]", and
+# the "DRHD: handling fault status" line that is all that stays once the kernel suppresses the rest
+IO_PAGE_FAULT = re.compile(r"AMD-Vi.*IO_PAGE_FAULT|DMAR:\s*\[DMA (?:Read|Write)[^\]]*\]|"
+                           r"DMAR: DRHD: handling fault status")
 
 
 def kernel_log(text: str) -> dict[str, list[str]]:
     """The kernel lines the field pitfalls are read from, each list in log order."""
     out: dict[str, list[str]] = {"bar_no_space": [], "resize_fatal": [], "wpr2": [], "io_page_fault": []}
     for line in text.splitlines():
-        if BAR_FAIL.search(line):
+        if BAR_FAIL.search(line) or BAR_ZERO.search(line):
             out["bar_no_space"].append(line.strip())
         elif RESIZE_FATAL.search(line):
             out["resize_fatal"].append(line.strip())
