@@ -97,3 +97,83 @@ def test_doctor_from_paste_names_the_new_kinds_and_fails_the_exit():
     assert r["paste_kind"] == "nccl-log" and r["failed"] == ["paste.collective_hang"]
     assert r["not_checked"][0]["id"] == "paste.nccl_version"
     assert {"simpleP2P", "p2pBandwidthLatencyTest", "nccl-log"} <= set(pp.KINDS)
+
+
+# ------------------------------------------- issue 47 item 8: every signature each field pitfall's sources give
+
+FIELD = Path(__file__).parent / "fixtures/field"
+
+
+def field(name: str, profile=P) -> dict:
+    text = (FIELD / name).read_text()
+    return {c.id: c for c in paste.check(pp.kind(text), text, profile)}
+
+
+def test_a_hang_on_aarch64_in_ncclLocalOpAppend_is_p37_not_p28():
+    """NVIDIA/nccl#2213 (dual DGX Spark, NCCL 2.28.9): the watchdog's timeout came from NCCL's proxy-op pool run dry
+    on aarch64 (fixed in 2.29.3); judged P28 (a static BAR1) before, it is P37 with NCCL's floor as the fix."""
+    c = field("crash_aarch64_localopappend_nccl2213.txt", config.load("dual-spark-vllm"))
+    h = c["paste.collective_hang"]
+    assert (h.status, h.pitfall) == ("fail", "P37") and "ALLREDUCE (sequence number 1155874)" in h.measured, h
+    assert "2.29.3" in h.hint and "ncclLocalOpAppend" in h.measured, h
+    # the same timeout with no sign of the aarch64 proxy bug stays a hang of the P2P path
+    plain = judged("crash_watchdog_timeout_basicsr737.txt")["paste.collective_hang"]
+    assert plain.pitfall == "P28"
+
+
+def test_a_watchdog_line_wrapped_by_the_poster_and_the_heartbeat_monitor_are_hangs():
+    """vllm#42354 wrapped the watchdog line over three lines; PyTorch's heartbeat monitor ("ProcessGroupNCCL's
+    watchdog got stuck for 480 seconds", hiyouga/LlamaFactory#8549) is a hang too: both were "could not determine"."""
+    h = field("crash_watchdog_wrapped_vllm42354.txt")["paste.collective_hang"]
+    assert (h.status, h.pitfall) == ("fail", "P28") and "_ALLGATHER_BASE (sequence number 12590)" in h.measured, h
+    h = field("crash_heartbeat_stuck_llamafactory8549.txt")["paste.collective_hang"]
+    assert (h.status, h.pitfall) == ("fail", "P28") and "got stuck for 480 s" in h.measured, h
+
+
+def test_vllms_own_nccl_version_line_is_held_to_the_floor():
+    """vLLM prints "vLLM is using nccl==2.20.5" (vllm#8058), not NCCL's "NCCL version" line."""
+    c = field("vllm_using_nccl_vllm8058.txt")
+    v = c["paste.nccl_version"]
+    assert (v.status, v.measured, v.pitfall) == ("fail", "2.20.5", "P16"), v
+
+
+@pytest.mark.parametrize("name, said", [("nccl_ib_completion_error12_nccl426.txt", "Got completion with error 12"),
+                                        ("nccl_ibv_modify_qp_nccltests185.txt", "ibv_modify_qp failed")])
+def test_roce_connection_failures_are_p38(name, said):
+    """NCCL's verbs failures between nodes (NVIDIA/nccl#426, fixed there by NCCL_IB_GID_INDEX; nccl-tests#185) name the
+    RoCE GID index and MTU (P38), not "could not determine"."""
+    c = field(name, config.load("dual-spark-vllm"))
+    r = c["paste.roce"]
+    assert (r.status, r.pitfall) == ("fail", "P38") and said in r.measured and "GID index" in r.hint, r
+    assert "paste.nccl_log" not in c
+
+
+def test_ncclmaxsharedmem_without_a_version_line_is_p16():
+    """NCCL 2.25.1 on a 5090 (NVIDIA/nccl#1637): its "ncclMaxSharedMem ... exceeds" line alone names the floor."""
+    line = (FIELD / "nccl_2251_5090_nccl1637.txt").read_text().splitlines()[-1]
+    c = {x.id: x for x in paste.check("nccl-log", line + "\n", P)}
+    s = c["paste.nccl_shared_mem"]
+    assert (s.status, s.pitfall) == ("fail", "P16") and "82240" in s.measured and "2.26.2" in s.hint, s
+
+
+@pytest.mark.parametrize("name, id_, pitfall", [
+    ("dmesg_wpr2_ogkm1230.txt", "paste.gpu_wedged", "P35"), ("dmesg_wpr2_noprefix_aikitoria9.txt", "paste.gpu_wedged",
+                                                             "P35"),
+    ("dmesg_bar_nospace_rk3588.txt", "paste.bar_assign", "P31"), ("dmesg_bar_old_format_kata4211.txt",
+                                                                  "paste.bar_assign", "P31"),
+    ("dmesg_bar1_0m_gpuoperator492.txt", "paste.bar_assign", "P31"),
+    ("dmesg_dmar_no_pasid_ttumd1814.txt", "paste.iommu_fault", "P32")])
+def test_a_pasted_kernel_log_is_judged_by_its_own_lines(name, id_, pitfall):
+    """A pasted `dmesg` was "no output p2pkit knows how to read"; each field pitfall's kernel line is judged."""
+    c = field(name)
+    assert pp.kind((FIELD / name).read_text()) == "kernel-log"
+    assert (c[id_].status, c[id_].pitfall) == ("fail", pitfall), c
+
+
+def test_a_kernel_log_without_those_lines_is_never_a_pass_and_kernel_lines_in_a_crash_log_count():
+    c = field("dmesg_bar_ok_aikitoria9.txt")
+    assert list(c) == ["paste.kernel_log"] and c["paste.kernel_log"].status == "skip", c
+    crash = (FIX / "crash_watchdog_timeout_basicsr737.txt").read_text() + \
+        (FIELD / "dmesg_wpr2_ogkm1230.txt").read_text()
+    c = {x.id: x for x in paste.check(pp.kind(crash), crash, P)}
+    assert c["paste.collective_hang"].pitfall == "P28" and c["paste.gpu_wedged"].pitfall == "P35", c

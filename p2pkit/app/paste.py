@@ -30,7 +30,8 @@ def could_not(id_: str, title: str, why: str, expected, pitfall: str) -> Check:
 
 def check(kind: str, text: str, p: Profile) -> list[Check]:
     return {"lspci": lspci, "nvidia-installer": installer, "cmake": cmake, "nvidia-smi-q": smi_q,
-            "simpleP2P": simple_p2p, "p2pBandwidthLatencyTest": p2p_bandwidth, "nccl-log": nccl_log}[kind](text, p)
+            "simpleP2P": simple_p2p, "p2pBandwidthLatencyTest": p2p_bandwidth, "nccl-log": nccl_log,
+            "kernel-log": kernel_log}[kind](text, p)
 
 
 def lspci(text: str, p: Profile) -> list[Check]:
@@ -169,6 +170,19 @@ P28_FIX = ("a collective that never finishes on a box whose topology says P2P is
            "VRAM through a static BAR1 (the patched module's RMForceStaticBar1=1, P28), and driver 595 cannot build "
            "the mailbox at all (P01); after such a hang the GPUs can stay wedged until a reboot (P35). `p2pkit "
            "verify link` runs NCCL's all-reduce across the pair with a timeout")
+P37_FIX = ("NCCL before 2.29.3 loses proxy-op slots on aarch64 (NCCL 2.29.3's notes: \"Fixed CAS usage in case of "
+           "weak failure which was causing a hang on ARM\"; NVIDIA/nccl#2213, marin-community/marin#7344): once a "
+           "rank's pool runs dry it spins in ncclLocalOpAppend and the collective hangs (or faults) with no NCCL "
+           "error. Run the engine with NCCL >= 2.29.3 (the pip wheel and the system library are different builds: the "
+           "service stage reads the one the engine process has mapped, /proc/PID/maps, against engine.nccl_min)")
+P35_FIX = ("the driver cannot boot GSP on a GPU that a crash or hung collective left running (\"unexpected WPR2 "
+           "already up\"): reboot (a cold one where a warm reboot does not clear it) before the next stage; `p2pkit "
+           "verify link` reads the kernel log and the GPUs' utilization for it")
+P38_FIX = ("NCCL reached the other node but its RDMA traffic failed (error 12 is the transport's retry timeout; "
+           "ibv_modify_qp failing is an address the port cannot reach): the RoCE GID index differs per node and drifts "
+           "(a pinned NCCL_IB_GID_INDEX names the wrong one on one node), or the MTU fell back to 1500. p2pkit's link "
+           "stage resolves the RoCE v2 IPv4 GID index per node at each start and checks the MTU (`show_gids` shows it "
+           "by hand)")
 ERROR_PITFALL = {"cudaErrorMapBufferObjectFailed": ("P31", P31_FIX), "cudaErrorPeerAccessUnsupported": ("P34", P34_FIX)}
 
 
@@ -284,11 +298,33 @@ def nccl_log(text: str, p: Profile) -> list[Check]:
     if r["map_failed"]:
         out.append(Check("paste.bar1_mapping", "the peer's memory maps through BAR1", FAIL,
                          "'mapping of buffer object failed'", "mapped", P31_FIX, "P31"))
+    # the proxy-op pool of NCCL < 2.29.3 on aarch64 (P37): its own frame, or an aarch64 host on an NCCL below the fix
+    old_arm = r["aarch64"] and r["version"] is not None and pf.version_tuple(r["version"]) < (2, 29, 3)
+    p37 = "ncclLocalOpAppend in the paste" if r["local_op_append"] else "NCCL " + r["version"] + " on aarch64" \
+        if old_arm else ""
+    hang_pid, hang_fix = ("P37", P37_FIX) if p37 else ("P28", P28_FIX)
     for t in r["timeouts"][:1]:
         n = len(r["timeouts"])
         out.append(Check("paste.collective_hang", "every collective finishes", FAIL,
                          f"{t['op']} (sequence number {t['seq']}) ran {t['ran_ms']} ms against a {t['timeout_ms']} ms "
-                         f"timeout" + (f" ({n} such lines)" if n > 1 else ""), "no watchdog timeout", P28_FIX, "P28"))
+                         f"timeout" + (f" ({n} such lines)" if n > 1 else "") + (f"; {p37}" if p37 else ""),
+                         "no watchdog timeout", hang_fix, hang_pid))
+    if r["watchdog_stuck_s"] and not r["timeouts"]:
+        out.append(Check("paste.collective_hang", "every collective finishes", FAIL,
+                         f"ProcessGroupNCCL's watchdog got stuck for {max(r['watchdog_stuck_s'])} s (a CUDA or NCCL "
+                         "call that never returned)" + (f"; {p37}" if p37 else ""), "no watchdog timeout", hang_fix,
+                         hang_pid))
+    if r["local_op_append"] and not any(c.id == "paste.collective_hang" for c in out):
+        out.append(Check("paste.nccl_proxy_ops", "NCCL's proxy keeps free op slots", FAIL, "ncclLocalOpAppend in the "
+                         "paste (a rank that ran out of proxy-op slots)", "NCCL >= 2.29.3 on aarch64", P37_FIX, "P37"))
+    if r["ib_failures"]:
+        out.append(Check("paste.roce", "NCCL's RDMA connection between the nodes works", FAIL,
+                         "; ".join(sorted(set(r["ib_failures"]))[:2]), "no NET/IB failure", P38_FIX, "P38"))
+    for m in r["shared_mem"][:1]:
+        out.append(Check("paste.nccl_shared_mem", "NCCL's kernels fit the GPU's shared memory", FAIL,
+                         f"ncclMaxSharedMem {m['need']} exceeds device/fn maxSharedMem {m['has']}", "NCCL that knows "
+                         "this GPU", "this NCCL is too old for the GPU (2.25.1 on a 5090, NVIDIA/nccl#1637): link NCCL "
+                         ">= 2.26.2 (the profile's engine.nccl_root), not the system's", "P16"))
     if r["illegal_address"]:
         out.append(Check("paste.illegal_address", "no illegal memory access", FAIL,
                          "an illegal memory access was encountered", "none",
@@ -302,11 +338,41 @@ def nccl_log(text: str, p: Profile) -> list[Check]:
         out.append(Check("paste.nccl_transport_net", "NCCL reaches the other node over RDMA", WARN, "NET/Socket",
                          "NET/IB", "NCCL fell back to TCP sockets (Docker, or no RDMA device): run natively and "
                          "prove NET/IB", "P23"))
+    out += _kernel(pf.kernel_log(text))  # kernel lines pasted with the crash (dmesg after the hang)
     judged = [c for c in out if c.id != "paste.nccl_version"]
     if not judged:
         said = (r["nccl_errors"] + r["nccl_codes"] + [f"NCCL WARN {w}" for w in r["warnings"]])
         out.append(could_not("paste.nccl_log", "the log shows why the run failed", "no peer-access refusal, BAR1 "
-                             "mapping failure, watchdog timeout or illegal access in the paste" +
+                             "mapping failure, watchdog timeout, RDMA failure or illegal access in the paste" +
                              (f" (it says: {'; '.join(said[:3])})" if said else ""),
                              "the whole log from NCCL's first line (NCCL_DEBUG=INFO)", "P28"))
+    return out
+
+
+def kernel_log(text: str, p: Profile) -> list[Check]:
+    """A pasted kernel log (`sudo dmesg`, `journalctl -k`): a BAR the kernel could not assign or resize (P31), a GPU
+    whose GSP cannot boot after a crash (P35), IOMMU faults (P32); without any of them "could not determine", since a
+    paste cannot show it holds the whole boot."""
+    out = _kernel(pf.kernel_log(text))
+    return out or [could_not("paste.kernel_log", "the kernel log shows no BAR, GSP or IOMMU failure", "none of the "
+                             "kernel lines p2pkit reads (BAR ... can't assign / no space / failed to assign, NVRM's "
+                             "BAR1 is 0M, Fatal Error while attempting to resize PCIe BARs, unexpected WPR2 already "
+                             "up, IO_PAGE_FAULT, DMAR [DMA Read|Write]) is in the paste",
+                             "the whole `sudo dmesg` from boot", "P31")]
+
+
+def _kernel(k: dict) -> list[Check]:
+    """The field pitfalls' kernel lines (parse/field.py kernel_log), each as the stage that reads them on a host names
+    it (rebar P31, link P35, topology P32)."""
+    out = []
+    if k["bar_no_space"] or k["resize_fatal"]:
+        out.append(Check("paste.bar_assign", "the kernel assigned every GPU BAR (no failed resize)", FAIL,
+                         "; ".join((k["resize_fatal"] + k["bar_no_space"])[:3]), "no BAR left unassigned", P31_FIX,
+                         "P31"))
+    if k["wpr2"]:
+        out.append(Check("paste.gpu_wedged", "no GPU left wedged by a crash or hung collective", FAIL,
+                         "; ".join(k["wpr2"][:2]), "no WPR2 line", P35_FIX, "P35"))
+    if k["io_page_fault"]:
+        out.append(Check("paste.iommu_fault", "no IOMMU fault", FAIL, "; ".join(k["io_page_fault"][:2]), "none",
+                         P32_FIX, "P32"))
     return out

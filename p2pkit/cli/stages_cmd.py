@@ -312,7 +312,8 @@ def doctor(
                                                     "-vv, sudo lspci -vvv for ACS), nvidia-installer (its log), cmake "
                                                     "(CMake's or nvcc's errors), nvidia-smi-q (nvidia-smi -q), "
                                                     "simpleP2P, p2pBandwidthLatencyTest (the CUDA samples), nccl-log "
-                                                    "(an NCCL or PyTorch log or crash)")] = None,
+                                                    "(an NCCL or PyTorch log or crash), kernel-log "
+                                                    "(sudo dmesg)")] = None,
 ) -> None:
     """Every read-only check p2pkit has, grouped by stage, with pitfall ids (docs/pitfalls.md) and fixes."""
     from p2pkit.app import doctor as doctor_mod

@@ -36,8 +36,17 @@ CAN = re.compile(r"^Device=(\d+) (CAN|CANNOT) Access Peer Device=(\d+)", re.M)
 CUDA_FAILURE = re.compile(r"Cuda failure (?:(?P<code>\d+) )?(?:(?P<where>\S+?:\d+): )?'(?P<what>[^']+)'")
 MATRIX_TITLE = re.compile(r"^(?P<title>.*P2P=(?:Enabled|Disabled).*Matrix \((?:GB/s|us)\))\s*$")
 ROW = re.compile(r"^\s*(\d+)((?:\s+[0-9.]+)+)\s*$")
-WATCHDOG = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d+), "
-                      r"OpType=(?P<op>\w+).*?Timeout\(ms\)=(?P<timeout>\d+)\) ran for (?P<ran>\d+) milliseconds")
+# spaces may be line breaks: posters wrap the line (vllm-project/vllm#42354)
+WATCHDOG = re.compile(r"Watchdog caught collective operation timeout:\s+WorkNCCL\(SeqNum=(?P<seq>\d+),\s+"
+                      r"OpType=(?P<op>\w+)[^)]*?Timeout\(ms\)=(?P<timeout>\d+)\)\s+ran\s+for\s+(?P<ran>\d+)\s+milliseconds")
+# PyTorch's heartbeat monitor: the watchdog itself blocked in a CUDA or NCCL call that never returned
+HEARTBEAT = re.compile(r"ProcessGroupNCCL's watchdog got stuck for (?P<s>\d+) seconds")
+# vLLM names the NCCL it loaded in its own words (pynccl.py), without NCCL's "NCCL version" line
+VLLM_NCCL = re.compile(r"vLLM is using nccl==(\d+\.\d+\.\d+)")
+# NCCL's verbs failures between nodes: a transport retry timeout (error 12), a queue pair that cannot reach the peer
+IB_FAILURE = re.compile(r"NCCL WARN (?P<what>NET/IB ?: Got completion .*?error 12\b.*|Call to ibv_modify_qp failed.*)$",
+                        re.M)
+SHARED_MEM = re.compile(r"ncclMaxSharedMem (?P<need>\d+) exceeds device/fn maxSharedMem (?P<has>\d+)")
 NCCL_ERROR = re.compile(r"NCCL error in: \S+?, (?P<what>[^,\n(]+)")
 NCCL_CODE = re.compile(r"\b(?P<code>ncclUnhandledCudaError|ncclSystemError|ncclInternalError|ncclInvalidUsage|"
                        r"ncclRemoteError|ncclInvalidArgument)\b")
@@ -92,9 +101,15 @@ def p2p_bandwidth(text: str) -> dict:
 def crash_log(text: str) -> dict:
     """What an NCCL or PyTorch log says of a failure, whether or not it carries NCCL's version line."""
     lines = text.splitlines()
-    return {"version": (nccl.VERSION_LINE.search(text).group(1) if nccl.VERSION_LINE.search(text) else None),
+    version = nccl.VERSION_LINE.search(text) or VLLM_NCCL.search(text)
+    return {"version": version.group(1) if version else None,
             "timeouts": [{"seq": int(m["seq"]), "op": m["op"], "timeout_ms": int(m["timeout"]), "ran_ms": int(m["ran"])}
                          for m in WATCHDOG.finditer(text)],
+            "watchdog_stuck_s": [int(m["s"]) for m in HEARTBEAT.finditer(text)],
+            # NCCL < 2.29.3 on aarch64 loses proxy-op slots; the rank whose pool ran dry spins (or faults) here
+            "local_op_append": "ncclLocalOpAppend" in text, "aarch64": "aarch64" in text,
+            "ib_failures": [m["what"].strip() for m in IB_FAILURE.finditer(text)],
+            "shared_mem": [m.groupdict() for m in SHARED_MEM.finditer(text)],
             "nccl_errors": sorted({m["what"].strip() for m in NCCL_ERROR.finditer(text)}),
             "nccl_codes": sorted({m["code"] for m in NCCL_CODE.finditer(text)}),
             "warnings": [m["what"].strip() for m in WARN.finditer(text)],

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from p2pkit.parse import smi_q
+from p2pkit.parse import field, smi_q
 
 KINDS = {
     "lspci": "`lspci -v` / `lspci -vv` (BAR regions and sizes, the Resizable BAR capability, bridge windows); "
@@ -21,6 +21,8 @@ KINDS = {
     "nccl-log": "an NCCL or PyTorch log or crash (NCCL INFO/WARN lines, ProcessGroupNCCL's watchdog, NCCL and CUDA "
                 "errors, a CPU-only torch's \"Torch not compiled with CUDA enabled\"), with or without NCCL's version "
                 "line",
+    "kernel-log": "the kernel log (`sudo dmesg`, `journalctl -k`): BAR assignment and resize, \"unexpected WPR2 "
+                  "already up\", IOMMU faults (AMD-Vi IO_PAGE_FAULT, Intel DMAR)",
 }
 
 LSPCI_HEAD = re.compile(r"^((?:[0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\s+([^:]+):\s*(.*)$")
@@ -52,6 +54,9 @@ def kind(text: str) -> str | None:
     if re.search(r"^CMake (Error|Warning)|^-- (The CUDA compiler identification|Configuring)|nvcc fatal\s*:", text,
                  re.M):
         return "cmake"
+    if any(field.kernel_log(text).values()) or re.search(r"^\s*\[\s*\d+\.\d+\] |^\w{3} [ \d]\d [\d:]{8} \S+ kernel: ",
+                                                          text, re.M):
+        return "kernel-log"  # a line the field pitfalls read, or dmesg's timestamps / journalctl's "kernel:"
     if any(LSPCI_HEAD.match(ln) for ln in text.splitlines()) or re.search(r"^\s*ACSCtl:", text, re.M):
         return "lspci"
     return None
