@@ -177,3 +177,32 @@ def test_a_kernel_log_without_those_lines_is_never_a_pass_and_kernel_lines_in_a_
         (FIELD / "dmesg_wpr2_ogkm1230.txt").read_text()
     c = {x.id: x for x in paste.check(pp.kind(crash), crash, P)}
     assert c["paste.collective_hang"].pitfall == "P28" and c["paste.gpu_wedged"].pitfall == "P35", c
+
+
+@pytest.mark.parametrize("name", ["crash_peer_unsupported_dynamo1229.txt", "crash_cuda_error_217_llamacpp3230.txt",
+                                  "crash_custom_allreduce_sglang552.txt"])
+def test_cudas_peer_refusal_in_each_programs_own_words_is_p34(name):
+    """PyTorch's "CUDA error: ..." (ai-dynamo/dynamo#1229), llama.cpp's "CUDA error 217 at ..." (llama.cpp#3230) and
+    vLLM's custom all-reduce "Cuda error FILE:LINE '...'" (sglang#552) were "no output p2pkit knows how to read"."""
+    text = (FIELD / name).read_text()
+    assert pp.kind(text) == "nccl-log"
+    c = field(name)
+    assert (c["paste.p2p_access"].status, c["paste.p2p_access"].pitfall) == ("fail", "P34"), c
+
+
+def test_no_kernel_image_for_the_gpu_is_p39():
+    """vLLM's "CUDA error: no kernel image is available for execution on the device" (vllm PR #39878's comment): the
+    built architectures leave the GPU's out, P39, with the profile's architecture in what is expected."""
+    spark = config.load("dual-spark-vllm")
+    c = field("crash_no_kernel_image_vllm39878.txt", spark)
+    k = c["paste.kernel_image"]
+    assert (k.status, k.pitfall) == ("fail", "P39") and "cuobjdump --list-elf" in k.hint, k
+    assert spark.engine.cuda_architectures in k.expected
+
+
+def test_ncclS_bare_version_line_is_an_nccl_log():
+    """NCCL prints "NCCL version 2.10.3+cuda11.3" without its "NCCL INFO" prefix on rank 0 (NVIDIA/nccl#857)."""
+    text = (FIELD / "nccl_version_bare_nccl857.txt").read_text()
+    assert pp.kind(text) == "nccl-log"
+    v = field("nccl_version_bare_nccl857.txt")["paste.nccl_version"]
+    assert (v.status, v.measured) == ("fail", "2.10.3+cuda11.3"), v

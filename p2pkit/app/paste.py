@@ -267,10 +267,12 @@ def p2p_bandwidth(text: str, p: Profile) -> list[Check]:
 
 def nccl_log(text: str, p: Profile) -> list[Check]:
     """An NCCL or PyTorch log or crash, judged from what it carries: CUDA's peer-access refusal (217, P34) and
-    BAR1's "mapping of buffer object failed" (P31), a collective the watchdog timed out (a hang: P28), an
-    illegal memory access, the transports NCCL chose (SHM between the GPUs of a P2P box: P30; TCP sockets:
-    P23) and, when it prints one, NCCL's version against the profile's floor; without the version line that
-    one finding is "could not determine" and the rest is judged all the same."""
+    BAR1's "mapping of buffer object failed" (P31), a collective the watchdog timed out or a watchdog stuck (a hang:
+    P28, or P37 where NCCL's aarch64 proxy-op leak shows), no kernel image for the GPU (P39), NET/IB failures (P38),
+    an illegal memory access, the transports NCCL chose (SHM between the GPUs of a P2P box: P30; TCP sockets:
+    P23), kernel lines pasted with it (P31, P35, P32) and, when it prints one (NCCL's or vLLM's line), NCCL's
+    version against the profile's floor; without the version line that one finding is "could not determine" and
+    the rest is judged all the same."""
     r = p2.crash_log(text)
     out = []
     if r["torch_no_cuda"]:
@@ -295,6 +297,14 @@ def nccl_log(text: str, p: Profile) -> list[Check]:
         out.append(Check("paste.p2p_access", "the GPUs have peer access to each other", FAIL,
                          "'peer access is not supported between these two devices' (CUDA error 217)", "peer access",
                          P34_FIX, "P34"))
+    if r["no_kernel_image"]:
+        out.append(Check("paste.kernel_image", "the engine's kernels are built for the GPU", FAIL,
+                         "no kernel image is available for execution on the device (cudaErrorNoKernelImageForDevice)",
+                         f"kernels for {p.engine.cuda_architectures} (profile {p.name})",
+                         "the engine or a library it loads holds no code for this GPU's architecture (vLLM built with "
+                         "CUDA 13 dropped sm_121, vllm#36835): rebuild with the GPU's architecture in "
+                         "TORCH_CUDA_ARCH_LIST / CMAKE_CUDA_ARCHITECTURES; `cuobjdump --list-elf` of the library lists "
+                         "what it holds, and the engine stage checks it", "P39"))
     if r["map_failed"]:
         out.append(Check("paste.bar1_mapping", "the peer's memory maps through BAR1", FAIL,
                          "'mapping of buffer object failed'", "mapped", P31_FIX, "P31"))

@@ -56,6 +56,7 @@ ILLEGAL = re.compile(r"an illegal memory access was encountered|cudaErrorIllegal
 # CUDA's own error names and messages for what a broken P2P setup gives (cuda_runtime_api.h, cudaError)
 PEER_UNSUPPORTED = ("cudaErrorPeerAccessUnsupported", "peer access is not supported between these two devices")
 MAP_FAILED = ("cudaErrorMapBufferObjectFailed", "mapping of buffer object failed")
+NO_KERNEL_IMAGE = ("cudaErrorNoKernelImageForDevice", "no kernel image is available for execution on the device")
 
 
 def simple_p2p(text: str) -> dict:
@@ -118,4 +119,5 @@ def crash_log(text: str) -> dict:
             "peer_unsupported": any(s in text for s in PEER_UNSUPPORTED),
             "map_failed": any(s in text for s in MAP_FAILED),
             "illegal_address": bool(ILLEGAL.search(text)),
-            "torch_no_cuda": "Torch not compiled with CUDA enabled" in text}
+            "torch_no_cuda": "Torch not compiled with CUDA enabled" in text,
+            "no_kernel_image": any(s in text for s in NO_KERNEL_IMAGE)}

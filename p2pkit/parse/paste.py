@@ -18,9 +18,9 @@ KINDS = {
     "simpleP2P": "the CUDA samples' simpleP2P (peer access, its copies read back, CUDA's error names)",
     "p2pBandwidthLatencyTest": "the CUDA samples' p2pBandwidthLatencyTest (peer access, bandwidth with P2P off and "
                                "on, its Cuda failure line)",
-    "nccl-log": "an NCCL or PyTorch log or crash (NCCL INFO/WARN lines, ProcessGroupNCCL's watchdog, NCCL and CUDA "
-                "errors, a CPU-only torch's \"Torch not compiled with CUDA enabled\"), with or without NCCL's version "
-                "line",
+    "nccl-log": "an NCCL, PyTorch, vLLM or llama.cpp log or crash (NCCL INFO/WARN lines, ProcessGroupNCCL's "
+                "watchdog, NCCL and CUDA errors, a CPU-only torch's \"Torch not compiled with CUDA enabled\"), with "
+                "or without NCCL's version line",
     "kernel-log": "the kernel log (`sudo dmesg`, `journalctl -k`): BAR assignment and resize, \"unexpected WPR2 "
                   "already up\", IOMMU faults (AMD-Vi IO_PAGE_FAULT, Intel DMAR)",
 }
@@ -42,8 +42,11 @@ def kind(text: str) -> str | None:
     if re.search(r"P2P \(Peer-to-Peer\) GPU Bandwidth Latency Test|P2P Connectivity Matrix|P2P=(?:Enabled|Disabled)"
                  r".*Matrix \((?:GB/s|us)\)|p2pBandwidthLatencyTest\.cu", text):
         return "p2pBandwidthLatencyTest"
+    # CUDA's own errors as each program words them: PyTorch "CUDA error: MSG", llama.cpp "CUDA error 217 at FILE:LINE:",
+    # vLLM's custom all-reduce "Cuda error FILE:LINE 'MSG'", a cudaError name; NCCL's bare version line on rank 0
     if re.search(r"NCCL (?:INFO|WARN)|ProcessGroupNCCL|WorkNCCL|\bnccl[A-Z]\w+Error\b|DistBackendError|NCCL error in:|"
-                 r"Cuda failure (?:\d+ )?'|Torch not compiled with CUDA enabled", text):
+                 r"Cuda failure (?:\d+ )?'|Torch not compiled with CUDA enabled|CUDA error(?: \d+ at \S+:|:) |"
+                 r"Cuda error \S+:\d+ '|\bcudaError[A-Z]\w+|^NCCL version \d", text, re.M):
         return "nccl-log"
     if re.search(r"^GPU [0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]\s*$", text, re.M) and \
             "Product Name" in text:
