@@ -206,3 +206,19 @@ def test_ncclS_bare_version_line_is_an_nccl_log():
     assert pp.kind(text) == "nccl-log"
     v = field("nccl_version_bare_nccl857.txt")["paste.nccl_version"]
     assert (v.status, v.measured) == ("fail", "2.10.3+cuda11.3"), v
+
+
+def test_a_timeout_on_aarch64_below_2_29_3_is_p37_and_without_the_version_stays_p28():
+    """vllm#41725/#42354's case: a watchdog timeout on an aarch64 host whose NCCL is below the fix. Built from real
+    lines: NVIDIA/nccl#2213's aarch64 log without its ncclLocalOpAppend frame, and HAMi-core#261's vLLM version line."""
+    lines = [ln for ln in (FIELD / "crash_aarch64_localopappend_nccl2213.txt").read_text().splitlines()
+             if "ncclLocalOpAppend" not in ln and "SIGSEGV" not in ln]
+    base = "\n".join(lines) + "\n"
+    hang = {x.id: x for x in paste.check("nccl-log", base, P)}["paste.collective_hang"]
+    assert hang.pitfall == "P28"  # aarch64 but no version: not enough to say P37
+    v = ("(Worker pid=820) INFO 08-09 20:55:03 [distributed/device_communicators/pynccl.py:113] vLLM is using "
+         "nccl==2.28.9\n")
+    hang = {x.id: x for x in paste.check("nccl-log", v + base, P)}["paste.collective_hang"]
+    assert hang.pitfall == "P37" and "NCCL 2.28.9 on aarch64" in hang.measured, hang
+    fixed = v.replace("2.28.9", "2.30.7")
+    assert {x.id: x for x in paste.check("nccl-log", fixed + base, P)}["paste.collective_hang"].pitfall == "P28"
