@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from p2pkit.core.ansible import COLLECTION
+from p2pkit.sim import lifecycle
 from tests.conftest import REPO, make_sim
 
 MODULES = Path(os.environ.get("P2PKIT_TEST_MODULES") or REPO / COLLECTION / "plugins/modules")
@@ -210,3 +211,26 @@ def test_a_link_at_a_directory_the_driver_role_writes_into_is_refused_by_up_with
     conf.unlink()
     conf.mkdir()
     assert cli("--root", str(root), "--yes", "up", "--to", "driver").code == 0
+
+
+@pytest.mark.slow
+def test_a_link_at_the_secrets_file_is_refused_by_up_with_exit_2_naming_it(cli, sim, tmp_path):
+    """Found by the campaign on the container host (issue 48 item 1): the task that writes the secrets is no_log,
+    and Ansible hides its whole result, the module's refusal with it: `up` stopped with a bare "failed", exit 1.
+    The link is now refused by the task before it (exit 2, naming it and the fix); nothing written through it."""
+    root = sim("healthy")
+    victim = elsewhere(tmp_path) / "victim"
+    victim.write_text("victim\n")
+    secrets = root / "etc/p2pkit/engine.secrets.env"
+    secrets.parent.mkdir(parents=True, exist_ok=True)
+    secrets.symlink_to(victim)
+    mode = victim.stat().st_mode
+    try:
+        r = cli("--root", str(root), "--yes", "up", "--reboot")
+        assert r.code == 2, r.err[-2000:]
+        assert f"{secrets} is a symbolic link (to {victim})" in r.err and f"rm {secrets}" in r.err, r.err[-2000:]
+        assert victim.read_text() == "victim\n" and victim.stat().st_mode == mode
+        secrets.unlink()
+        assert cli("--root", str(root), "--yes", "up").code == 0
+    finally:
+        lifecycle.stop_services(root)
