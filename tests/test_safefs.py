@@ -190,19 +190,20 @@ def test_a_link_planted_at_every_path_a_fresh_up_writes_is_never_written_through
     the command finishes: no victim is written by p2pkit or its modules (p2pkit_files, p2pkit_user); what the
     host's tools write through is reported.
 
-    A cut of bench/bench_trust.py's links case, for CI's time: the fresh `up --reboot` alone, and its first round
-    only (the shallowest targets, and below each link a run refused the targets under it); the targets below a
-    directory no run refused (the host tools' own: boot/grub, lib/firmware, var/lib/dpkg/...) and the second
-    `up`, `serve restart`, `restore` and `rollback` are the full campaign's, run by hand
-    (`python3 bench/bench_trust.py --cases links`; docs/measurements.md has its figures)."""
+    A cut of bench/bench_trust.py's links case, for CI's time: the fresh `up --reboot` and a second `up` on the
+    host it brought up, each its first round only (the shallowest targets, and below each link a run refused the
+    targets under it); the targets below a directory no run refused (the host tools' own: boot/grub, lib/firmware,
+    var/lib/dpkg/...) and `serve restart`, `restore` and `rollback` are the full campaign's, run by hand
+    (`python3 bench/bench_trust.py --cases links`; docs/measurements.md has its figures) and, on the real OS,
+    tests/test_container_host.py's."""
     if shutil.which("strace") is None:
         pytest.skip("needs strace (apt-get install strace; .ci/run installs it)")
     sys.path.insert(0, str(REPO / "bench"))
     import bench_trust
 
-    got = bench_trust.links(tmp_path, "healthy", names=("up --reboot",), rounds=1)
-    up = got["commands"]["up --reboot"]
-    assert list(got["commands"]) == ["up --reboot"] and up["rounds"] == 1
+    got = bench_trust.links(tmp_path, "healthy", names=("up --reboot", "second up"), rounds=1)
+    up, second = got["commands"]["up --reboot"], got["commands"]["second up"]
+    assert list(got["commands"]) == ["up --reboot", "second up"] and up["rounds"] == 1
     assert up["finished"], json.dumps(up["runs"][-3:], indent=1)
     # what the issue's own campaign found, found again from the trace: the state directory, p2pkit_files' places
     named = ("var/lib/p2pkit", "etc/p2pkit", "opt/p2pkit", "etc/kernel/header_postinst.d")
@@ -213,6 +214,12 @@ def test_a_link_planted_at_every_path_a_fresh_up_writes_is_never_written_through
     assert set(named) <= refused, refused
     assert all(r["exit"] in (0, 1, 2) for r in up["runs"]), up["runs"]
     ours = [e for e in up["planted"] if bench_trust.ours_touched(e) and "by_design" not in e]
+    assert ours == [], json.dumps(ours, indent=1)
+    # the second run's own targets (the state's lock and records a done host's `up` writes), planted on the host
+    # the fresh run brought up
+    assert second["finished"] and second["planted"], json.dumps(second["runs"][-3:], indent=1)
+    assert "var/lib/p2pkit/.lock" in second["targets"]["files"], second["targets"]
+    ours = [e for e in second["planted"] if bench_trust.ours_touched(e) and "by_design" not in e]
     assert ours == [], json.dumps(ours, indent=1)
 
 
