@@ -234,3 +234,27 @@ def test_a_link_at_the_secrets_file_is_refused_by_up_with_exit_2_naming_it(cli, 
         assert cli("--root", str(root), "--yes", "up").code == 0
     finally:
         lifecycle.stop_services(root)
+
+
+@pytest.mark.slow
+def test_a_refused_link_is_never_what_rollback_puts_back(cli, sim, tmp_path):
+    """Found by the planted-link campaign on the container host: the p2p-module stage's backup, taken before its
+    role refused a link at the GRUB drop-in, recorded that link as what was there; `rollback p2p-module` then made
+    it again, and the real update-grub, as root, read the link's target as the drop-in ("victim: not found"). A
+    link where a role writes a file is left unrecorded: the next run records what is there then."""
+    root = sim("healthy")
+    victim = elsewhere(tmp_path) / "victim"
+    victim.write_text("victim\n")
+    dropin = root / "etc/default/grub.d/60-p2pkit-iommu.cfg"
+    dropin.parent.mkdir(parents=True, exist_ok=True)
+    dropin.symlink_to(victim)
+    try:
+        r = cli("--root", str(root), "--yes", "up", "--reboot")
+        assert r.code == 2 and f"{dropin} is a symbolic link" in r.err, r.err[-2000:]
+        dropin.unlink()
+        assert cli("--root", str(root), "--yes", "up", "--reboot").code == 0
+        assert cli("--root", str(root), "rollback", "p2p-module", "--yes").code == 4
+        assert not dropin.is_symlink() and not dropin.exists(), "rollback made the refused link again"
+        assert victim.read_text() == "victim\n"
+    finally:
+        lifecycle.stop_services(root)

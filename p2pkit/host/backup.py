@@ -139,14 +139,21 @@ class Backup:
     def copy_path(self, path: str) -> Path:
         return self.dir / "files" / path.lstrip("/")
 
-    def snapshot(self, paths: list[str], kernel: str, driver_version: str, extra: dict | None = None) -> dict:
-        """Record each path's state before this run changes it (first time only)."""
+    def snapshot(self, paths: list[str], kernel: str, driver_version: str, extra: dict | None = None,
+                 files: tuple[str, ...] | list[str] = ()) -> dict:
+        """Record each path's state before this run changes it (first time only). `files`: the paths the stage's
+        role writes as regular files, where it refuses a link: a link found at one is left unrecorded (the run
+        stops at the role's refusal; the next run, the link gone, records what is there then), never kept as what
+        rollback puts back (the planted-link campaign on the container host: rollback re-made a link p2pkit had
+        refused, and update-grub, as root, read its target as GRUB's drop-in)."""
         m = self.manifest()
         now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         for path in paths:
             if path in m["entries"]:
                 continue
             real = self.host.path(path)
+            if path in files and real.is_symlink():
+                continue
             entry = {"kernel": kernel, "driver_version": driver_version, "time": now}
             if real.is_symlink():  # a library's soname link: its target is what was there
                 target = os.readlink(real)

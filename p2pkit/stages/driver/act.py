@@ -36,7 +36,8 @@ def driver(ctx) -> dict:
         raise refused
     backup.snapshot(  # config files and every driver file the installer may replace: rollback puts them back
         [*guard_files(), *userspace_paths(ctx.host)], kernel, d.version,
-        extra={"held_before": held, "installer": f"{d.cache_dir}/{d.installer_url.rsplit('/', 1)[-1]}"})
+        extra={"held_before": held, "installer": f"{d.cache_dir}/{d.installer_url.rsplit('/', 1)[-1]}"},
+        files=guard_files())
     redo = changed_files(ctx)
     if redo:
         ctx.out.warn(f"[driver] {'; '.join(redo[:3])}{f' (and {len(redo) - 3} more)' if len(redo) > 3 else ''}: not "

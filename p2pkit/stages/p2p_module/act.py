@@ -134,7 +134,7 @@ def _p2p_module(ctx, kernel: str | None = None) -> dict:
     Backup(ctx.store.dir, "p2p-module", ctx.host).snapshot(
         [*p2p_paths(), system.TIMER_WANTS, *module_paths(ctx.host, kernel), *bootloader_paths(loader),
          *(x for m in found for x in dkms.tree_paths(ctx.host, m)), *routes], kernel,
-        ctx.profile.driver.version)
+        ctx.profile.driver.version, files=p2p_paths())
     values = {
         "p2pkit_arch": machine,
         "p2pkit_p2p_module_repo": m.repo,
