@@ -51,6 +51,8 @@ def run(p=LLAMA, f: dict | None = None, **kw) -> dict:
 
 # ------------------------------------------------------------------------------------------ alive
 
+REFUSED = "<urlopen error [Errno 111] Connection refused>"
+
 
 @pytest.mark.parametrize("live,status,measured", [
     ({"error": "systemctl: timed out"}, FAIL, "could not determine: systemctl: timed out"),
@@ -65,7 +67,18 @@ def run(p=LLAMA, f: dict | None = None, **kw) -> dict:
     ({"pid": 42, "state": "S", "health": {"code": 503, "text": "loading"}}, WARN,
      "pid 42 answers /health 503 (loading?)"),
     ({"pid": 42, "state": "S", "health": {"code": 200, "text": "ok"}}, PASS, "pid 42 running, /health 200"),
-], ids=["unread", "no-pid", "launcher-no-pid", "stopped-T", "stopped-t", "headless", "silent", "loading", "healthy"])
+    # issue 47 item 3: just after a boot nothing listens yet; refused within the unit's wait is "starting"
+    ({"pid": 42, "state": "S", "health": {"code": None, "text": REFUSED}, "age_s": 6.4, "starting_window_s": 900.0},
+     WARN, f"starting: pid 42 runs for 6 s and nothing listens on /health's port yet ({REFUSED}); the unit's start "
+           "waits up to 900 s for it"),
+    ({"pid": 42, "state": "S", "health": {"code": None, "text": REFUSED}, "age_s": 901.0, "starting_window_s": 900.0},
+     FAIL, f"not answering: pid 42 (state S) runs, and /health gave no answer: {REFUSED}"),
+    ({"pid": 42, "state": "S", "health": {"code": None, "text": "timed out"}, "age_s": 3.0,
+      "starting_window_s": 900.0}, FAIL, "not answering: pid 42 (state S) runs, and /health gave no answer: timed out"),
+    ({"pid": 42, "state": "S", "health": {"code": None, "text": REFUSED}, "age_s": None, "starting_window_s": 900.0},
+     FAIL, f"not answering: pid 42 (state S) runs, and /health gave no answer: {REFUSED}"),
+], ids=["unread", "no-pid", "launcher-no-pid", "stopped-T", "stopped-t", "headless", "silent", "loading", "healthy",
+        "starting", "refused-past-the-wait", "accepts-never-answers-young", "refused-age-unread"])
 def test_alive_judges_the_engine_now(live, status, measured):
     (c,) = checks.alive(live)
     assert (c.id, c.status, c.measured) == ("service.engine_alive", status, measured)
@@ -571,3 +584,18 @@ def test_no_unit_is_no_finding_and_an_unread_one_is_could_not_determine():
     assert checks.unit_loaded({}, NINFER) == []
     c = checks.unit_loaded({"engine_unit": {"error": "systemctl show: timed out"}}, NINFER)
     assert c[0].status == FAIL and "could not determine" in c[0].measured
+
+
+def test_a_process_age_is_read_from_the_kernel_and_unknown_where_it_cannot_be(tmp_path):
+    """The age the "starting" judgement uses: this test's own process on this machine (started before the call,
+    within its run), and None on a root without /proc/uptime (a simulated host's own /proc)."""
+    import os
+    import time
+
+    from p2pkit.host import Host, system
+
+    t0 = time.monotonic()
+    age = system.process_age_s(Host(), os.getpid())
+    assert age is not None and 0 <= age <= time.monotonic() - t0 + 24 * 3600, age
+    (tmp_path / f"proc/{os.getpid()}").mkdir(parents=True)
+    assert system.process_age_s(Host(root=tmp_path), os.getpid()) is None

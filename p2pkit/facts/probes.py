@@ -285,6 +285,10 @@ def _engine_live(h: Host, profile):
     if pid and out["role"] != "worker" and proc["state"] not in ("T", "t"):  # a stopped one cannot answer: not asked
         code, body = engine_api.get(engine_cmd.health_url(profile), timeout=limit)
         out["health"] = {"code": code, "text": body.strip()[:160]}
+        if code is None:  # nothing listening yet may be an engine still starting (after a boot): how long it runs
+            from p2pkit.host import system
+
+            out.update(age_s=system.process_age_s(h, pid), starting_window_s=profile.serve.health_timeout_s)
     if pid and out["role"] == "worker":  # a headless worker outlives its head: its head's rendezvous, asked once
         n = engine_cmd.node(profile)
         out["head"] = engine_api.port_answers(n["master_addr"], n["master_port"], LIVE_TIMEOUT_S)

@@ -371,6 +371,8 @@ class EngineLive(TypedDict, total=False):
     role: str
     health: Health
     head: Rendezvous  # a headless worker's head, asked once
+    age_s: float | None  # where /health gave no answer: how long the process has run (an engine still starting)
+    starting_window_s: float  # the profile's serve.health_timeout_s: how long the unit's start may take
 
 
 class ModelShape(TypedDict, total=False):

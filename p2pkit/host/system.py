@@ -267,6 +267,20 @@ def process_start(host: Host, pid: int) -> int | None:
         return None
 
 
+def process_age_s(host: Host, pid: int) -> float | None:
+    """Seconds since the process started (its start time in /proc/PID/stat against /proc/uptime, both counted
+    from the boot), None where either cannot be read."""
+    start = process_start(host, pid)
+    try:
+        up = float(host.path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    if start is None:
+        return None
+    age = up - start / os.sysconf("SC_CLK_TCK")
+    return round(age, 1) if age >= 0 else None
+
+
 def file_identity(path: Path) -> dict | None:
     """What tells one file from another without reading it: its device, inode and size, and its modification
     and change times in nanoseconds (the change time moves with every write, rename, chmod or chown, and no

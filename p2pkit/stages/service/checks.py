@@ -65,6 +65,11 @@ def alive(live: dict | None) -> list[Check]:
                           "`p2pkit serve restart --inventory FILE`", "P27")]
         return [Check(id_, title, PASS, f"pid {pid} running (state {live.get('state')})"
                       + (f", its head's rendezvous {head['address']} answering" if head else ""), want)]
+    if health["code"] is None and starting(live):
+        return [Check(id_, title, WARN, f"starting: pid {pid} runs for {live['age_s']:.0f} s and nothing listens "
+                      f"on /health's port yet ({health['text']}); the unit's start waits up to "
+                      f"{live['starting_window_s']:.0f} s for it", want,
+                      "wait for the model to load: `p2pkit serve logs` shows its progress")]
     if health["code"] is None:
         return [Check(id_, title, FAIL, f"not answering: pid {pid} (state {live.get('state')}) runs, and /health "
                       f"gave no answer: {health['text']}", want, "read `p2pkit serve logs`; a hung engine needs "
@@ -73,6 +78,16 @@ def alive(live: dict | None) -> list[Check]:
         return [Check(id_, title, WARN, f"pid {pid} answers /health {health['code']} (loading?)", want,
                       "wait for the model to load: `p2pkit verify service` shows its progress")]
     return [Check(id_, title, PASS, f"pid {pid} running, /health 200", want)]
+
+
+def starting(live: dict) -> bool:
+    """An engine still starting, not a silent one: nothing listens on its port yet (the connection refused: an
+    engine that accepts and never answers is hung, whenever it started) and its process is younger than the time
+    the service stage waits for /health (serve.health_timeout_s): after a boot, status on a loaded machine met the
+    engine before it bound its port and called the service stale (issue 47 item 3)."""
+    age, window = live.get("age_s"), live.get("starting_window_s")
+    refused = "refused" in str((live.get("health") or {}).get("text", "")).lower()
+    return refused and isinstance(age, int | float) and isinstance(window, int | float) and age < window
 
 
 # engine_live: given by doctor and status only (a stage's proof waits on /health instead)
