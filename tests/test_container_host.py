@@ -638,7 +638,8 @@ def test_a_link_planted_at_every_path_the_commands_write_on_the_real_os_leaves_i
         refused = []
         for _ in range(len(planted) + 4):
             r = g.p2pkit(*args, timeout=900)
-            print(args, "exit", r.returncode, "links left", [p for p in planted if (g.root / p.lstrip("/")).is_symlink()])
+            left = [p for p in planted if (g.root / p.lstrip("/")).is_symlink()]
+            print(args, "exit", r.returncode, "links left", left)
             if args[-1] == "up" and r.returncode == 4:
                 g.reboot()
                 continue

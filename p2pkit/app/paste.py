@@ -274,25 +274,50 @@ def nccl_log(text: str, p: Profile) -> list[Check]:
     version against the profile's floor; without the version line that one finding is "could not determine" and
     the rest is judged all the same."""
     r = p2.crash_log(text)
-    out = []
-    if r["torch_no_cuda"]:
-        out.append(Check("paste.torch_cuda", "PyTorch is a CUDA build", FAIL, "Torch not compiled with CUDA enabled",
-                         "a CUDA build of torch", "this torch is the CPU-only build (pip's default on some indexes): "
-                         "install a CUDA build for the driver's CUDA (`pip install torch --index-url "
-                         "https://download.pytorch.org/whl/cu128`; `python -c 'import torch; "
-                         "print(torch.version.cuda)'` prints its CUDA, None for a CPU build), then run again"))
-        if "NCCL" not in text:
-            return out  # a CPU-only torch never reached NCCL: no NCCL finding to make
+    out = _torch_cpu(r)
+    if out and "NCCL" not in text:
+        return out  # a CPU-only torch never reached NCCL: no NCCL finding to make
+    out += [*_nccl_version(r, p), *_cuda_errors(r, p), *_hangs(r), *_transport(r)]
+    out += _kernel(pf.kernel_log(text))  # kernel lines pasted with the crash (dmesg after the hang)
+    judged = [c for c in out if c.id != "paste.nccl_version"]
+    if not judged:
+        said = (r["nccl_errors"] + r["nccl_codes"] + [f"NCCL WARN {w}" for w in r["warnings"]])
+        out.append(could_not("paste.nccl_log", "the log shows why the run failed", "no peer-access refusal, BAR1 "
+                             "mapping failure, watchdog timeout, RDMA failure or illegal access in the paste" +
+                             (f" (it says: {'; '.join(said[:3])})" if said else ""),
+                             "the whole log from NCCL's first line (NCCL_DEBUG=INFO)", "P28"))
+    return out
+
+
+def _torch_cpu(r: dict) -> list[Check]:
+    """A CPU-only torch (its own error): the first finding of a crash log."""
+    if not r["torch_no_cuda"]:
+        return []
+    return [Check("paste.torch_cuda", "PyTorch is a CUDA build", FAIL, "Torch not compiled with CUDA enabled",
+                  "a CUDA build of torch", "this torch is the CPU-only build (pip's default on some indexes): "
+                  "install a CUDA build for the driver's CUDA (`pip install torch --index-url "
+                  "https://download.pytorch.org/whl/cu128`; `python -c 'import torch; "
+                  "print(torch.version.cuda)'` prints its CUDA, None for a CPU build), then run again")]
+
+
+def _nccl_version(r: dict, p: Profile) -> list[Check]:
+    """NCCL's version (its line or vLLM's) against the profile's floor; none printed: could not determine."""
     if r["version"] is None:
-        out.append(could_not("paste.nccl_version", "NCCL is at or above the profile's floor", "the log carries no "
-                             "NCCL version line (NCCL_DEBUG=VERSION or INFO prints it)",
-                             f">= {p.engine.nccl_min or 'the profile floor'}", "P16"))
-    elif p.engine.nccl_min:
-        v = tuple(int(x) for x in re.findall(r"\d+", r["version"])[:3])
-        floor = tuple(int(x) for x in p.engine.nccl_min.split("."))
-        out.append(Check("paste.nccl_version", "NCCL is at or above the profile's floor", PASS if v >= floor else FAIL,
-                         r["version"], f">= {p.engine.nccl_min}", "link the profile's NCCL (engine.nccl_root), not "
-                         "the system's", "P16"))
+        return [could_not("paste.nccl_version", "NCCL is at or above the profile's floor", "the log carries no "
+                          "NCCL version line (NCCL_DEBUG=VERSION or INFO prints it)",
+                          f">= {p.engine.nccl_min or 'the profile floor'}", "P16")]
+    if not p.engine.nccl_min:
+        return []
+    v = tuple(int(x) for x in re.findall(r"\d+", r["version"])[:3])
+    floor = tuple(int(x) for x in p.engine.nccl_min.split("."))
+    return [Check("paste.nccl_version", "NCCL is at or above the profile's floor", PASS if v >= floor else FAIL,
+                  r["version"], f">= {p.engine.nccl_min}", "link the profile's NCCL (engine.nccl_root), not "
+                  "the system's", "P16")]
+
+
+def _cuda_errors(r: dict, p: Profile) -> list[Check]:
+    """CUDA's own refusals: peer access (217, P34), no kernel image for the GPU (P39), BAR1's mapping (P31)."""
+    out = []
     if r["peer_unsupported"]:
         out.append(Check("paste.p2p_access", "the GPUs have peer access to each other", FAIL,
                          "'peer access is not supported between these two devices' (CUDA error 217)", "peer access",
@@ -308,6 +333,13 @@ def nccl_log(text: str, p: Profile) -> list[Check]:
     if r["map_failed"]:
         out.append(Check("paste.bar1_mapping", "the peer's memory maps through BAR1", FAIL,
                          "'mapping of buffer object failed'", "mapped", P31_FIX, "P31"))
+    return out
+
+
+def _hangs(r: dict) -> list[Check]:
+    """A collective that hung (the watchdog's timeout or its stuck heartbeat: P28, or P37 where NCCL's aarch64
+    proxy-op leak shows), NET/IB failures (P38), NCCL too old for the GPU's shared memory (P16), an illegal access."""
+    out = []
     # the proxy-op pool of NCCL < 2.29.3 on aarch64 (P37): its own frame, or an aarch64 host on an NCCL below the fix
     old_arm = r["aarch64"] and r["version"] is not None and pf.version_tuple(r["version"]) < (2, 29, 3)
     p37 = "ncclLocalOpAppend in the paste" if r["local_op_append"] else "NCCL " + r["version"] + " on aarch64" \
@@ -339,6 +371,12 @@ def nccl_log(text: str, p: Profile) -> list[Check]:
         out.append(Check("paste.illegal_address", "no illegal memory access", FAIL,
                          "an illegal memory access was encountered", "none",
                          P28_FIX + "; a translating IOMMU (P32) corrupts P2P traffic too", "P28"))
+    return out
+
+
+def _transport(r: dict) -> list[Check]:
+    """The transports NCCL chose: SHM between the GPUs of a P2P box (P30), TCP sockets between nodes (P23)."""
+    out = []
     shm = [x for x in r["transports"] if x == "SHM"]
     if shm:
         out.append(Check("paste.nccl_transport", "NCCL connects the GPUs over P2P", WARN, "via SHM", "via P2P",
@@ -348,14 +386,6 @@ def nccl_log(text: str, p: Profile) -> list[Check]:
         out.append(Check("paste.nccl_transport_net", "NCCL reaches the other node over RDMA", WARN, "NET/Socket",
                          "NET/IB", "NCCL fell back to TCP sockets (Docker, or no RDMA device): run natively and "
                          "prove NET/IB", "P23"))
-    out += _kernel(pf.kernel_log(text))  # kernel lines pasted with the crash (dmesg after the hang)
-    judged = [c for c in out if c.id != "paste.nccl_version"]
-    if not judged:
-        said = (r["nccl_errors"] + r["nccl_codes"] + [f"NCCL WARN {w}" for w in r["warnings"]])
-        out.append(could_not("paste.nccl_log", "the log shows why the run failed", "no peer-access refusal, BAR1 "
-                             "mapping failure, watchdog timeout, RDMA failure or illegal access in the paste" +
-                             (f" (it says: {'; '.join(said[:3])})" if said else ""),
-                             "the whole log from NCCL's first line (NCCL_DEBUG=INFO)", "P28"))
     return out
 
 
