@@ -549,12 +549,16 @@ NOT_OURS = {"/var/lib/libuuid/clock.txt": "libuuid's clock file, written as Pyth
             "and the uuidd group's)"}
 
 
+def ours_prog(prog: str) -> bool:
+    return prog in OURS or prog.startswith("ansible ")  # "ansible <module>": Ansible's own modules
+
+
 def ours(w) -> bool:
-    return any(prog in OURS or prog.startswith("ansible ") for prog in w.by)
+    return any(ours_prog(prog) for prog in w.by)
 
 
 def plantable(w) -> bool:
-    return any(w.plantable(prog) for prog in w.by if prog in OURS or prog.startswith("ansible "))
+    return any(w.plantable(prog) for prog in w.by if ours_prog(prog))
 
 
 def test_a_link_planted_at_every_path_the_commands_write_on_the_real_os_leaves_its_victim_untouched(make_host,

@@ -213,17 +213,23 @@ def test_a_link_at_a_directory_the_driver_role_writes_into_is_refused_by_up_with
     assert cli("--root", str(root), "--yes", "up", "--to", "driver").code == 0
 
 
+def planted(root: Path, rel: str, tmp_path: Path) -> tuple[Path, Path]:
+    """A link at root/rel to a victim file outside the host's root (its text "victim"): (the link, the victim)."""
+    victim = elsewhere(tmp_path) / "victim"
+    victim.write_text("victim\n")
+    link = root / rel
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(victim)
+    return link, victim
+
+
 @pytest.mark.slow
 def test_a_link_at_the_secrets_file_is_refused_by_up_with_exit_2_naming_it(cli, sim, tmp_path):
     """Found by the campaign on the container host (issue 48 item 1): the task that writes the secrets is no_log,
     and Ansible hides its whole result, the module's refusal with it: `up` stopped with a bare "failed", exit 1.
     The link is now refused by the task before it (exit 2, naming it and the fix); nothing written through it."""
     root = sim("healthy")
-    victim = elsewhere(tmp_path) / "victim"
-    victim.write_text("victim\n")
-    secrets = root / "etc/p2pkit/engine.secrets.env"
-    secrets.parent.mkdir(parents=True, exist_ok=True)
-    secrets.symlink_to(victim)
+    secrets, victim = planted(root, "etc/p2pkit/engine.secrets.env", tmp_path)
     mode = victim.stat().st_mode
     try:
         r = cli("--root", str(root), "--yes", "up", "--reboot")
@@ -243,11 +249,7 @@ def test_a_refused_link_is_never_what_rollback_puts_back(cli, sim, tmp_path):
     it again, and the real update-grub, as root, read the link's target as the drop-in ("victim: not found"). A
     link where a role writes a file is left unrecorded: the next run records what is there then."""
     root = sim("healthy")
-    victim = elsewhere(tmp_path) / "victim"
-    victim.write_text("victim\n")
-    dropin = root / "etc/default/grub.d/60-p2pkit-iommu.cfg"
-    dropin.parent.mkdir(parents=True, exist_ok=True)
-    dropin.symlink_to(victim)
+    dropin, victim = planted(root, "etc/default/grub.d/60-p2pkit-iommu.cfg", tmp_path)
     try:
         r = cli("--root", str(root), "--yes", "up", "--reboot")
         assert r.code == 2 and f"{dropin} is a symbolic link" in r.err, r.err[-2000:]
